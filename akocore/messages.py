@@ -1,0 +1,76 @@
+"""The messages and effects that cross the border between schemes and shells.
+
+A scheme (akocore.schemes) never sends anything itself: it returns `Send`
+effects holding a `Partial`, and the shell (akosim's simulated network or
+akorun's HTTP client) delivers the `Partial` to the destination node's
+scheme. In timing-only simulation `values` is None and only `length` counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+
+FLOAT_BYTES = 4  # parameters and gradients travel as little-endian float32
+
+
+class Kind(IntEnum):
+    """What a partial carries; the wire encodes it as one byte."""
+
+    GRAD = 1  # ako: a partition of a sender's unsent gradient
+    PUSH = 2  # ps: a worker's gradient shard sent to a server
+    PARAMS = 3  # ps: a server's parameter shard sent to a worker
+    PULL = 4  # ps async: a worker asks a server for its shard (no values)
+    REDUCE = 5  # allreduce: a reduce-scatter step of the ring
+    GATHER = 6  # allreduce: an all-gather step of the ring
+
+
+@dataclass(frozen=True, slots=True)
+class Partial:
+    """A contiguous piece [offset, offset+length) of a flat vector, in flight.
+
+    `(sender, round, part)` identifies a message: a receiver that sees the same
+    key twice drops the second copy. `part` is the partition index for ako,
+    the shard index for ps and the ring step for allreduce. `final` marks the
+    last message a sender will ever send to this receiver.
+    """
+
+    kind: Kind
+    sender: int
+    round: int
+    part: int
+    p: int
+    offset: int
+    length: int
+    values: np.ndarray | None = None
+    final: bool = False
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return (self.sender, self.round, self.part)
+
+    @property
+    def nbytes(self) -> int:
+        return self.length * FLOAT_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Effect: deliver the same `message` to every node in `dests`.
+
+    One effect per multicast (an ako round sends one partition to all peers),
+    so a shell can share the bytes and a simulator can start all flows at once.
+    """
+
+    dests: tuple[int, ...]
+    message: Partial
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """What a node did with a received partial."""
+
+    accepted: bool  # False: a duplicate, acknowledged and dropped
+    effects: tuple[Send, ...] = ()

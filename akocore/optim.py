@@ -1,0 +1,64 @@
+"""Optimizers over flat float32 parameter vectors.
+
+A scheme node owns its replica as one flat vector and applies updates through
+a `FlatOptimizer`: a pure `init`/`apply` pair in the style of optax. `PlainSGD`
+is exact numpy (the conservation invariant is checked against it);
+`OptaxFlatOptimizer` wraps any optax transformation, jitted once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class FlatOptimizer(Protocol):
+    """Pure optimizer on flat vectors: apply never mutates its inputs."""
+
+    def init(self, params: np.ndarray) -> Any: ...
+
+    def apply(
+        self, params: np.ndarray, state: Any, update: np.ndarray
+    ) -> tuple[np.ndarray, Any]: ...
+
+
+@dataclass(frozen=True)
+class PlainSGD:
+    """theta <- theta - lr * update, in numpy float32."""
+
+    lr: float
+
+    def init(self, params: np.ndarray) -> None:
+        return None
+
+    def apply(
+        self, params: np.ndarray, state: None, update: np.ndarray
+    ) -> tuple[np.ndarray, None]:
+        return (params - np.float32(self.lr) * update).astype(np.float32, copy=False), None
+
+
+class OptaxFlatOptimizer:
+    """An optax GradientTransformation applied to flat vectors, jitted once."""
+
+    def __init__(self, transformation: Any) -> None:
+        import jax
+        import optax
+
+        self.transformation = transformation
+
+        def _apply(params, state, update):
+            updates, new_state = transformation.update(update, state, params)
+            return optax.apply_updates(params, updates), new_state
+
+        self._apply = jax.jit(_apply)
+
+    def init(self, params: np.ndarray) -> Any:
+        import jax.numpy as jnp
+
+        return self.transformation.init(jnp.asarray(params))
+
+    def apply(self, params: np.ndarray, state: Any, update: np.ndarray) -> tuple[np.ndarray, Any]:
+        new_params, new_state = self._apply(params, state, update)
+        return np.asarray(new_params, dtype=np.float32), new_state

@@ -1,0 +1,72 @@
+"""Stale-synchronous gating from per-peer contiguous rounds.
+
+`DeliveryLog` records which messages a node has received from each sender,
+keyed by (sender, round, part), and derives r_j: the highest round up to which
+every expected message from sender j has arrived. It also answers "is this a
+duplicate?" in bounded memory (rounds at or below r_j are forgotten).
+
+`may_start` is the gate: a node that has finished round t may start round
+t + 1 only while t - min_j r_j <= s over the peers still in the gate. s = 0 is
+lockstep, s = inf fully asynchronous. There is no central clock: each node
+decides from what it has received. Peers that finished, or that the shell
+declared silent past the peer timeout, leave the gate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+
+class DeliveryLog:
+    """Per-sender record of delivered (round, part) messages."""
+
+    def __init__(self, senders: Iterable[int], parts_per_round: Callable[[int, int], int]):
+        self._parts_per_round = parts_per_round
+        self.contiguous: dict[int, int] = {j: -1 for j in senders}
+        self._pending: dict[int, dict[int, set[int]]] = {j: {} for j in self.contiguous}
+
+    def is_duplicate(self, sender: int, round_: int, part: int) -> bool:
+        if round_ <= self.contiguous[sender]:
+            return True
+        parts = self._pending[sender].get(round_)
+        return parts is not None and part in parts
+
+    def record(self, sender: int, round_: int, part: int) -> bool:
+        """Record a delivery; False (and nothing changes) when it is a duplicate."""
+        if sender not in self.contiguous:
+            raise KeyError(f"unknown sender {sender}")
+        if self.is_duplicate(sender, round_, part):
+            return False
+        pending = self._pending[sender]
+        pending.setdefault(round_, set()).add(part)
+        nxt = self.contiguous[sender] + 1
+        while nxt in pending and len(pending[nxt]) >= self._parts_per_round(sender, nxt):
+            del pending[nxt]
+            self.contiguous[sender] = nxt
+            nxt += 1
+        return True
+
+    def pending_rounds(self, sender: int) -> int:
+        """How many incomplete rounds are held for a sender (memory check)."""
+        return len(self._pending[sender])
+
+
+def may_start(next_round: int, peer_rounds: Iterable[int], staleness: float) -> bool:
+    """SSP gate: round 0 always; round t+1 while t - min_j r_j <= s."""
+    if next_round <= 0 or math.isinf(staleness):
+        return True
+    rounds = list(peer_rounds)
+    if not rounds:
+        return True
+    return (next_round - 1) - min(rounds) <= staleness
+
+
+def blocking_peers(
+    next_round: int, contiguous: dict[int, int], active: Iterable[int], staleness: float
+) -> list[int]:
+    """The peers whose missing messages hold `next_round` back (for reports)."""
+    if next_round <= 0 or math.isinf(staleness):
+        return []
+    need = next_round - 1 - staleness
+    return sorted(j for j in active if contiguous[j] < need)

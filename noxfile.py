@@ -1,0 +1,35 @@
+"""nox sessions: tests (the CI gate), lint, bench (never run by tests)."""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+PYTHON = "3.11"
+CACHE_ENV = {"JAX_PLATFORMS": "cpu", "AKO_JAX_CACHE": os.path.abspath(".cache/jax")}
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """Install the package with its test extra and run the test suite."""
+    session.install("-e", ".[test]")
+    session.run("pytest", "-q", *session.posargs, env=CACHE_ENV)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff over everything, mypy over the pure core."""
+    session.install("-e", ".[lint]")
+    session.run("ruff", "check", "akocore", "akosim", "akorun", "tests", "analysis", "noxfile.py")
+    session.run("mypy", "akocore")
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Regression benchmarks: figures side by side with the stored baseline."""
+    session.install("-e", ".[test]")
+    session.run("python", "-m", "tests.bench", *session.posargs, env=CACHE_ENV)
