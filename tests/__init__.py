@@ -1,0 +1,1 @@
+"""The test suite (pytest); tests/bench holds the regression benchmarks."""
