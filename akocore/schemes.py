@@ -56,6 +56,10 @@ def ako_partition(rank: int, round_: int, p: int, schedule: str) -> int:
     raise ValueError(f"schedule: got {schedule!r}, expected one of {', '.join(SCHEDULES)}")
 
 
+def copy_or_none(array: np.ndarray | None) -> np.ndarray | None:
+    return None if array is None else np.array(array, dtype=np.float32, copy=True)
+
+
 def _scale(reduce: str, n: int) -> float:
     if reduce == "mean":
         return 1.0 / n
@@ -112,6 +116,10 @@ class SchemeNode(ABC):
     def waiting_on(self, round_: int) -> list[int]:
         """Peers whose messages `round_` still waits for (for reports)."""
         return []
+
+    def lag(self, round_: int) -> int:
+        """Rounds this node is ahead of the oldest input it lacks, starting `round_`."""
+        return 0
 
     def local_step(self, round_: int, grad: np.ndarray | None) -> list[Send]:
         raise SchemeError(f"node {self.rank} is not a worker")
@@ -171,6 +179,42 @@ class SchemeNode(ABC):
 # --------------------------------------------------------------------------- ako
 
 
+DeliveryRecord = dict[int, tuple[int, dict[int, list[int]]]]
+
+
+@dataclass(frozen=True)
+class AkoState:
+    """Everything an ako worker holds, for checkpoints (optimizer state aside)."""
+
+    rank: int
+    next_round: int
+    params: np.ndarray | None
+    unsent: np.ndarray | None
+    inbox: np.ndarray | None
+    log: DeliveryRecord
+    final_round: dict[int, int]
+
+
+@dataclass(frozen=True)
+class RejoinSnapshot:
+    """What a live ako worker hands a restarted peer so that it rejoins exactly.
+
+    The joiner takes the donor's parameters, the donor's record of what it has
+    received (so the joiner drops those messages as duplicates) and, for the
+    donor's own messages, "everything up to the donor's last round". What the
+    donor has received but not applied (inbox) is owed to the joiner's next
+    step; what the donor has applied but not yet sent (unsent) will reach the
+    joiner again in the donor's later rounds, so it is subtracted now:
+    correction = inbox - unsent. With plain SGD the joiner then ends exactly
+    equal to its peers; what the dead worker never sent is lost for everyone.
+    """
+
+    donor: int
+    params: np.ndarray
+    correction: np.ndarray
+    log: DeliveryRecord
+
+
 class AkoWorker(SchemeNode):
     """Ako: each round send one of p partitions of the unsent gradient to every peer.
 
@@ -217,6 +261,12 @@ class AkoWorker(SchemeNode):
 
     def waiting_on(self, round_: int) -> list[int]:
         return ssp.blocking_peers(round_, self.log.contiguous, self._gate_peers(), self.staleness)
+
+    def lag(self, round_: int) -> int:
+        peers = self._gate_peers()
+        if round_ <= 0 or not peers:
+            return 0
+        return max(0, round_ - 1 - min(self.log.contiguous[j] for j in peers))
 
     def _send_round(self, round_: int, final: bool) -> Send:
         k = ako_partition(self.rank, round_, self.p, self.schedule)
@@ -282,6 +332,59 @@ class AkoWorker(SchemeNode):
         if self.inbox is not None and np.any(self.inbox):
             self.replica.apply(self.inbox * np.float32(self.scale))
             self.inbox[:] = 0.0
+
+    def peer_restarted(self, peer: int, first_round: int) -> None:
+        """`peer` restarted and numbers its rounds from `first_round` on."""
+        self.log.skip_to(peer, first_round - 1)
+        self.final_round.pop(peer, None)
+        self.suspended.discard(peer)
+
+    def rejoin_snapshot(self, joiner: int) -> RejoinSnapshot:
+        if self.replica.params is None or self.inbox is None or self.unsent is None:
+            raise SchemeError("a timing-only node has no state to hand over")
+        record = {j: r for j, r in self.log.export().items() if j != joiner}
+        record[self.rank] = (self.next_round - 1, {})
+        return RejoinSnapshot(self.rank, self.replica.params.copy(),
+                              self.inbox - self.unsent, record)
+
+    def adopt(self, snapshot: RejoinSnapshot, first_round: int) -> None:
+        """Become consistent with a donor; number own rounds from `first_round`."""
+        if self.inbox is None or self.unsent is None:
+            raise SchemeError("a timing-only node cannot adopt a snapshot")
+        if snapshot.params.shape != (self.length,):
+            raise SchemeError(f"snapshot has {snapshot.params.shape[0]} parameters, "
+                              f"this model {self.length}")
+        self.replica.params = np.array(snapshot.params, dtype=np.float32, copy=True)
+        self.inbox[:] = snapshot.correction
+        self.unsent[:] = 0.0
+        self.log.load({j: r for j, r in snapshot.log.items() if j != self.rank})
+        self.final_round.clear()
+        self.next_round = first_round
+        self.finished = False
+
+    def state(self) -> AkoState:
+        def copy(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else a.copy()
+
+        return AkoState(self.rank, self.next_round, copy(self.replica.params),
+                        copy(self.unsent), copy(self.inbox), self.log.export(),
+                        dict(self.final_round))
+
+    def load_state(self, state: AkoState) -> None:
+        if state.rank != self.rank:
+            raise SchemeError(f"state of worker {state.rank} given to worker {self.rank}")
+        for name, have, new in (("params", self.replica.params, state.params),
+                                ("unsent", self.unsent, state.unsent),
+                                ("inbox", self.inbox, state.inbox)):
+            if (have is None) != (new is None) or (
+                    new is not None and have is not None and new.shape != have.shape):
+                raise SchemeError(f"checkpoint {name} does not fit this model")
+        self.replica.params = copy_or_none(state.params)
+        self.unsent = copy_or_none(state.unsent)
+        self.inbox = copy_or_none(state.inbox)
+        self.log.load(state.log)
+        self.final_round = dict(state.final_round)
+        self.next_round = state.next_round
 
 
 # ---------------------------------------------------------------------------- ps
@@ -398,6 +501,10 @@ class PSWorker(SchemeNode):
         if self.may_start(round_):
             return []
         return sorted(set().union(*self.outstanding.values()) - self.suspended)
+
+    def lag(self, round_: int) -> int:
+        open_rounds = self._open_fetches()
+        return max(0, round_ - 1 - open_rounds[0] + 1) if open_rounds and round_ > 0 else 0
 
     def receive(self, msg: Partial) -> Receipt:
         if msg.kind != Kind.PARAMS or msg.sender not in self.latest_params_round:

@@ -38,14 +38,40 @@ class DeliveryLog:
             raise KeyError(f"unknown sender {sender}")
         if self.is_duplicate(sender, round_, part):
             return False
+        self._pending[sender].setdefault(round_, set()).add(part)
+        self.record_advance(sender)
+        return True
+
+    def skip_to(self, sender: int, round_: int) -> None:
+        """Treat every round of `sender` up to `round_` as delivered (a restarted
+        sender continues after a gap: nothing before its first new round will come)."""
+        if round_ > self.contiguous[sender]:
+            pending = self._pending[sender]
+            for r in [r for r in pending if r <= round_]:
+                del pending[r]
+            self.contiguous[sender] = round_
+            self.record_advance(sender)
+
+    def record_advance(self, sender: int) -> None:
         pending = self._pending[sender]
-        pending.setdefault(round_, set()).add(part)
         nxt = self.contiguous[sender] + 1
         while nxt in pending and len(pending[nxt]) >= self._parts_per_round(sender, nxt):
             del pending[nxt]
             self.contiguous[sender] = nxt
             nxt += 1
-        return True
+
+    def export(self) -> dict[int, tuple[int, dict[int, list[int]]]]:
+        """Plain data: sender -> (contiguous round, {pending round: parts})."""
+        return {j: (c, {r: sorted(p) for r, p in self._pending[j].items()})
+                for j, c in self.contiguous.items()}
+
+    def load(self, state: dict[int, tuple[int, dict[int, list[int]]]]) -> None:
+        """Replace the record for the senders in `state` (others are kept)."""
+        for j, (contiguous, pending) in state.items():
+            if j not in self.contiguous:
+                raise KeyError(f"unknown sender {j}")
+            self.contiguous[j] = int(contiguous)
+            self._pending[j] = {int(r): set(p) for r, p in pending.items()}
 
     def pending_rounds(self, sender: int) -> int:
         """How many incomplete rounds are held for a sender (memory check)."""

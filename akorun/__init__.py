@@ -1,0 +1,1 @@
+"""akorun: the real shell (wire format, aiohttp transport, worker loop, launcher, CLI)."""

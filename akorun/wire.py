@@ -1,0 +1,458 @@
+"""The akorun wire format: one `Partial` as one authenticated HTTP/1.1 POST body.
+
+This module owns the bytes and nothing else: no sockets, no clocks, no pickle.
+A message is a fixed-size little-endian header followed by the raw values as
+little-endian float32. The last 32 bytes of the header are an HMAC-SHA256 tag
+over everything before them and the whole body, keyed with the run's shared
+secret.
+
+Header layout (all integers little-endian, `struct` format `HEADER_FORMAT`):
+
+| offset | size | field       | type    | meaning                                       |
+|-------:|-----:|-------------|---------|-----------------------------------------------|
+|      0 |    4 | magic       | bytes   | `b"AKO1"`                                     |
+|      4 |    1 | version     | u8      | `VERSION` (1); anything else is rejected      |
+|      5 |    1 | kind        | u8      | `akocore.messages.Kind`                       |
+|      6 |    1 | dtype       | u8      | 1 = float32 (`DTYPE_FLOAT32`), the only one   |
+|      7 |    1 | flags       | u8      | bit 0 = final; other bits must be 0           |
+|      8 |   16 | run_id      | bytes   | the run's 16-byte id (a UUID's bytes)         |
+|     24 |    8 | config_hash | bytes   | first 8 bytes of the (config, params) hash    |
+|     32 |    4 | sender      | u32     | sender rank                                   |
+|     36 |    8 | round       | u64     | sender's round, < 2**63                       |
+|     44 |    4 | part        | u32     | partition / shard / ring step                 |
+|     48 |    4 | p           | u32     | number of partitions                          |
+|     52 |    8 | offset      | u64     | first element in the flat vector              |
+|     60 |    8 | length      | u64     | number of float32 values in the body          |
+|     68 |   32 | tag         | bytes   | HMAC-SHA256(secret, header[0:68] + body)      |
+|    100 |      | body        | `<f4`[] | `length` values, `length * 4` bytes           |
+
+`offset + length` and `length * 4` must fit in a signed 64-bit integer.
+
+Checks and the HTTP status a server answers with (`Status`):
+
+- `decode_header` parses and bounds-checks the header: 400 if malformed, 413 if
+  the body would exceed the receiver's cap (so a server can refuse before it
+  reads the body).
+- `check_run`: 409 if the run id or config hash is not the receiver's.
+- `verify` / `Verifier`: 401 if the tag is wrong or missing. `Verifier` is fed
+  the body chunk by chunk while a server streams it into a preallocated buffer.
+- `to_partial` turns a header and the body buffer into a `Partial` without a copy.
+
+`decode` runs all of these in that order on a message held whole in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+import uuid
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+
+from akocore.messages import FLOAT_BYTES, Kind, Partial
+
+MAGIC = b"AKO1"
+VERSION = 1
+DTYPE_FLOAT32 = 1
+FLAG_FINAL = 0x01
+RUN_ID_BYTES = 16
+CONFIG_HASH_BYTES = 8
+TAG_BYTES = 32
+
+HEADER_FORMAT = "<4sBBBB16s8sIQIIQQ"
+SIGNED_HEADER_SIZE = struct.calcsize(HEADER_FORMAT)  # the header bytes the tag covers
+HEADER_SIZE = SIGNED_HEADER_SIZE + TAG_BYTES
+
+_I64_MAX = 2**63 - 1
+_U32_MAX = 2**32 - 1
+MAX_LENGTH = _I64_MAX // FLOAT_BYTES  # so that length * 4 fits in an i64
+
+_WIRE_DTYPE = np.dtype("<f4")
+_KINDS = frozenset(int(k) for k in Kind)
+
+assert SIGNED_HEADER_SIZE == 68 and HEADER_SIZE == 100
+
+
+class Status(IntEnum):
+    """The HTTP status a receiver answers a pushed message with."""
+
+    OK = 200  # applied, or a duplicate acknowledged and dropped
+    MALFORMED = 400  # not a well-formed message of this version
+    BAD_SIGNATURE = 401  # tag missing or wrong (wrong secret or corrupted)
+    WRONG_RUN = 409  # another run or another model/config
+    TOO_LARGE = 413  # body larger than the receiver accepts
+    INBOX_FULL = 503  # receiver busy: keep the bytes, retry with backoff
+
+
+class WireError(Exception):
+    """A message was refused; `status` is the HTTP answer, `reason` says why."""
+
+    def __init__(self, reason: str, status: Status) -> None:
+        super().__init__(f"{int(status)} {status.name}: {reason}")
+        self.reason = reason
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """A parsed, bounds-checked header (not yet authenticated: see `verify`)."""
+
+    version: int
+    kind: Kind
+    dtype: int
+    final: bool
+    run_id: bytes
+    config_hash: bytes
+    sender: int
+    round: int
+    part: int
+    p: int
+    offset: int
+    length: int
+    tag: bytes
+
+    @property
+    def body_nbytes(self) -> int:
+        return self.length * FLOAT_BYTES
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        """The duplicate-detection key, as `Partial.key`."""
+        return (self.sender, self.round, self.part)
+
+
+# --- identifiers -----------------------------------------------------------
+
+
+def run_id_bytes(run_id: str | bytes | uuid.UUID) -> bytes:
+    """The 16 wire bytes of a run id.
+
+    A UUID (object or any string form `uuid.UUID` accepts) gives its 16 bytes;
+    16 raw bytes pass through; any other string is hashed (BLAKE2b-128 of its
+    UTF-8), so human run names such as "exp-42" work too.
+    """
+    if isinstance(run_id, uuid.UUID):
+        return run_id.bytes
+    if isinstance(run_id, bytes):
+        if len(run_id) != RUN_ID_BYTES:
+            raise ValueError(f"run id must be {RUN_ID_BYTES} bytes, got {len(run_id)}")
+        return run_id
+    try:
+        return uuid.UUID(run_id).bytes
+    except ValueError:
+        return hashlib.blake2b(run_id.encode("utf-8"), digest_size=RUN_ID_BYTES).digest()
+
+
+def config_hash_bytes(config_hash: str | bytes) -> bytes:
+    """The 8 wire bytes of a config hash: 8 raw bytes, or a hex digest's first 8 bytes."""
+    if isinstance(config_hash, bytes):
+        raw = config_hash
+    else:
+        try:
+            raw = bytes.fromhex(config_hash)
+        except ValueError as exc:
+            raise ValueError(f"config hash must be a hex string, got {config_hash!r}") from exc
+    if len(raw) < CONFIG_HASH_BYTES:
+        raise ValueError(
+            f"config hash must have at least {CONFIG_HASH_BYTES} bytes "
+            f"({2 * CONFIG_HASH_BYTES} hex digits), got {len(raw)}"
+        )
+    return raw[:CONFIG_HASH_BYTES]
+
+
+def message_nbytes(length: int) -> int:
+    """Bytes on the wire (header + body) for a partial of `length` values."""
+    return HEADER_SIZE + length * FLOAT_BYTES
+
+
+# --- encoding --------------------------------------------------------------
+
+
+def _check_secret(secret: bytes) -> None:
+    if not secret:
+        raise ValueError("the shared secret is empty; every message must be authenticated")
+
+
+def _check_range(name: str, value: int, high: int) -> None:
+    if not 0 <= value <= high:
+        raise ValueError(f"{name} must be in [0, {high}], got {value}")
+
+
+def _body_view(partial: Partial) -> memoryview:
+    """The values as a flat byte view, little-endian float32, copied only if needed."""
+    values = partial.values
+    if values is None:
+        if partial.length != 0:
+            raise ValueError(
+                f"partial {partial.key} has length {partial.length} but no values; "
+                "only a timing-only simulation may omit values"
+            )
+        return memoryview(b"")
+    if values.dtype.kind != "f" or values.dtype.itemsize != FLOAT_BYTES:
+        raise TypeError(f"values must be float32, got {values.dtype}")
+    if values.size != partial.length:
+        raise ValueError(
+            f"partial {partial.key} says length {partial.length} but has {values.size} values"
+        )
+    wire = np.ascontiguousarray(values, dtype=_WIRE_DTYPE)  # the same array if already <f4
+    if wire.ndim != 1:
+        wire = wire.reshape(-1)
+    return wire.data.cast("B")
+
+
+def _mac(secret: bytes, signed_header: bytes, body: memoryview) -> bytes:
+    mac = hmac.new(secret, signed_header, hashlib.sha256)
+    mac.update(body)
+    return mac.digest()
+
+
+def encode(
+    partial: Partial, *, run_id: bytes, config_hash: bytes, secret: bytes
+) -> tuple[bytes, memoryview]:
+    """Header (with tag) and body of `partial`.
+
+    The body is a zero-copy view over `partial.values` when that is a
+    contiguous little-endian float32 array (else over a converted copy); keep
+    the array unchanged until the body has been sent. Raises ValueError or
+    TypeError for a partial that cannot be put on the wire.
+    """
+    _check_secret(secret)
+    if len(run_id) != RUN_ID_BYTES:
+        raise ValueError(f"run_id must be {RUN_ID_BYTES} bytes, got {len(run_id)}")
+    if len(config_hash) != CONFIG_HASH_BYTES:
+        raise ValueError(f"config_hash must be {CONFIG_HASH_BYTES} bytes, got {len(config_hash)}")
+    if int(partial.kind) not in _KINDS:
+        raise ValueError(f"unknown kind {partial.kind!r}")
+    _check_range("sender", partial.sender, _U32_MAX)
+    _check_range("round", partial.round, _I64_MAX)
+    _check_range("part", partial.part, _U32_MAX)
+    _check_range("p", partial.p, _U32_MAX)
+    _check_range("length", partial.length, MAX_LENGTH)
+    _check_range("offset", partial.offset, _I64_MAX - partial.length)
+    body = _body_view(partial)
+    signed = struct.pack(
+        HEADER_FORMAT,
+        MAGIC,
+        VERSION,
+        int(partial.kind),
+        DTYPE_FLOAT32,
+        FLAG_FINAL if partial.final else 0,
+        run_id,
+        config_hash,
+        partial.sender,
+        partial.round,
+        partial.part,
+        partial.p,
+        partial.offset,
+        partial.length,
+    )
+    return signed + _mac(secret, signed, body), body
+
+
+def encode_bytes(partial: Partial, *, run_id: bytes, config_hash: bytes, secret: bytes) -> bytes:
+    """The whole message as one bytes object (copies the body; for tests and small messages)."""
+    header, body = encode(partial, run_id=run_id, config_hash=config_hash, secret=secret)
+    return b"".join((header, body))
+
+
+# --- decoding --------------------------------------------------------------
+
+
+def decode_header(
+    buf: bytes | bytearray | memoryview,
+    *,
+    max_body_bytes: int | None = None,
+    body_nbytes: int | None = None,
+) -> Header:
+    """Parse and bounds-check the first `HEADER_SIZE` bytes of `buf`.
+
+    `max_body_bytes` is the receiver's cap (413 above it). `body_nbytes`, when
+    known (Content-Length minus `HEADER_SIZE`, or the rest of a whole message),
+    must equal `length * 4` (400 otherwise). Does not check the run
+    (`check_run`) nor the tag (`verify`).
+    """
+    if len(buf) < HEADER_SIZE:
+        raise WireError(f"short header: got {len(buf)} bytes, need {HEADER_SIZE}", Status.MALFORMED)
+    (
+        magic,
+        version,
+        kind,
+        dtype,
+        flags,
+        run_id,
+        config_hash,
+        sender,
+        round_,
+        part,
+        p,
+        offset,
+        length,
+    ) = struct.unpack_from(HEADER_FORMAT, buf)
+    if magic != MAGIC:
+        raise WireError(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}", Status.MALFORMED)
+    if version != VERSION:
+        raise WireError(f"unknown version {version}, expected {VERSION}", Status.MALFORMED)
+    if kind not in _KINDS:
+        raise WireError(f"unknown kind {kind}", Status.MALFORMED)
+    if dtype != DTYPE_FLOAT32:
+        raise WireError(
+            f"unknown dtype code {dtype}, expected {DTYPE_FLOAT32} (float32)", Status.MALFORMED
+        )
+    if flags & ~FLAG_FINAL:
+        raise WireError(f"unknown flag bits {flags:#04x}", Status.MALFORMED)
+    if round_ > _I64_MAX:
+        raise WireError(f"round {round_} does not fit in a signed 64-bit int", Status.MALFORMED)
+    if length > MAX_LENGTH:
+        raise WireError(f"length {length} overflows a 64-bit byte count", Status.MALFORMED)
+    if offset > _I64_MAX - length:
+        raise WireError(
+            f"offset {offset} + length {length} overflows a signed 64-bit int", Status.MALFORMED
+        )
+    nbytes = length * FLOAT_BYTES
+    if max_body_bytes is not None and nbytes > max_body_bytes:
+        raise WireError(
+            f"body of {nbytes} bytes ({length} values) exceeds the cap of {max_body_bytes} bytes",
+            Status.TOO_LARGE,
+        )
+    if body_nbytes is not None and body_nbytes != nbytes:
+        raise WireError(
+            f"header says {length} values ({nbytes} bytes) but the body has {body_nbytes} bytes",
+            Status.MALFORMED,
+        )
+    return Header(
+        version=version,
+        kind=Kind(kind),
+        dtype=dtype,
+        final=bool(flags & FLAG_FINAL),
+        run_id=bytes(run_id),
+        config_hash=bytes(config_hash),
+        sender=sender,
+        round=round_,
+        part=part,
+        p=p,
+        offset=offset,
+        length=length,
+        tag=bytes(buf[SIGNED_HEADER_SIZE:HEADER_SIZE]),
+    )
+
+
+def check_run(header: Header, run_id: bytes, config_hash: bytes) -> None:
+    """Raise WireError(409) unless the message belongs to this run and this model."""
+    if header.run_id != run_id:
+        raise WireError(
+            f"message is for run {header.run_id.hex()}, this is run {run_id.hex()}",
+            Status.WRONG_RUN,
+        )
+    if header.config_hash != config_hash:
+        raise WireError(
+            f"sender's config hash {header.config_hash.hex()} differs from ours "
+            f"{config_hash.hex()}: different config or initial parameters",
+            Status.WRONG_RUN,
+        )
+
+
+class Verifier:
+    """Incremental tag check: feed the body chunk by chunk, then `check(tag)`.
+
+    `signed_header` is the header without its tag (`SIGNED_HEADER_SIZE` bytes);
+    a whole `HEADER_SIZE` header is accepted too and its tag ignored.
+    """
+
+    __slots__ = ("_mac", "body_nbytes")
+
+    def __init__(self, secret: bytes, signed_header: bytes | bytearray | memoryview) -> None:
+        _check_secret(secret)
+        if len(signed_header) not in (SIGNED_HEADER_SIZE, HEADER_SIZE):
+            raise ValueError(
+                f"signed header must be {SIGNED_HEADER_SIZE} bytes (or a whole "
+                f"{HEADER_SIZE}-byte header), got {len(signed_header)}"
+            )
+        self._mac = hmac.new(secret, signed_header[:SIGNED_HEADER_SIZE], hashlib.sha256)
+        self.body_nbytes = 0  # bytes fed so far
+
+    def update(self, chunk: bytes | bytearray | memoryview) -> None:
+        self._mac.update(chunk)
+        self.body_nbytes += len(chunk)
+
+    def check(self, tag: bytes | bytearray | memoryview) -> None:
+        """Raise WireError(401) unless `tag` authenticates the header and body fed."""
+        if len(tag) != TAG_BYTES:
+            raise WireError(
+                f"missing or short tag: {len(tag)} bytes, need {TAG_BYTES}", Status.BAD_SIGNATURE
+            )
+        if not hmac.compare_digest(self._mac.digest(), bytes(tag)):
+            raise WireError(
+                "bad signature: wrong shared secret, or header/body altered in transit",
+                Status.BAD_SIGNATURE,
+            )
+
+
+def verify(
+    header_bytes: bytes | bytearray | memoryview,
+    body: bytes | bytearray | memoryview,
+    secret: bytes,
+) -> None:
+    """Raise WireError(401) unless the header's tag authenticates header and body."""
+    if len(header_bytes) < HEADER_SIZE:
+        raise WireError(
+            f"missing tag: header has {len(header_bytes)} bytes, need {HEADER_SIZE}",
+            Status.BAD_SIGNATURE,
+        )
+    if len(header_bytes) > HEADER_SIZE:
+        raise ValueError(
+            f"header_bytes must be the {HEADER_SIZE}-byte header only, got {len(header_bytes)}"
+        )
+    verifier = Verifier(secret, header_bytes[:SIGNED_HEADER_SIZE])
+    verifier.update(body)
+    verifier.check(header_bytes[SIGNED_HEADER_SIZE:HEADER_SIZE])
+
+
+def to_partial(header: Header, body_array: np.ndarray | bytes | bytearray | memoryview) -> Partial:
+    """The `Partial` a header and its body describe; values view `body_array` (no copy).
+
+    `body_array` is any buffer of exactly `length * 4` bytes (e.g. the
+    preallocated array the server streamed into). The values are read-only
+    when the buffer is. A message with length 0 (e.g. a PULL) has values None.
+    """
+    nbytes = (
+        body_array.nbytes if isinstance(body_array, np.ndarray) else memoryview(body_array).nbytes
+    )
+    if nbytes != header.body_nbytes:
+        raise WireError(
+            f"body has {nbytes} bytes, header says {header.body_nbytes}", Status.MALFORMED
+        )
+    values = np.frombuffer(body_array, dtype=_WIRE_DTYPE) if header.length else None
+    return Partial(
+        kind=header.kind,
+        sender=header.sender,
+        round=header.round,
+        part=header.part,
+        p=header.p,
+        offset=header.offset,
+        length=header.length,
+        values=values,
+        final=header.final,
+    )
+
+
+def decode(
+    message: bytes | bytearray | memoryview,
+    *,
+    run_id: bytes,
+    config_hash: bytes,
+    secret: bytes,
+    max_body_bytes: int | None = None,
+) -> Partial:
+    """Check and decode a whole in-memory message: 400/413, then 409, then 401.
+
+    The returned values view `message` (read-only if `message` is bytes).
+    """
+    view = memoryview(message).cast("B")
+    header = decode_header(view, max_body_bytes=max_body_bytes, body_nbytes=len(view) - HEADER_SIZE)
+    check_run(header, run_id, config_hash)
+    body = view[HEADER_SIZE:]
+    verify(view[:HEADER_SIZE], body, secret)
+    return to_partial(header, body)

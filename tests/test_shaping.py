@@ -1,0 +1,387 @@
+"""akorun.shaping: token-bucket pacing, shared uplink, latency and paced body chunks.
+
+Exact timing is checked on `VirtualClockLoop`, an event loop whose clock jumps
+to the next timer instead of sleeping, so these tests are exact and instant.
+Tests on a real loop only assert lower bounds, which a busy machine cannot break.
+Async code runs through `asyncio.Runner` / `asyncio.run` (no pytest-asyncio).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import selectors
+import socket
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+import numpy as np
+import pytest
+
+from akocore.messages import Kind, Partial
+from akorun import wire
+from akorun.shaping import LinkShaper, TokenBucket
+
+T = TypeVar("T")
+
+MBIT = 1e6
+BURST = 64 * 1024
+
+
+class _JumpingSelector(selectors.DefaultSelector):
+    """Polls instead of blocking; a wait with nothing ready advances the loop's clock."""
+
+    def __init__(self, advance: Callable[[float], None]) -> None:
+        super().__init__()
+        self._advance = advance
+
+    def select(self, timeout: float | None = None) -> list[tuple[Any, int]]:
+        if timeout is None:  # nothing scheduled: only I/O can wake us
+            return super().select(None)
+        events = super().select(0)
+        if not events and timeout > 0:
+            self._advance(timeout)
+        return events
+
+
+class VirtualClockLoop(asyncio.SelectorEventLoop):
+    """An event loop on virtual time: sleeps take no wall time and are exact."""
+
+    def __init__(self) -> None:
+        self._virtual_s = 0.0
+        super().__init__(_JumpingSelector(self._advance))
+
+    def _advance(self, seconds: float) -> None:
+        self._virtual_s += seconds
+
+    def time(self) -> float:
+        return self._virtual_s
+
+
+def run_virtual(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    with asyncio.Runner(loop_factory=VirtualClockLoop) as runner:
+        return runner.run(main())
+
+
+def now() -> float:
+    return asyncio.get_running_loop().time()
+
+
+async def timed(awaitable: Awaitable[object]) -> float:
+    start = now()
+    await awaitable
+    return now() - start
+
+
+# --- TokenBucket -----------------------------------------------------------
+
+
+def test_virtual_clock_loop_sleeps_exactly_and_instantly() -> None:
+    async def main() -> float:
+        await asyncio.sleep(3600)
+        return now()
+
+    assert run_virtual(main) == 3600
+
+
+def test_bucket_paces_exactly_at_its_rate_after_the_burst() -> None:
+    async def main() -> tuple[float, float]:
+        bucket = TokenBucket(8 * MBIT, burst_bytes=BURST)  # 1e6 bytes/s
+        first = await timed(bucket.consume(1_000_000))
+        second = await timed(bucket.consume(500_000))
+        return first, second
+
+    first, second = run_virtual(main)
+    assert first == pytest.approx((1_000_000 - BURST) / 1e6, abs=1e-9)
+    assert second == pytest.approx(0.5, abs=1e-9)
+
+
+def test_bucket_splits_large_consumptions_so_it_never_owes_more_than_a_burst() -> None:
+    async def main() -> float:
+        bucket = TokenBucket(8 * MBIT, burst_bytes=BURST)
+        lowest = math.inf
+
+        async def watch() -> None:
+            nonlocal lowest
+            while True:
+                lowest = min(lowest, bucket.tokens())
+                await asyncio.sleep(0.001)
+
+        watcher = asyncio.create_task(watch())
+        await bucket.consume(4_000_000)
+        watcher.cancel()
+        return lowest
+
+    assert run_virtual(main) >= -BURST
+
+
+def test_burst_goes_at_once_and_idle_time_refills_only_up_to_the_burst() -> None:
+    async def main() -> list[float]:
+        bucket = TokenBucket(8 * MBIT, burst_bytes=BURST)
+        times = [await timed(bucket.consume(BURST))]  # full bucket: free
+        times.append(await timed(bucket.consume(1000)))  # empty: 1 ms
+        await asyncio.sleep(10.0)  # refills to BURST, not 10 MB
+        times.append(await timed(bucket.consume(BURST + 5000)))
+        return times
+
+    assert run_virtual(main) == pytest.approx([0.0, 0.001, 0.005], abs=1e-9)
+
+
+def test_default_burst_is_64_kib_or_10_ms_of_rate_whichever_is_larger() -> None:
+    assert TokenBucket(8 * MBIT).burst_bytes == 64 * 1024
+    assert TokenBucket(1000 * MBIT).burst_bytes == pytest.approx(1.25e6)
+    assert TokenBucket(math.inf).burst_bytes == 64 * 1024
+
+
+def test_infinite_rate_never_sleeps(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def no_sleep(delay: float) -> None:
+        raise AssertionError(f"slept {delay} s")
+
+    monkeypatch.setattr(asyncio, "sleep", no_sleep)  # what akorun.shaping awaits
+
+    async def main() -> float:
+        bucket = TokenBucket(math.inf)
+        shaper = LinkShaper(math.inf)
+        start = now()
+        for _ in range(3):
+            await bucket.consume(10**12)
+            await shaper.pace(1, 10**9)
+            await shaper.transfer(2, 10**9)
+        return now() - start
+
+    assert run_virtual(main) == 0.0
+
+
+def test_concurrent_consumers_share_the_rate_and_finish_together() -> None:
+    async def main() -> list[float]:
+        bucket = TokenBucket(8 * MBIT, burst_bytes=BURST)
+
+        async def send(nbytes: int) -> float:
+            await bucket.consume(nbytes)
+            return now()
+
+        return list(await asyncio.gather(send(1_000_000), send(1_000_000)))
+
+    ends = run_virtual(main)
+    assert max(ends) == pytest.approx((2_000_000 - BURST) / 1e6, abs=1e-9)
+    # interleaved piece by piece (the first gets two pieces in before the second starts),
+    # not one consumer after the other
+    assert abs(ends[0] - ends[1]) <= 2 * BURST / 1e6 + 1e-9
+
+
+def test_a_cancelled_consumer_gives_back_the_tokens_it_never_used() -> None:
+    async def main() -> float:
+        bucket = TokenBucket(8 * MBIT, burst_bytes=BURST)
+        await bucket.consume(BURST)  # empty
+        waiting = asyncio.create_task(bucket.consume(BURST))  # would wait 65 ms
+        await asyncio.sleep(0.001)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        return await timed(bucket.consume(1000))
+
+    assert run_virtual(main) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_bucket_rejects_nonsense_parameters() -> None:
+    for rate in (0.0, -1.0, math.nan):
+        with pytest.raises(ValueError, match="rate_bps"):
+            TokenBucket(rate)
+    with pytest.raises(ValueError, match="burst_bytes"):
+        TokenBucket(MBIT, burst_bytes=0)
+
+
+def test_real_loop_pacing_of_1_mb_at_8_mbit_takes_at_least_0_9_s() -> None:
+    async def main() -> float:
+        return await timed(TokenBucket(8 * MBIT, burst_bytes=BURST).consume(1_000_000))
+
+    assert asyncio.run(main()) >= 0.9  # exactly 0.934 s of tokens; never less
+
+
+# --- LinkShaper ------------------------------------------------------------
+
+
+def test_shared_uplink_makes_two_destinations_share_its_rate() -> None:
+    async def main() -> list[float]:
+        shaper = LinkShaper(8 * MBIT, burst_bytes=BURST)
+
+        async def send(dest: int) -> float:
+            await shaper.pace(dest, 1_000_000)
+            return now()
+
+        return list(await asyncio.gather(send(1), send(2)))
+
+    ends = run_virtual(main)
+    assert max(ends) == pytest.approx((2_000_000 - BURST) / 1e6, abs=1e-9)
+    assert min(ends) >= (2_000_000 - 3 * BURST) / 1e6 - 1e-9  # neither got the whole uplink
+
+
+def test_real_loop_shared_uplink_takes_at_least_the_sum_over_the_rate() -> None:
+    async def main() -> float:
+        shaper = LinkShaper(8 * MBIT, burst_bytes=BURST)
+        return await timed(asyncio.gather(shaper.pace(1, 250_000), shaper.pace(2, 250_000)))
+
+    assert asyncio.run(main()) >= (500_000 - BURST) / 1e6
+
+
+def test_link_cap_slows_its_destination_and_leaves_the_rest_to_others() -> None:
+    async def main() -> dict[int, float]:
+        shaper = LinkShaper(8 * MBIT, link_bps={1: 2 * MBIT}, burst_bytes=BURST)
+        ends: dict[int, float] = {}
+
+        async def send(dest: int, nbytes: int) -> None:
+            await shaper.pace(dest, nbytes)
+            ends[dest] = now()
+
+        await asyncio.gather(send(1, 500_000), send(2, 1_500_000))
+        return ends
+
+    ends = run_virtual(main)
+    # dest 1 is held to 250 kB/s by its link; queueing for the busy uplink adds at most
+    # about one piece of delay to its last piece
+    link_bound_s = (500_000 - BURST) / 250e3
+    assert link_bound_s - 1e-9 <= ends[1] <= link_bound_s + 2 * BURST / 1e6
+    # the uplink as a whole still moves 1 MB/s: dest 2 finishes when both are through
+    assert ends[2] == pytest.approx((2_000_000 - BURST) / 1e6, abs=BURST / 1e6)
+
+
+def test_link_rates_and_latencies_may_be_functions() -> None:
+    shaper = LinkShaper(MBIT, link_bps=lambda dest: dest * MBIT, latency_s=lambda dest: dest / 1000)
+    assert shaper.link(3).rate_bps == 3 * MBIT
+    assert shaper.link(3) is shaper.link(3)
+    assert shaper.latency_of(5) == 0.005
+    table = LinkShaper(MBIT, link_bps={1: 5 * MBIT}, latency_s={1: 0.02})
+    assert table.link(2).unlimited and table.latency_of(2) == 0.0
+    with pytest.raises(ValueError, match="latency"):
+        LinkShaper(MBIT, latency_s={1: -1.0}).latency_of(1)
+
+
+def test_transfer_charges_latency_after_the_bytes() -> None:
+    async def main() -> float:
+        shaper = LinkShaper(8 * MBIT, latency_s={1: 0.05}, burst_bytes=BURST)
+        return await timed(shaper.transfer(1, BURST + 100_000))
+
+    assert run_virtual(main) == pytest.approx(0.1 + 0.05, abs=1e-9)
+
+
+async def collect(chunks: Any) -> list[tuple[float, bytes]]:
+    return [(now(), bytes(chunk)) async for chunk in chunks]
+
+
+def test_chunks_yield_head_then_the_whole_body_in_order_as_zero_copy_slices() -> None:
+    body = np.arange(100_000, dtype="<f4")
+    view = body.data.cast("B")
+
+    async def main() -> list[memoryview]:
+        shaper = LinkShaper(math.inf)
+        return [chunk async for chunk in shaper.chunks(7, view, 4096, head=b"HEAD")]
+
+    chunks = run_virtual(main)
+    assert bytes(chunks[0]) == b"HEAD"
+    assert b"".join(chunks[1:]) == body.tobytes()
+    assert all(len(chunk) == 4096 for chunk in chunks[1:-1])
+    assert all(chunk.obj is body for chunk in chunks[1:])
+
+
+def test_chunks_are_paced_and_the_last_one_waits_for_the_latency() -> None:
+    async def main() -> list[tuple[float, bytes]]:
+        shaper = LinkShaper(8 * MBIT, latency_s={1: 0.05}, burst_bytes=BURST)
+        return await collect(shaper.chunks(1, bytes(BURST + 200_000), 50_000))
+
+    times = [t for t, _ in run_virtual(main)]
+    # the first 64 KiB ride the burst; then 50 kB per 50 ms; then the latency
+    assert times[0] == pytest.approx(0.0, abs=1e-9)
+    transfer_end_s = 200_000 / 1e6
+    assert times[-1] == pytest.approx(transfer_end_s + 0.05, abs=1e-9)
+    assert times == sorted(times)
+
+
+def test_latency_does_not_hold_the_uplink_for_other_messages() -> None:
+    async def main() -> tuple[float, float]:
+        shaper = LinkShaper(8 * MBIT, latency_s={1: 1.0}, burst_bytes=BURST)
+        slow = asyncio.create_task(collect(shaper.chunks(1, bytes(BURST))))
+        await asyncio.sleep(0)
+        other = await timed(shaper.transfer(2, 100_000))
+        return other, (await slow)[-1][0]
+
+    other, slow_end = run_virtual(main)
+    assert other == pytest.approx(0.1, abs=1e-9)  # the uplink was free during dest 1's latency
+    assert slow_end == pytest.approx(1.0, abs=1e-9)
+
+
+def test_empty_body_still_takes_the_latency() -> None:
+    async def main() -> float:
+        shaper = LinkShaper(MBIT, latency_s={1: 0.25})
+        return await timed(collect(shaper.chunks(1, b"")))
+
+    assert run_virtual(main) == pytest.approx(0.25, abs=1e-9)
+
+
+# --- paced chunks as an aiohttp streaming body ------------------------------
+
+
+def test_paced_chunks_stream_a_wire_message_through_aiohttp() -> None:
+    """A real POST: the server streams into a preallocated buffer and verifies as it reads."""
+    from aiohttp import ClientSession, web
+
+    run_id, config_hash, secret = bytes(range(16)), bytes(8), b"s3cret"
+    values = np.random.default_rng(0).standard_normal(100_000).astype("<f4")
+    partial = Partial(Kind.GRAD, sender=1, round=4, part=0, p=2, offset=0, length=values.size,
+                      values=values)  # fmt: skip
+    received: list[Partial] = []
+
+    async def push(request: web.Request) -> web.Response:
+        head = await request.content.readexactly(wire.HEADER_SIZE)
+        try:
+            header = wire.decode_header(
+                head,
+                max_body_bytes=1 << 20,
+                body_nbytes=(request.content_length or 0) - wire.HEADER_SIZE,
+            )
+            wire.check_run(header, run_id, config_hash)
+            buffer = np.empty(header.length, dtype="<f4")
+            into = buffer.data.cast("B")
+            verifier = wire.Verifier(secret, head[: wire.SIGNED_HEADER_SIZE])
+            filled = 0
+            async for chunk in request.content.iter_chunked(32 * 1024):
+                into[filled : filled + len(chunk)] = chunk
+                verifier.update(chunk)
+                filled += len(chunk)
+            verifier.check(header.tag)
+        except wire.WireError as err:
+            return web.Response(status=int(err.status), text=err.reason)
+        received.append(wire.to_partial(header, buffer))
+        return web.Response(status=int(wire.Status.OK))
+
+    async def main() -> tuple[int, float]:
+        app = web.Application()
+        app.router.add_post("/v1/grad", push)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        site = web.TCPSite(runner, "127.0.0.1", port)
+        await site.start()
+        try:
+            header, body = wire.encode(partial, run_id=run_id, config_hash=config_hash,
+                                       secret=secret)  # fmt: skip
+            shaper = LinkShaper(32 * MBIT, burst_bytes=BURST)  # 4 MB/s
+            start = now()
+            async with ClientSession() as session:
+                async with session.post(
+                    f"http://127.0.0.1:{port}/v1/grad",
+                    data=shaper.chunks(0, body, head=header),
+                    headers={"Content-Length": str(len(header) + len(body))},
+                ) as response:
+                    await response.read()
+                    return response.status, now() - start
+        finally:
+            await runner.cleanup()
+
+    status, elapsed_s = asyncio.run(main())
+    assert status == 200
+    assert elapsed_s >= (wire.HEADER_SIZE + values.nbytes - BURST) / 4e6
+    (got,) = received
+    assert got.key == partial.key and got.values is not None
+    np.testing.assert_array_equal(got.values, values)
