@@ -216,7 +216,8 @@ def test_timing_only_nodes_carry_lengths_without_values() -> None:
     nodes = build_nodes(SchemeSpec("ako", 3, (4,)), 4_263_434, None, None)
     (send,) = nodes[2].local_step(0, None)
     assert send.message.values is None
-    assert send.message.part == 2 and send.message.length == 4_263_434 // 4  # 2 leftover elements go to parts 0, 1
+    # 4,263,434 = 4 * 1,065,858 + 2: the two extra elements go to partitions 0 and 1
+    assert send.message.part == 2 and send.message.length == 1_065_858
 
 
 @pytest.mark.parametrize("seed", range(12))
