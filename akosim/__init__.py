@@ -1,0 +1,1 @@
+"""akosim: the simulator shell (network model, SimPy processes, CLI, reports)."""
