@@ -52,9 +52,11 @@ class Recorder:
         self.calls.append((self.env.now, [int(d) for d in dsts], token))
 
 
-def make(spec: NetworkSpec) -> tuple[simpy.Environment, FluidNetwork, Recorder]:
+def make(spec: NetworkSpec, coalesce_rel: float = 0.0
+         ) -> tuple[simpy.Environment, FluidNetwork, Recorder]:
+    """Exact-time tests switch coalescing off; one test below pins what it does."""
     env = simpy.Environment()
-    return env, FluidNetwork(env, spec), Recorder(env)
+    return env, FluidNetwork(env, spec, coalesce_rel=coalesce_rel), Recorder(env)
 
 
 def send_at(env: simpy.Environment, at_s: float, action) -> None:
@@ -557,7 +559,7 @@ def timed_sends(draw):
 def test_arrival_times_match_a_from_scratch_reference(case):
     spec, starts = case
     env = simpy.Environment()
-    net = FluidNetwork(env, spec)
+    net = FluidNetwork(env, spec, coalesce_rel=0.0)
     arrived: dict[object, float] = {}
 
     def on_delivered(dsts: np.ndarray, token: object) -> None:
@@ -572,3 +574,19 @@ def test_arrival_times_match_a_from_scratch_reference(case):
     assert [arrived[k] for k in range(len(starts))] == pytest.approx(expected, rel=1e-7, abs=1e-9)
     assert net.active_flows == 0
     assert net.bytes_received.sum() == pytest.approx(sum(s[3] for s in starts), rel=1e-12)
+
+
+def test_messages_within_coalesce_rel_of_their_duration_finish_together():
+    """Partitions one element apart (4 bytes in 400 kB) complete in one event, early
+    by at most COALESCE_REL of their own duration; far-apart ones do not."""
+    spec = NetworkSpec.uniform(3, 8e6)
+    env, net, rec = make(spec, coalesce_rel=1e-4)
+    net.send(0, [1], 400_004, rec, "a")
+    net.send(2, [1], 400_000, rec, "b")
+    net.send(1, [0], 200_000, rec, "c")
+    env.run()
+    times = {token: t for t, _, token in rec.calls}
+    assert times["a"] == times["b"]
+    assert times["a"] == pytest.approx(0.8, rel=1e-4)  # two flows share 8 Mbit/s downlink 1
+    assert times["c"] == pytest.approx(0.2, rel=1e-12)
+    assert net.rate_solves == 1

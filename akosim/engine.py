@@ -1,0 +1,233 @@
+"""SimPy processes that drive akocore scheme nodes over the fluid network.
+
+One process per worker: wait at the scheme's SSP gate, compute for the
+ComputeModel's time, hand the gradient to the scheme, deliver its Send
+effects through the FluidNetwork. Messages arriving at a node go to the
+node's `receive` at their simulated arrival time, and wake the node if it is
+waiting. Server nodes (ps) only receive. The schemes are the very ones akorun
+drives: the simulator adds time, nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Protocol
+
+import numpy as np
+import simpy
+
+from akocore.messages import Partial, Send
+from akocore.schemes import SchemeNode
+from akosim.compute import ComputeModel
+from akosim.network import FluidNetwork, NetworkSpec, NetworkStats
+
+
+class GradientSource(Protocol):
+    """Real gradients for training mode (akosim.training); timing-only has none."""
+
+    def begin(self, rank: int, round_: int, params: np.ndarray) -> None: ...
+
+    def result(self, rank: int) -> np.ndarray: ...
+
+
+@dataclass
+class WorkerTimeline:
+    """What one worker did, in simulated seconds."""
+
+    rank: int
+    round_end_s: list[float] = field(default_factory=list)
+    compute_s: float = 0.0
+    wait_s: float = 0.0
+    max_lag_rounds: int = 0
+    lag_sum: int = 0
+    finish_s: float = 0.0
+    drained_s: float = 0.0
+
+    @property
+    def rounds(self) -> int:
+        return len(self.round_end_s)
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    """A span for the Chrome trace: what a worker did from start_s to end_s."""
+
+    rank: int
+    name: str  # compute | wait | send
+    start_s: float
+    end_s: float
+    args: tuple[tuple[str, object], ...] = ()
+
+
+@dataclass
+class _InFlight:
+    """A multicast on the network: its message and how many copies are still out."""
+
+    message: Partial
+    src: int
+    start_s: float
+    copies: int
+    remaining: int = -1
+
+    def __post_init__(self) -> None:
+        self.remaining = self.copies
+
+
+@dataclass(frozen=True)
+class StopRule:
+    rounds: int | None = None
+    duration_s: float | None = None
+    drain: bool = True  # flush what is owed and wait for it (training); timing may skip
+
+    def __post_init__(self) -> None:
+        if self.rounds is None and self.duration_s is None:
+            raise ValueError("a simulation needs rounds or a duration")
+        if self.rounds is not None and self.rounds < 1:
+            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
+        if self.duration_s is not None and self.duration_s <= 0:
+            raise ValueError(f"duration must be > 0 s, got {self.duration_s}")
+
+
+class Simulation:
+    """Wire nodes, network and compute into one SimPy environment and run it."""
+
+    def __init__(self, nodes: list[SchemeNode], network: NetworkSpec, compute: ComputeModel,
+                 stop: StopRule, *, gradients: GradientSource | None = None,
+                 trace: bool = False,
+                 on_round: Callable[[int, int, float], None] | None = None) -> None:
+        if network.n != len(nodes):
+            raise ValueError(f"the network has {network.n} nodes, the scheme {len(nodes)}")
+        self.env = simpy.Environment()
+        self.net = FluidNetwork(self.env, network)
+        self.nodes = nodes
+        self.compute = compute
+        self.stop = stop
+        self.gradients = gradients
+        self.on_round = on_round
+        self.workers = [n.rank for n in nodes if n.is_worker]
+        self.timelines = {r: WorkerTimeline(r) for r in self.workers}
+        self.trace: list[TraceEvent] | None = [] if trace else None
+        self._wake: dict[int, simpy.Event | None] = {n.rank: None for n in nodes}
+        self.stop_requested = False
+        self.deliveries = 0
+        self.duplicates = 0
+        self.messages_sent = 0
+        self.steady_stats: NetworkStats | None = None
+
+    # ------------------------------------------------------------------ running
+
+    def run(self, until_s: float | None = None) -> None:
+        for rank in self.workers:
+            self.env.process(self._worker(rank))
+        self.env.run(until=until_s)
+        stuck = [r for r in self.workers if self.timelines[r].drained_s == 0.0
+                 and not self.nodes[r].drained()]
+        if stuck and until_s is None and self.stop.drain:
+            raise RuntimeError(f"simulation ended with workers {stuck} waiting forever "
+                               f"(a peer never sent what they wait for)")
+
+    def request_stop(self) -> None:
+        """Every worker stops after its current round (training's target accuracy)."""
+        self.stop_requested = True
+
+    def _more_rounds(self, round_: int) -> bool:
+        if self.stop_requested:
+            return False
+        if self.stop.rounds is not None and round_ >= self.stop.rounds:
+            return False
+        return self.stop.duration_s is None or self.env.now < self.stop.duration_s
+
+    def _wait_for(self, rank: int, ready: Callable[[], bool]):
+        while not ready():
+            event = self.env.event()
+            self._wake[rank] = event
+            yield event
+
+    def _worker(self, rank: int):
+        node, line, env = self.nodes[rank], self.timelines[rank], self.env
+        round_ = 0
+        while self._more_rounds(round_):
+            if not node.may_start(round_):
+                waited_from = env.now
+                yield from self._wait_for(rank, partial(node.may_start, round_))
+                line.wait_s += env.now - waited_from
+                self._span(rank, "wait", waited_from, env.now, round=round_)
+                if not self._more_rounds(round_):
+                    break
+            lag = node.lag(round_)
+            line.max_lag_rounds = max(line.max_lag_rounds, lag)
+            line.lag_sum += lag
+            started = env.now
+            if self.gradients is not None:
+                assert node.params is not None
+                self.gradients.begin(rank, round_, node.params)
+            yield env.timeout(self.compute.time_s(rank, round_))
+            grad = self.gradients.result(rank) if self.gradients is not None else None
+            line.compute_s += env.now - started
+            self._span(rank, "compute", started, env.now, round=round_)
+            self._dispatch(rank, node.local_step(round_, grad))
+            line.round_end_s.append(env.now)
+            round_ += 1
+            if self.on_round is not None:
+                self.on_round(rank, round_, env.now)
+        line.finish_s = env.now
+        if self.steady_stats is None:
+            self.steady_stats = self.net.stats()  # traffic up to the first finish
+        if not self.stop.drain:
+            return
+        self._dispatch(rank, node.finish(round_))
+        yield from self._wait_for(rank, node.drained)
+        node.settle()
+        line.drained_s = env.now
+
+    # ------------------------------------------------------------------ network
+
+    def _dispatch(self, src: int, effects: list[Send] | tuple[Send, ...]) -> None:
+        for send in effects:
+            msg = send.message
+            self.messages_sent += len(send.dests)
+            token = _InFlight(msg, src, self.env.now, len(send.dests))
+            self.net.send(src, np.asarray(send.dests), msg.nbytes, self._delivered, token)
+
+    def _delivered(self, dests: np.ndarray, token: object) -> None:
+        assert isinstance(token, _InFlight)
+        msg = token.message
+        for dest in dests.tolist():
+            receipt = self.nodes[dest].receive(msg)
+            self.deliveries += 1
+            if not receipt.accepted:
+                self.duplicates += 1
+            if receipt.effects:
+                self._dispatch(dest, receipt.effects)
+            waiting = self._wake[dest]
+            if waiting is not None and not waiting.triggered:
+                self._wake[dest] = None
+                waiting.succeed()
+        token.remaining -= len(dests)
+        if token.remaining == 0 and self.trace is not None and token.src in self.timelines:
+            self._span(token.src, "send", token.start_s, self.env.now, round=msg.round,
+                       part=msg.part, bytes=msg.nbytes, peers=token.copies)
+
+    def _span(self, rank: int, name: str, start_s: float, end_s: float, **args: object) -> None:
+        if self.trace is not None:
+            self.trace.append(TraceEvent(rank, name, start_s, end_s, tuple(args.items())))
+
+    # ------------------------------------------------------------------ results
+
+    @property
+    def elapsed_s(self) -> float:
+        return max((t.finish_s for t in self.timelines.values()), default=0.0)
+
+
+def steady_round_time_s(round_end_s: list[float], warmup_fraction: float = 0.1) -> float:
+    """Mean seconds per round after the warm-up rounds (all rounds if few)."""
+    ends = np.asarray(round_end_s)
+    if len(ends) == 0:
+        return math.nan
+    if len(ends) < 4:
+        return float(ends[-1] / len(ends))
+    skip = max(1, int(len(ends) * warmup_fraction))
+    return float((ends[-1] - ends[skip - 1]) / (len(ends) - skip))

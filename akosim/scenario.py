@@ -1,0 +1,281 @@
+"""One simulated configuration, start to finish, and what it measured.
+
+`simulate(setup, variant)` builds the akocore nodes for a variant (ako with
+its p, ps with k servers, allreduce), runs them over the configured network
+with the compute model, and returns a `SimRun`: the figures a user compares
+(round time, samples/s, bytes per worker per round, NIC utilisation,
+staleness, the bottleneck) plus per-worker and per-link breakdowns. Its keys
+are named as akorun names its measurements, so prediction and measurement
+compare key by key.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from akocore.config import RunConfig
+from akocore.messages import FLOAT_BYTES
+from akocore.planner import Plan
+from akocore.resolve import network_arrays, resolve_plan, scheme_spec
+from akocore.schemes import build_nodes
+from akocore.units import format_bandwidth
+from akocore.workload import Workload
+from akosim.compute import ComputeModel
+from akosim.engine import Simulation, StopRule, TraceEvent, steady_round_time_s
+from akosim.network import NetworkSpec, NetworkUtilisation
+from akosim.training import AccuracyTracker, BatchedGradients, Evaluation
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every variant of one question shares."""
+
+    config: RunConfig
+    length: int  # gradient elements
+    compute: ComputeModel
+    batch_size: int
+    stop: StopRule
+
+    @property
+    def gradient_bytes(self) -> int:
+        return self.length * FLOAT_BYTES
+
+    @property
+    def nodes(self) -> int:
+        return self.config.cluster.workers
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One configuration to simulate: a scheme and its parameters."""
+
+    scheme: str
+    p_of: tuple[int, ...] = (1,)
+    ps_servers: int = 1
+    ssp: float = 0.0
+    label: str = ""
+    p_reason: str = ""
+
+
+@dataclass
+class WorkerReport:
+    rank: int
+    rounds: int
+    round_time_s: float
+    compute_s: float
+    wait_s: float
+    bytes_sent: float
+    bytes_received: float
+    uplink_utilisation: float
+    downlink_utilisation: float
+    max_lag_rounds: int
+    mean_lag_rounds: float
+
+
+@dataclass
+class SimRun:
+    """The result of one simulated configuration (JSON-ready through to_dict)."""
+
+    label: str
+    scheme: str
+    p: int
+    p_of: list[int]
+    p_reason: str
+    ssp: float
+    workers: int  # nodes in the cluster
+    training_workers: int
+    ps_servers: int
+    round_time_s: float
+    samples_per_s: float
+    bytes_sent_per_worker_per_round: float
+    compute_s_per_round: float
+    wait_s_per_round: float
+    nic_utilisation: float  # mean over training workers' uplinks
+    max_uplink_utilisation: float
+    max_downlink_utilisation: float
+    staleness_bound_rounds: float
+    max_lag_rounds: int
+    bottleneck: str
+    simulated_s: float
+    wall_s: float
+    events: dict[str, int]
+    per_worker: list[WorkerReport] = field(default_factory=list)
+    per_link: list[dict[str, float | None]] = field(default_factory=list)
+    evaluations: list[Evaluation] = field(default_factory=list)
+    time_to_target_s: float | None = None
+    final_accuracy: float | None = None
+    trace: list[TraceEvent] = field(default_factory=list, repr=False)
+
+    def to_dict(self, *, links: bool = True) -> dict:
+        data = asdict(self)
+        data.pop("trace")
+        if not links:
+            data.pop("per_link")
+        for key in ("ssp", "staleness_bound_rounds"):
+            if math.isinf(data[key]):
+                data[key] = "inf"
+        return data
+
+
+def network_spec(config: RunConfig) -> NetworkSpec:
+    arrays = network_arrays(config)
+    return NetworkSpec(arrays.uplink_bps, arrays.downlink_bps, arrays.link_bps, arrays.latency_s)
+
+
+def ako_variant(setup: Setup, p: str | tuple[int, ...] | None = None,
+                label: str | None = None) -> Variant:
+    """Ako with the configured p (or the given one), resolved by the planner."""
+    config = setup.config
+    if p is not None:
+        from dataclasses import replace
+
+        config = replace(config, exchange=replace(config.exchange, p=p))
+    workers = setup.nodes
+    plan: Plan = resolve_plan(config, gradient_bytes=setup.gradient_bytes, length=setup.length,
+                              compute_s=tuple(setup.compute.base_s(i) for i in range(workers)))
+    given = config.exchange.p
+    name = given if isinstance(given, str) else "given"
+    text = f"ako p={plan.p}" if len(set(plan.p_of)) == 1 else \
+        f"ako p={min(plan.p_of)}..{plan.p}"
+    if name != "given":
+        text += f" ({name})"
+    return Variant("ako", plan.p_of, ssp=config.exchange.ssp, label=label or text,
+                   p_reason=plan.binding)
+
+
+def simulate(setup: Setup, variant: Variant, *, trace: bool = False,
+             workload: Workload | None = None, eval_every: int = 10,
+             target_accuracy: float | None = None,
+             on_progress: Callable[[int], None] | None = None) -> SimRun:
+    """Run one variant. With `workload`, the workers really train (training mode)."""
+    config = setup.config
+    spec = scheme_spec(config, variant.p_of, ps_servers=variant.ps_servers)
+    if variant.scheme != spec.scheme or variant.ssp != spec.staleness:
+        from dataclasses import replace
+
+        spec = replace(spec, scheme=variant.scheme, staleness=variant.ssp)
+    params0 = optimizer = None
+    if workload is not None:
+        params0 = np.array(workload.init_params, dtype=np.float32)
+        optimizer = workload.optimizer(config.train.optimizer, config.train.lr)
+    nodes = build_nodes(spec, setup.length, params0, optimizer)
+    ranks = [n.rank for n in nodes if n.is_worker]
+    gradients = None
+    tracker = None
+    if workload is not None:
+        gradients = BatchedGradients(workload, ranks, config.train.seed)
+        tracker = AccuracyTracker(workload, eval_every, target_accuracy)
+    watched = ranks[0]
+    sim: Simulation
+
+    def on_round(rank: int, rounds_done: int, now_s: float) -> None:
+        if rank != watched:
+            return
+        if on_progress is not None:
+            on_progress(rounds_done)
+        if tracker is not None and rounds_done % tracker.every == 0:
+            params = nodes[watched].params
+            assert params is not None
+            if tracker.evaluate(params, rounds_done, now_s):
+                sim.request_stop()
+
+    network = network_spec(config)
+    sim = Simulation(nodes, network, setup.compute, setup.stop, gradients=gradients,
+                     trace=trace, on_round=on_round)
+    started = time.perf_counter()
+    sim.run()
+    wall_s = time.perf_counter() - started
+    run = _report(setup, variant, spec.training_workers, sim, wall_s)
+    if tracker is not None:
+        params = nodes[watched].params
+        assert params is not None
+        run.final_accuracy = tracker.workload.evaluate(params)
+        run.evaluations = tracker.history
+        if target_accuracy is not None:
+            run.time_to_target_s = tracker.time_to(target_accuracy)
+    run.trace = sim.trace or []
+    return run
+
+
+def _report(setup: Setup, variant: Variant, training_workers: int, sim: Simulation,
+            wall_s: float) -> SimRun:
+    """Figures over the steady part of the run: up to the first worker's last round."""
+    stats = sim.steady_stats or sim.net.stats()
+    elapsed = stats.elapsed_s
+    util = stats.utilisation if elapsed > 0 else None
+    sent, received = stats.bytes_sent, stats.bytes_received
+    workers = []
+    for rank, line in sorted(sim.timelines.items()):
+        rounds = max(line.rounds, 1)
+        workers.append(WorkerReport(
+            rank=rank, rounds=line.rounds,
+            round_time_s=steady_round_time_s(line.round_end_s),
+            compute_s=line.compute_s, wait_s=line.wait_s,
+            bytes_sent=float(sent[rank]), bytes_received=float(received[rank]),
+            uplink_utilisation=float(util.uplink[rank]) if util else 0.0,
+            downlink_utilisation=float(util.downlink[rank]) if util else 0.0,
+            max_lag_rounds=line.max_lag_rounds, mean_lag_rounds=line.lag_sum / rounds))
+    rounds_total = sum(w.rounds for w in workers)
+    round_time = float(np.mean([w.round_time_s for w in workers]))
+    rounds_in_window = sum(sum(1 for t in line.round_end_s if t <= elapsed + 1e-12)
+                           for line in sim.timelines.values())
+    node_bytes = float(stats.uplink_carried_bytes[sorted(sim.timelines)].sum())
+    bytes_per_round = node_bytes / max(rounds_in_window, 1)
+    spec = sim.net.spec
+    per_link, bottleneck = _links(stats.link_bytes, spec, elapsed, util)
+    staleness_bound = (max(variant.p_of) - 1 + variant.ssp) if variant.scheme == "ako" else (
+        variant.ssp if variant.scheme == "ps" else 0.0)
+    return SimRun(
+        label=variant.label or variant.scheme, scheme=variant.scheme, p=max(variant.p_of),
+        p_of=list(variant.p_of), p_reason=variant.p_reason, ssp=variant.ssp,
+        workers=setup.nodes, training_workers=training_workers,
+        ps_servers=variant.ps_servers if variant.scheme == "ps" else 0,
+        round_time_s=round_time,
+        samples_per_s=training_workers * setup.batch_size / round_time if round_time > 0
+        else math.inf,
+        bytes_sent_per_worker_per_round=bytes_per_round,
+        compute_s_per_round=sum(w.compute_s for w in workers) / max(rounds_total, 1),
+        wait_s_per_round=sum(w.wait_s for w in workers) / max(rounds_total, 1),
+        nic_utilisation=float(np.mean([w.uplink_utilisation for w in workers])),
+        max_uplink_utilisation=float(util.uplink.max()) if util else 0.0,
+        max_downlink_utilisation=float(util.downlink.max()) if util else 0.0,
+        staleness_bound_rounds=staleness_bound,
+        max_lag_rounds=max((w.max_lag_rounds for w in workers), default=0),
+        bottleneck=bottleneck, simulated_s=elapsed, wall_s=wall_s,
+        events={"rate_solves": sim.net.rate_solves,
+                "flow_completions": sim.net.flow_completions,
+                "messages": sim.messages_sent, "deliveries": sim.deliveries,
+                "duplicates": sim.duplicates},
+        per_worker=workers, per_link=per_link)
+
+
+def _links(link_bytes: np.ndarray, spec: NetworkSpec, elapsed_s: float,
+           util: NetworkUtilisation | None) -> tuple[list[dict[str, float | None]], str]:
+    """Per-link traffic, and the most utilised resource in words."""
+    src, dst = np.nonzero(link_bytes)
+    per_link: list[dict[str, float | None]] = []
+    best_name, best_util = "none (no traffic)", -1.0
+    for i, j in zip(src.tolist(), dst.tolist(), strict=True):
+        cap = float(spec.link_bps[i, j])
+        bits = float(link_bytes[i, j]) * 8
+        link_util = bits / (cap * elapsed_s) if math.isfinite(cap) and elapsed_s > 0 else None
+        per_link.append({"src": i, "dst": j, "bytes": float(link_bytes[i, j]),
+                         "cap_bps": cap if math.isfinite(cap) else None,
+                         "utilisation": link_util})
+        if link_util is not None and link_util > best_util:
+            best_name, best_util = f"link {i}->{j} ({format_bandwidth(cap)})", link_util
+    if util is not None:
+        for kind, values, caps in (("uplink", util.uplink, spec.uplink_bps),
+                                   ("downlink", util.downlink, spec.downlink_bps)):
+            k = int(np.argmax(values))
+            if values[k] > best_util + 1e-9:
+                best_name = f"{kind} of node {k} ({format_bandwidth(caps[k])})"
+                best_util = float(values[k])
+    if best_util >= 0:
+        best_name += f", {100 * best_util:.0f}% busy"
+    return per_link, best_name
