@@ -179,6 +179,45 @@ class SchemeNode(ABC):
 # --------------------------------------------------------------------------- ako
 
 
+@dataclass(frozen=True)
+class SharedDeliveryMatrix:
+    """Every simulated ako node's delivery rows in one matrix: rounds[i, j] is
+    r_j as seen by node i. Lets a simulator deliver a multicast in one step."""
+
+    rounds: np.ndarray  # (n, n) int64
+    pending: np.ndarray  # (n, n) bool: node i holds out-of-order rounds of j
+
+    @classmethod
+    def create(cls, n: int) -> SharedDeliveryMatrix:
+        return cls(np.full((n, n), -1, dtype=np.int64), np.zeros((n, n), dtype=bool))
+
+
+def receive_multicast(nodes: Sequence[SchemeNode], dests: np.ndarray,
+                      msg: Partial) -> tuple[int, list[tuple[int, Send]]]:
+    """Deliver one message to every node in `dests`: (duplicates, (node, effect)s).
+
+    Timing-only ako nodes sharing a SharedDeliveryMatrix take an in-order
+    message in one vectorised step (the same record a per-node receive makes);
+    anything else goes through each node's own `receive`.
+    """
+    first = nodes[int(dests[0])]
+    if (isinstance(first, AkoWorker) and first.shared is not None and first.inbox is None
+            and not msg.final and dests.size > 1):
+        first.validate(msg)
+        shared, sender = first.shared, msg.sender
+        column = shared.rounds[dests, sender]
+        if (column == msg.round - 1).all() and not shared.pending[dests, sender].any():
+            shared.rounds[dests, sender] = msg.round
+            return 0, []
+    duplicates = 0
+    effects: list[tuple[int, Send]] = []
+    for dest in dests.tolist():
+        receipt = nodes[dest].receive(msg)
+        duplicates += not receipt.accepted
+        effects.extend((dest, effect) for effect in receipt.effects)
+    return duplicates, effects
+
+
 DeliveryRecord = dict[int, tuple[int, dict[int, list[int]]]]
 
 
@@ -229,7 +268,7 @@ class AkoWorker(SchemeNode):
 
     def __init__(self, rank: int, workers: int, length: int, p_of: Sequence[int], *,
                  replica: Replica, staleness: float = 0.0, schedule: str = "staggered",
-                 reduce: str = "mean") -> None:
+                 reduce: str = "mean", shared: SharedDeliveryMatrix | None = None) -> None:
         super().__init__(rank, length, replica)
         if len(p_of) != workers:
             raise ValueError(f"need one p per worker ({workers}), got {len(p_of)}")
@@ -243,30 +282,50 @@ class AkoWorker(SchemeNode):
         self.schedule = schedule
         self.scale = _scale(reduce, workers)
         self.peers = tuple(j for j in range(workers) if j != rank)
-        self.log = ssp.DeliveryLog(self.peers, lambda sender, round_: 1)
+        rows = (None, None) if shared is None else (shared.rounds[rank], shared.pending[rank])
+        self.log = ssp.DeliveryLog(self.peers, lambda sender, round_: 1, size=workers,
+                                   rounds_row=rows[0], pending_row=rows[1])
+        self.shared = shared
         self.final_round: dict[int, int] = {}
+        self._final = np.full(workers, np.inf)  # final round per peer, inf until known
+        self._peer_mask = np.ones(workers, dtype=bool)
+        self._peer_mask[rank] = False
         self.unsent = np.zeros(length, np.float32) if replica.has_data else None
         self.inbox = np.zeros(length, np.float32) if replica.has_data else None
 
     def peer_done(self, peer: int) -> bool:
-        final = self.final_round.get(peer)
-        return final is not None and self.log.contiguous[peer] >= final
+        return bool(self.log.contiguous[peer] >= self._final[peer])
+
+    def _set_final(self, peer: int, round_: int | None) -> None:
+        if round_ is None:
+            self.final_round.pop(peer, None)
+            self._final[peer] = np.inf
+        else:
+            self.final_round[peer] = round_
+            self._final[peer] = round_
+
+    def _gate_mask(self) -> np.ndarray:
+        mask = self._peer_mask & (self.log.contiguous < self._final)
+        if self.suspended:
+            mask[list(self.suspended)] = False
+        return mask
 
     def _gate_peers(self) -> list[int]:
-        return [j for j in self.peers if j not in self.suspended and not self.peer_done(j)]
+        return np.flatnonzero(self._gate_mask()).tolist()
 
     def may_start(self, round_: int) -> bool:
-        contiguous = self.log.contiguous
-        return ssp.may_start(round_, (contiguous[j] for j in self._gate_peers()), self.staleness)
+        if round_ <= 0 or math.isinf(self.staleness):
+            return True
+        return ssp.may_start(round_, self.log.contiguous[self._gate_mask()], self.staleness)
 
     def waiting_on(self, round_: int) -> list[int]:
         return ssp.blocking_peers(round_, self.log.contiguous, self._gate_peers(), self.staleness)
 
     def lag(self, round_: int) -> int:
-        peers = self._gate_peers()
-        if round_ <= 0 or not peers:
+        rounds = self.log.contiguous[self._gate_mask()]
+        if round_ <= 0 or rounds.size == 0:
             return 0
-        return max(0, round_ - 1 - min(self.log.contiguous[j] for j in peers))
+        return max(0, round_ - 1 - int(rounds.min()))
 
     def _send_round(self, round_: int, final: bool) -> Send:
         k = ako_partition(self.rank, round_, self.p, self.schedule)
@@ -302,8 +361,9 @@ class AkoWorker(SchemeNode):
         flush = self.p - 1
         return [self._send_round(rounds_done + i, final=i == flush - 1) for i in range(flush)]
 
-    def receive(self, msg: Partial) -> Receipt:
-        if msg.kind != Kind.GRAD or msg.sender not in self.log.contiguous:
+    def validate(self, msg: Partial) -> None:
+        """Refuse a message no correct ako peer sends (SchemeError)."""
+        if msg.kind != Kind.GRAD or not self.log.knows(msg.sender):
             raise SchemeError(f"ako worker {self.rank}: unexpected {msg.kind.name} "
                               f"from node {msg.sender}")
         sender_p = self.p_of[msg.sender]
@@ -316,10 +376,13 @@ class AkoWorker(SchemeNode):
                 raise SchemeError(f"partition {msg.part} of {sender_p} does not span "
                                   f"[{msg.offset}, {msg.offset + msg.length})")
         self._check_values(msg)
+
+    def receive(self, msg: Partial) -> Receipt:
+        self.validate(msg)
         if not self.log.record(msg.sender, msg.round, msg.part):
             return Receipt(False)
         if msg.final:
-            self.final_round[msg.sender] = msg.round
+            self._set_final(msg.sender, msg.round)
         if self.inbox is not None and msg.length:
             assert msg.values is not None
             self.inbox[msg.offset:msg.offset + msg.length] += msg.values
@@ -336,7 +399,7 @@ class AkoWorker(SchemeNode):
     def peer_restarted(self, peer: int, first_round: int) -> None:
         """`peer` restarted and numbers its rounds from `first_round` on."""
         self.log.skip_to(peer, first_round - 1)
-        self.final_round.pop(peer, None)
+        self._set_final(peer, None)
         self.suspended.discard(peer)
 
     def rejoin_snapshot(self, joiner: int) -> RejoinSnapshot:
@@ -359,6 +422,7 @@ class AkoWorker(SchemeNode):
         self.unsent[:] = 0.0
         self.log.load({j: r for j, r in snapshot.log.items() if j != self.rank})
         self.final_round.clear()
+        self._final[:] = np.inf
         self.next_round = first_round
         self.finished = False
 
@@ -383,7 +447,10 @@ class AkoWorker(SchemeNode):
         self.unsent = copy_or_none(state.unsent)
         self.inbox = copy_or_none(state.inbox)
         self.log.load(state.log)
-        self.final_round = dict(state.final_round)
+        self.final_round = {}
+        self._final[:] = np.inf
+        for peer, final in state.final_round.items():
+            self._set_final(int(peer), int(final))
         self.next_round = state.next_round
 
 
@@ -574,7 +641,7 @@ class PSServer(SchemeNode):
                 if w not in self.suspended and self.final_round.get(w, math.inf) > round_]
 
     def receive(self, msg: Partial) -> Receipt:
-        if msg.kind not in (Kind.PUSH, Kind.PULL) or msg.sender not in self.log.contiguous:
+        if msg.kind not in (Kind.PUSH, Kind.PULL) or not self.log.knows(msg.sender):
             raise SchemeError(f"ps server {self.rank}: unexpected {msg.kind.name} "
                               f"from node {msg.sender}")
         if msg.kind == Kind.PUSH and (msg.offset, msg.offset + msg.length) != (
@@ -786,8 +853,10 @@ def build_nodes(spec: SchemeSpec, length: int, params0: np.ndarray | None,
         raise ValueError(f"initial parameters must have shape ({length},)")
     if spec.scheme == "ako":
         p_of = spec.p_list()
+        shared = SharedDeliveryMatrix.create(spec.workers) if params0 is None else None
         return [AkoWorker(i, spec.workers, length, p_of, replica=replica(params0),
-                          staleness=spec.staleness, schedule=spec.schedule, reduce=spec.reduce)
+                          staleness=spec.staleness, schedule=spec.schedule, reduce=spec.reduce,
+                          shared=shared)
                 for i in range(spec.workers)]
     if spec.scheme == "allreduce":
         return [AllReduceWorker(i, spec.workers, length, replica=replica(params0),

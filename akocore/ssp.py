@@ -17,14 +17,36 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 
+import numpy as np
+
 
 class DeliveryLog:
-    """Per-sender record of delivered (round, part) messages."""
+    """Per-sender record of delivered (round, part) messages.
 
-    def __init__(self, senders: Iterable[int], parts_per_round: Callable[[int, int], int]):
+    `contiguous[j]` is r_j for sender j (-1 before anything arrived), held in a
+    numpy row indexed by rank so that gates take a vectorised minimum and a
+    simulator can keep every node's row in one shared matrix
+    (`rounds_row`/`pending_row` are then views into it).
+    """
+
+    def __init__(self, senders: Iterable[int], parts_per_round: Callable[[int, int], int], *,
+                 size: int | None = None, rounds_row: np.ndarray | None = None,
+                 pending_row: np.ndarray | None = None) -> None:
         self._parts_per_round = parts_per_round
-        self.contiguous: dict[int, int] = {j: -1 for j in senders}
-        self._pending: dict[int, dict[int, set[int]]] = {j: {} for j in self.contiguous}
+        self.senders = tuple(sorted(set(senders)))
+        width = size if size is not None else (max(self.senders) + 1 if self.senders else 0)
+        if self.senders and max(self.senders) >= width:
+            raise ValueError(f"sender {max(self.senders)} outside a log of width {width}")
+        self.contiguous = rounds_row if rounds_row is not None else np.empty(width, np.int64)
+        self.contiguous[:] = -1
+        self.has_pending = pending_row if pending_row is not None else np.empty(width, bool)
+        self.has_pending[:] = False
+        self.known = np.zeros(width, dtype=bool)
+        self.known[list(self.senders)] = True
+        self._pending: dict[int, dict[int, set[int]]] = {j: {} for j in self.senders}
+
+    def knows(self, sender: int) -> bool:
+        return 0 <= sender < self.known.size and bool(self.known[sender])
 
     def is_duplicate(self, sender: int, round_: int, part: int) -> bool:
         if round_ <= self.contiguous[sender]:
@@ -34,7 +56,7 @@ class DeliveryLog:
 
     def record(self, sender: int, round_: int, part: int) -> bool:
         """Record a delivery; False (and nothing changes) when it is a duplicate."""
-        if sender not in self.contiguous:
+        if not self.knows(sender):
             raise KeyError(f"unknown sender {sender}")
         if self.is_duplicate(sender, round_, part):
             return False
@@ -54,24 +76,27 @@ class DeliveryLog:
 
     def record_advance(self, sender: int) -> None:
         pending = self._pending[sender]
-        nxt = self.contiguous[sender] + 1
+        nxt = int(self.contiguous[sender]) + 1
         while nxt in pending and len(pending[nxt]) >= self._parts_per_round(sender, nxt):
             del pending[nxt]
             self.contiguous[sender] = nxt
             nxt += 1
+        self.has_pending[sender] = bool(pending)
 
     def export(self) -> dict[int, tuple[int, dict[int, list[int]]]]:
         """Plain data: sender -> (contiguous round, {pending round: parts})."""
-        return {j: (c, {r: sorted(p) for r, p in self._pending[j].items()})
-                for j, c in self.contiguous.items()}
+        return {j: (int(self.contiguous[j]), {r: sorted(p) for r, p in self._pending[j].items()})
+                for j in self.senders}
 
     def load(self, state: dict[int, tuple[int, dict[int, list[int]]]]) -> None:
         """Replace the record for the senders in `state` (others are kept)."""
         for j, (contiguous, pending) in state.items():
-            if j not in self.contiguous:
+            j = int(j)
+            if not self.knows(j):
                 raise KeyError(f"unknown sender {j}")
             self.contiguous[j] = int(contiguous)
             self._pending[j] = {int(r): set(p) for r, p in pending.items()}
+            self.has_pending[j] = bool(self._pending[j])
 
     def pending_rounds(self, sender: int) -> int:
         """How many incomplete rounds are held for a sender (memory check)."""
@@ -82,6 +107,10 @@ def may_start(next_round: int, peer_rounds: Iterable[int], staleness: float) -> 
     """SSP gate: round 0 always; round t+1 while t - min_j r_j <= s."""
     if next_round <= 0 or math.isinf(staleness):
         return True
+    if isinstance(peer_rounds, np.ndarray):
+        if peer_rounds.size == 0:
+            return True
+        return bool((next_round - 1) - peer_rounds.min() <= staleness)
     rounds = list(peer_rounds)
     if not rounds:
         return True
@@ -89,7 +118,7 @@ def may_start(next_round: int, peer_rounds: Iterable[int], staleness: float) -> 
 
 
 def blocking_peers(
-    next_round: int, contiguous: dict[int, int], active: Iterable[int], staleness: float
+    next_round: int, contiguous: np.ndarray, active: Iterable[int], staleness: float
 ) -> list[int]:
     """The peers whose missing messages hold `next_round` back (for reports)."""
     if next_round <= 0 or math.isinf(staleness):

@@ -20,7 +20,7 @@ import numpy as np
 import simpy
 
 from akocore.messages import Partial, Send
-from akocore.schemes import SchemeNode
+from akocore.schemes import SchemeNode, receive_multicast
 from akosim.compute import ComputeModel
 from akosim.network import FluidNetwork, NetworkSpec, NetworkStats
 
@@ -111,6 +111,7 @@ class Simulation:
         self.timelines = {r: WorkerTimeline(r) for r in self.workers}
         self.trace: list[TraceEvent] | None = [] if trace else None
         self._wake: dict[int, simpy.Event | None] = {n.rank: None for n in nodes}
+        self._waiting = np.zeros(len(nodes), dtype=bool)
         self.stop_requested = False
         self.deliveries = 0
         self.duplicates = 0
@@ -144,6 +145,7 @@ class Simulation:
         while not ready():
             event = self.env.event()
             self._wake[rank] = event
+            self._waiting[rank] = True
             yield event
 
     def _worker(self, rank: int):
@@ -195,17 +197,18 @@ class Simulation:
     def _delivered(self, dests: np.ndarray, token: object) -> None:
         assert isinstance(token, _InFlight)
         msg = token.message
-        for dest in dests.tolist():
-            receipt = self.nodes[dest].receive(msg)
-            self.deliveries += 1
-            if not receipt.accepted:
-                self.duplicates += 1
-            if receipt.effects:
-                self._dispatch(dest, receipt.effects)
-            waiting = self._wake[dest]
-            if waiting is not None and not waiting.triggered:
-                self._wake[dest] = None
-                waiting.succeed()
+        duplicates, effects = receive_multicast(self.nodes, dests, msg)
+        self.deliveries += int(dests.size)
+        self.duplicates += duplicates
+        for node, send in effects:
+            self._dispatch(node, (send,))
+        waiting = dests[self._waiting[dests]]
+        for dest in waiting.tolist():
+            event = self._wake[dest]
+            self._wake[dest] = None
+            self._waiting[dest] = False
+            if event is not None and not event.triggered:
+                event.succeed()
         token.remaining -= len(dests)
         if token.remaining == 0 and self.trace is not None and token.src in self.timelines:
             self._span(token.src, "send", token.start_s, self.env.now, round=msg.round,
