@@ -45,6 +45,7 @@ class WorkerTimeline:
     lag_sum: int = 0
     finish_s: float = 0.0
     drained_s: float = 0.0
+    bytes_sent: float = 0.0  # handed to the network during its rounds (flush excluded)
 
     @property
     def rounds(self) -> int:
@@ -188,9 +189,12 @@ class Simulation:
     # ------------------------------------------------------------------ network
 
     def _dispatch(self, src: int, effects: list[Send] | tuple[Send, ...]) -> None:
+        line = self.timelines.get(src)
         for send in effects:
             msg = send.message
             self.messages_sent += len(send.dests)
+            if line is not None and not self.nodes[src].finished:
+                line.bytes_sent += msg.nbytes * len(send.dests)
             token = _InFlight(msg, src, self.env.now, len(send.dests))
             self.net.send(src, np.asarray(send.dests), msg.nbytes, self._delivered, token)
 

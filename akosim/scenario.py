@@ -222,10 +222,8 @@ def _report(setup: Setup, variant: Variant, training_workers: int, sim: Simulati
             max_lag_rounds=line.max_lag_rounds, mean_lag_rounds=line.lag_sum / rounds))
     rounds_total = sum(w.rounds for w in workers)
     round_time = float(np.mean([w.round_time_s for w in workers]))
-    rounds_in_window = sum(sum(1 for t in line.round_end_s if t <= elapsed + 1e-12)
-                           for line in sim.timelines.values())
-    node_bytes = float(stats.uplink_carried_bytes[sorted(sim.timelines)].sum())
-    bytes_per_round = node_bytes / max(rounds_in_window, 1)
+    bytes_per_round = sum(line.bytes_sent for line in sim.timelines.values()) / max(
+        rounds_total, 1)
     spec = sim.net.spec
     per_link, bottleneck = _links(stats.link_bytes, spec, elapsed, util)
     staleness_bound = (max(variant.p_of) - 1 + variant.ssp) if variant.scheme == "ako" else (
