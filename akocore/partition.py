@@ -47,3 +47,16 @@ def partition_slice(length: int, p: int, k: int) -> tuple[int, int]:
 
 def partition_lengths(length: int, p: int) -> np.ndarray:
     return np.diff(partition_bounds(length, p))
+
+
+def accumulate_and_take(unsent: np.ndarray, grad: np.ndarray, start: int,
+                        stop: int) -> np.ndarray:
+    """Add a gradient to the unsent buffers, take partition [start, stop) out.
+
+    The hot path of an ako round: one pass to accumulate, a copy of the partition
+    that goes on the wire, and its buffer reset.
+    """
+    np.add(unsent, grad, out=unsent)
+    part = unsent[start:stop].copy()
+    unsent[start:stop] = 0.0
+    return part

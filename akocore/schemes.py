@@ -35,7 +35,12 @@ import numpy as np
 from akocore import ssp
 from akocore.messages import Kind, Partial, Receipt, Send
 from akocore.optim import FlatOptimizer
-from akocore.partition import check_p, partition_bounds, partition_slice
+from akocore.partition import (
+    accumulate_and_take,
+    check_p,
+    partition_bounds,
+    partition_slice,
+)
 
 SCHEMES = ("ako", "ps", "allreduce")
 SCHEDULES = ("staggered", "aligned")
@@ -339,8 +344,11 @@ class AkoWorker(SchemeNode):
         self._check_round(round_)
         self._check_grad(grad)
         if self.unsent is not None and self.inbox is not None and grad is not None:
-            self.unsent += grad
-            send = self._send_round(round_, final=False)
+            k = ako_partition(self.rank, round_, self.p, self.schedule)
+            start, stop = partition_slice(self.length, self.p, k)
+            values = accumulate_and_take(self.unsent, grad, start, stop)
+            send = Send(self.peers, Partial(Kind.GRAD, self.rank, round_, k, self.p, start,
+                                            stop - start, values))
             update = (grad + self.inbox) * np.float32(self.scale)
             self.inbox[:] = 0.0
             self.replica.apply(update)

@@ -1,0 +1,1 @@
+"""Regression benchmarks, run by `nox -s bench` (python -m tests.bench), never by tests."""
