@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -132,8 +132,6 @@ def ako_variant(setup: Setup, p: str | tuple[int, ...] | None = None,
     """Ako with the configured p (or the given one), resolved by the planner."""
     config = setup.config
     if p is not None:
-        from dataclasses import replace
-
         config = replace(config, exchange=replace(config.exchange, p=p))
     workers = setup.nodes
     plan: Plan = resolve_plan(config, gradient_bytes=setup.gradient_bytes, length=setup.length,
@@ -156,8 +154,6 @@ def simulate(setup: Setup, variant: Variant, *, trace: bool = False,
     config = setup.config
     spec = scheme_spec(config, variant.p_of, ps_servers=variant.ps_servers)
     if variant.scheme != spec.scheme or variant.ssp != spec.staleness:
-        from dataclasses import replace
-
         spec = replace(spec, scheme=variant.scheme, staleness=variant.ssp)
     params0 = optimizer = None
     if workload is not None:
