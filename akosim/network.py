@@ -54,12 +54,15 @@ _LATE = EventPriority(2)
 _DENSE_PAIRS_MAX = 1 << 16
 # Delivered-traffic logs are folded into the counters after this many entries.
 _LOG_FLUSH_ENTRIES = 1 << 20
+# Up to this many ordered pairs, delivered bytes are summed per pair by a bincount.
+_BINCOUNT_PAIRS_MAX = 1 << 22
 # Below this many flows a full solve is as cheap as finding a component.
 _LOCAL_SOLVE_MIN_FLOWS = 32
 
 DeliveryCallback = Callable[[np.ndarray, Any], None]
-# (batch id, sender, receivers, sizes in bytes, latency in seconds)
-_Group = tuple[int, int, np.ndarray, np.ndarray, np.ndarray | float]
+# Flows whose transfer ended: (senders, receivers, batch ids, sizes in bytes)
+_Finished = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+_NO_FLOWS: tuple[np.ndarray, np.ndarray] = (np.empty(0, np.intp), np.empty(0, np.intp))
 # (sender, receivers, size in bytes (one for all or one each), pair keys, batch id)
 _Start = tuple[int, np.ndarray, float | np.ndarray, np.ndarray | None, int]
 
@@ -164,12 +167,18 @@ class NetworkSpec:
 # ----------------------------------------------------------------------- solver
 
 
-def _fill(columns: list[np.ndarray], capacity_bps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _fill(
+    columns: list[np.ndarray],
+    capacity_bps: np.ndarray,
+    flow_cap_bps: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Max-min fair rates by progressive filling.
 
     `columns[k][f]` is the k-th resource crossed by flow f (indices into
-    `capacity_bps`). Returns (rate of every flow, mask of resources that are
-    saturated and shared by more than one flow).
+    `capacity_bps`); `flow_cap_bps[f]`, if given, is a cap of flow f alone (a
+    resource no other flow crosses, kept out of the columns: cheaper). Returns
+    (rate of every flow, mask of resources that are saturated and shared by
+    more than one flow).
 
     Each pass freezes, at once, every resource whose fair share is no larger
     (up to `_TIE_REL`) than the tightest share seen by any of its flows: shares
@@ -178,6 +187,7 @@ def _fill(columns: list[np.ndarray], capacity_bps: np.ndarray) -> tuple[np.ndarr
     always among them, and independent bottlenecks at different levels are
     frozen in the same pass, so the number of passes is the length of the
     longest chain of dependent bottlenecks, not the number of distinct rates.
+    A flow whose own cap is its tightest share freezes at its cap.
     """
     n_resources = capacity_bps.shape[0]
     n_flows = columns[0].shape[0]
@@ -188,13 +198,18 @@ def _fill(columns: list[np.ndarray], capacity_bps: np.ndarray) -> tuple[np.ndarr
         count += np.bincount(column, minlength=n_resources)
     count_all = count.copy()
     live = np.arange(n_flows)
+    share_bps = np.empty(n_resources)
+    flow_cap = flow_cap_bps
     while live.size:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            share_bps = np.where(count > 0, leftover_bps / count, np.inf)
+        share_bps.fill(np.inf)
+        np.divide(leftover_bps, count, out=share_bps, where=count > 0)
         per_column = [share_bps[column] for column in columns]
-        flow_share_bps = per_column[0].copy()
-        for column_share in per_column[1:]:
+        flow_share_bps = per_column[0].copy() if len(per_column) == 1 else np.minimum(
+            per_column[0], per_column[1])
+        for column_share in per_column[2:]:
             np.minimum(flow_share_bps, column_share, out=flow_share_bps)
+        if flow_cap is not None:
+            np.minimum(flow_share_bps, flow_cap, out=flow_share_bps)
         # A resource is blocked if one of its flows is held lower elsewhere.
         limit_bps = flow_share_bps * (1.0 + _TIE_REL)
         ready = np.ones(n_resources, dtype=bool)
@@ -203,6 +218,8 @@ def _fill(columns: list[np.ndarray], capacity_bps: np.ndarray) -> tuple[np.ndarr
         frozen = ready[columns[0]]
         for column in columns[1:]:
             frozen |= ready[column]
+        if flow_cap is not None:
+            frozen |= flow_cap <= limit_bps
         if frozen.all():
             rate_bps[live] = flow_share_bps
             for column in columns:
@@ -218,6 +235,8 @@ def _fill(columns: list[np.ndarray], capacity_bps: np.ndarray) -> tuple[np.ndarr
         keep = ~frozen
         live = live[keep]
         columns = [column[keep] for column in columns]
+        if flow_cap is not None:
+            flow_cap = flow_cap[keep]
     finite = np.isfinite(capacity_bps)
     saturated_shared = (
         finite & (leftover_bps <= _TIE_REL * np.where(finite, capacity_bps, 0.0)) & (count_all > 1)
@@ -227,11 +246,14 @@ def _fill(columns: list[np.ndarray], capacity_bps: np.ndarray) -> tuple[np.ndarr
 
 class _Resources:
     """Resource indexing for one spec: uplinks [0, n), downlinks [n, 2n), an
-    uncapped placeholder at 2n for flows without a per-pair cap, then pairs.
+    uncapped placeholder at 2n for flows without a shared per-pair cap, then
+    pairs.
 
     A per-pair cap at or above min(uplink of the sender, downlink of the
     receiver) can never be a flow's only bottleneck (its load never exceeds
-    that uplink's or downlink's), so only tighter pairs become resources.
+    that uplink's or downlink's), so only tighter pairs matter. A tight pair
+    crossed by one flow only is that flow's own cap (no resource column); a
+    pair shared by several flows (messages queued on one pair) is a resource.
     """
 
     def __init__(self, spec: NetworkSpec, scan_pairs: bool) -> None:
@@ -247,42 +269,63 @@ class _Resources:
         )
         # Whether any pair cap binds at all (a cheap skip for the common case).
         self.any_pairs = True
+        self.tight: np.ndarray | None = None
         if scan_pairs:
             tight = spec.link_bps < np.minimum(spec.uplink_bps[:, None], spec.downlink_bps[None, :])
             np.fill_diagonal(tight, False)
             self.any_pairs = bool(tight.any())
+            self.tight = tight
 
     def pair_keys(self, src: np.ndarray | int, dst: np.ndarray) -> np.ndarray | None:
         """src * n + dst for pairs whose cap can bind, -1 for the others;
         None when no pair cap of the spec can bind."""
-        spec = self.spec
         if not self.any_pairs:
             return None
-        cap_bps = spec.link_bps[src, dst]
-        tight = cap_bps < np.minimum(spec.uplink_bps[src], spec.downlink_bps[dst])
+        spec = self.spec
+        if self.tight is not None:
+            tight = self.tight[src, dst]
+        else:
+            cap_bps = spec.link_bps[src, dst]
+            tight = cap_bps < np.minimum(spec.uplink_bps[src], spec.downlink_bps[dst])
         return np.where(tight, np.asarray(src, dtype=np.intp) * self.n + dst, -1)
 
     def columns(
         self, src: np.ndarray, dst: np.ndarray, pair_key: np.ndarray | None
-    ) -> tuple[list[np.ndarray], np.ndarray]:
-        """Resource columns of the flows and the capacity of every resource."""
+    ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray | None]:
+        """Resource columns of the flows, the capacity of every resource and the
+        flows' own caps (None if none)."""
         n = self.n
         columns = [src, dst + n]
         if pair_key is None:
-            return columns, self.nic_capacity_bps
+            return columns, self.nic_capacity_bps, None
         has_pair = pair_key >= 0
         if not has_pair.any():
-            return columns, self.nic_capacity_bps
+            return columns, self.nic_capacity_bps, None
+        keys = pair_key[has_pair]
+        flow_cap_bps = np.full(pair_key.shape, np.inf)
+        flow_cap_bps[has_pair] = self.pair_capacity_bps[keys]
+        if self.dense:
+            uses = np.bincount(keys, minlength=n * n)[keys]
+        else:
+            used, local, counts = np.unique(keys, return_inverse=True, return_counts=True)
+            local = local.reshape(-1)
+            uses = counts[local]
+        if uses.max() == 1:
+            return columns, self.nic_capacity_bps, flow_cap_bps
+        # Pairs crossed by several flows (messages queued on one pair) are shared resources.
+        shared = uses > 1
+        where = np.flatnonzero(has_pair)[shared]
+        flow_cap_bps[where] = np.inf
+        column = np.full(pair_key.shape, self.placeholder, dtype=np.intp)
         if self.dense:
             assert self.dense_capacity_bps is not None
-            columns.append(np.where(has_pair, pair_key + (2 * n + 1), self.placeholder))
-            return columns, self.dense_capacity_bps
-        used, local = np.unique(pair_key[has_pair], return_inverse=True)
-        column = np.full(pair_key.shape, self.placeholder, dtype=np.intp)
-        column[has_pair] = local.reshape(-1) + (2 * n + 1)
+            column[where] = keys[shared] + (2 * n + 1)
+            capacity_bps = self.dense_capacity_bps
+        else:
+            column[where] = local[shared] + (2 * n + 1)
+            capacity_bps = np.concatenate([self.nic_capacity_bps, self.pair_capacity_bps[used]])
         columns.append(column)
-        capacity_bps = np.concatenate([self.nic_capacity_bps, self.pair_capacity_bps[used]])
-        return columns, capacity_bps
+        return columns, capacity_bps, flow_cap_bps
 
 
 def _check_nodes(name: str, nodes: np.ndarray, n: int) -> None:
@@ -311,10 +354,10 @@ def max_min_rates(src: np.ndarray, dst: np.ndarray, spec: NetworkSpec) -> np.nda
     if src_nodes.size == 0:
         return np.empty(0)
     resources = _Resources(spec, scan_pairs=False)
-    columns, capacity_bps = resources.columns(
+    columns, capacity_bps, flow_cap_bps = resources.columns(
         src_nodes, dst_nodes, resources.pair_keys(src_nodes, dst_nodes)
     )
-    rate_bps, _ = _fill(columns, capacity_bps)
+    rate_bps, _ = _fill(columns, capacity_bps, flow_cap_bps)
     return rate_bps
 
 
@@ -357,10 +400,9 @@ class NetworkStats:
 class _Batch:
     """One `send` call: who to tell when its messages arrive."""
 
-    __slots__ = ("src", "on_delivered", "token", "outstanding")
+    __slots__ = ("on_delivered", "token", "outstanding")
 
-    def __init__(self, src: int, on_delivered: DeliveryCallback, token: object, count: int):
-        self.src = src
+    def __init__(self, on_delivered: DeliveryCallback, token: object, count: int):
         self.on_delivered = on_delivered
         self.token = token
         self.outstanding = count
@@ -384,7 +426,9 @@ class FluidNetwork:
     `send` starts a batch of flows from one node; the network calls back when
     they are delivered. One pending wake-up (re-armed whenever a send or a
     completion changes the next event) drives everything: no SimPy process per
-    flow, no per-packet events.
+    flow, no per-packet events. Every message whose transfer ends at one
+    wake-up and that shares a latency is delivered by one SimPy timeout,
+    whatever the number of batches.
     """
 
     def __init__(self, env: simpy.Environment, spec: NetworkSpec,
@@ -401,7 +445,10 @@ class FluidNetwork:
             self._uniform_latency_s = 0.0
         elif bool((off_diagonal == off_diagonal[0]).all()):
             self._uniform_latency_s = float(off_diagonal[0])
-        # Active flows, one entry per flow, in order of batch id.
+        # Active flows, one entry per flow, in order of batch id. A finished
+        # flow stays in the arrays, dead (rate 0, finish and early at inf),
+        # until the next rate solve compacts them away: a completion that
+        # needs no solve then copies no arrays.
         self._src = np.empty(0, dtype=np.intp)
         self._dst = np.empty(0, dtype=np.intp)
         self._pair_key: np.ndarray | None = (
@@ -411,9 +458,12 @@ class FluidNetwork:
         self._size_bytes = np.empty(0)
         self._rate_bps = np.empty(0)
         self._finish_s = np.empty(0)
+        # Finish time less the coalescing window: a flow is done once this passes.
+        self._early_s = np.empty(0)
         # Flows on a saturated resource shared with others: their completion
         # changes somebody's rate; completions of the others need no solve.
         self._pinned = np.empty(0, dtype=bool)
+        self._dead = 0
         self._pending: list[_Start] = []
         self._batches: dict[int, _Batch] = {}
         self._next_batch = 0
@@ -431,7 +481,7 @@ class FluidNetwork:
         self._bytes_sent = np.zeros(n)
         self._bytes_received = np.zeros(n)
         self._link_bytes = np.zeros((n, n))
-        self._delivered_log: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self._delivered_log: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._delivered_log_entries = 0
         self.rate_solves = 0
         self.local_solves = 0  # solves limited to the flows connected to a change
@@ -462,11 +512,21 @@ class FluidNetwork:
             raise ValueError(f"send: src {src!r} is not a node; nodes are 0..{n - 1}")
         src = int(src)
         dst = np.array(dsts, dtype=np.intp).reshape(-1)
-        if dst.size == 0:
+        count = dst.shape[0]
+        if count == 0:
             return
-        _check_nodes(f"send: dsts (from node {src})", dst, n)
-        if (dst == src).any():
-            raise ValueError(f"send: node {src} cannot send to itself")
+        if count == 1:  # the common point-to-point message: no array reductions
+            only = int(dst[0])
+            if not 0 <= only < n:
+                raise ValueError(
+                    f"send: dsts (from node {src}) contains node {only}; nodes are 0..{n - 1}"
+                )
+            if only == src:
+                raise ValueError(f"send: node {src} cannot send to itself")
+        else:
+            _check_nodes(f"send: dsts (from node {src})", dst, n)
+            if (dst == src).any():
+                raise ValueError(f"send: node {src} cannot send to itself")
         sizes: float | np.ndarray
         if isinstance(size_bytes, int | float | np.integer | np.floating):
             sizes = float(size_bytes)
@@ -476,36 +536,38 @@ class FluidNetwork:
             sizes = np.array(size_bytes, dtype=np.float64).reshape(-1)
             if sizes.shape != dst.shape:
                 raise ValueError(
-                    f"send: size_bytes has {sizes.shape[0]} entries for {dst.shape[0]} destinations"
+                    f"send: size_bytes has {sizes.shape[0]} entries for {count} destinations"
                 )
             if not (np.isfinite(sizes).all() and (sizes >= 0).all()):
                 raise ValueError("send: every size_bytes must be >= 0 and finite")
         batch_id = self._next_batch
         self._next_batch += 1
-        self._batches[batch_id] = _Batch(src, on_delivered, token, int(dst.size))
+        self._batches[batch_id] = _Batch(on_delivered, token, count)
         if isinstance(sizes, float):
             if sizes == 0:
-                self._schedule_deliveries(
-                    batch_id, src, dst, np.zeros(dst.shape), self._latencies(src, dst)
-                )
+                self._schedule(np.full(count, src, dtype=np.intp), dst,
+                               np.full(count, batch_id, dtype=np.int64), np.zeros(count))
                 return
         else:
             empty = sizes == 0
             if empty.any():
-                self._schedule_deliveries(
-                    batch_id, src, dst[empty], sizes[empty], self._latencies(src, dst[empty])
-                )
+                k = int(empty.sum())
+                self._schedule(np.full(k, src, dtype=np.intp), dst[empty],
+                               np.full(k, batch_id, dtype=np.int64), sizes[empty])
                 keep = ~empty
                 dst, sizes = dst[keep], sizes[keep]
                 if dst.size == 0:
                     return
-        self._pending.append((src, dst, sizes, self._resources.pair_keys(src, dst), batch_id))
-        self._arm(float(self.env.now))
+        keys = self._resources.pair_keys(src, dst) if self._resources.any_pairs else None
+        self._pending.append((src, dst, sizes, keys, batch_id))
+        now = float(self.env.now)
+        if now < self._wake_s:
+            self._arm(now)
 
     @property
     def active_flows(self) -> int:
         """Flows started and not yet finished (pending starts included)."""
-        return int(self._src.size) + sum(entry[1].size for entry in self._pending)
+        return int(self._src.size) - self._dead + sum(entry[1].size for entry in self._pending)
 
     @property
     def bytes_sent(self) -> np.ndarray:
@@ -575,7 +637,8 @@ class FluidNetwork:
 
     def rates_bps(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(src, dst, rate) of the flows in flight at the last rate solve."""
-        return self._src.copy(), self._dst.copy(), self._rate_bps.copy()
+        live = self._finish_s < np.inf
+        return self._src[live], self._dst[live], self._rate_bps[live]
 
     # ------------------------------------------------------------- machinery
 
@@ -593,80 +656,92 @@ class FluidNetwork:
         self._wake_s = np.inf
         now = float(self.env.now)
         self._integrate_stats(now)
-        groups: list[_Group] = []
-        rates_changed = False
-        if self._src.size:
-            left_s = self._finish_s - now
-            done = (left_s <= _FINISH_REL * abs(now) + _FINISH_ABS_S) | (
-                left_s <= self.coalesce_rel * self._size_bytes * BITS_PER_BYTE / self._rate_bps)
+        finished: _Finished | None = None
+        need_solve = bool(self._pending)
+        if self._src.size > self._dead:
+            done = self._early_s <= now + (_FINISH_REL * abs(now) + _FINISH_ABS_S)
             if done.any():
-                rates_changed = self._complete(done, groups)
-        if rates_changed or self._pending:
+                finished, rates_changed = self._complete(np.flatnonzero(done))
+                need_solve = need_solve or rates_changed
+        if need_solve:
             self._solve(now, local=True)
-        elif self._src.size and groups:
+        elif finished is not None:
             self._update_loads()
-        if self._src.size:
+        if self._src.size > self._dead:
             self._arm(float(self._finish_s.min()))
-        for batch_id, src, dst, size, latency_s in groups:
-            self._schedule_deliveries(batch_id, src, dst, size, latency_s)
+        if finished is not None:
+            self._schedule(*finished)
 
-    def _complete(
-        self,
-        done: np.ndarray,
-        groups: list[_Group],
-    ) -> bool:
-        """Retire the `done` flows, collect their deliveries into `groups`;
-        return whether the remaining flows need a rate solve."""
-        src, dst, batch, size = (
-            self._src[done],
-            self._dst[done],
-            self._batch[done],
-            self._size_bytes[done],
-        )
-        keep = ~done
-        pinned_done = self._pinned[done]
-        need_solve = bool(keep.any()) and bool(pinned_done.any())
-        self._freed = (src[pinned_done], dst[pinned_done])
-        self._src, self._dst = self._src[keep], self._dst[keep]
-        if self._pair_key is not None:
-            self._pair_key = self._pair_key[keep]
-        self._batch = self._batch[keep]
-        self._size_bytes, self._rate_bps = self._size_bytes[keep], self._rate_bps[keep]
-        self._finish_s, self._pinned = self._finish_s[keep], self._pinned[keep]
-        self.flow_completions += int(src.size)
-        self._bytes_sent += np.bincount(src, weights=size, minlength=self._n)
-        # Group by batch (flows are stored in batch order), then by latency.
-        if src.size > 1 and bool((batch[1:] < batch[:-1]).any()):
+    def _complete(self, idx: np.ndarray) -> tuple[_Finished, bool]:
+        """Retire the flows `idx`: (their src, dst, batch, size in batch order,
+        whether the remaining flows need a rate solve)."""
+        src, dst = self._src[idx], self._dst[idx]
+        batch, size = self._batch[idx], self._size_bytes[idx]
+        pinned_done = self._pinned[idx]
+        count = int(idx.size)
+        self.flow_completions += count
+        if count == 1:
+            self._bytes_sent[src[0]] += size[0]
+        else:
+            self._bytes_sent += np.bincount(src, weights=size, minlength=self._n)
+        self._dead += count
+        need_solve = False
+        if self._dead == self._src.size:
+            self._clear_flows()
+        else:
+            self._rate_bps[idx] = 0.0
+            self._finish_s[idx] = np.inf
+            self._early_s[idx] = np.inf
+            self._pinned[idx] = False
+            if pinned_done.any():
+                need_solve = True
+                self._freed = (src[pinned_done], dst[pinned_done])
+        # Deliveries are grouped by batch: keep batch order.
+        if count > 1 and bool((batch[1:] < batch[:-1]).any()):
             order = np.argsort(batch, kind="stable")
             src, dst, batch, size = src[order], dst[order], batch[order], size[order]
-        starts = np.flatnonzero(batch[1:] != batch[:-1]) + 1
-        bounds = np.concatenate([[0], starts, [batch.size]])
-        for k in range(bounds.size - 1):
-            lo, hi = int(bounds[k]), int(bounds[k + 1])
-            batch_src = int(src[lo])
-            group_dst, group_size = dst[lo:hi], size[lo:hi]
-            groups.append(
-                (
-                    int(batch[lo]),
-                    batch_src,
-                    group_dst,
-                    group_size,
-                    self._latencies(batch_src, group_dst),
-                )
-            )
-        if not keep.any():
-            self._uplink_load_bps[:] = 0.0
-            self._downlink_load_bps[:] = 0.0
-        return need_solve
+        return (src, dst, batch, size), need_solve
 
-    def _component(self, up: np.ndarray, down: np.ndarray) -> np.ndarray:
-        """Flows connected (through shared uplinks and downlinks) to the seed NICs.
+    def _clear_flows(self) -> None:
+        """No flow left in flight: empty arrays, idle NICs."""
+        self._src = np.empty(0, dtype=np.intp)
+        self._dst = np.empty(0, dtype=np.intp)
+        if self._pair_key is not None:
+            self._pair_key = np.empty(0, dtype=np.intp)
+        self._batch = np.empty(0, dtype=np.int64)
+        self._size_bytes = np.empty(0)
+        self._rate_bps = np.empty(0)
+        self._finish_s = np.empty(0)
+        self._early_s = np.empty(0)
+        self._pinned = np.empty(0, dtype=bool)
+        self._dead = 0
+        self._uplink_load_bps = np.zeros(self._n)
+        self._downlink_load_bps = np.zeros(self._n)
+
+    def _compact(self) -> None:
+        """Drop the finished flows from the arrays."""
+        live = self._finish_s < np.inf
+        self._src, self._dst = self._src[live], self._dst[live]
+        if self._pair_key is not None:
+            self._pair_key = self._pair_key[live]
+        self._batch = self._batch[live]
+        self._size_bytes, self._rate_bps = self._size_bytes[live], self._rate_bps[live]
+        self._finish_s, self._early_s = self._finish_s[live], self._early_s[live]
+        self._pinned = self._pinned[live]
+        self._dead = 0
+
+    def _component(self, up: np.ndarray, down: np.ndarray) -> np.ndarray | None:
+        """Flows connected (through shared uplinks and downlinks) to the seed NICs,
+        or None as soon as they are more than half of all flows.
 
         Max-min fair sharing decomposes over connected components: flows
         outside the component of what changed keep their rates.
         """
+        half = self._src.size // 2
         while True:
             member = up[self._src] | down[self._dst]
+            if np.count_nonzero(member) > half:
+                return None
             grown_up = up.copy()
             grown_up[self._src[member]] = True
             grown_down = down.copy()
@@ -678,44 +753,54 @@ class FluidNetwork:
     def _solve(self, now: float, local: bool = False) -> None:
         """Bring in pending flows and recompute rates: every rate, or with `local`
         only those of the flows connected to what started or ended."""
+        if self._dead:
+            self._compact()
         old_count = self._src.size
         remaining_bytes = self._rate_bps * (self._finish_s - now) / BITS_PER_BYTE
         np.maximum(remaining_bytes, 0.0, out=remaining_bytes)
         if self._pending:
             pending = self._pending
             self._pending = []
-            counts = [start[1].size for start in pending]
-            self._src = np.concatenate(
-                [self._src, np.repeat(np.array([start[0] for start in pending]), counts)]
-            )
-            self._dst = np.concatenate([self._dst] + [start[1] for start in pending])
-            sizes = [start[2] for start in pending]
-            if all(isinstance(size, float) for size in sizes):
-                new_sizes = np.repeat(np.array(sizes, dtype=np.float64), counts)
+            if len(pending) == 1:
+                src, dst, size, keys, batch_id = pending[0]
+                count = dst.size
+                self._src = np.concatenate([self._src, np.full(count, src, dtype=np.intp)])
+                self._dst = np.concatenate([self._dst, dst])
+                new_sizes = np.full(count, size) if isinstance(size, float) else size
+                if self._pair_key is not None and keys is not None:
+                    self._pair_key = np.concatenate([self._pair_key, keys])
+                self._batch = np.concatenate(
+                    [self._batch, np.full(count, batch_id, dtype=np.int64)])
             else:
-                new_sizes = np.concatenate(
+                counts = [start[1].size for start in pending]
+                self._src = np.concatenate(
+                    [self._src, np.repeat(np.array([start[0] for start in pending]), counts)]
+                )
+                self._dst = np.concatenate([self._dst] + [start[1] for start in pending])
+                sizes = [start[2] for start in pending]
+                if all(isinstance(size, float) for size in sizes):
+                    new_sizes = np.repeat(np.array(sizes, dtype=np.float64), counts)
+                else:
+                    new_sizes = np.concatenate(
+                        [
+                            np.broadcast_to(size, (count,))
+                            for size, count in zip(sizes, counts, strict=True)
+                        ]
+                    )
+                if self._pair_key is not None:
+                    keys_list = [start[3] for start in pending if start[3] is not None]
+                    self._pair_key = np.concatenate([self._pair_key, *keys_list])
+                self._batch = np.concatenate(
                     [
-                        np.broadcast_to(size, (count,))
-                        for size, count in zip(sizes, counts, strict=True)
+                        self._batch,
+                        np.repeat(np.array([start[4] for start in pending], dtype=np.int64),
+                                  counts),
                     ]
                 )
             self._size_bytes = np.concatenate([self._size_bytes, new_sizes])
             remaining_bytes = np.concatenate([remaining_bytes, new_sizes])
-            if self._pair_key is not None:
-                keys = [start[3] for start in pending if start[3] is not None]
-                self._pair_key = np.concatenate([self._pair_key, *keys])
-            self._batch = np.concatenate(
-                [
-                    self._batch,
-                    np.repeat(np.array([start[4] for start in pending], dtype=np.int64), counts),
-                ]
-            )
         if self._src.size == 0:
-            self._rate_bps = np.empty(0)
-            self._finish_s = np.empty(0)
-            self._pinned = np.empty(0, dtype=bool)
-            self._uplink_load_bps[:] = 0.0
-            self._downlink_load_bps[:] = 0.0
+            self._clear_flows()
             return
         if local and self._src.size > _LOCAL_SOLVE_MIN_FLOWS:
             n = self._n
@@ -725,20 +810,31 @@ class FluidNetwork:
             freed_src, freed_dst = self._freed
             up[freed_src] = True
             down[freed_dst] = True
+            self._freed = _NO_FLOWS
             member = self._component(up, down)
-            if member.sum() * 2 <= member.size:
+            if member is not None:
                 self._solve_members(now, np.flatnonzero(member), remaining_bytes, old_count)
                 return
-        columns, capacity_bps = self._resources.columns(self._src, self._dst, self._pair_key)
-        rate_bps, saturated_shared = _fill(columns, capacity_bps)
+        self._freed = _NO_FLOWS
+        columns, capacity_bps, flow_cap_bps = self._resources.columns(
+            self._src, self._dst, self._pair_key)
+        rate_bps, saturated_shared = _fill(columns, capacity_bps, flow_cap_bps)
         pinned = saturated_shared[columns[0]]
         for column in columns[1:]:
             pinned |= saturated_shared[column]
         self._rate_bps = rate_bps
         self._pinned = pinned
         self._finish_s = now + remaining_bytes * BITS_PER_BYTE / rate_bps
+        self._early_s = self._early(self._finish_s, self._size_bytes, rate_bps)
         self.rate_solves += 1
         self._update_loads()
+
+    def _early(self, finish_s: np.ndarray, size_bytes: np.ndarray,
+               rate_bps: np.ndarray) -> np.ndarray:
+        """When a flow counts as finished: `coalesce_rel` of its duration early."""
+        if self.coalesce_rel == 0:
+            return finish_s.copy()
+        return finish_s - (self.coalesce_rel * BITS_PER_BYTE) * size_bytes / rate_bps
 
     def _solve_members(self, now: float, idx: np.ndarray, remaining_bytes: np.ndarray,
                        old_count: int) -> None:
@@ -747,16 +843,20 @@ class FluidNetwork:
         if added:
             self._rate_bps = np.concatenate([self._rate_bps, np.zeros(added)])
             self._finish_s = np.concatenate([self._finish_s, np.zeros(added)])
+            self._early_s = np.concatenate([self._early_s, np.zeros(added)])
             self._pinned = np.concatenate([self._pinned, np.zeros(added, dtype=bool)])
         pair_key = None if self._pair_key is None else self._pair_key[idx]
-        columns, capacity_bps = self._resources.columns(self._src[idx], self._dst[idx], pair_key)
-        rate_bps, saturated_shared = _fill(columns, capacity_bps)
+        columns, capacity_bps, flow_cap_bps = self._resources.columns(
+            self._src[idx], self._dst[idx], pair_key)
+        rate_bps, saturated_shared = _fill(columns, capacity_bps, flow_cap_bps)
         pinned = saturated_shared[columns[0]]
         for column in columns[1:]:
             pinned |= saturated_shared[column]
+        finish_s = now + remaining_bytes[idx] * BITS_PER_BYTE / rate_bps
         self._rate_bps[idx] = rate_bps
         self._pinned[idx] = pinned
-        self._finish_s[idx] = now + remaining_bytes[idx] * BITS_PER_BYTE / rate_bps
+        self._finish_s[idx] = finish_s
+        self._early_s[idx] = self._early(finish_s, self._size_bytes[idx], rate_bps)
         self.rate_solves += 1
         self.local_solves += 1
         self._update_loads()
@@ -776,51 +876,53 @@ class FluidNetwork:
             self._downlink_busy_s += (down > 0) * dt_s
         self._stats_s = now
 
-    def _latencies(self, src: int, dst: np.ndarray) -> np.ndarray | float:
-        if self._uniform_latency_s is not None:
-            return self._uniform_latency_s
-        return self.spec.latency_s[src, dst]
-
-    def _schedule_deliveries(
-        self,
-        batch_id: int,
-        src: int,
-        dst: np.ndarray,
-        size: np.ndarray,
-        latency_s: np.ndarray | float,
-    ) -> None:
-        """One timeout per distinct latency within a batch's delivered group."""
-        if isinstance(latency_s, float):
-            self._deliver_after(latency_s, batch_id, src, dst, size)
+    def _schedule(self, src: np.ndarray, dst: np.ndarray, batch: np.ndarray,
+                  size: np.ndarray) -> None:
+        """Deliver messages whose transfer ends now, after their latency: one
+        SimPy timeout per distinct latency, however many batches they belong to.
+        The arrays are in batch order."""
+        uniform_s = self._uniform_latency_s
+        if uniform_s is not None:
+            self._deliver_after(uniform_s, src, dst, batch, size)
             return
-        if bool((latency_s == latency_s[0]).all()):
-            self._deliver_after(float(latency_s[0]), batch_id, src, dst, size)
+        latency_s = self.spec.latency_s[src, dst]
+        first_s = latency_s[0]
+        if bool((latency_s == first_s).all()):
+            self._deliver_after(float(first_s), src, dst, batch, size)
             return
-        order = np.argsort(latency_s, kind="stable")
-        latency_s, dst, size = latency_s[order], dst[order], size[order]
-        starts = np.flatnonzero(latency_s[1:] != latency_s[:-1]) + 1
-        for part_dst, part_size, part_latency in zip(
-            np.split(dst, starts), np.split(size, starts), np.split(latency_s, starts), strict=True
-        ):
-            self._deliver_after(float(part_latency[0]), batch_id, src, part_dst, part_size)
+        for value_s in np.unique(latency_s).tolist():
+            pick = latency_s == value_s
+            self._deliver_after(value_s, src[pick], dst[pick], batch[pick], size[pick])
 
-    def _deliver_after(
-        self, latency_s: float, batch_id: int, src: int, dst: np.ndarray, size: np.ndarray
-    ) -> None:
-        dst.setflags(write=False)  # handed to the receiver and kept for the statistics
+    def _deliver_after(self, latency_s: float, src: np.ndarray, dst: np.ndarray,
+                       batch: np.ndarray, size: np.ndarray) -> None:
+        dst.setflags(write=False)  # handed to the receivers and kept for the statistics
         timeout = self.env.timeout(latency_s)
-        timeout.callbacks.append(partial(self._deliver, batch_id, src, dst, size))
+        timeout.callbacks.append(partial(self._deliver, src, dst, batch, size))
 
-    def _deliver(
-        self, batch_id: int, src: int, dst: np.ndarray, size: np.ndarray, _event: simpy.Event
-    ) -> None:
+    def _deliver(self, src: np.ndarray, dst: np.ndarray, batch: np.ndarray, size: np.ndarray,
+                 _event: simpy.Event) -> None:
+        count = dst.shape[0]
         self._delivered_log.append((src, dst, size))
-        self._delivered_log_entries += int(dst.size)
+        self._delivered_log_entries += count
         if self._delivered_log_entries >= _LOG_FLUSH_ENTRIES:
             self._flush_delivered()
-        self.messages_delivered += int(dst.size)
+        self.messages_delivered += count
+        if count == 1 or batch[0] == batch[-1]:  # one batch (batch order)
+            self._hand_over(int(batch[0]), dst)
+            return
+        cuts = np.flatnonzero(batch[1:] != batch[:-1]) + 1
+        lo = 0
+        batch_id = int(batch[0])
+        for hi, next_id in zip(cuts.tolist(), batch[cuts].tolist(), strict=True):
+            self._hand_over(batch_id, dst[lo:hi])
+            lo, batch_id = hi, next_id
+        self._hand_over(batch_id, dst[lo:])
+
+    def _hand_over(self, batch_id: int, dst: np.ndarray) -> None:
+        """Tell a batch's sender that messages to `dst` arrived."""
         batch = self._batches[batch_id]
-        batch.outstanding -= int(dst.size)
+        batch.outstanding -= dst.shape[0]
         if batch.outstanding == 0:
             del self._batches[batch_id]
         batch.on_delivered(dst, batch.token)
@@ -832,8 +934,15 @@ class FluidNetwork:
         self._delivered_log = []
         self._delivered_log_entries = 0
         n = self._n
-        dst = np.concatenate([entry[1] for entry in log])
-        size = np.concatenate([entry[2] for entry in log])
-        src = np.repeat(np.array([entry[0] for entry in log]), [entry[1].size for entry in log])
+        if len(log) == 1:
+            src, dst, size = log[0]
+        else:
+            src = np.concatenate([entry[0] for entry in log])
+            dst = np.concatenate([entry[1] for entry in log])
+            size = np.concatenate([entry[2] for entry in log])
         self._bytes_received += np.bincount(dst, weights=size, minlength=n)
-        np.add.at(self._link_bytes.reshape(-1), src * n + dst, size)
+        pair = src * n + dst
+        if n * n <= _BINCOUNT_PAIRS_MAX:
+            self._link_bytes += np.bincount(pair, weights=size, minlength=n * n).reshape(n, n)
+        else:
+            np.add.at(self._link_bytes.reshape(-1), pair, size)

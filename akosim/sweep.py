@@ -1,0 +1,518 @@
+"""akosim sweep: a grid of timing-only simulations, run in parallel, resumable, shardable.
+
+    akosim sweep --workers 4,16,64 --bandwidth 40mbps,1gbps --p 1,4,auto --out sweep/
+
+A comma in a grid flag separates grid values; the grid is their cartesian
+product, expanded in a fixed order (flags in the order of GRID_FLAGS, values
+in the order given). Every point is one resolved RunConfig plus the simulation
+settings (gradient size, compute time); its id is a hash of both, so the same
+point has the same id in every sweep and every shard. Each point runs one
+variant, the scheme of its config (ako unless --scheme, --config or --set say
+otherwise), and writes DIR/points/<id>.json atomically; a point whose file
+exists is skipped, so an interrupted sweep resumes where it stopped. `--shard
+I/N` keeps the points whose index modulo N is I (a SLURM array task runs
+`--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT`). At the end every point
+found in DIR/points is collected into DIR/sweep.json and DIR/sweep.csv.
+
+Points run in a ProcessPoolExecutor; what crosses to a worker process is plain
+data (the config as a dict, numbers), and the worker rebuilds the setup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import csv
+import hashlib
+import itertools
+import json
+import math
+import multiprocessing
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from akocore.config import (
+    RunConfig,
+    config_from_args,
+    config_from_dict,
+    config_hash,
+    config_to_dict,
+)
+from akocore.units import format_duration, parse_duration, parse_size
+from akosim.cli import TIMING_DEFAULTS, USER_ERRORS, UsageError
+
+# Grid flags in nesting order (first = outermost): argparse dest and flag.
+GRID_FLAGS: tuple[tuple[str, str], ...] = (
+    ("workers", "--workers"),
+    ("bandwidth", "--bandwidth"),
+    ("p", "--p"),
+    ("ssp", "--ssp"),
+    ("scheme", "--scheme"),
+    ("latency", "--latency"),
+)
+# Single-valued run settings a sweep passes on to every point.
+FIXED_FLAGS: tuple[str, ...] = ("rounds", "workload", "batch_size")
+# Columns of sweep.csv after the grid values ("grid_<flag>") and before point_id.
+CSV_RESULT_COLUMNS: tuple[str, ...] = (
+    "scheme", "p", "ssp", "workers", "round_time_s", "samples_per_s",
+    "bytes_sent_per_worker_per_round", "nic_utilisation", "staleness_bound_rounds",
+    "bottleneck",
+)
+POINT_FORMAT = 1  # bump when the meaning of a point changes: new ids, old files ignored
+
+DESCRIPTION = """\
+Simulate every point of a parameter grid (timing only) and collect the results.
+A comma in a grid flag (--workers --bandwidth --p --ssp --scheme --latency)
+separates grid VALUES: --bandwidth 40mbps,1gbps is two points, not two NICs.
+Per-node bandwidth lists, per-link caps and per-worker p lists therefore come
+from --config files or --set (e.g. --set network.link_bandwidth=40,20,10mbps).
+Each point runs ONE configuration: the scheme of its config (ako unless
+--scheme, --config or --set choose another), not the side-by-side comparison
+of plain `akosim`; put --scheme ako,ps,allreduce in the grid to compare.
+Results: DIR/points/<id>.json per point (the id hashes the resolved config and
+the simulation settings), then DIR/sweep.json (every point in DIR/points) and
+DIR/sweep.csv (one row per point). Points already in DIR are skipped, so
+running the same command again resumes an interrupted sweep."""
+
+EPILOG = """\
+examples:
+  akosim sweep --workers 4,16,64 --bandwidth 40mbps,1gbps --p 1,4,auto \\
+      --compute 0.3s --out sweep/
+      3 x 2 x 3 = 18 Ako points on every core; run it again to resume
+  akosim sweep --workers 16 --scheme ako,ps,allreduce --latency 0ms,20ms \\
+      --gradient-size 17MB --compute 0.3s --out schemes/
+      the three schemes side by side at two latencies (6 points)
+  akosim sweep --config configs/hetero-wan.toml --workers 4,8 --p 1,2,4,auto --out wan/
+      per-link caps and per-node NICs from the preset, p and n swept
+  sbatch --array=0-7 --wrap 'akosim sweep --workers 8,16,32,64 --p 1,2,4,8,auto \\
+      --out big/ --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT'
+      one eighth of the points per array task (array ids must run 0..N-1); then
+      run the same command once without --shard: every point is skipped and
+      sweep.json and sweep.csv are written for all of them
+"""
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"akosim sweep: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, status 2
+        _fail(f"{message} (see akosim sweep --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="akosim sweep", description=DESCRIPTION, epilog=EPILOG,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    grid = parser.add_argument_group(
+        "grid (a comma separates values; the grid is every combination)")
+    add = grid.add_argument
+    add("--workers", metavar="N[,N...]", help="numbers of nodes, e.g. 4,16,64")
+    add("--bandwidth", metavar="RATE[,RATE...]",
+        help="every node's NIC, one value per point, e.g. 40mbps,1gbps")
+    add("--p", metavar="P[,P...]",
+        help="partitions per gradient: numbers or auto / auto-per-worker, e.g. 1,4,auto")
+    add("--ssp", metavar="S[,S...]", help="staleness bounds in rounds, e.g. 0,2,inf")
+    add("--scheme", metavar="NAME[,NAME...]",
+        help="exchange schemes among ako, ps, allreduce (default: the config's, ako)")
+    add("--latency", metavar="DURATION[,DURATION...]",
+        help="one-way latency of every link, e.g. 0ms,20ms")
+    fixed = parser.add_argument_group("every point")
+    add = fixed.add_argument
+    add("--config", metavar="FILE",
+        help="TOML run config under every point (grid flags override it), e.g. "
+             "configs/uniform-wan.toml")
+    add("--set", metavar="SECTION.KEY=VALUE", action="append", dest="set",
+        help="override one config value for every point, repeatable, e.g. "
+             "--set network.link_bandwidth=40,20,10mbps")
+    add("--compute", metavar="DURATION|measure", default="measure",
+        help="compute seconds per round, e.g. 0.3s; 'measure' times the --workload "
+             "gradient step once on this machine, for every point (default; a resumed "
+             "sweep measures again, so give a duration for numbers comparable across runs)")
+    add("--gradient-size", metavar="SIZE",
+        help="gradient bytes per worker, e.g. 17MB (default: the --workload's)")
+    add("--rounds", metavar="N", help="simulated rounds per point (default 30)")
+    add("--workload", metavar="NAME",
+        help="workload whose gradient size and compute time are used "
+             "(default synthetic-cnn, the seeds' 17 MB CNN)")
+    add("--batch-size", metavar="N", help="examples per worker per round (default 104)")
+    run = parser.add_argument_group("running")
+    add = run.add_argument
+    add("--out", metavar="DIR", required=True,
+        help="result folder: points/<id>.json, sweep.json, sweep.csv")
+    add("--jobs", metavar="N", type=int, default=None,
+        help="points simulated at once, in separate processes (default: every CPU; "
+             "1 runs them in this process)")
+    add("--shard", metavar="I/N",
+        help="run only the points whose index modulo N is I, e.g. 0/4; for a SLURM "
+             "array: --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT")
+    add("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+# ------------------------------------------------------------------ the grid
+
+
+@dataclass(frozen=True)
+class Point:
+    """One grid point: its values as given, its resolved config, its id."""
+
+    index: int
+    grid: dict[str, str]  # dest -> value text as given
+    config: RunConfig
+    id: str
+
+
+def parse_shard(text: str | None) -> tuple[int, int]:
+    """"I/N" -> (I, N) with 0 <= I < N; None -> (0, 1)."""
+    if text is None:
+        return 0, 1
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if match is None or not 0 <= int(match[1]) < int(match[2]):
+        raise UsageError(f"--shard: got {text!r}, expected I/N with 0 <= I < N, e.g. 0/4 "
+                         f"(SLURM: --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT "
+                         f"with --array=0-(N-1))")
+    return int(match[1]), int(match[2])
+
+
+def grid_values(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    """(dest, values) of every grid flag given, in nesting order."""
+    axes = []
+    for dest, flag in GRID_FLAGS:
+        text = getattr(args, dest, None)
+        if text is None:
+            continue
+        values = [value.strip() for value in text.split(",")]
+        if not all(values):
+            raise UsageError(f"{flag}: got {text!r}, expected values separated by commas, "
+                             f"e.g. {_EXAMPLES[dest]} (per-node lists go in --config or --set)")
+        axes.append((dest, values))
+    return axes
+
+
+_EXAMPLES = {"workers": "4,16,64", "bandwidth": "40mbps,1gbps", "p": "1,4,auto",
+             "ssp": "0,2,inf", "scheme": "ako,ps,allreduce", "latency": "0ms,20ms"}
+
+
+def _namespace(args: argparse.Namespace, values: dict[str, str]) -> argparse.Namespace:
+    """The shared-flag namespace akocore.config reads for one point."""
+    names = {"config": args.config, "set": args.set}
+    for dest in FIXED_FLAGS:
+        names[dest] = getattr(args, dest)
+    names.update(values)
+    return argparse.Namespace(**names)
+
+
+def sim_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What besides the config decides a point's result: gradient and compute."""
+    settings: dict[str, Any] = {"mode": "timing", "format": POINT_FORMAT}
+    if args.gradient_size:
+        size = parse_size(args.gradient_size)
+        if size < 4 or size % 4:
+            raise UsageError(f"--gradient-size: got {args.gradient_size}, expected a whole "
+                             f"number of float32 values (a multiple of 4 bytes)")
+        settings["gradient_length"] = int(size) // 4
+    else:
+        settings["gradient_length"] = "workload"
+    if args.compute.strip() == "measure":
+        settings["compute_s"] = "measure"
+    else:
+        compute_s = parse_duration(args.compute)
+        if compute_s < 0:
+            raise UsageError(f"--compute: got {args.compute}, expected a duration >= 0")
+        settings["compute_s"] = compute_s
+    return settings
+
+
+def point_id(config: RunConfig, settings: dict[str, Any]) -> str:
+    """A stable id: sha256 of the config's hash and the simulation settings, 16 hex digits."""
+    canonical = json.dumps({"config": config_hash(config), "sim": settings}, sort_keys=True,
+                           separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def expand_grid(args: argparse.Namespace, settings: dict[str, Any]) -> list[Point]:
+    """Every grid point in nesting order, equal configs merged (first one kept)."""
+    axes = grid_values(args)
+    dests = [dest for dest, _ in axes]
+    points: list[Point] = []
+    seen: set[str] = set()
+    for combination in itertools.product(*(values for _, values in axes)):
+        values = dict(zip(dests, combination, strict=True))
+        config = config_from_args(_namespace(args, values), defaults=TIMING_DEFAULTS)
+        identity = point_id(config, settings)
+        if identity in seen:
+            continue
+        seen.add(identity)
+        points.append(Point(len(points), values, config, identity))
+    return points
+
+
+def shard_of(points: list[Point], shard: tuple[int, int]) -> list[Point]:
+    index, count = shard
+    return [point for point in points if point.index % count == index]
+
+
+# ------------------------------------------------------------------ one point
+
+
+def _check_point(config: RunConfig, length: int) -> None:
+    p = config.exchange.p
+    if isinstance(p, tuple) and max(p) > length:
+        raise UsageError(f"--p: got {max(p)}, but the gradient has only {length} elements")
+    if config.cluster.workers > length:
+        raise UsageError(f"--workers: {config.cluster.workers} workers need a gradient of at "
+                         f"least that many elements (have {length})")
+
+
+def _ignore_interrupts() -> None:
+    """Worker processes leave Ctrl-C to the parent (which stops them)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def run_point(task: dict[str, Any]) -> tuple[str, float]:
+    """Simulate one point and write its file; returns (id, wall seconds).
+
+    `task` is plain data (it crosses to a worker process): id, grid, the
+    config as config_to_dict gives it, gradient length, compute seconds,
+    the simulation settings and the output folder.
+    """
+    from akosim.compute import ComputeModel
+    from akosim.engine import StopRule
+    from akosim.report import json_safe, write_json
+    from akosim.scenario import Setup, SimRun, Variant, ako_variant, simulate
+
+    started = time.perf_counter()
+    config = config_from_dict(task["config"])
+    stop = StopRule(rounds=config.train.rounds, duration_s=config.train.duration_s, drain=False)
+    setup = Setup(config, task["length"], ComputeModel(task["compute_s"]),
+                  config.train.batch_size, stop)
+    exchange = config.exchange
+    runs: list[SimRun]
+    if exchange.scheme == "ako":
+        runs = [simulate(setup, ako_variant(setup))]
+    elif exchange.scheme == "ps":
+        ssp = exchange.ssp if exchange.ps_mode == "async" else 0.0
+        if exchange.ps_servers == "best":
+            from akosim.compare import best_ps
+
+            best, tried = best_ps(setup, ssp=ssp)
+            best.label = f"ps {best.ps_servers} server(s), best of {len(tried)}"
+            runs = [best]
+        else:
+            servers = int(exchange.ps_servers)
+            runs = [simulate(setup, Variant("ps", ps_servers=servers, ssp=ssp,
+                                            label=f"ps {servers} server(s)"))]
+    else:
+        runs = [simulate(setup, Variant("allreduce", label="ring allreduce"))]
+    wall_s = time.perf_counter() - started
+    payload = {
+        "tool": "akosim", "kind": "sweep-point", "id": task["id"], "grid": task["grid"],
+        "config": task["config"], "sim": task["settings"],
+        "gradient_bytes": setup.gradient_bytes, "compute_s": task["compute_s"],
+        "wall_s": wall_s, "runs": [run.to_dict(links=False) for run in runs],
+    }
+    write_json(Path(task["out"]) / "points" / f"{task['id']}.json", json_safe(payload))
+    return task["id"], wall_s
+
+
+# ------------------------------------------------------------------ running
+
+
+def _workload(config: RunConfig):
+    from akocore.workload import build_workload
+
+    try:
+        return build_workload(config.train.workload, batch_size=config.train.batch_size,
+                              seed=config.train.seed, data_path=config.train.data_path)
+    except (ValueError, TypeError) as error:
+        raise UsageError(f"--workload: {error}") from None
+
+
+def _gradient_length(config: RunConfig, settings: dict[str, Any], cache: dict[str, Any]) -> int:
+    if settings["gradient_length"] != "workload":
+        return int(settings["gradient_length"])
+    cache.setdefault("workload", _workload(config))
+    return int(cache["workload"].param_count)
+
+
+def _compute_s(config: RunConfig, settings: dict[str, Any], cache: dict[str, Any]) -> float:
+    """The compute seconds per round of every point (measured once here if asked)."""
+    if settings["compute_s"] != "measure":
+        return float(settings["compute_s"])
+    cache.setdefault("workload", _workload(config))
+    compute_s = cache["workload"].measure_compute_s()
+    print(f"akosim sweep: measured compute {format_duration(compute_s)} per round "
+          f"({config.train.workload}, batch {config.train.batch_size})")
+    return float(compute_s)
+
+
+def _run_all(tasks: list[dict[str, Any]], jobs: int, progress: bool) -> list[str]:
+    """Run the tasks; returns one line per failed point."""
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(tasks), desc="sweep", unit="point", file=sys.stderr,
+                   mininterval=0.2)
+    failures: list[str] = []
+
+    def failed(task: dict[str, Any], error: BaseException) -> None:
+        values = ", ".join(f"{k}={v}" for k, v in task["grid"].items()) or "no grid values"
+        failures.append(f"point {task['id']} ({values}) failed: "
+                        f"{type(error).__name__}: {error}")
+
+    try:
+        if jobs == 1:
+            for task in tasks:
+                try:
+                    run_point(task)
+                except Exception as error:  # one bad point does not stop the sweep
+                    failed(task, error)
+                if bar is not None:
+                    bar.update(1)
+            return failures
+        context = multiprocessing.get_context("spawn")
+        executor = concurrent.futures.ProcessPoolExecutor(
+            max_workers=jobs, mp_context=context, initializer=_ignore_interrupts)
+        try:
+            futures = {executor.submit(run_point, task): task for task in tasks}
+            for future in concurrent.futures.as_completed(futures):
+                problem = future.exception()
+                if problem is not None:
+                    failed(futures[future], problem)
+                if bar is not None:
+                    bar.update(1)
+        except BaseException:
+            # Ctrl-C: drop what has not started and stop the worker processes we started;
+            # finished points are on disk, so the same command resumes.
+            for process in list(getattr(executor, "_processes", {}).values()):
+                process.terminate()
+            executor.shutdown(wait=False, cancel_futures=True)
+            raise
+        executor.shutdown()
+        return failures
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def run_sweep(argv: Sequence[str]) -> int:
+    """The `akosim sweep` command; user mistakes exit 2 with one line."""
+    parser = build_parser()
+    args = parser.parse_args(list(argv))
+    try:
+        return _sweep(args)
+    except USER_ERRORS as error:
+        _fail(str(error))
+    except OSError as error:  # the result folder cannot be written
+        _fail(f"--out {args.out}: {error}")
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    shard = parse_shard(args.shard)
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs: got {args.jobs}, expected a number of processes >= 1")
+    settings = sim_settings(args)
+    points = expand_grid(args, settings)
+    mine = shard_of(points, shard)
+    out = Path(args.out)
+    points_dir = out / "points"
+    todo = [p for p in mine if not (points_dir / f"{p.id}.json").exists()]
+    skipped = len(mine) - len(todo)
+    jobs = min(args.jobs or os.cpu_count() or 1, max(len(todo), 1))
+    cache: dict[str, Any] = {}
+    length = 0
+    if todo:
+        length = _gradient_length(todo[0].config, settings, cache)
+        for point in todo:
+            _check_point(point.config, length)
+    where = f"; shard {shard[0]}/{shard[1]} has {len(mine)}" if shard[1] > 1 else ""
+    combinations = math.prod(len(values) for _, values in grid_values(args))
+    if combinations > len(points):
+        where = f" ({combinations - len(points)} equal to another merged){where}"
+    print(f"akosim sweep: {len(points)} point(s){where}; {skipped} already in {points_dir} "
+          f"(skipped), {len(todo)} to run" + (f" on {jobs} process(es)" if todo else ""))
+    failures: list[str] = []
+    if todo:
+        compute_s = _compute_s(todo[0].config, settings, cache)
+        cache.clear()
+        tasks = [{"id": p.id, "grid": p.grid, "config": config_to_dict(p.config),
+                  "settings": settings, "length": length, "compute_s": compute_s,
+                  "out": str(out)} for p in todo]
+        points_dir.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        failures = _run_all(tasks, jobs, progress=not args.quiet and sys.stderr.isatty())
+        print(f"akosim sweep: ran {len(todo) - len(failures)} point(s) in "
+              f"{format_duration(time.perf_counter() - started)}")
+        for line in failures:
+            print(f"akosim sweep: {line}", file=sys.stderr)
+    found = collect(out, order=[p.id for p in points])
+    print(f"wrote {out / 'sweep.json'} ({found.points} point(s)) and {out / 'sweep.csv'} "
+          f"({found.rows} row(s))")
+    return 1 if failures else 0
+
+
+# ------------------------------------------------------------------ collecting
+
+
+@dataclass(frozen=True)
+class Collected:
+    points: int
+    rows: int
+
+
+def _read_points(points_dir: Path) -> Iterator[dict[str, Any]]:
+    for path in sorted(points_dir.glob("*.json")) if points_dir.is_dir() else []:
+        if path.name.startswith("."):
+            continue  # a write in progress
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as error:
+            print(f"akosim sweep: skipping unreadable {path}: {error}", file=sys.stderr)
+            continue
+        if isinstance(data, dict) and data.get("kind") == "sweep-point":
+            yield data
+
+
+def collect(out: Path, order: Sequence[str] = ()) -> Collected:
+    """Write out/sweep.json and out/sweep.csv from every point in out/points.
+
+    Points of `order` (ids) come first in that order, any others after, by id.
+    """
+    from akosim.report import write_json
+
+    rank = {identity: k for k, identity in enumerate(order)}
+    points = sorted(_read_points(out / "points"),
+                    key=lambda d: (rank.get(d["id"], len(rank)), d["id"]))
+    grid_keys = [dest for dest, _ in GRID_FLAGS if any(dest in p["grid"] for p in points)]
+    write_json(out / "sweep.json", {"tool": "akosim", "kind": "sweep", "grid": grid_keys,
+                                    "points": points})
+    header = [f"grid_{key}" for key in grid_keys] + list(CSV_RESULT_COLUMNS) + ["point_id"]
+    rows = []
+    for point in points:
+        for run in point["runs"]:
+            rows.append([point["grid"].get(key, "") for key in grid_keys]
+                        + [_cell(run.get(column)) for column in CSV_RESULT_COLUMNS]
+                        + [point["id"]])
+    tmp = out / ".sweep.csv.tmp"
+    with tmp.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        writer.writerows(rows)
+    os.replace(tmp, out / "sweep.csv")
+    return Collected(len(points), len(rows))
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, float):
+        return "inf" if math.isinf(value) else repr(value)
+    return "" if value is None else value

@@ -1,0 +1,173 @@
+"""akosim figures: how long the issue's simulations take, and simulated events per second.
+
+Timing-only cases use the seed CNN's gradient (4,263,434 float32 = 17.05 MB),
+0.3 s of compute per round and lockstep rounds (ssp 0), Ako with p auto, and
+stop after the last round without draining (StopRule(drain=False)):
+
+* 64 workers x 1,000 rounds on 40 Mbit/s NICs (goal <= 5 s);
+* the same 64 workers with a per-pair cap drawn at random for every pair
+  (seeded; 10..40 Mbit/s, the range of the seeds' heterogeneous WAN, under
+  1 Gbit/s NICs, so the caps bind and every flow has its own rate; goal <= 30 s);
+* 1,024 workers x 100 rounds on 40 Mbit/s NICs (goal <= 60 s);
+* ring all-reduce, 64 workers (one message per ring step: the per-message path).
+
+Training mode: 16 workers really train the default workload (digits-mlp) until
+90% test accuracy (goal <= 60 s, workload build and compute measurement included).
+
+Event throughput: network flow completions plus message deliveries per wall
+second, as a ratio to a bare SimPy loop (1,000 processes x 200 timeouts)
+measured in the same run. A delivered multicast or a coalesced completion of
+many flows is one SimPy event but many simulated events, so the ratio can
+exceed 1.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import simpy
+
+from akocore.config import ClusterConfig, RunConfig, TrainConfig, config_from_dict
+from akosim.compute import ComputeModel
+from akosim.engine import StopRule
+from akosim.scenario import Setup, SimRun, Variant, ako_variant, simulate
+from tests.bench.common import Figure, best_of
+
+SEED_CNN_LENGTH = 4_263_434  # float32 values: 17.05 MB
+COMPUTE_S = 0.3
+BATCH = 104
+# The random-link case is simulated for this many rounds and scaled to 1,000
+# (its cost per round is steady); see the note of its figure.
+RANDOM_LINK_ROUNDS = 100
+
+
+def timing_setup(workers: int, rounds: int, *, bandwidth: str = "40mbps",
+                 link_matrix: list[list[float]] | None = None) -> Setup:
+    network: dict[str, object] = {"bandwidth": bandwidth}
+    if link_matrix is not None:
+        network["link_bandwidth_matrix"] = link_matrix
+    config = config_from_dict({
+        "cluster": {"workers": workers}, "network": network,
+        "exchange": {"scheme": "ako", "p": "auto", "ssp": 0},
+        "train": {"workload": "synthetic-cnn", "batch_size": BATCH, "rounds": rounds}})
+    return Setup(config, SEED_CNN_LENGTH, ComputeModel(COMPUTE_S), BATCH,
+                 StopRule(rounds=rounds, drain=False))
+
+
+def random_links(workers: int, seed: int = 0, low_bps: float = 10e6,
+                 high_bps: float = 40e6) -> list[list[float]]:
+    """A symmetric per-pair cap matrix, uniform in [low, high], inf on the diagonal."""
+    rng = np.random.default_rng(seed)
+    caps = np.triu(rng.uniform(low_bps, high_bps, size=(workers, workers)), 1)
+    caps = caps + caps.T
+    np.fill_diagonal(caps, np.inf)
+    return caps.tolist()
+
+
+def timed(setup: Setup, variant: Variant | None = None,
+          repeats: int = 1) -> tuple[float, SimRun]:
+    """Least wall seconds of `repeats` whole simulate() calls (planning, run, report)."""
+    best_s = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run = simulate(setup, variant or ako_variant(setup))
+        best_s = min(best_s, time.perf_counter() - started)
+    return best_s, run
+
+
+def events(run: SimRun) -> int:
+    return run.events["flow_completions"] + run.events["deliveries"]
+
+
+def bare_simpy_events_per_s(processes: int = 1_000, timeouts: int = 200) -> float:
+    def loop() -> None:
+        env = simpy.Environment()
+
+        def proc(env: simpy.Environment):
+            for _ in range(timeouts):
+                yield env.timeout(1.0)
+
+        for _ in range(processes):
+            env.process(proc(env))
+        env.run()
+
+    return processes * timeouts / best_of(3, loop)
+
+
+def train_to_accuracy(workers: int = 16, target: float = 0.9) -> tuple[float, SimRun]:
+    """Wall seconds to build the default workload, time its step and train to `target`."""
+    from akocore.workload import build_workload
+
+    started = time.perf_counter()
+    config = RunConfig(cluster=ClusterConfig(workers=workers),
+                       train=TrainConfig(rounds=10_000, target_accuracy=target))
+    train = config.train
+    workload = build_workload(train.workload, batch_size=train.batch_size, seed=train.seed)
+    compute = ComputeModel(workload.measure_compute_s())
+    setup = Setup(config, workload.param_count, compute, train.batch_size,
+                  StopRule(rounds=train.rounds, drain=True))
+    run = simulate(setup, ako_variant(setup), workload=workload, eval_every=train.eval_every,
+                   target_accuracy=target)
+    return time.perf_counter() - started, run
+
+
+def run() -> list[Figure]:
+    figures: list[Figure] = []
+    bare = bare_simpy_events_per_s()
+    figures.append(Figure("sim.bare_simpy_timeouts_per_s", bare, "events/s",
+                          note="1,000 processes x 200 env.timeout(), best of 3"))
+
+    def event_ratio(name: str, wall_s: float, run: SimRun, note: str) -> Figure:
+        per_s = events(run) / wall_s
+        return Figure(name, per_s / bare, "ratio",
+                      note=f"{per_s:,.0f} flow completions + deliveries per s; {note}")
+
+    wall_s, homog = timed(timing_setup(64, 1_000), repeats=2)
+    figures += [
+        Figure("sim.ako64_homog_1000r_wall_s", wall_s, "s", higher_is_better=False, goal=5.0,
+               note=f"best of 2; {homog.label}, 40 Mbit/s, round {homog.round_time_s:.3f} s, "
+                    f"{homog.events['rate_solves']} rate solves"),
+        event_ratio("sim.ako64_homog_events_vs_simpy", wall_s, homog, "64 x 1,000 homogeneous"),
+    ]
+
+    setup = timing_setup(64, RANDOM_LINK_ROUNDS, bandwidth="1gbps",
+                         link_matrix=random_links(64))
+    wall_s, random = timed(setup)
+    scale = 1_000 / RANDOM_LINK_ROUNDS
+    figures += [
+        Figure("sim.ako64_random_links_1000r_wall_s", wall_s * scale, "s",
+               higher_is_better=False, goal=30.0,
+               note=f"{RANDOM_LINK_ROUNDS} rounds measured ({wall_s:.1f} s) x {scale:g}; "
+                    f"{random.label}, caps U(10,40) Mbit/s per pair under 1 Gbit/s NICs, "
+                    f"{random.events['rate_solves']} rate solves"),
+        event_ratio("sim.ako64_random_links_events_vs_simpy", wall_s, random,
+                    "64 workers, random per-pair caps"),
+    ]
+
+    wall_s, big = timed(timing_setup(1_024, 100))
+    figures += [
+        Figure("sim.ako1024_100r_wall_s", wall_s, "s", higher_is_better=False, goal=60.0,
+               note=f"{big.label}, 40 Mbit/s, {big.events['flow_completions']:,} flows"),
+        event_ratio("sim.ako1024_events_vs_simpy", wall_s, big, "1,024 x 100"),
+    ]
+
+    allreduce_setup = timing_setup(64, 20)
+    wall_s, ring = timed(allreduce_setup, Variant("allreduce", label="ring allreduce"),
+                         repeats=2)
+    figures += [
+        Figure("sim.allreduce64_20r_wall_s", wall_s, "s", higher_is_better=False,
+               note=f"ring all-reduce, 64 workers x 20 rounds, "
+                    f"{ring.events['messages']:,} point-to-point messages"),
+        event_ratio("sim.allreduce64_events_vs_simpy", wall_s, ring, "one message per step"),
+    ]
+
+    wall_s, trained = train_to_accuracy()
+    reached = trained.time_to_target_s is not None
+    figures.append(Figure(
+        "sim.train16_digits_to_90pct_wall_s", wall_s if reached else float("inf"), "s",
+        higher_is_better=False, goal=60.0,
+        note=(f"simulated time to 90%: {trained.time_to_target_s:.3f} s, "
+              f"{trained.per_worker[0].rounds} rounds, {trained.label}" if reached else
+              f"90% not reached (final {trained.final_accuracy})")))
+    return figures
