@@ -46,7 +46,6 @@ import dataclasses
 import datetime
 import difflib
 import hashlib
-import itertools
 import json
 import math
 import re
@@ -391,8 +390,10 @@ def _pair_matrix(values: tuple[float, ...], n: int, fill: float) -> np.ndarray:
     """Symmetric (n, n) matrix with pair k of (0,1),(0,2),...,(1,2),... = values[k % len]."""
     matrix = np.full((n, n), fill, dtype=np.float64)
     if values:
-        for k, (i, j) in enumerate(itertools.combinations(range(n), 2)):
-            matrix[i, j] = matrix[j, i] = values[k % len(values)]
+        rows, cols = np.triu_indices(n, 1)  # the pairs in the order of the docstring
+        pair_values = np.asarray(values, dtype=np.float64)[np.arange(rows.size) % len(values)]
+        matrix[rows, cols] = pair_values
+        matrix[cols, rows] = pair_values
     return matrix
 
 

@@ -22,7 +22,7 @@ import simpy
 from akocore.messages import Partial, Send
 from akocore.schemes import SchemeNode, receive_multicast
 from akosim.compute import ComputeModel
-from akosim.network import FluidNetwork, NetworkSpec, NetworkStats
+from akosim.network import COALESCE_REL, FluidNetwork, NetworkSpec, NetworkStats
 
 
 class GradientSource(Protocol):
@@ -63,18 +63,17 @@ class TraceEvent:
     args: tuple[tuple[str, object], ...] = ()
 
 
-@dataclass
 class _InFlight:
     """A multicast on the network: its message and how many copies are still out."""
 
-    message: Partial
-    src: int
-    start_s: float
-    copies: int
-    remaining: int = -1
+    __slots__ = ("message", "src", "start_s", "copies", "remaining")
 
-    def __post_init__(self) -> None:
-        self.remaining = self.copies
+    def __init__(self, message: Partial, src: int, start_s: float, copies: int) -> None:
+        self.message = message
+        self.src = src
+        self.start_s = start_s
+        self.copies = copies
+        self.remaining = copies
 
 
 @dataclass(frozen=True)
@@ -98,11 +97,12 @@ class Simulation:
     def __init__(self, nodes: list[SchemeNode], network: NetworkSpec, compute: ComputeModel,
                  stop: StopRule, *, gradients: GradientSource | None = None,
                  trace: bool = False,
-                 on_round: Callable[[int, int, float], None] | None = None) -> None:
+                 on_round: Callable[[int, int, float], None] | None = None,
+                 coalesce_rel: float = COALESCE_REL) -> None:
         if network.n != len(nodes):
             raise ValueError(f"the network has {network.n} nodes, the scheme {len(nodes)}")
         self.env = simpy.Environment()
-        self.net = FluidNetwork(self.env, network)
+        self.net = FluidNetwork(self.env, network, coalesce_rel=coalesce_rel)
         self.nodes = nodes
         self.compute = compute
         self.stop = stop
@@ -196,7 +196,7 @@ class Simulation:
             if line is not None and not self.nodes[src].finished:
                 line.bytes_sent += msg.nbytes * len(send.dests)
             token = _InFlight(msg, src, self.env.now, len(send.dests))
-            self.net.send(src, np.asarray(send.dests), msg.nbytes, self._delivered, token)
+            self.net.send(src, send.dests, msg.nbytes, self._delivered, token)
 
     def _delivered(self, dests: np.ndarray, token: object) -> None:
         assert isinstance(token, _InFlight)
@@ -206,8 +206,10 @@ class Simulation:
         self.duplicates += duplicates
         for node, send in effects:
             self._dispatch(node, (send,))
-        waiting = dests[self._waiting[dests]]
-        for dest in waiting.tolist():
+        waiting = dests.tolist() if dests.size == 1 else dests[self._waiting[dests]].tolist()
+        for dest in waiting:
+            if not self._waiting[dest]:
+                continue
             event = self._wake[dest]
             self._wake[dest] = None
             self._waiting[dest] = False

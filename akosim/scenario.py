@@ -27,7 +27,7 @@ from akocore.units import format_bandwidth
 from akocore.workload import Workload
 from akosim.compute import ComputeModel
 from akosim.engine import Simulation, StopRule, TraceEvent, steady_round_time_s
-from akosim.network import NetworkSpec, NetworkUtilisation
+from akosim.network import COALESCE_REL, NetworkSpec, NetworkUtilisation
 from akosim.training import AccuracyTracker, BatchedGradients, Evaluation
 
 
@@ -40,6 +40,7 @@ class Setup:
     compute: ComputeModel
     batch_size: int
     stop: StopRule
+    coalesce_rel: float = COALESCE_REL  # see akosim.network: finish within this of a message
 
     @property
     def gradient_bytes(self) -> int:
@@ -182,7 +183,7 @@ def simulate(setup: Setup, variant: Variant, *, trace: bool = False,
 
     network = network_spec(config)
     sim = Simulation(nodes, network, setup.compute, setup.stop, gradients=gradients,
-                     trace=trace, on_round=on_round)
+                     trace=trace, on_round=on_round, coalesce_rel=setup.coalesce_rel)
     started = time.perf_counter()
     sim.run()
     wall_s = time.perf_counter() - started
@@ -252,23 +253,27 @@ def _links(link_bytes: np.ndarray, spec: NetworkSpec, elapsed_s: float,
            util: NetworkUtilisation | None) -> tuple[list[dict[str, float | None]], str]:
     """Per-link traffic, and the most utilised resource in words."""
     src, dst = np.nonzero(link_bytes)
-    per_link: list[dict[str, float | None]] = []
+    caps = spec.link_bps[src, dst]
+    sent = link_bytes[src, dst]
+    capped = np.isfinite(caps) & (elapsed_s > 0)
+    link_util = np.full(src.size, np.nan)
+    link_util[capped] = sent[capped] * 8 / (caps[capped] * elapsed_s)
+    per_link: list[dict[str, float | None]] = [
+        {"src": i, "dst": j, "bytes": b, "cap_bps": c if math.isfinite(c) else None,
+         "utilisation": None if math.isnan(u) else u}
+        for i, j, b, c, u in zip(src.tolist(), dst.tolist(), sent.tolist(), caps.tolist(),
+                                 link_util.tolist(), strict=True)]
     best_name, best_util = "none (no traffic)", -1.0
-    for i, j in zip(src.tolist(), dst.tolist(), strict=True):
-        cap = float(spec.link_bps[i, j])
-        bits = float(link_bytes[i, j]) * 8
-        link_util = bits / (cap * elapsed_s) if math.isfinite(cap) and elapsed_s > 0 else None
-        per_link.append({"src": i, "dst": j, "bytes": float(link_bytes[i, j]),
-                         "cap_bps": cap if math.isfinite(cap) else None,
-                         "utilisation": link_util})
-        if link_util is not None and link_util > best_util:
-            best_name, best_util = f"link {i}->{j} ({format_bandwidth(cap)})", link_util
+    if capped.any():
+        k = int(np.nanargmax(link_util))
+        best_name = f"link {src[k]}->{dst[k]} ({format_bandwidth(caps[k])})"
+        best_util = float(link_util[k])
     if util is not None:
-        for kind, values, caps in (("uplink", util.uplink, spec.uplink_bps),
-                                   ("downlink", util.downlink, spec.downlink_bps)):
+        for kind, values, nic_caps in (("uplink", util.uplink, spec.uplink_bps),
+                                       ("downlink", util.downlink, spec.downlink_bps)):
             k = int(np.argmax(values))
             if values[k] > best_util + 1e-9:
-                best_name = f"{kind} of node {k} ({format_bandwidth(caps[k])})"
+                best_name = f"{kind} of node {k} ({format_bandwidth(nic_caps[k])})"
                 best_util = float(values[k])
     if best_util >= 0:
         best_name += f", {100 * best_util:.0f}% busy"
