@@ -1,0 +1,84 @@
+"""Signed control messages: small JSON bodies authenticated with the run's secret.
+
+Gradient partitions carry their own HMAC in the wire header (akorun.wire).
+Every other write (hello, stop, heartbeat, done, rejoin-hello, snapshot,
+restart) is a JSON body whose request carries
+``X-Ako-Signature: hex(HMAC-SHA256(secret, METHOD + PATH + body))`` and whose
+answer carries ``X-Ako-Signature: hex(HMAC-SHA256(secret, "ANSWER" + PATH +
+body))``, so neither side acts on an unauthenticated control message. The
+snapshot answer is binary: a 4-byte little-endian JSON length, the JSON, then
+raw little-endian float32 arrays named in the JSON.
+
+There is no replay protection beyond the run id: a replayed control message
+of the same run is harmless (hello, heartbeat and done are idempotent; stop
+only ends a run that already asked to end).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+SIGNATURE_HEADER = "X-Ako-Signature"
+ANSWER = "ANSWER"
+
+
+def signature(secret: bytes, method: str, path: str, body: bytes) -> str:
+    mac = hmac.new(secret, method.upper().encode("ascii") + path.encode("utf-8"), hashlib.sha256)
+    mac.update(body)
+    return mac.hexdigest()
+
+
+def is_signed(secret: bytes, method: str, path: str, body: bytes, given: str | None) -> bool:
+    if not given:
+        return False
+    return hmac.compare_digest(signature(secret, method, path, body), given.strip().lower())
+
+
+def dumps(payload: Mapping[str, Any]) -> bytes:
+    return json.dumps(payload, separators=(",", ":"), sort_keys=True).encode("utf-8")
+
+
+def loads(body: bytes) -> dict[str, Any]:
+    """A JSON object or ValueError."""
+    value = json.loads(body.decode("utf-8"))
+    if not isinstance(value, dict):
+        raise ValueError("expected a JSON object")
+    return value
+
+
+def pack_arrays(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> bytes:
+    """JSON meta plus raw float32 arrays: [u32 json length][json][array bytes...]."""
+    layout = []
+    for name, array in arrays.items():
+        layout.append([name, int(array.size)])
+    head = dumps({**meta, "arrays": layout})
+    parts = [struct.pack("<I", len(head)), head]
+    parts.extend(np.ascontiguousarray(a, dtype="<f4").tobytes() for a in arrays.values())
+    return b"".join(parts)
+
+
+def unpack_arrays(body: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Inverse of pack_arrays; ValueError on a malformed body."""
+    if len(body) < 4:
+        raise ValueError("short snapshot body")
+    (head_len,) = struct.unpack_from("<I", body)
+    meta = loads(body[4:4 + head_len])
+    offset = 4 + head_len
+    arrays: dict[str, np.ndarray] = {}
+    for name, size in meta.pop("arrays", []):
+        nbytes = int(size) * 4
+        if offset + nbytes > len(body):
+            raise ValueError(f"snapshot array {name} runs past the body")
+        arrays[str(name)] = np.frombuffer(body, dtype="<f4", count=int(size),
+                                          offset=offset).astype(np.float32)
+        offset += nbytes
+    if offset != len(body):
+        raise ValueError("snapshot body has trailing bytes")
+    return meta, arrays

@@ -1,0 +1,71 @@
+"""Deterministic fault injection for tests (a TEST HOOK, not a feature).
+
+Like torchft's EventInjector, faults are keyed by logical time (rounds), not
+by sleeps, so fault tests do not depend on machine speed. They are read from
+the environment variable ``AKORUN_FAULT``: items separated by ``;``, each
+optionally prefixed by ``RANK@`` to apply to one rank only:
+
+- ``kill_after_round:R``: after round R's local step, wait until every peer
+  acknowledged that round's sends, then SIGKILL this process (a crash that
+  lands between two rounds, the case the rejoin protocol repairs exactly).
+- ``pause_before_round:R:PATH``: before starting round R, wait (without
+  blocking the event loop) until the file PATH exists.
+- ``sleep_per_round:S``: sleep S seconds after every round (a slow worker).
+
+Example: ``AKORUN_FAULT="2@kill_after_round:5;0@pause_before_round:20:/tmp/go"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from akorun.errors import UsageError
+
+ENV_VAR = "AKORUN_FAULT"
+
+
+@dataclass(frozen=True)
+class Faults:
+    """The faults that apply to one rank."""
+
+    kill_after_round: int | None = None
+    pause_before_round: int | None = None
+    pause_until_file: str | None = None
+    sleep_per_round_s: float = 0.0
+
+    @property
+    def any(self) -> bool:
+        return (self.kill_after_round is not None or self.pause_before_round is not None
+                or self.sleep_per_round_s > 0)
+
+
+def faults_for(rank: int, env: Mapping[str, str]) -> Faults:
+    """Parse AKORUN_FAULT for `rank`; UsageError on a malformed item."""
+    text = env.get(ENV_VAR, "").strip()
+    values: dict[str, object] = {}
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        target, at, spec = item.partition("@")
+        if not at:
+            spec, target = item, ""
+        try:
+            if target and int(target) != rank:
+                continue
+            name, _, args = spec.partition(":")
+            if name == "kill_after_round":
+                values["kill_after_round"] = int(args)
+            elif name == "pause_before_round":
+                round_text, _, path = args.partition(":")
+                if not path:
+                    raise ValueError("no file")
+                values["pause_before_round"] = int(round_text)
+                values["pause_until_file"] = path
+            elif name == "sleep_per_round":
+                values["sleep_per_round_s"] = float(args)
+            else:
+                raise ValueError(f"unknown fault {name!r}")
+        except ValueError as error:
+            raise UsageError(f"{ENV_VAR}: cannot read {item!r} ({error}); expected items like "
+                             f"kill_after_round:5, pause_before_round:20:/tmp/go or "
+                             f"sleep_per_round:0.1, each optionally prefixed by RANK@") from None
+    return Faults(**values)  # type: ignore[arg-type]

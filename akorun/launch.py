@@ -1,0 +1,286 @@
+"""`akorun launch`: N ranks on this machine as subprocesses, one merged result.
+
+This module owns the single-machine run: it writes ``DIR/cluster.toml``
+(loopback, free ports, a fresh run id and secret), starts one
+``python -m akorun worker|ps`` per rank with its output in ``DIR/worker-R.log``,
+shows one progress line (polling every rank's read-only ``/status``), waits
+for all, and merges ``DIR/result.json`` (akorun.results). Ctrl-C or SIGTERM
+stops the children gracefully: SIGTERM to each (they finish their round,
+flush and checkpoint), then SIGKILL after a grace period. The exit status is
+non-zero if any rank failed, and the message names it and shows the tail of
+its log.
+
+Children get ``JAX_PLATFORMS=cpu`` and, when there are at least as many ranks
+as cores and XLA_FLAGS is unset, single-threaded XLA CPU flags so N
+processes do not oversubscribe the cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from akocore.config import RunConfig, config_to_dict
+from akorun.cluster import AkorunSettings, loopback_hosts, with_hosts, write_cluster_file
+from akorun.errors import Interrupted, RunError
+from akorun.results import merge_results, write_json
+from akorun.roles import role_of
+
+SINGLE_THREAD_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+LOG_TAIL_LINES = 15
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    out_dir: Path
+    quiet: bool = False
+    progress_every_s: float = 2.0
+    kill_grace_s: float = 20.0
+    timeout_s: float | None = None
+    worker_args: tuple[str, ...] = ()  # extra flags for every child
+    env: dict[str, str] = field(default_factory=dict)  # extra environment for every child
+
+
+def child_env(workers: int, extra: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    if "XLA_FLAGS" not in env and workers >= (os.cpu_count() or 1):
+        env["XLA_FLAGS"] = SINGLE_THREAD_XLA_FLAGS
+    package_root = str(Path(__file__).resolve().parent.parent)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if package_root not in paths:
+        env["PYTHONPATH"] = os.pathsep.join([package_root, *paths])
+    env.update(extra)
+    return env
+
+
+def _status(url: str) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(url + "/status", timeout=0.5) as response:
+            value = json.loads(response.read())
+            return value if isinstance(value, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _progress_line(cfg: RunConfig, statuses: list[dict[str, Any] | None]) -> str:
+    parts = []
+    rounds = cfg.train.rounds
+    for rank, status in enumerate(statuses):
+        if status is None:
+            parts.append(f"{rank}:-")
+            continue
+        text = f"{rank}:{status.get('state', '?')[:5]} r{status.get('round', 0)}"
+        suspended = status.get("suspended") or []
+        if suspended:
+            text += f" (suspended {','.join(map(str, suspended))})"
+        parts.append(text)
+    losses = [s["metrics"].get("loss") for s in statuses if s and s.get("metrics")]
+    losses = [v for v in losses if isinstance(v, float)]
+    head = f"of {rounds} rounds" if rounds else "rounds"
+    line = f"[launch] {head}: " + "  ".join(parts)
+    if losses:
+        line += f"  loss {sum(losses) / len(losses):.4f}"
+    return line
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join("    " + line for line in text[-lines:])
+
+
+class Launcher:
+    """Starts, watches and stops the ranks of one loopback run."""
+
+    def __init__(self, cfg: RunConfig, settings: AkorunSettings, options: LaunchOptions):
+        self.options = options
+        self.cfg = with_hosts(cfg, loopback_hosts(cfg.cluster.workers))
+        self.settings = settings
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.stopping = False
+        self.stop_signal_time_s: float | None = None
+
+    @property
+    def cluster_path(self) -> Path:
+        return self.options.out_dir / "cluster.toml"
+
+    def start(self) -> None:
+        out = self.options.out_dir
+        out.mkdir(parents=True, exist_ok=True)
+        write_cluster_file(self.cluster_path, self.cfg, self.settings)
+        n = self.cfg.cluster.workers
+        env = child_env(n, self.options.env)
+        for rank in range(n):
+            command = [sys.executable, "-m", "akorun", role_of(self.cfg, rank), "--rank",
+                       str(rank), "--config", str(self.cluster_path), "--out", str(out),
+                       *self.options.worker_args]
+            with open(out / f"worker-{rank}.log", "wb") as log_file:
+                self.procs.append(subprocess.Popen(command, stdout=log_file,
+                                                   stderr=subprocess.STDOUT, env=env,
+                                                   start_new_session=True))
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if not self.stopping:
+            self.stopping = True
+            self.stop_signal_time_s = time.monotonic()
+            sys.stderr.write(f"[launch] {signal.Signals(signum).name}: stopping the ranks "
+                             f"(SIGTERM, SIGKILL after {self.options.kill_grace_s:g} s)\n")
+            self.terminate()
+        else:
+            self.kill()
+
+    def terminate(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    proc.send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    proc.kill()
+                except ProcessLookupError:
+                    pass
+
+    def wait(self) -> None:
+        """Wait for every rank, printing progress; enforce the grace and the timeout."""
+        options = self.options
+        start_s = time.monotonic()
+        next_progress_s = start_s + options.progress_every_s
+        urls = [f"http://{h}" for h in self.cfg.cluster.hosts]
+        while any(proc.poll() is None for proc in self.procs):
+            time.sleep(0.1)
+            now = time.monotonic()
+            if options.timeout_s is not None and now - start_s > options.timeout_s \
+                    and not self.stopping:
+                sys.stderr.write(f"[launch] timeout of {options.timeout_s:g} s: stopping\n")
+                self.stopping = True
+                self.stop_signal_time_s = now
+                self.terminate()
+            if self.stopping and self.stop_signal_time_s is not None \
+                    and now - self.stop_signal_time_s > options.kill_grace_s:
+                self.kill()
+            if not options.quiet and now >= next_progress_s and not self.stopping:
+                statuses = [_status(url) if proc.poll() is None else {"state": "exited",
+                                                                        "round": "-"}
+                            for url, proc in zip(urls, self.procs, strict=True)]
+                sys.stderr.write(_progress_line(self.cfg, statuses) + "\n")
+                next_progress_s = now + options.progress_every_s
+
+    def merge(self) -> dict[str, Any]:
+        out = self.options.out_dir
+        results: list[dict[str, Any]] = []
+        replicas: list[np.ndarray] = []
+        for rank in range(self.cfg.cluster.workers):
+            path = out / f"worker-{rank}.json"
+            if path.exists():
+                result = json.loads(path.read_text(encoding="utf-8"))
+                result["exit_code"] = self.procs[rank].returncode
+                results.append(result)
+                npz = out / f"worker-{rank}.npz"
+                if result.get("role") == "worker" and npz.exists():
+                    with np.load(npz) as data:
+                        replicas.append(np.array(data["params"]))
+            else:
+                results.append({"rank": rank, "role": role_of(self.cfg, rank),
+                                "exit_code": self.procs[rank].returncode, "failed": True})
+        merged = merge_results(config_to_dict(self.cfg), results, replicas,
+                               batch_size=self.cfg.train.batch_size)
+        merged["run_id"] = self.settings.run_id
+        write_json(out / "result.json", merged)
+        return merged
+
+    def failures(self) -> list[tuple[int, int, str]]:
+        """(rank, exit status, tail of its log) of every rank that failed."""
+        failed = []
+        for rank, proc in enumerate(self.procs):
+            if proc.returncode != 0:
+                log_path = self.options.out_dir / f"worker-{rank}.log"
+                failed.append((rank, proc.returncode, f"{log_path}:\n{_tail(log_path)}"))
+        return failed
+
+
+def summary_table(merged: dict[str, Any]) -> str:
+    lines = [f"{'rank':>4} {'role':>6} {'rounds':>7} {'ms/round':>9} {'compute ms':>10} "
+             f"{'wait ms':>8} {'MB sent':>8} {'accuracy':>8}"]
+
+    def ms(value: Any) -> str:
+        return f"{value * 1e3:.2f}" if isinstance(value, int | float) else "-"
+
+    for result in merged["workers"]:
+        accuracy = result.get("final_accuracy")
+        sent = result.get("bytes_sent")
+        lines.append(
+            f"{result.get('rank', '?'):>4} {result.get('role', '?'):>6} "
+            f"{result.get('rounds', '-'):>7} {ms(result.get('round_time_s')):>9} "
+            f"{ms(result.get('compute_s_per_round')):>10} {ms(result.get('wait_s_per_round')):>8} "
+            f"{(f'{sent / 1e6:.2f}' if isinstance(sent, int) else '-'):>8} "
+            f"{(f'{accuracy:.4f}' if isinstance(accuracy, float) else '-'):>8}")
+    lines.append(f"samples/s {merged.get('samples_per_s') or 0:.1f}   max relative difference "
+                 f"between replicas {merged.get('max_relative_difference', 0):.3g}")
+    return "\n".join(lines)
+
+
+def launch(cfg: RunConfig, settings: AkorunSettings, options: LaunchOptions) -> dict[str, Any]:
+    """Run every rank, merge the results; RunError naming the failed ranks."""
+    launcher = Launcher(cfg, settings, options)
+    previous = {signum: signal.signal(signum, launcher._on_signal)
+                for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        launcher.start()
+        if not options.quiet:
+            sys.stderr.write(f"[launch] {cfg.cluster.workers} ranks, cluster file "
+                             f"{launcher.cluster_path}, logs {options.out_dir}/worker-R.log\n")
+        launcher.wait()
+    finally:
+        launcher.kill()
+        for proc in launcher.procs:
+            proc.wait()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    merged = launcher.merge()
+    if not options.quiet:
+        sys.stderr.write(summary_table(merged) + "\n")
+        sys.stderr.write(f"[launch] result: {options.out_dir / 'result.json'}\n")
+    failed = launcher.failures()
+    if failed:
+        names = ", ".join(f"rank {rank} (exit status {code})" for rank, code, _ in failed)
+        tails = "\n".join(tail for _, _, tail in failed)
+        raise RunError(f"{names} failed; the end of their logs:\n{tails}")
+    if launcher.stopping:
+        raise Interrupted("stopped before the end (signal or --timeout); the ranks finished "
+                          f"their round and wrote results to {options.out_dir / 'result.json'}")
+    return merged
+
+
+def worker_flags(*, progress_every_s: float | None = None, join_timeout: str | None = None,
+                 checkpoint_dir: str | None = None, quiet: bool = False,
+                 extra: Sequence[str] = ()) -> tuple[str, ...]:
+    flags: list[str] = []
+    if quiet:
+        flags.append("--quiet")
+    if progress_every_s is not None:
+        flags += ["--progress-every", f"{progress_every_s}s"]
+    if join_timeout is not None:
+        flags += ["--join-timeout", join_timeout]
+    if checkpoint_dir is not None:
+        flags += ["--checkpoint-dir", checkpoint_dir]
+    flags += list(extra)
+    return tuple(flags)

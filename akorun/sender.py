@@ -1,0 +1,270 @@
+"""Per-peer outgoing partials: one bounded queue and one sender task per peer.
+
+This module owns getting encoded messages to one peer, in order, exactly as
+often as needed:
+
+- `PeerSender.put` appends to a bounded queue. It returns at once unless the
+  queue is full; then it waits for room. That wait is the backpressure that
+  keeps memory bounded (no unbounded buffers: a slow peer slows its sender's
+  training loop down instead of growing a queue). For a peer that is
+  suspended (silent past the peer timeout, probably dead) a full queue drops
+  its OLDEST message instead and remembers `dropped_until`, the highest round
+  dropped, which a restarting peer's donor must cover (rejoin protocol).
+- `PeerSender.run` is the peer's lane: it takes messages in queue order,
+  paces each through the emulated link if there is one, and starts its
+  delivery, which POSTs it until the peer answers 200 (applied, or a
+  duplicate). Up to `window` (2) POSTs to a peer run at once, so the next
+  message travels while the receiver verifies the last one; messages may
+  arrive out of order, which the receivers' delivery logs sort out.
+  Connection errors, timeouts, 5xx and 503 keep the message owed and retry
+  with capped exponential backoff and jitter; 400/401/409/413 (and other
+  4xx) mean a bug or an attack: logged loudly and dropped.
+- Bodies are whole `bytes` with an explicit Content-Length (replayable: aiohttp
+  silently retries once on a dead pooled connection, and the receiver's
+  idempotency by (sender, round, part) makes that safe). On an emulated
+  network each message first passes `LinkShaper.pace` in the lane (the link's
+  and the uplink's token buckets: bandwidth serialises messages), then waits
+  the link latency in its own delivery task (latency does not hold the link:
+  later messages are paced meanwhile, as on a real link, and as akosim models
+  delivery = transfer end + latency), then goes in one piece. (Streaming
+  `LinkShaper.chunks` as the body would cost an await per 64 KiB and a body
+  aiohttp cannot replay.)
+
+`acked_round` (highest round this peer acknowledged) and `dropped_until` are
+what the rejoin handshake reports about this peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+import aiohttp
+
+from akocore.messages import Kind
+from akorun.metrics import PeerCounters
+from akorun.shaping import LinkShaper
+
+log = logging.getLogger("akorun")
+
+DUPLICATE_HEADER = "X-Ako-Duplicate"
+DEFAULT_QUEUE_MESSAGES = 64
+DEFAULT_WINDOW = 2  # messages in flight to one peer: the next one travels while the
+# receiver verifies the last (order is not needed: receivers sort rounds out)
+_FATAL_STATUSES = {400: "malformed", 401: "bad_signature", 409: "wrong_run", 413: "too_large"}
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One encoded message (header + body), shared by every destination of a multicast."""
+
+    data: bytes
+    kind: Kind
+    round: int
+    part: int
+    final: bool = False
+    queued_s: float = 0.0  # loop time it was queued (set by the worker)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Capped exponential backoff with jitter: delay_k = U(0.5, 1) * min(cap, first * 2**k)."""
+
+    first_delay_s: float = 0.01
+    max_delay_s: float = 1.0
+    factor: float = 2.0
+
+    def delay_s(self, attempt: int, rng: random.Random) -> float:
+        base = min(self.max_delay_s, self.first_delay_s * self.factor ** min(attempt, 30))
+        return base * rng.uniform(0.5, 1.0)
+
+
+class Outcome(Enum):
+    DELIVERED = "delivered"
+    DUPLICATE = "duplicate"
+    RETRY = "retry"
+    REJECTED = "rejected"
+
+
+class PeerSender:
+    """The queue of messages owed to one peer and the task that delivers them."""
+
+    def __init__(self, dest: int, url: str, session: aiohttp.ClientSession, *,
+                 counters: PeerCounters, maxsize: int = DEFAULT_QUEUE_MESSAGES,
+                 shaper: LinkShaper | None = None, policy: RetryPolicy | None = None,
+                 is_suspended: Callable[[], bool] = lambda: False,
+                 on_delivered: Callable[[int], None] = lambda dest: None,
+                 ssl: object = True, seed: int = 0, window: int = DEFAULT_WINDOW) -> None:
+        if maxsize < 1 or window < 1:
+            raise ValueError(f"maxsize and window must be >= 1, got {maxsize}, {window}")
+        self.dest = dest
+        self.url = url
+        self.session = session
+        self.counters = counters
+        self.maxsize = maxsize
+        self.shaper = shaper
+        self.policy = policy or RetryPolicy()
+        self.is_suspended = is_suspended
+        self.on_delivered = on_delivered
+        self.ssl = ssl
+        self.queue: deque[Outgoing] = deque()
+        self.in_flight: list[Outgoing] = []
+        self.window = window
+        self.acked_round = -1
+        self.dropped_until = -1
+        self._changed = asyncio.Event()
+        self._rng = random.Random(seed)
+        self._task: asyncio.Task[None] | None = None
+        self._deliveries: set[asyncio.Task[None]] = set()
+        self._posts = asyncio.Semaphore(window)  # POSTs to this peer at once
+
+    # ---------------------------------------------------------------- queue
+
+    @property
+    def depth(self) -> int:
+        """Messages owed: queued plus in flight."""
+        return len(self.queue) + len(self.in_flight)
+
+    @property
+    def idle(self) -> bool:
+        return not self.queue and not self.in_flight
+
+    @property
+    def acked_through(self) -> int:
+        """Highest round r such that every message of rounds <= r was acknowledged
+        (or given up); `acked_round` is the highest acknowledged at all."""
+        owed = [m.round for m in self.in_flight] + [m.round for m in self.queue]
+        return min(owed) - 1 if owed else self.acked_round
+
+    def notify(self) -> None:
+        """Wake waiters (a change of the peer's suspension counts)."""
+        self._changed.set()
+
+    async def put(self, message: Outgoing) -> None:
+        """Queue `message`; wait while the queue is full (drop the oldest if suspended)."""
+        while len(self.queue) >= self.maxsize:
+            if self.is_suspended():
+                dropped = self.queue.popleft()
+                self.dropped_until = max(self.dropped_until, dropped.round)
+                self.counters.send_dropped["overflow"] += 1
+                break
+            self._changed.clear()
+            await self._changed.wait()
+        self.queue.append(message)
+        self._changed.set()
+
+    async def wait(self, done: Callable[[], bool], poll_s: float = 0.25) -> None:
+        """Return once `done()` is true; re-checked on every change and every `poll_s`."""
+        while not done():
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), poll_s)
+            except TimeoutError:
+                pass
+
+    # ---------------------------------------------------------------- tasks
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self.run(), name=f"sender-{self.dest}")
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._task, *self._deliveries) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._task = None
+        self._deliveries.clear()
+
+    @property
+    def _in_flight_limit(self) -> int:
+        # emulated links hold up to the queue's worth of messages in their latency,
+        # as a real link holds its bandwidth-delay product; otherwise `window`
+        return max(self.window, self.maxsize) if self.shaper is not None else self.window
+
+    async def run(self) -> None:
+        """The peer's lane: take messages in order, pace them through the emulated
+        link (if any), and start their delivery; latency does not hold the lane."""
+        while True:
+            while not self.queue or len(self.in_flight) >= self._in_flight_limit:
+                self._changed.clear()
+                await self._changed.wait()
+            message = self.queue.popleft()
+            self.in_flight.append(message)
+            self._changed.set()  # room in the queue
+            if self.shaper is not None:
+                await self.shaper.pace(self.dest, message.nbytes)
+            task = asyncio.create_task(self.deliver(message))
+            self._deliveries.add(task)
+            task.add_done_callback(self._deliveries.discard)
+
+    async def deliver(self, message: Outgoing, *, paced: bool = True) -> None:
+        """POST `message` (after the link latency) until the peer takes it or refuses it
+        for good. A retry is paced through the emulated link again, like a resend."""
+        loop = asyncio.get_running_loop()
+        attempt = 0
+        try:
+            while True:
+                if self.shaper is not None:
+                    if not paced:
+                        await self.shaper.pace(self.dest, message.nbytes)
+                    latency_s = self.shaper.latency_of(self.dest)
+                    if latency_s > 0:
+                        await asyncio.sleep(latency_s)
+                async with self._posts:
+                    attempt_start_s = loop.time()
+                    outcome = await self.attempt(message)
+                if outcome in (Outcome.DELIVERED, Outcome.DUPLICATE):
+                    now = loop.time()
+                    self.acked_round = max(self.acked_round, message.round)
+                    self.counters.bytes_sent += message.nbytes
+                    self.counters.messages_sent += 1
+                    self.counters.send_s += now - attempt_start_s
+                    if message.queued_s:
+                        delivery_s = now - message.queued_s
+                        self.counters.delivery_s += delivery_s
+                        self.counters.max_delivery_s = max(self.counters.max_delivery_s,
+                                                           delivery_s)
+                    self.on_delivered(self.dest)
+                    return
+                if outcome is Outcome.REJECTED:
+                    return
+                self.counters.retries += 1
+                await asyncio.sleep(self.policy.delay_s(attempt, self._rng))
+                attempt += 1
+                paced = False
+        finally:
+            self.in_flight.remove(message)
+            self._changed.set()
+
+    async def attempt(self, message: Outgoing) -> Outcome:
+        """One POST of `message`; what to do next."""
+        headers = {"Content-Type": "application/octet-stream"}
+        try:
+            async with self.session.post(self.url, data=message.data, headers=headers,
+                                         ssl=self.ssl) as response:  # type: ignore[arg-type]
+                status = response.status
+                text = await response.read() if status != 200 else b""
+                duplicate = response.headers.get(DUPLICATE_HEADER) == "1"
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            log.debug("send to %d (round %d) failed: %s", self.dest, message.round, error)
+            return Outcome.RETRY
+        if status == 200:
+            return Outcome.DUPLICATE if duplicate else Outcome.DELIVERED
+        if status >= 500 or status == 429:
+            return Outcome.RETRY
+        reason = _FATAL_STATUSES.get(status, f"http_{status}")
+        self.counters.send_dropped[reason] += 1
+        log.error("peer %d REFUSED our %s round %d part %d with %d %s: %s -- dropped "
+                  "(a bug or a misconfigured peer)", self.dest, message.kind.name, message.round,
+                  message.part, status, reason, text[:300].decode("utf-8", "replace").strip())
+        return Outcome.REJECTED

@@ -1,0 +1,284 @@
+"""The HTTP face of one akorun process: an aiohttp app on the worker's own event loop.
+
+Endpoints (all writes authenticated, see akorun.wire and akorun.control):
+
+- ``POST /v1/partial``: one wire message. The 100-byte header is read first
+  and checked (400 malformed, 413 over the cap) before any body byte is read;
+  the body is streamed into a preallocated float32 buffer while an HMAC
+  `Verifier` is fed (401); then the run is checked (409) and the partial goes
+  straight to the host's scheme node (a `SchemeError` -> 400; a duplicate ->
+  200 with ``X-Ako-Duplicate: 1``). At most `max_concurrent_reads` bodies are
+  read at once; beyond that, and while the host is not ready (starting,
+  rejoining), the answer is 503 and the sender keeps the bytes and retries.
+- ``POST /v1/{hello,stop,heartbeat,done,rejoin-hello,snapshot,restart}``:
+  signed JSON control messages (401 unsigned or wrongly signed, 400 not a
+  JSON object); answers are signed too.
+- ``GET /metrics`` (Prometheus text) and ``GET /status`` (JSON): read-only and
+  unauthenticated on purpose, so standard scrapers work; they expose counts,
+  never parameters or the secret.
+
+The server never unpickles anything and holds no unbounded buffers: body
+memory is bounded by max_concurrent_reads x the body cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import errno
+import json
+import logging
+import ssl
+from typing import Any, Protocol
+
+import numpy as np
+from aiohttp import web
+
+from akocore.messages import Partial
+from akocore.schemes import SchemeError
+from akorun import control
+from akorun.errors import UsageError
+from akorun.metrics import PROMETHEUS_CONTENT_TYPE, Metrics
+from akorun.sender import DUPLICATE_HEADER
+from akorun.wire import (
+    HEADER_SIZE,
+    Status,
+    Verifier,
+    WireError,
+    check_run,
+    decode_header,
+    to_partial,
+)
+
+log = logging.getLogger("akorun")
+
+CONTROL_ENDPOINTS = ("hello", "stop", "heartbeat", "done", "rejoin-hello", "snapshot", "restart")
+HASH_IN_THREAD_BYTES = 256 * 1024  # bodies from this size are hashed off the loop
+KEEPALIVE_TIMEOUT_S = 75.0  # longer than the client's 15 s, so the client closes first
+READ_BUFFER_BYTES = 1 << 20  # body bytes buffered before the socket is paused (x2)
+_REASONS = {Status.MALFORMED: "malformed", Status.BAD_SIGNATURE: "bad_signature",
+            Status.WRONG_RUN: "wrong_run", Status.TOO_LARGE: "too_large",
+            Status.INBOX_FULL: "inbox_full"}
+
+
+class ControlError(Exception):
+    """A control request the host refuses: `status` and a one-line reason."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+class Host(Protocol):
+    """What the server needs from the process it serves (akorun.worker.Worker)."""
+
+    rank: int
+    world: int
+    secret: bytes
+    run_id: bytes
+    metrics: Metrics
+
+    def wire_hash(self) -> bytes | None: ...
+
+    def not_accepting(self) -> str | None: ...
+
+    def max_body_bytes(self) -> int: ...
+
+    async def on_partial(self, partial: Partial, nbytes: int) -> bool: ...
+
+    async def on_control(self, name: str, payload: dict[str, Any]) -> dict[str, Any] | bytes: ...
+
+    def status(self, digest: bool = False) -> dict[str, Any]: ...
+
+    def prometheus(self) -> str: ...
+
+
+class Server:
+    """The aiohttp application of one host, started with `start` and stopped with `close`."""
+
+    def __init__(self, host: Host, *, max_concurrent_reads: int = 8) -> None:
+        self.host = host
+        self.max_concurrent_reads = max(1, max_concurrent_reads)
+        self.active_reads = 0
+        self.app = web.Application(client_max_size=1 << 20)
+        self.app.router.add_post("/v1/partial", self.partial)
+        for name in CONTROL_ENDPOINTS:
+            self.app.router.add_post(f"/v1/{name}", self._control_handler(name))
+        self.app.router.add_get("/metrics", self.metrics)
+        self.app.router.add_get("/status", self.status)
+        self.runner: web.AppRunner | None = None
+        self._hash_pool = concurrent.futures.ThreadPoolExecutor(
+            self.max_concurrent_reads, thread_name_prefix="hmac")
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self, listen_host: str, port: int,
+                    ssl_context: ssl.SSLContext | None = None) -> None:
+        """Listen on listen_host:port; UsageError if the port is taken or the host unknown."""
+        self.runner = web.AppRunner(self.app, handle_signals=False, access_log=None,
+                                    keepalive_timeout=KEEPALIVE_TIMEOUT_S, shutdown_timeout=2.0,
+                                    read_bufsize=READ_BUFFER_BYTES)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, listen_host, port, ssl_context=ssl_context, backlog=128)
+        try:
+            await site.start()
+        except OSError as error:
+            await self.runner.cleanup()
+            self.runner = None
+            if error.errno == errno.EADDRINUSE:
+                raise UsageError(f"port {port} on {listen_host} is in use (rank "
+                                 f"{self.host.rank}); stop what holds it or write a new "
+                                 f"cluster file with `akorun init`") from None
+            raise UsageError(f"cannot listen on {listen_host}:{port} (rank {self.host.rank}): "
+                             f"{error.strerror or error}; check cluster.hosts or --listen") \
+                from None
+
+    async def close(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+        self._hash_pool.shutdown(wait=False)
+
+    # ---------------------------------------------------------------- helpers
+
+    def _reject(self, status: int, reason: str, detail: str) -> web.Response:
+        self.host.metrics.rejected[reason] += 1
+        if status != 503:
+            log.warning("refused a request with %d %s: %s", status, reason, detail)
+        return web.Response(status=status, text=f"{reason}: {detail}\n")
+
+    def _signed(self, path: str, body: bytes, content_type: str) -> web.Response:
+        sig = control.signature(self.host.secret, control.ANSWER, path, body)
+        return web.Response(body=body, content_type=content_type,
+                            headers={control.SIGNATURE_HEADER: sig})
+
+    # ---------------------------------------------------------------- partials
+
+    async def partial(self, request: web.Request) -> web.Response:
+        not_ready = self.host.not_accepting()
+        if not_ready is not None:
+            return self._reject(503, "not_ready", not_ready)
+        wire_hash = self.host.wire_hash()
+        assert wire_hash is not None
+        length = request.content_length
+        if length is None:
+            return self._reject(400, "malformed", "Content-Length is required")
+        if length < HEADER_SIZE:
+            return self._reject(400, "malformed", f"body of {length} bytes is shorter than "
+                                                  f"the {HEADER_SIZE}-byte header")
+        if self.active_reads >= self.max_concurrent_reads:
+            return self._reject(503, "inbox_full", f"{self.active_reads} bodies being read")
+        self.active_reads += 1
+        try:
+            return await self._read_partial(request, length, wire_hash)
+        except WireError as error:
+            return self._reject(int(error.status), _REASONS.get(error.status, "malformed"),
+                                error.reason)
+        except asyncio.IncompleteReadError as error:
+            return self._reject(400, "malformed", f"body ended after {len(error.partial)} "
+                                                  f"bytes")
+        except (SchemeError, KeyError) as error:
+            return self._reject(400, "malformed", f"scheme refused the message: {error}")
+        finally:
+            self.active_reads -= 1
+
+    async def _read_partial(self, request: web.Request, length: int,
+                            wire_hash: bytes) -> web.Response:
+        host = self.host
+        head = await request.content.readexactly(HEADER_SIZE)
+        header = decode_header(head, max_body_bytes=host.max_body_bytes(),
+                               body_nbytes=length - HEADER_SIZE)
+        if header.sender >= host.world or header.sender == host.rank:
+            raise WireError(f"sender {header.sender} is not a peer of rank {host.rank} "
+                            f"(ranks 0..{host.world - 1})", Status.MALFORMED)
+        values = np.empty(header.length, dtype=np.float32)
+        view = memoryview(values.data).cast("B")
+        verifier = Verifier(host.secret, head)
+        nbytes, filled, hashed = header.body_nbytes, 0, 0
+        # Large bodies are hashed in a thread (hashlib releases the GIL) over the
+        # part of the buffer already filled, while the loop keeps reading: one
+        # hashing task at a time per body, so the HMAC sees the bytes in order.
+        hashing: asyncio.Future[None] | None = None
+        offload = nbytes >= HASH_IN_THREAD_BYTES
+        loop = asyncio.get_running_loop()
+        try:
+            while filled < nbytes:
+                chunk = await request.content.readany()
+                if not chunk:
+                    raise WireError(f"body ended after {filled} of {nbytes} bytes",
+                                    Status.MALFORMED)
+                end = filled + len(chunk)
+                if end > nbytes:
+                    raise WireError(f"body longer than {nbytes} bytes", Status.MALFORMED)
+                view[filled:end] = chunk
+                filled = end
+                if not offload:
+                    verifier.update(chunk)
+                    hashed = filled
+                elif hashing is None or hashing.done():
+                    if hashing is not None:
+                        hashing.result()
+                    hashing = loop.run_in_executor(self._hash_pool, verifier.update,
+                                                   view[hashed:filled])
+                    hashed = filled
+            if hashing is not None:
+                await hashing
+                hashing = None
+            if hashed < nbytes:
+                verifier.update(view[hashed:nbytes])
+        finally:
+            if hashing is not None:  # an error: let the thread finish with the buffer
+                await asyncio.wait([hashing])
+        verifier.check(header.tag)
+        check_run(header, host.run_id, wire_hash)
+        partial = to_partial(header, values)
+        if partial.values is None:  # an empty marker (final, PULL) still carries its values
+            partial = dataclasses.replace(partial, values=values)
+        accepted = await host.on_partial(partial, HEADER_SIZE + nbytes)
+        return web.json_response({"duplicate": not accepted},
+                                 headers={DUPLICATE_HEADER: "0" if accepted else "1"})
+
+    # ---------------------------------------------------------------- control
+
+    def _control_handler(self, name: str) -> Any:
+        async def handler(request: web.Request) -> web.Response:
+            return await self.control(request, name)
+
+        return handler
+
+    async def control(self, request: web.Request, name: str) -> web.Response:
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._reject(413, "too_large", f"control body over {1 << 20} bytes")
+        path = request.path
+        given = request.headers.get(control.SIGNATURE_HEADER)
+        if not control.is_signed(self.host.secret, request.method, path, body, given):
+            return self._reject(401, "bad_signature", f"{path}: missing or wrong "
+                                                      f"{control.SIGNATURE_HEADER}")
+        try:
+            payload = control.loads(body)
+        except (ValueError, UnicodeDecodeError) as error:
+            return self._reject(400, "malformed", f"{path}: body is not a JSON object: {error}")
+        try:
+            result = await self.host.on_control(name, payload)
+        except ControlError as error:
+            if error.status == 503:
+                return web.Response(status=503, text=f"{error.reason}\n")
+            return self._reject(error.status, "refused", f"{path}: {error.reason}")
+        if isinstance(result, bytes):
+            return self._signed(path, result, "application/octet-stream")
+        return self._signed(path, control.dumps(result), "application/json")
+
+    # ---------------------------------------------------------------- read-only
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.host.prometheus(),
+                            headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
+
+    async def status(self, request: web.Request) -> web.Response:
+        digest = request.query.get("digest") == "1"
+        return web.Response(text=json.dumps(self.host.status(digest), default=str),
+                            content_type="application/json")

@@ -1,0 +1,244 @@
+"""akorun figures: loopback transfer vs a raw socket, compute share of a round, worker memory.
+
+- ``akorun.transfer_vs_socket``: 4 MiB partitions (plus the 100-byte header)
+  through the real path (PeerSender -> aiohttp -> akorun.server.Server with
+  HMAC checks, streamed into a preallocated buffer) against a blocking
+  socket ``sendall`` into ``recv_into`` on a preallocated buffer, same bytes,
+  same run; the receiver is another process in both cases. Goal >= 0.40.
+- ``akorun.compute_fraction``: with ample bandwidth (100 Gbit/s emulated),
+  measured gradient-step seconds / steady wall seconds per round, mean over
+  the workers of a 2-worker launch of digits-cnn (batch 128, a step of tens
+  of ms on one XLA thread), ssp = inf so that it measures akorun's own cost
+  per round. Goal >= 0.85. ``akorun.compute_fraction_ssp2`` is the same with
+  ssp = 2, where the faster worker also idles at the gate for the slower one
+  (on a 2-core machine two concurrent steps slow each other down unevenly).
+- ``akorun.worker_peak_rss_mb``: the largest peak RSS of a 2-worker launch of
+  the seed's CNN (4.26 M parameters, 17 MB of float32), beside the model size,
+  and ``akorun.worker_rss_over_bare_mb``: that minus the peak RSS of a bare
+  process that builds, steps and evaluates the same workload (akorun's part).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from akocore.messages import Kind, Partial
+from akorun import wire
+from akorun.cluster import free_ports
+from akorun.testing import REPO_ROOT, akorun_command, child_test_env
+from tests.bench.common import Figure
+
+PARTITION_BYTES = 4 * 1024 * 1024
+MESSAGES = 24
+SECRET = b"bench secret, thirty-two bytes!!"
+RUN = uuid.UUID(int=7).bytes
+WIRE_HASH = bytes(8)
+
+
+# ------------------------------------------------------------------ receivers (child process)
+
+
+def _raw_receiver(port: int, ready: Any, count: int, nbytes: int) -> None:
+    buffer = bytearray(nbytes)
+    view = memoryview(buffer)
+    with socket.create_server(("127.0.0.1", port)) as server:
+        ready.set()
+        connection, _ = server.accept()
+        with connection:
+            for _ in range(count):
+                filled = 0
+                while filled < nbytes:
+                    got = connection.recv_into(view[filled:], nbytes - filled)
+                    if not got:
+                        return
+                    filled += got
+            connection.sendall(b"k")
+
+
+def _akorun_receiver(port: int, ready: Any, count: int) -> None:
+    from akorun.server import Server
+    from akorun.testing import SinkHost
+
+    async def main() -> None:
+        host = SinkHost(SECRET, RUN, WIRE_HASH)
+        server = Server(host)
+        await server.start("127.0.0.1", port)
+        ready.set()
+        while len(host.arrivals) < count:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
+        await server.close()
+
+    asyncio.run(main())
+
+
+def _start(target: Any, *args: Any) -> Any:
+    context = multiprocessing.get_context("spawn")
+    ready = context.Event()
+    process = context.Process(target=target, args=(*args[:1], ready, *args[1:]), daemon=True)
+    process.start()
+    if not ready.wait(30):
+        raise RuntimeError("receiver did not start")
+    return process
+
+
+def _message(round_: int) -> bytes:
+    length = PARTITION_BYTES // 4
+    values = np.random.default_rng(round_).standard_normal(length).astype(np.float32)
+    partial = Partial(Kind.GRAD, 0, round_, 0, 1, 0, length, values)
+    return wire.encode_bytes(partial, run_id=RUN, config_hash=WIRE_HASH, secret=SECRET)
+
+
+def raw_socket_mb_per_s(messages: list[bytes]) -> float:
+    (port,) = free_ports(1)
+    process = _start(_raw_receiver, port, len(messages), len(messages[0]))
+    try:
+        with socket.create_connection(("127.0.0.1", port)) as connection:
+            start = time.perf_counter()
+            for data in messages:
+                connection.sendall(data)
+            assert connection.recv(1) == b"k"
+            elapsed = time.perf_counter() - start
+    finally:
+        process.join(10)
+    return sum(map(len, messages)) / elapsed / 1e6
+
+
+def akorun_mb_per_s(messages: list[bytes]) -> float:
+    from akorun.client import make_session
+    from akorun.metrics import PeerCounters
+    from akorun.sender import Outgoing, PeerSender
+
+    (port,) = free_ports(1)
+    process = _start(_akorun_receiver, port, len(messages))
+
+    async def main() -> float:
+        session = make_session(peers=1)
+        sender = PeerSender(1, f"http://127.0.0.1:{port}/v1/partial", session,
+                            counters=PeerCounters(), maxsize=len(messages))
+        sender.start()
+        warm = Outgoing(messages[0], Kind.GRAD, 0, 0)
+        await sender.put(warm)  # connect and warm up; a duplicate later
+        await sender.wait(lambda: sender.idle)
+        start = time.perf_counter()
+        for round_, data in enumerate(messages):
+            await sender.put(Outgoing(data, Kind.GRAD, round_, 0))
+        await sender.wait(lambda: sender.idle, poll_s=0.001)
+        elapsed = time.perf_counter() - start
+        await sender.stop()
+        await session.close()
+        return elapsed
+
+    try:
+        elapsed = asyncio.run(main())
+    finally:
+        process.join(10)
+    return sum(map(len, messages)) / elapsed / 1e6
+
+
+# ------------------------------------------------------------------ launches
+
+
+def _launch(out: Path, *flags: str) -> dict[str, Any]:
+    command = akorun_command("launch", "--out", str(out), "--quiet", "--timeout", "300s",
+                             *flags)
+    env = child_test_env()
+    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO_ROOT,
+                            timeout=400)
+    if result.returncode != 0:
+        raise RuntimeError(f"akorun launch failed:\n{result.stderr[-3000:]}")
+    return dict(json.loads((out / "result.json").read_text()))
+
+
+def compute_fraction(ssp: str) -> tuple[float, str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        merged = _launch(Path(tmp) / "run", "--workers", "2", "--workload", "digits-cnn",
+                         "--batch-size", "128", "--rounds", "100", "--p", "1", "--ssp", ssp,
+                         "--bandwidth", "100gbps", "--set", "train.eval_every=1000000")
+    fractions = [w["compute_s_per_round"] / w["round_time_s"] for w in merged["workers"]]
+    note = ", ".join(f"rank {w['rank']}: {w['compute_s_per_round'] * 1e3:.1f} ms compute of "
+                     f"{w['round_time_s'] * 1e3:.1f} ms/round (gate wait "
+                     f"{w['wait_s_per_round'] * 1e3:.1f} ms)" for w in merged["workers"])
+    return float(np.mean(fractions)), f"digits-cnn batch 128, 2 workers, p=1, ssp={ssp}; {note}"
+
+
+_BARE_STEP = """
+import resource, sys
+from akocore.workload import build_workload
+workload = build_workload(sys.argv[1], batch_size=int(sys.argv[2]))
+batch = workload.batches(0, 2).next()
+params = workload.init_params.copy()
+for step in range(3):
+    workload.grad_step(params, batch.x, batch.y, step)
+workload.evaluate(params)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+def bare_workload_rss_bytes(workload: str, batch_size: int) -> int:
+    """Peak RSS of a process that only builds the workload, steps and evaluates it."""
+    result = subprocess.run([sys.executable, "-c", _BARE_STEP, workload, str(batch_size)],
+                            capture_output=True, text=True, env=child_test_env(),
+                            cwd=REPO_ROOT, timeout=300, check=True)
+    return int(result.stdout.split()[-1])
+
+
+def peak_rss() -> tuple[float, float, str]:
+    """(worker peak RSS MB, akorun's part of it MB, note) for the seed's CNN."""
+    with tempfile.TemporaryDirectory() as tmp:
+        merged = _launch(Path(tmp) / "run", "--workers", "2", "--workload", "synthetic-cnn",
+                         "--batch-size", "32", "--rounds", "12", "--p", "4", "--ssp", "1",
+                         "--bandwidth", "100gbps", "--set", "train.eval_every=1000000")
+    peak = max(w["peak_rss_bytes"] for w in merged["workers"]) / 1e6
+    model = merged["workers"][0]["model_bytes"] / 1e6
+    bare = bare_workload_rss_bytes("synthetic-cnn", 32) / 1e6
+    extra = peak - bare
+    return peak, extra, (
+        f"synthetic-cnn (seed CNN), 2 workers, p=4: model {model:.1f} MB float32; worker peak "
+        f"RSS {peak:.0f} MB, of which {bare:.0f} MB is python + jax + the dataset + compiled "
+        f"steps (a bare process stepping the same workload), leaving {extra:.0f} MB = "
+        f"{extra / model:.1f} x the model for akorun (params, unsent, inbox, copies for the "
+        f"step, message buffers, queues)")
+
+
+def run() -> list[Figure]:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    messages = [_message(i) for i in range(MESSAGES)]
+    raw = max(raw_socket_mb_per_s(messages) for _ in range(2))
+    real = max(akorun_mb_per_s(messages) for _ in range(2))
+    fraction, fraction_note = compute_fraction("inf")
+    gated, gated_note = compute_fraction("2")
+    rss_mb, akorun_mb, rss_note = peak_rss()
+    return [
+        Figure("akorun.transfer_vs_socket", real / raw, "ratio", goal=0.40,
+               note=f"4 MiB partitions over loopback: akorun {real:.0f} MB/s (HTTP, HMAC, "
+                    f"streamed into a buffer) vs socket sendall/recv_into {raw:.0f} MB/s"),
+        Figure("akorun.transfer_mb_per_s", real, "MB/s", note="the akorun side of the above"),
+        Figure("akorun.compute_fraction", fraction, "ratio", goal=0.85,
+               note="akorun's own cost per round (no gate): " + fraction_note),
+        Figure("akorun.compute_fraction_ssp2", gated, "ratio",
+               note="with the SSP gate, a faster worker also waits for the slower: "
+                    + gated_note),
+        Figure("akorun.worker_peak_rss_mb", rss_mb, "MB", higher_is_better=False,
+               note=rss_note),
+        Figure("akorun.worker_rss_over_bare_mb", akorun_mb, "MB", higher_is_better=False,
+               note="the akorun part of the above"),
+    ]
+
+
+if __name__ == "__main__":
+    for figure in run():
+        print(figure, file=sys.stderr)

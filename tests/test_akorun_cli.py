@@ -1,0 +1,192 @@
+"""akorun command line: help text, the cluster file, rank resolution, and one-line errors.
+
+Every user mistake must exit with status 2 and exactly one line on stderr
+saying what was wrong (never a traceback). Subprocess tests use
+`python -m akorun`, as a user would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import stat
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from akocore.config import RunConfig, add_shared_arguments, config_from_dict
+from akorun.cli import build_parser
+from akorun.cluster import (
+    config_over,
+    hosts_from_text,
+    new_settings,
+    read_cluster_file,
+    resolve_rank,
+    write_cluster_file,
+)
+from akorun.errors import UsageError
+from akorun.testing import REPO_ROOT, akorun_command, child_test_env
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def akorun(*args: str, env: dict[str, str] | None = None,
+           cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(akorun_command(*args), capture_output=True, text=True,
+                          env=child_test_env(env), cwd=cwd or REPO_ROOT, timeout=60)
+
+
+def assert_usage_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def cluster_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("cli") / "cluster.toml"
+    result = akorun("init", "--workers", "3", "--rounds", "5", "--out", str(path))
+    assert result.returncode == 0, result.stderr
+    return path
+
+
+# ------------------------------------------------------------------------- help
+
+
+def test_top_level_help_lists_the_commands_with_examples() -> None:
+    result = akorun("--help")
+    assert result.returncode == 0
+    for command in ("init", "worker", "ps", "launch", "examples:"):
+        assert command in result.stdout
+
+
+@pytest.mark.parametrize("command", ["worker", "ps", "launch", "init"])
+def test_every_command_help_lists_the_shared_flags_with_units_and_examples(command: str) -> None:
+    result = akorun(command, "--help")
+    assert result.returncode == 0
+    text = result.stdout
+    for flag in ("--bandwidth", "--link-bandwidth", "--latency", "--p", "--ssp", "--rounds",
+                 "--duration", "--workload", "--set", "--config"):
+        assert flag in text, flag
+    for unit_example in ("40mbps", "5ms", "300s"):
+        assert unit_example in text, unit_example
+    assert "examples:" in text
+    if command != "init":
+        assert "--peer-timeout" in text and "10s" in text
+
+
+# ------------------------------------------------------------------------- errors
+
+
+def test_init_writes_a_private_cluster_file_that_reads_back_as_the_same_run(
+        cluster_file: Path) -> None:
+    assert stat.S_IMODE(os.stat(cluster_file).st_mode) == 0o600
+    cluster = read_cluster_file(cluster_file)
+    assert cluster.config.cluster.workers == 3
+    assert cluster.config.train.rounds == 5
+    assert len(cluster.config.cluster.hosts) == 3
+    assert all(h.startswith("127.0.0.1:") for h in cluster.config.cluster.hosts)
+    assert len(cluster.settings.secret) == 64 and cluster.settings.peer_timeout_s == 10.0
+    text = cluster_file.read_text()
+    assert "# HMAC-SHA256 key of every message" in text
+    assert "[akorun]" in text and tomllib.loads(text)["akorun"]["run_id"]
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["launch", "--workers", "x", "--out", "{tmp}/r"], ["cluster.workers", "'x'"]),
+    (["launch", "--workers", "3", "--workload", "nope", "--out", "{tmp}/r"],
+     ["unknown workload 'nope'", "digits-mlp"]),
+    (["launch", "--workers", "3", "--bandwidth", "40furlongs", "--out", "{tmp}/r"],
+     ["network.bandwidth", "40mbps"]),
+    (["launch", "--workers", "3", "--peer-timeout", "5 parsecs", "--out", "{tmp}/r"],
+     ["--peer-timeout"]),
+    (["launch", "--workers", "3"], ["--out"]),
+    (["launch", "--workers", "3", "--ssp", "-1", "--out", "{tmp}/r"], ["exchange.ssp"]),
+    (["worker", "--rank", "0", "--config", "{tmp}/missing.toml"], ["not found"]),
+    (["worker", "--rank", "0"], ["--config"]),
+    (["worker", "--rank", "7", "--config", "{cluster}"], ["--rank 7", "0..2"]),
+    (["worker", "--rank", "zero", "--config", "{cluster}"], ["--rank", "whole number"]),
+    (["worker", "--config", "{cluster}"], ["no rank"]),
+    (["ps", "--rank", "0", "--config", "{cluster}"], ["ps"]),
+    (["worker", "--rank", "0", "--config", "{cluster}", "--set", "train.lr=-1"], ["train.lr"]),
+    (["init", "--workers", "3", "--hosts", "a,b", "--out", "{tmp}/c.toml"], ["--hosts", "3"]),
+    (["init", "--workers", "2", "--out", "{cluster}"], ["exists", "--force"]),
+    (["nonsense"], ["invalid choice"]),
+])
+def test_user_mistakes_exit_2_with_one_line(args: list[str], needles: list[str],
+                                            tmp_path: Path, cluster_file: Path) -> None:
+    args = [a.replace("{tmp}", str(tmp_path)).replace("{cluster}", str(cluster_file))
+            for a in args]
+    assert_usage_error(akorun(*args), *needles)
+
+
+def test_a_plain_run_config_is_not_a_cluster_file(tmp_path: Path) -> None:
+    plain = tmp_path / "run.toml"
+    plain.write_text("[cluster]\nworkers = 3\n")
+    assert_usage_error(akorun("worker", "--rank", "0", "--config", str(plain)),
+                       "[akorun]", "akorun init")
+
+
+def test_a_world_size_that_disagrees_with_the_cluster_file_is_refused(
+        cluster_file: Path) -> None:
+    result = akorun("worker", "--config", str(cluster_file),
+                    env={"RANK": "0", "WORLD_SIZE": "5"})
+    assert_usage_error(result, "WORLD_SIZE=5", "3 ranks")
+
+
+def test_a_port_in_use_exits_2_naming_the_port(cluster_file: Path) -> None:
+    cluster = read_cluster_file(cluster_file)
+    host, port = cluster.config.cluster.hosts[0].rsplit(":", 1)
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind((host, int(port)))
+        holder.listen(1)
+        result = akorun("worker", "--rank", "0", "--config", str(cluster_file), "--quiet")
+    assert_usage_error(result, f"port {port}", "in use")
+
+
+# ------------------------------------------------------------------------- pieces
+
+
+def test_rank_comes_from_the_flag_then_akorun_then_torchrun_then_slurm() -> None:
+    assert resolve_rank(1, {"AKORUN_RANK": "2", "RANK": "0"}, 3) == 1
+    assert resolve_rank(None, {"AKORUN_RANK": "2", "RANK": "0"}, 3) == 2
+    assert resolve_rank(None, {"RANK": "0", "WORLD_SIZE": "3", "SLURM_PROCID": "2"}, 3) == 0
+    assert resolve_rank(None, {"SLURM_PROCID": "2", "SLURM_NTASKS": "3"}, 3) == 2
+    with pytest.raises(UsageError, match="SLURM_NTASKS=4"):
+        resolve_rank(None, {"SLURM_PROCID": "2", "SLURM_NTASKS": "4"}, 3)
+    with pytest.raises(UsageError, match="no rank"):
+        resolve_rank(None, {}, 3)
+
+
+def test_hosts_without_ports_get_the_base_port_and_repeated_hosts_the_next_ones() -> None:
+    assert hosts_from_text("a,b,a", 3, 7000) == ("a:7000", "b:7000", "a:7001")
+    assert hosts_from_text("a:9000,b:9001", 2) == ("a:9000", "b:9001")
+    with pytest.raises(UsageError):
+        hosts_from_text("a,b", 3)
+
+
+def test_flags_over_a_cluster_file_keep_its_rounds_when_only_a_duration_is_given(
+        tmp_path: Path) -> None:
+    cfg = config_from_dict({"cluster": {"workers": 2}, "train": {"rounds": 7}})
+    path = write_cluster_file(tmp_path / "c.toml", cfg, new_settings())
+    cluster = read_cluster_file(path)
+    parser = argparse.ArgumentParser()
+    add_shared_arguments(parser)
+    merged: RunConfig = config_over(cluster.config, cluster.tables,
+                                    parser.parse_args(["--duration", "5s", "--lr", "0.2"]))
+    assert merged.train.rounds == 7 and merged.train.duration_s == 5.0
+    assert merged.train.lr == 0.2
+
+
+def test_the_parser_builds_without_duplicate_flags() -> None:
+    parser = build_parser()
+    args = parser.parse_args(["worker", "--rank", "1", "--config", "c.toml", "--ssp", "2",
+                              "--no-emulate"])
+    assert args.rank == "1" and args.ssp == "2" and args.emulate is False

@@ -1,0 +1,119 @@
+"""akorun state that outlives a moment: checkpoints, snapshots on the wire, results, fault hooks."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from akocore.schemes import AkoWorker, Replica
+from akocore.workload import build_workload
+from akorun import control
+from akorun.checkpoint import (
+    Checkpoint,
+    load_checkpoint,
+    optimizer_leaves,
+    restore_optimizer_state,
+    save_checkpoint,
+)
+from akorun.errors import UsageError
+from akorun.faults import faults_for
+from akorun.results import (
+    max_relative_difference,
+    merge_results,
+    steady_round_time_s,
+    worker_summary,
+)
+
+
+def test_a_checkpoint_round_trips_params_buffers_log_and_adam_state(tmp_path: Path) -> None:
+    workload = build_workload("digits-mlp")
+    optimizer = workload.optimizer("adam", 0.01)
+    length = workload.param_count
+    node = AkoWorker(1, 3, length, (2, 2, 2), replica=Replica(workload.init_params, optimizer),
+                     staleness=1)
+    batch = workload.batches(1, 3).next()
+    for round_ in range(3):
+        _, grad = workload.grad_step(node.params, batch.x, batch.y, round_)
+        node.local_step(round_, grad)
+    state = node.state()
+    assert state.params is not None
+    checkpoint = Checkpoint(rank=1, next_round=state.next_round, params=state.params,
+                            run_id="r", config_hash="c", scheme="ako", p_of=(2, 2, 2),
+                            unsent=state.unsent, inbox=state.inbox,
+                            log={0: (1, {3: [0]}), 2: (-1, {})}, final_round={0: 9},
+                            optimizer_leaves=optimizer_leaves(node.replica.state))
+    path = save_checkpoint(tmp_path, checkpoint)
+    assert not list(tmp_path.glob(".*tmp"))  # written through a temporary file, then moved
+    back = load_checkpoint(tmp_path, 1)
+    assert back.next_round == 3 and back.p_of == (2, 2, 2)
+    np.testing.assert_array_equal(back.params, state.params)
+    assert back.unsent is not None and state.unsent is not None
+    np.testing.assert_array_equal(back.unsent, state.unsent)
+    assert back.log == {0: (1, {3: [0]}), 2: (-1, {})} and back.final_round == {0: 9}
+    restored = restore_optimizer_state(node.replica.state, back.optimizer_leaves)
+    for a, b in zip(optimizer_leaves(restored), optimizer_leaves(node.replica.state),
+                    strict=True):
+        np.testing.assert_array_equal(a, b)
+    sidecar = json.loads(path.with_suffix(".json").read_text())
+    assert sidecar["next_round"] == 3 and sidecar["config_hash"] == "c"
+    with np.load(path, allow_pickle=False) as data:  # no pickled object anywhere
+        assert set(data.files) >= {"params", "unsent", "inbox", "meta", "opt_0"}
+
+
+def test_a_missing_checkpoint_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="no checkpoint of rank 4"):
+        load_checkpoint(tmp_path, 4)
+
+
+def test_snapshot_arrays_round_trip_and_a_truncated_body_is_refused() -> None:
+    params = np.linspace(-1, 1, 7, dtype=np.float32)
+    body = control.pack_arrays({"donor": 0, "log": {"1": [3, {}]}},
+                               {"params": params, "correction": -params})
+    meta, arrays = control.unpack_arrays(body)
+    assert meta == {"donor": 0, "log": {"1": [3, {}]}}
+    np.testing.assert_array_equal(arrays["params"], params)
+    np.testing.assert_array_equal(arrays["correction"], -params)
+    with pytest.raises(ValueError):
+        control.unpack_arrays(body[:-4])
+
+
+def test_steady_round_time_skips_the_first_tenth_of_the_rounds() -> None:
+    ends = [5.0] + [5.0 + i for i in range(1, 20)]  # a 5 s first round, then 1 s each
+    assert steady_round_time_s(ends) == pytest.approx(1.0)
+    assert steady_round_time_s([2.0, 4.0]) == pytest.approx(2.0)
+    assert math.isnan(steady_round_time_s([]))
+
+
+def test_results_carry_the_akosim_keys_and_merge_over_training_workers() -> None:
+    summary = worker_summary(scheme="ako", p_of=(2, 2), ssp=math.inf, workers=2,
+                             training_workers=2, batch_size=32,
+                             round_end_s=[0.1 * (i + 1) for i in range(20)],
+                             compute_s=[0.05] * 20, wait_s=[0.01] * 20, bytes_sent=2000)
+    assert summary["ssp"] == "inf" and summary["p"] == [2, 2]
+    assert summary["round_time_s"] == pytest.approx(0.1)
+    assert summary["samples_per_s"] == pytest.approx(2 * 32 / 0.1)
+    assert summary["bytes_sent_per_worker_per_round"] == 100
+    workers = [{"role": "worker", "rank": r, **summary} for r in range(2)]
+    merged = merge_results({"train": {}}, workers, [np.ones(3), np.ones(3) * (1 + 1e-7)],
+                           batch_size=32)
+    assert merged["workers"][1]["compute_s_per_round"] == pytest.approx(0.05)
+    assert merged["summary"]["workers"] == 2
+    assert merged["round_time_s"] == pytest.approx(0.1)
+    assert merged["max_relative_difference"] == pytest.approx(1e-7, rel=1e-3)
+    assert max_relative_difference([np.ones(2), np.ones(3)]) == math.inf
+
+
+def test_fault_hooks_apply_to_their_rank_only() -> None:
+    env = {"AKORUN_FAULT": "2@kill_after_round:5; pause_before_round:7:/tmp/x;"
+                           "1@sleep_per_round:0.5"}
+    assert faults_for(2, env).kill_after_round == 5
+    assert faults_for(0, env).kill_after_round is None
+    assert faults_for(0, env).pause_before_round == 7
+    assert faults_for(1, env).sleep_per_round_s == 0.5
+    assert not faults_for(0, {}).any
+    with pytest.raises(UsageError, match="AKORUN_FAULT"):
+        faults_for(0, {"AKORUN_FAULT": "explode:now"})

@@ -1,0 +1,272 @@
+"""akorun transport in one process: the real server and PeerSender on loopback.
+
+A sink host (akorun.testing.SinkHost) stands in for the worker, so these tests pin down what the
+server answers and what the sender does with each answer: delivery once,
+retries while the receiver is not ready, drops on a refusal, backpressure
+and drop-oldest for a suspended peer, and the pace of an emulated link.
+Async code runs through asyncio.run (no pytest-asyncio).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import numpy as np
+import pytest
+
+from akocore.messages import Kind, Partial
+from akorun import control, wire
+from akorun.cluster import free_ports
+from akorun.metrics import PeerCounters
+from akorun.sender import Outcome, Outgoing, PeerSender, RetryPolicy
+from akorun.server import Server
+from akorun.shaping import LinkShaper
+from akorun.testing import SinkHost
+
+pytestmark = pytest.mark.timeout(60)
+
+T = TypeVar("T")
+SECRET = b"transport test secret, 32 bytes!"
+RUN = uuid.uuid4().bytes
+WIRE_HASH = bytes.fromhex("0011223344556677")
+FAST = RetryPolicy(first_delay_s=0.001, max_delay_s=0.01)
+
+
+def encoded(round_: int, length: int = 1000, *, secret: bytes = SECRET, run: bytes = RUN,
+            sender: int = 0) -> Outgoing:
+    values = np.full(length, round_ + 0.5, dtype=np.float32)
+    partial = Partial(Kind.GRAD, sender, round_, 0, 1, 0, length, values)
+    data = wire.encode_bytes(partial, run_id=run, config_hash=WIRE_HASH, secret=secret)
+    return Outgoing(data, Kind.GRAD, round_, 0)
+
+
+async def serving(host: SinkHost, body: Callable[[str, Any], Awaitable[T]]) -> T:
+    """Run `body(base_url, session)` against a live server for `host`."""
+    import aiohttp
+
+    from akorun.client import make_session
+
+    (port,) = free_ports(1)
+    server = Server(host, max_concurrent_reads=4)
+    await server.start("127.0.0.1", port)
+    session: aiohttp.ClientSession = make_session(peers=1)
+    try:
+        return await body(f"http://127.0.0.1:{port}", session)
+    finally:
+        await session.close()
+        await server.close()
+
+
+def sender_to(url: str, session: Any, **kwargs: Any) -> PeerSender:
+    kwargs.setdefault("policy", FAST)
+    return PeerSender(1, url + "/v1/partial", session, counters=PeerCounters(), **kwargs)
+
+
+def test_a_message_is_delivered_once_and_its_round_acknowledged() -> None:
+    host = SinkHost(SECRET, RUN, WIRE_HASH)
+
+    async def body(url: str, session: Any) -> PeerSender:
+        sender = sender_to(url, session)
+        sender.start()
+        for round_ in range(3):
+            await sender.put(encoded(round_))
+        await asyncio.wait_for(sender.wait(lambda: sender.idle), 10)
+        await sender.stop()
+        return sender
+
+    sender = asyncio.run(serving(host, body))
+    assert [key for _, _, key in host.arrivals] == [(0, 0, 0), (0, 1, 0), (0, 2, 0)]
+    assert sender.acked_round == 2
+    assert sender.counters.messages_sent == 3 and sender.counters.retries == 0
+    assert sender.counters.bytes_sent == 3 * (wire.HEADER_SIZE + 4000)
+
+
+def test_a_receiver_that_is_not_ready_gets_the_message_again_until_it_takes_it() -> None:
+    host = SinkHost(SECRET, RUN, WIRE_HASH, not_ready_answers=3)
+
+    async def body(url: str, session: Any) -> PeerSender:
+        sender = sender_to(url, session)
+        sender.start()
+        await sender.put(encoded(0))
+        await asyncio.wait_for(sender.wait(lambda: sender.idle), 10)
+        await sender.stop()
+        return sender
+
+    sender = asyncio.run(serving(host, body))
+    assert len(host.arrivals) == 1
+    assert sender.counters.retries == 3
+    assert host.metrics.rejected["not_ready"] == 3
+
+
+@pytest.mark.parametrize("kind, status", [("secret", "bad_signature"), ("run", "wrong_run"),
+                                          ("cap", "too_large")])
+def test_a_refused_message_is_dropped_not_retried(kind: str, status: str) -> None:
+    host = SinkHost(SECRET, RUN, WIRE_HASH, max_body_bytes=100 if kind == "cap" else 1 << 24)
+    message = {"secret": encoded(0, secret=b"another secret entirely"),
+               "run": encoded(0, run=uuid.uuid4().bytes), "cap": encoded(0)}[kind]
+
+    async def body(url: str, session: Any) -> PeerSender:
+        sender = sender_to(url, session)
+        sender.start()
+        await sender.put(message)
+        await sender.put(encoded(1, 10))  # the queue goes on after a refusal
+        await asyncio.wait_for(sender.wait(lambda: sender.idle), 10)
+        await sender.stop()
+        return sender
+
+    sender = asyncio.run(serving(host, body))
+    assert sender.counters.retries == 0
+    assert sender.counters.send_dropped[status] == 1
+    assert host.metrics.rejected[status] == 1
+    assert [key for _, _, key in host.arrivals] == [(0, 1, 0)]
+
+
+def test_a_full_queue_waits_for_room_unless_the_peer_is_suspended() -> None:
+    async def main() -> tuple[bool, PeerSender]:
+        import aiohttp
+
+        suspended = False
+        async with aiohttp.ClientSession() as session:
+            sender = PeerSender(1, "http://127.0.0.1:9/v1/partial", session,
+                                counters=PeerCounters(), maxsize=2,
+                                is_suspended=lambda: suspended)
+            await sender.put(encoded(0))
+            await sender.put(encoded(1))
+            blocked = asyncio.create_task(sender.put(encoded(2)))
+            await asyncio.sleep(0.05)
+            waited = not blocked.done()  # backpressure: no room, peer not suspended
+            suspended = True
+            sender.notify()
+            await asyncio.wait_for(blocked, 5)
+            await sender.put(encoded(3))
+            return waited, sender
+
+    waited, sender = asyncio.run(main())
+    assert waited
+    assert [m.round for m in sender.queue] == [2, 3]
+    assert sender.dropped_until == 1
+    assert sender.counters.send_dropped["overflow"] == 2
+
+
+def test_an_emulated_40mbps_link_delivers_40mbps_at_the_receiver() -> None:
+    """8 x 512 KiB through LinkShaper(40 Mbit/s): the receiver's rate, from the end
+    of the first message to the end of the last, is 40 Mbit/s within 5%."""
+    host = SinkHost(SECRET, RUN, WIRE_HASH)
+    rate_bps = 40e6
+    length = 512 * 1024 // 4
+
+    async def body(url: str, session: Any) -> None:
+        sender = sender_to(url, session, shaper=LinkShaper(rate_bps))
+        sender.start()
+        for round_ in range(8):
+            await sender.put(encoded(round_, length))
+        await asyncio.wait_for(sender.wait(lambda: sender.idle), 30)
+        await sender.stop()
+
+    asyncio.run(serving(host, body))
+    times = [t for t, _, _ in host.arrivals]
+    sizes = [n for _, n, _ in host.arrivals]
+    measured_bps = 8 * sum(sizes[1:]) / (times[-1] - times[0])
+    assert abs(measured_bps / rate_bps - 1) < 0.05, measured_bps
+
+
+def _post(url: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes, Any]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url + path, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, response.read(), response.headers
+    except urllib.error.HTTPError as error:
+        return error.code, error.read(), error.headers
+
+
+def test_control_requests_must_be_signed_and_answers_are_signed() -> None:
+    host = SinkHost(SECRET, RUN, WIRE_HASH)
+    body = control.dumps({"rank": 0, "round": 3})
+
+    async def run_checks(url: str, session: Any) -> list[tuple[int, bytes, Any]]:
+        sig = control.signature(SECRET, "POST", "/v1/hello", body)
+        wrong = hmac.new(b"wrong", b"POST/v1/hello" + body, hashlib.sha256).hexdigest()
+        stop_sig = control.signature(SECRET, "POST", "/v1/stop", body)
+        cases = [("/v1/hello", {}), ("/v1/hello", {control.SIGNATURE_HEADER: wrong}),
+                 ("/v1/hello", {control.SIGNATURE_HEADER: sig}),
+                 ("/v1/stop", {control.SIGNATURE_HEADER: sig}),  # signed for another path
+                 ("/v1/stop", {control.SIGNATURE_HEADER: stop_sig})]
+        return [await asyncio.to_thread(_post, url, path, body, headers)
+                for path, headers in cases]
+
+    answers = asyncio.run(serving(host, run_checks))
+    assert [status for status, _, _ in answers] == [401, 401, 200, 401, 409]
+    status, answer, headers = answers[2]
+    assert control.is_signed(SECRET, control.ANSWER, "/v1/hello", answer,
+                             headers[control.SIGNATURE_HEADER])
+    assert [name for name, _ in host.controls] == ["hello", "stop"]
+
+
+def test_metrics_and_status_are_served_read_only() -> None:
+    import urllib.request
+
+    host = SinkHost(SECRET, RUN, WIRE_HASH)
+    host.metrics.peer(0).bytes_received = 1234
+    host.metrics.rejected["bad_signature"] = 2
+
+    async def fetch(url: str, session: Any) -> tuple[str, str]:
+        def get(path: str) -> str:
+            with urllib.request.urlopen(url + path, timeout=5) as response:
+                return response.read().decode()
+        return await asyncio.to_thread(get, "/metrics"), await asyncio.to_thread(get, "/status")
+
+    text, status = asyncio.run(serving(host, fetch))
+    assert 'akorun_bytes_received_total{rank="1",role="worker",peer="0"} 1234' in text
+    assert 'akorun_rejected_total{rank="1",role="worker",reason="bad_signature"} 2' in text
+    assert "# TYPE akorun_round gauge" in text
+    assert '"rank": 1' in status
+
+
+class RecordingSender(PeerSender):
+    """Delivers instantly, recording the loop time of every POST attempt."""
+
+    def __init__(self, shaper: LinkShaper, outcomes: list[Outcome] | None = None) -> None:
+        super().__init__(1, "http://unused", None, counters=PeerCounters(),  # type: ignore
+                         shaper=shaper, policy=RetryPolicy(first_delay_s=0.5, max_delay_s=0.5))
+        self.posted: list[tuple[float, int]] = []
+        self.outcomes = outcomes or []
+
+    async def attempt(self, message: Outgoing) -> Outcome:
+        self.posted.append((asyncio.get_running_loop().time(), message.round))
+        return self.outcomes.pop(0) if self.outcomes else Outcome.DELIVERED
+
+
+def test_an_emulated_latency_delays_each_message_without_holding_the_link() -> None:
+    """On virtual time: 10 x 100 kB at 8 Mbit/s (0.1 s each, 10 kB of burst) with
+    50 ms latency arrive at transfer end + latency, 0.1 s apart (latency does not
+    hold the link), as akosim models; a failed attempt is paced and delayed again
+    after its backoff."""
+    from tests.test_shaping import run_virtual
+
+    async def main() -> list[tuple[float, int]]:
+        shaper = LinkShaper(8e6, latency_s={1: 0.05}, burst_bytes=10_000)
+        sender = RecordingSender(shaper, [Outcome.DELIVERED] * 9 + [Outcome.RETRY])
+        start = asyncio.get_running_loop().time()
+        sender.start()
+        for round_ in range(10):
+            await sender.put(encoded(round_, 100_000 // 4 - 25))
+        await sender.wait(lambda: sender.idle)
+        await sender.stop()
+        return [(t - start, r) for t, r in sender.posted]
+
+    posted = run_virtual(main)
+    assert [r for _, r in posted] == [*range(10), 9]
+    expected = [0.09 + 0.1 * k + 0.05 for k in range(10)]
+    assert [t for t, _ in posted[:10]] == pytest.approx(expected, abs=1e-6)
+    # the retry: a jittered backoff in [0.25, 0.5] s, pacing (the refilled burst
+    # aside) and the latency again
+    retry_s = posted[10][0] - posted[9][0]
+    assert 0.25 + 0.09 + 0.05 - 1e-6 <= retry_s <= 0.5 + 0.1 + 0.05 + 1e-6
