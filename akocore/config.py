@@ -871,7 +871,7 @@ def add_shared_arguments(parser: argparse.ArgumentParser) -> None:
     add = group.add_argument
     add("--config", metavar="FILE", default=None,
         help="TOML file with [cluster] [network] [exchange] [train] tables, "
-             "e.g. configs/lan.toml")
+             "e.g. configs/uniform-wan.toml")
     add("--set", metavar="SECTION.KEY=VALUE", action="append", default=None, dest="set",
         help="override one config value, repeatable, e.g. --set train.lr=0.1 "
              "--set network.latency=5ms (values in the config file's units)")

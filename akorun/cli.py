@@ -181,6 +181,14 @@ def _add_runtime_flags(parser: argparse.ArgumentParser, *, launch: bool) -> None
             help="messages owed to one peer before sending waits (backpressure), default 64")
 
 
+def _shared_flags_help() -> str:
+    """The shared run settings, as every subcommand accepts them, for the top-level help."""
+    probe = ArgumentParser(prog="akorun COMMAND", add_help=False, formatter_class=_FORMATTER)
+    add_shared_arguments(probe)
+    text = probe.format_help()
+    return text[text.index("\n\n") + 2:] if "\n\n" in text else text
+
+
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(
         prog="akorun",
@@ -188,7 +196,8 @@ def build_parser() -> ArgumentParser:
                     "exchanging gradient partitions over HTTP with stale-synchronous gating.",
         epilog="examples:\n  akorun launch --workers 3 --rounds 100 --out runs/demo\n"
                "  akorun init --workers 3 --out cluster.toml && "
-               "akorun worker --rank 0 --config cluster.toml\n",
+               "akorun worker --rank 0 --config cluster.toml\n\n"
+               "every command also takes the " + _shared_flags_help(),
         formatter_class=_FORMATTER)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
