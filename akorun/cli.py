@@ -103,7 +103,7 @@ LAUNCH_EPILOG = """\
 examples:
   akorun launch --workers 3 --rounds 200 --out runs/three
   akorun launch --workers 4 --link-bandwidth 40mbps --p auto --ssp 2 --out runs/wan
-  akorun launch --config configs/lan.toml --optimizer sgd --out runs/lan
+  akorun launch --config configs/uniform-lan.toml --optimizer sgd --out runs/lan
   akorun launch --workers 3 --scheme ps --set exchange.ps_servers=1 --out runs/ps
 
 Writes OUT/cluster.toml, OUT/worker-R.log, OUT/worker-R.json, OUT/worker-R.npz and
