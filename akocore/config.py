@@ -760,14 +760,19 @@ def _loads(text: str, source: str) -> dict[str, Any]:
         raise ConfigError(f"{source}: not valid TOML: {error}") from None
 
 
-def _read_toml_file(path: str | Path) -> dict[str, Any]:
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """A TOML file as a dict; ConfigError if missing, unreadable or not TOML."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"{path}: cannot read config file: {error}") from None
-    d = _loads(text, str(path))
+    return _loads(text, str(path))
+
+
+def _read_toml_file(path: str | Path) -> dict[str, Any]:
+    d = read_toml(path)
     try:
         _check_structure(d)
     except ConfigError as error:

@@ -41,6 +41,7 @@ from akocore.config import (
     config_from_args,
     config_from_dict,
     config_to_dict,
+    read_toml,
     replace_in,
 )
 from akocore.units import UnitError, duration_exact_text, parse_duration
@@ -205,20 +206,6 @@ def settings_from_table(table: object, source: str) -> AkorunSettings:
         return AkorunSettings(**changes)
     except ConfigError as error:
         raise ConfigError(f"{source}: {error}", error.key) from None
-
-
-def read_toml(path: str | Path) -> dict[str, Any]:
-    """A TOML file as a dict; ConfigError if missing, unreadable or not TOML."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"{path}: cannot read config file: {error}") from None
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{path}: not valid TOML: {error}") from None
 
 
 def read_cluster_file(path: str | Path) -> ClusterFile:
