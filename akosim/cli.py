@@ -36,6 +36,9 @@ TIMING_DEFAULTS = RunConfig(train=TrainConfig(workload="synthetic-cnn", batch_si
 TRAIN_DEFAULTS = RunConfig()
 
 
+STALE_WARNING_P = 64  # above this, say what such a p means
+
+
 class UsageError(Exception):
     """A user mistake: reported as one line, exit status 2."""
 
@@ -335,6 +338,11 @@ def _finish(args: argparse.Namespace, cfg: RunConfig, setup, runs, training: boo
         if line:
             print(line + f"; staleness bound p-1+s = {_bound(run.staleness_bound_rounds)} "
                          f"rounds")
+            if run.p > STALE_WARNING_P:
+                print(f"note: with p={run.p} each gradient component reaches a peer up to "
+                      f"{run.p - 1} rounds late; the network cannot carry more of it per "
+                      f"round. Larger batches (longer compute per round), faster links or "
+                      f"fewer workers lower p; --p N trades throughput for freshness.")
     if args.out:
         payload = {"tool": "akosim", "mode": "train" if training else "timing",
                    "config": config_to_dict(cfg),
