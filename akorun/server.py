@@ -24,16 +24,17 @@ memory is bounded by max_concurrent_reads x the body cap.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import errno
 import json
 import logging
+import queue
 import ssl
+import threading
 from typing import Any, Protocol
 
 import numpy as np
-from aiohttp import web
+from aiohttp import StreamReader, web
 
 from akocore.messages import Partial
 from akocore.schemes import SchemeError
@@ -60,6 +61,78 @@ READ_BUFFER_BYTES = 1 << 20  # body bytes buffered before the socket is paused (
 _REASONS = {Status.MALFORMED: "malformed", Status.BAD_SIGNATURE: "bad_signature",
             Status.WRONG_RUN: "wrong_run", Status.TOO_LARGE: "too_large",
             Status.INBOX_FULL: "inbox_full"}
+
+
+async def _read_body_inline(content: StreamReader, values: np.ndarray,
+                            verifier: Verifier, nbytes: int) -> None:
+    """Read a small body into `values`, feeding the verifier on the loop."""
+    view = memoryview(values.data).cast("B")
+    filled = 0
+    while filled < nbytes:
+        chunk, _ = await content.readchunk()
+        if not chunk:
+            raise WireError(f"body ended after {filled} of {nbytes} bytes", Status.MALFORMED)
+        end = filled + len(chunk)
+        if end > nbytes:
+            raise WireError(f"body longer than {nbytes} bytes", Status.MALFORMED)
+        view[filled:end] = chunk
+        verifier.update(chunk)
+        filled = end
+
+
+class _HashLane:
+    """A thread that, for one body at a time, copies the received chunks into the
+    body's buffer and feeds its `Verifier`, strictly in the order they were read.
+
+    The loop hands a chunk over with `feed` (a queue put: no future, no executor
+    round trip per chunk) and keeps reading; `drained` resolves once every chunk fed
+    so far has been copied and hashed (with the lane's error, if one happened).
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="hmac-lane", daemon=True)
+        self._thread.start()
+
+    def feed(self, target: np.ndarray, start: int, end: int, chunk: bytes,
+             verifier: Verifier) -> None:
+        self._queue.put((target, start, end, chunk, verifier))
+
+    def drained(self) -> asyncio.Future[None]:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self._queue.put((loop, done))
+        return done
+
+    def stop(self) -> None:
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if len(item) == 2:
+                loop, done = item
+                error, self._error = self._error, None
+                try:
+                    loop.call_soon_threadsafe(_resolve, done, error)
+                except RuntimeError:  # the loop is closed: nobody waits any more
+                    pass
+            elif self._error is None:
+                target, start, end, chunk, verifier = item
+                try:
+                    target[start:end] = np.frombuffer(chunk, dtype=np.uint8)
+                    verifier.update(chunk)
+                except BaseException as error:  # reported to the loop by `drained`
+                    self._error = error
+
+
+def _resolve(done: asyncio.Future[None], error: BaseException | None) -> None:
+    if done.done():
+        return
+    if error is None:
+        done.set_result(None)
+    else:
+        done.set_exception(error)
 
 
 class ControlError(Exception):
@@ -109,8 +182,8 @@ class Server:
         self.app.router.add_get("/metrics", self.metrics)
         self.app.router.add_get("/status", self.status)
         self.runner: web.AppRunner | None = None
-        self._hash_pool = concurrent.futures.ThreadPoolExecutor(
-            self.max_concurrent_reads, thread_name_prefix="hmac")
+        self._free_lanes: list[_HashLane] = []  # idle hashing threads (made on demand)
+        self._lanes_open = True
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -139,7 +212,9 @@ class Server:
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None
-        self._hash_pool.shutdown(wait=False)
+        self._lanes_open = False
+        while self._free_lanes:
+            self._free_lanes.pop().stop()
 
     # ---------------------------------------------------------------- helpers
 
@@ -187,50 +262,20 @@ class Server:
     async def _read_partial(self, request: web.Request, length: int,
                             wire_hash: bytes) -> web.Response:
         host = self.host
-        head = await request.content.readexactly(HEADER_SIZE)
+        content = request.content
+        head = await content.readexactly(HEADER_SIZE)
         header = decode_header(head, max_body_bytes=host.max_body_bytes(),
                                body_nbytes=length - HEADER_SIZE)
         if header.sender >= host.world or header.sender == host.rank:
             raise WireError(f"sender {header.sender} is not a peer of rank {host.rank} "
                             f"(ranks 0..{host.world - 1})", Status.MALFORMED)
         values = np.empty(header.length, dtype=np.float32)
-        view = memoryview(values.data).cast("B")
         verifier = Verifier(host.secret, head)
-        nbytes, filled, hashed = header.body_nbytes, 0, 0
-        # Large bodies are hashed in a thread (hashlib releases the GIL) over the
-        # part of the buffer already filled, while the loop keeps reading: one
-        # hashing task at a time per body, so the HMAC sees the bytes in order.
-        hashing: asyncio.Future[None] | None = None
-        offload = nbytes >= HASH_IN_THREAD_BYTES
-        loop = asyncio.get_running_loop()
-        try:
-            while filled < nbytes:
-                chunk = await request.content.readany()
-                if not chunk:
-                    raise WireError(f"body ended after {filled} of {nbytes} bytes",
-                                    Status.MALFORMED)
-                end = filled + len(chunk)
-                if end > nbytes:
-                    raise WireError(f"body longer than {nbytes} bytes", Status.MALFORMED)
-                view[filled:end] = chunk
-                filled = end
-                if not offload:
-                    verifier.update(chunk)
-                    hashed = filled
-                elif hashing is None or hashing.done():
-                    if hashing is not None:
-                        hashing.result()
-                    hashing = loop.run_in_executor(self._hash_pool, verifier.update,
-                                                   view[hashed:filled])
-                    hashed = filled
-            if hashing is not None:
-                await hashing
-                hashing = None
-            if hashed < nbytes:
-                verifier.update(view[hashed:nbytes])
-        finally:
-            if hashing is not None:  # an error: let the thread finish with the buffer
-                await asyncio.wait([hashing])
+        nbytes = header.body_nbytes
+        if nbytes >= HASH_IN_THREAD_BYTES:
+            await self._read_body_in_lane(content, values, verifier, nbytes)
+        else:
+            await _read_body_inline(content, values, verifier, nbytes)
         verifier.check(header.tag)
         check_run(header, host.run_id, wire_hash)
         partial = to_partial(header, values)
@@ -239,6 +284,36 @@ class Server:
         accepted = await host.on_partial(partial, HEADER_SIZE + nbytes)
         return web.json_response({"duplicate": not accepted},
                                  headers={DUPLICATE_HEADER: "0" if accepted else "1"})
+
+    async def _read_body_in_lane(self, content: StreamReader, values: np.ndarray,
+                                 verifier: Verifier, nbytes: int) -> None:
+        """Read a large body; a lane thread copies each chunk into `values` and feeds
+        the verifier, in order, while the loop keeps reading (hashlib and numpy's copy
+        release the GIL). Returns once the lane is done with every chunk, even on error,
+        so that no body outlives its read slot."""
+        lane = self._free_lanes.pop() if self._free_lanes else _HashLane()
+        target = values.view(np.uint8)
+        filled = 0
+        try:
+            while filled < nbytes:
+                chunk, _ = await content.readchunk()
+                if not chunk:
+                    raise WireError(f"body ended after {filled} of {nbytes} bytes",
+                                    Status.MALFORMED)
+                end = filled + len(chunk)
+                if end > nbytes:
+                    raise WireError(f"body longer than {nbytes} bytes", Status.MALFORMED)
+                lane.feed(target, filled, end, chunk, verifier)
+                filled = end
+        finally:
+            drained = lane.drained()
+            # the lane can take the next body at once (it works through its queue in
+            # order), even if this handler is cancelled while waiting for it
+            if self._lanes_open:
+                self._free_lanes.append(lane)
+            else:
+                lane.stop()
+            await drained
 
     # ---------------------------------------------------------------- control
 

@@ -270,3 +270,72 @@ def test_an_emulated_latency_delays_each_message_without_holding_the_link() -> N
     # aside) and the latency again
     retry_s = posted[10][0] - posted[9][0]
     assert 0.25 + 0.09 + 0.05 - 1e-6 <= retry_s <= 0.5 + 0.1 + 0.05 + 1e-6
+
+
+class RecordingHost(SinkHost):
+    """A sink that also keeps the values of every partial it takes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.values: dict[int, np.ndarray] = {}
+
+    async def on_partial(self, partial: Partial, nbytes: int) -> bool:
+        assert partial.values is not None
+        self.values[partial.round] = partial.values.copy()
+        return await super().on_partial(partial, nbytes)
+
+
+def test_large_bodies_arrive_intact_through_the_hashing_lanes() -> None:
+    # below and above server.HASH_IN_THREAD_BYTES, two in flight at once
+    from akorun.server import HASH_IN_THREAD_BYTES
+
+    host = RecordingHost(SECRET, RUN, WIRE_HASH)
+    lengths = [1000, HASH_IN_THREAD_BYTES // 4, 3 * HASH_IN_THREAD_BYTES + 1, 1 << 20, 1 << 20]
+    sent = {}
+    for round_, length in enumerate(lengths):
+        values = np.random.default_rng(round_).standard_normal(length).astype(np.float32)
+        sent[round_] = values
+
+    async def body(url: str, session: Any) -> PeerSender:
+        sender = sender_to(url, session)
+        sender.start()
+        for round_, values in sent.items():
+            partial = Partial(Kind.GRAD, 0, round_, 0, 1, 0, values.size, values)
+            data = wire.encode_bytes(partial, run_id=RUN, config_hash=WIRE_HASH, secret=SECRET)
+            await sender.put(Outgoing(data, Kind.GRAD, round_, 0))
+        await asyncio.wait_for(sender.wait(lambda: sender.idle), 30)
+        await sender.stop()
+        return sender
+
+    sender = asyncio.run(serving(host, body))
+    assert sender.counters.messages_sent == len(lengths)
+    assert sorted(host.values) == sorted(sent)
+    for round_, values in sent.items():
+        np.testing.assert_array_equal(host.values[round_], values)
+
+
+@pytest.mark.parametrize("where", ["header", "first", "middle", "last"])
+def test_a_large_body_altered_after_signing_is_refused_with_401(where: str) -> None:
+    host = RecordingHost(SECRET, RUN, WIRE_HASH)
+    length = 1 << 20
+    values = np.arange(length, dtype=np.float32)
+    partial = Partial(Kind.GRAD, 0, 0, 0, 1, 0, length, values)
+    data = bytearray(wire.encode_bytes(partial, run_id=RUN, config_hash=WIRE_HASH,
+                                       secret=SECRET))
+    at = {"header": 40, "first": wire.HEADER_SIZE, "middle": len(data) // 2,
+          "last": len(data) - 1}[where]
+    data[at] ^= 0x01
+
+    async def body(url: str, session: Any) -> PeerSender:
+        sender = sender_to(url, session)
+        sender.start()
+        await sender.put(Outgoing(bytes(data), Kind.GRAD, 0, 0))
+        await sender.put(encoded(1, 10))  # the connection and the lanes go on
+        await asyncio.wait_for(sender.wait(lambda: sender.idle), 30)
+        await sender.stop()
+        return sender
+
+    sender = asyncio.run(serving(host, body))
+    assert sender.counters.send_dropped["bad_signature"] == 1
+    assert host.metrics.rejected["bad_signature"] == 1
+    assert sorted(host.values) == [1]
