@@ -184,14 +184,18 @@ def compute_from_result(path: str, workers: int) -> tuple[float, ...]:
     """Per-worker measured compute seconds per round from an akorun result.json."""
     try:
         data = json.loads(Path(path).read_text())
-        times = [float(w["compute_s_per_round"]) for w in data["workers"]]
+        measured = [w.get("compute_s_per_round") for w in data["workers"]]
+        known = [float(t) for t in measured if t is not None]
+        # a parameter-server rank computes no gradients: it gets the workers' mean
+        times = [float(t) if t is not None else sum(known) / max(len(known), 1)
+                 for t in measured]
     except FileNotFoundError:
         raise UsageError(f"--compute-from: no file {path}") from None
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise UsageError(f"--compute-from: {path} is not an akorun result with "
                          f"workers[i].compute_s_per_round ({error})") from None
-    if not times:
-        raise UsageError(f"--compute-from: {path} lists no workers")
+    if not times or not known:
+        raise UsageError(f"--compute-from: {path} lists no worker with a measured compute time")
     return tuple(times[i % len(times)] for i in range(workers))
 
 

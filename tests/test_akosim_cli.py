@@ -100,3 +100,13 @@ def test_help_lists_the_shared_flags_with_units() -> None:
     for unit in ("40mbps", "5ms", "17MB"):
         assert unit in done.stdout
     assert "examples:" in done.stdout
+
+
+def test_compute_from_an_akorun_result_gives_ps_servers_the_workers_mean(tmp_path: Path) -> None:
+    from akosim.cli import compute_from_result
+
+    result = tmp_path / "result.json"
+    result.write_text(json.dumps({"workers": [{"compute_s_per_round": 0.01},
+                                              {"compute_s_per_round": 0.03},
+                                              {"compute_s_per_round": None}]}))
+    assert compute_from_result(str(result), 4) == pytest.approx((0.01, 0.03, 0.02, 0.01))
