@@ -33,3 +33,19 @@ def bench(session: nox.Session) -> None:
     """Regression benchmarks: figures side by side with the stored baseline."""
     session.install("-e", ".[test]")
     session.run("python", "-m", "tests.bench", *session.posargs, env=CACHE_ENV)
+
+
+@nox.session(python=PYTHON)
+def experiments(session: nox.Session) -> None:
+    """The seeds' experiment matrix in every backend, then the report (long: hours).
+
+    `nox -s experiments -- --subset ci` runs the tiny CI subset into results/experiments-ci;
+    other arguments go to `python -m analysis.run` (e.g. `-- --only 'uniform-wan/*'`).
+    """
+    session.install("-e", ".[plot]")
+    args = list(session.posargs)
+    results = "results/experiments-ci" if "ci" in args else "results/experiments"
+    session.run("python", "-m", "analysis.run", "--backend", "all", "--results", results,
+                *args, env=CACHE_ENV)
+    out = "docs/experiments" if results == "results/experiments" else f"{results}/report"
+    session.run("python", "-m", "analysis", "--results", results, "--out", out, env=CACHE_ENV)

@@ -1,0 +1,169 @@
+"""Run the experiment matrix through the akosim and akorun command lines.
+
+    python -m analysis.run --backend akosim --results results/experiments
+    python -m analysis.run --backend akorun --only 'uniform-wan/*' --results results/experiments
+    python -m analysis.run --backend akosim-calibrated --results results/experiments
+    python -m analysis.run --backend akosim-fullsize --results results/experiments
+    python -m analysis.run --backend all --subset ci --results /tmp/ci
+
+Backends (one folder each, RESULTS/<backend>/<network>/<n>w-<scheme>/):
+
+- akosim: ``akosim train --config F --out result.json`` (compute measured by
+  akosim on this machine: ``--compute measure``, the uncalibrated prediction);
+- akorun: ``akorun launch --config F --out DIR`` on loopback with emulated
+  links; ``--duration`` is raised by the warm-up allowance (JAX compilation is
+  in akorun's wall clock; the analysis cuts the curves at the budget);
+- akosim-calibrated: as akosim, with ``--compute-from`` the akorun result of
+  the same configuration (skipped until that exists). akosim reads
+  ``workers[i].compute_s_per_round`` for every rank, and a parameter server's
+  rank has none, so the runner writes ``compute.json`` beside it with the
+  server's entry set to the training workers' mean (unused by the server);
+- akosim-fullsize: the seeds' unscaled setup, timing only: ``akosim --config
+  configs/experiments/fullsize/... --compute 0.25s --out result.json``.
+
+Resumable: a configuration whose folder holds ``done.json`` (written after the
+command succeeded) is skipped unless --force. ``--subset ci`` runs the CI subset
+(uniform-wan, 2 workers, ps and ako p=4) for ``--rounds`` rounds (default 20 in
+that subset) instead of the budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from analysis.matrix import (
+    AKORUN_ALLOWANCE_S,
+    ROOT,
+    SCALING,
+    SEED_COMPUTE_S,
+    Experiment,
+    select,
+)
+
+BACKENDS = ("akosim", "akorun", "akosim-calibrated", "akosim-fullsize")
+ORDER_ALL = ("akosim", "akosim-fullsize", "akorun", "akosim-calibrated")
+CI_ROUNDS = 20
+
+
+def run_dir(results: Path, backend: str, exp: Experiment) -> Path:
+    return results / backend / exp.network.name / f"{exp.workers}w-{exp.scheme}"
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    env.setdefault("AKO_JAX_CACHE", str(ROOT / ".cache" / "jax"))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def calibration_file(akorun_result: Path, out: Path) -> Path:
+    """akorun's per-rank compute times, with a PS rank's missing value filled in."""
+    data = json.loads(akorun_result.read_text())
+    ranks = data["workers"]
+    known = [float(w["compute_s_per_round"]) for w in ranks
+             if isinstance(w.get("compute_s_per_round"), int | float)]
+    if not known:
+        raise ValueError(f"{akorun_result}: no rank reports compute_s_per_round")
+    mean = sum(known) / len(known)
+    filled = [{"rank": w.get("rank"), "role": w.get("role"),
+               "compute_s_per_round": float(w["compute_s_per_round"])
+               if isinstance(w.get("compute_s_per_round"), int | float) else mean}
+              for w in ranks]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"source": str(akorun_result), "workers": filled}, indent=1))
+    return out
+
+
+def command(backend: str, exp: Experiment, results: Path, *,
+            rounds: int | None = None) -> list[str] | None:
+    """The CLI command for one configuration, or None when its input is missing."""
+    folder = run_dir(results, backend, exp)
+    config = str(exp.path(fullsize=backend == "akosim-fullsize"))
+    extra = ["--rounds", str(rounds)] if rounds is not None else []
+    if backend == "akosim":
+        return ["akosim", "train", "--config", config, "--quiet",
+                "--out", str(folder / "result.json"), *extra]
+    if backend == "akosim-calibrated":
+        measured = run_dir(results, "akorun", exp) / "result.json"
+        if not (run_dir(results, "akorun", exp) / "done.json").exists():
+            return None
+        compute = calibration_file(measured, folder / "compute.json")
+        return ["akosim", "train", "--config", config, "--quiet", "--compute-from",
+                str(compute), "--out", str(folder / "result.json"), *extra]
+    if backend == "akosim-fullsize":
+        return ["akosim", "--config", config, "--quiet", "--compute", f"{SEED_COMPUTE_S:g}s",
+                "--out", str(folder / "result.json")]
+    if backend == "akorun":
+        duration = ["--duration", f"{SCALING.budget_s + AKORUN_ALLOWANCE_S:g}s"]
+        return ["akorun", "launch", "--config", config, "--out", str(folder), "--quiet",
+                "--timeout", f"{4 * (SCALING.budget_s + AKORUN_ALLOWANCE_S) + 120:g}s",
+                *duration, *extra]
+    raise ValueError(f"unknown backend {backend!r}")
+
+
+def run_one(backend: str, exp: Experiment, results: Path, *, rounds: int | None = None,
+            force: bool = False, dry_run: bool = False) -> str:
+    folder = run_dir(results, backend, exp)
+    done = folder / "done.json"
+    if done.exists() and not force:
+        return "skipped (done)"
+    cmd = command(backend, exp, results, rounds=rounds)
+    if cmd is None:
+        return "pending (needs the akorun result)"
+    if dry_run:
+        return "would run: " + " ".join(cmd)
+    folder.mkdir(parents=True, exist_ok=True)
+    done.unlink(missing_ok=True)
+    started = time.perf_counter()
+    with open(folder / "run.log", "w") as log:
+        proc = subprocess.run(cmd, cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT,
+                              check=False)
+    wall_s = time.perf_counter() - started
+    if proc.returncode != 0:
+        return f"FAILED (exit {proc.returncode}, see {folder / 'run.log'})"
+    done.write_text(json.dumps({"config": exp.id, "backend": backend, "command": cmd,
+                                "wall_s": wall_s, "rounds_override": rounds}, indent=1))
+    return f"done in {wall_s:.0f} s"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.run", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", default="all", choices=(*BACKENDS, "all"))
+    parser.add_argument("--only", metavar="GLOB[,GLOB]",
+                        help="configuration ids, e.g. 'uniform-wan/*' or '*/2w-ako-p4'")
+    parser.add_argument("--subset", choices=("ci", "all"), default="all")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="stop after this many rounds instead of the budget "
+                             f"(default {CI_ROUNDS} with --subset ci)")
+    parser.add_argument("--results", default="results/experiments", type=Path)
+    parser.add_argument("--force", action="store_true", help="rerun finished configurations")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    args = parser.parse_args(argv)
+    rounds = args.rounds if args.rounds is not None else (
+        CI_ROUNDS if args.subset == "ci" else None)
+    experiments = select(args.only, args.subset)
+    if not experiments:
+        print("no configuration matches", file=sys.stderr)
+        return 2
+    backends = ORDER_ALL if args.backend == "all" else (args.backend,)
+    results = args.results.resolve()
+    failed = 0
+    for backend in backends:
+        for exp in experiments:
+            status = run_one(backend, exp, results, rounds=rounds, force=args.force,
+                             dry_run=args.dry_run)
+            failed += status.startswith("FAILED")
+            print(f"{backend:<18} {exp.id:<28} {status}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,85 @@
+"""The CI subset of the experiments: akosim train, akorun launch, the report.
+
+uniform-wan x 2 workers x {ps, ako p=4}, a few rounds instead of the budget,
+through `python -m analysis.run` (the CLIs as subprocesses) and the report.
+No timing thresholds: only that every file, fidelity pair and table row exists.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import subprocess
+import sys
+
+import pytest
+
+from analysis.matrix import CI_SUBSET, ROOT
+from analysis.report import accuracy_at, akorun_time_axis, build_report, time_to
+
+BACKENDS = ("akosim", "akorun", "akosim-calibrated", "akosim-fullsize")
+
+
+@pytest.fixture(scope="module")
+def ci_results(tmp_path_factory):
+    results = tmp_path_factory.mktemp("experiments")
+    proc = subprocess.run(
+        [sys.executable, "-m", "analysis.run", "--subset", "ci", "--rounds", "10",
+         "--results", str(results)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return results
+
+
+def test_the_ci_subset_runs_in_every_backend(ci_results):
+    for backend in BACKENDS:
+        for config in CI_SUBSET:
+            folder = ci_results / backend / config
+            assert (folder / "done.json").exists(), f"{backend} {config}"
+            data = json.loads((folder / "result.json").read_text())
+            if backend == "akorun":
+                assert data["round_time_s"] > 0 and data["workers"]
+            else:
+                assert len(data["runs"]) == 1  # the config names its scheme: just that one
+                assert data["runs"][0]["scheme"] == ("ps" if config.endswith("ps") else "ako")
+    again = subprocess.run(
+        [sys.executable, "-m", "analysis.run", "--subset", "ci", "--rounds", "10",
+         "--backend", "akosim", "--results", str(ci_results)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert again.stdout.count("skipped (done)") == len(CI_SUBSET)  # resumable
+
+
+def test_the_report_has_the_rows_and_the_fidelity_pairs(ci_results, tmp_path):
+    readme = build_report(ci_results, tmp_path / "report")
+    text = readme.read_text()
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    for config in CI_SUBSET:
+        assert f"| {config} |" in text  # time to target and fidelity rows
+    assert "| Uniform WAN | 2 |" in text
+    for fid in summary["fidelity"]:
+        assert {p["config"] for p in fid["pairs"]} == set(CI_SUBSET), fid["metric"]
+        assert fid["mape"] is not None
+    assert {r["backend"] for r in summary["records"]} == set(BACKENDS)
+
+
+def test_the_report_works_without_matplotlib(ci_results, tmp_path, monkeypatch):
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError("no matplotlib")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    text = build_report(ci_results, tmp_path / "report").read_text()
+    assert "matplotlib is not installed" in text
+    assert not list((tmp_path / "report").glob("*.png"))
+
+
+def test_time_axes_and_targets():
+    curve = [(1.0, 5, 0.5), (2.0, 10, 0.96), (3.0, 15, 0.94)]
+    assert time_to(curve, 0.95) == (2.0, 10)
+    assert time_to(curve, 0.95, budget_s=1.5) is None
+    assert accuracy_at(curve, 2.5) == 0.96
+    # 9 s of compilation in round 1, then 0.1 s rounds: warm-up counted at 0.1 s
+    axis = akorun_time_axis([9.0, 9.1, 9.2, 9.3, 9.4], 0.1)
+    assert axis == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5])
