@@ -449,21 +449,10 @@ class FluidNetwork:
         # flow stays in the arrays, dead (rate 0, finish and early at inf),
         # until the next rate solve compacts them away: a completion that
         # needs no solve then copies no arrays.
-        self._src = np.empty(0, dtype=np.intp)
-        self._dst = np.empty(0, dtype=np.intp)
         self._pair_key: np.ndarray | None = (
             np.empty(0, dtype=np.intp) if self._resources.any_pairs else None
         )
-        self._batch = np.empty(0, dtype=np.int64)
-        self._size_bytes = np.empty(0)
-        self._rate_bps = np.empty(0)
-        self._finish_s = np.empty(0)
-        # Finish time less the coalescing window: a flow is done once this passes.
-        self._early_s = np.empty(0)
-        # Flows on a saturated resource shared with others: their completion
-        # changes somebody's rate; completions of the others need no solve.
-        self._pinned = np.empty(0, dtype=bool)
-        self._dead = 0
+        self._clear_flows()
         self._pending: list[_Start] = []
         self._batches: dict[int, _Batch] = {}
         self._next_batch = 0
@@ -712,7 +701,10 @@ class FluidNetwork:
         self._size_bytes = np.empty(0)
         self._rate_bps = np.empty(0)
         self._finish_s = np.empty(0)
+        # Finish time less the coalescing window: a flow is done once this passes.
         self._early_s = np.empty(0)
+        # Flows on a saturated resource shared with others: their completion
+        # changes somebody's rate; completions of the others need no solve.
         self._pinned = np.empty(0, dtype=bool)
         self._dead = 0
         self._uplink_load_bps = np.zeros(self._n)
