@@ -73,6 +73,9 @@ def flatten_params(params: Params) -> tuple[np.ndarray, Callable[[Any], Params]]
 # the workload
 
 
+MEASURE_STEPS = 20  # timed gradient steps of measure_compute_s (median)
+MEASURE_WARMUP = 3  # untimed steps first: compile, then settle
+
 @dataclass(eq=False)
 class _Compiled:
     """Jitted functions and lazily placed device data of one workload (private)."""
@@ -201,16 +204,29 @@ class Workload:
             self.dataset, worker, workers, self.batch_size, self.seed if seed is None else seed
         )
 
-    def measure_compute_s(self, steps: int = 5) -> float:
-        """Median wall seconds of one grad_step, after one warm-up step (compiles)."""
+    def measure_compute_s(self, steps: int = MEASURE_STEPS,
+                          warmup: int = MEASURE_WARMUP) -> float:
+        """Median wall seconds of one grad_step over `steps` timed steps.
+
+        `warmup` untimed steps go first (the first compiles the step, the next ones
+        let caches and thread pools settle); each timed step uses its own batch and
+        rng seed, as training does, and the median ignores the odd slow step (a
+        scheduler hiccup on a shared machine).
+        """
         if steps < 1:
             raise ValueError(f"steps must be at least 1, got {steps}")
-        batch = self.batches(0, 1).next()
-        self.grad_step(self.init_params, batch.x, batch.y, 0)
+        if warmup < 1:
+            raise ValueError(f"warmup must be at least 1 (it compiles), got {warmup}")
+        stream = self.batches(0, 1)
+        batches = [stream.next() for _ in range(min(steps, 8))]
+        for step in range(warmup):
+            batch = batches[step % len(batches)]
+            self.grad_step(self.init_params, batch.x, batch.y, step)
         durations_s = []
         for step in range(steps):
+            batch = batches[step % len(batches)]
             start_s = time.perf_counter()
-            self.grad_step(self.init_params, batch.x, batch.y, step + 1)
+            self.grad_step(self.init_params, batch.x, batch.y, warmup + step)
             durations_s.append(time.perf_counter() - start_s)
         return statistics.median(durations_s)
 

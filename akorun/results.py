@@ -7,8 +7,15 @@ compare key by key: ``scheme``, ``p``, ``ssp``, ``workers``,
 rounds are skipped), ``samples_per_s`` (training workers x batch size /
 round_time_s), ``bytes_sent_per_worker_per_round``, ``compute_s_per_round``
 (mean measured gradient-step seconds, steady state; akosim's
-``--compute-from DIR/result.json`` reads ``workers[i].compute_s_per_round``)
-and ``wait_s_per_round`` (mean seconds at the SSP gate, steady state).
+``--compute-from DIR/result.json`` reads ``workers[i].compute_s_per_round``),
+``wait_s_per_round`` (mean seconds at the SSP gate, steady state) and
+``overhead_s_per_round`` (mean seconds of a round outside the gradient step and
+the gate: dispatch, inbox, optimizer, event loop; steady state, so
+round_time_s = compute + wait + overhead; akosim's ``--compute-from`` reads it
+as the round overhead). ``bytes_sent_per_worker_per_round`` counts the bytes
+handed to the senders during the rounds, as akosim counts them: the final
+flush (what ``node.finish`` owes) is ``bytes_sent_flush``, apart. ``p`` is the
+p every worker resolved to (for ``p = "auto"``: what auto chose).
 
 The merged ``result.json`` holds the config echoed, ``workers``: the list of
 every rank's result (so ``workers[i].compute_s_per_round`` is rank i's
@@ -32,7 +39,8 @@ import numpy as np
 
 WARMUP_FRACTION = 0.1
 SUMMARY_KEYS = ("scheme", "p", "ssp", "workers", "round_time_s", "samples_per_s",
-                "bytes_sent_per_worker_per_round", "compute_s_per_round", "wait_s_per_round")
+                "bytes_sent_per_worker_per_round", "compute_s_per_round", "wait_s_per_round",
+                "overhead_s_per_round")
 
 
 def warmup_rounds(rounds: int, fraction: float = WARMUP_FRACTION) -> int:
@@ -71,8 +79,13 @@ def _json_number(value: float | None) -> float | str | None:
 def worker_summary(*, scheme: str, p_of: Sequence[int] | None, ssp: float, workers: int,
                    training_workers: int, batch_size: int, round_end_s: Sequence[float],
                    compute_s: Sequence[float], wait_s: Sequence[float],
-                   bytes_sent: int) -> dict[str, Any]:
-    """The akosim-compatible keys of one worker's result."""
+                   bytes_sent: int, overhead_s: Sequence[float] | None = None,
+                   bytes_flush: int | None = None) -> dict[str, Any]:
+    """The akosim-compatible keys of one worker's result.
+
+    `bytes_sent`: bytes sent during the rounds (the flush excluded, as akosim);
+    `bytes_flush`: the final flush's, reported apart.
+    """
     rounds = len(round_end_s)
     round_time_s = steady_round_time_s(round_end_s)
     samples = training_workers * batch_size / round_time_s if round_time_s > 0 else math.nan
@@ -86,6 +99,10 @@ def worker_summary(*, scheme: str, p_of: Sequence[int] | None, ssp: float, worke
         "bytes_sent_per_worker_per_round": bytes_sent / rounds if rounds else None,
         "compute_s_per_round": _json_number(steady_mean(compute_s)),
         "wait_s_per_round": _json_number(steady_mean(wait_s)),
+        "overhead_s_per_round": _json_number(steady_mean(overhead_s))
+        if overhead_s is not None else None,
+        "bytes_sent_rounds": bytes_sent,
+        "bytes_sent_flush": bytes_flush,
     }
 
 
@@ -126,6 +143,7 @@ def merge_results(config: dict[str, Any], worker_results: Sequence[dict[str, Any
             [r.get("bytes_sent_per_worker_per_round") for r in training]),
         "compute_s_per_round": _mean([r.get("compute_s_per_round") for r in training]),
         "wait_s_per_round": _mean([r.get("wait_s_per_round") for r in training]),
+        "overhead_s_per_round": _mean([r.get("overhead_s_per_round") for r in training]),
     }
     return {
         "config": config,

@@ -52,7 +52,7 @@ import numpy as np
 
 from akocore.config import RunConfig, config_hash, config_to_dict, replace_in
 from akocore.messages import Partial, Send
-from akocore.schemes import AkoState, AkoWorker, RejoinSnapshot, SchemeNode
+from akocore.schemes import AkoState, AkoWorker, PSLayout, RejoinSnapshot, SchemeNode
 from akocore.workload import Workload, build_workload, enable_compilation_cache
 from akorun import control
 from akorun.checkpoint import (
@@ -143,11 +143,27 @@ class WorkerOptions:
 
 @dataclass
 class RoundTimes:
-    """Per-round wall, compute and gate-wait seconds (since training start)."""
+    """Per-round wall, compute, gate-wait and overhead seconds (since training start).
+
+    overhead_s[i] is round i's time outside the gradient step and the gate wait:
+    its wall time (end_s[i] - end_s[i-1]) minus compute_s[i] and wait_s[i]
+    (dispatching the sends, folding the inbox and applying the optimizer in
+    local_step, the evaluation start, checkpoints, the event loop).
+    """
 
     end_s: list[float] = field(default_factory=list)
     compute_s: list[float] = field(default_factory=list)
     wait_s: list[float] = field(default_factory=list)
+    overhead_s: list[float] = field(default_factory=list)
+
+    def add(self, end_s: float, compute_s: float, wait_s: float) -> None:
+        previous = self.end_s[-1] if self.end_s else 0.0
+        self.end_s.append(end_s)
+        self.compute_s.append(compute_s)
+        self.wait_s.append(wait_s)
+        # not clamped: compute and wait come from the same monotonic clock, and the
+        # steady means then add up exactly (round = compute + wait + overhead)
+        self.overhead_s.append(end_s - previous - compute_s - wait_s)
 
 
 class Worker:
@@ -177,6 +193,8 @@ class Worker:
         self.workload: Workload | None = None
         self.params_sha256 = ""
         self.compute_measured_s: float | None = None
+        self.warmup_s: float | None = None  # compiling before the join (not in any round)
+        self.optimizer: Any = None  # built (and compiled) by prepare, used by _build_node
         self.peer_compute_s: dict[int, float] = {}
         self.checkpoint: Checkpoint | None = None
         self._wire_hash: bytes | None = None
@@ -192,6 +210,8 @@ class Worker:
         self.first_round = 0
         self.rounds_done = 0
         self.train_start_s: float | None = None
+        self.bytes_queued_rounds = 0  # bytes handed to the senders during the rounds
+        self.bytes_queued_flush = 0  # ... after them (node.finish, the final flush)
         self.wall_start_s = time.perf_counter()
         self.final_accuracy: float | None = None
         self._tasks: list[asyncio.Task[Any]] = []
@@ -234,6 +254,7 @@ class Worker:
                 self.compute_measured_s = self.workload.measure_compute_s()
         elif self.cfg.exchange.scheme == "ps":
             ps_server_count(self.cfg)
+        self.warm_up()
         if self.options.resume:
             if self.cfg.exchange.scheme != "ako":
                 raise UsageError(f"--resume rejoins ako runs only; this run's scheme is "
@@ -248,6 +269,31 @@ class Worker:
                 if self.checkpoint.config_hash != self.config_hash:
                     raise UsageError(f"{directory}: the checkpoint of rank {self.rank} was "
                                      f"written with another config")
+
+    def warm_up(self) -> None:
+        """Compile what the rounds run (gradient step, evaluation, optimizer) before the join.
+
+        JAX compiles on first use; done here, before this rank answers any hello, the
+        compilation is in no round, not in the duration clock and not in the first
+        evaluation's time. A parameter server compiles only its optimizer (on its shard).
+        """
+        workload = self.workload
+        assert workload is not None
+        started_s = time.perf_counter()
+        params = workload.init_params
+        if self.role == "worker":
+            batch = workload.batches(self.rank, self.training_workers).next()
+            workload.grad_step(params, batch.x, batch.y, 0)
+            workload.evaluate(params)
+        else:
+            layout = PSLayout(self.training_workers, ps_server_count(self.cfg),
+                              workload.param_count)
+            start, stop = layout.shard_slice(layout.shard_of(self.rank))
+            params = params[start:stop]
+        self.optimizer = workload.optimizer(self.cfg.train.optimizer, self.cfg.train.lr)
+        # a pure apply (inputs untouched) on the shape the node will use
+        self.optimizer.apply(params, self.optimizer.init(params), np.zeros_like(params))
+        self.warmup_s = time.perf_counter() - started_s
 
     # ================================================================ server host
 
@@ -554,6 +600,13 @@ class Worker:
                 data = encode_bytes(message, **keys)  # type: ignore[arg-type]
             out = Outgoing(data, message.kind, message.round, message.part, message.final,
                            asyncio.get_running_loop().time())
+            # as akosim counts: bytes handed to the network during the rounds; what
+            # node.finish owes (the final flush) separately
+            queued = len(data) * len(send.dests)
+            if self.state == "running":
+                self.bytes_queued_rounds += queued
+            else:
+                self.bytes_queued_flush += queued
             for dest in send.dests:
                 await self.senders[dest].put(out)
 
@@ -623,7 +676,8 @@ class Worker:
                                   length=workload.param_count, compute_s=compute_s)
         except ValueError as error:
             raise RunError(f"cannot plan the exchange: {error}") from None
-        optimizer = workload.optimizer(self.cfg.train.optimizer, self.cfg.train.lr)
+        optimizer = self.optimizer if self.optimizer is not None else \
+            workload.optimizer(self.cfg.train.optimizer, self.cfg.train.lr)
         self.node = make_node(self.plan.spec, self.rank, workload.param_count,
                               workload.init_params, optimizer)
         self._wire_hash = wire_hash(self.cfg, self.params_sha256, self.plan.p_of)
@@ -862,9 +916,7 @@ class Worker:
             await self.dispatch(node.local_step(t, grad))
             self.metrics.send_block_s += loop.time() - send_start_s
             t += 1
-            self.times.end_s.append(loop.time() - self.train_start_s)
-            self.times.compute_s.append(compute_s)
-            self.times.wait_s.append(waited_s)
+            self.times.add(loop.time() - self.train_start_s, compute_s, waited_s)
             self.metrics.round = t
             self.metrics.loss = loss
             self.metrics.compute_s += compute_s
@@ -873,13 +925,18 @@ class Worker:
             if self.options.faults.sleep_per_round_s > 0:
                 await asyncio.sleep(self.options.faults.sleep_per_round_s)
             if t % eval_every == 0 and not self._eval_running:
-                self._start_eval(t)
+                self._start_eval(t, self.times.end_s[-1])
             if checkpoint_every and t % checkpoint_every == 0:
                 await self.write_checkpoint()
         self.rounds_done = t
 
-    def _start_eval(self, round_: int) -> None:
-        """Evaluate a copy of the replica in the eval thread, off the training path."""
+    def _start_eval(self, round_: int, round_end_s: float) -> None:
+        """Evaluate a copy of the replica in the eval thread, off the training path.
+
+        The record carries `round_end_s`, the end of the evaluated round since the
+        start of training (the accuracy is that round's), not when the evaluation
+        finished.
+        """
         node = self.node
         workload = self.workload
         assert node is not None and workload is not None and node.params is not None
@@ -893,8 +950,7 @@ class Worker:
             if fut.cancelled() or fut.exception() is not None:
                 return
             accuracy = float(fut.result())
-            start = self.train_start_s if self.train_start_s is not None else loop.time()
-            self.metrics.evaluations.append((loop.time() - start, round_, accuracy))
+            self.metrics.evaluations.append((round_end_s, round_, accuracy))
             self.metrics.accuracy = accuracy
             target = self.cfg.train.target_accuracy
             if target is not None and accuracy >= target and self.stop_reason is None:
@@ -988,7 +1044,8 @@ class Worker:
             scheme=self.cfg.exchange.scheme, p_of=p_of, ssp=self.cfg.exchange.ssp,
             workers=self.world, training_workers=self.training_workers,
             batch_size=self.cfg.train.batch_size, round_end_s=times.end_s,
-            compute_s=times.compute_s, wait_s=times.wait_s, bytes_sent=metrics.bytes_sent)
+            compute_s=times.compute_s, wait_s=times.wait_s, overhead_s=times.overhead_s,
+            bytes_sent=self.bytes_queued_rounds, bytes_flush=self.bytes_queued_flush)
         return {
             "rank": self.rank,
             "role": self.role,
@@ -1005,6 +1062,8 @@ class Worker:
             "wait_s": metrics.wait_s,
             "send_block_s": metrics.send_block_s,
             "compute_s_measured": self.compute_measured_s,
+            "p_auto_compute_s": self.plan.compute_s if self.plan is not None else None,
+            "warmup_s": self.warmup_s,
             "bytes_sent": metrics.bytes_sent,
             "bytes_received": metrics.bytes_received,
             "retries": metrics.retries,
@@ -1025,6 +1084,7 @@ class Worker:
             "round_end_s": times.end_s,
             "round_compute_s": times.compute_s,
             "round_wait_s": times.wait_s,
+            "round_overhead_s": times.overhead_s,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "model_bytes": self.workload.gradient_bytes if self.workload is not None else None,
             "peers": metrics.as_dict()["peers"],

@@ -34,6 +34,7 @@ from akocore.units import UnitError, format_duration, format_size, parse_duratio
 # steady state of a deterministic round is reached within a few rounds
 TIMING_DEFAULTS = RunConfig(train=TrainConfig(workload="synthetic-cnn", batch_size=104, rounds=30))
 TRAIN_DEFAULTS = RunConfig()
+MEASURE_STEPS = 30  # --compute measure: median of this many gradient steps (after warm-up)
 
 
 STALE_WARNING_P = 64  # above this, say what such a p means
@@ -86,7 +87,12 @@ def _add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         help="compute seconds per round, e.g. 0.3s or 250ms; 'measure' times the real "
              "--workload gradient step on this machine (default)")
     add("--compute-from", metavar="RESULT.json",
-        help="take each worker's measured compute time from an akorun result file")
+        help="take each worker's measured compute time (and its per-round overhead, when "
+             "the file has it) from an akorun result file")
+    add("--round-overhead", metavar="DURATION",
+        help="per-round time each worker spends outside the gradient (dispatch, inbox, "
+             "optimizer, event loop), spent before the round's sends leave, e.g. 3ms "
+             "(default 0, or what --compute-from's result measured)")
     add("--compute-jitter", type=float, default=0.0, metavar="FRACTION",
         help="relative standard deviation of each round's compute time, e.g. 0.1")
     add("--speeds", metavar="F1,F2,...",
@@ -151,12 +157,18 @@ def _compute_model(args: argparse.Namespace, workers: int, workload_factory):
 
     per_worker: tuple[float, ...] = ()
     compute_s = 0.0
+    overhead: float | tuple[float, ...] = 0.0
     if args.compute_from:
         per_worker = compute_from_result(args.compute_from, workers)
+        overhead = overhead_from_result(args.compute_from, workers) or 0.0
     elif args.compute == "measure":
-        compute_s = workload_factory().measure_compute_s()
+        compute_s = workload_factory().measure_compute_s(steps=MEASURE_STEPS)
     else:
         compute_s = parse_duration(args.compute)
+    if getattr(args, "round_overhead", None) is not None:
+        overhead = parse_duration(args.round_overhead)
+        if overhead < 0:
+            raise UsageError(f"--round-overhead: got {args.round_overhead}, expected >= 0")
     speeds = _floats(args.speeds, "--speeds") if args.speeds else ()
     stragglers = tuple(int(x) for x in _floats(args.stragglers, "--stragglers")) \
         if args.stragglers else ()
@@ -167,7 +179,7 @@ def _compute_model(args: argparse.Namespace, workers: int, workload_factory):
         raise UsageError(f"--compute-jitter: got {args.compute_jitter}, expected >= 0")
     try:
         return ComputeModel(compute_s, speeds, args.compute_jitter, stragglers,
-                            args.straggler_factor, per_worker)
+                            args.straggler_factor, per_worker, overhead_s=overhead)
     except ValueError as error:
         raise UsageError(str(error)) from None
 
@@ -197,6 +209,42 @@ def compute_from_result(path: str, workers: int) -> tuple[float, ...]:
     if not times or not known:
         raise UsageError(f"--compute-from: {path} lists no worker with a measured compute time")
     return tuple(times[i % len(times)] for i in range(workers))
+
+
+def overhead_from_result(path: str, workers: int) -> tuple[float, ...] | None:
+    """Per-worker seconds per round outside the gradient and the gate, from an akorun result.
+
+    Each rank's ``overhead_s_per_round`` when akorun recorded it; for older results,
+    ``round_time_s - compute_s_per_round - wait_s_per_round`` (the same quantity, as
+    steady-state means); ranks with neither (a parameter server) get the workers'
+    mean. None when no rank gives a value (then there is no overhead to model).
+    """
+    try:
+        data = json.loads(Path(path).read_text())
+        ranks = data["workers"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    values: list[float | None] = []
+    for rank in ranks:
+        value = _number(rank.get("overhead_s_per_round")) if isinstance(rank, dict) else None
+        if value is None and isinstance(rank, dict):
+            parts = [_number(rank.get(k)) for k in
+                     ("round_time_s", "compute_s_per_round", "wait_s_per_round")]
+            if all(v is not None for v in parts):
+                value = parts[0] - parts[1] - parts[2]  # type: ignore[operator]
+        values.append(None if value is None else max(value, 0.0))
+    known = [v for v in values if v is not None]
+    if not known:
+        return None
+    mean = sum(known) / len(known)
+    filled = [v if v is not None else mean for v in values]
+    return tuple(filled[i % len(filled)] for i in range(workers))
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
 
 
 def _workload(cfg: RunConfig):

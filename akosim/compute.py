@@ -5,6 +5,14 @@ a base time, per-worker speed factors (heterogeneous machines), a relative
 jitter (lognormal, mean-preserving) and stragglers (chosen workers slowed by a
 factor). Times are deterministic for a seed, so runs are reproducible, and
 drawn in blocks so a 1,000-round run does not pay a generator call per round.
+
+`overhead_s` is a per-round cost that is not the gradient: what a real process
+spends each round dispatching its sends, folding its inbox, applying the
+optimizer and running its event loop (akorun measures it as
+``overhead_s_per_round``). It is not scaled by speed factors, stragglers or
+jitter; the engine spends it after the gradient and before the round's sends
+leave (where akorun spends most of it), as a span of its own, so
+``compute_s`` stays the gradient time.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ class ComputeModel:
     straggler_factor: float = 1.0
     per_worker_s: tuple[float, ...] = ()  # measured times per worker (overrides compute_s)
     seed: int = 0
+    overhead_s: float | tuple[float, ...] = 0.0  # per round; a tuple: per worker, in turn
     _cache: dict[int, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -38,6 +47,15 @@ class ComputeModel:
             raise ValueError("straggler factor must be > 0")
         if any(t < 0 for t in self.per_worker_s):
             raise ValueError("measured compute times must be >= 0 s")
+        overheads = self.overhead_s if isinstance(self.overhead_s, tuple) else (self.overhead_s,)
+        if not overheads or not all(t >= 0 for t in overheads):
+            raise ValueError(f"round overhead must be >= 0 s, got {self.overhead_s}")
+
+    def overhead_of(self, rank: int) -> float:
+        """Seconds per round worker `rank` spends outside the gradient (not jittered)."""
+        if isinstance(self.overhead_s, tuple):
+            return float(self.overhead_s[rank % len(self.overhead_s)])
+        return float(self.overhead_s)
 
     def base_s(self, rank: int) -> float:
         base = self.per_worker_s[rank % len(self.per_worker_s)] if self.per_worker_s \

@@ -57,7 +57,7 @@ class TraceEvent:
     """A span for the Chrome trace: what a worker did from start_s to end_s."""
 
     rank: int
-    name: str  # compute | wait | send
+    name: str  # compute | overhead | wait | send
     start_s: float
     end_s: float
     args: tuple[tuple[str, object], ...] = ()
@@ -171,6 +171,11 @@ class Simulation:
             grad = self.gradients.result(rank) if self.gradients is not None else None
             line.compute_s += env.now - started
             self._span(rank, "compute", started, env.now, round=round_)
+            overhead_s = self.compute.overhead_of(rank)
+            if overhead_s > 0:  # dispatch, inbox, optimizer: before the sends leave
+                overhead_from = env.now
+                yield env.timeout(overhead_s)
+                self._span(rank, "overhead", overhead_from, env.now, round=round_)
             self._dispatch(rank, node.local_step(round_, grad))
             line.round_end_s.append(env.now)
             round_ += 1

@@ -340,12 +340,14 @@ Caveats, stated once:
 - T_ours depends on how many processes share the 2 cores: with 2 or 3 workers each step is
   faster than with 4, so those runs are a little more network-bound than the seeds' (the
   report prints each akorun run's measured compute time).
-- akorun measures wall-clock time and its first rounds include JAX compilation. The runner
-  gives akorun the budget plus {AKORUN_ALLOWANCE_S:g} s, and the analysis puts akorun's
-  evaluations on a time axis without the warm-up rounds (their time is replaced by the steady
-  round time) and cuts it at the budget. akosim's time is simulated time.
+- akorun measures wall-clock time. It compiles (gradient step, evaluation, optimizer) before
+  its start barrier, so no round and no evaluation time holds JAX compilation (runs from
+  before that change did: for them the analysis counts the first rounds at the steady round
+  time). The runner gives akorun the budget plus {AKORUN_ALLOWANCE_S:g} s and the analysis
+  cuts its time axis at the budget. akosim's time is simulated time.
 - akorun's loopback transport has a per-round overhead of its own (HTTP, 2 shared cores) that
-  the seeds' testbed did not have; the fidelity report shows it.
+  the seeds' testbed did not have: akorun reports it (`overhead_s_per_round`), the
+  calibrated akosim runs model it (`--compute-from`), and the fidelity report shows it.
 - Full size (`akosim-fullsize`): the unscaled setup (the seed CNN's gradient, T_c = 0.25 s,
   the seeds' bandwidths) is simulated timing-only; its round time times the rounds to target
   of the scaled akosim training estimates the full-size time to target. It assumes the

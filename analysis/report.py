@@ -7,10 +7,12 @@ per network, every backend that ran). Without matplotlib it writes the tables
 and says so.
 
 Time axes. akosim: simulated seconds. akorun: wall seconds since training
-start, with the first WARMUP_ROUNDS rounds (JAX compilation) counted at the
-steady round time, cut at the budget; an evaluation is placed at the end of
-the round it evaluated (akorun evaluates off the training path, and its own
-timestamp is when the evaluation finished).
+start (akorun compiles before its start barrier, so no round holds JAX
+compilation; results written before that change did, so the first
+WARMUP_ROUNDS rounds are still counted at the steady round time when they were
+slower), cut at the budget; an evaluation is placed at the end of the round it
+evaluated (akorun evaluates off the training path; its records carry that
+round's end too).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class Record:
     final_accuracy: float | None = None
     rounds: int | None = None
     partial: bool = False  # run with a --rounds override (CI subset): not the budget
+    overhead_s: float | None = None  # akorun: mean per-round time outside gradient and gate
 
 
 def _num(value: Any) -> float | None:
@@ -109,7 +112,27 @@ def _akorun_record(exp: Experiment, data: dict[str, Any]) -> Record:
     return Record("akorun", exp.id, exp.network.name, exp.workers, exp.scheme,
                   _num(data.get("round_time_s")), _num(data.get("bytes_sent_per_worker_per_round")),
                   _num(data.get("compute_s_per_round")), p if isinstance(p, list) else None,
-                  curve, _num(ranks[0].get("final_accuracy")) if ranks else None, rounds)
+                  curve, _num(ranks[0].get("final_accuracy")) if ranks else None, rounds,
+                  overhead_s=_overhead(data))
+
+
+def p_text(record: Record | None) -> str:
+    """The distinct p values of an ako run, e.g. "4" or "2,4"; "-" otherwise."""
+    if record is None or not record.p_of or record.scheme == "ps":
+        return "-"
+    return ",".join(str(v) for v in sorted(set(record.p_of)))
+
+
+def _overhead(data: dict[str, Any]) -> float | None:
+    """akorun's overhead_s_per_round, or for older results round - compute - wait."""
+    value = _num(data.get("overhead_s_per_round"))
+    if value is not None:
+        return value
+    parts = [_num(data.get(k)) for k in ("round_time_s", "compute_s_per_round",
+                                          "wait_s_per_round")]
+    if any(v is None for v in parts):
+        return None
+    return parts[0] - parts[1] - parts[2]  # type: ignore[operator]
 
 
 def load_records(results: Path) -> dict[tuple[str, str], Record]:
@@ -308,10 +331,11 @@ def goals_verdict(rows: Sequence[GoalRow]) -> list[str]:
 
 def fidelity(records: dict[tuple[str, str], Record]) -> tuple[list[FidelitySummary], str]:
     summaries = []
-    detail = ["| configuration | akorun compute s | akosim compute s | measured round s | "
+    detail = ["| configuration | p akorun / akosim | akorun compute s | akorun overhead s | "
+              "akosim compute s | measured round s | "
               "predicted (uncal.) | error | predicted (cal.) | error | measured B/round | "
-              "predicted B/round | error |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "predicted B/round (cal.) | error |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for calibration, backend in (("uncalibrated", "akosim"), ("calibrated", "akosim-calibrated")):
         for metric, attr in (("round time", "round_time_s"),
                              ("bytes per round", "bytes_per_round")):
@@ -339,15 +363,16 @@ def fidelity(records: dict[tuple[str, str], Record]) -> tuple[list[FidelitySumma
             return f"{100 * (pred / meas - 1):+.1f}%"
 
         detail.append(
-            f"| {exp.id} | {_fmt(real.compute_s, '.4f')} | "
+            f"| {exp.id} | {p_text(real)} / {p_text(unc)} | {_fmt(real.compute_s, '.4f')} | "
+            f"{_fmt(real.overhead_s, '.4f')} | "
             f"{_fmt(unc.compute_s if unc else None, '.4f')} | {_fmt(real.round_time_s, '.4f')} | "
             f"{_fmt(unc.round_time_s if unc else None, '.4f')} | "
             f"{err(unc.round_time_s if unc else None, real.round_time_s)} | "
             f"{_fmt(cal.round_time_s if cal else None, '.4f')} | "
             f"{err(cal.round_time_s if cal else None, real.round_time_s)} | "
             f"{_fmt(real.bytes_per_round, ',.0f')} | "
-            f"{_fmt(unc.bytes_per_round if unc else None, ',.0f')} | "
-            f"{err(unc.bytes_per_round if unc else None, real.bytes_per_round)} |")
+            f"{_fmt(cal.bytes_per_round if cal else None, ',.0f')} | "
+            f"{err(cal.bytes_per_round if cal else None, real.bytes_per_round)} |")
     return summaries, "\n".join(detail)
 
 
@@ -461,9 +486,14 @@ def build_report(results: Path, out: Path, *, plots: bool = True) -> Path:
         goals_table(rows), "", *goals_verdict(rows), "",
         "## Fidelity: akosim's prediction against akorun's measurement\n",
         "Uncalibrated: akosim measures compute itself (`--compute measure`, one process "
-        "alone). Calibrated: akosim takes each rank's compute time from the akorun run "
-        "(`--compute-from`). The difference between the two is the compute share of the "
-        "error; what is left in the calibrated error is network and transport.\n",
+        "alone, median of 30 gradient steps after a warm-up), models no per-round overhead "
+        "and resolves p auto itself (so its p can differ from akorun's: column p). "
+        "Calibrated: akosim takes each rank's compute time and per-round overhead (time "
+        "outside the gradient step and the gate: dispatch, inbox, optimizer, event loop) "
+        "from the akorun run (`--compute-from`), and akorun's resolved p (`--p`), so p auto "
+        "compares like with like. The difference between the two is the compute, overhead "
+        "and p share of the error; what is left in the calibrated error is network and "
+        "transport.\n",
         markdown(summaries) if any(s.pairs for s in summaries) else
         "_No configuration has run in both backends yet._", "", detail, "",
         "## Plots\n", plot_note,

@@ -9,15 +9,23 @@
 Backends (one folder each, RESULTS/<backend>/<network>/<n>w-<scheme>/):
 
 - akosim: ``akosim train --config F --out result.json`` (compute measured by
-  akosim on this machine: ``--compute measure``, the uncalibrated prediction);
+  akosim on this machine: ``--compute measure``, the uncalibrated prediction;
+  when akorun would launch that configuration with single-threaded XLA, as many
+  processes as cores or more, akosim runs with the same ``XLA_FLAGS`` so it
+  times the step the real workers run; its p auto is its own resolution);
 - akorun: ``akorun launch --config F --out DIR`` on loopback with emulated
   links; ``--duration`` is raised by the warm-up allowance (JAX compilation is
   in akorun's wall clock; the analysis cuts the curves at the budget);
 - akosim-calibrated: as akosim, with ``--compute-from`` the akorun result of
   the same configuration (skipped until that exists). akosim reads
-  ``workers[i].compute_s_per_round`` for every rank, and a parameter server's
-  rank has none, so the runner writes ``compute.json`` beside it with the
-  server's entry set to the training workers' mean (unused by the server);
+  ``workers[i].compute_s_per_round`` and ``overhead_s_per_round`` (the per-round
+  time outside the gradient and the gate) for every rank, and a parameter
+  server's rank has neither, so the runner writes ``compute.json`` beside it
+  with the server's entries set to the training workers' means (unused by the
+  server). For ako it also passes akorun's resolved p (``--p``, from the
+  result's ``p``), so that p auto, which each backend resolves from its own
+  compute measurement, compares like with like; the uncalibrated akosim run
+  keeps its own p auto resolution;
 - akosim-fullsize: the seeds' unscaled setup, timing only: ``akosim --config
   configs/experiments/fullsize/... --compute 0.25s --out result.json``.
 
@@ -55,30 +63,71 @@ def run_dir(results: Path, backend: str, exp: Experiment) -> Path:
     return results / backend / exp.network.name / f"{exp.workers}w-{exp.scheme}"
 
 
-def _env() -> dict[str, str]:
+def _env(backend: str | None = None, exp: Experiment | None = None) -> dict[str, str]:
+    """The child's environment. akosim measuring compute for a configuration that
+    akorun launches with single-threaded XLA (as many processes as cores or more:
+    `akorun.launch.child_env`) measures under the same XLA flags, so it times the
+    gradient step the real workers run."""
     env = dict(os.environ)
     env.setdefault("JAX_PLATFORMS", "cpu")
     env.setdefault("AKO_JAX_CACHE", str(ROOT / ".cache" / "jax"))
     env["PYTHONUNBUFFERED"] = "1"
+    if backend == "akosim" and exp is not None and "XLA_FLAGS" not in env \
+            and exp.nodes >= (os.cpu_count() or 1):
+        from akorun.launch import SINGLE_THREAD_XLA_FLAGS
+
+        env["XLA_FLAGS"] = SINGLE_THREAD_XLA_FLAGS
     return env
 
 
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _overhead(rank: dict) -> float | None:
+    """A rank's measured per-round overhead; for older results round - compute - wait."""
+    value = _number(rank.get("overhead_s_per_round"))
+    if value is not None:
+        return value
+    parts = [_number(rank.get(k)) for k in ("round_time_s", "compute_s_per_round",
+                                             "wait_s_per_round")]
+    if any(v is None for v in parts):
+        return None
+    return max(parts[0] - parts[1] - parts[2], 0.0)  # type: ignore[operator]
+
+
 def calibration_file(akorun_result: Path, out: Path) -> Path:
-    """akorun's per-rank compute times, with a PS rank's missing value filled in."""
+    """akorun's per-rank compute times and overheads, a PS rank's missing values filled in."""
     data = json.loads(akorun_result.read_text())
     ranks = data["workers"]
     known = [float(w["compute_s_per_round"]) for w in ranks
-             if isinstance(w.get("compute_s_per_round"), int | float)]
+             if _number(w.get("compute_s_per_round")) is not None]
     if not known:
         raise ValueError(f"{akorun_result}: no rank reports compute_s_per_round")
     mean = sum(known) / len(known)
+    overheads = [_overhead(w) if _number(w.get("compute_s_per_round")) is not None else None
+                 for w in ranks]
+    known_overheads = [v for v in overheads if v is not None]
+    mean_overhead = sum(known_overheads) / len(known_overheads) if known_overheads else 0.0
     filled = [{"rank": w.get("rank"), "role": w.get("role"),
                "compute_s_per_round": float(w["compute_s_per_round"])
-               if isinstance(w.get("compute_s_per_round"), int | float) else mean}
-              for w in ranks]
+               if _number(w.get("compute_s_per_round")) is not None else mean,
+               "overhead_s_per_round": overhead if overhead is not None else mean_overhead}
+              for w, overhead in zip(ranks, overheads, strict=True)]
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"source": str(akorun_result), "workers": filled}, indent=1))
+    out.write_text(json.dumps({"source": str(akorun_result), "p": resolved_p(data),
+                               "workers": filled}, indent=1))
     return out
+
+
+def resolved_p(akorun_data: dict) -> list[int] | None:
+    """The p (one per worker) akorun's ranks resolved to, or None (not ako)."""
+    p = akorun_data.get("p")
+    if isinstance(p, list) and p and all(isinstance(x, int) and x >= 1 for x in p):
+        return [int(x) for x in p]
+    return None
 
 
 def command(backend: str, exp: Experiment, results: Path, *,
@@ -95,8 +144,11 @@ def command(backend: str, exp: Experiment, results: Path, *,
         if not (run_dir(results, "akorun", exp) / "done.json").exists():
             return None
         compute = calibration_file(measured, folder / "compute.json")
+        p = resolved_p(json.loads(measured.read_text())) if exp.scheme.startswith("ako") \
+            else None
+        given_p = ["--p", ",".join(str(x) for x in p)] if p else []
         return ["akosim", "train", "--config", config, "--quiet", "--compute-from",
-                str(compute), "--out", str(folder / "result.json"), *extra]
+                str(compute), *given_p, "--out", str(folder / "result.json"), *extra]
     if backend == "akosim-fullsize":
         return ["akosim", "--config", config, "--quiet", "--compute", f"{SEED_COMPUTE_S:g}s",
                 "--out", str(folder / "result.json")]
@@ -123,8 +175,8 @@ def run_one(backend: str, exp: Experiment, results: Path, *, rounds: int | None 
     done.unlink(missing_ok=True)
     started = time.perf_counter()
     with open(folder / "run.log", "w") as log:
-        proc = subprocess.run(cmd, cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT,
-                              check=False)
+        proc = subprocess.run(cmd, cwd=ROOT, env=_env(backend, exp), stdout=log,
+                              stderr=subprocess.STDOUT, check=False)
     wall_s = time.perf_counter() - started
     if proc.returncode != 0:
         return f"FAILED (exit {proc.returncode}, see {folder / 'run.log'})"
