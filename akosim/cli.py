@@ -67,14 +67,17 @@ examples:
 """
 
 
-def _fail(message: str) -> NoReturn:
-    print(f"akosim: error: {message}", file=sys.stderr)
+def fail(message: str, prog: str = "akosim") -> NoReturn:
+    """A user mistake: one line on stderr, exit status 2."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
     raise SystemExit(2)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, status 2
-        _fail(f"{message} (see {self.prog} --help)")
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line and exit 2, like every other mistake."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(f"{message} (see {self.prog} --help)", self.prog)
 
 
 def _add_sim_arguments(parser: argparse.ArgumentParser) -> None:
@@ -112,7 +115,7 @@ def _add_sim_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = OneLineParser(
         prog="akosim",
         description="What-if simulator for decentralised training with partial gradient "
                     "exchange (Ako), parameter servers and all-reduce. Without a subcommand "
@@ -123,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def build_train_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = OneLineParser(
         prog="akosim train",
         description="Training mode: the simulated workers really train the shared JAX "
                     "workload; accuracy against simulated time predicts time to accuracy.",
@@ -426,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             argv = argv[1:]
         return run_plan(argv)
     except USER_ERRORS as error:
-        _fail(str(error))
+        fail(str(error))
     except KeyboardInterrupt:
         print("akosim: interrupted", file=sys.stderr)
         return 130

@@ -46,7 +46,7 @@ from akocore.config import (
     config_to_dict,
 )
 from akocore.units import format_duration, parse_duration, parse_size
-from akosim.cli import TIMING_DEFAULTS, USER_ERRORS, UsageError
+from akosim.cli import TIMING_DEFAULTS, USER_ERRORS, OneLineParser, UsageError, fail
 
 # Grid flags in nesting order (first = outermost): argparse dest and flag.
 GRID_FLAGS: tuple[tuple[str, str], ...] = (
@@ -100,17 +100,11 @@ examples:
 
 
 def _fail(message: str) -> NoReturn:
-    print(f"akosim sweep: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, status 2
-        _fail(f"{message} (see akosim sweep --help)")
+    fail(message, "akosim sweep")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="akosim sweep", description=DESCRIPTION, epilog=EPILOG,
+    parser = OneLineParser(prog="akosim sweep", description=DESCRIPTION, epilog=EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     grid = parser.add_argument_group(
         "grid (a comma separates values; the grid is every combination)")
