@@ -250,7 +250,8 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def _workload(cfg: RunConfig):
+def load_workload(cfg: RunConfig):
+    """The configured workload, or a one-line UsageError naming what is wrong."""
     from akocore.workload import build_workload
 
     try:
@@ -269,7 +270,7 @@ def _setup(args: argparse.Namespace, cfg: RunConfig, *, training: bool):
 
     def workload():
         if "w" not in cache:
-            cache["w"] = _workload(cfg)
+            cache["w"] = load_workload(cfg)
         return cache["w"]
 
     if training:

@@ -46,7 +46,14 @@ from akocore.config import (
     config_to_dict,
 )
 from akocore.units import format_duration, parse_duration, parse_size
-from akosim.cli import TIMING_DEFAULTS, USER_ERRORS, OneLineParser, UsageError, fail
+from akosim.cli import (
+    TIMING_DEFAULTS,
+    USER_ERRORS,
+    OneLineParser,
+    UsageError,
+    fail,
+    load_workload,
+)
 
 # Grid flags in nesting order (first = outermost): argparse dest and flag.
 GRID_FLAGS: tuple[tuple[str, str], ...] = (
@@ -321,29 +328,24 @@ def run_point(task: dict[str, Any]) -> tuple[str, float]:
 # ------------------------------------------------------------------ running
 
 
-def _workload(config: RunConfig):
-    from akocore.workload import build_workload
-
-    try:
-        return build_workload(config.train.workload, batch_size=config.train.batch_size,
-                              seed=config.train.seed, data_path=config.train.data_path)
-    except (ValueError, TypeError) as error:
-        raise UsageError(f"--workload: {error}") from None
+def _cached_workload(config: RunConfig, cache: dict[str, Any]):
+    """Build the workload once per process (building it compiles nothing, but loads data)."""
+    if "workload" not in cache:
+        cache["workload"] = load_workload(config)
+    return cache["workload"]
 
 
 def _gradient_length(config: RunConfig, settings: dict[str, Any], cache: dict[str, Any]) -> int:
     if settings["gradient_length"] != "workload":
         return int(settings["gradient_length"])
-    cache.setdefault("workload", _workload(config))
-    return int(cache["workload"].param_count)
+    return int(_cached_workload(config, cache).param_count)
 
 
 def _compute_s(config: RunConfig, settings: dict[str, Any], cache: dict[str, Any]) -> float:
     """The compute seconds per round of every point (measured once here if asked)."""
     if settings["compute_s"] != "measure":
         return float(settings["compute_s"])
-    cache.setdefault("workload", _workload(config))
-    compute_s = cache["workload"].measure_compute_s()
+    compute_s = _cached_workload(config, cache).measure_compute_s()
     print(f"akosim sweep: measured compute {format_duration(compute_s)} per round "
           f"({config.train.workload}, batch {config.train.batch_size})")
     return float(compute_s)
