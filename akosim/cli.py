@@ -214,6 +214,23 @@ def compute_from_result(path: str, workers: int) -> tuple[float, ...]:
     return tuple(times[i % len(times)] for i in range(workers))
 
 
+def rank_overhead_s(rank: dict[str, Any]) -> float | None:
+    """One akorun rank's seconds per round outside the gradient and the gate.
+
+    ``overhead_s_per_round`` when akorun recorded it; for older results
+    ``round_time_s - compute_s_per_round - wait_s_per_round`` (the same quantity as
+    steady-state means); None when the rank gives neither (a parameter server).
+    """
+    value = _number(rank.get("overhead_s_per_round"))
+    if value is not None:
+        return value
+    parts = [_number(rank.get(k)) for k in ("round_time_s", "compute_s_per_round",
+                                             "wait_s_per_round")]
+    if any(v is None for v in parts):
+        return None
+    return parts[0] - parts[1] - parts[2]  # type: ignore[operator]
+
+
 def overhead_from_result(path: str, workers: int) -> tuple[float, ...] | None:
     """Per-worker seconds per round outside the gradient and the gate, from an akorun result.
 
@@ -229,12 +246,7 @@ def overhead_from_result(path: str, workers: int) -> tuple[float, ...] | None:
         return None
     values: list[float | None] = []
     for rank in ranks:
-        value = _number(rank.get("overhead_s_per_round")) if isinstance(rank, dict) else None
-        if value is None and isinstance(rank, dict):
-            parts = [_number(rank.get(k)) for k in
-                     ("round_time_s", "compute_s_per_round", "wait_s_per_round")]
-            if all(v is not None for v in parts):
-                value = parts[0] - parts[1] - parts[2]  # type: ignore[operator]
+        value = rank_overhead_s(rank) if isinstance(rank, dict) else None
         values.append(None if value is None else max(value, 0.0))
     known = [v for v in values if v is not None]
     if not known:

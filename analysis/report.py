@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from akosim.cli import rank_overhead_s
 from analysis.fidelity import FidelitySummary, Pair, markdown
 from analysis.matrix import (
     NETWORKS,
@@ -113,7 +114,7 @@ def _akorun_record(exp: Experiment, data: dict[str, Any]) -> Record:
                   _num(data.get("round_time_s")), _num(data.get("bytes_sent_per_worker_per_round")),
                   _num(data.get("compute_s_per_round")), p if isinstance(p, list) else None,
                   curve, _num(ranks[0].get("final_accuracy")) if ranks else None, rounds,
-                  overhead_s=_overhead(data))
+                  overhead_s=rank_overhead_s(data))
 
 
 def p_text(record: Record | None) -> str:
@@ -121,18 +122,6 @@ def p_text(record: Record | None) -> str:
     if record is None or not record.p_of or record.scheme == "ps":
         return "-"
     return ",".join(str(v) for v in sorted(set(record.p_of)))
-
-
-def _overhead(data: dict[str, Any]) -> float | None:
-    """akorun's overhead_s_per_round, or for older results round - compute - wait."""
-    value = _num(data.get("overhead_s_per_round"))
-    if value is not None:
-        return value
-    parts = [_num(data.get(k)) for k in ("round_time_s", "compute_s_per_round",
-                                          "wait_s_per_round")]
-    if any(v is None for v in parts):
-        return None
-    return parts[0] - parts[1] - parts[2]  # type: ignore[operator]
 
 
 def load_records(results: Path) -> dict[tuple[str, str], Record]:

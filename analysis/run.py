@@ -45,6 +45,7 @@ import sys
 import time
 from pathlib import Path
 
+from akosim.cli import rank_overhead_s
 from analysis.matrix import (
     AKORUN_ALLOWANCE_S,
     ROOT,
@@ -86,16 +87,9 @@ def _number(value: object) -> float | None:
     return float(value)
 
 
-def _overhead(rank: dict) -> float | None:
-    """A rank's measured per-round overhead; for older results round - compute - wait."""
-    value = _number(rank.get("overhead_s_per_round"))
-    if value is not None:
-        return value
-    parts = [_number(rank.get(k)) for k in ("round_time_s", "compute_s_per_round",
-                                             "wait_s_per_round")]
-    if any(v is None for v in parts):
-        return None
-    return max(parts[0] - parts[1] - parts[2], 0.0)  # type: ignore[operator]
+def _clamped_overhead(rank: dict) -> float | None:
+    value = rank_overhead_s(rank)
+    return None if value is None else max(value, 0.0)
 
 
 def calibration_file(akorun_result: Path, out: Path) -> Path:
@@ -107,7 +101,7 @@ def calibration_file(akorun_result: Path, out: Path) -> Path:
     if not known:
         raise ValueError(f"{akorun_result}: no rank reports compute_s_per_round")
     mean = sum(known) / len(known)
-    overheads = [_overhead(w) if _number(w.get("compute_s_per_round")) is not None else None
+    overheads = [_clamped_overhead(w) if _number(w.get("compute_s_per_round")) is not None else None
                  for w in ranks]
     known_overheads = [v for v in overheads if v is not None]
     mean_overhead = sum(known_overheads) / len(known_overheads) if known_overheads else 0.0

@@ -24,10 +24,10 @@ import pytest
 from akocore.workload import build_workload
 from akorun.results import merge_results, worker_summary
 from akorun.worker import RoundTimes
-from akosim.cli import compute_from_result, main, overhead_from_result
+from akosim.cli import compute_from_result, main, overhead_from_result, rank_overhead_s
 from akosim.compute import ComputeModel
 from analysis.matrix import select
-from analysis.report import Record, _overhead, p_text
+from analysis.report import Record, p_text
 from analysis.run import calibration_file, command, resolved_p, run_dir
 
 # ----------------------------------------------------------------- measure_compute_s
@@ -209,10 +209,10 @@ def test_calibrated_runs_take_akoruns_p_compute_and_overhead(tmp_path: Path) -> 
 def test_report_shows_p_and_overhead() -> None:
     record = Record("akorun", "x", "uniform-wan", 2, "ako-pauto", 0.03, 1.0, 0.01, [35, 35])
     assert p_text(record) == "35" and p_text(None) == "-"
-    assert _overhead({"overhead_s_per_round": 0.004}) == 0.004
-    assert _overhead({"round_time_s": 0.03, "compute_s_per_round": 0.01,
+    assert rank_overhead_s({"overhead_s_per_round": 0.004}) == 0.004
+    assert rank_overhead_s({"round_time_s": 0.03, "compute_s_per_round": 0.01,
                       "wait_s_per_round": 0.015}) == pytest.approx(0.005)
-    assert _overhead({}) is None
+    assert rank_overhead_s({}) is None
 
 
 def test_akosim_measures_with_akoruns_xla_flags_when_akorun_would_use_them(
