@@ -22,8 +22,8 @@ often as needed:
 - Bodies are whole `bytes` with an explicit Content-Length (replayable: aiohttp
   silently retries once on a dead pooled connection, and the receiver's
   idempotency by (sender, round, part) makes that safe). On an emulated
-  network each message first passes `LinkShaper.pace` in the lane (the link's
-  and the uplink's token buckets: bandwidth serialises messages), then waits
+  network each message first passes `LinkShaper.pace` in the lane (the link and
+  the uplink as serial wires on a virtual clock: bandwidth serialises messages), then waits
   the link latency in its own delivery task (latency does not hold the link:
   later messages are paced meanwhile, as on a real link, and as akosim models
   delivery = transfer end + latency), then goes in one piece. (Streaming
@@ -194,15 +194,21 @@ class PeerSender:
     async def run(self) -> None:
         """The peer's lane: take messages in order, pace them through the emulated
         link (if any), and start their delivery; latency does not hold the lane."""
+        loop = asyncio.get_running_loop()
         while True:
+            room_s = 0.0  # when the lane could take the next message, if it had to wait
             while not self.queue or len(self.in_flight) >= self._in_flight_limit:
                 self._changed.clear()
                 await self._changed.wait()
+                room_s = loop.time()
             message = self.queue.popleft()
             self.in_flight.append(message)
             self._changed.set()  # room in the queue
             if self.shaper is not None:
-                await self.shaper.pace(self.dest, message.nbytes)
+                # ready since it was queued or the lane got room: the link's virtual
+                # clock then charges none of the lane's own wake-up lateness
+                ready_s = max(message.queued_s, room_s) or None
+                await self.shaper.pace(self.dest, message.nbytes, ready_s=ready_s)
             task = asyncio.create_task(self.deliver(message))
             self._deliveries.add(task)
             task.add_done_callback(self._deliveries.discard)

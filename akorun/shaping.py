@@ -1,22 +1,36 @@
-"""In-process emulated links: token-bucket bandwidth and per-message latency.
+"""In-process emulated links: serialised bandwidth, per-message latency, incast.
 
-This module owns the sender-side shaping akorun applies when it emulates a
-network on one machine (realmode.md section 4 D): portable, unprivileged and
-deterministic, unlike tc/netem. It shapes the sender only; the receiver's
-downlink (incast) is not emulated.
+This module owns the shaping akorun applies when it emulates a network on one
+machine (realmode.md section 4 D): portable, unprivileged and deterministic,
+unlike tc/netem. It emulates what akosim models: a byte crosses its sender's
+uplink, the link's cap (if any) and its receiver's downlink; a message is
+delivered `latency_s` after its last byte.
 
-- `TokenBucket`: an asyncio token bucket on the event loop's clock
-  (`loop.time()`), rate in bits/s, burst in bytes. Consumers reserve tokens in
-  arrival order and may run the bucket into debt; each waits until its debt is
-  repaid, so concurrent consumers are served FIFO and pacing is exact.
-  Requests larger than the burst are split into burst-sized pieces, so
-  concurrent senders interleave instead of queueing behind one long sleep.
+- `SerialLink`: one wire on the event loop's clock (`loop.time()`), rate in
+  bits/s. A transmission is a reservation on a virtual clock: it starts when
+  both it is ready and the wire is free, and takes nbytes / rate. A wire
+  keeps no credit for time it was idle (a token bucket that fills while the
+  worker computes lets the next round leave faster than the link; an earlier
+  10 ms / 64 KiB burst hid most of a LAN round's transfer time), and a
+  transmission's ready time is virtual too, so the event loop's timer
+  lateness is not lost bandwidth: back-to-back pieces and queued messages
+  continue where the previous one ended on the virtual clock.
 - `LinkShaper`: one worker's outgoing links. Every byte passes the worker's
-  own `uplink` bucket (its NIC, shared by all destinations) and, if that link
-  has a cap, a per-destination bucket. A message is then delayed by the link's
-  latency **after serialisation**: it is delivered `latency_s` after its last
-  byte has passed the buckets, so delivery = transfer end + latency, as in
-  akosim. The latency does not hold the uplink: other messages flow meanwhile.
+  own `uplink` (its NIC, shared by all destinations) and, if that link has a
+  cap, a per-destination wire; both carry a piece at once (the slower one
+  paces it). Messages go in pieces of 64 KiB so that concurrent destinations
+  interleave on the uplink (FIFO by piece) instead of queueing behind one
+  long message. A message is then delayed by the link's latency **after
+  serialisation**, so delivery = transfer end + latency, as in akosim. The
+  latency does not hold the uplink: other messages flow meanwhile.
+- `DownlinkShaper`: one worker's incoming NIC (incast). A message is admitted
+  once it has arrived *and* the receiver's downlink could have carried it:
+  a downlink bucket whose credit, when a message from j arrives, is capped at
+  what the downlink carries while j's link sends that message
+  (nbytes x downlink / min(uplink_j, link_j->i)). k equal messages arriving
+  together at a downlink d from senders at rate u then finish at k x nbytes / d,
+  the fluid model's answer (akosim), and one message on a downlink at least
+  as fast as its sender is not delayed.
 
 `LinkShaper.chunks` yields a body as paced chunks, for use as an aiohttp
 streaming request body. aiohttp cannot replay a streamed body (a retry fails
@@ -31,79 +45,52 @@ from collections.abc import AsyncIterator, Callable, Mapping
 
 BITS_PER_BYTE = 8
 DEFAULT_CHUNK_BYTES = 64 * 1024
-MIN_BURST_BYTES = 64 * 1024
-BURST_WINDOW_S = 0.010  # default burst: this much time at full rate, at least MIN_BURST_BYTES
+PIECE_BYTES = 64 * 1024  # reservation granularity: destinations interleave by this much
 
 
-def default_burst_bytes(rate_bps: float) -> float:
-    """max(64 KiB, 10 ms at `rate_bps`); 64 KiB for an infinite rate."""
-    if math.isinf(rate_bps):
-        return float(MIN_BURST_BYTES)
-    return max(float(MIN_BURST_BYTES), rate_bps / BITS_PER_BYTE * BURST_WINDOW_S)
+class SerialLink:
+    """One wire: transmissions are serialised at `rate_bps` on a virtual clock.
 
-
-class TokenBucket:
-    """Token bucket on the running loop's clock; tokens are bytes.
-
-    The bucket starts full. `rate_bps` may be `math.inf` (never waits). A
-    bucket belongs to one event loop (its clock is that loop's `time()`).
+    `rate_bps` may be `math.inf` (transmissions take no time). A link belongs
+    to one event loop (its times are that loop's `time()`).
     """
 
-    def __init__(self, rate_bps: float, burst_bytes: float | None = None) -> None:
+    def __init__(self, rate_bps: float) -> None:
         if math.isnan(rate_bps) or rate_bps <= 0:
             raise ValueError(f"rate_bps must be > 0 (or inf), got {rate_bps}")
-        burst = default_burst_bytes(rate_bps) if burst_bytes is None else float(burst_bytes)
-        if not burst >= 1 or math.isinf(burst):
-            raise ValueError(f"burst_bytes must be finite and >= 1, got {burst_bytes}")
         self.rate_bps = float(rate_bps)
-        self.burst_bytes = burst
-        self._tokens = burst  # bytes; negative = debt owed by waiting consumers
-        self._updated_s: float | None = None  # loop time of the last refill
-
-    @property
-    def rate_bytes_per_s(self) -> float:
-        return self.rate_bps / BITS_PER_BYTE
+        self.busy_until_s = -math.inf  # virtual end of the last reservation
 
     @property
     def unlimited(self) -> bool:
         return math.isinf(self.rate_bps)
 
-    @property
-    def piece_bytes(self) -> int:
-        """Largest single reservation; bigger consumptions are split into these."""
-        return max(1, int(self.burst_bytes))
+    def duration_s(self, nbytes: int) -> float:
+        return 0.0 if self.unlimited else nbytes * BITS_PER_BYTE / self.rate_bps
 
-    def _refill(self, now_s: float) -> None:
-        if self._updated_s is not None:
-            elapsed_s = max(0.0, now_s - self._updated_s)
-            self._tokens = min(self.burst_bytes, self._tokens + elapsed_s * self.rate_bytes_per_s)
-        self._updated_s = now_s
-
-    def tokens(self) -> float:
-        """Tokens (bytes) available now; negative while consumers wait. Needs a running loop."""
-        if not self.unlimited:
-            self._refill(asyncio.get_running_loop().time())
-        return self._tokens
-
-    async def consume(self, nbytes: int) -> None:
-        """Return when `nbytes` may be sent, waiting for tokens as needed."""
+    def reserve(self, ready_s: float, nbytes: int) -> float:
+        """Book `nbytes` ready at `ready_s`; return when its last byte is sent (virtual)."""
         if nbytes < 0:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
         if self.unlimited:
-            return
+            return ready_s
+        end_s = max(ready_s, self.busy_until_s) + self.duration_s(nbytes)
+        self.busy_until_s = end_s
+        return end_s
+
+    async def send(self, nbytes: int, ready_s: float | None = None) -> float:
+        """Return once `nbytes` ready at `ready_s` (default: now) have been sent; the
+        virtual end time is returned, to chain the next transmission from."""
         loop = asyncio.get_running_loop()
-        remaining = nbytes
-        while remaining > 0:
-            piece = min(remaining, self.piece_bytes)
-            remaining -= piece
-            self._refill(loop.time())
-            self._tokens -= piece
-            if self._tokens < 0:
-                try:
-                    await asyncio.sleep(-self._tokens / self.rate_bytes_per_s)
-                except asyncio.CancelledError:
-                    self._tokens += piece  # those bytes were never sent
-                    raise
+        end_s = self.reserve(loop.time() if ready_s is None else ready_s, nbytes)
+        await _sleep_until(end_s)
+        return end_s
+
+
+async def _sleep_until(when_s: float) -> None:
+    delay_s = when_s - asyncio.get_running_loop().time()
+    if delay_s > 0:
+        await asyncio.sleep(delay_s)
 
 
 LinkRates = Mapping[int, float] | Callable[[int], float]
@@ -114,8 +101,7 @@ class LinkShaper:
 
     `link_bps` and `latency_s` map a destination rank to its link's rate cap
     (bits/s) and one-way latency (s), as a dict or a function; a destination
-    missing from a dict has no cap (inf) and no latency (0). `burst_bytes`
-    applies to every bucket (default: `default_burst_bytes` of its rate).
+    missing from a dict has no cap (inf) and no latency (0).
     """
 
     def __init__(
@@ -123,14 +109,12 @@ class LinkShaper:
         uplink_bps: float,
         link_bps: LinkRates | None = None,
         latency_s: LinkRates | None = None,
-        *,
-        burst_bytes: float | None = None,
     ) -> None:
-        self.uplink = TokenBucket(uplink_bps, burst_bytes)
+        self.uplink = SerialLink(uplink_bps)
         self._link_bps = link_bps
         self._latency_s = latency_s
-        self._burst_bytes = burst_bytes
-        self._links: dict[int, TokenBucket] = {}
+        self._links: dict[int, SerialLink] = {}
+        self._lane_end_s: dict[int, float] = {}  # virtual end of the last message per dest
 
     @staticmethod
     def _lookup(table: LinkRates | None, dest: int, default: float) -> float:
@@ -140,14 +124,13 @@ class LinkShaper:
             return float(table(dest))
         return float(table.get(dest, default))
 
-    def link(self, dest: int) -> TokenBucket:
-        """The bucket of the link to `dest` (created on first use; inf if uncapped)."""
-        bucket = self._links.get(dest)
-        if bucket is None:
-            rate_bps = self._lookup(self._link_bps, dest, math.inf)
-            bucket = TokenBucket(rate_bps, self._burst_bytes)
-            self._links[dest] = bucket
-        return bucket
+    def link(self, dest: int) -> SerialLink:
+        """The wire of the link to `dest` (created on first use; inf if uncapped)."""
+        wire = self._links.get(dest)
+        if wire is None:
+            wire = SerialLink(self._lookup(self._link_bps, dest, math.inf))
+            self._links[dest] = wire
+        return wire
 
     def latency_of(self, dest: int) -> float:
         """One-way latency (s) of the link to `dest`."""
@@ -156,22 +139,29 @@ class LinkShaper:
             raise ValueError(f"latency to {dest} must be finite and >= 0 s, got {latency}")
         return latency
 
-    async def pace(self, dest: int, nbytes: int) -> None:
-        """Return when `nbytes` to `dest` have passed the link and uplink buckets.
+    async def pace(self, dest: int, nbytes: int, ready_s: float | None = None) -> None:
+        """Return when `nbytes` to `dest` have passed the link and the uplink.
 
-        Bandwidth only, no latency. Goes piece by piece through the link bucket
-        and then the uplink, so a slow link does not hold uplink tokens.
+        Bandwidth only, no latency. `ready_s` is when the message was ready to
+        go (loop time it was queued; default now): it starts then, or when the
+        previous message to `dest` ended on the virtual clock if later, so a
+        lane that woke late does not lose link time. Goes piece by piece; each
+        piece occupies the link and the uplink at once.
         """
         if nbytes < 0:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+        now_s = asyncio.get_running_loop().time()
+        start_s = now_s if ready_s is None else min(ready_s, now_s)
+        at_s = max(start_s, min(self._lane_end_s.get(dest, -math.inf), now_s))
         link = self.link(dest)
-        piece_bytes = min(link.piece_bytes, self.uplink.piece_bytes)
         remaining = nbytes
         while remaining > 0:
-            piece = min(remaining, piece_bytes)
+            piece = min(remaining, PIECE_BYTES)
             remaining -= piece
-            await link.consume(piece)
-            await self.uplink.consume(piece)
+            at_s = max(link.reserve(at_s, piece), self.uplink.reserve(at_s, piece))
+            await _sleep_until(at_s)
+        if nbytes:
+            self._lane_end_s[dest] = max(self._lane_end_s.get(dest, -math.inf), at_s)
 
     async def transfer(self, dest: int, nbytes: int) -> None:
         """Return when a whole message of `nbytes` would be delivered: pace, then latency.
@@ -215,3 +205,46 @@ class LinkShaper:
             yield piece
         if not pieces and latency > 0:
             await asyncio.sleep(latency)
+
+
+class DownlinkShaper:
+    """One worker's emulated incoming NIC: admits arrived messages at the downlink's rate.
+
+    `downlink_bps` is this node's NIC rate; `sender_bps(j)` the rate at which
+    sender j's messages reach it (min of j's uplink and the j->i link cap).
+    """
+
+    def __init__(self, downlink_bps: float, sender_bps: Callable[[int], float]) -> None:
+        if math.isnan(downlink_bps) or downlink_bps <= 0:
+            raise ValueError(f"downlink_bps must be > 0 (or inf), got {downlink_bps}")
+        self.downlink_bps = float(downlink_bps)
+        self._sender_bps = sender_bps
+        self._tokens = 0.0  # bytes; negative = debt owed by waiting messages
+        self._updated_s: float | None = None
+
+    def credit_cap_bytes(self, sender: int, nbytes: int) -> float:
+        """What the downlink carries while `sender`'s link sends `nbytes`."""
+        sender_bps = float(self._sender_bps(sender))
+        if math.isinf(sender_bps):
+            return 0.0  # an unshaped sender: the downlink alone paces the message
+        return nbytes * self.downlink_bps / sender_bps
+
+    async def admit(self, sender: int, nbytes: int) -> None:
+        """Return when `nbytes` from `sender`, arrived now, have crossed the downlink."""
+        if nbytes < 0:
+            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+        if math.isinf(self.downlink_bps) or nbytes == 0:
+            return
+        rate_bytes_per_s = self.downlink_bps / BITS_PER_BYTE
+        now_s = asyncio.get_running_loop().time()
+        cap = self.credit_cap_bytes(sender, nbytes)
+        if self._updated_s is not None:
+            refilled = self._tokens + max(0.0, now_s - self._updated_s) * rate_bytes_per_s
+        else:
+            refilled = cap
+        # idle time before this message's transfer began is lost, as on a wire
+        self._tokens = min(refilled, cap)
+        self._updated_s = now_s
+        self._tokens -= nbytes
+        if self._tokens < 0:
+            await asyncio.sleep(-self._tokens / rate_bytes_per_s)

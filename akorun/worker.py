@@ -82,7 +82,7 @@ from akorun.roles import (
 )
 from akorun.sender import DEFAULT_QUEUE_MESSAGES, Outgoing, PeerSender
 from akorun.server import ControlError, Server
-from akorun.shaping import LinkShaper
+from akorun.shaping import DownlinkShaper, LinkShaper
 from akorun.wire import encode_bytes
 
 log = logging.getLogger("akorun")
@@ -206,6 +206,7 @@ class Worker:
         self.done_peers: set[int] = set()
         self.rejoining_peers: dict[int, float] = {}  # peer -> loop time of its rejoin-hello
         self.senders: dict[int, PeerSender] = {}
+        self.downlink: DownlinkShaper | None = None  # emulated incoming NIC
         self.times = RoundTimes()
         self.first_round = 0
         self.rounds_done = 0
@@ -312,6 +313,8 @@ class Worker:
         return self.workload.gradient_bytes
 
     async def on_partial(self, partial: Partial, nbytes: int) -> bool:
+        if self.downlink is not None:  # emulated network: the message crosses our NIC
+            await self.downlink.admit(partial.sender, nbytes)
         node = self.node
         assert node is not None
         receipt = node.receive(partial)  # SchemeError -> 400 in the server
@@ -573,6 +576,10 @@ class Worker:
             latency = net.latency_matrix(n)[self.rank]
             shaper = LinkShaper(uplink, {j: float(links[j]) for j in self.peers},
                                 {j: float(latency[j]) for j in self.peers})
+            uplinks, into_me = net.uplink_bps(n), net.link_bps_matrix(n)[:, self.rank]
+            self.downlink = DownlinkShaper(
+                float(net.downlink_bps(n)[self.rank]),
+                lambda j: min(float(uplinks[j]), float(into_me[j])))
         client_ssl: Any = self.options.tls.client_context() or True
         for peer in self.peers:
             sender = PeerSender(

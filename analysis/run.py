@@ -8,16 +8,22 @@
 
 Backends (one folder each, RESULTS/<backend>/<network>/<n>w-<scheme>/):
 
-- akosim: ``akosim train --config F --out result.json`` (compute measured by
-  akosim on this machine: ``--compute measure``, the uncalibrated prediction;
-  when akorun would launch that configuration with single-threaded XLA, as many
-  processes as cores or more, akosim runs with the same ``XLA_FLAGS`` so it
-  times the step the real workers run; its p auto is its own resolution);
+- akosim: ``akosim train --config F --compute Xs --out result.json``, the
+  uncalibrated prediction. X is akosim's own ``--compute measure`` of the
+  workload, taken once per results folder (``RESULTS/akosim/compute.json``)
+  by a lone process before any configuration runs, so that runs in parallel
+  (``--jobs``) or on a busy machine all predict from the same undisturbed
+  measurement. akorun launches these configurations with single-threaded XLA
+  (as many processes as cores or more: `akorun.launch.child_env`), so the
+  measurement uses the same ``XLA_FLAGS`` and times the step the real workers
+  run. Its p auto is its own resolution;
 - akorun: ``akorun launch --config F --out DIR`` on loopback with emulated
   links; ``--duration`` is raised by the warm-up allowance (JAX compilation is
   in akorun's wall clock; the analysis cuts the curves at the budget);
-- akosim-calibrated: as akosim, with ``--compute-from`` the akorun result of
-  the same configuration (skipped until that exists). akosim reads
+- akosim-calibrated: timing only (``akosim --config F``: the same engine and
+  budget, no gradients computed, so no accuracy curve; it exists for the
+  fidelity report) with ``--compute-from`` the akorun result of the same
+  configuration (skipped until that exists). akosim reads
   ``workers[i].compute_s_per_round`` and ``overhead_s_per_round`` (the per-round
   time outside the gradient and the gate) for every rank, and a parameter
   server's rank has neither, so the runner writes ``compute.json`` beside it
@@ -28,6 +34,10 @@ Backends (one folder each, RESULTS/<backend>/<network>/<n>w-<scheme>/):
   keeps its own p auto resolution;
 - akosim-fullsize: the seeds' unscaled setup, timing only: ``akosim --config
   configs/experiments/fullsize/... --compute 0.25s --out result.json``.
+
+``--jobs N`` runs N akosim configurations at once (simulated time does not
+depend on the machine's load once compute is given); akorun always runs one
+configuration at a time, alone, because it measures wall-clock time.
 
 Resumable: a configuration whose folder holds ``done.json`` (written after the
 command succeeded) is skipped unless --force. ``--subset ci`` runs the CI subset
@@ -43,14 +53,17 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from akosim.cli import rank_overhead_s
 from analysis.matrix import (
     AKORUN_ALLOWANCE_S,
+    BATCH,
     ROOT,
     SCALING,
     SEED_COMPUTE_S,
+    WORKLOAD,
     Experiment,
     select,
 )
@@ -64,21 +77,49 @@ def run_dir(results: Path, backend: str, exp: Experiment) -> Path:
     return results / backend / exp.network.name / f"{exp.workers}w-{exp.scheme}"
 
 
+def single_thread_xla(exp: Experiment) -> bool:
+    """True when akorun launches this configuration with single-threaded XLA
+    (as many processes as cores or more: `akorun.launch.child_env`)."""
+    return exp.nodes >= (os.cpu_count() or 1)
+
+
 def _env(backend: str | None = None, exp: Experiment | None = None) -> dict[str, str]:
-    """The child's environment. akosim measuring compute for a configuration that
-    akorun launches with single-threaded XLA (as many processes as cores or more:
-    `akorun.launch.child_env`) measures under the same XLA flags, so it times the
-    gradient step the real workers run."""
+    """The child's environment. akosim runs for a configuration that akorun
+    launches with single-threaded XLA use the same XLA flags, so the gradient
+    step akosim times is the one the real workers run."""
     env = dict(os.environ)
     env.setdefault("JAX_PLATFORMS", "cpu")
     env.setdefault("AKO_JAX_CACHE", str(ROOT / ".cache" / "jax"))
     env["PYTHONUNBUFFERED"] = "1"
     if backend == "akosim" and exp is not None and "XLA_FLAGS" not in env \
-            and exp.nodes >= (os.cpu_count() or 1):
+            and single_thread_xla(exp):
         from akorun.launch import SINGLE_THREAD_XLA_FLAGS
 
         env["XLA_FLAGS"] = SINGLE_THREAD_XLA_FLAGS
     return env
+
+
+def measured_compute_s(results: Path, exp: Experiment) -> float:
+    """akosim's own ``--compute measure`` for this configuration's workload and
+    XLA threading, measured once per results folder and kept in
+    RESULTS/akosim/compute.json."""
+    path = results / "akosim" / "compute.json"
+    known = json.loads(path.read_text()) if path.exists() else {}
+    key = (f"{WORKLOAD}/batch {BATCH}/"
+           f"{'single-thread' if single_thread_xla(exp) else 'default'} XLA")
+    if key not in known:
+        out = results / "akosim" / "compute-measure.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cmd = ["akosim", "--config", str(exp.path()), "--compute", "measure", "--rounds", "1",
+               "--quiet", "--out", str(out)]
+        proc = subprocess.run(cmd, cwd=ROOT, env=_env("akosim", exp), capture_output=True,
+                              text=True, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"measuring compute failed: {' '.join(cmd)}\n{proc.stderr}")
+        known[key] = float(json.loads(out.read_text())["compute_s"][0])
+        out.unlink()
+        path.write_text(json.dumps(known, indent=1))
+    return float(known[key])
 
 
 def _number(value: object) -> float | None:
@@ -131,8 +172,9 @@ def command(backend: str, exp: Experiment, results: Path, *,
     config = str(exp.path(fullsize=backend == "akosim-fullsize"))
     extra = ["--rounds", str(rounds)] if rounds is not None else []
     if backend == "akosim":
-        return ["akosim", "train", "--config", config, "--quiet",
-                "--out", str(folder / "result.json"), *extra]
+        compute_s = measured_compute_s(results, exp)
+        return ["akosim", "train", "--config", config, "--quiet", "--compute",
+                f"{compute_s!r}s", "--out", str(folder / "result.json"), *extra]
     if backend == "akosim-calibrated":
         measured = run_dir(results, "akorun", exp) / "result.json"
         if not (run_dir(results, "akorun", exp) / "done.json").exists():
@@ -141,7 +183,7 @@ def command(backend: str, exp: Experiment, results: Path, *,
         p = resolved_p(json.loads(measured.read_text())) if exp.scheme.startswith("ako") \
             else None
         given_p = ["--p", ",".join(str(x) for x in p)] if p else []
-        return ["akosim", "train", "--config", config, "--quiet", "--compute-from",
+        return ["akosim", "--config", config, "--quiet", "--compute-from",
                 str(compute), *given_p, "--out", str(folder / "result.json"), *extra]
     if backend == "akosim-fullsize":
         return ["akosim", "--config", config, "--quiet", "--compute", f"{SEED_COMPUTE_S:g}s",
@@ -192,7 +234,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default="results/experiments", type=Path)
     parser.add_argument("--force", action="store_true", help="rerun finished configurations")
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="akosim configurations run at once (akorun: always 1)")
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs: got {args.jobs}, expected a whole number >= 1")
     rounds = args.rounds if args.rounds is not None else (
         CI_ROUNDS if args.subset == "ci" else None)
     experiments = select(args.only, args.subset)
@@ -203,11 +249,18 @@ def main(argv: list[str] | None = None) -> int:
     results = args.results.resolve()
     failed = 0
     for backend in backends:
-        for exp in experiments:
+        jobs = 1 if backend == "akorun" else args.jobs
+
+        def one(exp: Experiment, backend: str = backend) -> str:
             status = run_one(backend, exp, results, rounds=rounds, force=args.force,
                              dry_run=args.dry_run)
-            failed += status.startswith("FAILED")
             print(f"{backend:<18} {exp.id:<28} {status}", flush=True)
+            return status
+
+        if backend == "akosim" and not args.dry_run:
+            measured_compute_s(results, experiments[0])  # once, before any parallel run
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            failed += sum(s.startswith("FAILED") for s in pool.map(one, experiments))
     return 1 if failed else 0
 
 

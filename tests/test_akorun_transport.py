@@ -245,14 +245,14 @@ class RecordingSender(PeerSender):
 
 
 def test_an_emulated_latency_delays_each_message_without_holding_the_link() -> None:
-    """On virtual time: 10 x 100 kB at 8 Mbit/s (0.1 s each, 10 kB of burst) with
+    """On virtual time: 10 x 100 kB at 8 Mbit/s (0.1 s each) with
     50 ms latency arrive at transfer end + latency, 0.1 s apart (latency does not
     hold the link), as akosim models; a failed attempt is paced and delayed again
     after its backoff."""
     from tests.test_shaping import run_virtual
 
     async def main() -> list[tuple[float, int]]:
-        shaper = LinkShaper(8e6, latency_s={1: 0.05}, burst_bytes=10_000)
+        shaper = LinkShaper(8e6, latency_s={1: 0.05})
         sender = RecordingSender(shaper, [Outcome.DELIVERED] * 9 + [Outcome.RETRY])
         start = asyncio.get_running_loop().time()
         sender.start()
@@ -264,12 +264,11 @@ def test_an_emulated_latency_delays_each_message_without_holding_the_link() -> N
 
     posted = run_virtual(main)
     assert [r for _, r in posted] == [*range(10), 9]
-    expected = [0.09 + 0.1 * k + 0.05 for k in range(10)]
+    expected = [0.1 * (k + 1) + 0.05 for k in range(10)]
     assert [t for t, _ in posted[:10]] == pytest.approx(expected, abs=1e-6)
-    # the retry: a jittered backoff in [0.25, 0.5] s, pacing (the refilled burst
-    # aside) and the latency again
+    # the retry: a jittered backoff in [0.25, 0.5] s, pacing and the latency again
     retry_s = posted[10][0] - posted[9][0]
-    assert 0.25 + 0.09 + 0.05 - 1e-6 <= retry_s <= 0.5 + 0.1 + 0.05 + 1e-6
+    assert 0.25 + 0.1 + 0.05 - 1e-6 <= retry_s <= 0.5 + 0.1 + 0.05 + 1e-6
 
 
 class RecordingHost(SinkHost):

@@ -20,12 +20,11 @@ import pytest
 
 from akocore.messages import Kind, Partial
 from akorun import wire
-from akorun.shaping import LinkShaper, TokenBucket
+from akorun.shaping import PIECE_BYTES, DownlinkShaper, LinkShaper, SerialLink
 
 T = TypeVar("T")
 
 MBIT = 1e6
-BURST = 64 * 1024
 
 
 class _JumpingSelector(selectors.DefaultSelector):
@@ -73,7 +72,7 @@ async def timed(awaitable: Awaitable[object]) -> float:
     return now() - start
 
 
-# --- TokenBucket -----------------------------------------------------------
+# --- SerialLink ------------------------------------------------------------
 
 
 def test_virtual_clock_loop_sleeps_exactly_and_instantly() -> None:
@@ -84,53 +83,97 @@ def test_virtual_clock_loop_sleeps_exactly_and_instantly() -> None:
     assert run_virtual(main) == 3600
 
 
-def test_bucket_paces_exactly_at_its_rate_after_the_burst() -> None:
+def test_serial_link_takes_nbytes_over_rate_and_serialises_reservations() -> None:
     async def main() -> tuple[float, float]:
-        bucket = TokenBucket(8 * MBIT, burst_bytes=BURST)  # 1e6 bytes/s
-        first = await timed(bucket.consume(1_000_000))
-        second = await timed(bucket.consume(500_000))
+        wire = SerialLink(8 * MBIT)  # 1e6 bytes/s
+        first = await timed(wire.send(1_000_000))
+        second = await timed(wire.send(500_000))
         return first, second
 
-    first, second = run_virtual(main)
-    assert first == pytest.approx((1_000_000 - BURST) / 1e6, abs=1e-9)
-    assert second == pytest.approx(0.5, abs=1e-9)
+    assert run_virtual(main) == pytest.approx((1.0, 0.5), abs=1e-9)
 
 
-def test_bucket_splits_large_consumptions_so_it_never_owes_more_than_a_burst() -> None:
+def test_serial_link_gives_no_credit_for_idle_time() -> None:
+    # a link idle for a whole compute phase still takes its full time for the next message
     async def main() -> float:
-        bucket = TokenBucket(8 * MBIT, burst_bytes=BURST)
-        lowest = math.inf
+        wire = SerialLink(8 * MBIT)
+        await wire.send(1000)
+        await asyncio.sleep(0.5)
+        return await timed(wire.send(100_000))
 
-        async def watch() -> None:
-            nonlocal lowest
-            while True:
-                lowest = min(lowest, bucket.tokens())
-                await asyncio.sleep(0.001)
-
-        watcher = asyncio.create_task(watch())
-        await bucket.consume(4_000_000)
-        watcher.cancel()
-        return lowest
-
-    assert run_virtual(main) >= -BURST
+    assert run_virtual(main) == pytest.approx(0.1, abs=1e-9)
 
 
-def test_burst_goes_at_once_and_idle_time_refills_only_up_to_the_burst() -> None:
+def test_serial_link_chains_from_the_virtual_end_so_timer_lateness_is_not_lost() -> None:
+    wire = SerialLink(8 * MBIT)
+    end = wire.reserve(0.0, 100_000)
+    assert end == pytest.approx(0.1)
+    # the sender woke 30 ms late but chains from the virtual end: no bandwidth lost
+    assert wire.reserve(end, 100_000) == pytest.approx(0.2)
+    # a transmission ready while the wire is busy waits for it
+    assert wire.reserve(0.05, 100_000) == pytest.approx(0.3)
+
+
+def test_serial_link_rejects_nonsense_parameters() -> None:
+    for rate in (0.0, -1.0, math.nan):
+        with pytest.raises(ValueError, match="rate_bps"):
+            SerialLink(rate)
+    with pytest.raises(ValueError, match="nbytes"):
+        SerialLink(MBIT).reserve(0.0, -1)
+
+
+def test_real_loop_pacing_of_1_mb_at_8_mbit_takes_at_least_1_s() -> None:
+    async def main() -> float:
+        return await timed(LinkShaper(8 * MBIT).pace(1, 1_000_000))
+
+    assert asyncio.run(main()) >= 1.0 - 1e-3  # exactly 1 s of wire time; never less
+
+
+def _admit_times(downlink_bps: float, sender_bps: float, arrivals: list[tuple[float, int]]
+                 ) -> list[float]:
+    """Finish time of each (arrival time, bytes) message through one DownlinkShaper."""
     async def main() -> list[float]:
-        bucket = TokenBucket(8 * MBIT, burst_bytes=BURST)
-        times = [await timed(bucket.consume(BURST))]  # full bucket: free
-        times.append(await timed(bucket.consume(1000)))  # empty: 1 ms
-        await asyncio.sleep(10.0)  # refills to BURST, not 10 MB
-        times.append(await timed(bucket.consume(BURST + 5000)))
-        return times
+        shaper = DownlinkShaper(downlink_bps, lambda _sender: sender_bps)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        finished: list[float] = [0.0] * len(arrivals)
 
-    assert run_virtual(main) == pytest.approx([0.0, 0.001, 0.005], abs=1e-9)
+        async def one(index: int, at_s: float, nbytes: int) -> None:
+            await asyncio.sleep(at_s)
+            await shaper.admit(index, nbytes)
+            finished[index] = loop.time() - start
+
+        await asyncio.gather(*(one(i, t, b) for i, (t, b) in enumerate(arrivals)))
+        return finished
+
+    return run_virtual(main)
 
 
-def test_default_burst_is_64_kib_or_10_ms_of_rate_whichever_is_larger() -> None:
-    assert TokenBucket(8 * MBIT).burst_bytes == 64 * 1024
-    assert TokenBucket(1000 * MBIT).burst_bytes == pytest.approx(1.25e6)
-    assert TokenBucket(math.inf).burst_bytes == 64 * 1024
+def test_downlink_does_not_delay_one_message_from_a_slower_or_equal_sender() -> None:
+    # 100 kB from a 8 Mbit/s sender took 0.1 s to arrive; the 8 Mbit/s downlink kept up
+    assert _admit_times(8 * MBIT, 8 * MBIT, [(0.1, 100_000)]) == pytest.approx([0.1], abs=1e-9)
+    assert _admit_times(16 * MBIT, 8 * MBIT, [(0.1, 100_000)]) == pytest.approx([0.1], abs=1e-9)
+
+
+def test_incast_of_k_messages_finishes_when_the_fluid_model_says() -> None:
+    # three senders at 8 Mbit/s start 100 kB each at t=0 towards a 12 Mbit/s downlink:
+    # the fluid model delivers the last byte at 3 x 100 kB / 1.5e6 B/s = 0.2 s
+    finished = _admit_times(12 * MBIT, 8 * MBIT, [(0.1, 100_000)] * 3)
+    assert max(finished) == pytest.approx(0.2, abs=1e-9)
+    assert sorted(finished)[0] == pytest.approx(0.1, abs=1e-9)
+
+
+def test_downlink_idle_time_is_not_banked_beyond_one_message() -> None:
+    # after 10 s idle, two messages arriving together still share the downlink
+    finished = _admit_times(8 * MBIT, 8 * MBIT,
+                            [(0.1, 100_000), (10.1, 100_000), (10.1, 100_000)])
+    assert finished[0] == pytest.approx(0.1, abs=1e-9)
+    assert max(finished) == pytest.approx(10.2, abs=1e-9)
+
+
+def test_downlink_rejects_a_non_positive_rate() -> None:
+    with pytest.raises(ValueError, match="downlink_bps"):
+        DownlinkShaper(0.0, lambda _sender: MBIT)
 
 
 def test_infinite_rate_never_sleeps(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -140,70 +183,24 @@ def test_infinite_rate_never_sleeps(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(asyncio, "sleep", no_sleep)  # what akorun.shaping awaits
 
     async def main() -> float:
-        bucket = TokenBucket(math.inf)
         shaper = LinkShaper(math.inf)
+        downlink = DownlinkShaper(math.inf, lambda _sender: MBIT)
         start = now()
         for _ in range(3):
-            await bucket.consume(10**12)
             await shaper.pace(1, 10**9)
             await shaper.transfer(2, 10**9)
+            await downlink.admit(1, 10**9)
         return now() - start
 
     assert run_virtual(main) == 0.0
 
 
-def test_concurrent_consumers_share_the_rate_and_finish_together() -> None:
-    async def main() -> list[float]:
-        bucket = TokenBucket(8 * MBIT, burst_bytes=BURST)
-
-        async def send(nbytes: int) -> float:
-            await bucket.consume(nbytes)
-            return now()
-
-        return list(await asyncio.gather(send(1_000_000), send(1_000_000)))
-
-    ends = run_virtual(main)
-    assert max(ends) == pytest.approx((2_000_000 - BURST) / 1e6, abs=1e-9)
-    # interleaved piece by piece (the first gets two pieces in before the second starts),
-    # not one consumer after the other
-    assert abs(ends[0] - ends[1]) <= 2 * BURST / 1e6 + 1e-9
-
-
-def test_a_cancelled_consumer_gives_back_the_tokens_it_never_used() -> None:
-    async def main() -> float:
-        bucket = TokenBucket(8 * MBIT, burst_bytes=BURST)
-        await bucket.consume(BURST)  # empty
-        waiting = asyncio.create_task(bucket.consume(BURST))  # would wait 65 ms
-        await asyncio.sleep(0.001)
-        waiting.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await waiting
-        return await timed(bucket.consume(1000))
-
-    assert run_virtual(main) == pytest.approx(0.0, abs=1e-9)
-
-
-def test_bucket_rejects_nonsense_parameters() -> None:
-    for rate in (0.0, -1.0, math.nan):
-        with pytest.raises(ValueError, match="rate_bps"):
-            TokenBucket(rate)
-    with pytest.raises(ValueError, match="burst_bytes"):
-        TokenBucket(MBIT, burst_bytes=0)
-
-
-def test_real_loop_pacing_of_1_mb_at_8_mbit_takes_at_least_0_9_s() -> None:
-    async def main() -> float:
-        return await timed(TokenBucket(8 * MBIT, burst_bytes=BURST).consume(1_000_000))
-
-    assert asyncio.run(main()) >= 0.9  # exactly 0.934 s of tokens; never less
-
-
 # --- LinkShaper ------------------------------------------------------------
 
 
-def test_shared_uplink_makes_two_destinations_share_its_rate() -> None:
+def test_shared_uplink_makes_two_destinations_share_its_rate_piece_by_piece() -> None:
     async def main() -> list[float]:
-        shaper = LinkShaper(8 * MBIT, burst_bytes=BURST)
+        shaper = LinkShaper(8 * MBIT)
 
         async def send(dest: int) -> float:
             await shaper.pace(dest, 1_000_000)
@@ -212,21 +209,43 @@ def test_shared_uplink_makes_two_destinations_share_its_rate() -> None:
         return list(await asyncio.gather(send(1), send(2)))
 
     ends = run_virtual(main)
-    assert max(ends) == pytest.approx((2_000_000 - BURST) / 1e6, abs=1e-9)
-    assert min(ends) >= (2_000_000 - 3 * BURST) / 1e6 - 1e-9  # neither got the whole uplink
+    assert max(ends) == pytest.approx(2.0, abs=1e-9)
+    # interleaved piece by piece: neither got the whole uplink first
+    assert min(ends) >= 2.0 - PIECE_BYTES / 1e6 - 1e-9
+
+
+def test_a_link_cap_and_the_uplink_pace_a_piece_together_not_one_after_the_other() -> None:
+    # link 2 Mbit/s under an 8 Mbit/s uplink: 500 kB takes 2 s, not 2 s + 0.5 s
+    async def main() -> float:
+        return await timed(LinkShaper(8 * MBIT, link_bps={1: 2 * MBIT}).pace(1, 500_000))
+
+    assert run_virtual(main) == pytest.approx(2.0, abs=1e-9)
+
+
+def test_a_queued_message_continues_where_the_previous_one_ended() -> None:
+    # a message ready at t=0 behind another starts at the previous one's virtual end,
+    # however late its lane woke up
+    async def main() -> float:
+        shaper = LinkShaper(8 * MBIT)
+        await shaper.pace(1, 100_000, ready_s=0.0)
+        await asyncio.sleep(0.03)  # the lane is late
+        await shaper.pace(1, 100_000, ready_s=0.0)
+        return now()
+
+    assert run_virtual(main) == pytest.approx(0.2, abs=1e-9)
 
 
 def test_real_loop_shared_uplink_takes_at_least_the_sum_over_the_rate() -> None:
     async def main() -> float:
-        shaper = LinkShaper(8 * MBIT, burst_bytes=BURST)
+        shaper = LinkShaper(8 * MBIT)
         return await timed(asyncio.gather(shaper.pace(1, 250_000), shaper.pace(2, 250_000)))
 
-    assert asyncio.run(main()) >= (500_000 - BURST) / 1e6
+    assert asyncio.run(main()) >= 0.5 - 1e-3
 
 
 def test_link_cap_slows_its_destination_and_leaves_the_rest_to_others() -> None:
     async def main() -> dict[int, float]:
-        shaper = LinkShaper(8 * MBIT, link_bps={1: 2 * MBIT}, burst_bytes=BURST)
+        shaper = LinkShaper(8 * MBIT, link_bps={1: 2 * MBIT})
         ends: dict[int, float] = {}
 
         async def send(dest: int, nbytes: int) -> None:
@@ -239,10 +258,10 @@ def test_link_cap_slows_its_destination_and_leaves_the_rest_to_others() -> None:
     ends = run_virtual(main)
     # dest 1 is held to 250 kB/s by its link; queueing for the busy uplink adds at most
     # about one piece of delay to its last piece
-    link_bound_s = (500_000 - BURST) / 250e3
-    assert link_bound_s - 1e-9 <= ends[1] <= link_bound_s + 2 * BURST / 1e6
+    link_bound_s = 500_000 / 250e3
+    assert link_bound_s - 1e-9 <= ends[1] <= link_bound_s + 2 * PIECE_BYTES / 1e6
     # the uplink as a whole still moves 1 MB/s: dest 2 finishes when both are through
-    assert ends[2] == pytest.approx((2_000_000 - BURST) / 1e6, abs=BURST / 1e6)
+    assert ends[2] == pytest.approx(2.0, abs=PIECE_BYTES / 1e6)
 
 
 def test_link_rates_and_latencies_may_be_functions() -> None:
@@ -258,8 +277,8 @@ def test_link_rates_and_latencies_may_be_functions() -> None:
 
 def test_transfer_charges_latency_after_the_bytes() -> None:
     async def main() -> float:
-        shaper = LinkShaper(8 * MBIT, latency_s={1: 0.05}, burst_bytes=BURST)
-        return await timed(shaper.transfer(1, BURST + 100_000))
+        shaper = LinkShaper(8 * MBIT, latency_s={1: 0.05})
+        return await timed(shaper.transfer(1, 100_000))
 
     assert run_virtual(main) == pytest.approx(0.1 + 0.05, abs=1e-9)
 
@@ -285,12 +304,12 @@ def test_chunks_yield_head_then_the_whole_body_in_order_as_zero_copy_slices() ->
 
 def test_chunks_are_paced_and_the_last_one_waits_for_the_latency() -> None:
     async def main() -> list[tuple[float, bytes]]:
-        shaper = LinkShaper(8 * MBIT, latency_s={1: 0.05}, burst_bytes=BURST)
-        return await collect(shaper.chunks(1, bytes(BURST + 200_000), 50_000))
+        shaper = LinkShaper(8 * MBIT, latency_s={1: 0.05})
+        return await collect(shaper.chunks(1, bytes(200_000), 50_000))
 
     times = [t for t, _ in run_virtual(main)]
-    # the first 64 KiB ride the burst; then 50 kB per 50 ms; then the latency
-    assert times[0] == pytest.approx(0.0, abs=1e-9)
+    # 50 kB per 50 ms; then the latency
+    assert times[0] == pytest.approx(0.05, abs=1e-9)
     transfer_end_s = 200_000 / 1e6
     assert times[-1] == pytest.approx(transfer_end_s + 0.05, abs=1e-9)
     assert times == sorted(times)
@@ -298,15 +317,16 @@ def test_chunks_are_paced_and_the_last_one_waits_for_the_latency() -> None:
 
 def test_latency_does_not_hold_the_uplink_for_other_messages() -> None:
     async def main() -> tuple[float, float]:
-        shaper = LinkShaper(8 * MBIT, latency_s={1: 1.0}, burst_bytes=BURST)
-        slow = asyncio.create_task(collect(shaper.chunks(1, bytes(BURST))))
+        shaper = LinkShaper(8 * MBIT, latency_s={1: 1.0})
+        slow = asyncio.create_task(collect(shaper.chunks(1, bytes(50_000))))
         await asyncio.sleep(0)
         other = await timed(shaper.transfer(2, 100_000))
         return other, (await slow)[-1][0]
 
     other, slow_end = run_virtual(main)
-    assert other == pytest.approx(0.1, abs=1e-9)  # the uplink was free during dest 1's latency
-    assert slow_end == pytest.approx(1.0, abs=1e-9)
+    # the uplink was free during dest 1's latency: only its 50 ms of bytes came first
+    assert other == pytest.approx(0.15, abs=1e-9)
+    assert slow_end == pytest.approx(1.05, abs=1e-9)
 
 
 def test_empty_body_still_takes_the_latency() -> None:
@@ -366,7 +386,7 @@ def test_paced_chunks_stream_a_wire_message_through_aiohttp() -> None:
         try:
             header, body = wire.encode(partial, run_id=run_id, config_hash=config_hash,
                                        secret=secret)  # fmt: skip
-            shaper = LinkShaper(32 * MBIT, burst_bytes=BURST)  # 4 MB/s
+            shaper = LinkShaper(32 * MBIT)  # 4 MB/s
             start = now()
             async with ClientSession() as session:
                 async with session.post(
@@ -381,7 +401,7 @@ def test_paced_chunks_stream_a_wire_message_through_aiohttp() -> None:
 
     status, elapsed_s = asyncio.run(main())
     assert status == 200
-    assert elapsed_s >= (wire.HEADER_SIZE + values.nbytes - BURST) / 4e6
+    assert elapsed_s >= (wire.HEADER_SIZE + values.nbytes) / 4e6 - 1e-3
     (got,) = received
     assert got.key == partial.key and got.values is not None
     np.testing.assert_array_equal(got.values, values)
