@@ -32,6 +32,8 @@ class PeerCounters:
     send_s: float = 0.0  # seconds in successful POSTs
     delivery_s: float = 0.0  # seconds from queueing to acknowledgement, summed
     max_delivery_s: float = 0.0
+    stack_s: float = 0.0  # seconds from the end of emulated pacing to the ack, less latency
+    stack_messages: int = 0  # first-attempt deliveries counted in stack_s
     send_dropped: Counter[str] = field(default_factory=Counter)  # reason -> messages
 
 
@@ -72,6 +74,14 @@ class Metrics:
     def retries(self) -> int:
         return sum(c.retries for c in self.peers.values())
 
+    def message_overhead_s(self) -> float | None:
+        """Mean seconds a delivered message spent beyond the emulated wire (see
+        `PeerCounters.stack_s`), over all peers; None before any such delivery."""
+        messages = sum(c.stack_messages for c in self.peers.values())
+        if not messages:
+            return None
+        return sum(c.stack_s for c in self.peers.values()) / messages
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "rank": self.rank,
@@ -83,6 +93,7 @@ class Metrics:
             "compute_s": self.compute_s,
             "wait_s": self.wait_s,
             "send_block_s": self.send_block_s,
+            "message_overhead_s": self.message_overhead_s(),
             "bytes_sent": self.bytes_sent,
             "bytes_received": self.bytes_received,
             "retries": self.retries,
@@ -99,6 +110,7 @@ class Metrics:
                     "send_s": c.send_s,
                     "mean_delivery_s": c.delivery_s / c.messages_sent if c.messages_sent else None,
                     "max_delivery_s": c.max_delivery_s,
+                    "mean_stack_s": c.stack_s / c.stack_messages if c.stack_messages else None,
                     "send_dropped": dict(c.send_dropped),
                 }
                 for rank, c in sorted(self.peers.items())

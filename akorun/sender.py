@@ -209,13 +209,20 @@ class PeerSender:
                 # clock then charges none of the lane's own wake-up lateness
                 ready_s = max(message.queued_s, room_s) or None
                 await self.shaper.pace(self.dest, message.nbytes, ready_s=ready_s)
-            task = asyncio.create_task(self.deliver(message))
+            task = asyncio.create_task(self.deliver(message, paced_at_s=loop.time()))
             self._deliveries.add(task)
             task.add_done_callback(self._deliveries.discard)
 
-    async def deliver(self, message: Outgoing, *, paced: bool = True) -> None:
+    async def deliver(self, message: Outgoing, *, paced: bool = True,
+                      paced_at_s: float | None = None) -> None:
         """POST `message` (after the link latency) until the peer takes it or refuses it
-        for good. A retry is paced through the emulated link again, like a resend."""
+        for good. A retry is paced through the emulated link again, like a resend.
+
+        `paced_at_s` (loop time the lane finished pacing it): a first-attempt delivery
+        adds its time from there to the acknowledgement, less the emulated latency, to
+        the peer's `stack_s`: what a message costs beyond the emulated wire (task
+        hops, HTTP, the receiver's verification and apply), which akosim can take
+        as a per-message latency (``message_overhead_s``)."""
         loop = asyncio.get_running_loop()
         attempt = 0
         try:
@@ -235,6 +242,10 @@ class PeerSender:
                     self.counters.bytes_sent += message.nbytes
                     self.counters.messages_sent += 1
                     self.counters.send_s += now - attempt_start_s
+                    if paced_at_s is not None and attempt == 0:
+                        latency = self.shaper.latency_of(self.dest) if self.shaper else 0.0
+                        self.counters.stack_s += max(0.0, now - paced_at_s - latency)
+                        self.counters.stack_messages += 1
                     if message.queued_s:
                         delivery_s = now - message.queued_s
                         self.counters.delivery_s += delivery_s

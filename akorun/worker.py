@@ -1095,6 +1095,7 @@ class Worker:
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "model_bytes": self.workload.gradient_bytes if self.workload is not None else None,
             "peers": metrics.as_dict()["peers"],
+            "message_overhead_s": metrics.message_overhead_s(),
             "config": config_to_dict(self.cfg),
         }
 

@@ -90,12 +90,16 @@ def _add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         help="compute seconds per round, e.g. 0.3s or 250ms; 'measure' times the real "
              "--workload gradient step on this machine (default)")
     add("--compute-from", metavar="RESULT.json",
-        help="take each worker's measured compute time (and its per-round overhead, when "
-             "the file has it) from an akorun result file")
+        help="take each worker's measured compute time (and its per-round overhead and "
+             "per-message overhead, when the file has them) from an akorun result file")
     add("--round-overhead", metavar="DURATION",
         help="per-round time each worker spends outside the gradient (dispatch, inbox, "
              "optimizer, event loop), spent before the round's sends leave, e.g. 3ms "
              "(default 0, or what --compute-from's result measured)")
+    add("--message-overhead", metavar="DURATION",
+        help="per-message time beyond the wire (software stack: HTTP, verification, "
+             "apply), added to every link's latency, e.g. 2ms (default 0, or what "
+             "--compute-from's result measured)")
     add("--compute-jitter", type=float, default=0.0, metavar="FRACTION",
         help="relative standard deviation of each round's compute time, e.g. 0.1")
     add("--speeds", metavar="F1,F2,...",
@@ -256,6 +260,34 @@ def overhead_from_result(path: str, workers: int) -> tuple[float, ...] | None:
     return tuple(filled[i % len(filled)] for i in range(workers))
 
 
+def message_overhead_from_result(path: str, nodes: int) -> tuple[float, ...]:
+    """Per-rank seconds a message costs beyond the emulated wire (akorun's
+    ``message_overhead_s``); ranks without it get the others' mean; () when none has it."""
+    try:
+        ranks = json.loads(Path(path).read_text())["workers"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ()
+    values = [_number(r.get("message_overhead_s")) if isinstance(r, dict) else None
+              for r in ranks]
+    known = [max(v, 0.0) for v in values if v is not None]
+    if not known:
+        return ()
+    mean = sum(known) / len(known)
+    filled = [max(v, 0.0) if v is not None else mean for v in values]
+    return tuple(filled[i % len(filled)] for i in range(nodes))
+
+
+def _message_overhead(args: argparse.Namespace, nodes: int) -> tuple[float, ...]:
+    if getattr(args, "message_overhead", None) is not None:
+        value = parse_duration(args.message_overhead)
+        if value < 0:
+            raise UsageError(f"--message-overhead: got {args.message_overhead}, expected >= 0")
+        return (value,)
+    if getattr(args, "compute_from", None):
+        return message_overhead_from_result(args.compute_from, nodes)
+    return ()
+
+
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -310,7 +342,8 @@ def _setup(args: argparse.Namespace, cfg: RunConfig, *, training: bool):
     if not 0 <= coalesce < 0.5:
         raise UsageError(f"--coalesce: got {args.coalesce}, expected a fraction 0 <= x < 0.5, "
                          f"e.g. 0.01")
-    setup = Setup(cfg, length, compute, cfg.train.batch_size, stop, coalesce_rel=coalesce)
+    setup = Setup(cfg, length, compute, cfg.train.batch_size, stop, coalesce_rel=coalesce,
+                  message_overhead_s=_message_overhead(args, cfg.cluster.workers))
     return setup, (workload() if training else None)
 
 

@@ -41,6 +41,9 @@ class Setup:
     batch_size: int
     stop: StopRule
     coalesce_rel: float = COALESCE_REL  # see akosim.network: finish within this of a message
+    # per sending node: seconds a message costs beyond the wire (software stack), added
+    # to the latency of each of its links; empty = none (`akosim --message-overhead`)
+    message_overhead_s: tuple[float, ...] = ()
 
     @property
     def gradient_bytes(self) -> int:
@@ -123,9 +126,17 @@ class SimRun:
         return data
 
 
-def network_spec(config: RunConfig) -> NetworkSpec:
+def network_spec(config: RunConfig, message_overhead_s: tuple[float, ...] = ()) -> NetworkSpec:
+    """The configured network; `message_overhead_s[i % len]` is added to the latency of
+    every link out of node i."""
     arrays = network_arrays(config)
-    return NetworkSpec(arrays.uplink_bps, arrays.downlink_bps, arrays.link_bps, arrays.latency_s)
+    latency_s = arrays.latency_s
+    if message_overhead_s:
+        n = latency_s.shape[0]
+        extra = np.array([message_overhead_s[i % len(message_overhead_s)] for i in range(n)])
+        latency_s = latency_s + extra[:, None]
+        np.fill_diagonal(latency_s, 0.0)
+    return NetworkSpec(arrays.uplink_bps, arrays.downlink_bps, arrays.link_bps, latency_s)
 
 
 def ako_variant(setup: Setup, p: str | tuple[int, ...] | None = None,
@@ -181,7 +192,7 @@ def simulate(setup: Setup, variant: Variant, *, trace: bool = False,
             if tracker.evaluate(params, rounds_done, now_s):
                 sim.request_stop()
 
-    network = network_spec(config)
+    network = network_spec(config, setup.message_overhead_s)
     sim = Simulation(nodes, network, setup.compute, setup.stop, gradients=gradients,
                      trace=trace, on_round=on_round, coalesce_rel=setup.coalesce_rel)
     started = time.perf_counter()

@@ -28,10 +28,12 @@ Backends (one folder each, RESULTS/<backend>/<network>/<n>w-<scheme>/):
   time outside the gradient and the gate) for every rank, and a parameter
   server's rank has neither, so the runner writes ``compute.json`` beside it
   with the server's entries set to the training workers' means (unused by the
-  server). For ako it also passes akorun's resolved p (``--p``, from the
-  result's ``p``), so that p auto, which each backend resolves from its own
-  compute measurement, compares like with like; the uncalibrated akosim run
-  keeps its own p auto resolution;
+  server), and each rank's ``message_overhead_s`` (what a message costs beyond
+  the emulated wire: task hops, HTTP, verification, apply), which akosim adds
+  to the latency of that rank's links. For ako it also passes akorun's resolved
+  p (``--p``, from the result's ``p``), so that p auto, which each backend
+  resolves from its own compute measurement, compares like with like; the
+  uncalibrated akosim run keeps its own p auto resolution;
 - akosim-fullsize: the seeds' unscaled setup, timing only: ``akosim --config
   configs/experiments/fullsize/... --compute 0.25s --out result.json``.
 
@@ -149,7 +151,8 @@ def calibration_file(akorun_result: Path, out: Path) -> Path:
     filled = [{"rank": w.get("rank"), "role": w.get("role"),
                "compute_s_per_round": float(w["compute_s_per_round"])
                if _number(w.get("compute_s_per_round")) is not None else mean,
-               "overhead_s_per_round": overhead if overhead is not None else mean_overhead}
+               "overhead_s_per_round": overhead if overhead is not None else mean_overhead,
+               "message_overhead_s": _number(w.get("message_overhead_s"))}
               for w, overhead in zip(ranks, overheads, strict=True)]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"source": str(akorun_result), "p": resolved_p(data),

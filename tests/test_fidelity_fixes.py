@@ -4,6 +4,9 @@
 - akorun's bytes per round exclude the final flush (reported apart);
 - a per-round overhead: measured by akorun (``overhead_s_per_round``), modelled by akosim
   (``ComputeModel.overhead_s``, ``--round-overhead``, read by ``--compute-from``);
+- a per-message overhead (what a message costs beyond the emulated wire): measured by
+  akorun (``message_overhead_s``), modelled by akosim as link latency
+  (``--message-overhead``, read by ``--compute-from``);
 - calibrated runs give akosim akorun's resolved p;
 - ``measure_compute_s``: warm-up steps, then the median of more steps.
 
@@ -24,7 +27,13 @@ import pytest
 from akocore.workload import build_workload
 from akorun.results import merge_results, worker_summary
 from akorun.worker import RoundTimes
-from akosim.cli import compute_from_result, main, overhead_from_result, rank_overhead_s
+from akosim.cli import (
+    compute_from_result,
+    main,
+    message_overhead_from_result,
+    overhead_from_result,
+    rank_overhead_s,
+)
 from akosim.compute import ComputeModel
 from analysis.matrix import select
 from analysis.report import Record, p_text
@@ -118,6 +127,27 @@ def test_compute_from_reads_the_overhead_and_falls_back_for_older_results(
     assert overridden["round_time_s"] == pytest.approx(without["round_time_s"])
 
 
+def test_message_overhead_delays_each_message_like_latency(capsys, tmp_path: Path) -> None:
+    lockstep = ("--compute", "10ms", "--ssp", "0")
+    plain = _sim(capsys, tmp_path, *lockstep)
+    slow = _sim(capsys, tmp_path, *lockstep, "--message-overhead", "3ms")
+    assert slow["round_time_s"] - plain["round_time_s"] == pytest.approx(0.003, rel=1e-6)
+    measured = tmp_path / "measured.json"
+    measured.write_text(json.dumps({"workers": [
+        {"compute_s_per_round": 0.01, "message_overhead_s": 0.002},
+        {"compute_s_per_round": 0.01, "message_overhead_s": 0.004},
+        {"compute_s_per_round": None}]}))  # no value: the others' mean
+    assert message_overhead_from_result(str(measured), 3) == pytest.approx((0.002, 0.004, 0.003))
+    assert message_overhead_from_result(str(tmp_path / "missing.json"), 2) == ()
+    from_file = _sim(capsys, tmp_path, "--compute-from", str(measured), "--ssp", "0")
+    # lockstep, each rank's messages delayed by its own overhead: the two ranks wait for
+    # each other in turn, 2 ms then 4 ms, so a round takes 3 ms longer on average
+    assert from_file["round_time_s"] - plain["round_time_s"] == pytest.approx(0.003, rel=1e-6)
+    with pytest.raises(SystemExit) as exit_:
+        main(["--gradient-size", "4KB", "--message-overhead", "-1ms", "--quiet"])
+    assert exit_.value.code == 2
+
+
 # ----------------------------------------------------------------- akorun results
 
 
@@ -168,6 +198,9 @@ def test_akorun_compiles_before_the_start_and_reports_the_new_fields(tmp_path: P
         steady = rank["round_time_s"] - rank["compute_s_per_round"] - rank["wait_s_per_round"]
         assert rank["overhead_s_per_round"] == pytest.approx(steady, rel=1e-6, abs=1e-9)
         assert rank["bytes_sent_flush"] > 0  # node.finish owes the unsent parts
+        # every delivered message's time past the wire (here: all of HTTP) is counted
+        assert rank["message_overhead_s"] > 0
+        assert all(peer["mean_stack_s"] > 0 for peer in rank["peers"].values())
         assert rank["bytes_sent_per_worker_per_round"] * rank["rounds"] == \
             pytest.approx(rank["bytes_sent_rounds"])
 
@@ -186,7 +219,8 @@ def test_calibrated_runs_take_akoruns_p_compute_and_overhead(tmp_path: Path) -> 
     [auto] = select("uniform-wan/2w-ako-pauto", "all")
     [ps] = select("uniform-wan/2w-ps", "all")
     worker = {"role": "worker", "compute_s_per_round": 0.012, "round_time_s": 0.03,
-              "wait_s_per_round": 0.01, "overhead_s_per_round": 0.006}
+              "wait_s_per_round": 0.01, "overhead_s_per_round": 0.006,
+              "message_overhead_s": 0.002}
     _fake_akorun(tmp_path, auto, [35, 35], [{**worker, "rank": 0}, {**worker, "rank": 1}])
     old = {k: v for k, v in worker.items() if k != "overhead_s_per_round"}
     _fake_akorun(tmp_path, ps, None, [{**old, "rank": 0}, {**old, "rank": 1},
@@ -195,14 +229,22 @@ def test_calibrated_runs_take_akoruns_p_compute_and_overhead(tmp_path: Path) -> 
     assert cmd is not None and cmd[cmd.index("--p") + 1] == "35,35"
     data = json.loads(Path(cmd[cmd.index("--compute-from") + 1]).read_text())
     assert [w["overhead_s_per_round"] for w in data["workers"]] == [0.006, 0.006]
+    assert [w["message_overhead_s"] for w in data["workers"]] == [0.002, 0.002]
+    assert cmd[:2] == ["akosim", "--config"]  # timing only: the fidelity needs no gradients
     ps_cmd = command("akosim-calibrated", ps, tmp_path)
     assert ps_cmd is not None and "--p" not in ps_cmd
     compute = json.loads(calibration_file(run_dir(tmp_path, "akorun", ps) / "result.json",
                                           tmp_path / "c.json").read_text())
     overheads = [w["overhead_s_per_round"] for w in compute["workers"]]
     assert overheads == pytest.approx([0.008, 0.008, 0.008])  # the server: the mean
+    # the uncalibrated prediction's compute: measured once per results folder, then reused
+    measured = tmp_path / "akosim" / "compute.json"
+    measured.parent.mkdir(parents=True)
+    measured.write_text(json.dumps({
+        f"digits-cnn/batch 104/{mode} XLA": 0.0123 for mode in ("single-thread", "default")}))
     uncalibrated = command("akosim", auto, tmp_path)
     assert uncalibrated is not None and "--p" not in uncalibrated  # akosim's own p auto
+    assert uncalibrated[uncalibrated.index("--compute") + 1] == "0.0123s"
     assert resolved_p({"p": None}) is None and resolved_p({"p": [2, 4]}) == [2, 4]
 
 
