@@ -53,10 +53,21 @@ from akorun.shaping import LinkShaper
 log = logging.getLogger("akorun")
 
 DUPLICATE_HEADER = "X-Ako-Duplicate"
+# seconds the receiver held the message at its emulated downlink (incast), informational
+DOWNLINK_WAIT_HEADER = "X-Ako-Downlink-Wait-S"
 DEFAULT_QUEUE_MESSAGES = 64
 DEFAULT_WINDOW = 2  # messages in flight to one peer: the next one travels while the
 # receiver verifies the last (order is not needed: receivers sort rounds out)
 _FATAL_STATUSES = {400: "malformed", 401: "bad_signature", 409: "wrong_run", 413: "too_large"}
+
+
+def _seconds(text: str | None) -> float:
+    """A non-negative number of seconds from a response header; 0 when absent or bad."""
+    try:
+        value = float(text) if text is not None else 0.0
+    except ValueError:
+        return 0.0
+    return value if 0.0 <= value < float("inf") else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +129,7 @@ class PeerSender:
         self.ssl = ssl
         self.queue: deque[Outgoing] = deque()
         self.in_flight: list[Outgoing] = []
+        self._downlink_wait_s: dict[int, float] = {}  # id(message) -> receiver's downlink hold
         self.window = window
         self.acked_round = -1
         self.dropped_until = -1
@@ -242,9 +254,12 @@ class PeerSender:
                     self.counters.bytes_sent += message.nbytes
                     self.counters.messages_sent += 1
                     self.counters.send_s += now - attempt_start_s
+                    held_s = self._downlink_wait_s.pop(id(message), 0.0)
                     if paced_at_s is not None and attempt == 0:
+                        # the emulated latency and the receiver's emulated downlink are
+                        # the network's; the rest is the software stack's
                         latency = self.shaper.latency_of(self.dest) if self.shaper else 0.0
-                        self.counters.stack_s += max(0.0, now - paced_at_s - latency)
+                        self.counters.stack_s += max(0.0, now - paced_at_s - latency - held_s)
                         self.counters.stack_messages += 1
                     if message.queued_s:
                         delivery_s = now - message.queued_s
@@ -260,6 +275,7 @@ class PeerSender:
                 attempt += 1
                 paced = False
         finally:
+            self._downlink_wait_s.pop(id(message), None)
             self.in_flight.remove(message)
             self._changed.set()
 
@@ -272,6 +288,8 @@ class PeerSender:
                 status = response.status
                 text = await response.read() if status != 200 else b""
                 duplicate = response.headers.get(DUPLICATE_HEADER) == "1"
+                self._downlink_wait_s[id(message)] = _seconds(
+                    response.headers.get(DOWNLINK_WAIT_HEADER))
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             log.debug("send to %d (round %d) failed: %s", self.dest, message.round, error)
             return Outcome.RETRY

@@ -41,7 +41,7 @@ from akocore.schemes import SchemeError
 from akorun import control
 from akorun.errors import UsageError
 from akorun.metrics import PROMETHEUS_CONTENT_TYPE, Metrics
-from akorun.sender import DUPLICATE_HEADER
+from akorun.sender import DOWNLINK_WAIT_HEADER, DUPLICATE_HEADER
 from akorun.wire import (
     HEADER_SIZE,
     Status,
@@ -281,9 +281,17 @@ class Server:
         partial = to_partial(header, values)
         if partial.values is None:  # an empty marker (final, PULL) still carries its values
             partial = dataclasses.replace(partial, values=values)
+        downlink = getattr(host, "downlink", None)  # an emulated incoming NIC, if any
+        wait_s = 0.0
+        if downlink is not None:
+            loop = asyncio.get_running_loop()
+            arrived_s = loop.time()
+            await downlink.admit(header.sender, HEADER_SIZE + nbytes)
+            wait_s = loop.time() - arrived_s
         accepted = await host.on_partial(partial, HEADER_SIZE + nbytes)
         return web.json_response({"duplicate": not accepted},
-                                 headers={DUPLICATE_HEADER: "0" if accepted else "1"})
+                                 headers={DUPLICATE_HEADER: "0" if accepted else "1",
+                                          DOWNLINK_WAIT_HEADER: f"{wait_s:.6f}"})
 
     async def _read_body_in_lane(self, content: StreamReader, values: np.ndarray,
                                  verifier: Verifier, nbytes: int) -> None:

@@ -206,7 +206,8 @@ class Worker:
         self.done_peers: set[int] = set()
         self.rejoining_peers: dict[int, float] = {}  # peer -> loop time of its rejoin-hello
         self.senders: dict[int, PeerSender] = {}
-        self.downlink: DownlinkShaper | None = None  # emulated incoming NIC
+        # emulated incoming NIC: the server admits each message through it
+        self.downlink: DownlinkShaper | None = None
         self.times = RoundTimes()
         self.first_round = 0
         self.rounds_done = 0
@@ -313,8 +314,6 @@ class Worker:
         return self.workload.gradient_bytes
 
     async def on_partial(self, partial: Partial, nbytes: int) -> bool:
-        if self.downlink is not None:  # emulated network: the message crosses our NIC
-            await self.downlink.admit(partial.sender, nbytes)
         node = self.node
         assert node is not None
         receipt = node.receive(partial)  # SchemeError -> 400 in the server

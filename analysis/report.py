@@ -41,7 +41,7 @@ from analysis.matrix import (
 )
 
 BACKENDS = ("akosim", "akorun", "akosim-calibrated", "akosim-fullsize")
-TRAINING_BACKENDS = ("akosim", "akorun", "akosim-calibrated")
+TRAINING_BACKENDS = ("akosim", "akorun")  # akosim-calibrated is timing only
 WARMUP_ROUNDS = 3
 FIXED_P = ("ako-p1", "ako-various", "ako-p4")
 
@@ -64,6 +64,7 @@ class Record:
     rounds: int | None = None
     partial: bool = False  # run with a --rounds override (CI subset): not the budget
     overhead_s: float | None = None  # akorun: mean per-round time outside gradient and gate
+    message_overhead_s: float | None = None  # akorun: mean time a message costs past the wire
 
 
 def _num(value: Any) -> float | None:
@@ -114,7 +115,14 @@ def _akorun_record(exp: Experiment, data: dict[str, Any]) -> Record:
                   _num(data.get("round_time_s")), _num(data.get("bytes_sent_per_worker_per_round")),
                   _num(data.get("compute_s_per_round")), p if isinstance(p, list) else None,
                   curve, _num(ranks[0].get("final_accuracy")) if ranks else None, rounds,
-                  overhead_s=rank_overhead_s(data))
+                  overhead_s=rank_overhead_s(data),
+                  message_overhead_s=_mean_known(w.get("message_overhead_s")
+                                                 for w in data.get("workers", [])))
+
+
+def _mean_known(values: Iterable[Any]) -> float | None:
+    known = [v for v in (_num(x) for x in values) if v is not None]
+    return sum(known) / len(known) if known else None
 
 
 def p_text(record: Record | None) -> str:
@@ -202,10 +210,10 @@ def seeds_table(records: dict[tuple[str, str], Record]) -> str:
 
 
 def time_to_target_table(records: dict[tuple[str, str], Record]) -> str:
-    lines = ["| configuration | p (akosim) | akosim s | akorun s | akosim calibrated s | "
+    lines = ["| configuration | p (akosim) | akosim s | akorun s | "
              "rounds to target (akosim) | full-size round s | full-size est. s | "
              "seeds' 300 s reached? |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|"]
     for exp in all_experiments():
         if not any((b, exp.id) in records for b in BACKENDS):
             continue
@@ -220,7 +228,6 @@ def time_to_target_table(records: dict[tuple[str, str], Record]) -> str:
         lines.append(
             f"| {exp.id} | {p} | {_fmt(ttt(records, 'akosim', exp.id), '.2f')} | "
             f"{_fmt(ttt(records, 'akorun', exp.id), '.2f')} | "
-            f"{_fmt(ttt(records, 'akosim-calibrated', exp.id), '.2f')} | "
             f"{_fmt(rounds, 'd') if rounds is not None else '-'} | {_fmt(full_rt, '.3f')} | "
             f"{_fmt(estimate, '.0f')} | {reached} |")
     return "\n".join(lines)
@@ -321,10 +328,10 @@ def goals_verdict(rows: Sequence[GoalRow]) -> list[str]:
 def fidelity(records: dict[tuple[str, str], Record]) -> tuple[list[FidelitySummary], str]:
     summaries = []
     detail = ["| configuration | p akorun / akosim | akorun compute s | akorun overhead s | "
-              "akosim compute s | measured round s | "
+              "akorun message overhead s | akosim compute s | measured round s | "
               "predicted (uncal.) | error | predicted (cal.) | error | measured B/round | "
               "predicted B/round (cal.) | error |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for calibration, backend in (("uncalibrated", "akosim"), ("calibrated", "akosim-calibrated")):
         for metric, attr in (("round time", "round_time_s"),
                              ("bytes per round", "bytes_per_round")):
@@ -353,7 +360,7 @@ def fidelity(records: dict[tuple[str, str], Record]) -> tuple[list[FidelitySumma
 
         detail.append(
             f"| {exp.id} | {p_text(real)} / {p_text(unc)} | {_fmt(real.compute_s, '.4f')} | "
-            f"{_fmt(real.overhead_s, '.4f')} | "
+            f"{_fmt(real.overhead_s, '.4f')} | {_fmt(real.message_overhead_s, '.4f')} | "
             f"{_fmt(unc.compute_s if unc else None, '.4f')} | {_fmt(real.round_time_s, '.4f')} | "
             f"{_fmt(unc.round_time_s if unc else None, '.4f')} | "
             f"{err(unc.round_time_s if unc else None, real.round_time_s)} | "
@@ -474,15 +481,18 @@ def build_report(results: Path, out: Path, *, plots: bool = True) -> Path:
         "the schemes at the budget.\n",
         goals_table(rows), "", *goals_verdict(rows), "",
         "## Fidelity: akosim's prediction against akorun's measurement\n",
-        "Uncalibrated: akosim measures compute itself (`--compute measure`, one process "
-        "alone, median of 30 gradient steps after a warm-up), models no per-round overhead "
-        "and resolves p auto itself (so its p can differ from akorun's: column p). "
-        "Calibrated: akosim takes each rank's compute time and per-round overhead (time "
-        "outside the gradient step and the gate: dispatch, inbox, optimizer, event loop) "
-        "from the akorun run (`--compute-from`), and akorun's resolved p (`--p`), so p auto "
-        "compares like with like. The difference between the two is the compute, overhead "
-        "and p share of the error; what is left in the calibrated error is network and "
-        "transport.\n",
+        "Uncalibrated: akosim measures compute itself (`--compute measure`: one process "
+        "alone, median of 30 gradient steps after a warm-up, once for the whole matrix), "
+        "models no per-round or per-message overhead and resolves p auto itself (so its p "
+        "can differ from akorun's: column p). Calibrated (timing only, no gradients): akosim "
+        "takes each rank's compute time, per-round overhead (time outside the gradient step "
+        "and the gate: dispatch, inbox, optimizer, event loop) and per-message overhead "
+        "(what a message costs past the emulated wire: task hops, HTTP, verification, "
+        "apply; added to the link latency) from the akorun run (`--compute-from`), and "
+        "akorun's resolved p (`--p`), so p auto compares like with like. The difference "
+        "between the two is the share of the error that comes from the machine (compute "
+        "slowed by sharing 2 cores, the software stack); what is left in the calibrated "
+        "error is the network model.\n",
         markdown(summaries) if any(s.pairs for s in summaries) else
         "_No configuration has run in both backends yet._", "", detail, "",
         "## Plots\n", plot_note,

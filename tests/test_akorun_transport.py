@@ -10,8 +10,10 @@ Async code runs through asyncio.run (no pytest-asyncio).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import hmac
+import math
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -173,6 +175,32 @@ def test_an_emulated_40mbps_link_delivers_40mbps_at_the_receiver() -> None:
     sizes = [n for _, n, _ in host.arrivals]
     measured_bps = 8 * sum(sizes[1:]) / (times[-1] - times[0])
     assert abs(measured_bps / rate_bps - 1) < 0.05, measured_bps
+
+
+def test_the_receivers_downlink_hold_is_the_networks_not_the_message_overhead() -> None:
+    """A receiver with an emulated 0.8 Mbit/s downlink holds a 100 kB message for at
+    least 1 s before applying it, says so in its answer, and the sender counts that
+    hold as network time: its per-message overhead (stack_s) excludes it."""
+    from akorun.shaping import DownlinkShaper
+
+    host = SinkHost(SECRET, RUN, WIRE_HASH)
+    host.downlink = DownlinkShaper(0.8e6, lambda _sender: math.inf)  # type: ignore[attr-defined]
+    length = 100_000 // 4 - 25
+
+    async def body(url: str, session: Any) -> PeerSender:
+        sender = sender_to(url, session)
+        sender.start()
+        await sender.put(dataclasses.replace(encoded(0, length),
+                                             queued_s=asyncio.get_running_loop().time()))
+        await asyncio.wait_for(sender.wait(lambda: sender.idle), 30)
+        await sender.stop()
+        return sender
+
+    sender = asyncio.run(serving(host, body))
+    counters = sender.counters
+    assert counters.messages_sent == 1 and counters.stack_messages == 1
+    assert counters.delivery_s >= 1.0  # the hold is part of the delivery
+    assert counters.stack_s <= counters.delivery_s - 1.0  # but not of the stack's cost
 
 
 def _post(url: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes, Any]:
