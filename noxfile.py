@@ -40,7 +40,8 @@ def experiments(session: nox.Session) -> None:
     """The seeds' experiment matrix in every backend, then the report (long: hours).
 
     `nox -s experiments -- --subset ci` runs the tiny CI subset into results/experiments-ci;
-    other arguments go to `python -m analysis.run` (e.g. `-- --only 'uniform-wan/*'`).
+    other arguments go to `python -m analysis.run` (e.g. `-- --only 'uniform-wan/*'`, or
+    `-- --jobs 2` to run two akosim configurations at once; akorun always runs alone).
     """
     session.install("-e", ".[plot]")
     args = list(session.posargs)
@@ -48,4 +49,6 @@ def experiments(session: nox.Session) -> None:
     session.run("python", "-m", "analysis.run", "--backend", "all", "--results", results,
                 *args, env=CACHE_ENV)
     out = "docs/experiments" if results == "results/experiments" else f"{results}/report"
-    session.run("python", "-m", "analysis", "--results", results, "--out", out, env=CACHE_ENV)
+    readme = ["--readme", "README.md"] if results == "results/experiments" else []
+    session.run("python", "-m", "analysis", "--results", results, "--out", out, *readme,
+                env=CACHE_ENV)

@@ -55,13 +55,16 @@ log = logging.getLogger("akorun")
 DUPLICATE_HEADER = "X-Ako-Duplicate"
 # seconds the receiver held the message at its emulated downlink (incast), informational
 DOWNLINK_WAIT_HEADER = "X-Ako-Downlink-Wait-S"
+# seconds the message spent on the sender's emulated wire (its bytes' arrival time at the
+# receiver), so the receiver's emulated downlink knows how fast they came; informational
+WIRE_TIME_HEADER = "X-Ako-Wire-S"
 DEFAULT_QUEUE_MESSAGES = 64
 DEFAULT_WINDOW = 2  # messages in flight to one peer: the next one travels while the
 # receiver verifies the last (order is not needed: receivers sort rounds out)
 _FATAL_STATUSES = {400: "malformed", 401: "bad_signature", 409: "wrong_run", 413: "too_large"}
 
 
-def _seconds(text: str | None) -> float:
+def seconds_header(text: str | None) -> float:
     """A non-negative number of seconds from a response header; 0 when absent or bad."""
     try:
         value = float(text) if text is not None else 0.0
@@ -130,6 +133,7 @@ class PeerSender:
         self.queue: deque[Outgoing] = deque()
         self.in_flight: list[Outgoing] = []
         self._downlink_wait_s: dict[int, float] = {}  # id(message) -> receiver's downlink hold
+        self._wire_s: dict[int, float] = {}  # id(message) -> seconds it was paced (first time)
         self.window = window
         self.acked_round = -1
         self.dropped_until = -1
@@ -220,7 +224,9 @@ class PeerSender:
                 # ready since it was queued or the lane got room: the link's virtual
                 # clock then charges none of the lane's own wake-up lateness
                 ready_s = max(message.queued_s, room_s) or None
+                pace_start_s = loop.time()
                 await self.shaper.pace(self.dest, message.nbytes, ready_s=ready_s)
+                self._wire_s[id(message)] = loop.time() - pace_start_s
             task = asyncio.create_task(self.deliver(message, paced_at_s=loop.time()))
             self._deliveries.add(task)
             task.add_done_callback(self._deliveries.discard)
@@ -276,19 +282,23 @@ class PeerSender:
                 paced = False
         finally:
             self._downlink_wait_s.pop(id(message), None)
+            self._wire_s.pop(id(message), None)
             self.in_flight.remove(message)
             self._changed.set()
 
     async def attempt(self, message: Outgoing) -> Outcome:
         """One POST of `message`; what to do next."""
         headers = {"Content-Type": "application/octet-stream"}
+        wire_s = self._wire_s.get(id(message))
+        if wire_s is not None:
+            headers[WIRE_TIME_HEADER] = f"{wire_s:.6f}"
         try:
             async with self.session.post(self.url, data=message.data, headers=headers,
                                          ssl=self.ssl) as response:  # type: ignore[arg-type]
                 status = response.status
                 text = await response.read() if status != 200 else b""
                 duplicate = response.headers.get(DUPLICATE_HEADER) == "1"
-                self._downlink_wait_s[id(message)] = _seconds(
+                self._downlink_wait_s[id(message)] = seconds_header(
                     response.headers.get(DOWNLINK_WAIT_HEADER))
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             log.debug("send to %d (round %d) failed: %s", self.dest, message.round, error)

@@ -41,7 +41,12 @@ from akocore.schemes import SchemeError
 from akorun import control
 from akorun.errors import UsageError
 from akorun.metrics import PROMETHEUS_CONTENT_TYPE, Metrics
-from akorun.sender import DOWNLINK_WAIT_HEADER, DUPLICATE_HEADER
+from akorun.sender import (
+    DOWNLINK_WAIT_HEADER,
+    DUPLICATE_HEADER,
+    WIRE_TIME_HEADER,
+    seconds_header,
+)
 from akorun.wire import (
     HEADER_SIZE,
     Status,
@@ -286,7 +291,8 @@ class Server:
         if downlink is not None:
             loop = asyncio.get_running_loop()
             arrived_s = loop.time()
-            await downlink.admit(header.sender, HEADER_SIZE + nbytes)
+            wire_s = seconds_header(request.headers.get(WIRE_TIME_HEADER)) or None
+            await downlink.admit(header.sender, HEADER_SIZE + nbytes, wire_s)
             wait_s = loop.time() - arrived_s
         accepted = await host.on_partial(partial, HEADER_SIZE + nbytes)
         return web.json_response({"duplicate": not accepted},

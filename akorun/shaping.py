@@ -25,12 +25,13 @@ delivered `latency_s` after its last byte.
   latency does not hold the uplink: other messages flow meanwhile.
 - `DownlinkShaper`: one worker's incoming NIC (incast). A message is admitted
   once it has arrived *and* the receiver's downlink could have carried it:
-  a downlink bucket whose credit, when a message from j arrives, is capped at
-  what the downlink carries while j's link sends that message
-  (nbytes x downlink / min(uplink_j, link_j->i)). k equal messages arriving
-  together at a downlink d from senders at rate u then finish at k x nbytes / d,
-  the fluid model's answer (akosim), and one message on a downlink at least
-  as fast as its sender is not delayed.
+  a downlink bucket whose credit, when a message arrives, is capped at what
+  the downlink carries during that message's time on the sender's wire (the
+  sender reports it; without a report, nbytes / min(uplink_j, link_j->i)).
+  k equal messages sent together at rate u towards a downlink d then finish
+  at k x nbytes / d, the fluid model's answer (akosim); messages that already
+  shared their senders' uplinks arrive slowly enough not to be held; and one
+  message on a downlink at least as fast as its sender is not delayed.
 
 `LinkShaper.chunks` yields a body as paced chunks, for use as an aiohttp
 streaming request body. aiohttp cannot replay a streamed body (a retry fails
@@ -222,22 +223,26 @@ class DownlinkShaper:
         self._tokens = 0.0  # bytes; negative = debt owed by waiting messages
         self._updated_s: float | None = None
 
-    def credit_cap_bytes(self, sender: int, nbytes: int) -> float:
-        """What the downlink carries while `sender`'s link sends `nbytes`."""
+    def credit_cap_bytes(self, sender: int, nbytes: int, wire_s: float | None = None) -> float:
+        """What the downlink carries while `sender`'s link sends `nbytes`: during
+        `wire_s` when the sender reported its time on the wire, else at its link rate."""
+        if wire_s is not None and wire_s > 0:
+            return wire_s * self.downlink_bps / BITS_PER_BYTE
         sender_bps = float(self._sender_bps(sender))
         if math.isinf(sender_bps):
             return 0.0  # an unshaped sender: the downlink alone paces the message
         return nbytes * self.downlink_bps / sender_bps
 
-    async def admit(self, sender: int, nbytes: int) -> None:
-        """Return when `nbytes` from `sender`, arrived now, have crossed the downlink."""
+    async def admit(self, sender: int, nbytes: int, wire_s: float | None = None) -> None:
+        """Return when `nbytes` from `sender`, arrived now after `wire_s` on the sender's
+        wire (if known), have crossed the downlink."""
         if nbytes < 0:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
         if math.isinf(self.downlink_bps) or nbytes == 0:
             return
         rate_bytes_per_s = self.downlink_bps / BITS_PER_BYTE
         now_s = asyncio.get_running_loop().time()
-        cap = self.credit_cap_bytes(sender, nbytes)
+        cap = self.credit_cap_bytes(sender, nbytes, wire_s)
         if self._updated_s is not None:
             refilled = self._tokens + max(0.0, now_s - self._updated_s) * rate_bytes_per_s
         else:

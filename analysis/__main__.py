@@ -1,4 +1,4 @@
-"""python -m analysis --results results/experiments --out docs/experiments
+"""python -m analysis --results results/experiments --out docs/experiments --readme README.md
 
 Regenerates the report (tables, fidelity, plots) from the result files; the
 experiments themselves run with `python -m analysis.run` (or `nox -s experiments`).
@@ -18,8 +18,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=Path("results/experiments"))
     parser.add_argument("--out", type=Path, default=Path("docs/experiments"))
     parser.add_argument("--no-plots", action="store_true", help="tables only")
+    parser.add_argument("--readme", type=Path, metavar="README.md",
+                        help="also fill this file's experiments block with the main tables")
     args = parser.parse_args(argv)
-    readme = build_report(args.results, args.out, plots=not args.no_plots)
+    readme = build_report(args.results, args.out, plots=not args.no_plots,
+                          project_readme=args.readme)
     print(f"wrote {readme}")
     return 0
 

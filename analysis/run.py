@@ -30,10 +30,11 @@ Backends (one folder each, RESULTS/<backend>/<network>/<n>w-<scheme>/):
   with the server's entries set to the training workers' means (unused by the
   server), and each rank's ``message_overhead_s`` (what a message costs beyond
   the emulated wire: task hops, HTTP, verification, apply), which akosim adds
-  to the latency of that rank's links. For ako it also passes akorun's resolved
-  p (``--p``, from the result's ``p``), so that p auto, which each backend
-  resolves from its own compute measurement, compares like with like; the
-  uncalibrated akosim run keeps its own p auto resolution;
+  to the latency of that rank's links; ``--compute-jitter`` is the relative
+  standard deviation of akorun's per-round gradient times. For ako it also
+  passes akorun's resolved p (``--p``, from the result's ``p``), so that p
+  auto, which each backend resolves from its own compute measurement, compares
+  like with like; the uncalibrated akosim run keeps its own p auto resolution;
 - akosim-fullsize: the seeds' unscaled setup, timing only: ``akosim --config
   configs/experiments/fullsize/... --compute 0.25s --out result.json``.
 
@@ -160,6 +161,24 @@ def calibration_file(akorun_result: Path, out: Path) -> Path:
     return out
 
 
+def compute_jitter(akorun_data: dict) -> float:
+    """Relative standard deviation of akorun's per-round gradient time (steady rounds,
+    mean over the training ranks): what akosim's ``--compute-jitter`` models. Processes
+    sharing 2 cores vary a lot (0.2-0.4 here), and under a gate (s = 0) a round waits
+    for the slowest of n jittered steps, so a calibrated run must jitter too."""
+    from akorun.results import warmup_rounds
+
+    cvs = []
+    for rank in akorun_data.get("workers", []):
+        times = [float(t) for t in rank.get("round_compute_s") or [] if _number(t) is not None]
+        steady = times[warmup_rounds(len(times)):]
+        if len(steady) >= 2 and sum(steady) > 0:
+            mean = sum(steady) / len(steady)
+            var = sum((t - mean) ** 2 for t in steady) / len(steady)
+            cvs.append(var ** 0.5 / mean)
+    return sum(cvs) / len(cvs) if cvs else 0.0
+
+
 def resolved_p(akorun_data: dict) -> list[int] | None:
     """The p (one per worker) akorun's ranks resolved to, or None (not ako)."""
     p = akorun_data.get("p")
@@ -183,11 +202,12 @@ def command(backend: str, exp: Experiment, results: Path, *,
         if not (run_dir(results, "akorun", exp) / "done.json").exists():
             return None
         compute = calibration_file(measured, folder / "compute.json")
-        p = resolved_p(json.loads(measured.read_text())) if exp.scheme.startswith("ako") \
-            else None
+        data = json.loads(measured.read_text())
+        p = resolved_p(data) if exp.scheme.startswith("ako") else None
         given_p = ["--p", ",".join(str(x) for x in p)] if p else []
         return ["akosim", "--config", config, "--quiet", "--compute-from",
-                str(compute), *given_p, "--out", str(folder / "result.json"), *extra]
+                str(compute), *given_p, "--compute-jitter", f"{compute_jitter(data):.4f}",
+                "--out", str(folder / "result.json"), *extra]
     if backend == "akosim-fullsize":
         return ["akosim", "--config", config, "--quiet", "--compute", f"{SEED_COMPUTE_S:g}s",
                 "--out", str(folder / "result.json")]

@@ -203,6 +203,33 @@ def test_the_receivers_downlink_hold_is_the_networks_not_the_message_overhead() 
     assert counters.stack_s <= counters.delivery_s - 1.0  # but not of the stack's cost
 
 
+def test_the_sender_tells_the_receivers_downlink_how_long_the_message_was_on_the_wire(
+) -> None:
+    """Paced at 8 Mbit/s, a 100 kB message spends >= 0.1 s on the sender's wire; the
+    receiver's downlink is told so (and can credit what it carried meanwhile)."""
+    from akorun.shaping import DownlinkShaper
+
+    seen: list[float | None] = []
+
+    class RecordingDownlink(DownlinkShaper):
+        async def admit(self, sender: int, nbytes: int, wire_s: float | None = None) -> None:
+            seen.append(wire_s)
+            await super().admit(sender, nbytes, wire_s)
+
+    host = SinkHost(SECRET, RUN, WIRE_HASH)
+    host.downlink = RecordingDownlink(8e6, lambda _sender: math.inf)  # type: ignore[attr-defined]
+
+    async def body(url: str, session: Any) -> None:
+        sender = sender_to(url, session, shaper=LinkShaper(8e6))
+        sender.start()
+        await sender.put(encoded(0, 100_000 // 4 - 25))
+        await asyncio.wait_for(sender.wait(lambda: sender.idle), 30)
+        await sender.stop()
+
+    asyncio.run(serving(host, body))
+    assert len(seen) == 1 and seen[0] is not None and seen[0] >= 0.1 - 1e-3
+
+
 def _post(url: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes, Any]:
     import urllib.error
     import urllib.request

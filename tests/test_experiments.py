@@ -15,7 +15,15 @@ import sys
 import pytest
 
 from analysis.matrix import CI_SUBSET, ROOT
-from analysis.report import accuracy_at, akorun_time_axis, build_report, time_to
+from analysis.report import (
+    BEGIN_MARK,
+    END_MARK,
+    accuracy_at,
+    akorun_time_axis,
+    build_report,
+    splice,
+    time_to,
+)
 
 BACKENDS = ("akosim", "akorun", "akosim-calibrated", "akosim-fullsize")
 
@@ -59,6 +67,23 @@ def test_the_report_has_the_rows_and_the_fidelity_pairs(ci_results, tmp_path):
         assert {p["config"] for p in fid["pairs"]} == set(CI_SUBSET), fid["metric"]
         assert fid["mape"] is not None
     assert {r["backend"] for r in summary["records"]} == set(BACKENDS)
+
+
+def test_the_report_fills_the_project_readmes_experiments_block(ci_results, tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Project\nbefore\n{BEGIN_MARK}\nold tables\n{END_MARK}\nafter\n")
+    build_report(ci_results, tmp_path / "report", plots=False, project_readme=readme)
+    text = readme.read_text()
+    assert text.startswith(f"# Project\nbefore\n{BEGIN_MARK}\n") and text.endswith(
+        f"{END_MARK}\nafter\n")
+    assert "old tables" not in text
+    assert "| Uniform WAN | 2 |" in text and "Kendall's tau" in text
+    splice(readme, "new")  # idempotent: the markers stay
+    assert f"{BEGIN_MARK}\nnew\n{END_MARK}" in readme.read_text()
+    unmarked = tmp_path / "plain.md"
+    unmarked.write_text("# no markers\n")
+    with pytest.raises(ValueError, match="experiments:begin"):
+        splice(unmarked, "x")
 
 
 def test_the_report_works_without_matplotlib(ci_results, tmp_path, monkeypatch):

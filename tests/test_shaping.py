@@ -129,8 +129,8 @@ def test_real_loop_pacing_of_1_mb_at_8_mbit_takes_at_least_1_s() -> None:
     assert asyncio.run(main()) >= 1.0 - 1e-3  # exactly 1 s of wire time; never less
 
 
-def _admit_times(downlink_bps: float, sender_bps: float, arrivals: list[tuple[float, int]]
-                 ) -> list[float]:
+def _admit_times(downlink_bps: float, sender_bps: float, arrivals: list[tuple[float, int]],
+                 wire_s: float | None = None) -> list[float]:
     """Finish time of each (arrival time, bytes) message through one DownlinkShaper."""
     async def main() -> list[float]:
         shaper = DownlinkShaper(downlink_bps, lambda _sender: sender_bps)
@@ -140,7 +140,7 @@ def _admit_times(downlink_bps: float, sender_bps: float, arrivals: list[tuple[fl
 
         async def one(index: int, at_s: float, nbytes: int) -> None:
             await asyncio.sleep(at_s)
-            await shaper.admit(index, nbytes)
+            await shaper.admit(index, nbytes, wire_s)
             finished[index] = loop.time() - start
 
         await asyncio.gather(*(one(i, t, b) for i, (t, b) in enumerate(arrivals)))
@@ -161,6 +161,16 @@ def test_incast_of_k_messages_finishes_when_the_fluid_model_says() -> None:
     finished = _admit_times(12 * MBIT, 8 * MBIT, [(0.1, 100_000)] * 3)
     assert max(finished) == pytest.approx(0.2, abs=1e-9)
     assert sorted(finished)[0] == pytest.approx(0.1, abs=1e-9)
+
+
+def test_messages_slowed_by_their_senders_shared_uplinks_are_not_held_again() -> None:
+    # three 100 kB messages that each took 0.3 s on the wire (their senders' uplinks were
+    # shared three ways) arrive together: a 8 Mbit/s downlink carried all 300 kB meanwhile
+    together = [(0.3, 100_000)] * 3
+    assert _admit_times(8 * MBIT, 8 * MBIT, together, wire_s=0.3) == pytest.approx(
+        [0.3, 0.3, 0.3], abs=1e-9)
+    # without the sender's report, each is assumed to have come at the link's full rate
+    assert max(_admit_times(8 * MBIT, 8 * MBIT, together)) == pytest.approx(0.5, abs=1e-9)
 
 
 def test_downlink_idle_time_is_not_banked_beyond_one_message() -> None:
