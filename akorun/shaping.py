@@ -28,10 +28,12 @@ delivered `latency_s` after its last byte.
   a downlink bucket whose credit, when a message arrives, is capped at what
   the downlink carries during that message's time on the sender's wire (the
   sender reports it; without a report, nbytes / min(uplink_j, link_j->i)).
-  k equal messages sent together at rate u towards a downlink d then finish
-  at k x nbytes / d, the fluid model's answer (akosim); messages that already
-  shared their senders' uplinks arrive slowly enough not to be held; and one
-  message on a downlink at least as fast as its sender is not delayed.
+  Held messages share the downlink equally (processor sharing, like akosim's
+  max-min fair flows). k equal messages sent together at rate u towards a
+  downlink d then finish at k x nbytes / d, the fluid model's answer (akosim);
+  messages that already shared their senders' uplinks arrive slowly enough not
+  to be held; and one message on a downlink at least as fast as its sender is
+  not delayed.
 
 `LinkShaper.chunks` yields a body as paced chunks, for use as an aiohttp
 streaming request body. aiohttp cannot replay a streamed body (a retry fails
@@ -43,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 
 BITS_PER_BYTE = 8
 DEFAULT_CHUNK_BYTES = 64 * 1024
@@ -208,11 +211,26 @@ class LinkShaper:
             await asyncio.sleep(latency)
 
 
+@dataclass(eq=False)
+class _Held:
+    """A message held at a downlink: bytes still to cross, and its admission."""
+
+    remaining_bytes: float
+    admitted: asyncio.Future[None]
+
+
 class DownlinkShaper:
     """One worker's emulated incoming NIC: admits arrived messages at the downlink's rate.
 
     `downlink_bps` is this node's NIC rate; `sender_bps(j)` the rate at which
-    sender j's messages reach it (min of j's uplink and the j->i link cap).
+    sender j's messages reach it (min of j's uplink and the j->i link cap), used
+    when a sender does not report the message's time on its wire.
+
+    Credit: while no message is held the downlink is idle and banks capacity; an
+    arriving message may use at most what the downlink carried during its own
+    time on the sender's wire. What the credit does not cover is held, and the
+    held messages share the downlink equally (processor sharing, as akosim's
+    max-min fair flows do), each admitted when its last byte is through.
     """
 
     def __init__(self, downlink_bps: float, sender_bps: Callable[[int], float]) -> None:
@@ -220,18 +238,67 @@ class DownlinkShaper:
             raise ValueError(f"downlink_bps must be > 0 (or inf), got {downlink_bps}")
         self.downlink_bps = float(downlink_bps)
         self._sender_bps = sender_bps
-        self._tokens = 0.0  # bytes; negative = debt owed by waiting messages
+        self._idle_bytes = math.inf  # capacity banked while nothing was held
         self._updated_s: float | None = None
+        self._held: list[_Held] = []  # served equally
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def _rate_bytes_per_s(self) -> float:
+        return self.downlink_bps / BITS_PER_BYTE
 
     def credit_cap_bytes(self, sender: int, nbytes: int, wire_s: float | None = None) -> float:
         """What the downlink carries while `sender`'s link sends `nbytes`: during
         `wire_s` when the sender reported its time on the wire, else at its link rate."""
         if wire_s is not None and wire_s > 0:
-            return wire_s * self.downlink_bps / BITS_PER_BYTE
+            return wire_s * self._rate_bytes_per_s
         sender_bps = float(self._sender_bps(sender))
         if math.isinf(sender_bps):
             return 0.0  # an unshaped sender: the downlink alone paces the message
         return nbytes * self.downlink_bps / sender_bps
+
+    def _advance(self, now_s: float) -> None:
+        """Serve the held messages (equal shares) up to `now_s`; bank idle capacity."""
+        last_s = now_s if self._updated_s is None else self._updated_s
+        self._updated_s = now_s
+        elapsed_s = max(0.0, now_s - last_s)
+        rate = self._rate_bytes_per_s
+        while elapsed_s > 0 and self._held:
+            share = rate / len(self._held)
+            step_s = min(elapsed_s, min(h.remaining_bytes for h in self._held) / share)
+            for held in self._held:
+                held.remaining_bytes -= step_s * share
+            elapsed_s -= step_s
+            self._release(done_below_bytes=1e-6 * rate)
+        self._release(done_below_bytes=1e-6 * rate)
+        if not self._held:
+            self._idle_bytes += elapsed_s * rate
+
+    def _release(self, done_below_bytes: float) -> None:
+        """Admit every held message with (almost) nothing left."""
+        keep = []
+        for held in self._held:
+            if held.remaining_bytes <= done_below_bytes:
+                if not held.admitted.done():
+                    held.admitted.set_result(None)
+            else:
+                keep.append(held)
+        self._held = keep
+
+    def _reschedule(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._held:
+            loop = asyncio.get_running_loop()
+            share = self._rate_bytes_per_s / len(self._held)
+            next_s = min(h.remaining_bytes for h in self._held) / share
+            self._timer = loop.call_at(loop.time() + next_s, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._advance(asyncio.get_running_loop().time())
+        self._reschedule()
 
     async def admit(self, sender: int, nbytes: int, wire_s: float | None = None) -> None:
         """Return when `nbytes` from `sender`, arrived now after `wire_s` on the sender's
@@ -240,16 +307,22 @@ class DownlinkShaper:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
         if math.isinf(self.downlink_bps) or nbytes == 0:
             return
-        rate_bytes_per_s = self.downlink_bps / BITS_PER_BYTE
-        now_s = asyncio.get_running_loop().time()
-        cap = self.credit_cap_bytes(sender, nbytes, wire_s)
-        if self._updated_s is not None:
-            refilled = self._tokens + max(0.0, now_s - self._updated_s) * rate_bytes_per_s
-        else:
-            refilled = cap
+        loop = asyncio.get_running_loop()
+        self._advance(loop.time())
         # idle time before this message's transfer began is lost, as on a wire
-        self._tokens = min(refilled, cap)
-        self._updated_s = now_s
-        self._tokens -= nbytes
-        if self._tokens < 0:
-            await asyncio.sleep(-self._tokens / rate_bytes_per_s)
+        credit = min(self._idle_bytes, self.credit_cap_bytes(sender, nbytes, wire_s))
+        served = min(float(nbytes), credit)
+        self._idle_bytes = credit - served
+        if nbytes - served <= 1e-6 * self._rate_bytes_per_s:
+            return
+        held = _Held(nbytes - served, loop.create_future())
+        self._held.append(held)
+        self._reschedule()
+        try:
+            await held.admitted
+        finally:
+            if held in self._held:  # cancelled while held: give its share back
+                self._advance(loop.time())
+                if held in self._held:
+                    self._held.remove(held)
+                self._reschedule()

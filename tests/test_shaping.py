@@ -173,6 +173,30 @@ def test_messages_slowed_by_their_senders_shared_uplinks_are_not_held_again() ->
     assert max(_admit_times(8 * MBIT, 8 * MBIT, together)) == pytest.approx(0.5, abs=1e-9)
 
 
+def test_held_messages_share_the_downlink_equally() -> None:
+    # two 100 kB messages from unshaped senders, no credit: both through at 0.2 s (fair
+    # share, as akosim's flows), not one at 0.1 s and the other at 0.2 s (FIFO)
+    assert _admit_times(8 * MBIT, math.inf, [(0.0, 100_000)] * 2) == pytest.approx(
+        [0.2, 0.2], abs=1e-9)
+    # a later, smaller message gets its share at once
+    finished = _admit_times(8 * MBIT, math.inf, [(0.0, 100_000), (0.05, 10_000)])
+    assert finished == pytest.approx([0.11, 0.07], abs=1e-9)
+
+
+def test_a_cancelled_held_message_gives_its_share_back() -> None:
+    async def main() -> float:
+        shaper = DownlinkShaper(8 * MBIT, lambda _sender: math.inf)
+        loop = asyncio.get_running_loop()
+        kept = asyncio.create_task(shaper.admit(0, 100_000))
+        dropped = asyncio.create_task(shaper.admit(1, 100_000))
+        await asyncio.sleep(0.05)  # each got 25 kB through
+        dropped.cancel()
+        await kept
+        return loop.time()
+
+    assert run_virtual(main) == pytest.approx(0.05 + 75_000 / 1e6, abs=1e-9)
+
+
 def test_downlink_idle_time_is_not_banked_beyond_one_message() -> None:
     # after 10 s idle, two messages arriving together still share the downlink
     finished = _admit_times(8 * MBIT, 8 * MBIT,
