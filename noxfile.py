@@ -22,10 +22,10 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff over everything, mypy over the three packages."""
+    """ruff over everything, mypy over the three packages and the analysis."""
     session.install("-e", ".[lint]")
     session.run("ruff", "check", "akocore", "akosim", "akorun", "tests", "analysis", "noxfile.py")
-    session.run("mypy", "akocore", "akosim", "akorun")
+    session.run("mypy", "akocore", "akosim", "akorun", "analysis")
 
 
 @nox.session(python=PYTHON)

@@ -277,9 +277,9 @@ def goal_rows(records: dict[tuple[str, str], Record]) -> list[GoalRow]:
                 auto_ratio = None
                 if t["ako-pauto"] is not None and best_fixed is not None:
                     auto_ratio = t["ako-pauto"] / best_fixed
-                accs = [accuracy_at(records[(backend, c)].curve, SCALING.budget_s)
-                        for c in ids.values() if (backend, c) in records]
-                accs = [a for a in accs if a is not None]
+                at_budget = [accuracy_at(records[(backend, c)].curve, SCALING.budget_s)
+                             for c in ids.values() if (backend, c) in records]
+                accs = [a for a in at_budget if a is not None]
                 spread = 100 * (max(accs) - min(accs)) if len(accs) >= 2 else None
                 rows.append(GoalRow(backend, net.name, n, ps, best_ako, t["ako-p1"], speedup,
                                     beats_p1, t["ako-pauto"], best_fixed, auto_ratio, spread))
@@ -312,14 +312,15 @@ def goals_verdict(rows: Sequence[GoalRow]) -> list[str]:
         auto = [r for r in mine if r.auto_ratio is not None]
         parts = []
         if constrained:
-            ok = sum(1 for r in constrained if r.speedup >= 2 and r.beats_p1)
+            ok = sum(1 for r in constrained
+                     if r.speedup is not None and r.speedup >= 2 and r.beats_p1)
             parts.append(f"Ako p>1 >= 2x sooner than PS and beats p=1 on {ok}/{len(constrained)}"
                          f" constrained configurations")
         if lan:
             parts.append("uniform LAN accuracy spread " + ", ".join(
                 f"{r.workers}w {r.spread_pts:.1f} pts" for r in lan))
         if auto:
-            ok = sum(1 for r in auto if r.auto_ratio <= 1.10)
+            ok = sum(1 for r in auto if r.auto_ratio is not None and r.auto_ratio <= 1.10)
             parts.append(f"p auto within 10% of the best fixed p on {ok}/{len(auto)}")
         out.append(f"- **{backend}**: " + ("; ".join(parts) if parts else "too few runs yet"))
     return out
