@@ -345,9 +345,13 @@ Caveats, stated once:
   before that change did: for them the analysis counts the first rounds at the steady round
   time). The runner gives akorun the budget plus {AKORUN_ALLOWANCE_S:g} s and the analysis
   cuts its time axis at the budget. akosim's time is simulated time.
-- akorun's loopback transport has a per-round overhead of its own (HTTP, 2 shared cores) that
-  the seeds' testbed did not have: akorun reports it (`overhead_s_per_round`), the
-  calibrated akosim runs model it (`--compute-from`), and the fidelity report shows it.
+- akorun's loopback transport has costs of its own that the seeds' testbed did not have:
+  a per-round overhead (dispatch, inbox, optimizer, event loop on 2 shared cores:
+  `overhead_s_per_round`), a per-message overhead (task hops, HTTP, HMAC verification,
+  apply: `message_overhead_s`, 3-6 ms here) and round-to-round variation of the gradient
+  step (a relative standard deviation of 0.2-0.4 with 3-5 processes on 2 cores). akorun
+  reports all three; the calibrated akosim runs model them (`--compute-from`,
+  `--compute-jitter`), and the fidelity report shows them.
 - Full size (`akosim-fullsize`): the unscaled setup (the seed CNN's gradient, T_c = 0.25 s,
   the seeds' bandwidths) is simulated timing-only; its round time times the rounds to target
   of the scaled akosim training estimates the full-size time to target. It assumes the
