@@ -618,6 +618,17 @@ class Worker:
 
     # ================================================================ joining
 
+    async def _greet(self, peer: int, name: str, payload: dict[str, Any],
+                     what: str) -> dict[str, Any] | None:
+        """One control call of a handshake: the answer, None to try again, or RunError
+        when the peer refuses us for good (400/401/409)."""
+        answer = await self.control.call(peer, name, payload, timeout_s=5.0)
+        if answer.ok:
+            return answer.payload  # type: ignore[no-any-return]
+        if answer.status in (400, 401, 409):
+            raise RunError(f"rank {peer} refused our {what} ({answer.status}): {answer.error}")
+        return None
+
     async def _until(self, deadline_s: float, attempt: Callable[[], Any]) -> Any:
         loop = asyncio.get_running_loop()
         while True:
@@ -638,13 +649,7 @@ class Worker:
                     raise RunError(self.join_error)
                 if self.stop_reason is not None:
                     raise Interrupted(f"{self.stop_reason} (before every rank said hello)")
-                answer = await self.control.call(peer, "hello", payload, timeout_s=5.0)
-                if answer.ok:
-                    return answer.payload
-                if answer.status in (400, 401, 409):
-                    raise RunError(f"rank {peer} refused our hello ({answer.status}): "
-                                   f"{answer.error}")
-                return None
+                return await self._greet(peer, "hello", payload, "hello")
             return await self._until(deadline, once)  # type: ignore[no-any-return]
 
         answers = await asyncio.gather(*(hello(j) for j in self.peers))
@@ -702,13 +707,7 @@ class Worker:
 
         async def ask(peer: int) -> dict[str, Any] | None:
             async def once() -> dict[str, Any] | None:
-                answer = await self.control.call(peer, "rejoin-hello", payload, timeout_s=5.0)
-                if answer.ok:
-                    return answer.payload
-                if answer.status in (400, 401, 409):
-                    raise RunError(f"rank {peer} refused our rejoin ({answer.status}): "
-                                   f"{answer.error}")
-                return None
+                return await self._greet(peer, "rejoin-hello", payload, "rejoin")
             deadline = loop.time() + max(3.0, self.options.peer_timeout_s)
             return await self._until(deadline, once)  # type: ignore[no-any-return]
 

@@ -235,6 +235,25 @@ def rank_overhead_s(rank: dict[str, Any]) -> float | None:
     return parts[0] - parts[1] - parts[2]  # type: ignore[operator]
 
 
+def _per_rank_from_result(path: str, nodes: int,
+                          read: Callable[[dict[str, Any]], float | None]
+                          ) -> tuple[float, ...] | None:
+    """`read(rank)` for each rank of an akorun result, clamped at 0, ranks without a
+    value given the others' mean, tiled to `nodes`; None when no rank gives a value
+    or the file is not an akorun result."""
+    try:
+        ranks = json.loads(Path(path).read_text())["workers"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    values = [read(rank) if isinstance(rank, dict) else None for rank in ranks]
+    known = [max(v, 0.0) for v in values if v is not None]
+    if not known:
+        return None
+    mean = sum(known) / len(known)
+    filled = [max(v, 0.0) if v is not None else mean for v in values]
+    return tuple(filled[i % len(filled)] for i in range(nodes))
+
+
 def overhead_from_result(path: str, workers: int) -> tuple[float, ...] | None:
     """Per-worker seconds per round outside the gradient and the gate, from an akorun result.
 
@@ -243,38 +262,14 @@ def overhead_from_result(path: str, workers: int) -> tuple[float, ...] | None:
     steady-state means); ranks with neither (a parameter server) get the workers'
     mean. None when no rank gives a value (then there is no overhead to model).
     """
-    try:
-        data = json.loads(Path(path).read_text())
-        ranks = data["workers"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    values: list[float | None] = []
-    for rank in ranks:
-        value = rank_overhead_s(rank) if isinstance(rank, dict) else None
-        values.append(None if value is None else max(value, 0.0))
-    known = [v for v in values if v is not None]
-    if not known:
-        return None
-    mean = sum(known) / len(known)
-    filled = [v if v is not None else mean for v in values]
-    return tuple(filled[i % len(filled)] for i in range(workers))
+    return _per_rank_from_result(path, workers, rank_overhead_s)
 
 
 def message_overhead_from_result(path: str, nodes: int) -> tuple[float, ...]:
     """Per-rank seconds a message costs beyond the emulated wire (akorun's
     ``message_overhead_s``); ranks without it get the others' mean; () when none has it."""
-    try:
-        ranks = json.loads(Path(path).read_text())["workers"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return ()
-    values = [_number(r.get("message_overhead_s")) if isinstance(r, dict) else None
-              for r in ranks]
-    known = [max(v, 0.0) for v in values if v is not None]
-    if not known:
-        return ()
-    mean = sum(known) / len(known)
-    filled = [max(v, 0.0) if v is not None else mean for v in values]
-    return tuple(filled[i % len(filled)] for i in range(nodes))
+    return _per_rank_from_result(
+        path, nodes, lambda rank: _number(rank.get("message_overhead_s"))) or ()
 
 
 def _message_overhead(args: argparse.Namespace, nodes: int) -> tuple[float, ...]:
