@@ -25,13 +25,14 @@ import sys
 import time
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from akocore.config import RunConfig, config_to_dict
+from akocore.results import RankResult, RunResult
 from akorun.cluster import AkorunSettings, loopback_hosts, with_hosts, write_cluster_file
 from akorun.errors import Interrupted, RunError
 from akorun.results import merge_results, write_json
@@ -184,27 +185,27 @@ class Launcher:
                 sys.stderr.write(_progress_line(self.cfg, statuses) + "\n")
                 next_progress_s = now + options.progress_every_s
 
-    def merge(self) -> dict[str, Any]:
+    def merge(self) -> RunResult:
         out = self.options.out_dir
-        results: list[dict[str, Any]] = []
+        ranks: list[RankResult] = []
         replicas: list[np.ndarray] = []
         for rank in range(self.cfg.cluster.workers):
             path = out / f"worker-{rank}.json"
+            code = self.procs[rank].returncode
             if path.exists():
-                result = json.loads(path.read_text(encoding="utf-8"))
-                result["exit_code"] = self.procs[rank].returncode
-                results.append(result)
+                result = RankResult.from_json(json.loads(path.read_text(encoding="utf-8")),
+                                              path.name)
+                ranks.append(replace(result, exit_code=code))
                 npz = out / f"worker-{rank}.npz"
-                if result.get("role") == "worker" and npz.exists():
+                if result.role == "worker" and npz.exists():
                     with np.load(npz) as data:
                         replicas.append(np.array(data["params"]))
             else:
-                results.append({"rank": rank, "role": role_of(self.cfg, rank),
-                                "exit_code": self.procs[rank].returncode, "failed": True})
-        merged = merge_results(config_to_dict(self.cfg), results, replicas,
-                               batch_size=self.cfg.train.batch_size)
-        merged["run_id"] = self.settings.run_id
-        write_json(out / "result.json", merged)
+                ranks.append(RankResult(rank, role_of(self.cfg, rank), exit_code=code,
+                                        failed=True))
+        merged = merge_results(config_to_dict(self.cfg), ranks, replicas,
+                               batch_size=self.cfg.train.batch_size, run_id=self.settings.run_id)
+        write_json(out / "result.json", merged.to_json())
         return merged
 
     def failures(self) -> list[tuple[int, int, str]]:
@@ -217,28 +218,27 @@ class Launcher:
         return failed
 
 
-def summary_table(merged: dict[str, Any]) -> str:
+def summary_table(merged: RunResult) -> str:
     lines = [f"{'rank':>4} {'role':>6} {'rounds':>7} {'ms/round':>9} {'compute ms':>10} "
              f"{'wait ms':>8} {'MB sent':>8} {'accuracy':>8}"]
 
-    def ms(value: Any) -> str:
-        return f"{value * 1e3:.2f}" if isinstance(value, int | float) else "-"
+    def ms(value: float | None) -> str:
+        return f"{value * 1e3:.2f}" if value is not None else "-"
 
-    for result in merged["workers"]:
-        accuracy = result.get("final_accuracy")
-        sent = result.get("bytes_sent")
+    for result in merged.per_worker:
+        accuracy = result.final_accuracy
         lines.append(
-            f"{result.get('rank', '?'):>4} {result.get('role', '?'):>6} "
-            f"{result.get('rounds', '-'):>7} {ms(result.get('round_time_s')):>9} "
-            f"{ms(result.get('compute_s_per_round')):>10} {ms(result.get('wait_s_per_round')):>8} "
-            f"{(f'{sent / 1e6:.2f}' if isinstance(sent, int) else '-'):>8} "
-            f"{(f'{accuracy:.4f}' if isinstance(accuracy, float) else '-'):>8}")
-    lines.append(f"samples/s {merged.get('samples_per_s') or 0:.1f}   max relative difference "
-                 f"between replicas {merged.get('max_relative_difference', 0):.3g}")
+            f"{result.rank:>4} {result.role:>6} "
+            f"{'-' if result.failed else result.rounds:>7} {ms(result.round_time_s):>9} "
+            f"{ms(result.compute_s_per_round):>10} {ms(result.wait_s_per_round):>8} "
+            f"{'-' if result.failed else f'{result.bytes_sent / 1e6:.2f}':>8} "
+            f"{(f'{accuracy:.4f}' if accuracy is not None else '-'):>8}")
+    lines.append(f"samples/s {merged.samples_per_s or 0:.1f}   max relative difference "
+                 f"between replicas {merged.max_relative_difference or 0:.3g}")
     return "\n".join(lines)
 
 
-def launch(cfg: RunConfig, settings: AkorunSettings, options: LaunchOptions) -> dict[str, Any]:
+def launch(cfg: RunConfig, settings: AkorunSettings, options: LaunchOptions) -> RunResult:
     """Run every rank, merge the results; RunError naming the failed ranks."""
     launcher = Launcher(cfg, settings, options)
     previous = {signum: signal.signal(signum, launcher._on_signal)

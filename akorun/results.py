@@ -1,29 +1,16 @@
-"""Result files: one JSON per worker and the merged run result, keyed like akosim.
+"""akorun's result files, built as akocore.results records.
 
-This module owns the numbers a run reports and their names. The summary keys
-are named exactly as akosim names them so a prediction and a measurement
-compare key by key: ``scheme``, ``p``, ``ssp``, ``workers``,
-``round_time_s`` (mean steady-state wall seconds per round: the first 10% of
-rounds are skipped), ``samples_per_s`` (training workers x batch size /
-round_time_s), ``bytes_sent_per_worker_per_round``, ``compute_s_per_round``
-(mean measured gradient-step seconds, steady state; akosim's
-``--compute-from DIR/result.json`` reads ``workers[i].compute_s_per_round``),
-``wait_s_per_round`` (mean seconds at the SSP gate, steady state) and
-``overhead_s_per_round`` (mean seconds of a round outside the gradient step and
-the gate: dispatch, inbox, optimizer, event loop; steady state, so
-round_time_s = compute + wait + overhead; akosim's ``--compute-from`` reads it
-as the round overhead). ``bytes_sent_per_worker_per_round`` counts the bytes
-handed to the senders during the rounds, as akosim counts them: the final
-flush (what ``node.finish`` owes) is ``bytes_sent_flush``, apart. ``p`` is the
-p every worker resolved to (for ``p = "auto"``: what auto chose).
+- `worker_summary`: the steady-state summary fields of one rank, from its
+  per-round series (what akosim reports under the same names);
+- `rank_result`: the builder that turns the worker's result fields (summary,
+  per-round series and diagnostics) into a validated `RankResult`;
+  `write_rank_result` writes it as ``OUT/worker-R.json``;
+- `merge_results`: the run's `RunResult` (``OUT/result.json``): config echoed,
+  the summary figures over the training workers, ``per_worker`` (every rank,
+  in rank order) and the spread between the final replicas;
+- `write_json`: atomic JSON writing.
 
-The merged ``result.json`` holds the config echoed, ``workers``: the list of
-every rank's result (so ``workers[i].compute_s_per_round`` is rank i's
-value; each entry carries the summary keys, ``workers`` there being the
-count), the summary keys over the training workers at the top level (means;
-samples_per_s from the mean round time; ``workers`` is the list, so the
-count is repeated in ``summary``) and ``max_relative_difference`` between the
-final replicas of the training workers.
+The keys, their units and meanings are akocore.results' (docs/result-schema.md).
 """
 
 from __future__ import annotations
@@ -31,49 +18,18 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-WARMUP_FRACTION = 0.1
-SUMMARY_KEYS = ("scheme", "p", "ssp", "workers", "round_time_s", "samples_per_s",
-                "bytes_sent_per_worker_per_round", "compute_s_per_round", "wait_s_per_round",
-                "overhead_s_per_round")
+from akocore.figures import steady_mean, steady_round_time_s, warmup_rounds
+from akocore.results import SCHEMA_VERSION, RankResult, RunResult, merged_figures, rank_figures
 
-
-def warmup_rounds(rounds: int, fraction: float = WARMUP_FRACTION) -> int:
-    """Rounds skipped as warm-up: 10% (at least 1) when there are 4 or more."""
-    return 0 if rounds < 4 else max(1, int(rounds * fraction))
-
-
-def steady_round_time_s(round_end_s: Sequence[float]) -> float:
-    """Mean seconds per round after the warm-up rounds; times since training start."""
-    ends = np.asarray(round_end_s, dtype=float)
-    if len(ends) == 0:
-        return math.nan
-    skip = warmup_rounds(len(ends))
-    if skip == 0:
-        return float(ends[-1] / len(ends))
-    return float((ends[-1] - ends[skip - 1]) / (len(ends) - skip))
-
-
-def steady_mean(per_round: Sequence[float]) -> float:
-    values = np.asarray(per_round, dtype=float)
-    if len(values) == 0:
-        return math.nan
-    return float(values[warmup_rounds(len(values)):].mean())
-
-
-def _json_number(value: float | None) -> float | str | None:
-    if value is None:
-        return None
-    if math.isnan(value):
-        return None
-    if math.isinf(value):
-        return "inf"
-    return value
+__all__ = ["max_relative_difference", "merge_results", "rank_result", "steady_mean",
+           "steady_round_time_s", "warmup_rounds", "worker_summary", "write_json",
+           "write_rank_result"]
 
 
 def worker_summary(*, scheme: str, p_of: Sequence[int] | None, ssp: float, workers: int,
@@ -81,29 +37,40 @@ def worker_summary(*, scheme: str, p_of: Sequence[int] | None, ssp: float, worke
                    compute_s: Sequence[float], wait_s: Sequence[float],
                    bytes_sent: int, overhead_s: Sequence[float] | None = None,
                    bytes_flush: int | None = None) -> dict[str, Any]:
-    """The akosim-compatible keys of one worker's result.
+    """The summary fields of one rank's RankResult, JSON-ready (`rank_result`'s input).
 
     `bytes_sent`: bytes sent during the rounds (the flush excluded, as akosim);
     `bytes_flush`: the final flush's, reported apart.
     """
-    rounds = len(round_end_s)
-    round_time_s = steady_round_time_s(round_end_s)
-    samples = training_workers * batch_size / round_time_s if round_time_s > 0 else math.nan
+    p_list = [int(p) for p in p_of] if p_of else []
     return {
         "scheme": scheme,
-        "p": list(p_of) if p_of is not None else None,
+        "p": max(p_list) if p_list else 1,
+        "p_of": p_list,
         "ssp": "inf" if math.isinf(ssp) else int(ssp),
         "workers": workers,
-        "round_time_s": _json_number(round_time_s),
-        "samples_per_s": _json_number(samples),
-        "bytes_sent_per_worker_per_round": bytes_sent / rounds if rounds else None,
-        "compute_s_per_round": _json_number(steady_mean(compute_s)),
-        "wait_s_per_round": _json_number(steady_mean(wait_s)),
-        "overhead_s_per_round": _json_number(steady_mean(overhead_s))
-        if overhead_s is not None else None,
+        "training_workers": training_workers,
+        "batch_size": batch_size,
+        **rank_figures(round_end_s=round_end_s, compute_s=compute_s, wait_s=wait_s,
+                       overhead_s=overhead_s, training_workers=training_workers,
+                       batch_size=batch_size, bytes_sent_rounds=bytes_sent),
         "bytes_sent_rounds": bytes_sent,
         "bytes_sent_flush": bytes_flush,
     }
+
+
+def rank_result(fields: Mapping[str, Any]) -> RankResult:
+    """The worker's result fields as a validated RankResult (keys that are no field of
+    the record are kept as its `details`); RecordError naming a bad key."""
+    plain = json.loads(json.dumps(dict(fields), default=_default))
+    return RankResult.from_json({"schema_version": SCHEMA_VERSION, "kind": "rank", **plain})
+
+
+def write_rank_result(path: str | Path, fields: Mapping[str, Any]) -> RankResult:
+    """Build the rank's record from the worker's fields and write it to `path`."""
+    record = rank_result(fields)
+    write_json(path, record.to_json())
+    return record
 
 
 def max_relative_difference(replicas: Sequence[np.ndarray]) -> float:
@@ -121,42 +88,33 @@ def max_relative_difference(replicas: Sequence[np.ndarray]) -> float:
     return worst
 
 
-def _mean(values: Sequence[Any]) -> float | None:
-    numbers = [float(v) for v in values if isinstance(v, int | float) and math.isfinite(v)]
-    return sum(numbers) / len(numbers) if numbers else None
+def merge_results(config: Mapping[str, Any], ranks: Sequence[RankResult],
+                  replicas: Sequence[np.ndarray], *, batch_size: int,
+                  run_id: str | None = None) -> RunResult:
+    """The run's result from every rank's (training workers summarised)."""
+    training = [r for r in ranks if r.role == "worker"]
+    known = [r for r in ranks if not r.failed]
+    first = training[0] if training else (known[0] if known else None)
+    exchange = config.get("exchange", {}) if isinstance(config, Mapping) else {}
+    cluster = config.get("cluster", {}) if isinstance(config, Mapping) else {}
+    workers = first.workers if first is not None else int(cluster.get("workers", len(ranks)))
+    return RunResult(
+        tool="akorun", mode="train", config=dict(config), run_id=run_id,
+        scheme=first.scheme if first is not None else str(exchange.get("scheme", "")),
+        label=first.scheme if first is not None else "",
+        p=first.p if first is not None else 1,
+        p_of=first.p_of if first is not None else (),
+        ssp=first.ssp if first is not None else 0.0,
+        workers=workers, training_workers=len(training),
+        ps_servers=sum(1 for r in ranks if r.role == "ps"), batch_size=batch_size,
+        **merged_figures(training, batch_size),
+        final_accuracy=training[0].final_accuracy if training else None,
+        evaluations=training[0].evaluations if training else (),
+        max_relative_difference=max_relative_difference(replicas),
+        per_worker=tuple(ranks))
 
 
-def merge_results(config: dict[str, Any], worker_results: Sequence[dict[str, Any]],
-                  replicas: Sequence[np.ndarray], *, batch_size: int) -> dict[str, Any]:
-    """The run's result.json from the per-worker results (training workers summarised)."""
-    training = [r for r in worker_results if r.get("role") == "worker"]
-    first = training[0] if training else (worker_results[0] if worker_results else {})
-    round_time = _mean([r.get("round_time_s") for r in training])
-    summary: dict[str, Any] = {
-        "scheme": first.get("scheme"),
-        "p": first.get("p"),
-        "ssp": first.get("ssp"),
-        "workers": first.get("workers"),
-        "round_time_s": round_time,
-        "samples_per_s": (len(training) * batch_size / round_time) if round_time else None,
-        "bytes_sent_per_worker_per_round": _mean(
-            [r.get("bytes_sent_per_worker_per_round") for r in training]),
-        "compute_s_per_round": _mean([r.get("compute_s_per_round") for r in training]),
-        "wait_s_per_round": _mean([r.get("wait_s_per_round") for r in training]),
-        "overhead_s_per_round": _mean([r.get("overhead_s_per_round") for r in training]),
-    }
-    return {
-        "config": config,
-        **summary,
-        "workers": list(worker_results),
-        "summary": summary,
-        "training_workers": len(training),
-        "final_accuracy": _mean([r.get("final_accuracy") for r in training]),
-        "max_relative_difference": max_relative_difference(replicas),
-    }
-
-
-def write_json(path: str | Path, data: dict[str, Any]) -> Path:
+def write_json(path: str | Path, data: Mapping[str, Any]) -> Path:
     """Write JSON atomically (tmp + os.replace)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)

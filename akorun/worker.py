@@ -51,6 +51,7 @@ import aiohttp
 import numpy as np
 
 from akocore.config import RunConfig, config_hash, config_to_dict, replace_in
+from akocore.figures import step_seed
 from akocore.messages import Partial, Send
 from akocore.schemes import AkoState, AkoWorker, PSLayout, RejoinSnapshot, SchemeNode
 from akocore.workload import Workload, build_workload, enable_compilation_cache
@@ -69,7 +70,7 @@ from akorun.cluster import AkorunSettings, split_host
 from akorun.errors import Interrupted, RunError, UsageError
 from akorun.faults import Faults
 from akorun.metrics import Metrics, ProgressLine, render_prometheus
-from akorun.results import worker_summary, write_json
+from akorun.results import worker_summary, write_rank_result
 from akorun.roles import (
     NodePlan,
     make_node,
@@ -902,7 +903,6 @@ class Worker:
         t = node.next_round
         batches = workload.batches(self.rank, self.training_workers)
         batches.skip(t)
-        seed_base = self.cfg.train.seed * 1_000_003 + self.rank * 10_007
         self.train_start_s = loop.time()
         eval_every = self.cfg.train.eval_every
         checkpoint_every = self.options.checkpoint_every
@@ -915,7 +915,7 @@ class Worker:
             params = np.array(node.params, copy=True)
             compute_start_s = time.perf_counter()
             loss, grad = await asyncio.to_thread(workload.grad_step, params, batch.x, batch.y,
-                                                 seed_base + t)
+                                                 step_seed(self.cfg.train.seed, self.rank, t))
             compute_s = time.perf_counter() - compute_start_s
             send_start_s = loop.time()
             await self.dispatch(node.local_step(t, grad))
@@ -1104,7 +1104,7 @@ class Worker:
         if out is None or node is None:
             return
         out.mkdir(parents=True, exist_ok=True)
-        write_json(out / f"worker-{self.rank}.json", self.result_cache)
+        write_rank_result(out / f"worker-{self.rank}.json", self.result_cache)
         if node.params is not None:
             offset = getattr(node, "start", 0) if self.role == "ps" else 0
             tmp = out / f".worker-{self.rank}.npz.tmp"
