@@ -425,7 +425,7 @@ def run_compute_jitter(run: RunResult) -> float:
 def rank_figures(*, round_end_s: Sequence[float], compute_s: Sequence[float],
                  wait_s: Sequence[float], overhead_s: Sequence[float] | None,
                  training_workers: int, batch_size: int,
-                 bytes_sent_rounds: float) -> dict[str, float | None]:
+                 bytes_sent_rounds: float) -> dict[str, Any]:
     """The steady-state summary figures of one rank from its per-round series."""
     rounds = len(round_end_s)
     round_time_s = steady_round_time_s(round_end_s)
@@ -445,7 +445,7 @@ def rank_figures(*, round_end_s: Sequence[float], compute_s: Sequence[float],
     }
 
 
-def merged_figures(training: Sequence[RankResult], batch_size: int) -> dict[str, float | None]:
+def merged_figures(training: Sequence[RankResult], batch_size: int) -> dict[str, Any]:
     """A run's summary figures: the means over its training ranks."""
     round_time = mean_of_known([r.round_time_s for r in training])
     return {

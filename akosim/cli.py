@@ -11,7 +11,6 @@ stdout as a table and, with --out, to a JSON file.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Callable, Sequence
@@ -29,6 +28,13 @@ from akocore.config import (
 from akocore.data import DataError
 from akocore.partition import PartitionError
 from akocore.units import UnitError, format_duration, format_size, parse_duration, parse_size
+from akosim.calibration import (  # noqa: F401 (rank_overhead_s: re-exported)
+    CalibrationError,
+    compute_from_result,
+    message_overhead_from_result,
+    overhead_from_result,
+    rank_overhead_s,
+)
 
 # timing-only planning defaults to the seeds' CNN (17 MB gradient) at their batch size; the
 # steady state of a deterministic round is reached within a few rounds
@@ -44,7 +50,7 @@ class UsageError(Exception):
     """A user mistake: reported as one line, exit status 2."""
 
 
-USER_ERRORS = (UsageError, ConfigError, UnitError, DataError, PartitionError)
+USER_ERRORS = (UsageError, ConfigError, UnitError, DataError, PartitionError, CalibrationError)
 
 EPILOG_RUN = """\
 examples:
@@ -199,79 +205,6 @@ def _floats(text: str, flag: str) -> tuple[float, ...]:
             from None
 
 
-def compute_from_result(path: str, workers: int) -> tuple[float, ...]:
-    """Per-worker measured compute seconds per round from an akorun result.json."""
-    try:
-        data = json.loads(Path(path).read_text())
-        measured = [w.get("compute_s_per_round") for w in data["workers"]]
-        known = [float(t) for t in measured if t is not None]
-        # a parameter-server rank computes no gradients: it gets the workers' mean
-        times = [float(t) if t is not None else sum(known) / max(len(known), 1)
-                 for t in measured]
-    except FileNotFoundError:
-        raise UsageError(f"--compute-from: no file {path}") from None
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise UsageError(f"--compute-from: {path} is not an akorun result with "
-                         f"workers[i].compute_s_per_round ({error})") from None
-    if not times or not known:
-        raise UsageError(f"--compute-from: {path} lists no worker with a measured compute time")
-    return tuple(times[i % len(times)] for i in range(workers))
-
-
-def rank_overhead_s(rank: dict[str, Any]) -> float | None:
-    """One akorun rank's seconds per round outside the gradient and the gate.
-
-    ``overhead_s_per_round`` when akorun recorded it; for older results
-    ``round_time_s - compute_s_per_round - wait_s_per_round`` (the same quantity as
-    steady-state means); None when the rank gives neither (a parameter server).
-    """
-    value = _number(rank.get("overhead_s_per_round"))
-    if value is not None:
-        return value
-    parts = [_number(rank.get(k)) for k in ("round_time_s", "compute_s_per_round",
-                                             "wait_s_per_round")]
-    if any(v is None for v in parts):
-        return None
-    return parts[0] - parts[1] - parts[2]  # type: ignore[operator]
-
-
-def _per_rank_from_result(path: str, nodes: int,
-                          read: Callable[[dict[str, Any]], float | None]
-                          ) -> tuple[float, ...] | None:
-    """`read(rank)` for each rank of an akorun result, clamped at 0, ranks without a
-    value given the others' mean, tiled to `nodes`; None when no rank gives a value
-    or the file is not an akorun result."""
-    try:
-        ranks = json.loads(Path(path).read_text())["workers"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    values = [read(rank) if isinstance(rank, dict) else None for rank in ranks]
-    known = [max(v, 0.0) for v in values if v is not None]
-    if not known:
-        return None
-    mean = sum(known) / len(known)
-    filled = [max(v, 0.0) if v is not None else mean for v in values]
-    return tuple(filled[i % len(filled)] for i in range(nodes))
-
-
-def overhead_from_result(path: str, workers: int) -> tuple[float, ...] | None:
-    """Per-worker seconds per round outside the gradient and the gate, from an akorun result.
-
-    Each rank's ``overhead_s_per_round`` when akorun recorded it; for older results,
-    ``round_time_s - compute_s_per_round - wait_s_per_round`` (the same quantity, as
-    steady-state means); ranks with neither (a parameter server) get the workers'
-    mean. None when no rank gives a value (then there is no overhead to model).
-    """
-    return _per_rank_from_result(path, workers, rank_overhead_s)
-
-
-def message_overhead_from_result(path: str, nodes: int) -> tuple[float, ...]:
-    """Per-rank seconds a message costs beyond the emulated wire (akorun's
-    ``message_overhead_s``); ranks without it get the others' mean; () when none has it."""
-    return _per_rank_from_result(
-        path, nodes, lambda rank: _number(rank.get("message_overhead_s"))) or ()
-
-
 def _message_overhead(args: argparse.Namespace, nodes: int) -> tuple[float, ...]:
     if getattr(args, "message_overhead", None) is not None:
         value = parse_duration(args.message_overhead)
@@ -281,12 +214,6 @@ def _message_overhead(args: argparse.Namespace, nodes: int) -> tuple[float, ...]
     if getattr(args, "compute_from", None):
         return message_overhead_from_result(args.compute_from, nodes)
     return ()
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def load_workload(cfg: RunConfig):
@@ -417,7 +344,7 @@ def _config_names_scheme(args: argparse.Namespace) -> bool:
 
 
 def _finish(args: argparse.Namespace, cfg: RunConfig, setup, runs, training: bool) -> int:
-    from akosim.report import explain_p, format_table, json_safe, write_json
+    from akosim.report import explain_p, format_table, json_safe, plan_result, write_json
     from akosim.trace import write_trace
 
     compute = setup.compute
@@ -440,12 +367,11 @@ def _finish(args: argparse.Namespace, cfg: RunConfig, setup, runs, training: boo
                       f"round. Larger batches (longer compute per round), faster links or "
                       f"fewer workers lower p; --p N trades throughput for freshness.")
     if args.out:
-        payload = {"tool": "akosim", "mode": "train" if training else "timing",
-                   "config": config_to_dict(cfg),
-                   "gradient_bytes": setup.gradient_bytes,
-                   "compute_s": [compute.base_s(i) for i in range(workers)],
-                   "runs": [r.to_dict() for r in runs]}
-        write_json(args.out, json_safe(payload))
+        plan = plan_result(runs, config=config_to_dict(cfg), training=training,
+                           gradient_bytes=setup.gradient_bytes,
+                           compute_s=[compute.base_s(i) for i in range(workers)],
+                           batch_size=setup.batch_size)
+        write_json(args.out, json_safe(plan.to_json()))
         print(f"wrote {args.out}")
     if args.trace:
         write_trace(args.trace, runs)

@@ -10,7 +10,6 @@ drives: the simulator adds time, nothing else.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -234,14 +233,3 @@ class Simulation:
     @property
     def elapsed_s(self) -> float:
         return max((t.finish_s for t in self.timelines.values()), default=0.0)
-
-
-def steady_round_time_s(round_end_s: list[float], warmup_fraction: float = 0.1) -> float:
-    """Mean seconds per round after the warm-up rounds (all rounds if few)."""
-    ends = np.asarray(round_end_s)
-    if len(ends) == 0:
-        return math.nan
-    if len(ends) < 4:
-        return float(ends[-1] / len(ends))
-    skip = max(1, int(len(ends) * warmup_fraction))
-    return float((ends[-1] - ends[skip - 1]) / (len(ends) - skip))

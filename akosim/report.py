@@ -1,9 +1,11 @@
 """Human tables and result files for simulated runs.
 
 `format_table` prints the side-by-side comparison a user reads first;
-`write_json` writes the full result (config echoed, one entry per simulated
-configuration in `runs`, per-worker and per-link breakdowns) atomically, so
-an interrupted run never leaves half a file.
+`plan_result` turns the simulated configurations into the akocore.results
+records (`PlanResult`: config echoed, one `RunResult` per configuration in
+`runs`, with `per_worker` and `per_link`), the file ``--out`` writes;
+`write_json` writes JSON atomically, so an interrupted run never leaves half a
+file.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from akocore.results import LinkResult, PlanResult, RankResult, RunResult
 from akocore.units import format_duration, format_size
 from akosim.scenario import SimRun
 
@@ -51,6 +54,59 @@ def explain_p(run: SimRun) -> str:
     if run.scheme != "ako" or not run.p_reason or run.p_reason == "given":
         return ""
     return f"p={run.p} for {run.label.split(' (')[0]}: bound by {run.p_reason}"
+
+
+def run_result(run: SimRun, *, config: dict[str, Any], mode: str,
+               batch_size: int) -> RunResult:
+    """One simulated configuration as a RunResult (per-worker figures per round from the
+    simulated totals)."""
+    p_of = tuple(run.p_of) if run.scheme == "ako" else ()
+    shared: dict[str, Any] = dict(
+        scheme=run.scheme, p=run.p, p_of=p_of, ssp=run.ssp, workers=run.workers,
+        training_workers=run.training_workers, batch_size=batch_size)
+    ranks = tuple(
+        RankResult(rank=w.rank, role="worker", **shared, rounds=w.rounds,
+                   round_time_s=_finite(w.round_time_s),
+                   samples_per_s=_finite(run.training_workers * batch_size / w.round_time_s)
+                   if w.round_time_s > 0 else None,
+                   compute_s_per_round=w.compute_s / w.rounds if w.rounds else None,
+                   wait_s_per_round=w.wait_s / w.rounds if w.rounds else None,
+                   compute_s=w.compute_s, wait_s=w.wait_s, bytes_sent=w.bytes_sent,
+                   bytes_received=w.bytes_received, uplink_utilisation=w.uplink_utilisation,
+                   downlink_utilisation=w.downlink_utilisation, max_lag_rounds=w.max_lag_rounds,
+                   mean_lag_rounds=w.mean_lag_rounds)
+        for w in run.per_worker)
+    links = tuple(LinkResult(int(link["src"] or 0), int(link["dst"] or 0),
+                             float(link["bytes"] or 0.0), link["cap_bps"], link["utilisation"])
+                  for link in run.per_link)
+    return RunResult(
+        tool="akosim", mode=mode, label=run.label, config=config, **shared,
+        p_reason=run.p_reason, ps_servers=run.ps_servers, round_time_s=run.round_time_s,
+        samples_per_s=run.samples_per_s,
+        bytes_sent_per_worker_per_round=run.bytes_sent_per_worker_per_round,
+        compute_s_per_round=run.compute_s_per_round, wait_s_per_round=run.wait_s_per_round,
+        final_accuracy=run.final_accuracy,
+        evaluations=tuple((e.sim_time_s, e.round, e.accuracy) for e in run.evaluations),
+        time_to_target_s=run.time_to_target_s, nic_utilisation=run.nic_utilisation,
+        max_uplink_utilisation=run.max_uplink_utilisation,
+        max_downlink_utilisation=run.max_downlink_utilisation,
+        staleness_bound_rounds=run.staleness_bound_rounds, max_lag_rounds=run.max_lag_rounds,
+        bottleneck=run.bottleneck, simulated_s=run.simulated_s, wall_s=run.wall_s,
+        events=dict(run.events), per_worker=ranks, per_link=links)
+
+
+def plan_result(runs: list[SimRun], *, config: dict[str, Any], training: bool,
+                gradient_bytes: int, compute_s: list[float], batch_size: int) -> PlanResult:
+    """What `akosim --out` writes: every simulated configuration of one question."""
+    mode = "train" if training else "timing"
+    return PlanResult(config=config, mode=mode, gradient_bytes=gradient_bytes,
+                      compute_s=tuple(compute_s),
+                      runs=tuple(run_result(r, config=config, mode=mode, batch_size=batch_size)
+                                 for r in runs))
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
 
 def write_json(path: str | Path, payload: dict[str, Any]) -> None:

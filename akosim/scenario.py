@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from akocore.config import RunConfig
+from akocore.figures import steady_round_time_s
 from akocore.messages import FLOAT_BYTES
 from akocore.planner import Plan
 from akocore.resolve import network_arrays, resolve_plan, scheme_spec
@@ -26,7 +27,7 @@ from akocore.schemes import build_nodes
 from akocore.units import format_bandwidth
 from akocore.workload import Workload
 from akosim.compute import ComputeModel
-from akosim.engine import Simulation, StopRule, TraceEvent, steady_round_time_s
+from akosim.engine import Simulation, StopRule, TraceEvent
 from akosim.network import COALESCE_REL, NetworkSpec, NetworkUtilisation
 from akosim.training import AccuracyTracker, BatchedGradients, Evaluation
 

@@ -17,12 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from akocore.data import BatchStream
+from akocore.figures import step_seed  # the one per-step seed, shared with akorun
 from akocore.workload import Workload
-
-
-def step_seed(seed: int, rank: int, round_: int) -> int:
-    """The dropout seed of one gradient step, the same in every backend."""
-    return ((seed * 1_000_003 + rank) * 1_000_003 + round_) % (2**31 - 1)
 
 
 class BatchedGradients:

@@ -1,28 +1,39 @@
-"""python -m analysis --results results/experiments --out docs/experiments --readme README.md
+"""python -m analysis [--results DIR] [--out DIR] [--readme README.md] [--force]
 
 Regenerates the report (tables, fidelity, plots) from the result files; the
 experiments themselves run with `python -m analysis.run` (or `nox -s experiments`).
+Paths are relative to the current directory. The report is not replaced by one
+made from fewer runs (exit status 2) unless --force.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from analysis.report import build_report
+from analysis.report import FewerResults, build_report
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m analysis", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--results", type=Path, default=Path("results/experiments"))
-    parser.add_argument("--out", type=Path, default=Path("docs/experiments"))
+    parser.add_argument("--results", type=Path, default=Path("results/experiments"),
+                        help="the results folder (default results/experiments)")
+    parser.add_argument("--out", type=Path, default=Path("docs/experiments"),
+                        help="the report folder (default docs/experiments)")
     parser.add_argument("--no-plots", action="store_true", help="tables only")
     parser.add_argument("--readme", type=Path, metavar="README.md",
                         help="also fill this file's experiments block with the main tables")
+    parser.add_argument("--force", action="store_true",
+                        help="replace the report even when fewer runs are found than it has")
     args = parser.parse_args(argv)
-    readme = build_report(args.results, args.out, plots=not args.no_plots,
-                          project_readme=args.readme)
+    try:
+        readme = build_report(args.results, args.out, plots=not args.no_plots,
+                              project_readme=args.readme, force=args.force)
+    except FewerResults as error:
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return 2
     print(f"wrote {readme}")
     return 0
 

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
-from akosim.cli import rank_overhead_s
+from akocore.figures import mean_of_known
+from akocore.results import PlanResult, RunResult, rank_overhead_s, read_result
 from analysis.fidelity import FidelitySummary, Pair, markdown
 from analysis.matrix import (
     NETWORKS,
@@ -67,24 +67,19 @@ class Record:
     message_overhead_s: float | None = None  # akorun: mean time a message costs past the wire
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
+def _num(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
 
 
-def _akosim_record(backend: str, exp: Experiment, data: dict[str, Any]) -> Record:
-    run = data["runs"][0]
-    curve = [(float(e["sim_time_s"]), int(e["round"]), float(e["accuracy"]))
-             for e in run.get("evaluations") or []]
-    workers = run.get("per_worker") or []
-    compute = data.get("compute_s") or []
-    training = [c for i, c in enumerate(compute) if i < run.get("training_workers", len(compute))]
+def _akosim_record(backend: str, exp: Experiment, plan: PlanResult) -> Record:
+    run = plan.runs[0]
+    curve = [(float(t), int(round_), float(acc)) for t, round_, acc in run.evaluations]
+    training = plan.compute_s[:run.training_workers]
     return Record(backend, exp.id, exp.network.name, exp.workers, exp.scheme,
-                  _num(run.get("round_time_s")), _num(run.get("bytes_sent_per_worker_per_round")),
-                  sum(training) / len(training) if training else None, run.get("p_of"), curve,
-                  _num(run.get("final_accuracy")),
-                  max((w.get("rounds", 0) for w in workers), default=None))
+                  _num(run.round_time_s), _num(run.bytes_sent_per_worker_per_round),
+                  sum(training) / len(training) if training else None,
+                  list(run.p_of) or None, curve, _num(run.final_accuracy),
+                  max((w.rounds for w in run.per_worker), default=None))
 
 
 def akorun_time_axis(round_end_s: Sequence[float], round_time_s: float | None) -> list[float]:
@@ -98,31 +93,25 @@ def akorun_time_axis(round_end_s: Sequence[float], round_time_s: float | None) -
     return [t - offset for t in ends]
 
 
-def _akorun_record(exp: Experiment, data: dict[str, Any]) -> Record:
-    ranks = [w for w in data.get("workers", []) if w.get("role", "worker") == "worker"]
+def _akorun_record(exp: Experiment, run: RunResult) -> Record:
+    ranks = run.training_ranks
     curve: list[tuple[float, int, float]] = []
     rounds = None
     if ranks:
         first = ranks[0]
-        axis = akorun_time_axis(first.get("round_end_s") or [], _num(first.get("round_time_s")))
+        axis = akorun_time_axis(first.round_end_s, _num(first.round_time_s))
         rounds = len(axis)
-        for _, round_, accuracy in first.get("evaluations") or []:
+        for _, round_, accuracy in first.evaluations:
             if 1 <= round_ <= len(axis):
                 curve.append((axis[round_ - 1], int(round_), float(accuracy)))
         curve.sort()
-    p = data.get("p")
     return Record("akorun", exp.id, exp.network.name, exp.workers, exp.scheme,
-                  _num(data.get("round_time_s")), _num(data.get("bytes_sent_per_worker_per_round")),
-                  _num(data.get("compute_s_per_round")), p if isinstance(p, list) else None,
-                  curve, _num(ranks[0].get("final_accuracy")) if ranks else None, rounds,
-                  overhead_s=rank_overhead_s(data),
-                  message_overhead_s=_mean_known(w.get("message_overhead_s")
-                                                 for w in data.get("workers", [])))
-
-
-def _mean_known(values: Iterable[Any]) -> float | None:
-    known = [v for v in (_num(x) for x in values) if v is not None]
-    return sum(known) / len(known) if known else None
+                  _num(run.round_time_s), _num(run.bytes_sent_per_worker_per_round),
+                  _num(run.compute_s_per_round), list(run.p_of) or None,
+                  curve, _num(ranks[0].final_accuracy) if ranks else None, rounds,
+                  overhead_s=rank_overhead_s(run),
+                  message_overhead_s=mean_of_known([w.message_overhead_s
+                                                    for w in run.per_worker]))
 
 
 def p_text(record: Record | None) -> str:
@@ -140,10 +129,15 @@ def load_records(results: Path) -> dict[tuple[str, str], Record]:
             path = folder / "result.json"
             if not path.exists() or not (folder / "done.json").exists():
                 continue
-            data = json.loads(path.read_text())
+            result = read_result(json.loads(path.read_text()))
             done = json.loads((folder / "done.json").read_text())
-            record = _akorun_record(exp, data) if backend == "akorun" else \
-                _akosim_record(backend, exp, data)
+            if backend == "akorun" and isinstance(result, RunResult):
+                record = _akorun_record(exp, result)
+            elif backend != "akorun" and isinstance(result, PlanResult):
+                record = _akosim_record(backend, exp, result)
+            else:
+                raise ValueError(f"{path}: a {type(result).__name__} is not what {backend} "
+                                 f"writes")
             record.partial = done.get("rounds_override") is not None
             records[(backend, exp.id)] = record
     return records
@@ -334,15 +328,17 @@ def fidelity(records: dict[tuple[str, str], Record]) -> tuple[list[FidelitySumma
               "predicted B/round (cal.) | error |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for calibration, backend in (("uncalibrated", "akosim"), ("calibrated", "akosim-calibrated")):
-        for metric, attr in (("round time", "round_time_s"),
-                             ("bytes per round", "bytes_per_round")):
+        figures: tuple[tuple[str, Callable[[Record], float | None]], ...] = (
+            ("round time", lambda r: r.round_time_s),
+            ("bytes per round", lambda r: r.bytes_per_round))
+        for metric, figure in figures:
             pairs = []
             for exp in all_experiments():
                 measured = records.get(("akorun", exp.id))
                 predicted = records.get((backend, exp.id))
                 if measured is None or predicted is None:
                     continue
-                m, p = getattr(measured, attr), getattr(predicted, attr)
+                m, p = figure(measured), figure(predicted)
                 if m is None or p is None:
                     continue
                 pairs.append(Pair(exp.id, m, p))
@@ -432,12 +428,36 @@ def missing_runs(records: dict[tuple[str, str], Record]) -> dict[str, int]:
     return {b: sum(1 for e in all_experiments() if (b, e.id) not in records) for b in BACKENDS}
 
 
+class FewerResults(Exception):
+    """The results found are fewer than those of the report they would replace."""
+
+
+def runs_in_report(out: Path) -> int | None:
+    """How many runs the report in `out` (its summary.json) was made from; None when
+    there is no report there yet."""
+    path = out / "summary.json"
+    if not path.exists():
+        return None
+    missing = json.loads(path.read_text(encoding="utf-8")).get("missing", {})
+    total = len(all_experiments())
+    return sum(total - int(m) for m in missing.values())
+
+
 def build_report(results: Path, out: Path, *, plots: bool = True,
-                 project_readme: Path | None = None) -> Path:
+                 project_readme: Path | None = None, force: bool = False) -> Path:
     """Write OUT/README.md, OUT/summary.json and the plots; with `project_readme`, also
-    fill its experiments block (between BEGIN_MARK and END_MARK) with the main tables."""
-    out.mkdir(parents=True, exist_ok=True)
+    fill its experiments block (between BEGIN_MARK and END_MARK) with the main tables.
+
+    Refuses (FewerResults), before writing anything, when `results` holds fewer runs
+    than the report already in `out` was made from, unless `force`."""
     records = load_records(results)
+    before = runs_in_report(out)
+    if not force and before is not None and len(records) < before:
+        raise FewerResults(
+            f"{results} holds {len(records)} runs, fewer than the {before} of the report in "
+            f"{out}; run the experiments (python -m analysis.run) or pass --force to "
+            f"replace it anyway")
+    out.mkdir(parents=True, exist_ok=True)
     images: list[Path] = []
     plot_note = ""
     if plots:

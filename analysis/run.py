@@ -23,16 +23,17 @@ Backends (one folder each, RESULTS/<backend>/<network>/<n>w-<scheme>/):
 - akosim-calibrated: timing only (``akosim --config F``: the same engine and
   budget, no gradients computed, so no accuracy curve; it exists for the
   fidelity report) with ``--compute-from`` the akorun result of the same
-  configuration (skipped until that exists). akosim reads
-  ``workers[i].compute_s_per_round`` and ``overhead_s_per_round`` (the per-round
-  time outside the gradient and the gate) for every rank, and a parameter
-  server's rank has neither, so the runner writes ``compute.json`` beside it
-  with the server's entries set to the training workers' means (unused by the
-  server), and each rank's ``message_overhead_s`` (what a message costs beyond
-  the emulated wire: task hops, HTTP, verification, apply), which akosim adds
-  to the latency of that rank's links; ``--compute-jitter`` is the relative
-  standard deviation of akorun's per-round gradient times. For ako it also
-  passes akorun's resolved p (``--p``, from the result's ``p``), so that p
+  configuration (skipped until that exists), made into a Calibration
+  (akocore.results): each rank's ``compute_s_per_round`` and
+  ``overhead_s_per_round`` (the per-round time outside the gradient and the
+  gate), and a parameter server's rank has neither, so the runner writes
+  ``compute.json`` beside it with the server's entries set to the training
+  workers' means (unused by the server), and each rank's ``message_overhead_s``
+  (what a message costs beyond the emulated wire: task hops, HTTP,
+  verification, apply), which akosim adds to the latency of that rank's
+  links; ``--compute-jitter`` is the relative standard deviation of akorun's
+  per-round gradient times. For ako it also
+  passes akorun's resolved p (``--p``, from the result's ``p_of``), so that p
   auto, which each backend resolves from its own compute measurement, compares
   like with like; the uncalibrated akosim run keeps its own p auto resolution;
 - akosim-fullsize: the seeds' unscaled setup, timing only: ``akosim --config
@@ -59,7 +60,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from akosim.cli import rank_overhead_s
+from akocore.results import Calibration, PlanResult, RunResult, read_result, run_compute_jitter
 from analysis.matrix import (
     AKORUN_ALLOWANCE_S,
     BATCH,
@@ -119,72 +120,51 @@ def measured_compute_s(results: Path, exp: Experiment) -> float:
                               text=True, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"measuring compute failed: {' '.join(cmd)}\n{proc.stderr}")
-        known[key] = float(json.loads(out.read_text())["compute_s"][0])
+        known[key] = read_plan(out).compute_s[0]
         out.unlink()
         path.write_text(json.dumps(known, indent=1))
     return float(known[key])
 
 
-def _number(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
+def read_run(path: Path) -> RunResult:
+    """The RunResult in `path` (akorun's result.json, any schema version it can read)."""
+    record = read_result(json.loads(path.read_text()))
+    if not isinstance(record, RunResult):
+        raise ValueError(f"{path}: expected a run result, found a {type(record).__name__}")
+    return record
 
 
-def _clamped_overhead(rank: dict) -> float | None:
-    value = rank_overhead_s(rank)
-    return None if value is None else max(value, 0.0)
+def read_plan(path: Path) -> PlanResult:
+    """The PlanResult in `path` (what akosim --out wrote)."""
+    record = read_result(json.loads(path.read_text()))
+    if not isinstance(record, PlanResult):
+        raise ValueError(f"{path}: expected akosim's --out file, found a "
+                         f"{type(record).__name__}")
+    return record
 
 
 def calibration_file(akorun_result: Path, out: Path) -> Path:
-    """akorun's per-rank compute times and overheads, a PS rank's missing values filled in."""
-    data = json.loads(akorun_result.read_text())
-    ranks = data["workers"]
-    known = [float(w["compute_s_per_round"]) for w in ranks
-             if _number(w.get("compute_s_per_round")) is not None]
-    if not known:
+    """akorun's per-rank compute times and overheads as a Calibration (a PS rank's missing
+    values filled in: akocore.figures.fill_missing), written to `out`."""
+    calibration = Calibration.from_run(read_run(akorun_result), source=str(akorun_result))
+    if calibration.compute_s(1) is None:
         raise ValueError(f"{akorun_result}: no rank reports compute_s_per_round")
-    mean = sum(known) / len(known)
-    overheads = [_clamped_overhead(w) if _number(w.get("compute_s_per_round")) is not None else None
-                 for w in ranks]
-    known_overheads = [v for v in overheads if v is not None]
-    mean_overhead = sum(known_overheads) / len(known_overheads) if known_overheads else 0.0
-    filled = [{"rank": w.get("rank"), "role": w.get("role"),
-               "compute_s_per_round": float(w["compute_s_per_round"])
-               if _number(w.get("compute_s_per_round")) is not None else mean,
-               "overhead_s_per_round": overhead if overhead is not None else mean_overhead,
-               "message_overhead_s": _number(w.get("message_overhead_s"))}
-              for w, overhead in zip(ranks, overheads, strict=True)]
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"source": str(akorun_result), "p": resolved_p(data),
-                               "workers": filled}, indent=1))
+    out.write_text(json.dumps(calibration.to_json(), indent=1))
     return out
 
 
-def compute_jitter(akorun_data: dict) -> float:
+def compute_jitter(run: RunResult) -> float:
     """Relative standard deviation of akorun's per-round gradient time (steady rounds,
     mean over the training ranks): what akosim's ``--compute-jitter`` models. Processes
     sharing 2 cores vary a lot (0.2-0.4 here), and under a gate (s = 0) a round waits
     for the slowest of n jittered steps, so a calibrated run must jitter too."""
-    from akorun.results import warmup_rounds
-
-    cvs = []
-    for rank in akorun_data.get("workers", []):
-        times = [float(t) for t in rank.get("round_compute_s") or [] if _number(t) is not None]
-        steady = times[warmup_rounds(len(times)):]
-        if len(steady) >= 2 and sum(steady) > 0:
-            mean = sum(steady) / len(steady)
-            var = sum((t - mean) ** 2 for t in steady) / len(steady)
-            cvs.append(var ** 0.5 / mean)
-    return sum(cvs) / len(cvs) if cvs else 0.0
+    return run_compute_jitter(run)
 
 
-def resolved_p(akorun_data: dict) -> list[int] | None:
+def resolved_p(run: RunResult) -> list[int] | None:
     """The p (one per worker) akorun's ranks resolved to, or None (not ako)."""
-    p = akorun_data.get("p")
-    if isinstance(p, list) and p and all(isinstance(x, int) and x >= 1 for x in p):
-        return [int(x) for x in p]
-    return None
+    return list(run.p_of) or None
 
 
 def command(backend: str, exp: Experiment, results: Path, *,
@@ -202,11 +182,11 @@ def command(backend: str, exp: Experiment, results: Path, *,
         if not (run_dir(results, "akorun", exp) / "done.json").exists():
             return None
         compute = calibration_file(measured, folder / "compute.json")
-        data = json.loads(measured.read_text())
-        p = resolved_p(data) if exp.scheme.startswith("ako") else None
+        run = read_run(measured)
+        p = resolved_p(run) if exp.scheme.startswith("ako") else None
         given_p = ["--p", ",".join(str(x) for x in p)] if p else []
         return ["akosim", "--config", config, "--quiet", "--compute-from",
-                str(compute), *given_p, "--compute-jitter", f"{compute_jitter(data):.4f}",
+                str(compute), *given_p, "--compute-jitter", f"{compute_jitter(run):.4f}",
                 "--out", str(folder / "result.json"), *extra]
     if backend == "akosim-fullsize":
         return ["akosim", "--config", config, "--quiet", "--compute", f"{SEED_COMPUTE_S:g}s",

@@ -1,0 +1,69 @@
+"""What `akosim --compute-from FILE` takes from a real run: a Calibration.
+
+FILE is akorun's merged ``result.json`` (a RunResult, made into a Calibration
+here) or a calibration file (what ``python -m analysis.run`` writes beside a
+calibrated run); files written before the schema are read too
+(akocore.results.read_result). Per-rank values are spread over the simulated
+nodes in turn, ranks without a value having the others' mean
+(akocore.figures.fill_missing).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from akocore.results import Calibration, RecordError, RunResult, rank_overhead_s, read_result
+
+__all__ = ["CalibrationError", "compute_from_result", "message_overhead_from_result",
+           "overhead_from_result", "rank_overhead_s", "read_calibration"]
+
+
+class CalibrationError(ValueError):
+    """--compute-from names no usable result: one line for the user."""
+
+
+def read_calibration(path: str | Path) -> Calibration:
+    """The Calibration in `path` (an akorun result or a calibration file)."""
+    try:
+        record = read_result(json.loads(Path(path).read_text()))
+    except FileNotFoundError:
+        raise CalibrationError(f"--compute-from: no file {path}") from None
+    except (OSError, ValueError) as error:  # RecordError and JSON errors are ValueErrors
+        raise CalibrationError(f"--compute-from: {path} is not an akorun result or "
+                               f"calibration ({error})") from None
+    if isinstance(record, Calibration):
+        return record
+    if isinstance(record, RunResult):
+        return Calibration.from_run(record, source=str(path))
+    raise CalibrationError(f"--compute-from: {path} holds a {type(record).__name__}, not "
+                           f"an akorun result (result.json) or a calibration")
+
+
+def _calibration_or_none(path: str | Path) -> Calibration | None:
+    try:
+        return read_calibration(path)
+    except (CalibrationError, RecordError):
+        return None
+
+
+def compute_from_result(path: str | Path, workers: int) -> tuple[float, ...]:
+    """Per-node measured compute seconds per round."""
+    times = read_calibration(path).compute_s(workers)
+    if not times:
+        raise CalibrationError(f"--compute-from: {path} lists no worker with a measured "
+                               f"compute time")
+    return times
+
+
+def overhead_from_result(path: str | Path, workers: int) -> tuple[float, ...] | None:
+    """Per-node seconds per round outside the gradient and the gate; None when no rank
+    gives one (then there is no overhead to model) or the file is unusable."""
+    calibration = _calibration_or_none(path)
+    return calibration.overhead_s(workers) if calibration is not None else None
+
+
+def message_overhead_from_result(path: str | Path, nodes: int) -> tuple[float, ...]:
+    """Per-node seconds a message costs beyond the emulated wire; () when no rank has it."""
+    calibration = _calibration_or_none(path)
+    return (calibration.message_overhead_s(nodes) or ()) if calibration is not None else ()
