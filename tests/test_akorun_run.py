@@ -66,12 +66,12 @@ def test_akorun_launch_three_sgd_workers_end_with_equal_replicas(
             replicas.append(np.array(data["params"]))
     assert_all_equal_and_trained(replicas, theta0)
     assert merged["max_relative_difference"] < RTOL
-    assert [w["rounds"] for w in merged["workers"]] == [30, 30, 30]
+    assert [w["rounds"] for w in merged["per_worker"]] == [30, 30, 30]
     assert merged["ssp"] == ("inf" if ssp == "inf" else int(ssp))
     for key in ("scheme", "p", "ssp", "round_time_s", "samples_per_s",
                 "bytes_sent_per_worker_per_round", "compute_s_per_round", "wait_s_per_round"):
-        assert key in merged and key in merged["workers"][0], key
-    assert merged["workers"][0]["workers"] == 3
+        assert key in merged and key in merged["per_worker"][0], key
+    assert merged["per_worker"][0]["workers"] == 3 and merged["workers"] == 3
     assert merged["config"]["exchange"]["ssp"] == merged["ssp"]
 
 
@@ -316,6 +316,6 @@ def test_ctrl_c_stops_a_launch_gracefully_with_results_and_checkpoints(
             launch.kill()
     assert launch.returncode == 130, stderr
     merged = json.loads((out / "result.json").read_text())
-    assert all("SIGTERM" in (w["stop_reason"] or "") for w in merged["workers"])
+    assert all("SIGTERM" in (w["stop_reason"] or "") for w in merged["per_worker"])
     assert all((out / "checkpoints" / f"worker-{r}.ckpt.npz").exists() for r in range(3))
     assert merged["max_relative_difference"] < RTOL

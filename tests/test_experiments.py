@@ -45,7 +45,7 @@ def test_the_ci_subset_runs_in_every_backend(ci_results):
             assert (folder / "done.json").exists(), f"{backend} {config}"
             data = json.loads((folder / "result.json").read_text())
             if backend == "akorun":
-                assert data["round_time_s"] > 0 and data["workers"]
+                assert data["round_time_s"] > 0 and data["per_worker"]
             else:
                 assert len(data["runs"]) == 1  # the config names its scheme: just that one
                 assert data["runs"][0]["scheme"] == ("ps" if config.endswith("ps") else "ako")

@@ -24,8 +24,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from akocore.results import RankResult, RunResult
 from akocore.workload import build_workload
-from akorun.results import merge_results, worker_summary
+from akorun.results import merge_results, rank_result, worker_summary
 from akorun.worker import RoundTimes
 from akosim.cli import (
     compute_from_result,
@@ -167,8 +168,9 @@ def test_summary_reports_overhead_and_keeps_the_flush_apart() -> None:
     assert summary["overhead_s_per_round"] == pytest.approx(0.02)
     assert summary["bytes_sent_per_worker_per_round"] == 100  # the flush is not in it
     assert summary["bytes_sent_rounds"] == 2000 and summary["bytes_sent_flush"] == 700
-    merged = merge_results({}, [{"role": "worker", **summary}] * 2, [], batch_size=8)
-    assert merged["overhead_s_per_round"] == pytest.approx(0.02)
+    merged = merge_results({}, [rank_result({"role": "worker", "rank": 0, **summary})] * 2, [],
+                           batch_size=8)
+    assert merged.overhead_s_per_round == pytest.approx(0.02)
 
 
 def test_akorun_compiles_before_the_start_and_reports_the_new_fields(tmp_path: Path) -> None:
@@ -182,8 +184,9 @@ def test_akorun_compiles_before_the_start_and_reports_the_new_fields(tmp_path: P
                           cwd=REPO_ROOT, timeout=140)
     assert done.returncode == 0, done.stderr
     merged = json.loads((out / "result.json").read_text())
-    assert isinstance(merged["p"], list) and all(isinstance(p, int) for p in merged["p"])
-    for rank in merged["workers"]:
+    assert isinstance(merged["p_of"], list) and all(isinstance(p, int) for p in merged["p_of"])
+    assert merged["p"] == max(merged["p_of"])
+    for rank in merged["per_worker"]:
         assert rank["warmup_s"] > 0  # compiled in prepare, before the join
         assert rank["p_auto_compute_s"] > 0
         ends = rank["round_end_s"]
@@ -228,14 +231,14 @@ def test_calibrated_runs_take_akoruns_p_compute_and_overhead(tmp_path: Path) -> 
     cmd = command("akosim-calibrated", auto, tmp_path)
     assert cmd is not None and cmd[cmd.index("--p") + 1] == "35,35"
     data = json.loads(Path(cmd[cmd.index("--compute-from") + 1]).read_text())
-    assert [w["overhead_s_per_round"] for w in data["workers"]] == [0.006, 0.006]
-    assert [w["message_overhead_s"] for w in data["workers"]] == [0.002, 0.002]
+    assert [w["overhead_s_per_round"] for w in data["per_worker"]] == [0.006, 0.006]
+    assert [w["message_overhead_s"] for w in data["per_worker"]] == [0.002, 0.002]
     assert cmd[:2] == ["akosim", "--config"]  # timing only: the fidelity needs no gradients
     ps_cmd = command("akosim-calibrated", ps, tmp_path)
     assert ps_cmd is not None and "--p" not in ps_cmd
     compute = json.loads(calibration_file(run_dir(tmp_path, "akorun", ps) / "result.json",
                                           tmp_path / "c.json").read_text())
-    overheads = [w["overhead_s_per_round"] for w in compute["workers"]]
+    overheads = [w["overhead_s_per_round"] for w in compute["per_worker"]]
     assert overheads == pytest.approx([0.008, 0.008, 0.008])  # the server: the mean
     # the uncalibrated prediction's compute: measured once per results folder, then reused
     measured = tmp_path / "akosim" / "compute.json"
@@ -245,16 +248,17 @@ def test_calibrated_runs_take_akoruns_p_compute_and_overhead(tmp_path: Path) -> 
     uncalibrated = command("akosim", auto, tmp_path)
     assert uncalibrated is not None and "--p" not in uncalibrated  # akosim's own p auto
     assert uncalibrated[uncalibrated.index("--compute") + 1] == "0.0123s"
-    assert resolved_p({"p": None}) is None and resolved_p({"p": [2, 4]}) == [2, 4]
+    assert resolved_p(RunResult(tool="akorun", scheme="ps")) is None
+    assert resolved_p(RunResult(tool="akorun", scheme="ako", p=4, p_of=(2, 4))) == [2, 4]
 
 
 def test_report_shows_p_and_overhead() -> None:
     record = Record("akorun", "x", "uniform-wan", 2, "ako-pauto", 0.03, 1.0, 0.01, [35, 35])
     assert p_text(record) == "35" and p_text(None) == "-"
-    assert rank_overhead_s({"overhead_s_per_round": 0.004}) == 0.004
-    assert rank_overhead_s({"round_time_s": 0.03, "compute_s_per_round": 0.01,
-                      "wait_s_per_round": 0.015}) == pytest.approx(0.005)
-    assert rank_overhead_s({}) is None
+    assert rank_overhead_s(RankResult(0, overhead_s_per_round=0.004)) == 0.004
+    assert rank_overhead_s(RankResult(0, round_time_s=0.03, compute_s_per_round=0.01,
+                                      wait_s_per_round=0.015)) == pytest.approx(0.005)
+    assert rank_overhead_s(RankResult(0)) is None
 
 
 def test_akosim_measures_with_akoruns_xla_flags_when_akorun_would_use_them(
