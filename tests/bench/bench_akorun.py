@@ -186,10 +186,10 @@ def compute_fraction(ssp: str) -> tuple[float, str]:
         merged = _launch(Path(tmp) / "run", "--workers", "2", "--workload", "digits-cnn",
                          "--batch-size", "128", "--rounds", "100", "--p", "1", "--ssp", ssp,
                          "--bandwidth", "100gbps", "--set", "train.eval_every=1000000")
-    fractions = [w["compute_s_per_round"] / w["round_time_s"] for w in merged["workers"]]
+    fractions = [w["compute_s_per_round"] / w["round_time_s"] for w in merged["per_worker"]]
     note = ", ".join(f"rank {w['rank']}: {w['compute_s_per_round'] * 1e3:.1f} ms compute of "
                      f"{w['round_time_s'] * 1e3:.1f} ms/round (gate wait "
-                     f"{w['wait_s_per_round'] * 1e3:.1f} ms)" for w in merged["workers"])
+                     f"{w['wait_s_per_round'] * 1e3:.1f} ms)" for w in merged["per_worker"])
     return float(np.mean(fractions)), f"digits-cnn batch 128, 2 workers, p=1, ssp={ssp}; {note}"
 
 
@@ -220,8 +220,8 @@ def peak_rss() -> tuple[float, float, str]:
         merged = _launch(Path(tmp) / "run", "--workers", "2", "--workload", "synthetic-cnn",
                          "--batch-size", "32", "--rounds", "12", "--p", "4", "--ssp", "1",
                          "--bandwidth", "100gbps", "--set", "train.eval_every=1000000")
-    peak = max(w["peak_rss_bytes"] for w in merged["workers"]) / 1e6
-    model = merged["workers"][0]["model_bytes"] / 1e6
+    peak = max(w["peak_rss_bytes"] for w in merged["per_worker"]) / 1e6
+    model = merged["per_worker"][0]["model_bytes"] / 1e6
     bare = bare_workload_rss_bytes("synthetic-cnn", 32) / 1e6
     extra = peak - bare
     return peak, extra, (
