@@ -26,7 +26,7 @@ import pytest
 
 from akocore.workload import build_workload
 from akorun.results import merge_results, worker_summary
-from akorun.worker import RoundTimes
+from akorun.runtime.training import RoundTimes
 from akosim.cli import (
     compute_from_result,
     main,
