@@ -6,7 +6,8 @@ whose answer depends on the scheme or the role: what to check and compile
 before the join, whether the rank trains, whether it can rejoin or donate a
 rejoin snapshot, what its checkpoint and /status carry, where its parameters
 start in the full vector, and whether one signal stops it at once. The rest of
-the runtime asks the role instead of checking the scheme.
+the runtime asks the role instead of checking the scheme. (akorun.roles holds
+the config-level helpers these build on: role_of, plan_node, make_node.)
 """
 
 from __future__ import annotations
