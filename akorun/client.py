@@ -1,8 +1,9 @@
 """Signed control requests to peers, over the process's one aiohttp ClientSession.
 
 This module owns the client side of akorun.control: `ControlClient.call`
-signs a JSON body, POSTs it to a peer's ``/v1/<name>``, checks the answer's
-signature and returns a `ControlAnswer`. It never raises on network trouble:
+signs a JSON body (with the rank's `Signer`, akorun.keys), POSTs it to the
+path of its `ControlKind`, checks the answer's signature and returns a
+`ControlAnswer`. It never raises on network trouble:
 an unreachable peer is an answer with status 0, so callers decide whether to
 retry (hello, restart) or give up (done, heartbeat). `make_session` builds the
 one session a process uses: explicit timeouts (never aiohttp's 300 s
@@ -19,6 +20,8 @@ from typing import Any
 import aiohttp
 
 from akorun import control
+from akorun.control import ControlKind
+from akorun.keys import Signer
 
 log = logging.getLogger("akorun")
 
@@ -52,18 +55,18 @@ class ControlAnswer:
 class ControlClient:
     """Signed JSON requests to the ranks of one run."""
 
-    def __init__(self, session: aiohttp.ClientSession, secret: bytes, base_urls: list[str], *,
+    def __init__(self, session: aiohttp.ClientSession, signer: Signer, base_urls: list[str], *,
                  ssl_context: ssl.SSLContext | None = None) -> None:
         self.session = session
-        self.secret = secret
+        self.signer = signer
         self.base_urls = base_urls
         self.ssl_context = ssl_context
 
-    async def call(self, rank: int, name: str, payload: dict[str, Any], *,
+    async def call(self, rank: int, kind: ControlKind, payload: dict[str, Any], *,
                    timeout_s: float = 10.0, binary: bool = False) -> ControlAnswer:
-        path = f"/v1/{name}"
+        path = kind.path
         body = control.dumps(payload)
-        headers = {control.SIGNATURE_HEADER: control.signature(self.secret, "POST", path, body),
+        headers = {control.SIGNATURE_HEADER: self.signer.sign_request(path, body),
                    "Content-Type": "application/json"}
         try:
             async with self.session.post(
@@ -79,7 +82,7 @@ class ControlClient:
         if status != 200:
             return ControlAnswer(status, body=answer,
                                  error=answer[:300].decode("utf-8", "replace").strip())
-        if not control.is_signed(self.secret, control.ANSWER, path, answer, given):
+        if not self.signer.answer_is_signed(path, answer, given):
             log.error("rank %d answered %s with a missing or wrong signature: ignored", rank,
                       path)
             return ControlAnswer(401, error="answer not signed with the run's secret")

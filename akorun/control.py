@@ -12,6 +12,10 @@ raw little-endian float32 arrays named in the JSON.
 There is no replay protection beyond the run id: a replayed control message
 of the same run is harmless (hello, heartbeat and done are idempotent; stop
 only ends a run that already asked to end).
+
+`ControlKind` is the one list of control messages (each with its path);
+`ControlError` is how a handler refuses one. Which handler answers which kind
+is akorun.routing's `ControlTable`, which the server registers its routes from.
 """
 
 from __future__ import annotations
@@ -21,12 +25,38 @@ import hmac
 import json
 import struct
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
 
 SIGNATURE_HEADER = "X-Ako-Signature"
 ANSWER = "ANSWER"
+
+
+class ControlKind(StrEnum):
+    """Every control message a rank serves; the value is the last part of its path."""
+
+    HELLO = "hello"
+    STOP = "stop"
+    HEARTBEAT = "heartbeat"
+    DONE = "done"
+    REJOIN_HELLO = "rejoin-hello"
+    SNAPSHOT = "snapshot"
+    RESTART = "restart"
+
+    @property
+    def path(self) -> str:
+        return f"/v1/{self.value}"
+
+
+class ControlError(Exception):
+    """A control request the host refuses: `status` and a one-line reason."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
 
 
 def signature(secret: bytes, method: str, path: str, body: bytes) -> str:

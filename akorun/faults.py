@@ -13,6 +13,7 @@ optionally prefixed by ``RANK@`` to apply to one rank only:
 - ``sleep_per_round:S``: sleep S seconds after every round (a slow worker).
 
 Example: ``AKORUN_FAULT="2@kill_after_round:5;0@pause_before_round:20:/tmp/go"``.
+This module parses them; akorun.runtime.fault_hooks carries them out.
 """
 
 from __future__ import annotations

@@ -2,17 +2,18 @@
 
 Endpoints (all writes authenticated, see akorun.wire and akorun.control):
 
-- ``POST /v1/partial``: one wire message. The 100-byte header is read first
+- ``POST /v1/partial``: one wire message. akorun.admission decides first
+  whether it may take a read slot. The 100-byte header is read first
   and checked (400 malformed, 413 over the cap) before any body byte is read;
   the body is streamed into a preallocated float32 buffer while an HMAC
   `Verifier` is fed (401); then the run is checked (409) and the partial goes
   straight to the host's scheme node (a `SchemeError` -> 400; a duplicate ->
-  200 with ``X-Ako-Duplicate: 1``). At most `max_concurrent_reads` bodies are
-  read at once; beyond that, and while the host is not ready (starting,
-  rejoining), the answer is 503 and the sender keeps the bytes and retries.
-- ``POST /v1/{hello,stop,heartbeat,done,rejoin-hello,snapshot,restart}``:
-  signed JSON control messages (401 unsigned or wrongly signed, 400 not a
-  JSON object); answers are signed too.
+  200 with ``X-Ako-Duplicate: 1``). A 503 (not ready, every read slot taken)
+  means the sender keeps the bytes and retries.
+- ``POST /v1/<kind>`` for every route of the host's `ControlTable`
+  (akorun.routing): signed JSON control messages (401 unsigned or wrongly
+  signed, 400 not a JSON object); answers are signed too. Signatures are
+  checked and made by the host's `RequestVerifier` (akorun.keys).
 - ``GET /metrics`` (Prometheus text) and ``GET /status`` (JSON): read-only and
   unauthenticated on purpose, so standard scrapers work; they expose counts,
   never parameters or the secret.
@@ -31,6 +32,7 @@ import logging
 import queue
 import ssl
 import threading
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -39,27 +41,31 @@ from aiohttp import StreamReader, web
 from akocore.messages import Partial
 from akocore.schemes import SchemeError
 from akorun import control
+from akorun.admission import Admission
+from akorun.control import ControlError, ControlKind
 from akorun.errors import UsageError
+from akorun.keys import RequestVerifier
 from akorun.metrics import PROMETHEUS_CONTENT_TYPE, Metrics
+from akorun.routing import ControlTable
 from akorun.sender import (
     DOWNLINK_WAIT_HEADER,
     DUPLICATE_HEADER,
     WIRE_TIME_HEADER,
     seconds_header,
 )
+from akorun.shaping import DownlinkShaper
 from akorun.wire import (
     HEADER_SIZE,
     Status,
     Verifier,
     WireError,
-    check_run,
     decode_header,
     to_partial,
 )
 
 log = logging.getLogger("akorun")
 
-CONTROL_ENDPOINTS = ("hello", "stop", "heartbeat", "done", "rejoin-hello", "snapshot", "restart")
+__all__ = ["ControlError", "Host", "Server"]  # ControlError: its former home, kept importable
 HASH_IN_THREAD_BYTES = 256 * 1024  # bodies from this size are hashed off the loop
 KEEPALIVE_TIMEOUT_S = 75.0  # longer than the client's 15 s, so the client closes first
 READ_BUFFER_BYTES = 1 << 20  # body bytes buffered before the socket is paused (x2)
@@ -140,33 +146,21 @@ def _resolve(done: asyncio.Future[None], error: BaseException | None) -> None:
         done.set_exception(error)
 
 
-class ControlError(Exception):
-    """A control request the host refuses: `status` and a one-line reason."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-
-
 class Host(Protocol):
     """What the server needs from the process it serves (akorun.worker.Worker)."""
 
     rank: int
     world: int
-    secret: bytes
-    run_id: bytes
     metrics: Metrics
-
-    def wire_hash(self) -> bytes | None: ...
+    verifier: RequestVerifier
+    control_table: ControlTable
+    downlink: DownlinkShaper | None  # an emulated incoming NIC, if any
 
     def not_accepting(self) -> str | None: ...
 
     def max_body_bytes(self) -> int: ...
 
     async def on_partial(self, partial: Partial, nbytes: int) -> bool: ...
-
-    async def on_control(self, name: str, payload: dict[str, Any]) -> dict[str, Any] | bytes: ...
 
     def status(self, digest: bool = False) -> dict[str, Any]: ...
 
@@ -178,12 +172,11 @@ class Server:
 
     def __init__(self, host: Host, *, max_concurrent_reads: int = 8) -> None:
         self.host = host
-        self.max_concurrent_reads = max(1, max_concurrent_reads)
-        self.active_reads = 0
+        self.admission = Admission(host.not_accepting, max_concurrent_reads=max_concurrent_reads)
         self.app = web.Application(client_max_size=1 << 20)
         self.app.router.add_post("/v1/partial", self.partial)
-        for name in CONTROL_ENDPOINTS:
-            self.app.router.add_post(f"/v1/{name}", self._control_handler(name))
+        for route in host.control_table.routes:
+            self.app.router.add_post(route.path, self._control_handler(route.kind))
         self.app.router.add_get("/metrics", self.metrics)
         self.app.router.add_get("/status", self.status)
         self.runner: web.AppRunner | None = None
@@ -230,29 +223,21 @@ class Server:
         return web.Response(status=status, text=f"{reason}: {detail}\n")
 
     def _signed(self, path: str, body: bytes, content_type: str) -> web.Response:
-        sig = control.signature(self.host.secret, control.ANSWER, path, body)
+        sig = self.host.verifier.sign_answer(path, body)
         return web.Response(body=body, content_type=content_type,
                             headers={control.SIGNATURE_HEADER: sig})
 
     # ---------------------------------------------------------------- partials
 
     async def partial(self, request: web.Request) -> web.Response:
-        not_ready = self.host.not_accepting()
-        if not_ready is not None:
-            return self._reject(503, "not_ready", not_ready)
-        wire_hash = self.host.wire_hash()
-        assert wire_hash is not None
         length = request.content_length
-        if length is None:
-            return self._reject(400, "malformed", "Content-Length is required")
-        if length < HEADER_SIZE:
-            return self._reject(400, "malformed", f"body of {length} bytes is shorter than "
-                                                  f"the {HEADER_SIZE}-byte header")
-        if self.active_reads >= self.max_concurrent_reads:
-            return self._reject(503, "inbox_full", f"{self.active_reads} bodies being read")
-        self.active_reads += 1
+        refusal = self.admission.refusal(length)
+        if refusal is not None:
+            return self._reject(refusal.status, refusal.reason, refusal.detail)
+        assert length is not None
         try:
-            return await self._read_partial(request, length, wire_hash)
+            with self.admission.slot():
+                return await self._read_partial(request, length)
         except WireError as error:
             return self._reject(int(error.status), _REASONS.get(error.status, "malformed"),
                                 error.reason)
@@ -261,11 +246,8 @@ class Server:
                                                   f"bytes")
         except (SchemeError, KeyError) as error:
             return self._reject(400, "malformed", f"scheme refused the message: {error}")
-        finally:
-            self.active_reads -= 1
 
-    async def _read_partial(self, request: web.Request, length: int,
-                            wire_hash: bytes) -> web.Response:
+    async def _read_partial(self, request: web.Request, length: int) -> web.Response:
         host = self.host
         content = request.content
         head = await content.readexactly(HEADER_SIZE)
@@ -275,18 +257,18 @@ class Server:
             raise WireError(f"sender {header.sender} is not a peer of rank {host.rank} "
                             f"(ranks 0..{host.world - 1})", Status.MALFORMED)
         values = np.empty(header.length, dtype=np.float32)
-        verifier = Verifier(host.secret, head)
+        verifier = host.verifier.body_verifier(head)
         nbytes = header.body_nbytes
         if nbytes >= HASH_IN_THREAD_BYTES:
             await self._read_body_in_lane(content, values, verifier, nbytes)
         else:
             await _read_body_inline(content, values, verifier, nbytes)
         verifier.check(header.tag)
-        check_run(header, host.run_id, wire_hash)
+        host.verifier.check_run(header)
         partial = to_partial(header, values)
         if partial.values is None:  # an empty marker (final, PULL) still carries its values
             partial = dataclasses.replace(partial, values=values)
-        downlink = getattr(host, "downlink", None)  # an emulated incoming NIC, if any
+        downlink = host.downlink
         wait_s = 0.0
         if downlink is not None:
             loop = asyncio.get_running_loop()
@@ -331,20 +313,21 @@ class Server:
 
     # ---------------------------------------------------------------- control
 
-    def _control_handler(self, name: str) -> Any:
+    def _control_handler(self, kind: ControlKind
+                         ) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handler(request: web.Request) -> web.Response:
-            return await self.control(request, name)
+            return await self.control(request, kind)
 
         return handler
 
-    async def control(self, request: web.Request, name: str) -> web.Response:
+    async def control(self, request: web.Request, kind: ControlKind) -> web.Response:
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return self._reject(413, "too_large", f"control body over {1 << 20} bytes")
         path = request.path
         given = request.headers.get(control.SIGNATURE_HEADER)
-        if not control.is_signed(self.host.secret, request.method, path, body, given):
+        if not self.host.verifier.request_is_signed(request.method, path, body, given):
             return self._reject(401, "bad_signature", f"{path}: missing or wrong "
                                                       f"{control.SIGNATURE_HEADER}")
         try:
@@ -352,7 +335,7 @@ class Server:
         except (ValueError, UnicodeDecodeError) as error:
             return self._reject(400, "malformed", f"{path}: body is not a JSON object: {error}")
         try:
-            result = await self.host.on_control(name, payload)
+            result = await self.host.control_table.dispatch(kind, payload)
         except ControlError as error:
             if error.status == 503:
                 return web.Response(status=503, text=f"{error.reason}\n")

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +33,12 @@ from akorun.cluster import (
     with_hosts,
     write_cluster_file,
 )
+from akorun.control import ControlError, ControlKind
+from akorun.keys import RequestVerifier, RunKeys
 from akorun.launch import SINGLE_THREAD_XLA_FLAGS, child_env
 from akorun.metrics import Metrics, render_prometheus
 from akorun.roles import role_of
-from akorun.server import ControlError
+from akorun.routing import ControlAnswerBody, ControlTable
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RANK_VARIABLES = ("AKORUN_RANK", "AKORUN_WORLD_SIZE", "RANK", "WORLD_SIZE", "SLURM_PROCID",
@@ -174,18 +176,16 @@ class SinkHost:
                  max_body_bytes: int = 1 << 26, not_ready_answers: int = 0) -> None:
         self.rank = 1
         self.world = 2
-        self.secret = secret
-        self.run_id = run_id
-        self._wire_hash = wire_hash
+        self.verifier = RequestVerifier(RunKeys(secret, run_id, wire_hash))
+        handlers = {kind: self._control_handler(kind) for kind in ControlKind}
+        self.control_table = ControlTable(handlers, rank=self.rank, world=self.world)
+        self.downlink = None
         self.metrics = Metrics(1, "worker")
         self.not_ready_answers = not_ready_answers
         self.cap = max_body_bytes
         self.arrivals: list[tuple[float, int, tuple[int, int, int]]] = []
         self.seen: set[tuple[int, int, int]] = set()
         self.controls: list[tuple[str, dict[str, Any]]] = []
-
-    def wire_hash(self) -> bytes | None:
-        return self._wire_hash
 
     def not_accepting(self) -> str | None:
         if self.not_ready_answers > 0:
@@ -203,11 +203,14 @@ class SinkHost:
         self.seen.add(partial.key)
         return True
 
-    async def on_control(self, name: str, payload: dict[str, Any]) -> dict[str, Any] | bytes:
-        self.controls.append((name, payload))
-        if name == "stop":
-            raise ControlError(409, "not now")
-        return {"ok": True, "name": name}
+    def _control_handler(self, kind: ControlKind
+                         ) -> Callable[[int, dict[str, Any]], Awaitable[ControlAnswerBody]]:
+        async def record(sender: int, payload: dict[str, Any]) -> ControlAnswerBody:
+            self.controls.append((kind, payload))
+            if kind is ControlKind.STOP:
+                raise ControlError(409, "not now")
+            return {"ok": True, "name": kind.value}
+        return record
 
     def status(self, digest: bool = False) -> dict[str, Any]:
         return {"rank": self.rank, "received": len(self.arrivals)}

@@ -27,7 +27,7 @@ import pytest
 from akocore.results import RankResult, RunResult
 from akocore.workload import build_workload
 from akorun.results import merge_results, rank_result, worker_summary
-from akorun.worker import RoundTimes
+from akorun.runtime.training import RoundTimes
 from akosim.cli import (
     compute_from_result,
     main,

@@ -1,0 +1,93 @@
+"""Test accuracy of this rank's replica, off the training path, and the target-accuracy stop.
+
+Periodic evaluations run on a copy of the parameters in one eval thread (one
+at a time); each record carries the end of the evaluated round since the
+start of training. Reaching ``train.target_accuracy`` stops this rank and
+tells every peer (``stop``); a peer's ``stop`` stops this rank too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+import numpy as np
+
+from akocore.workload import Workload
+from akorun.client import ControlClient
+from akorun.control import ControlKind
+from akorun.metrics import Metrics
+from akorun.runtime.waiting import Waiter
+
+
+class Evaluator:
+    """Evaluations of one rank and the stops they lead to."""
+
+    def __init__(self, *, rank: int, peers: Sequence[int], workload: Workload,
+                 metrics: Metrics, waiter: Waiter, target_accuracy: float | None,
+                 heard: Callable[[int], None],
+                 spawn: Callable[[Coroutine[Any, Any, Any]], None]) -> None:
+        self.rank = rank
+        self.peers = list(peers)
+        self.workload = workload
+        self.metrics = metrics
+        self.waiter = waiter
+        self.target_accuracy = target_accuracy
+        self.heard = heard
+        self.spawn = spawn  # run a background task the worker cancels at the end
+        self.control: ControlClient | None = None  # set once the session exists
+        self.final_accuracy: float | None = None
+        self.running = False
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="eval")
+
+    def start(self, params: np.ndarray, round_: int, round_end_s: float) -> None:
+        """Evaluate a copy of `params` (round `round_`, ended `round_end_s` after the start
+        of training) unless an evaluation is running already."""
+        if self.running:
+            return
+        self.running = True
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._pool, self.workload.evaluate,
+                                      np.array(params, copy=True))
+
+        def done(fut: asyncio.Future[float]) -> None:
+            self.running = False
+            if fut.cancelled() or fut.exception() is not None:
+                return
+            accuracy = float(fut.result())
+            self.metrics.evaluations.append((round_end_s, round_, accuracy))
+            self.metrics.accuracy = accuracy
+            self._check_target(round_, accuracy)
+
+        future.add_done_callback(done)
+
+    def _check_target(self, round_: int, accuracy: float) -> None:
+        target = self.target_accuracy
+        if target is None or accuracy < target or self.waiter.stop_reason is not None:
+            return
+        self.waiter.request_stop(f"target accuracy {target} reached ({accuracy:.4f} at round "
+                                 f"{round_})")
+        control = self.control
+        if control is not None:
+            for peer in self.peers:
+                self.spawn(control.call(peer, ControlKind.STOP,
+                                        {"rank": self.rank, "round": round_}))
+
+    async def final(self, params: np.ndarray) -> float:
+        """The final accuracy (also the last one in the metrics)."""
+        self.final_accuracy = await asyncio.get_running_loop().run_in_executor(
+            self._pool, self.workload.evaluate, np.array(params, copy=True))
+        self.metrics.accuracy = self.final_accuracy
+        return self.final_accuracy
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def on_stop(self, sender: int, payload: dict[str, Any]) -> dict[str, Any]:
+        """A peer reached the target accuracy."""
+        self.heard(sender)
+        self.waiter.request_stop(f"rank {sender} reached the target accuracy at round "
+                                 f"{payload.get('round')}")
+        return {"rank": self.rank, "round": self.metrics.round}

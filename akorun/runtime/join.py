@@ -1,0 +1,153 @@
+"""The join handshake: hello every rank, refuse a peer of another run, agree on p.
+
+Each rank sends its `Identity` (run id, config hash, initial-parameter hash)
+and, for p auto, its measured compute time in a hello to every peer until each
+answered or the join timeout passed; a peer that differs is refused (409) on
+both sides. Every rank then plans with the MAX of all measured compute times,
+so all choose the same p, and builds its node. `greet` and `until` are the
+retrying calls the rejoin handshake uses too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from akorun.client import ControlClient
+from akorun.control import ControlError, ControlKind
+from akorun.errors import Interrupted, RunError
+from akorun.runtime.liveness import Liveness
+from akorun.runtime.phase import Phase, PhaseMachine
+from akorun.runtime.waiting import Waiter
+
+log = logging.getLogger("akorun")
+
+GREET_TIMEOUT_S = 5.0
+RETRY_S = 0.2
+_WHAT = {"run_id": "run id", "config_hash": "config hash",
+         "params_sha256": "initial-parameter hash"}
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What every rank of one run shares, as it says it in a handshake."""
+
+    rank: int
+    run_id: str
+    config_hash: str
+    params_sha256: str
+
+    def payload(self) -> dict[str, Any]:
+        return {"rank": self.rank, "run_id": self.run_id, "config_hash": self.config_hash,
+                "params_sha256": self.params_sha256}
+
+    def check(self, sender: int, payload: dict[str, Any]) -> None:
+        """ControlError 409 (and a log line) unless `payload` is of this same run."""
+        for key, ours in (("run_id", self.run_id), ("config_hash", self.config_hash),
+                          ("params_sha256", self.params_sha256)):
+            theirs = payload.get(key)
+            if theirs != ours:
+                message = (f"refusing rank {sender}: its {_WHAT[key]} {str(theirs)[:16]} "
+                           f"differs from ours {ours[:16]}; start every rank from the same "
+                           f"cluster file and the same flags")
+                log.error(message)
+                raise ControlError(409, message)
+
+
+async def greet(control: ControlClient, peer: int, kind: ControlKind, payload: dict[str, Any],
+                what: str) -> dict[str, Any] | None:
+    """One control call of a handshake: the answer, None to try again, or RunError
+    when the peer refuses us for good (400/401/409)."""
+    answer = await control.call(peer, kind, payload, timeout_s=GREET_TIMEOUT_S)
+    if answer.ok:
+        return answer.payload
+    if answer.status in (400, 401, 409):
+        raise RunError(f"rank {peer} refused our {what} ({answer.status}): {answer.error}")
+    return None
+
+
+async def until(deadline_s: float,
+                attempt: Callable[[], Awaitable[dict[str, Any] | None]]) -> dict[str, Any] | None:
+    """`attempt()` every RETRY_S until it answers or the loop time passes `deadline_s`."""
+    loop = asyncio.get_running_loop()
+    while True:
+        result = await attempt()
+        if result is not None or loop.time() > deadline_s:
+            return result
+        await asyncio.sleep(RETRY_S)
+
+
+class Join:
+    """Both sides of the hello handshake."""
+
+    def __init__(self, *, identity: Identity, peers: Sequence[int], hosts: Sequence[str],
+                 compute_measured_s: float | None, timeout_s: float, phase: PhaseMachine,
+                 waiter: Waiter, liveness: Liveness, node_built: Callable[[], bool],
+                 build_node: Callable[[float | None], None]) -> None:
+        self.identity = identity
+        self.peers = list(peers)
+        self.hosts = list(hosts)
+        self.compute_measured_s = compute_measured_s
+        self.timeout_s = timeout_s
+        self.phase = phase
+        self.waiter = waiter
+        self.liveness = liveness
+        self.node_built = node_built
+        self.build_node = build_node  # plan with this compute time and build the node
+        self.peer_compute_s: dict[int, float] = {}
+        self.error: str | None = None  # a peer of another run said hello: no start
+
+    async def join(self, control: ControlClient) -> None:
+        """Hello every rank (refusing mismatches), agree on p, build the node."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        payload = {**self.identity.payload(), "compute_s": self.compute_measured_s}
+
+        async def hello(peer: int) -> dict[str, Any] | None:
+            async def once() -> dict[str, Any] | None:
+                if self.error is not None:
+                    raise RunError(self.error)
+                if self.waiter.stop_reason is not None:
+                    raise Interrupted(f"{self.waiter.stop_reason} (before every rank said "
+                                      f"hello)")
+                return await greet(control, peer, ControlKind.HELLO, payload, "hello")
+            return await until(deadline, once)
+
+        answers = await asyncio.gather(*(hello(j) for j in self.peers))
+        missing = [j for j, a in zip(self.peers, answers, strict=True) if a is None]
+        if missing:
+            where = ", ".join(f"{j} at {self.hosts[j]}" for j in missing)
+            raise RunError(f"no hello answer within {self.timeout_s:g} s from "
+                           f"rank(s) {where}: are they started with the same cluster file?")
+        for peer, answer in zip(self.peers, answers, strict=True):
+            assert answer is not None
+            try:
+                self.identity.check(peer, answer)
+            except ControlError as error:
+                raise RunError(error.reason) from None
+            if isinstance(answer.get("compute_s"), int | float):
+                self.peer_compute_s[peer] = float(answer["compute_s"])
+        compute_s = None
+        if self.compute_measured_s is not None:
+            compute_s = max([self.compute_measured_s, *self.peer_compute_s.values()])
+        self.build_node(compute_s)
+        self.liveness.heard_all()
+        self.phase.to(Phase.RUNNING)
+
+    async def on_hello(self, sender: int, payload: dict[str, Any]) -> dict[str, Any]:
+        try:
+            self.identity.check(sender, payload)
+        except ControlError as error:
+            if not self.node_built():  # a peer of another config: this run cannot start
+                self.error = error.reason
+            raise
+        compute = payload.get("compute_s")
+        if isinstance(compute, int | float) and compute > 0:
+            self.peer_compute_s[sender] = float(compute)
+        if self.node_built() and not self.phase.is_(Phase.REJOINING):
+            self.liveness.heard(sender)
+        return {**self.identity.payload(), "compute_s": self.compute_measured_s,
+                "state": self.phase.name}

@@ -1,0 +1,154 @@
+"""Who is alive: when each peer was last heard, suspending silent peers and resuming them.
+
+A peer silent for longer than the peer timeout (no accepted message, no
+acknowledged send, no heartbeat answered) is suspended from the SSP gate and
+reported; it rejoins the gate as soon as it is heard again, unless it is
+between its rejoin-hello and its restart. Peers not heard for a third of the
+timeout are sent a heartbeat. A peer that said ``done`` is not timed out.
+Nothing ever waits forever on a dead peer.
+
+`Liveness.check(now)` is the whole decision for one moment (clock injected);
+`monitor` runs it periodically and sends the heartbeats. The heartbeat and
+done control handlers live here too. What counts as evidence of life, and
+what a returning peer must do before it re-enters the gate, belong here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from akocore.schemes import SchemeNode
+from akorun.client import ControlClient
+from akorun.control import ControlError, ControlKind
+from akorun.metrics import Metrics
+from akorun.runtime.phase import Phase, PhaseMachine
+
+log = logging.getLogger("akorun")
+
+
+class Liveness:
+    """Last-heard times of the peers and the suspensions they lead to."""
+
+    def __init__(self, *, rank: int, peers: Sequence[int], timeout_s: float,
+                 node: Callable[[], SchemeNode | None], clock: Callable[[], float],
+                 metrics: Metrics, phase: PhaseMachine,
+                 on_change: Callable[[], None] = lambda: None,
+                 notify_sender: Callable[[int], None] = lambda peer: None) -> None:
+        self.rank = rank
+        self.peers = list(peers)
+        self.timeout_s = timeout_s
+        self.node = node
+        self.clock = clock
+        self.metrics = metrics
+        self.phase = phase
+        self.on_change = on_change  # wake the waits
+        self.notify_sender = notify_sender  # a change of the peer's suspension
+        self.last_heard: dict[int, float] = {}
+        self.done_peers: set[int] = set()
+        self.rejoining_peers: dict[int, float] = {}  # peer -> time of its rejoin-hello
+        self.started_s: float | None = None  # peers never heard count as heard then
+        self._heartbeats: set[int] = set()
+
+    # ---------------------------------------------------------------- evidence
+
+    def heard(self, peer: int) -> None:
+        """`peer` is alive: a message accepted, a send acknowledged or a heartbeat answered."""
+        self.last_heard[peer] = self.clock()
+        node = self.node()
+        if node is not None and peer in node.suspended and not self.rejoining(peer):
+            node.resume_peer(peer)
+            log.warning("peer %d speaks again: back in the SSP gate", peer)
+            self.on_change()
+
+    def heard_all(self) -> None:
+        """Every peer counts as just heard (the handshake has just talked to them)."""
+        now = self.clock()
+        for peer in self.peers:
+            self.last_heard[peer] = now
+
+    def rejoining(self, peer: int) -> bool:
+        """`peer` is between its rejoin-hello and its restart (and not given up on)."""
+        since = self.rejoining_peers.get(peer)
+        if since is None:
+            return False
+        limit_s = max(60.0, 4 * self.timeout_s) + self.timeout_s
+        return self.clock() - since < limit_s
+
+    def may_drop(self, peer: int) -> bool:
+        """A full queue to `peer` may drop its oldest message (suspended, not rejoining)."""
+        node = self.node()
+        return node is not None and peer in node.suspended and not self.rejoining(peer)
+
+    def rejoin_started(self, peer: int) -> None:
+        self.rejoining_peers[peer] = self.clock()
+
+    def restarted(self, peer: int) -> None:
+        self.rejoining_peers.pop(peer, None)
+        self.done_peers.discard(peer)
+        self.heard(peer)
+        self.on_change()
+
+    # ---------------------------------------------------------------- silence
+
+    def suspend(self, peer: int, silent_s: float) -> None:
+        node = self.node()
+        assert node is not None
+        node.suspend_peer(peer)
+        self.metrics.peer_timeouts += 1
+        log.warning("peer %d silent for %.1f s (peer timeout %.1f s): suspended from the SSP "
+                    "gate; messages to it stay owed", peer, silent_s, self.timeout_s)
+        self.notify_sender(peer)
+        self.on_change()
+
+    def check(self, now: float) -> list[int]:
+        """Suspend the peers silent past the timeout; the peers to send a heartbeat now."""
+        node = self.node()
+        if node is None:
+            return []
+        if self.started_s is None:
+            self.started_s = now
+        due = []
+        for peer in self.peers:
+            if peer in self.done_peers:
+                continue
+            silent_s = now - self.last_heard.get(peer, self.started_s)
+            if peer not in node.suspended and silent_s > self.timeout_s:
+                self.suspend(peer, silent_s)
+            if silent_s > self.timeout_s / 3 and peer not in self._heartbeats:
+                self._heartbeats.add(peer)
+                due.append(peer)
+        return due
+
+    async def monitor(self, control: ControlClient) -> None:
+        """Suspend silent peers; heartbeat peers we have not heard from lately."""
+        self.started_s = self.clock()
+        while True:
+            await asyncio.sleep(min(0.5, self.timeout_s / 4))
+            for peer in self.check(self.clock()):
+                task = asyncio.create_task(self._heartbeat(control, peer))
+                task.add_done_callback(self._heartbeat_done(peer))
+
+    def _heartbeat_done(self, peer: int) -> Callable[[asyncio.Task[None]], None]:
+        return lambda _task: self._heartbeats.discard(peer)
+
+    async def _heartbeat(self, control: ControlClient, peer: int) -> None:
+        answer = await control.call(peer, ControlKind.HEARTBEAT, {"rank": self.rank},
+                                    timeout_s=max(1.0, self.timeout_s / 3))
+        if answer.ok:
+            self.heard(peer)
+
+    # ---------------------------------------------------------------- control handlers
+
+    async def on_heartbeat(self, sender: int, payload: dict[str, Any]) -> dict[str, Any]:
+        if self.node() is None or self.phase.is_(Phase.STARTING, Phase.REJOINING):
+            raise ControlError(503, self.phase.name)
+        self.heard(sender)
+        return {"rank": self.rank, "round": self.metrics.round, "state": self.phase.name}
+
+    async def on_done(self, sender: int, payload: dict[str, Any]) -> dict[str, Any]:
+        self.done_peers.add(sender)
+        self.on_change()
+        return {"rank": self.rank}

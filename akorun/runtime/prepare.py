@@ -1,0 +1,88 @@
+"""Before the event loop: the workload, the role's checks, the warm-up compile, a checkpoint.
+
+`prepare` is synchronous and runs before any rank is contacted; user mistakes
+raise UsageError. Its result, `Prepared`, is what the rest of the run needs
+from it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from akocore.config import RunConfig
+from akocore.optim import FlatOptimizer
+from akocore.workload import Workload, build_workload, enable_compilation_cache
+from akorun.checkpoint import Checkpoint, load_checkpoint
+from akorun.errors import UsageError
+from akorun.roles import params_digest
+from akorun.runtime.roles import Role
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The workload (same seed on every rank) and what was measured and loaded with it."""
+
+    workload: Workload
+    params_sha256: str
+    optimizer: FlatOptimizer  # built and compiled on the shape the node holds
+    compute_measured_s: float | None  # this rank's gradient step, when p auto needs it
+    warmup_s: float  # compiling before the join (not in any round)
+    checkpoint: Checkpoint | None  # --resume: this rank's checkpoint, if there is one
+
+
+def prepare(cfg: RunConfig, role: Role, *, run_id: str, config_hash: str, resume: bool,
+            checkpoint_dir: Path | None) -> Prepared:
+    cache = os.environ.get("AKO_JAX_CACHE")
+    if cache:
+        enable_compilation_cache(cache)
+    train = cfg.train
+    try:
+        workload = build_workload(train.workload, batch_size=train.batch_size,
+                                  seed=train.seed, data_path=train.data_path)
+    except ValueError as error:  # unknown workload or option, DataError
+        raise UsageError(f"train.workload: {error}") from None
+    params_sha256 = params_digest(workload.init_params)
+    compute_measured_s = role.check_config(workload)
+    optimizer, warmup_s = warm_up(cfg, role, workload)
+    checkpoint = None
+    if resume:
+        role.check_resume()
+        checkpoint = _resume_checkpoint(role.rank, run_id=run_id, config_hash=config_hash,
+                                        directory=checkpoint_dir)
+    return Prepared(workload, params_sha256, optimizer, compute_measured_s, warmup_s,
+                    checkpoint)
+
+
+def warm_up(cfg: RunConfig, role: Role, workload: Workload) -> tuple[FlatOptimizer, float]:
+    """Compile what the rounds run (gradient step, evaluation, optimizer) before the join.
+
+    JAX compiles on first use; done here, before this rank answers any hello, the
+    compilation is in no round, not in the duration clock and not in the first
+    evaluation's time. A parameter server compiles only its optimizer (on its shard).
+    Returns the optimizer and the seconds it took.
+    """
+    started_s = time.perf_counter()
+    params = role.warm_up_params(workload)
+    optimizer = workload.optimizer(cfg.train.optimizer, cfg.train.lr)
+    # a pure apply (inputs untouched) on the shape the node will use
+    optimizer.apply(params, optimizer.init(params), np.zeros_like(params))
+    return optimizer, time.perf_counter() - started_s
+
+
+def _resume_checkpoint(rank: int, *, run_id: str, config_hash: str,
+                       directory: Path | None) -> Checkpoint | None:
+    if directory is None or not (directory / f"worker-{rank}.ckpt.npz").exists():
+        return None
+    checkpoint = load_checkpoint(directory, rank)
+    if checkpoint.run_id != run_id:
+        raise UsageError(f"{directory}: the checkpoint of rank {rank} is from run "
+                         f"{checkpoint.run_id}, not this run {run_id}")
+    if checkpoint.config_hash != config_hash:
+        raise UsageError(f"{directory}: the checkpoint of rank {rank} was written with "
+                         f"another config")
+    return checkpoint

@@ -1,0 +1,131 @@
+"""The round loop of a training rank, with its evaluation and checkpoint triggers.
+
+Following the driving loop of akocore.schemes:
+
+    t = first round
+    while the run goes on:                 # rounds, duration, accuracy, signal
+        wait until node.may_start(t)       # the SSP gate (Waiter.gate)
+        grad = JAX step on a COPY of the params   # in a thread: the loop keeps serving
+        deliver node.local_step(t, grad)   # encoded once, queued to every peer
+        t += 1
+
+`RoundTimes` records each round's wall, compute, gate-wait and overhead seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from akocore.config import RunConfig
+from akocore.figures import step_seed
+from akocore.schemes import SchemeNode
+from akocore.workload import Workload
+from akorun.metrics import Metrics
+from akorun.runtime.checkpoints import CheckpointWriter
+from akorun.runtime.evaluation import Evaluator
+from akorun.runtime.fault_hooks import FaultHooks
+from akorun.runtime.outbox import Outbox
+from akorun.runtime.waiting import Waiter
+
+
+@dataclass
+class RoundTimes:
+    """Per-round wall, compute, gate-wait and overhead seconds (since training start).
+
+    overhead_s[i] is round i's time outside the gradient step and the gate wait:
+    its wall time (end_s[i] - end_s[i-1]) minus compute_s[i] and wait_s[i]
+    (dispatching the sends, folding the inbox and applying the optimizer in
+    local_step, the evaluation start, checkpoints, the event loop).
+    """
+
+    end_s: list[float] = field(default_factory=list)
+    compute_s: list[float] = field(default_factory=list)
+    wait_s: list[float] = field(default_factory=list)
+    overhead_s: list[float] = field(default_factory=list)
+
+    def add(self, end_s: float, compute_s: float, wait_s: float) -> None:
+        previous = self.end_s[-1] if self.end_s else 0.0
+        self.end_s.append(end_s)
+        self.compute_s.append(compute_s)
+        self.wait_s.append(wait_s)
+        # not clamped: compute and wait come from the same monotonic clock, and the
+        # steady means then add up exactly (round = compute + wait + overhead)
+        self.overhead_s.append(end_s - previous - compute_s - wait_s)
+
+
+class TrainingLoop:
+    """The rounds of one training rank."""
+
+    def __init__(self, *, cfg: RunConfig, rank: int, training_workers: int,
+                 workload: Workload, metrics: Metrics, outbox: Outbox, waiter: Waiter,
+                 faults: FaultHooks, evaluator: Evaluator, checkpoints: CheckpointWriter,
+                 checkpoint_every: int) -> None:
+        self.cfg = cfg
+        self.rank = rank
+        self.training_workers = training_workers
+        self.workload = workload
+        self.metrics = metrics
+        self.outbox = outbox
+        self.waiter = waiter
+        self.faults = faults
+        self.evaluator = evaluator
+        self.checkpoints = checkpoints
+        self.checkpoint_every = checkpoint_every
+        self.times = RoundTimes()
+        self.first_round = 0  # a rejoin continues from a later round
+        self.rounds_done = 0
+        self.train_start_s: float | None = None
+
+    def should_stop(self, t: int) -> bool:
+        train = self.cfg.train
+        waiter = self.waiter
+        if waiter.stop_reason is not None:
+            return True
+        if train.rounds is not None and t >= train.rounds:
+            waiter.stop_reason = "rounds"
+            return True
+        if train.duration_s is not None and self.train_start_s is not None:
+            if asyncio.get_running_loop().time() - self.train_start_s >= train.duration_s:
+                waiter.stop_reason = "duration"
+                return True
+        return False
+
+    async def train(self, node: SchemeNode) -> None:
+        workload = self.workload
+        metrics = self.metrics
+        loop = asyncio.get_running_loop()
+        t = node.next_round
+        batches = workload.batches(self.rank, self.training_workers)
+        batches.skip(t)
+        self.train_start_s = loop.time()
+        eval_every = self.cfg.train.eval_every
+        while not self.should_stop(t):
+            await self.faults.before_round(t)
+            waited_s = await self.waiter.gate(node, t)
+            if waited_s is None:
+                break
+            batch = batches.next()
+            params = np.array(node.params, copy=True)
+            compute_start_s = time.perf_counter()
+            loss, grad = await asyncio.to_thread(workload.grad_step, params, batch.x, batch.y,
+                                                 step_seed(self.cfg.train.seed, self.rank, t))
+            compute_s = time.perf_counter() - compute_start_s
+            send_start_s = loop.time()
+            await self.outbox.dispatch(node.local_step(t, grad))
+            metrics.send_block_s += loop.time() - send_start_s
+            t += 1
+            self.times.add(loop.time() - self.train_start_s, compute_s, waited_s)
+            metrics.round = t
+            metrics.loss = loss
+            metrics.compute_s += compute_s
+            metrics.wait_s += waited_s
+            await self.faults.after_round(t - 1)
+            if t % eval_every == 0 and node.params is not None:
+                self.evaluator.start(node.params, t, self.times.end_s[-1])
+            if self.checkpoint_every and t % self.checkpoint_every == 0:
+                await self.checkpoints.write()
+        self.rounds_done = t

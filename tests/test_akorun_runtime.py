@@ -1,0 +1,216 @@
+"""The runtime worker's collaborators on their own: the phase state machine, the one control
+table (and the server routes made from it), peer liveness, and the role chosen once."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import pytest
+
+from akocore.config import config_from_dict
+from akocore.schemes import AkoWorker, Replica
+from akorun.cluster import new_settings, with_hosts
+from akorun.control import ControlError, ControlKind
+from akorun.errors import UsageError
+from akorun.metrics import Metrics
+from akorun.routing import ControlTable
+from akorun.runtime.liveness import Liveness
+from akorun.runtime.phase import IllegalTransition, Phase, PhaseMachine
+from akorun.runtime.roles import AkoRole, PSServerRole, PSWorkerRole, Role, role_for
+from akorun.server import Server
+from akorun.testing import SinkHost
+from akorun.worker import Worker, WorkerOptions
+
+LEGAL = {(Phase.STARTING, Phase.RUNNING), (Phase.STARTING, Phase.REJOINING),
+         (Phase.REJOINING, Phase.RUNNING), (Phase.RUNNING, Phase.FINISHING),
+         (Phase.FINISHING, Phase.DONE)}
+
+
+# ------------------------------------------------------------------ phase
+
+
+def test_a_run_moves_through_its_phases_in_order() -> None:
+    phase = PhaseMachine()
+    assert phase.current is Phase.STARTING and phase.name == "starting"
+    for step in (Phase.RUNNING, Phase.FINISHING, Phase.DONE):
+        phase.to(step)
+    assert phase.is_(Phase.DONE)
+    rejoined = PhaseMachine()
+    rejoined.to(Phase.REJOINING)
+    rejoined.to(Phase.RUNNING)
+    assert rejoined.is_(Phase.RUNNING, Phase.FINISHING)
+
+
+@pytest.mark.parametrize("source, target", [
+    pair for pair in itertools.product(Phase, Phase) if pair not in LEGAL])
+def test_every_other_phase_move_raises_and_changes_nothing(source: Phase,
+                                                           target: Phase) -> None:
+    phase = PhaseMachine()
+    path = {Phase.STARTING: [], Phase.REJOINING: [Phase.REJOINING],
+            Phase.RUNNING: [Phase.RUNNING], Phase.FINISHING: [Phase.RUNNING, Phase.FINISHING],
+            Phase.DONE: [Phase.RUNNING, Phase.FINISHING, Phase.DONE]}[source]
+    for step in path:
+        phase.to(step)
+    with pytest.raises(IllegalTransition, match=f"{source.value} -> {target.value}"):
+        phase.to(target)
+    assert phase.current is source
+
+
+# ------------------------------------------------------------------ control table
+
+
+async def _answer(sender: int, payload: dict[str, Any]) -> dict[str, Any]:
+    return {"sender": sender, **payload}
+
+
+def test_a_control_table_without_a_handler_for_some_kind_cannot_be_built() -> None:
+    handlers = {kind: _answer for kind in ControlKind if kind is not ControlKind.RESTART}
+    with pytest.raises(ValueError, match="restart"):
+        ControlTable(handlers, rank=0, world=3)
+
+
+def test_the_table_routes_each_kind_to_its_handler_with_the_checked_sender() -> None:
+    calls: list[tuple[ControlKind, int]] = []
+
+    def recording(kind: ControlKind) -> Any:
+        async def handler(sender: int, payload: dict[str, Any]) -> dict[str, Any]:
+            calls.append((kind, sender))
+            return {"kind": kind.value}
+        return handler
+
+    table = ControlTable({kind: recording(kind) for kind in ControlKind}, rank=1, world=3)
+    assert [route.path for route in table.routes] == [f"/v1/{kind.value}" for kind in ControlKind]
+
+    async def each() -> list[Any]:
+        return [await table.dispatch(kind, {"rank": 2}) for kind in ControlKind]
+
+    assert asyncio.run(each()) == [{"kind": kind.value} for kind in ControlKind]
+    assert calls == [(kind, 2) for kind in ControlKind]
+    for bad in (1, 3, -1, True, "0", None):  # itself, out of range, not an int
+        with pytest.raises(ControlError) as refused:
+            asyncio.run(table.dispatch(ControlKind.HELLO, {"rank": bad}))
+        assert refused.value.status == 400
+    assert len(calls) == len(ControlKind)
+
+
+def test_the_server_serves_exactly_the_tables_routes() -> None:
+    host = SinkHost(b"s" * 32, b"r" * 16, b"h" * 8)
+    server = Server(host)
+    posts = {route.resource.canonical for route in server.app.router.routes()
+             if route.method == "POST" and route.resource is not None}
+    assert posts == {"/v1/partial"} | {route.path for route in host.control_table.routes}
+
+
+def test_the_workers_table_has_a_handler_for_every_control_message() -> None:
+    cfg = config_from_dict({"cluster": {"workers": 2}, "exchange": {"scheme": "allreduce"},
+                            "train": {"workload": "digits-mlp", "rounds": 1}})
+    cfg = with_hosts(cfg, ("127.0.0.1:1", "127.0.0.1:2"))
+    worker = Worker(WorkerOptions(rank=0, config=cfg, settings=new_settings()))
+    worker.prepare()
+    assert {route.kind for route in worker.control_table.routes} == set(ControlKind)
+    assert worker.not_accepting() == "starting"  # no node before the join
+
+
+# ------------------------------------------------------------------ liveness
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def _liveness(timeout_s: float = 3.0) -> tuple[Liveness, AkoWorker, Clock, list[str]]:
+    node = AkoWorker(0, 3, 6, (1, 1, 1), replica=Replica(None, None), staleness=0)
+    clock = Clock()
+    events: list[str] = []
+    liveness = Liveness(rank=0, peers=[1, 2], timeout_s=timeout_s, node=lambda: node,
+                        clock=clock, metrics=Metrics(0, "worker"), phase=PhaseMachine(),
+                        on_change=lambda: events.append("wake"),
+                        notify_sender=lambda peer: events.append(f"notify {peer}"))
+    liveness.started_s = 0.0
+    liveness.heard_all()
+    return liveness, node, clock, events
+
+
+def test_a_peer_silent_past_the_timeout_is_suspended_and_resumes_when_heard() -> None:
+    liveness, node, clock, events = _liveness(timeout_s=3.0)
+    node.local_step(0, None)
+    assert not node.may_start(1)  # round 1 waits on both peers' round 0
+    clock.now_s = 2.9
+    liveness.heard(2)
+    clock.now_s = 3.5  # peer 1 silent 3.5 s, peer 2 for 0.6 s
+    liveness.check(clock.now_s)
+    assert node.suspended == {1}
+    assert liveness.metrics.peer_timeouts == 1
+    assert "notify 1" in events and "wake" in events
+    assert liveness.may_drop(1) and not liveness.may_drop(2)
+    clock.now_s = 10.0
+    liveness.check(clock.now_s)  # a suspended peer is not suspended twice
+    assert node.suspended == {1, 2} and liveness.metrics.peer_timeouts == 2
+    assert node.may_start(1)  # the gate no longer waits on suspended peers
+    liveness.heard(1)
+    assert node.suspended == {2} and not liveness.may_drop(1)
+
+
+def test_heartbeats_are_due_after_a_third_of_the_timeout_once_per_peer() -> None:
+    liveness, node, clock, _ = _liveness(timeout_s=3.0)
+    clock.now_s = 0.9
+    assert liveness.check(clock.now_s) == []
+    clock.now_s = 1.1
+    assert liveness.check(clock.now_s) == [1, 2]
+    assert liveness.check(clock.now_s) == []  # still under way
+    assert node.suspended == set()
+
+
+def test_a_done_peer_is_never_timed_out_and_a_rejoining_one_stays_suspended() -> None:
+    liveness, node, clock, _ = _liveness(timeout_s=3.0)
+    asyncio.run(liveness.on_done(2, {"rank": 2}))
+    clock.now_s = 5.0
+    liveness.check(clock.now_s)
+    assert node.suspended == {1}
+    liveness.rejoin_started(1)
+    liveness.heard(1)
+    assert node.suspended == {1} and not liveness.may_drop(1)  # keeps its messages
+    liveness.restarted(1)
+    assert node.suspended == set()
+
+
+def test_heartbeats_are_refused_until_the_run_is_running() -> None:
+    liveness, _, _, _ = _liveness()
+    with pytest.raises(ControlError) as refused:
+        asyncio.run(liveness.on_heartbeat(1, {"rank": 1}))
+    assert refused.value.status == 503 and refused.value.reason == "starting"
+    liveness.phase.to(Phase.RUNNING)
+    answer = asyncio.run(liveness.on_heartbeat(1, {"rank": 1}))
+    assert answer == {"rank": 0, "round": 0, "state": "running"}
+
+
+# ------------------------------------------------------------------ roles
+
+
+def test_the_role_is_chosen_once_from_the_scheme_and_the_rank() -> None:
+    def role(scheme: str, rank: int) -> Role:
+        exchange: dict[str, Any] = {"scheme": scheme}
+        if scheme == "ps":
+            exchange["ps_servers"] = 1
+        return role_for(config_from_dict({"cluster": {"workers": 3}, "exchange": exchange}),
+                        rank)
+
+    assert type(role("ako", 2)) is AkoRole
+    assert type(role("ps", 0)) is PSWorkerRole
+    server = role("ps", 2)
+    assert type(server) is PSServerRole and server.name == "ps"
+    assert not server.trains and server.hard_stop_on_first_signal
+    assert type(role("allreduce", 1)) is Role and role("allreduce", 1).trains
+    for rank, scheme in ((2, "ps"), (0, "allreduce")):
+        with pytest.raises(ControlError, match="ako only"):
+            role(scheme, rank).donor()
+        with pytest.raises(UsageError, match="ako runs only"):
+            role(scheme, rank).check_resume()
+    role("ako", 0).check_resume()
+    assert server.params_offset() == 0  # no node yet
