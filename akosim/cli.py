@@ -302,7 +302,7 @@ def load_workload(cfg: RunConfig):
 
 def _setup(args: argparse.Namespace, cfg: RunConfig, *, training: bool):
     from akosim.engine import StopRule
-    from akosim.network import COALESCE_REL
+    from akosim.fluid import COALESCE_REL
     from akosim.scenario import Setup
 
     cache: dict[str, Any] = {}

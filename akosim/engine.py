@@ -22,7 +22,10 @@ import simpy
 from akocore.messages import Partial, Send
 from akocore.schemes import SchemeNode, receive_multicast
 from akosim.compute import ComputeModel
-from akosim.network import COALESCE_REL, FluidNetwork, NetworkSpec, NetworkStats
+from akosim.fluid import COALESCE_REL
+from akosim.netspec import NetworkSpec
+from akosim.netstats import NetworkStats
+from akosim.network import FluidNetwork
 
 
 class GradientSource(Protocol):
