@@ -52,8 +52,9 @@ import numpy as np
 
 from akocore.config import RunConfig, config_hash, config_to_dict, replace_in
 from akocore.messages import Partial, Send
+from akocore.process_setup import enable_compilation_cache
 from akocore.schemes import AkoState, AkoWorker, PSLayout, RejoinSnapshot, SchemeNode
-from akocore.workload import Workload, build_workload, enable_compilation_cache
+from akocore.workload import Workload, build_workload
 from akorun import control
 from akorun.checkpoint import (
     Checkpoint,
@@ -253,7 +254,7 @@ class Worker:
                 except ValueError as error:
                     raise UsageError(str(error)) from None
             else:
-                self.compute_measured_s = self.workload.measure_compute_s()
+                self.compute_measured_s = self.workload.measure_compute_s(time.perf_counter)
         elif self.cfg.exchange.scheme == "ps":
             ps_server_count(self.cfg)
         self.warm_up()
