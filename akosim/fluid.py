@@ -268,8 +268,8 @@ class FluidFlows:
         # changes somebody's rate; completions of the others need no solve.
         self._pinned = np.empty(0, dtype=bool)
         self._dead = 0
-        self._uplink_load_bps = np.zeros(self._n)
-        self._downlink_load_bps = np.zeros(self._n)
+        self._uplink_load_bps: np.ndarray = np.zeros(self._n)
+        self._downlink_load_bps: np.ndarray = np.zeros(self._n)
 
     def _compact(self) -> None:
         """Drop the finished flows from the arrays."""
