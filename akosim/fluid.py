@@ -42,6 +42,7 @@ COALESCE_REL = 1e-4
 # Below this many flows a full solve is as cheap as finding a component.
 _LOCAL_SOLVE_MIN_FLOWS = 32
 
+_NO_DELIVERIES: tuple[Delivery, ...] = ()
 _NO_FLOWS: tuple[np.ndarray, np.ndarray] = (np.empty(0, np.intp), np.empty(0, np.intp))
 # (sender, receivers, size in bytes (one for all or one each), pair keys, batch id)
 _Start = tuple[int, np.ndarray, float | np.ndarray, np.ndarray | None, int]
@@ -132,20 +133,21 @@ class FluidFlows:
     # ------------------------------------------------------------------ API
 
     def start(self, src: int, dsts: np.ndarray, size_bytes: float | np.ndarray,
-              batch_id: int) -> list[Delivery]:
+              batch_id: int) -> tuple[bool, Sequence[Delivery]]:
         """Queue one flow from `src` to each of `dsts` (validated by the caller:
         nodes in range, no self-sends; sizes >= 0 and finite, one for all or one
-        each). The flows join at the next `advance`. Returns the zero-byte
-        messages, which use no bandwidth and are due after their latency alone."""
+        each). The flows join at the next `advance`. Returns (whether any flow
+        was queued, the zero-byte messages: they use no bandwidth and are due
+        after their latency alone)."""
         dst = dsts
-        count = dst.shape[0]
-        immediate: list[Delivery] = []
+        immediate: Sequence[Delivery] = _NO_DELIVERIES
         sizes = size_bytes
         if isinstance(sizes, float):
             if sizes == 0:
-                return self._deliveries(np.full(count, src, dtype=np.intp), dst,
-                                        np.full(count, batch_id, dtype=np.int64),
-                                        np.zeros(count))
+                count = dst.shape[0]
+                return False, self._deliveries(np.full(count, src, dtype=np.intp), dst,
+                                               np.full(count, batch_id, dtype=np.int64),
+                                               np.zeros(count))
         else:
             empty = sizes == 0
             if empty.any():
@@ -155,10 +157,10 @@ class FluidFlows:
                 keep = ~empty
                 dst, sizes = dst[keep], sizes[keep]
                 if dst.size == 0:
-                    return immediate
+                    return False, immediate
         keys = self._resources.pair_keys(src, dst) if self._resources.any_pairs else None
         self._pending.append((src, dst, sizes, keys, batch_id))
-        return immediate
+        return True, immediate
 
     def advance(self, now_s: float) -> tuple[list[Delivery], float]:
         """Bring the flows to `now_s`: (deliveries of the transfers that ended,
@@ -178,11 +180,6 @@ class FluidFlows:
         next_s = float(self._finish_s.min()) if self._src.size > self._dead else np.inf
         deliveries = self._deliveries(*finished) if finished is not None else []
         return deliveries, next_s
-
-    @property
-    def has_pending(self) -> bool:
-        """Starts queued since the last `advance`."""
-        return bool(self._pending)
 
     @property
     def active_flows(self) -> int:

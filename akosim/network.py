@@ -90,11 +90,13 @@ class FluidNetwork:
         batch_id = self._next_batch
         self._next_batch += 1
         self._batches[batch_id] = _Batch(on_delivered, token, count)
-        for delivery in self._flows.start(src, dst, sizes, batch_id):
+        queued, immediate = self._flows.start(src, dst, sizes, batch_id)
+        for delivery in immediate:
             self._deliver_after(delivery)
-        now = float(self.env.now)
-        if self._flows.has_pending and now < self._wake_s:
-            self._arm(now)
+        if queued:
+            now = float(self.env.now)
+            if now < self._wake_s:
+                self._arm(now)
 
     @property
     def rate_solves(self) -> int:

@@ -21,7 +21,9 @@ def flows_on(n: int, bandwidth_bps: float, latency_s: float = 0.0,
 
 def start(flows: FluidFlows, src: int, dsts: list[int], size_bytes: float, batch_id: int):
     src, dst, sizes = check_send(flows.spec.n, src, dsts, size_bytes)
-    return flows.start(src, dst, sizes, batch_id)
+    queued, immediate = flows.start(src, dst, sizes, batch_id)
+    assert queued == bool((np.asarray(sizes) > 0).any())
+    return list(immediate)
 
 
 def delivered(deliveries) -> list[tuple[int, int, int, float]]:
