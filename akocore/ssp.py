@@ -24,26 +24,36 @@ class DeliveryLog:
     """Per-sender record of delivered (round, part) messages.
 
     `contiguous[j]` is r_j for sender j (-1 before anything arrived), held in a
-    numpy row indexed by rank so that gates take a vectorised minimum and a
-    simulator can keep every node's row in one shared matrix
-    (`rounds_row`/`pending_row` are then views into it).
+    numpy row indexed by rank so that gates take a vectorised minimum;
+    `has_pending[j]` says whether out-of-order rounds of j are held. A
+    simulator may keep every node's two rows in shared matrices
+    (`share_rows`).
     """
 
     def __init__(self, senders: Iterable[int], parts_per_round: Callable[[int, int], int], *,
-                 size: int | None = None, rounds_row: np.ndarray | None = None,
-                 pending_row: np.ndarray | None = None) -> None:
+                 size: int | None = None) -> None:
         self._parts_per_round = parts_per_round
         self.senders = tuple(sorted(set(senders)))
         width = size if size is not None else (max(self.senders) + 1 if self.senders else 0)
         if self.senders and max(self.senders) >= width:
             raise ValueError(f"sender {max(self.senders)} outside a log of width {width}")
-        self.contiguous = rounds_row if rounds_row is not None else np.empty(width, np.int64)
-        self.contiguous[:] = -1
-        self.has_pending = pending_row if pending_row is not None else np.empty(width, bool)
-        self.has_pending[:] = False
+        self.contiguous = np.full(width, -1, np.int64)
+        self.has_pending = np.zeros(width, bool)
         self.known = np.zeros(width, dtype=bool)
         self.known[list(self.senders)] = True
         self._pending: dict[int, dict[int, set[int]]] = {j: {} for j in self.senders}
+
+    def share_rows(self, rounds_row: np.ndarray, pending_row: np.ndarray) -> None:
+        """Keep `contiguous` and `has_pending` in these arrays from now on (views
+        into a caller's matrices; the current values are copied in). Whoever
+        writes the rows directly must keep them what `record` would make them."""
+        if rounds_row.shape != self.contiguous.shape or pending_row.shape != self.has_pending.shape:
+            raise ValueError(f"rows of shape {rounds_row.shape} and {pending_row.shape} for a "
+                             f"log of width {self.contiguous.shape[0]}")
+        rounds_row[:] = self.contiguous
+        pending_row[:] = self.has_pending
+        self.contiguous = rounds_row
+        self.has_pending = pending_row
 
     def knows(self, sender: int) -> bool:
         return 0 <= sender < self.known.size and bool(self.known[sender])

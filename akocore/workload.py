@@ -9,9 +9,9 @@ workload), `batched_grad_step` (the same step vmapped over R replicas, for
 simulating many workers in one process), `evaluate` (test accuracy) and
 `optimizer` (a FlatOptimizer by name).
 
-`measure_compute_s` is the one place in akocore that reads a clock: measuring
-compute time is the workload's job, and shells feed the number to the planner
-and the simulator.
+`measure_compute_s` times gradient steps with a clock the shell hands it
+(akosim.compute and akorun pass time.perf_counter): akocore reads no clock
+itself, and the shells feed the number to the planner and the simulator.
 
 Workloads by name (`WORKLOAD_NAMES`): digits-mlp (the default, real data),
 digits-cnn, synthetic-mlp, synthetic-cnn (the seed's CNN on 32x32x3, exactly
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -204,9 +203,10 @@ class Workload:
             self.dataset, worker, workers, self.batch_size, self.seed if seed is None else seed
         )
 
-    def measure_compute_s(self, steps: int = MEASURE_STEPS,
+    def measure_compute_s(self, clock: Callable[[], float], steps: int = MEASURE_STEPS,
                           warmup: int = MEASURE_WARMUP) -> float:
-        """Median wall seconds of one grad_step over `steps` timed steps.
+        """Median seconds of one grad_step over `steps` timed steps, read from `clock`
+        (a monotonic clock in seconds, e.g. time.perf_counter, chosen by the shell).
 
         `warmup` untimed steps go first (the first compiles the step, the next ones
         let caches and thread pools settle); each timed step uses its own batch and
@@ -225,9 +225,9 @@ class Workload:
         durations_s = []
         for step in range(steps):
             batch = batches[step % len(batches)]
-            start_s = time.perf_counter()
+            start_s = clock()
             self.grad_step(self.init_params, batch.x, batch.y, warmup + step)
-            durations_s.append(time.perf_counter() - start_s)
+            durations_s.append(clock() - start_s)
         return statistics.median(durations_s)
 
     # ---- checks
@@ -442,19 +442,3 @@ def build_workload(
         options=tuple(sorted(merged.items())),
         _compiled=_compile(model, unravel, eval_chunk),
     )
-
-
-def enable_compilation_cache(directory: str | os.PathLike[str]) -> None:
-    """Turn on JAX's persistent compilation cache in `directory` (created if missing).
-
-    Later processes then load compiled steps instead of recompiling (a first
-    step drops from ~1.5 s to ~0.3 s). Entries that took under 0.5 s to
-    compile are not cached. Call it from a shell or a test, before the first
-    jit; importing akocore never does.
-    """
-    import jax
-
-    path = os.fspath(directory)
-    os.makedirs(path, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)

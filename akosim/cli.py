@@ -166,7 +166,7 @@ def progress_factory(enabled: bool) -> Callable[[str, int], Callable[[int], None
 
 
 def _compute_model(args: argparse.Namespace, workers: int, workload_factory):
-    from akosim.compute import ComputeModel
+    from akosim.compute import ComputeModel, measure_compute_s
 
     per_worker: tuple[float, ...] = ()
     compute_s = 0.0
@@ -175,7 +175,7 @@ def _compute_model(args: argparse.Namespace, workers: int, workload_factory):
         per_worker = compute_from_result(args.compute_from, workers)
         overhead = overhead_from_result(args.compute_from, workers) or 0.0
     elif args.compute == "measure":
-        compute_s = workload_factory().measure_compute_s(steps=MEASURE_STEPS)
+        compute_s = measure_compute_s(workload_factory(), steps=MEASURE_STEPS)
     else:
         compute_s = parse_duration(args.compute)
     if getattr(args, "round_overhead", None) is not None:
@@ -229,7 +229,7 @@ def load_workload(cfg: RunConfig):
 
 def _setup(args: argparse.Namespace, cfg: RunConfig, *, training: bool):
     from akosim.engine import StopRule
-    from akosim.network import COALESCE_REL
+    from akosim.fluid import COALESCE_REL
     from akosim.scenario import Setup
 
     cache: dict[str, Any] = {}
@@ -290,7 +290,7 @@ def run_plan(argv: Sequence[str], *, training: bool = False) -> int:
     args = parser.parse_args(argv)
     cfg = config_from_args(args, defaults=TRAIN_DEFAULTS if training else TIMING_DEFAULTS)
     if training:
-        from akocore.workload import enable_compilation_cache
+        from akocore.process_setup import enable_compilation_cache
 
         cache = Path.home() / ".cache" / "akosim" / "jax"
         enable_compilation_cache(str(cache))

@@ -13,13 +13,21 @@ optimizer and running its event loop (akorun measures it as
 jitter; the engine spends it after the gradient and before the round's sends
 leave (where akorun spends most of it), as a span of its own, so
 ``compute_s`` stays the gradient time.
+
+`measure_compute_s` is `--compute measure`: it times the workload's gradient
+step with the wall clock (akocore takes the clock from here).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from akocore.workload import Workload
 
 _BLOCK = 256
 
@@ -84,3 +92,12 @@ class ComputeModel:
                 self._cache.clear()
             self._cache[key] = draws
         return base * float(draws[index])
+
+
+def measure_compute_s(workload: Workload, steps: int | None = None) -> float:
+    """`--compute measure`: median wall seconds of one gradient step of `workload`
+    (`steps` timed steps, the workload's default if None), timed with this
+    process's monotonic clock (the shell's job, not akocore's)."""
+    if steps is None:
+        return workload.measure_compute_s(time.perf_counter)
+    return workload.measure_compute_s(time.perf_counter, steps=steps)

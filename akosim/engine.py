@@ -19,9 +19,13 @@ import numpy as np
 import simpy
 
 from akocore.messages import Partial, Send
-from akocore.schemes import SchemeNode, receive_multicast
+from akocore.schemes import SchemeNode
 from akosim.compute import ComputeModel
-from akosim.network import COALESCE_REL, FluidNetwork, NetworkSpec, NetworkStats
+from akosim.fluid import COALESCE_REL
+from akosim.multicast import MulticastDelivery
+from akosim.netspec import NetworkSpec
+from akosim.netstats import NetworkStats
+from akosim.network import FluidNetwork
 
 
 class GradientSource(Protocol):
@@ -103,6 +107,7 @@ class Simulation:
         self.env = simpy.Environment()
         self.net = FluidNetwork(self.env, network, coalesce_rel=coalesce_rel)
         self.nodes = nodes
+        self._multicast = MulticastDelivery(nodes)
         self.compute = compute
         self.stop = stop
         self.gradients = gradients
@@ -205,7 +210,7 @@ class Simulation:
     def _delivered(self, dests: np.ndarray, token: object) -> None:
         assert isinstance(token, _InFlight)
         msg = token.message
-        duplicates, effects = receive_multicast(self.nodes, dests, msg)
+        duplicates, effects = self._multicast.deliver(dests, msg)
         self.deliveries += int(dests.size)
         self.duplicates += duplicates
         for node, send in effects:

@@ -28,7 +28,9 @@ from akocore.units import format_bandwidth
 from akocore.workload import Workload
 from akosim.compute import ComputeModel
 from akosim.engine import Simulation, StopRule, TraceEvent
-from akosim.network import COALESCE_REL, NetworkSpec, NetworkUtilisation
+from akosim.fluid import COALESCE_REL
+from akosim.netspec import NetworkSpec
+from akosim.netstats import NetworkUtilisation
 from akosim.training import AccuracyTracker, BatchedGradients, Evaluation
 
 
@@ -41,7 +43,7 @@ class Setup:
     compute: ComputeModel
     batch_size: int
     stop: StopRule
-    coalesce_rel: float = COALESCE_REL  # see akosim.network: finish within this of a message
+    coalesce_rel: float = COALESCE_REL  # see akosim.fluid: finish within this of a message
     # per sending node: seconds a message costs beyond the wire (software stack), added
     # to the latency of each of its links; empty = none (`akosim --message-overhead`)
     message_overhead_s: tuple[float, ...] = ()

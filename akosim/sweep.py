@@ -343,9 +343,11 @@ def _gradient_length(config: RunConfig, settings: dict[str, Any], cache: dict[st
 
 def _compute_s(config: RunConfig, settings: dict[str, Any], cache: dict[str, Any]) -> float:
     """The compute seconds per round of every point (measured once here if asked)."""
+    from akosim.compute import measure_compute_s
+
     if settings["compute_s"] != "measure":
         return float(settings["compute_s"])
-    compute_s = _cached_workload(config, cache).measure_compute_s()
+    compute_s = measure_compute_s(_cached_workload(config, cache))
     print(f"akosim sweep: measured compute {format_duration(compute_s)} per round "
           f"({config.train.workload}, batch {config.train.batch_size})")
     return float(compute_s)

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from akocore import data
+from akocore import data, data_bundled, data_files
 from akocore.data import (
     DATASET_NAMES,
     BatchStream,
@@ -48,7 +48,7 @@ def test_digits_split_is_fixed_whatever_the_run_seed():
 
 def test_digits_falls_back_to_sklearn_loader(monkeypatch):
     direct = load_dataset("digits")
-    monkeypatch.setattr(data, "_digits_csv_path", lambda: None)
+    monkeypatch.setattr(data_bundled, "_digits_csv_path", lambda: None)
     fallback = load_dataset("digits")
     np.testing.assert_array_equal(direct.train_x, fallback.train_x)
     np.testing.assert_array_equal(direct.test_y, fallback.test_y)
@@ -120,7 +120,7 @@ def _cifar_batch(count: int, start_label: int) -> tuple[bytes, np.ndarray, np.nd
 def _make_cifar(tmp_path: Path, per_batch: int = 20) -> tuple[Path, dict]:
     """A cifar-10-python.tar.gz in the real layout; returns it and the raw contents."""
     members = {}
-    for i, member in enumerate([*data.CIFAR10_TRAIN_MEMBERS, data.CIFAR10_TEST_MEMBER]):
+    for i, member in enumerate([*data_files.CIFAR10_TRAIN_MEMBERS, data_files.CIFAR10_TEST_MEMBER]):
         members[member] = _cifar_batch(per_batch, start_label=i)
     archive = tmp_path / "cifar-10-python.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
@@ -148,8 +148,8 @@ def test_cifar10_trusted_archive_round_trips_shapes_values_and_labels(tmp_path):
     ds = load_dataset("cifar10", path=str(archive), trust_data=True)
     assert ds.train_x.shape == (100, 32, 32, 3) and ds.test_x.shape == (20, 32, 32, 3)
     assert ds.input_shape == (32, 32, 3) and ds.num_classes == 10
-    train_images = np.concatenate([members[m][1] for m in data.CIFAR10_TRAIN_MEMBERS])
-    train_labels = np.concatenate([members[m][2] for m in data.CIFAR10_TRAIN_MEMBERS])
+    train_images = np.concatenate([members[m][1] for m in data_files.CIFAR10_TRAIN_MEMBERS])
+    train_labels = np.concatenate([members[m][2] for m in data_files.CIFAR10_TRAIN_MEMBERS])
     np.testing.assert_allclose(ds.train_x, train_images / 255.0, atol=1e-7)
     np.testing.assert_array_equal(ds.train_y, train_labels)
     np.testing.assert_array_equal(ds.test_y, members["test_batch"][2])
@@ -168,7 +168,7 @@ def test_cifar10_channel_order_is_nhwc_rgb(tmp_path):
 def test_cifar10_archive_matching_the_md5_table_is_accepted(tmp_path, monkeypatch):
     archive, members = _make_cifar(tmp_path)
     table = {member: hashlib.md5(raw).hexdigest() for member, (raw, _, _) in members.items()}
-    monkeypatch.setattr(data, "CIFAR10_MD5", table)
+    monkeypatch.setattr(data_files, "CIFAR10_MD5", table)
     ds = load_dataset("cifar10", path=str(archive))
     assert ds.train_size == 100 and ds.test_size == 20
 
@@ -205,7 +205,7 @@ def test_cifar10_bad_archive_is_a_data_error(tmp_path):
 def test_cifar10_trusted_member_with_wrong_content_is_a_data_error(tmp_path):
     archive = tmp_path / "wrong.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
-        for member in [*data.CIFAR10_TRAIN_MEMBERS, data.CIFAR10_TEST_MEMBER]:
+        for member in [*data_files.CIFAR10_TRAIN_MEMBERS, data_files.CIFAR10_TEST_MEMBER]:
             raw = pickle.dumps({b"data": np.zeros((2, 10), np.uint8), b"labels": [0, 1]})
             info = tarfile.TarInfo(f"cifar-10-batches-py/{member}")
             info.size = len(raw)

@@ -15,8 +15,10 @@ import simpy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import akosim.network as network_module
-from akosim.network import FluidNetwork, NetworkSpec, max_min_rates
+import akosim.maxmin as maxmin_module
+from akosim.maxmin import max_min_rates
+from akosim.netspec import NetworkSpec
+from akosim.network import FluidNetwork
 
 MBPS = 1e6
 GBPS = 1e9
@@ -492,12 +494,12 @@ def test_rates_are_feasible_and_max_min_fair(case):
 def test_compacted_pair_indexing_gives_the_same_rates(case):
     spec, src, dst = case
     dense = max_min_rates(np.array(src), np.array(dst), spec)
-    saved = network_module._DENSE_PAIRS_MAX
-    network_module._DENSE_PAIRS_MAX = 0
+    saved = maxmin_module._DENSE_PAIRS_MAX
+    maxmin_module._DENSE_PAIRS_MAX = 0
     try:
         compact = max_min_rates(np.array(src), np.array(dst), spec)
     finally:
-        network_module._DENSE_PAIRS_MAX = saved
+        maxmin_module._DENSE_PAIRS_MAX = saved
     assert compact == pytest.approx(dense, rel=1e-12)
 
 

@@ -16,7 +16,8 @@ import numpy as np
 
 from akocore.config import RunConfig
 from akocore.optim import FlatOptimizer
-from akocore.workload import Workload, build_workload, enable_compilation_cache
+from akocore.process_setup import enable_compilation_cache
+from akocore.workload import Workload, build_workload
 from akorun.checkpoint import Checkpoint, load_checkpoint
 from akorun.errors import UsageError
 from akorun.roles import params_digest

@@ -13,6 +13,7 @@ the config-level helpers these build on: role_of, plan_node, make_node.)
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -148,7 +149,7 @@ class AkoRole(Role):
             except ValueError as error:
                 raise UsageError(str(error)) from None
             return None
-        return workload.measure_compute_s()
+        return workload.measure_compute_s(time.perf_counter)
 
     def check_resume(self) -> None:
         return None

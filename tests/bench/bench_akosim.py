@@ -30,7 +30,7 @@ import numpy as np
 import simpy
 
 from akocore.config import ClusterConfig, RunConfig, TrainConfig, config_from_dict
-from akosim.compute import ComputeModel
+from akosim.compute import ComputeModel, measure_compute_s
 from akosim.engine import StopRule
 from akosim.scenario import Setup, SimRun, Variant, ako_variant, simulate
 from tests.bench.common import Figure, best_of
@@ -108,7 +108,7 @@ def train_to_accuracy(workers: int = 16, target: float = 0.9) -> tuple[float, Si
                        train=TrainConfig(rounds=10_000, target_accuracy=target))
     train = config.train
     workload = build_workload(train.workload, batch_size=train.batch_size, seed=train.seed)
-    compute = ComputeModel(workload.measure_compute_s())
+    compute = ComputeModel(measure_compute_s(workload))
     setup = Setup(config, workload.param_count, compute, train.batch_size,
                   StopRule(rounds=train.rounds, drain=True))
     run = simulate(setup, ako_variant(setup), workload=workload, eval_every=train.eval_every,

@@ -1,0 +1,28 @@
+"""The one module of akocore that changes process-wide state.
+
+Everything else in akocore is pure: no clock, no global settings. Some
+settings are global by nature (JAX keeps its configuration per process), and
+both shells want the same ones; the shells must not import each other, so the
+shared code lives here, in functions a shell calls explicitly at its edge
+(akosim's train command, akorun's worker start, tests). Nothing in akocore
+calls them, and importing this module changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def enable_compilation_cache(directory: str | os.PathLike[str]) -> None:
+    """Turn on JAX's persistent compilation cache in `directory` (created if missing).
+
+    Later processes then load compiled steps instead of recompiling (a first
+    step drops from ~1.5 s to ~0.3 s). Entries that took under 0.5 s to
+    compile are not cached. Call it before the first jit.
+    """
+    import jax
+
+    path = os.fspath(directory)
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)

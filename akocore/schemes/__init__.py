@@ -1,0 +1,63 @@
+"""Per-node exchange state machines: ako, ps (sync and async) and allreduce.
+
+A scheme node takes events and returns effects; it never sleeps, sends or
+reads a clock. The shells drive every worker node the same way:
+
+    t = 0
+    while the run goes on:
+        wait until node.may_start(t)            # the SSP gate
+        grad = gradient of node.params          # None in timing-only mode
+        deliver node.local_step(t, grad)        # Send effects
+        t += 1
+    deliver node.finish(t)                       # flush what is still owed
+    wait until node.drained()                    # every live peer's last message
+    node.settle()                                # fold in what arrived last
+
+and hand every message that arrives to `node.receive(msg)`, delivering the
+effects of its Receipt. Server nodes (ps) only receive.
+
+Each node owns its replica as one flat float32 vector (`params`) and applies
+updates through a FlatOptimizer. With `params=None` a node does all the
+bookkeeping (who sends what to whom, how long, which round) without any
+arithmetic: that is akosim's timing-only mode.
+
+Modules: base (SchemeNode, Replica, SchemeError), one module per scheme (ako,
+ps, allreduce) and factory (SchemeSpec, the scheme registry, build_nodes).
+This package re-exports their public names.
+"""
+
+from akocore.schemes.ako import (
+    SCHEDULES,
+    AkoState,
+    AkoWorker,
+    DeliveryRecord,
+    RejoinSnapshot,
+    ako_partition,
+)
+from akocore.schemes.allreduce import AllReduceWorker
+from akocore.schemes.base import REDUCES, Replica, SchemeError, SchemeNode, copy_or_none
+from akocore.schemes.factory import BUILDERS, SCHEMES, SchemeSpec, build_nodes
+from akocore.schemes.ps import PS_MODES, PSLayout, PSServer, PSWorker
+
+__all__ = [
+    "BUILDERS",
+    "PS_MODES",
+    "REDUCES",
+    "SCHEDULES",
+    "SCHEMES",
+    "AkoState",
+    "AkoWorker",
+    "AllReduceWorker",
+    "DeliveryRecord",
+    "PSLayout",
+    "PSServer",
+    "PSWorker",
+    "RejoinSnapshot",
+    "Replica",
+    "SchemeError",
+    "SchemeNode",
+    "SchemeSpec",
+    "ako_partition",
+    "build_nodes",
+    "copy_or_none",
+]

@@ -1,0 +1,268 @@
+"""Ako: each round, one of p partitions of the unsent gradient goes to every peer.
+
+`AkoWorker` is the ako scheme node; `ako_partition` is the partition schedule
+(staggered or aligned); `AkoState` and `RejoinSnapshot` are the plain data a
+checkpoint or a rejoining peer takes. Delivery records live in an
+akocore.ssp.DeliveryLog (`log`), which a simulator may keep in shared rows
+(`DeliveryLog.share_rows`) to deliver a multicast in one step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from akocore import ssp
+from akocore.messages import Kind, Partial, Receipt, Send
+from akocore.partition import accumulate_and_take, check_p, partition_slice
+from akocore.schemes.base import Replica, SchemeError, SchemeNode, copy_or_none, reduce_scale
+
+SCHEDULES = ("staggered", "aligned")
+
+
+def ako_partition(rank: int, round_: int, p: int, schedule: str) -> int:
+    """Partition a worker sends at a round: (t + i) mod p staggered, t mod p aligned."""
+    if schedule == "staggered":
+        return (round_ + rank) % p
+    if schedule == "aligned":
+        return round_ % p
+    raise ValueError(f"schedule: got {schedule!r}, expected one of {', '.join(SCHEDULES)}")
+
+
+DeliveryRecord = dict[int, tuple[int, dict[int, list[int]]]]
+
+
+@dataclass(frozen=True)
+class AkoState:
+    """Everything an ako worker holds, for checkpoints (optimizer state aside)."""
+
+    rank: int
+    next_round: int
+    params: np.ndarray | None
+    unsent: np.ndarray | None
+    inbox: np.ndarray | None
+    log: DeliveryRecord
+    final_round: dict[int, int]
+
+
+@dataclass(frozen=True)
+class RejoinSnapshot:
+    """What a live ako worker hands a restarted peer so that it rejoins exactly.
+
+    The joiner takes the donor's parameters, the donor's record of what it has
+    received (so the joiner drops those messages as duplicates) and, for the
+    donor's own messages, "everything up to the donor's last round". What the
+    donor has received but not applied (inbox) is owed to the joiner's next
+    step; what the donor has applied but not yet sent (unsent) will reach the
+    joiner again in the donor's later rounds, so it is subtracted now:
+    correction = inbox - unsent. With plain SGD the joiner then ends exactly
+    equal to its peers; what the dead worker never sent is lost for everyone.
+    """
+
+    donor: int
+    params: np.ndarray
+    correction: np.ndarray
+    log: DeliveryRecord
+
+
+class AkoWorker(SchemeNode):
+    """Ako: each round send one of p partitions of the unsent gradient to every peer.
+
+    One unsent buffer per partition (one vector of length D overall): every
+    local gradient is added to all of it; at round t partition
+    k = (t + rank) mod p is sent to every peer and its buffer reset. At its
+    step a worker applies (own gradient + partials received since its last
+    step) * scale. `finish` sends the p - 1 partitions still owed as extra
+    rounds, the last one marked final, so every contribution reaches every
+    peer exactly once.
+    """
+
+    def __init__(self, rank: int, workers: int, length: int, p_of: Sequence[int], *,
+                 replica: Replica, staleness: float = 0.0, schedule: str = "staggered",
+                 reduce: str = "mean") -> None:
+        super().__init__(rank, length, replica)
+        if len(p_of) != workers:
+            raise ValueError(f"need one p per worker ({workers}), got {len(p_of)}")
+        for p in p_of:
+            check_p(length, p)
+        ako_partition(0, 0, 1, schedule)  # validates the schedule name
+        self.workers = workers
+        self.p_of = tuple(int(p) for p in p_of)
+        self.p = self.p_of[rank]
+        self.staleness = staleness
+        self.schedule = schedule
+        self.scale = reduce_scale(reduce, workers)
+        self.peers = tuple(j for j in range(workers) if j != rank)
+        self.log = ssp.DeliveryLog(self.peers, lambda sender, round_: 1, size=workers)
+        self.final_round: dict[int, int] = {}
+        self._final = np.full(workers, np.inf)  # final round per peer, inf until known
+        self._peer_mask = np.ones(workers, dtype=bool)
+        self._peer_mask[rank] = False
+        self.unsent = np.zeros(length, np.float32) if replica.has_data else None
+        self.inbox = np.zeros(length, np.float32) if replica.has_data else None
+
+    def peer_done(self, peer: int) -> bool:
+        return bool(self.log.contiguous[peer] >= self._final[peer])
+
+    def _set_final(self, peer: int, round_: int | None) -> None:
+        if round_ is None:
+            self.final_round.pop(peer, None)
+            self._final[peer] = np.inf
+        else:
+            self.final_round[peer] = round_
+            self._final[peer] = round_
+
+    def _gate_mask(self) -> np.ndarray:
+        mask = self._peer_mask & (self.log.contiguous < self._final)
+        if self.suspended:
+            mask[list(self.suspended)] = False
+        return mask
+
+    def _gate_peers(self) -> list[int]:
+        return np.flatnonzero(self._gate_mask()).tolist()
+
+    def may_start(self, round_: int) -> bool:
+        if round_ <= 0 or math.isinf(self.staleness):
+            return True
+        return ssp.may_start(round_, self.log.contiguous[self._gate_mask()], self.staleness)
+
+    def waiting_on(self, round_: int) -> list[int]:
+        return ssp.blocking_peers(round_, self.log.contiguous, self._gate_peers(), self.staleness)
+
+    def lag(self, round_: int) -> int:
+        rounds = self.log.contiguous[self._gate_mask()]
+        if round_ <= 0 or rounds.size == 0:
+            return 0
+        return max(0, round_ - 1 - int(rounds.min()))
+
+    def _send_round(self, round_: int, final: bool) -> Send:
+        k = ako_partition(self.rank, round_, self.p, self.schedule)
+        start, stop = partition_slice(self.length, self.p, k)
+        msg = self._partial(Kind.GRAD, round_, k, self.p, start, stop, self.unsent, final)
+        if self.unsent is not None:
+            self.unsent[start:stop] = 0.0
+        return Send(self.peers, msg)
+
+    def local_step(self, round_: int, grad: np.ndarray | None) -> list[Send]:
+        self._check_round(round_)
+        self._check_grad(grad)
+        if self.unsent is not None and self.inbox is not None and grad is not None:
+            k = ako_partition(self.rank, round_, self.p, self.schedule)
+            start, stop = partition_slice(self.length, self.p, k)
+            values = accumulate_and_take(self.unsent, grad, start, stop)
+            send = Send(self.peers, Partial(Kind.GRAD, self.rank, round_, k, self.p, start,
+                                            stop - start, values))
+            update = (grad + self.inbox) * np.float32(self.scale)
+            self.inbox[:] = 0.0
+            self.replica.apply(update)
+        else:
+            send = self._send_round(round_, final=False)
+        self.next_round = round_ + 1
+        return [send]
+
+    def finish(self, rounds_done: int) -> list[Send]:
+        if rounds_done != self.next_round:
+            raise SchemeError(f"node {self.rank}: finish after {rounds_done} rounds, "
+                              f"{self.next_round} done")
+        self.finished = True
+        if self.p == 1:  # nothing is ever owed: a zero-length final marker
+            marker = Partial(Kind.GRAD, self.rank, rounds_done, 0, 1, 0, 0,
+                             None if self.unsent is None else np.zeros(0, np.float32), True)
+            return [Send(self.peers, marker)]
+        flush = self.p - 1
+        return [self._send_round(rounds_done + i, final=i == flush - 1) for i in range(flush)]
+
+    def validate(self, msg: Partial) -> None:
+        """Refuse a message no correct ako peer sends (SchemeError)."""
+        if msg.kind != Kind.GRAD or not self.log.knows(msg.sender):
+            raise SchemeError(f"ako worker {self.rank}: unexpected {msg.kind.name} "
+                              f"from node {msg.sender}")
+        sender_p = self.p_of[msg.sender]
+        if msg.p != sender_p or not 0 <= msg.part < sender_p:
+            raise SchemeError(f"node {msg.sender} uses p={sender_p}, message says p={msg.p} "
+                              f"part {msg.part}")
+        if not (msg.final and msg.length == 0):
+            if (msg.offset, msg.offset + msg.length) != partition_slice(
+                    self.length, sender_p, msg.part):
+                raise SchemeError(f"partition {msg.part} of {sender_p} does not span "
+                                  f"[{msg.offset}, {msg.offset + msg.length})")
+        self._check_values(msg)
+
+    def receive(self, msg: Partial) -> Receipt:
+        self.validate(msg)
+        if not self.log.record(msg.sender, msg.round, msg.part):
+            return Receipt(False)
+        if msg.final:
+            self._set_final(msg.sender, msg.round)
+        if self.inbox is not None and msg.length:
+            assert msg.values is not None
+            self.inbox[msg.offset:msg.offset + msg.length] += msg.values
+        return Receipt(True)
+
+    def drained(self) -> bool:
+        return all(self.peer_done(j) or j in self.suspended for j in self.peers)
+
+    def settle(self) -> None:
+        if self.inbox is not None and np.any(self.inbox):
+            self.replica.apply(self.inbox * np.float32(self.scale))
+            self.inbox[:] = 0.0
+
+    def peer_restarted(self, peer: int, first_round: int) -> None:
+        """`peer` restarted and numbers its rounds from `first_round` on."""
+        self.log.skip_to(peer, first_round - 1)
+        self._set_final(peer, None)
+        self.suspended.discard(peer)
+
+    def rejoin_snapshot(self, joiner: int) -> RejoinSnapshot:
+        if self.replica.params is None or self.inbox is None or self.unsent is None:
+            raise SchemeError("a timing-only node has no state to hand over")
+        record = {j: r for j, r in self.log.export().items() if j != joiner}
+        record[self.rank] = (self.next_round - 1, {})
+        return RejoinSnapshot(self.rank, self.replica.params.copy(),
+                              self.inbox - self.unsent, record)
+
+    def adopt(self, snapshot: RejoinSnapshot, first_round: int) -> None:
+        """Become consistent with a donor; number own rounds from `first_round`."""
+        if self.inbox is None or self.unsent is None:
+            raise SchemeError("a timing-only node cannot adopt a snapshot")
+        if snapshot.params.shape != (self.length,):
+            raise SchemeError(f"snapshot has {snapshot.params.shape[0]} parameters, "
+                              f"this model {self.length}")
+        self.replica.params = np.array(snapshot.params, dtype=np.float32, copy=True)
+        self.inbox[:] = snapshot.correction
+        self.unsent[:] = 0.0
+        self.log.load({j: r for j, r in snapshot.log.items() if j != self.rank})
+        self.final_round.clear()
+        self._final[:] = np.inf
+        self.next_round = first_round
+        self.finished = False
+
+    def state(self) -> AkoState:
+        def copy(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else a.copy()
+
+        return AkoState(self.rank, self.next_round, copy(self.replica.params),
+                        copy(self.unsent), copy(self.inbox), self.log.export(),
+                        dict(self.final_round))
+
+    def load_state(self, state: AkoState) -> None:
+        if state.rank != self.rank:
+            raise SchemeError(f"state of worker {state.rank} given to worker {self.rank}")
+        for name, have, new in (("params", self.replica.params, state.params),
+                                ("unsent", self.unsent, state.unsent),
+                                ("inbox", self.inbox, state.inbox)):
+            if (have is None) != (new is None) or (
+                    new is not None and have is not None and new.shape != have.shape):
+                raise SchemeError(f"checkpoint {name} does not fit this model")
+        self.replica.params = copy_or_none(state.params)
+        self.unsent = copy_or_none(state.unsent)
+        self.inbox = copy_or_none(state.inbox)
+        self.log.load(state.log)
+        self.final_round = {}
+        self._final[:] = np.inf
+        for peer, final in state.final_round.items():
+            self._set_final(int(peer), int(final))
+        self.next_round = state.next_round

@@ -1,0 +1,145 @@
+"""What every scheme node is: the SchemeNode interface, its replica and shared checks.
+
+A scheme node takes events and returns effects; it never sleeps, sends or
+reads a clock (see akocore.schemes for the loop the shells run). This module
+holds what all schemes share: `SchemeError`, the `Replica` (parameters and
+optimizer state, or nothing in timing-only mode), the `SchemeNode` base class
+with its round, gradient and message checks, and the reduce rule.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+
+from akocore.messages import Kind, Partial, Receipt, Send
+from akocore.optim import FlatOptimizer
+
+REDUCES = ("mean", "sum")
+
+
+class SchemeError(ValueError):
+    """A message that no correct peer could have sent (wrong kind, range, p)."""
+
+
+def copy_or_none(array: np.ndarray | None) -> np.ndarray | None:
+    return None if array is None else np.array(array, dtype=np.float32, copy=True)
+
+
+def reduce_scale(reduce: str, n: int) -> float:
+    """The factor applied to a sum of n contributions: 1/n for mean, 1 for sum."""
+    if reduce == "mean":
+        return 1.0 / n
+    if reduce == "sum":
+        return 1.0
+    raise ValueError(f"reduce: got {reduce!r}, expected one of {', '.join(REDUCES)}")
+
+
+class Replica:
+    """A node's parameters and optimizer state, or nothing in timing-only mode."""
+
+    def __init__(self, params: np.ndarray | None, optimizer: FlatOptimizer | None) -> None:
+        if params is not None:
+            if optimizer is None:
+                raise ValueError("a node with parameters needs an optimizer")
+            params = np.array(params, dtype=np.float32, copy=True)
+        self.params = params
+        self.optimizer = optimizer
+        self.state: Any = optimizer.init(params) if params is not None and optimizer else None
+
+    @property
+    def has_data(self) -> bool:
+        return self.params is not None
+
+    def apply(self, update: np.ndarray) -> None:
+        assert self.params is not None and self.optimizer is not None
+        self.params, self.state = self.optimizer.apply(self.params, self.state, update)
+
+
+class SchemeNode(ABC):
+    """What every node offers its shell."""
+
+    rank: int
+    is_worker: bool = True
+    length: int
+
+    def __init__(self, rank: int, length: int, replica: Replica) -> None:
+        if length < 1:
+            raise ValueError(f"vector length must be >= 1, got {length}")
+        self.rank = rank
+        self.length = length
+        self.replica = replica
+        self.next_round = 0
+        self.finished = False
+        self.suspended: set[int] = set()  # peers silent past the peer timeout
+
+    @property
+    def params(self) -> np.ndarray | None:
+        return self.replica.params
+
+    def may_start(self, round_: int) -> bool:
+        return True
+
+    def waiting_on(self, round_: int) -> list[int]:
+        """Peers whose messages `round_` still waits for (for reports)."""
+        return []
+
+    def lag(self, round_: int) -> int:
+        """Rounds this node is ahead of the oldest input it lacks, starting `round_`."""
+        return 0
+
+    def local_step(self, round_: int, grad: np.ndarray | None) -> list[Send]:
+        raise SchemeError(f"node {self.rank} is not a worker")
+
+    @abstractmethod
+    def receive(self, msg: Partial) -> Receipt: ...
+
+    def finish(self, rounds_done: int) -> list[Send]:
+        self.finished = True
+        return []
+
+    def drained(self) -> bool:
+        return True
+
+    def settle(self) -> None:
+        """Apply whatever arrived after the last step (after drained())."""
+        return None
+
+    def suspend_peer(self, peer: int) -> None:
+        """The shell found `peer` silent past the peer timeout: leave the gate."""
+        self.suspended.add(peer)
+
+    def resume_peer(self, peer: int) -> None:
+        """`peer` spoke again: it rejoins the gate."""
+        self.suspended.discard(peer)
+
+    def _check_round(self, round_: int) -> None:
+        if self.finished:
+            raise SchemeError(f"node {self.rank} already finished")
+        if round_ != self.next_round:
+            raise SchemeError(f"node {self.rank}: round {round_} given, {self.next_round} due")
+
+    def _check_grad(self, grad: np.ndarray | None) -> None:
+        if self.replica.has_data:
+            if grad is None or grad.shape != (self.length,):
+                raise SchemeError(f"node {self.rank}: gradient must have shape ({self.length},)")
+        elif grad is not None:
+            raise SchemeError(f"node {self.rank} is timing-only and takes no gradient values")
+
+    def _check_values(self, msg: Partial) -> None:
+        if msg.offset < 0 or msg.length < 0 or msg.offset + msg.length > self.length:
+            raise SchemeError(
+                f"message [{msg.offset}, {msg.offset + msg.length}) outside the vector "
+                f"of length {self.length}"
+            )
+        if self.replica.has_data:
+            if msg.values is None or msg.values.shape != (msg.length,):
+                raise SchemeError(f"message from {msg.sender} carries no values of length "
+                                  f"{msg.length}")
+
+    def _partial(self, kind: Kind, round_: int, part: int, p: int, start: int, stop: int,
+                 source: np.ndarray | None, final: bool = False) -> Partial:
+        values = None if source is None else source[start:stop].copy()
+        return Partial(kind, self.rank, round_, part, p, start, stop - start, values, final)

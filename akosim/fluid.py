@@ -1,0 +1,417 @@
+"""The flow-level fluid model: flows in flight, their rates and when they end.
+
+`FluidFlows` knows no clock and no SimPy: its owner says what time it is.
+`start` queues the flows of one message batch (zero-byte messages come back at
+once as deliveries: they use no bandwidth); `advance(now_s)` retires the flows
+whose transfer has ended by `now_s`, brings in the queued starts, recomputes
+the max-min fair rates (akosim.maxmin) if anything changed, and returns the
+deliveries that follow and the time of the next completion. Between two calls
+every flow drains at a constant rate, so the cost of a simulation grows with
+the number of distinct rate changes, not with the number of bytes.
+
+Fast paths, all exact up to `coalesce_rel`: starts made before one `advance`
+join one rate solve; flows finishing within `coalesce_rel` of their own
+duration of the earliest one finish together; a completion that frees no
+saturated shared resource needs no solve; a solve is limited to the flows
+connected (through shared NICs) to what changed when that is under half of
+them. A message arrives `latency_s[i, j]` after its last byte left
+(bandwidth is used from the start of the flow).
+
+Units: rates in bits per second, sizes in bytes, times in seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from akosim.maxmin import ResourceIndex, check_nodes, max_min_fill
+from akosim.netspec import NetworkSpec
+
+BITS_PER_BYTE = 8
+# Flows whose finish times lie within this of the earliest one finish together.
+_FINISH_REL = 1e-9
+_FINISH_ABS_S = 1e-12
+# A message whose remaining transfer time is within this fraction of its own
+# duration finishes with the earliest: partitions that differ by one element
+# would otherwise split a symmetric round (or a ring step) into one event per
+# flow. Bounded error: at most 0.01% of each message's transfer time.
+COALESCE_REL = 1e-4
+# Below this many flows a full solve is as cheap as finding a component.
+_LOCAL_SOLVE_MIN_FLOWS = 32
+
+_NO_DELIVERIES: tuple[Delivery, ...] = ()
+_NO_FLOWS: tuple[np.ndarray, np.ndarray] = (np.empty(0, np.intp), np.empty(0, np.intp))
+# (sender, receivers, size in bytes (one for all or one each), pair keys, batch id)
+_Start = tuple[int, np.ndarray, float | np.ndarray, np.ndarray | None, int]
+
+
+def check_send(n: int, src: int, dsts: np.ndarray | Sequence[int],
+               size_bytes: int | float | np.ndarray) -> tuple[int, np.ndarray, float | np.ndarray]:
+    """Validate one batch of messages on an n-node network: (sender, receivers as
+    an intp array, one size for all as a float or one per receiver); ValueError
+    naming the first bad input."""
+    if not 0 <= src < n:
+        raise ValueError(f"send: src {src!r} is not a node; nodes are 0..{n - 1}")
+    src = int(src)
+    dst = np.array(dsts, dtype=np.intp).reshape(-1)
+    count = dst.shape[0]
+    if count == 1:  # the common point-to-point message: no array reductions
+        only = int(dst[0])
+        if not 0 <= only < n:
+            raise ValueError(
+                f"send: dsts (from node {src}) contains node {only}; nodes are 0..{n - 1}"
+            )
+        if only == src:
+            raise ValueError(f"send: node {src} cannot send to itself")
+    elif count:
+        check_nodes(f"send: dsts (from node {src})", dst, n)
+        if (dst == src).any():
+            raise ValueError(f"send: node {src} cannot send to itself")
+    sizes: float | np.ndarray
+    if isinstance(size_bytes, int | float | np.integer | np.floating):
+        sizes = float(size_bytes)
+        if not (sizes >= 0 and sizes < np.inf):
+            raise ValueError(f"send: size_bytes must be >= 0 and finite, got {size_bytes!r}")
+    else:
+        sizes = np.array(size_bytes, dtype=np.float64).reshape(-1)
+        if sizes.shape != dst.shape:
+            raise ValueError(
+                f"send: size_bytes has {sizes.shape[0]} entries for {count} destinations"
+            )
+        if not (np.isfinite(sizes).all() and (sizes >= 0).all()):
+            raise ValueError("send: every size_bytes must be >= 0 and finite")
+    return src, dst, sizes
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Delivery:
+    """Messages whose transfer ended, all arriving `latency_s` after it ended.
+
+    Arrays are aligned and in batch order (a batch is one `start` call);
+    `dst` is read-only (it is handed to receivers and kept for statistics).
+    """
+
+    latency_s: float
+    src: np.ndarray
+    dst: np.ndarray
+    batch: np.ndarray
+    size_bytes: np.ndarray
+
+
+class FluidFlows:
+    """The active flows of one network and their max-min fair rates."""
+
+    def __init__(self, spec: NetworkSpec, coalesce_rel: float = COALESCE_REL) -> None:
+        self.spec = spec
+        self.coalesce_rel = coalesce_rel
+        n = spec.n
+        self._n = n
+        self._resources = ResourceIndex(spec, scan_pairs=True)
+        off_diagonal = spec.latency_s[~np.eye(n, dtype=bool)]
+        self._uniform_latency_s: float | None = None
+        if off_diagonal.size == 0:
+            self._uniform_latency_s = 0.0
+        elif bool((off_diagonal == off_diagonal[0]).all()):
+            self._uniform_latency_s = float(off_diagonal[0])
+        # Active flows, one entry per flow, in order of batch id. A finished
+        # flow stays in the arrays, dead (rate 0, finish and early at inf),
+        # until the next rate solve compacts them away: a completion that
+        # needs no solve then copies no arrays.
+        self._pair_key: np.ndarray | None = (
+            np.empty(0, dtype=np.intp) if self._resources.any_pairs else None
+        )
+        self._clear_flows()
+        self._pending: list[_Start] = []
+        self._freed: tuple[np.ndarray, np.ndarray] = _NO_FLOWS
+        self.rate_solves = 0
+        self.local_solves = 0  # solves limited to the flows connected to a change
+        self.flow_completions = 0
+
+    # ------------------------------------------------------------------ API
+
+    def start(self, src: int, dsts: np.ndarray, size_bytes: float | np.ndarray,
+              batch_id: int) -> tuple[bool, Sequence[Delivery]]:
+        """Queue one flow from `src` to each of `dsts` (validated by the caller:
+        nodes in range, no self-sends; sizes >= 0 and finite, one for all or one
+        each). The flows join at the next `advance`. Returns (whether any flow
+        was queued, the zero-byte messages: they use no bandwidth and are due
+        after their latency alone)."""
+        dst = dsts
+        immediate: Sequence[Delivery] = _NO_DELIVERIES
+        sizes = size_bytes
+        if isinstance(sizes, float):
+            if sizes == 0:
+                count = dst.shape[0]
+                return False, self._deliveries(np.full(count, src, dtype=np.intp), dst,
+                                               np.full(count, batch_id, dtype=np.int64),
+                                               np.zeros(count))
+        else:
+            empty = sizes == 0
+            if empty.any():
+                k = int(empty.sum())
+                immediate = self._deliveries(np.full(k, src, dtype=np.intp), dst[empty],
+                                             np.full(k, batch_id, dtype=np.int64), sizes[empty])
+                keep = ~empty
+                dst, sizes = dst[keep], sizes[keep]
+                if dst.size == 0:
+                    return False, immediate
+        keys = self._resources.pair_keys(src, dst) if self._resources.any_pairs else None
+        self._pending.append((src, dst, sizes, keys, batch_id))
+        return True, immediate
+
+    def advance(self, now_s: float) -> tuple[list[Delivery], float]:
+        """Bring the flows to `now_s`: (deliveries of the transfers that ended,
+        time of the next completion or inf). Call it at the time it returned
+        (or earlier, after a `start`); later is allowed but ends flows late."""
+        finished: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        need_solve = bool(self._pending)
+        if self._src.size > self._dead:
+            done = self._early_s <= now_s + (_FINISH_REL * abs(now_s) + _FINISH_ABS_S)
+            if done.any():
+                finished, rates_changed = self._complete(np.flatnonzero(done))
+                need_solve = need_solve or rates_changed
+        if need_solve:
+            self._solve(now_s, local=True)
+        elif finished is not None:
+            self._update_loads()
+        next_s = float(self._finish_s.min()) if self._src.size > self._dead else np.inf
+        deliveries = self._deliveries(*finished) if finished is not None else []
+        return deliveries, next_s
+
+    @property
+    def active_flows(self) -> int:
+        """Flows started and not yet finished (queued starts included)."""
+        return int(self._src.size) - self._dead + sum(entry[1].size for entry in self._pending)
+
+    @property
+    def uplink_load_bps(self) -> np.ndarray:
+        """Per node: the sum of its outgoing rates since the last solve."""
+        return self._uplink_load_bps
+
+    @property
+    def downlink_load_bps(self) -> np.ndarray:
+        """Per node: the sum of its incoming rates since the last solve."""
+        return self._downlink_load_bps
+
+    def rates_bps(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(src, dst, rate) of the flows in flight at the last rate solve."""
+        live = self._finish_s < np.inf
+        return self._src[live], self._dst[live], self._rate_bps[live]
+
+    # ------------------------------------------------------------- machinery
+
+    def _complete(self, idx: np.ndarray) -> tuple[
+            tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], bool]:
+        """Retire the flows `idx`: ((their src, dst, batch, size in batch order),
+        whether the remaining flows need a rate solve)."""
+        src, dst = self._src[idx], self._dst[idx]
+        batch, size = self._batch[idx], self._size_bytes[idx]
+        pinned_done = self._pinned[idx]
+        count = int(idx.size)
+        self.flow_completions += count
+        self._dead += count
+        need_solve = False
+        if self._dead == self._src.size:
+            self._clear_flows()
+        else:
+            self._rate_bps[idx] = 0.0
+            self._finish_s[idx] = np.inf
+            self._early_s[idx] = np.inf
+            self._pinned[idx] = False
+            if pinned_done.any():
+                need_solve = True
+                self._freed = (src[pinned_done], dst[pinned_done])
+        # Deliveries are grouped by batch: keep batch order.
+        if count > 1 and bool((batch[1:] < batch[:-1]).any()):
+            order = np.argsort(batch, kind="stable")
+            src, dst, batch, size = src[order], dst[order], batch[order], size[order]
+        return (src, dst, batch, size), need_solve
+
+    def _deliveries(self, src: np.ndarray, dst: np.ndarray, batch: np.ndarray,
+                    size: np.ndarray) -> list[Delivery]:
+        """Messages whose transfer ends now, grouped by latency (arrays in batch order)."""
+        dst.setflags(write=False)
+        uniform_s = self._uniform_latency_s
+        if uniform_s is not None:
+            return [Delivery(uniform_s, src, dst, batch, size)]
+        latency_s = self.spec.latency_s[src, dst]
+        first_s = latency_s[0]
+        if bool((latency_s == first_s).all()):
+            return [Delivery(float(first_s), src, dst, batch, size)]
+        groups = []
+        for value_s in np.unique(latency_s).tolist():
+            pick = latency_s == value_s
+            picked_dst = dst[pick]
+            picked_dst.setflags(write=False)
+            groups.append(Delivery(value_s, src[pick], picked_dst, batch[pick], size[pick]))
+        return groups
+
+    def _clear_flows(self) -> None:
+        """No flow left in flight: empty arrays, idle NICs."""
+        self._src = np.empty(0, dtype=np.intp)
+        self._dst = np.empty(0, dtype=np.intp)
+        if self._pair_key is not None:
+            self._pair_key = np.empty(0, dtype=np.intp)
+        self._batch = np.empty(0, dtype=np.int64)
+        self._size_bytes = np.empty(0)
+        self._rate_bps = np.empty(0)
+        self._finish_s = np.empty(0)
+        # Finish time less the coalescing window: a flow is done once this passes.
+        self._early_s = np.empty(0)
+        # Flows on a saturated resource shared with others: their completion
+        # changes somebody's rate; completions of the others need no solve.
+        self._pinned = np.empty(0, dtype=bool)
+        self._dead = 0
+        self._uplink_load_bps: np.ndarray = np.zeros(self._n)
+        self._downlink_load_bps: np.ndarray = np.zeros(self._n)
+
+    def _compact(self) -> None:
+        """Drop the finished flows from the arrays."""
+        live = self._finish_s < np.inf
+        self._src, self._dst = self._src[live], self._dst[live]
+        if self._pair_key is not None:
+            self._pair_key = self._pair_key[live]
+        self._batch = self._batch[live]
+        self._size_bytes, self._rate_bps = self._size_bytes[live], self._rate_bps[live]
+        self._finish_s, self._early_s = self._finish_s[live], self._early_s[live]
+        self._pinned = self._pinned[live]
+        self._dead = 0
+
+    def _component(self, up: np.ndarray, down: np.ndarray) -> np.ndarray | None:
+        """Flows connected (through shared uplinks and downlinks) to the seed NICs,
+        or None as soon as they are more than half of all flows.
+
+        Max-min fair sharing decomposes over connected components: flows
+        outside the component of what changed keep their rates.
+        """
+        half = self._src.size // 2
+        while True:
+            member = up[self._src] | down[self._dst]
+            if np.count_nonzero(member) > half:
+                return None
+            grown_up = up.copy()
+            grown_up[self._src[member]] = True
+            grown_down = down.copy()
+            grown_down[self._dst[member]] = True
+            if (grown_up == up).all() and (grown_down == down).all():
+                return member
+            up, down = grown_up, grown_down
+
+    def _solve(self, now: float, local: bool = False) -> None:
+        """Bring in pending flows and recompute rates: every rate, or with `local`
+        only those of the flows connected to what started or ended."""
+        if self._dead:
+            self._compact()
+        old_count = self._src.size
+        remaining_bytes = self._rate_bps * (self._finish_s - now) / BITS_PER_BYTE
+        np.maximum(remaining_bytes, 0.0, out=remaining_bytes)
+        if self._pending:
+            pending = self._pending
+            self._pending = []
+            if len(pending) == 1:
+                src, dst, size, keys, batch_id = pending[0]
+                count = dst.size
+                self._src = np.concatenate([self._src, np.full(count, src, dtype=np.intp)])
+                self._dst = np.concatenate([self._dst, dst])
+                new_sizes = np.full(count, size) if isinstance(size, float) else size
+                if self._pair_key is not None and keys is not None:
+                    self._pair_key = np.concatenate([self._pair_key, keys])
+                self._batch = np.concatenate(
+                    [self._batch, np.full(count, batch_id, dtype=np.int64)])
+            else:
+                counts = [start[1].size for start in pending]
+                self._src = np.concatenate(
+                    [self._src, np.repeat(np.array([start[0] for start in pending]), counts)]
+                )
+                self._dst = np.concatenate([self._dst] + [start[1] for start in pending])
+                sizes = [start[2] for start in pending]
+                if all(isinstance(size, float) for size in sizes):
+                    new_sizes = np.repeat(np.array(sizes, dtype=np.float64), counts)
+                else:
+                    new_sizes = np.concatenate(
+                        [
+                            np.broadcast_to(size, (count,))
+                            for size, count in zip(sizes, counts, strict=True)
+                        ]
+                    )
+                if self._pair_key is not None:
+                    keys_list = [start[3] for start in pending if start[3] is not None]
+                    self._pair_key = np.concatenate([self._pair_key, *keys_list])
+                self._batch = np.concatenate(
+                    [
+                        self._batch,
+                        np.repeat(np.array([start[4] for start in pending], dtype=np.int64),
+                                  counts),
+                    ]
+                )
+            self._size_bytes = np.concatenate([self._size_bytes, new_sizes])
+            remaining_bytes = np.concatenate([remaining_bytes, new_sizes])
+        if self._src.size == 0:
+            self._clear_flows()
+            return
+        if local and self._src.size > _LOCAL_SOLVE_MIN_FLOWS:
+            n = self._n
+            up, down = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+            up[self._src[old_count:]] = True
+            down[self._dst[old_count:]] = True
+            freed_src, freed_dst = self._freed
+            up[freed_src] = True
+            down[freed_dst] = True
+            self._freed = _NO_FLOWS
+            member = self._component(up, down)
+            if member is not None:
+                self._solve_members(now, np.flatnonzero(member), remaining_bytes, old_count)
+                return
+        self._freed = _NO_FLOWS
+        columns, capacity_bps, flow_cap_bps = self._resources.columns(
+            self._src, self._dst, self._pair_key)
+        rate_bps, saturated_shared = max_min_fill(columns, capacity_bps, flow_cap_bps)
+        pinned = saturated_shared[columns[0]]
+        for column in columns[1:]:
+            pinned |= saturated_shared[column]
+        self._rate_bps = rate_bps
+        self._pinned = pinned
+        self._finish_s = now + remaining_bytes * BITS_PER_BYTE / rate_bps
+        self._early_s = self._early(self._finish_s, self._size_bytes, rate_bps)
+        self.rate_solves += 1
+        self._update_loads()
+
+    def _early(self, finish_s: np.ndarray, size_bytes: np.ndarray,
+               rate_bps: np.ndarray) -> np.ndarray:
+        """When a flow counts as finished: `coalesce_rel` of its duration early."""
+        if self.coalesce_rel == 0:
+            return finish_s.copy()
+        return finish_s - (self.coalesce_rel * BITS_PER_BYTE) * size_bytes / rate_bps
+
+    def _solve_members(self, now: float, idx: np.ndarray, remaining_bytes: np.ndarray,
+                       old_count: int) -> None:
+        """Re-solve only the flows `idx` (a closed component); others keep their rates."""
+        added = self._src.size - old_count
+        if added:
+            self._rate_bps = np.concatenate([self._rate_bps, np.zeros(added)])
+            self._finish_s = np.concatenate([self._finish_s, np.zeros(added)])
+            self._early_s = np.concatenate([self._early_s, np.zeros(added)])
+            self._pinned = np.concatenate([self._pinned, np.zeros(added, dtype=bool)])
+        pair_key = None if self._pair_key is None else self._pair_key[idx]
+        columns, capacity_bps, flow_cap_bps = self._resources.columns(
+            self._src[idx], self._dst[idx], pair_key)
+        rate_bps, saturated_shared = max_min_fill(columns, capacity_bps, flow_cap_bps)
+        pinned = saturated_shared[columns[0]]
+        for column in columns[1:]:
+            pinned |= saturated_shared[column]
+        finish_s = now + remaining_bytes[idx] * BITS_PER_BYTE / rate_bps
+        self._rate_bps[idx] = rate_bps
+        self._pinned[idx] = pinned
+        self._finish_s[idx] = finish_s
+        self._early_s[idx] = self._early(finish_s, self._size_bytes[idx], rate_bps)
+        self.rate_solves += 1
+        self.local_solves += 1
+        self._update_loads()
+
+    def _update_loads(self) -> None:
+        n = self._n
+        self._uplink_load_bps = np.bincount(self._src, weights=self._rate_bps, minlength=n)
+        self._downlink_load_bps = np.bincount(self._dst, weights=self._rate_bps, minlength=n)

@@ -1,0 +1,219 @@
+"""The bandwidth-sharing rule: max-min fair rates by progressive filling.
+
+Pure functions of a `NetworkSpec` and a set of flows, no state and no clock.
+A flow i -> j crosses three resources (uplink i, downlink j, link (i, j));
+concurrent flows get the max-min fair rates found by progressive filling
+(water-filling). `max_min_rates` is the reference entry point;
+`ResourceIndex` and `max_min_fill` are the vectorised pieces the fluid model
+(akosim.fluid) calls on every rate solve.
+
+Units: capacities and rates in bits per second.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from akosim.netspec import NetworkSpec
+
+# Two bottleneck shares within this relative distance are one level of the
+# progressive filling; a resource whose leftover capacity is within it of zero
+# is saturated.
+_TIE_REL = 1e-9
+# Up to this many ordered pairs, per-pair caps are indexed densely; above it the
+# pairs in use are compacted at every solve (no n x n arrays per solve).
+_DENSE_PAIRS_MAX = 1 << 16
+
+
+def max_min_fill(
+    columns: list[np.ndarray],
+    capacity_bps: np.ndarray,
+    flow_cap_bps: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Max-min fair rates by progressive filling.
+
+    `columns[k][f]` is the k-th resource crossed by flow f (indices into
+    `capacity_bps`); `flow_cap_bps[f]`, if given, is a cap of flow f alone (a
+    resource no other flow crosses, kept out of the columns: cheaper). Returns
+    (rate of every flow, mask of resources that are saturated and shared by
+    more than one flow).
+
+    Each pass freezes, at once, every resource whose fair share is no larger
+    (up to `_TIE_REL`) than the tightest share seen by any of its flows: shares
+    only grow as other flows freeze, so such a resource is filled at exactly
+    that share by sequential progressive filling too. The global bottleneck is
+    always among them, and independent bottlenecks at different levels are
+    frozen in the same pass, so the number of passes is the length of the
+    longest chain of dependent bottlenecks, not the number of distinct rates.
+    A flow whose own cap is its tightest share freezes at its cap.
+    """
+    n_resources = capacity_bps.shape[0]
+    n_flows = columns[0].shape[0]
+    rate_bps = np.empty(n_flows)
+    leftover_bps = capacity_bps.copy()
+    count = np.bincount(columns[0], minlength=n_resources)
+    for column in columns[1:]:
+        count += np.bincount(column, minlength=n_resources)
+    count_all = count.copy()
+    live = np.arange(n_flows)
+    share_bps = np.empty(n_resources)
+    flow_cap = flow_cap_bps
+    while live.size:
+        share_bps.fill(np.inf)
+        np.divide(leftover_bps, count, out=share_bps, where=count > 0)
+        per_column = [share_bps[column] for column in columns]
+        flow_share_bps = per_column[0].copy() if len(per_column) == 1 else np.minimum(
+            per_column[0], per_column[1])
+        for column_share in per_column[2:]:
+            np.minimum(flow_share_bps, column_share, out=flow_share_bps)
+        if flow_cap is not None:
+            np.minimum(flow_share_bps, flow_cap, out=flow_share_bps)
+        # A resource is blocked if one of its flows is held lower elsewhere.
+        limit_bps = flow_share_bps * (1.0 + _TIE_REL)
+        ready = np.ones(n_resources, dtype=bool)
+        for column, column_share in zip(columns, per_column, strict=True):
+            ready[column[column_share > limit_bps]] = False
+        frozen = ready[columns[0]]
+        for column in columns[1:]:
+            frozen |= ready[column]
+        if flow_cap is not None:
+            frozen |= flow_cap <= limit_bps
+        if frozen.all():
+            rate_bps[live] = flow_share_bps
+            for column in columns:
+                leftover_bps -= np.bincount(column, weights=flow_share_bps, minlength=n_resources)
+            break
+        frozen_bps = flow_share_bps[frozen]
+        rate_bps[live[frozen]] = frozen_bps
+        for column in columns:
+            frozen_column = column[frozen]
+            leftover_bps -= np.bincount(frozen_column, weights=frozen_bps, minlength=n_resources)
+            count -= np.bincount(frozen_column, minlength=n_resources)
+        np.maximum(leftover_bps, 0.0, out=leftover_bps)
+        keep = ~frozen
+        live = live[keep]
+        columns = [column[keep] for column in columns]
+        if flow_cap is not None:
+            flow_cap = flow_cap[keep]
+    finite = np.isfinite(capacity_bps)
+    saturated_shared = (
+        finite & (leftover_bps <= _TIE_REL * np.where(finite, capacity_bps, 0.0)) & (count_all > 1)
+    )
+    return rate_bps, saturated_shared
+
+
+class ResourceIndex:
+    """Resource indexing for one spec: uplinks [0, n), downlinks [n, 2n), an
+    uncapped placeholder at 2n for flows without a shared per-pair cap, then
+    pairs.
+
+    A per-pair cap at or above min(uplink of the sender, downlink of the
+    receiver) can never be a flow's only bottleneck (its load never exceeds
+    that uplink's or downlink's), so only tighter pairs matter. A tight pair
+    crossed by one flow only is that flow's own cap (no resource column); a
+    pair shared by several flows (messages queued on one pair) is a resource.
+    """
+
+    def __init__(self, spec: NetworkSpec, scan_pairs: bool) -> None:
+        self.spec = spec
+        n = spec.n
+        self.n = n
+        self.placeholder = 2 * n
+        self.nic_capacity_bps = np.concatenate([spec.uplink_bps, spec.downlink_bps, [np.inf]])
+        self.pair_capacity_bps = spec.link_bps.reshape(-1)
+        self.dense = n * n <= _DENSE_PAIRS_MAX
+        self.dense_capacity_bps = (
+            np.concatenate([self.nic_capacity_bps, self.pair_capacity_bps]) if self.dense else None
+        )
+        # Whether any pair cap binds at all (a cheap skip for the common case).
+        self.any_pairs = True
+        self.tight: np.ndarray | None = None
+        if scan_pairs:
+            tight = spec.link_bps < np.minimum(spec.uplink_bps[:, None], spec.downlink_bps[None, :])
+            np.fill_diagonal(tight, False)
+            self.any_pairs = bool(tight.any())
+            self.tight = tight
+
+    def pair_keys(self, src: np.ndarray | int, dst: np.ndarray) -> np.ndarray | None:
+        """src * n + dst for pairs whose cap can bind, -1 for the others;
+        None when no pair cap of the spec can bind."""
+        if not self.any_pairs:
+            return None
+        spec = self.spec
+        if self.tight is not None:
+            tight = self.tight[src, dst]
+        else:
+            cap_bps = spec.link_bps[src, dst]
+            tight = cap_bps < np.minimum(spec.uplink_bps[src], spec.downlink_bps[dst])
+        return np.where(tight, np.asarray(src, dtype=np.intp) * self.n + dst, -1)
+
+    def columns(
+        self, src: np.ndarray, dst: np.ndarray, pair_key: np.ndarray | None
+    ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray | None]:
+        """Resource columns of the flows, the capacity of every resource and the
+        flows' own caps (None if none)."""
+        n = self.n
+        columns = [src, dst + n]
+        if pair_key is None:
+            return columns, self.nic_capacity_bps, None
+        has_pair = pair_key >= 0
+        if not has_pair.any():
+            return columns, self.nic_capacity_bps, None
+        keys = pair_key[has_pair]
+        flow_cap_bps = np.full(pair_key.shape, np.inf)
+        flow_cap_bps[has_pair] = self.pair_capacity_bps[keys]
+        if self.dense:
+            uses = np.bincount(keys, minlength=n * n)[keys]
+        else:
+            used, local, counts = np.unique(keys, return_inverse=True, return_counts=True)
+            local = local.reshape(-1)
+            uses = counts[local]
+        if uses.max() == 1:
+            return columns, self.nic_capacity_bps, flow_cap_bps
+        # Pairs crossed by several flows (messages queued on one pair) are shared resources.
+        shared = uses > 1
+        where = np.flatnonzero(has_pair)[shared]
+        flow_cap_bps[where] = np.inf
+        column = np.full(pair_key.shape, self.placeholder, dtype=np.intp)
+        if self.dense:
+            assert self.dense_capacity_bps is not None
+            column[where] = keys[shared] + (2 * n + 1)
+            capacity_bps = self.dense_capacity_bps
+        else:
+            column[where] = local[shared] + (2 * n + 1)
+            capacity_bps = np.concatenate([self.nic_capacity_bps, self.pair_capacity_bps[used]])
+        columns.append(column)
+        return columns, capacity_bps, flow_cap_bps
+
+
+def check_nodes(name: str, nodes: np.ndarray, n: int) -> None:
+    if nodes.size and (nodes.min() < 0 or nodes.max() >= n):
+        bad = nodes[(nodes < 0) | (nodes >= n)][0]
+        raise ValueError(f"{name} contains node {int(bad)}; nodes are 0..{n - 1}")
+
+
+def max_min_rates(src: np.ndarray, dst: np.ndarray, spec: NetworkSpec) -> np.ndarray:
+    """Max-min fair rates (bits/s) of the flows src[f] -> dst[f] sharing `spec`.
+
+    Each flow crosses the sender's uplink, the receiver's downlink and the
+    pair's own cap. Pure function: no state, no clock.
+    """
+    src_nodes = np.asarray(src, dtype=np.intp).reshape(-1)
+    dst_nodes = np.asarray(dst, dtype=np.intp).reshape(-1)
+    if src_nodes.shape != dst_nodes.shape:
+        raise ValueError(
+            f"max_min_rates: src and dst must have the same length, "
+            f"got {src_nodes.shape[0]} and {dst_nodes.shape[0]}"
+        )
+    check_nodes("max_min_rates: src", src_nodes, spec.n)
+    check_nodes("max_min_rates: dst", dst_nodes, spec.n)
+    if (src_nodes == dst_nodes).any():
+        raise ValueError("max_min_rates: a flow from a node to itself is not a network flow")
+    if src_nodes.size == 0:
+        return np.empty(0)
+    resources = ResourceIndex(spec, scan_pairs=False)
+    columns, capacity_bps, flow_cap_bps = resources.columns(
+        src_nodes, dst_nodes, resources.pair_keys(src_nodes, dst_nodes)
+    )
+    rate_bps, _ = max_min_fill(columns, capacity_bps, flow_cap_bps)
+    return rate_bps
