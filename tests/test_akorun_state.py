@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from akocore.results import RankResult
 from akocore.schemes import AkoWorker, Replica
 from akocore.workload import build_workload
 from akorun import control
@@ -24,7 +25,6 @@ from akorun.faults import faults_for
 from akorun.results import (
     max_relative_difference,
     merge_results,
-    rank_result,
     steady_round_time_s,
     worker_summary,
 )
@@ -94,11 +94,12 @@ def test_results_carry_the_akosim_keys_and_merge_over_training_workers() -> None
                              training_workers=2, batch_size=32,
                              round_end_s=[0.1 * (i + 1) for i in range(20)],
                              compute_s=[0.05] * 20, wait_s=[0.01] * 20, bytes_sent=2000)
-    assert summary["ssp"] == "inf" and summary["p_of"] == [2, 2] and summary["p"] == 2
-    assert summary["round_time_s"] == pytest.approx(0.1)
-    assert summary["samples_per_s"] == pytest.approx(2 * 32 / 0.1)
-    assert summary["bytes_sent_per_worker_per_round"] == 100
-    workers = [rank_result({"role": "worker", "rank": r, **summary}) for r in range(2)]
+    workers = [RankResult(rank=r, role="worker", **summary.as_fields()) for r in range(2)]
+    written = workers[0].to_json()
+    assert written["ssp"] == "inf" and written["p_of"] == [2, 2] and written["p"] == 2
+    assert summary.round_time_s == pytest.approx(0.1)
+    assert summary.samples_per_s == pytest.approx(2 * 32 / 0.1)
+    assert summary.bytes_sent_per_worker_per_round == 100
     merged = merge_results({"train": {}}, workers, [np.ones(3), np.ones(3) * (1 + 1e-7)],
                            batch_size=32)
     assert merged.per_worker[1].compute_s_per_round == pytest.approx(0.05)
