@@ -22,7 +22,8 @@ schema (no ``schema_version``: akorun's ``workers`` list, akosim's
 metadata (unit, meaning, writer) generates docs/result-schema.md
 (`schema_markdown`). `Figures` carries the steady-state summary of one rank
 (`rank_figures`) or one run (`merged_figures`) into those records; the derived
-figures shared by all three live in akocore.figures. No I/O here: callers read and write the files.
+figures shared by all three live in akocore.figures. No I/O here: callers
+read and write the files.
 
 This module is over 500 lines because the schema is its documentation: every
 field carries its unit, meaning and writer, and the legacy conversion sits
