@@ -20,8 +20,10 @@ another version and converts, once, the files written before there was a
 schema (no ``schema_version``: akorun's ``workers`` list, akosim's
 ``runs``, the experiment runner's calibration ``compute.json``). The field
 metadata (unit, meaning, writer) generates docs/result-schema.md
-(`schema_markdown`). The derived figures shared by all three live in
-akocore.figures. No I/O here: callers read and write the files.
+(`schema_markdown`). `Figures` carries the steady-state summary of one rank
+(`rank_figures`) or one run (`merged_figures`) into those records; the derived
+figures shared by all three live in akocore.figures. No I/O here: callers
+read and write the files.
 
 This module is over 500 lines because the schema is its documentation: every
 field carries its unit, meaning and writer, and the legacy conversion sits
@@ -55,7 +57,7 @@ from akocore.jsonrecord import (
 SCHEMA_VERSION = 1
 
 __all__ = [
-    "SCHEMA_VERSION", "Calibration", "LinkResult", "PlanResult", "RankCalibration",
+    "SCHEMA_VERSION", "Calibration", "Figures", "LinkResult", "PlanResult", "RankCalibration",
     "RankResult", "RecordError", "RunResult", "rank_overhead_s", "read_result",
     "run_compute_jitter", "schema_markdown",
 ]
@@ -139,6 +141,22 @@ class RankResult:
     failed: bool = field(default=False, metadata=meta(
         "", "true when the rank wrote no result (only rank, role, exit_code are known)",
         "akorun"))
+    first_round: int | None = field(default=None, metadata=meta(
+        "rounds", "the first round this process trained (after --resume: the round it "
+                  "rejoined at)", "akorun"))
+    wall_s: float | None = field(default=None, metadata=meta(
+        "s", "wall seconds from training start to the result", "akorun"))
+    p_auto_compute_s: float | None = field(default=None, metadata=meta(
+        "s", "gradient seconds per round p auto planned with (null: p given or not ako)",
+        "akorun"))
+    peer_timeouts: int | None = field(default=None, metadata=meta(
+        "", "times a peer was suspended for silence past the peer timeout", "akorun"))
+    suspended_at_end: tuple[int, ...] = field(default=(), metadata=meta(
+        "", "ranks still suspended when this rank finished", "akorun"))
+    peak_rss_bytes: int | None = field(default=None, metadata=meta(
+        "B", "peak resident memory of the rank's process", "akorun"))
+    model_bytes: int | None = field(default=None, metadata=meta(
+        "B", "bytes of one full gradient (the model's parameters as float32)", "akorun"))
     uplink_utilisation: float | None = field(default=None, metadata=meta(
         "fraction", "busy fraction of the uplink (simulated time)", "akosim"))
     downlink_utilisation: float | None = field(default=None, metadata=meta(
@@ -148,8 +166,9 @@ class RankResult:
     mean_lag_rounds: float | None = field(default=None, metadata=meta(
         "rounds", "mean lag behind the freshest peer", "akosim"))
     details: Mapping[str, Any] = field(default_factory=dict, metadata=meta(
-        "", "akorun's other per-rank diagnostics, written beside the keys above (peers, "
-            "retries, warmup_s, params_sha256, ...); free-form, not compared", "akorun"))
+        "", "akorun's other per-rank diagnostics (akorun.results.RankDiagnostics), written "
+            "beside the keys above (peers, retries, warmup_s, params_sha256, ...); "
+            "free-form, not compared", "akorun"))
 
     def __post_init__(self) -> None:
         clash = sorted(set(self.details) & _RANK_KEYS)
@@ -422,10 +441,27 @@ def run_compute_jitter(run: RunResult) -> float:
     return sum(known) / len(known) if known else 0.0
 
 
+@dataclass(frozen=True)
+class Figures:
+    """The steady-state summary figures of one rank (`rank_figures`) or one run
+    (`merged_figures`): the fields of RankResult and RunResult with the same names."""
+
+    round_time_s: float | None
+    samples_per_s: float | None
+    bytes_sent_per_worker_per_round: float | None
+    compute_s_per_round: float | None
+    wait_s_per_round: float | None
+    overhead_s_per_round: float | None
+
+    def as_fields(self) -> dict[str, Any]:
+        """Keyword arguments of RankResult / RunResult."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
 def rank_figures(*, round_end_s: Sequence[float], compute_s: Sequence[float],
                  wait_s: Sequence[float], overhead_s: Sequence[float] | None,
                  training_workers: int, batch_size: int,
-                 bytes_sent_rounds: float) -> dict[str, Any]:
+                 bytes_sent_rounds: float) -> Figures:
     """The steady-state summary figures of one rank from its per-round series."""
     rounds = len(round_end_s)
     round_time_s = steady_round_time_s(round_end_s)
@@ -433,30 +469,28 @@ def rank_figures(*, round_end_s: Sequence[float], compute_s: Sequence[float],
     def finite(value: float) -> float | None:
         return value if math.isfinite(value) else None
 
-    return {
-        "round_time_s": finite(round_time_s),
-        "samples_per_s": finite(training_workers * batch_size / round_time_s)
+    return Figures(
+        round_time_s=finite(round_time_s),
+        samples_per_s=finite(training_workers * batch_size / round_time_s)
         if round_time_s > 0 else None,
-        "bytes_sent_per_worker_per_round": bytes_sent_rounds / rounds if rounds else None,
-        "compute_s_per_round": finite(steady_mean(compute_s)),
-        "wait_s_per_round": finite(steady_mean(wait_s)),
-        "overhead_s_per_round": finite(steady_mean(overhead_s))
-        if overhead_s is not None else None,
-    }
+        bytes_sent_per_worker_per_round=bytes_sent_rounds / rounds if rounds else None,
+        compute_s_per_round=finite(steady_mean(compute_s)),
+        wait_s_per_round=finite(steady_mean(wait_s)),
+        overhead_s_per_round=finite(steady_mean(overhead_s))
+        if overhead_s is not None else None)
 
 
-def merged_figures(training: Sequence[RankResult], batch_size: int) -> dict[str, Any]:
+def merged_figures(training: Sequence[RankResult], batch_size: int) -> Figures:
     """A run's summary figures: the means over its training ranks."""
     round_time = mean_of_known([r.round_time_s for r in training])
-    return {
-        "round_time_s": round_time,
-        "samples_per_s": len(training) * batch_size / round_time if round_time else None,
-        "bytes_sent_per_worker_per_round": mean_of_known(
+    return Figures(
+        round_time_s=round_time,
+        samples_per_s=len(training) * batch_size / round_time if round_time else None,
+        bytes_sent_per_worker_per_round=mean_of_known(
             [r.bytes_sent_per_worker_per_round for r in training]),
-        "compute_s_per_round": mean_of_known([r.compute_s_per_round for r in training]),
-        "wait_s_per_round": mean_of_known([r.wait_s_per_round for r in training]),
-        "overhead_s_per_round": mean_of_known([r.overhead_s_per_round for r in training]),
-    }
+        compute_s_per_round=mean_of_known([r.compute_s_per_round for r in training]),
+        wait_s_per_round=mean_of_known([r.wait_s_per_round for r in training]),
+        overhead_s_per_round=mean_of_known([r.overhead_s_per_round for r in training]))
 
 
 # ---------------------------------------------------------------------- reading files

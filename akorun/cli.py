@@ -329,7 +329,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     worker.prepare()
     asyncio.run(worker.run())
     if out is not None and not args.quiet:
-        sys.stderr.write(summary_line(worker.result_cache) + "\n")
+        sys.stderr.write(summary_line(worker.rank_result) + "\n")
     return 0
 
 

@@ -100,21 +100,25 @@ class Metrics:
             "duplicates_dropped": self.duplicates_dropped,
             "rejected": dict(self.rejected),
             "peer_timeouts": self.peer_timeouts,
-            "peers": {
-                str(rank): {
-                    "bytes_sent": c.bytes_sent,
-                    "bytes_received": c.bytes_received,
-                    "messages_sent": c.messages_sent,
-                    "messages_received": c.messages_received,
-                    "retries": c.retries,
-                    "send_s": c.send_s,
-                    "mean_delivery_s": c.delivery_s / c.messages_sent if c.messages_sent else None,
-                    "max_delivery_s": c.max_delivery_s,
-                    "mean_stack_s": c.stack_s / c.stack_messages if c.stack_messages else None,
-                    "send_dropped": dict(c.send_dropped),
-                }
-                for rank, c in sorted(self.peers.items())
-            },
+            "peers": self.peers_as_dict(),
+        }
+
+    def peers_as_dict(self) -> dict[str, dict[str, Any]]:
+        """Per-peer counters, keyed by the peer's rank as a string."""
+        return {
+            str(rank): {
+                "bytes_sent": c.bytes_sent,
+                "bytes_received": c.bytes_received,
+                "messages_sent": c.messages_sent,
+                "messages_received": c.messages_received,
+                "retries": c.retries,
+                "send_s": c.send_s,
+                "mean_delivery_s": c.delivery_s / c.messages_sent if c.messages_sent else None,
+                "max_delivery_s": c.max_delivery_s,
+                "mean_stack_s": c.stack_s / c.stack_messages if c.stack_messages else None,
+                "send_dropped": dict(c.send_dropped),
+            }
+            for rank, c in sorted(self.peers.items())
         }
 
 

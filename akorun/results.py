@@ -1,16 +1,19 @@
 """akorun's result files, built as akocore.results records.
 
-- `worker_summary`: the steady-state summary fields of one rank, from its
-  per-round series (what akosim reports under the same names);
-- `rank_result`: the builder that turns the worker's result fields (summary,
-  per-round series and diagnostics) into a validated `RankResult`;
-  `write_rank_result` writes it as ``OUT/worker-R.json``;
+- `worker_summary`: the summary fields of one rank (`RankSummary`: scheme, p,
+  counts and the steady-state figures of its per-round series, what akosim
+  reports under the same names);
+- `RankDiagnostics`: akorun's per-rank diagnostics that the schema does not
+  compare (a RankResult's `details`);
+- `checked_rank_result`: a `RankResult` checked against the schema (a JSON
+  round trip); `write_rank_result` writes it as ``OUT/worker-R.json``;
 - `merge_results`: the run's `RunResult` (``OUT/result.json``): config echoed,
   the summary figures over the training workers, ``per_worker`` (every rank,
   in rank order) and the spread between the final replicas;
 - `write_json`: atomic JSON writing.
 
-The keys, their units and meanings are akocore.results' (docs/result-schema.md).
+The keys, their units and meanings are akocore.results' (docs/result-schema.md);
+records cross module borders, never dicts keyed by result names.
 """
 
 from __future__ import annotations
@@ -19,58 +22,104 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from akocore.figures import steady_mean, steady_round_time_s, warmup_rounds
-from akocore.results import SCHEMA_VERSION, RankResult, RunResult, merged_figures, rank_figures
+from akocore.results import RankResult, RunResult, merged_figures, rank_figures
 
-__all__ = ["max_relative_difference", "merge_results", "rank_result", "steady_mean",
-           "steady_round_time_s", "warmup_rounds", "worker_summary", "write_json",
-           "write_rank_result"]
+__all__ = ["RankDiagnostics", "RankSummary", "checked_rank_result", "max_relative_difference",
+           "merge_results", "steady_mean", "steady_round_time_s", "warmup_rounds", "worker_summary",
+           "write_json", "write_rank_result"]
+
+
+@dataclass(frozen=True)
+class RankSummary:
+    """The summary fields of one rank's RankResult (the same names and types)."""
+
+    scheme: str
+    p: int
+    p_of: tuple[int, ...]
+    ssp: float
+    workers: int
+    training_workers: int
+    batch_size: int
+    round_time_s: float | None
+    samples_per_s: float | None
+    bytes_sent_per_worker_per_round: float | None
+    compute_s_per_round: float | None
+    wait_s_per_round: float | None
+    overhead_s_per_round: float | None
+    bytes_sent_rounds: float
+    bytes_sent_flush: float | None
+
+    def as_fields(self) -> dict[str, Any]:
+        """Keyword arguments of RankResult."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def worker_summary(*, scheme: str, p_of: Sequence[int] | None, ssp: float, workers: int,
                    training_workers: int, batch_size: int, round_end_s: Sequence[float],
                    compute_s: Sequence[float], wait_s: Sequence[float],
                    bytes_sent: int, overhead_s: Sequence[float] | None = None,
-                   bytes_flush: int | None = None) -> dict[str, Any]:
-    """The summary fields of one rank's RankResult, JSON-ready (`rank_result`'s input).
+                   bytes_flush: int | None = None) -> RankSummary:
+    """The summary fields of one rank.
 
     `bytes_sent`: bytes sent during the rounds (the flush excluded, as akosim);
     `bytes_flush`: the final flush's, reported apart.
     """
-    p_list = [int(p) for p in p_of] if p_of else []
-    return {
-        "scheme": scheme,
-        "p": max(p_list) if p_list else 1,
-        "p_of": p_list,
-        "ssp": "inf" if math.isinf(ssp) else int(ssp),
-        "workers": workers,
-        "training_workers": training_workers,
-        "batch_size": batch_size,
-        **rank_figures(round_end_s=round_end_s, compute_s=compute_s, wait_s=wait_s,
-                       overhead_s=overhead_s, training_workers=training_workers,
-                       batch_size=batch_size, bytes_sent_rounds=bytes_sent),
-        "bytes_sent_rounds": bytes_sent,
-        "bytes_sent_flush": bytes_flush,
-    }
+    p_tuple = tuple(int(p) for p in p_of) if p_of else ()
+    figures = rank_figures(round_end_s=round_end_s, compute_s=compute_s, wait_s=wait_s,
+                           overhead_s=overhead_s, training_workers=training_workers,
+                           batch_size=batch_size, bytes_sent_rounds=bytes_sent)
+    return RankSummary(
+        scheme=scheme, p=max(p_tuple) if p_tuple else 1, p_of=p_tuple, ssp=float(ssp),
+        workers=workers, training_workers=training_workers, batch_size=batch_size,
+        **figures.as_fields(), bytes_sent_rounds=float(bytes_sent),
+        bytes_sent_flush=float(bytes_flush) if bytes_flush is not None else None)
 
 
-def rank_result(fields: Mapping[str, Any]) -> RankResult:
-    """The worker's result fields as a validated RankResult (keys that are no field of
-    the record are kept as its `details`); RecordError naming a bad key."""
-    plain = json.loads(json.dumps(dict(fields), default=_default))
-    return RankResult.from_json({"schema_version": SCHEMA_VERSION, "kind": "rank", **plain})
+@dataclass(frozen=True)
+class RankDiagnostics:
+    """akorun's per-rank diagnostics, written beside the RankResult fields (its
+    `details`): free-form, for reading one run, not compared between backends."""
+
+    next_round: int  # the round the node would run next
+    process_wall_s: float  # seconds since the process started
+    send_block_s: float  # local step + encoding + waiting for queue room
+    compute_s_measured: float | None  # gradient seconds measured in the warm-up
+    warmup_s: float  # seconds of the warm-up compile
+    retries: int  # sends retried, all peers
+    duplicates_dropped: int  # partials received twice
+    rejected: Mapping[str, int]  # incoming requests refused, by reason
+    send_dropped: Mapping[str, Mapping[str, int]]  # per peer: sends given up, by reason
+    undelivered: Mapping[str, int]  # per peer: messages still queued at the end
+    final_loss: float | None
+    params_sha256: str | None  # digest of the final parameters
+    run_id: str
+    config_hash: str
+    peers: Mapping[str, Any]  # per peer counters (akorun.metrics)
+    config: Mapping[str, Any]  # the configuration, as akocore.config.config_to_dict
+
+    def as_details(self) -> dict[str, Any]:
+        """The RankResult's `details`."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def write_rank_result(path: str | Path, fields: Mapping[str, Any]) -> RankResult:
-    """Build the rank's record from the worker's fields and write it to `path`."""
-    record = rank_result(fields)
-    write_json(path, record.to_json())
-    return record
+def checked_rank_result(record: RankResult) -> RankResult:
+    """`record` as its JSON file holds it (plain JSON values), checked against the
+    schema; RecordError names a key of the wrong type."""
+    return RankResult.from_json(json.loads(json.dumps(record.to_json(), default=_default)))
+
+
+def write_rank_result(path: str | Path, record: RankResult) -> RankResult:
+    """Check `record` (`checked_rank_result`) and write it to `path`; the checked record."""
+    checked = checked_rank_result(record)
+    write_json(path, checked.to_json())
+    return checked
 
 
 def max_relative_difference(replicas: Sequence[np.ndarray]) -> float:
@@ -107,7 +156,7 @@ def merge_results(config: Mapping[str, Any], ranks: Sequence[RankResult],
         ssp=first.ssp if first is not None else 0.0,
         workers=workers, training_workers=len(training),
         ps_servers=sum(1 for r in ranks if r.role == "ps"), batch_size=batch_size,
-        **merged_figures(training, batch_size),
+        **merged_figures(training, batch_size).as_fields(),
         final_accuracy=training[0].final_accuracy if training else None,
         evaluations=training[0].evaluations if training else (),
         max_relative_difference=max_relative_difference(replicas),

@@ -35,6 +35,7 @@ import aiohttp
 
 from akocore.config import RunConfig, config_hash
 from akocore.messages import Partial
+from akocore.results import RankResult
 from akorun.client import ControlClient, make_session
 from akorun.cluster import AkorunSettings, split_host
 from akorun.control import ControlKind
@@ -243,8 +244,10 @@ class Worker:
         self._tasks.append(asyncio.create_task(coroutine))
 
     @property
-    def result_cache(self) -> dict[str, Any]:
-        """The result written at the end ({} before)."""
+    def rank_result(self) -> RankResult:
+        """This rank's result, as written at the end of `run`."""
+        if self.results.last is None:
+            raise RuntimeError("rank_result: the run has not finished")
         return self.results.last
 
     # ================================================================ server host
@@ -344,14 +347,13 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def summary_line(result: dict[str, Any]) -> str:
+def summary_line(result: RankResult) -> str:
     """One human line for the end of a run."""
-    round_time = result.get("round_time_s")
-    accuracy = result.get("final_accuracy")
-    parts = [f"rank {result['rank']} ({result['role']})", f"{result['rounds']} rounds"]
-    if isinstance(round_time, float) and math.isfinite(round_time):
+    round_time = result.round_time_s
+    parts = [f"rank {result.rank} ({result.role})", f"{result.rounds} rounds"]
+    if round_time is not None and math.isfinite(round_time):
         parts.append(f"{round_time * 1e3:.2f} ms/round")
-    if accuracy is not None:
-        parts.append(f"accuracy {accuracy:.4f}")
-    parts.append(f"sent {result['bytes_sent'] / 1e6:.2f} MB")
+    if result.final_accuracy is not None:
+        parts.append(f"accuracy {result.final_accuracy:.4f}")
+    parts.append(f"sent {result.bytes_sent / 1e6:.2f} MB")
     return ", ".join(parts)

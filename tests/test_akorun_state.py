@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from akocore.results import Figures, RankResult, RunResult
 from akocore.schemes import AkoWorker, Replica
 from akocore.workload import build_workload
 from akorun import control
@@ -22,12 +24,14 @@ from akorun.checkpoint import (
 from akorun.errors import UsageError
 from akorun.faults import faults_for
 from akorun.results import (
+    RankDiagnostics,
+    RankSummary,
     max_relative_difference,
     merge_results,
-    rank_result,
     steady_round_time_s,
     worker_summary,
 )
+from akorun.worker import summary_line
 
 
 def test_a_checkpoint_round_trips_params_buffers_log_and_adam_state(tmp_path: Path) -> None:
@@ -94,11 +98,12 @@ def test_results_carry_the_akosim_keys_and_merge_over_training_workers() -> None
                              training_workers=2, batch_size=32,
                              round_end_s=[0.1 * (i + 1) for i in range(20)],
                              compute_s=[0.05] * 20, wait_s=[0.01] * 20, bytes_sent=2000)
-    assert summary["ssp"] == "inf" and summary["p_of"] == [2, 2] and summary["p"] == 2
-    assert summary["round_time_s"] == pytest.approx(0.1)
-    assert summary["samples_per_s"] == pytest.approx(2 * 32 / 0.1)
-    assert summary["bytes_sent_per_worker_per_round"] == 100
-    workers = [rank_result({"role": "worker", "rank": r, **summary}) for r in range(2)]
+    workers = [RankResult(rank=r, role="worker", **summary.as_fields()) for r in range(2)]
+    written = workers[0].to_json()
+    assert written["ssp"] == "inf" and written["p_of"] == [2, 2] and written["p"] == 2
+    assert summary.round_time_s == pytest.approx(0.1)
+    assert summary.samples_per_s == pytest.approx(2 * 32 / 0.1)
+    assert summary.bytes_sent_per_worker_per_round == 100
     merged = merge_results({"train": {}}, workers, [np.ones(3), np.ones(3) * (1 + 1e-7)],
                            batch_size=32)
     assert merged.per_worker[1].compute_s_per_round == pytest.approx(0.05)
@@ -106,6 +111,23 @@ def test_results_carry_the_akosim_keys_and_merge_over_training_workers() -> None
     assert merged.round_time_s == pytest.approx(0.1)
     assert merged.max_relative_difference == pytest.approx(1e-7, rel=1e-3)
     assert max_relative_difference([np.ones(2), np.ones(3)]) == math.inf
+
+
+def test_the_rank_records_feed_the_schema_fields_and_keep_diagnostics_apart() -> None:
+    rank_fields = {f.name for f in dataclasses.fields(RankResult)}
+    run_fields = {f.name for f in dataclasses.fields(RunResult)}
+    assert {f.name for f in dataclasses.fields(RankSummary)} <= rank_fields
+    assert {f.name for f in dataclasses.fields(Figures)} <= rank_fields & run_fields
+    assert not {f.name for f in dataclasses.fields(RankDiagnostics)} & rank_fields
+
+
+def test_the_summary_line_reads_the_rank_record() -> None:
+    rank = RankResult(rank=1, role="worker", rounds=20, round_time_s=0.0125,
+                      final_accuracy=0.5, bytes_sent=2e6)
+    assert summary_line(rank) == ("rank 1 (worker), 20 rounds, 12.50 ms/round, "
+                                  "accuracy 0.5000, sent 2.00 MB")
+    server = RankResult(rank=2, role="ps", rounds=0, bytes_sent=1e6)
+    assert summary_line(server) == "rank 2 (ps), 0 rounds, sent 1.00 MB"
 
 
 def test_fault_hooks_apply_to_their_rank_only() -> None:

@@ -25,7 +25,7 @@ import pytest
 
 from akocore.results import RankResult, RunResult
 from akocore.workload import build_workload
-from akorun.results import merge_results, rank_result, worker_summary
+from akorun.results import merge_results, worker_summary
 from akorun.runtime.training import RoundTimes
 from akosim.cli import (
     compute_from_result,
@@ -163,11 +163,11 @@ def test_summary_reports_overhead_and_keeps_the_flush_apart() -> None:
                              batch_size=8, round_end_s=ends, compute_s=[0.05] * 20,
                              wait_s=[0.03] * 20, overhead_s=[0.02] * 20, bytes_sent=2000,
                              bytes_flush=700)
-    assert summary["overhead_s_per_round"] == pytest.approx(0.02)
-    assert summary["bytes_sent_per_worker_per_round"] == 100  # the flush is not in it
-    assert summary["bytes_sent_rounds"] == 2000 and summary["bytes_sent_flush"] == 700
-    merged = merge_results({}, [rank_result({"role": "worker", "rank": 0, **summary})] * 2, [],
-                           batch_size=8)
+    assert summary.overhead_s_per_round == pytest.approx(0.02)
+    assert summary.bytes_sent_per_worker_per_round == 100  # the flush is not in it
+    assert summary.bytes_sent_rounds == 2000 and summary.bytes_sent_flush == 700
+    rank = RankResult(rank=0, role="worker", **summary.as_fields())
+    merged = merge_results({}, [rank] * 2, [], batch_size=8)
     assert merged.overhead_s_per_round == pytest.approx(0.02)
 
 

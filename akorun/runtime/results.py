@@ -1,7 +1,9 @@
 """This rank's result record (``worker-R.json``) and final parameters (``worker-R.npz``).
 
 `ResultBuilder.result` gathers what the run measured from the collaborators
-that measured it; the key names and the summary are akorun.results'.
+that measured it into a `RankResult` (akocore.results; the summary fields from
+akorun.results.worker_summary, the diagnostics the schema does not compare as
+akorun.results.RankDiagnostics).
 """
 
 from __future__ import annotations
@@ -11,13 +13,18 @@ import os
 import resource
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from akocore.config import config_to_dict
+from akocore.results import RankResult
 from akorun.metrics import Metrics
-from akorun.results import worker_summary, write_rank_result
+from akorun.results import (
+    RankDiagnostics,
+    checked_rank_result,
+    worker_summary,
+    write_rank_result,
+)
 from akorun.roles import params_digest
 from akorun.runtime.evaluation import Evaluator
 from akorun.runtime.outbox import Outbox
@@ -49,19 +56,16 @@ class ResultBuilder:
         self.config_hash = config_hash
         self.out_dir = out_dir
         self.wall_start_s = wall_start_s
-        self.last: dict[str, Any] = {}  # what `write` wrote last
+        self.last: RankResult | None = None  # what `write` built last
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> RankResult:
         node = self.role.node
         plan = self.role.plan
         metrics = self.metrics
         times = self.training.times
         train_start_s = self.training.train_start_s
-        workload = self.prepared.workload
         p_of = plan.p_of if plan is not None else None
         loop_now = asyncio.get_running_loop().time()
-        wall_s = (loop_now - train_start_s) if train_start_s is not None else 0.0
-        rounds = len(times.end_s)
         summary = worker_summary(
             scheme=self.cfg.exchange.scheme, p_of=p_of, ssp=self.cfg.exchange.ssp,
             workers=self.world, training_workers=self.training_workers,
@@ -69,61 +73,61 @@ class ResultBuilder:
             compute_s=times.compute_s, wait_s=times.wait_s, overhead_s=times.overhead_s,
             bytes_sent=self.outbox.bytes_queued_rounds,
             bytes_flush=self.outbox.bytes_queued_flush)
-        return {
-            "rank": self.rank,
-            "role": self.role.name,
-            **summary,
-            "training_workers": self.training_workers,
-            "batch_size": self.cfg.train.batch_size,
-            "rounds": rounds,
-            "first_round": self.training.first_round,
-            "next_round": node.next_round if node is not None else 0,
-            "stop_reason": self.waiter.stop_reason,
-            "wall_s": wall_s,
-            "process_wall_s": time.perf_counter() - self.wall_start_s,
-            "compute_s": metrics.compute_s,
-            "wait_s": metrics.wait_s,
-            "send_block_s": metrics.send_block_s,
-            "compute_s_measured": self.prepared.compute_measured_s,
-            "p_auto_compute_s": plan.compute_s if plan is not None else None,
-            "warmup_s": self.prepared.warmup_s,
-            "bytes_sent": metrics.bytes_sent,
-            "bytes_received": metrics.bytes_received,
-            "retries": metrics.retries,
-            "duplicates_dropped": metrics.duplicates_dropped,
-            "rejected": dict(metrics.rejected),
-            "send_dropped": {str(j): dict(c.send_dropped) for j, c in metrics.peers.items()
-                             if c.send_dropped},
-            "undelivered": {str(j): depth for j, depth in self.outbox.depths().items()
-                            if depth},
-            "peer_timeouts": metrics.peer_timeouts,
-            "suspended_at_end": sorted(node.suspended) if node is not None else [],
-            "evaluations": [list(e) for e in metrics.evaluations],
-            "final_accuracy": self.evaluator.final_accuracy,
-            "final_loss": metrics.loss,
-            "params_sha256": params_digest(node.params)
+        diagnostics = RankDiagnostics(
+            next_round=node.next_round if node is not None else 0,
+            process_wall_s=time.perf_counter() - self.wall_start_s,
+            send_block_s=metrics.send_block_s,
+            compute_s_measured=self.prepared.compute_measured_s,
+            warmup_s=self.prepared.warmup_s,
+            retries=metrics.retries,
+            duplicates_dropped=metrics.duplicates_dropped,
+            rejected=dict(metrics.rejected),
+            send_dropped={str(j): dict(c.send_dropped) for j, c in metrics.peers.items()
+                          if c.send_dropped},
+            undelivered={str(j): depth for j, depth in self.outbox.depths().items() if depth},
+            final_loss=metrics.loss,
+            params_sha256=params_digest(node.params)
             if node is not None and node.params is not None else None,
-            "run_id": self.run_id,
-            "config_hash": self.config_hash,
-            "round_end_s": times.end_s,
-            "round_compute_s": times.compute_s,
-            "round_wait_s": times.wait_s,
-            "round_overhead_s": times.overhead_s,
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "model_bytes": workload.gradient_bytes,
-            "peers": metrics.as_dict()["peers"],
-            "message_overhead_s": metrics.message_overhead_s(),
-            "config": config_to_dict(self.cfg),
-        }
+            run_id=self.run_id,
+            config_hash=self.config_hash,
+            peers=metrics.peers_as_dict(),
+            config=config_to_dict(self.cfg))
+        return RankResult(
+            rank=self.rank,
+            role=self.role.name,
+            **summary.as_fields(),
+            rounds=len(times.end_s),
+            compute_s=metrics.compute_s,
+            wait_s=metrics.wait_s,
+            bytes_sent=metrics.bytes_sent,
+            bytes_received=metrics.bytes_received,
+            message_overhead_s=metrics.message_overhead_s(),
+            round_end_s=tuple(times.end_s),
+            round_compute_s=tuple(times.compute_s),
+            round_wait_s=tuple(times.wait_s),
+            round_overhead_s=tuple(times.overhead_s),
+            evaluations=tuple(metrics.evaluations),
+            final_accuracy=self.evaluator.final_accuracy,
+            stop_reason=self.waiter.stop_reason,
+            first_round=self.training.first_round,
+            wall_s=(loop_now - train_start_s) if train_start_s is not None else 0.0,
+            p_auto_compute_s=plan.compute_s if plan is not None else None,
+            peer_timeouts=metrics.peer_timeouts,
+            suspended_at_end=tuple(sorted(node.suspended)) if node is not None else (),
+            peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            model_bytes=self.prepared.workload.gradient_bytes,
+            details=diagnostics.as_details())
 
     def write(self) -> None:
+        """Build the result, check it against the schema and write the files."""
         out = self.out_dir
         node = self.role.node
-        self.last = self.result()
+        record = self.result()
         if out is None or node is None:
+            self.last = checked_rank_result(record)
             return
         out.mkdir(parents=True, exist_ok=True)
-        write_rank_result(out / f"worker-{self.rank}.json", self.last)
+        self.last = write_rank_result(out / f"worker-{self.rank}.json", record)
         if node.params is not None:
             offset = self.role.params_offset()
             tmp = out / f".worker-{self.rank}.npz.tmp"
