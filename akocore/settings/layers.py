@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,9 +93,14 @@ class ResolvedSettings:
         lines = []
         for section in sections:
             for key in SECTIONS[section].values():
-                shown = show(key.dump(self.value(key.dotted)))
+                shown = _as_text(key.dump(self.value(key.dotted)))
                 lines.append(f"{key.dotted} = {shown}  ({self.origin(key.dotted)})")
         return lines
+
+
+def _as_text(value: Any) -> str:
+    """A human value as TOML-like text: "ako", [4, 2], none."""
+    return "none" if value is None else json.dumps(value)
 
 
 def suggest(name: str, known: Iterable[str]) -> str:

@@ -162,7 +162,8 @@ KEYS: tuple[Key, ...] = (
          flag="--scheme", choices=SCHEMES,
          flag_help="gradient exchange: ako (partial all-to-all), ps (parameter servers) or "
                    "allreduce (ring)"),
-    _run("exchange", "p", "p", "partitions per gradient: auto | auto-per-worker | N | [N0, N1, ...]",
+    _run("exchange", "p", "p",
+         "partitions per gradient: auto | auto-per-worker | N | [N0, N1, ...]",
          dump=_dump_p, flag="--p", metavar="{auto,auto-per-worker,N,N1,N2,...}",
          flag_help="partitions per gradient (each round sends 1/p of it): auto, "
                    "auto-per-worker, one number for all workers or one per worker, "
