@@ -53,6 +53,7 @@ import numpy as np
 from akocore.config import RunConfig, config_hash, config_to_dict, replace_in
 from akocore.messages import Partial, Send
 from akocore.schemes import AkoState, AkoWorker, PSLayout, RejoinSnapshot, SchemeNode
+from akocore.settings.registry import default_of
 from akocore.workload import Workload, build_workload, enable_compilation_cache
 from akorun import control
 from akorun.checkpoint import (
@@ -127,12 +128,12 @@ class WorkerOptions:
     settings: AkorunSettings
     out_dir: Path | None = None
     checkpoint_dir: Path | None = None
-    checkpoint_every: int = 0
+    checkpoint_every: int = default_of("akorun.checkpoint_every")
     resume: bool = False
     listen_host: str | None = None
     emulate: bool = True
-    peer_timeout_s: float = 10.0
-    join_timeout_s: float = 120.0
+    peer_timeout_s: float = default_of("akorun.peer_timeout")
+    join_timeout_s: float = default_of("akorun.join_timeout")
     grace_s: float | None = None  # default: the peer timeout
     progress_every_s: float = 5.0
     quiet: bool = False
