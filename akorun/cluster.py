@@ -72,6 +72,9 @@ DEFAULT_BASE_PORT = 7070
 class AkorunSettings(AkorunConfig):
     """The ``[akorun]`` settings of a run that can start: run_id and secret are present."""
 
+    run_id: str = ""  # required: "" is refused below
+    secret: str = ""
+
     def __post_init__(self) -> None:
         for name in ("run_id", "secret"):
             value = getattr(self, name)
@@ -82,7 +85,7 @@ class AkorunSettings(AkorunConfig):
 
     @property
     def secret_bytes(self) -> bytes:
-        return bytes.fromhex(self.secret or "")
+        return bytes.fromhex(self.secret)
 
     @property
     def run_id_bytes(self) -> bytes:

@@ -117,7 +117,7 @@ class Key:
             if item.name == self.field:
                 if item.default is not dataclasses.MISSING:
                     return item.default
-                return item.default_factory()  # type: ignore[misc]
+                return item.default_factory()  # type: ignore[misc,operator]
         raise LookupError(f"{self.dotted}: no field {self.field}")
 
 
