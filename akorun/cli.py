@@ -218,8 +218,9 @@ def build_parser() -> ArgumentParser:
                                           "progress, wait, and merge OUT/result.json.",
                               epilog=LAUNCH_EPILOG, formatter_class=_FORMATTER)
     run.add_argument("--out", metavar="DIR", required=True, help="run directory")
-    run.add_argument("--kill-grace", metavar="DURATION", default="20s",
-                     help="after SIGTERM, SIGKILL ranks still running this much later")
+    run.add_argument("--kill-grace", metavar="DURATION", default=None,
+                     help="after SIGTERM, SIGKILL ranks still running this much later "
+                          f"(default {LaunchOptions.kill_grace_s:g}s)")
     run.add_argument("--timeout", metavar="DURATION", default=None,
                      help="stop the whole run after this long, e.g. 10m")
     _add_runtime_flags(run, Tool.AKORUN_LAUNCH)
@@ -327,12 +328,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
     resolved, settings = launch_settings(args)
     cfg = resolved.config
     _check_workload(cfg.train.workload)
-    progress: dict[str, Any] = {}
+    progress: dict[str, Any] = {}  # given process flags; LaunchOptions holds the defaults
     if args.progress_every:
         progress["progress_every_s"] = _duration(args.progress_every, "--progress-every")
+    if args.kill_grace:
+        progress["kill_grace_s"] = _duration(args.kill_grace, "--kill-grace")
     options = LaunchOptions(
         out_dir=Path(args.out), quiet=args.quiet,
-        kill_grace_s=_duration(args.kill_grace, "--kill-grace"),
         timeout_s=_duration(args.timeout, "--timeout") if args.timeout else None,
         worker_args=worker_flags(quiet=args.quiet, checkpoint_dir=args.checkpoint_dir,
                                  progress_every_s=progress.get("progress_every_s")),
