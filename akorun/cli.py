@@ -154,7 +154,8 @@ def _add_runtime_flags(parser: argparse.ArgumentParser, tool: Tool) -> None:
     add("--checkpoint-dir", metavar="DIR", default=None,
         help="where checkpoints go (default: OUT/checkpoints)")
     add("--progress-every", metavar="DURATION", default=None,
-        help="print a progress line this often, e.g. 5s (default 5s; launch 2s)")
+        help=f"print a progress line this often, e.g. 5s (default "
+             f"{WorkerOptions.progress_every_s:g}s; launch {LaunchOptions.progress_every_s:g}s)")
     add("--quiet", action="store_true", help="no progress lines, warnings only")
     if tool is Tool.AKORUN_RANK:
         add("--listen", metavar="HOST", default=None,
