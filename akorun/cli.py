@@ -20,21 +20,27 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any
 
-from akocore.config import ConfigError, add_shared_arguments, config_from_args
+from akocore.cli_support import OneLineParser, one_line
+from akocore.config import (
+    ConfigError,
+    ResolvedSettings,
+    Tool,
+    add_akorun_arguments,
+    add_shared_arguments,
+    resolve_args,
+)
 from akocore.units import UnitError, parse_duration
 from akocore.workload import WORKLOAD_NAMES, parse_workload_spec
 from akorun.cluster import (
     DEFAULT_BASE_PORT,
-    EMULATE_MODES,
-    config_over,
+    AkorunSettings,
     hosts_from_text,
     loopback_hosts,
     new_settings,
-    read_cluster_file,
     resolve_rank,
-    run_config_from_args,
+    settings_of,
     should_emulate,
     with_hosts,
     write_cluster_file,
@@ -52,14 +58,7 @@ from akorun.launch import LaunchOptions, launch, worker_flags
 from akorun.roles import check_role
 from akorun.worker import TLSOptions, Worker, WorkerOptions, summary_line
 
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse with one-line errors: `akorun worker: error: ... (see --help)`, status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-        sys.exit(EXIT_USAGE)
-
+ArgumentParser = OneLineParser  # one-line errors: `akorun worker: error: ... (see --help)`, 2
 
 _FORMATTER = argparse.RawDescriptionHelpFormatter
 
@@ -134,10 +133,14 @@ def _whole(text: str | None, flag: str, minimum: int = 0) -> int | None:
     return value
 
 
-def _add_runtime_flags(parser: argparse.ArgumentParser, *, launch: bool) -> None:
-    group = parser.add_argument_group("akorun process settings")
+def _add_runtime_flags(parser: argparse.ArgumentParser, tool: Tool) -> None:
+    group = parser.add_argument_group(
+        "akorun process settings",
+        "The [akorun] settings among these (peer and join timeouts, checkpoints, emulation, "
+        "send queue, TLS) layer like the run settings: cluster file < --set akorun.KEY=VALUE "
+        "< flag.")
     add = group.add_argument
-    if not launch:
+    if tool is Tool.AKORUN_RANK:
         add("--rank", metavar="R", default=None,
             help="this process's rank 0..N-1 (else AKORUN_RANK, RANK or SLURM_PROCID)")
         add("--out", metavar="DIR", default=None,
@@ -145,46 +148,30 @@ def _add_runtime_flags(parser: argparse.ArgumentParser, *, launch: bool) -> None
         add("--resume", action="store_true",
             help="restart this rank: rejoin the live run from a peer's snapshot, or go on "
                  "from its checkpoint when no peer is alive (scheme ako)")
-    add("--peer-timeout", metavar="DURATION", default=None,
-        help="a peer silent this long leaves the SSP gate until it speaks again, e.g. 10s "
-             "(default: the cluster file's, 10s)")
-    add("--checkpoint-every", metavar="N", default=None,
-        help="write a checkpoint every N rounds, 0 = only the final one (default: the "
-             "cluster file's, 0)")
+    add_akorun_arguments(group, tool)
+    if tool is Tool.AKORUN_INIT:
+        return
     add("--checkpoint-dir", metavar="DIR", default=None,
         help="where checkpoints go (default: OUT/checkpoints)")
-    add("--join-timeout", metavar="DURATION", default=None,
-        help="how long to wait for every rank's hello at start, e.g. 120s (default 120s)")
-    emulate = group.add_mutually_exclusive_group()
-    emulate.add_argument("--emulate", dest="emulate", action="store_const", const=True,
-                         default=None,
-                         help="shape every send in-process to [network] (bandwidth in bits/s, "
-                              "latency per message), default on loopback")
-    emulate.add_argument("--no-emulate", dest="emulate", action="store_const", const=False,
-                         help="send at the real network's speed (default with real hosts)")
     add("--progress-every", metavar="DURATION", default=None,
-        help="print a progress line this often, e.g. 5s (default 5s; launch 2s)")
+        help=f"print a progress line this often, e.g. 5s (default "
+             f"{WorkerOptions.progress_every_s:g}s; launch {LaunchOptions.progress_every_s:g}s)")
     add("--quiet", action="store_true", help="no progress lines, warnings only")
-    if not launch:
+    if tool is Tool.AKORUN_RANK:
         add("--listen", metavar="HOST", default=None,
             help="address to bind, e.g. 0.0.0.0 (default: this rank's host in cluster.hosts)")
         add("--grace", metavar="DURATION", default=None,
             help="after finishing, keep serving until every peer is done or this long "
                  "(default: the peer timeout)")
-        add("--tls-cert", metavar="PEM", default=None,
-            help="serve HTTPS with this certificate (default: the cluster file's tls_cert)")
-        add("--tls-key", metavar="PEM", default=None, help="private key of --tls-cert")
         add("--tls-ca", metavar="PEM", default=None,
             help="CA bundle to verify peers' certificates (default: the system CAs and the "
                  "run's own certificate, so a self-signed one works)")
-        add("--queue-messages", metavar="N", default=None,
-            help="messages owed to one peer before sending waits (backpressure), default 64")
 
 
 def _shared_flags_help() -> str:
     """The shared run settings, as every subcommand accepts them, for the top-level help."""
     probe = ArgumentParser(prog="akorun COMMAND", add_help=False, formatter_class=_FORMATTER)
-    add_shared_arguments(probe)
+    add_shared_arguments(probe, Tool.AKORUN_LAUNCH)
     text = probe.format_help()
     return text[text.index("\n\n") + 2:] if "\n\n" in text else text
 
@@ -212,17 +199,9 @@ def build_parser() -> ArgumentParser:
                            "with free ports)")
     init.add_argument("--base-port", metavar="PORT", default=str(DEFAULT_BASE_PORT),
                       help=f"port for hosts given without one (default {DEFAULT_BASE_PORT})")
-    init.add_argument("--peer-timeout", metavar="DURATION", default="10s",
-                      help="silence before a peer leaves the SSP gate, e.g. 10s")
-    init.add_argument("--checkpoint-every", metavar="N", default="0",
-                      help="checkpoint every N rounds (0 = only the final one)")
-    init.add_argument("--emulate", choices=EMULATE_MODES, default="auto",
-                      help="shape sends in-process: auto (loopback only), on, off")
-    init.add_argument("--tls-cert", metavar="PEM", default=None,
-                      help="certificate every rank serves with (HTTPS)")
-    init.add_argument("--tls-key", metavar="PEM", default=None, help="its private key")
     init.add_argument("--force", action="store_true", help="overwrite an existing file")
-    add_shared_arguments(init)
+    _add_runtime_flags(init, Tool.AKORUN_INIT)
+    add_shared_arguments(init, Tool.AKORUN_INIT)
     init.set_defaults(handler=cmd_init)
 
     for name, help_text, epilog in (
@@ -231,8 +210,8 @@ def build_parser() -> ArgumentParser:
         sub = commands.add_parser(name, help=help_text, description=help_text[0].upper()
                                   + help_text[1:] + " from a cluster file.",
                                   epilog=epilog, formatter_class=_FORMATTER)
-        _add_runtime_flags(sub, launch=False)
-        add_shared_arguments(sub)
+        _add_runtime_flags(sub, Tool.AKORUN_RANK)
+        add_shared_arguments(sub, Tool.AKORUN_RANK)
         sub.set_defaults(handler=cmd_worker, role=name)
 
     run = commands.add_parser("launch", help="run every rank on this machine",
@@ -240,12 +219,13 @@ def build_parser() -> ArgumentParser:
                                           "progress, wait, and merge OUT/result.json.",
                               epilog=LAUNCH_EPILOG, formatter_class=_FORMATTER)
     run.add_argument("--out", metavar="DIR", required=True, help="run directory")
-    run.add_argument("--kill-grace", metavar="DURATION", default="20s",
-                     help="after SIGTERM, SIGKILL ranks still running this much later")
+    run.add_argument("--kill-grace", metavar="DURATION", default=None,
+                     help="after SIGTERM, SIGKILL ranks still running this much later "
+                          f"(default {LaunchOptions.kill_grace_s:g}s)")
     run.add_argument("--timeout", metavar="DURATION", default=None,
                      help="stop the whole run after this long, e.g. 10m")
-    _add_runtime_flags(run, launch=True)
-    add_shared_arguments(run)
+    _add_runtime_flags(run, Tool.AKORUN_LAUNCH)
+    add_shared_arguments(run, Tool.AKORUN_LAUNCH)
     run.set_defaults(handler=cmd_launch)
     return parser
 
@@ -253,8 +233,15 @@ def build_parser() -> ArgumentParser:
 # ------------------------------------------------------------------------ commands
 
 
+def _check_tls_files(*paths: str | None) -> None:
+    for path in paths:
+        if path is not None and not os.path.isfile(path):
+            raise UsageError(f"{path}: TLS file not found")
+
+
 def cmd_init(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)
+    resolved = resolve_args(args)
+    cfg = resolved.config
     _check_workload(cfg.train.workload)
     n = cfg.cluster.workers
     base_port = _whole(args.base_port, "--base-port", 1)
@@ -268,15 +255,9 @@ def cmd_init(args: argparse.Namespace) -> int:
         cfg = with_hosts(cfg, hosts)
     except ConfigError as error:
         raise UsageError(f"--hosts: {error}") from None
-    if (args.tls_cert is None) != (args.tls_key is None):
-        raise UsageError("--tls-cert and --tls-key: give both or neither")
-    for path in (args.tls_cert, args.tls_key):
-        if path is not None and not os.path.isfile(path):
-            raise UsageError(f"{path}: TLS file not found")
-    settings = new_settings(peer_timeout_s=_duration(args.peer_timeout, "--peer-timeout"),
-                            checkpoint_every=_whole(args.checkpoint_every, "--checkpoint-every"),
-                            emulate=args.emulate, tls_cert=args.tls_cert, tls_key=args.tls_key)
-    path = write_cluster_file(args.out, cfg, settings, force=args.force)
+    settings = new_settings(resolved.akorun)
+    _check_tls_files(settings.tls_cert, settings.tls_key)
+    path = write_cluster_file(args.out, cfg, settings, force=args.force, resolved=resolved)
     sys.stderr.write(f"wrote {path} (mode 0600): {n} ranks at {', '.join(hosts)}\n"
                      f"start each with: akorun worker --rank R --config {path}\n")
     return 0
@@ -288,13 +269,18 @@ def _setup_logging(prefix: str, quiet: bool) -> None:
                         datefmt="%H:%M:%S", force=True)
 
 
-def cmd_worker(args: argparse.Namespace) -> int:
+def worker_settings(args: argparse.Namespace) -> tuple[ResolvedSettings, AkorunSettings]:
+    """A rank's settings: the cluster file < --set < flags, and its [akorun] settings."""
     if args.config is None:
         raise UsageError("--config FILE is required: the cluster file written by `akorun init`")
-    cluster = read_cluster_file(args.config)
-    cfg = config_over(cluster.config, cluster.tables, args)
+    resolved = resolve_args(args)
+    return resolved, settings_of(resolved, args.config)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    resolved, settings = worker_settings(args)
+    cfg = resolved.config
     _check_workload(cfg.train.workload)
-    settings = cluster.settings
     rank = resolve_rank(_whole(args.rank, "--rank"), os.environ, cfg.cluster.workers)
     role = check_role(cfg, rank, args.role)
     out = Path(args.out) if args.out else None
@@ -302,28 +288,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
         out / "checkpoints" if out else None)
     if args.resume and checkpoint_dir is None:
         checkpoint_dir = Path(".")
-    peer_timeout_s = _duration(args.peer_timeout, "--peer-timeout") if args.peer_timeout \
-        else settings.peer_timeout_s
-    every = _whole(args.checkpoint_every, "--checkpoint-every")
-    tls = TLSOptions(cert=args.tls_cert or settings.tls_cert,
-                     key=args.tls_key or settings.tls_key, ca=args.tls_ca)
-    if (tls.cert is None) != (tls.key is None):
-        raise UsageError("--tls-cert and --tls-key: give both or neither")
-    for path in (tls.cert, tls.key, tls.ca):
-        if path is not None and not os.path.isfile(path):
-            raise UsageError(f"{path}: TLS file not found")
+    tls = TLSOptions(cert=settings.tls_cert, key=settings.tls_key, ca=args.tls_ca)
+    _check_tls_files(tls.cert, tls.key, tls.ca)
+    optional: dict[str, Any] = {}
+    if args.progress_every:
+        optional["progress_every_s"] = _duration(args.progress_every, "--progress-every")
     options = WorkerOptions(
         rank=rank, config=cfg, settings=settings, out_dir=out, checkpoint_dir=checkpoint_dir,
-        checkpoint_every=every if every is not None else settings.checkpoint_every,
-        resume=args.resume, listen_host=args.listen,
-        emulate=should_emulate(settings, cfg, args.emulate), peer_timeout_s=peer_timeout_s,
-        join_timeout_s=_duration(args.join_timeout, "--join-timeout")
-        if args.join_timeout else 120.0,
+        checkpoint_every=settings.checkpoint_every, resume=args.resume,
+        listen_host=args.listen, emulate=should_emulate(settings, cfg),
+        peer_timeout_s=settings.peer_timeout_s, join_timeout_s=settings.join_timeout_s,
         grace_s=_duration(args.grace, "--grace") if args.grace else None,
-        progress_every_s=_duration(args.progress_every, "--progress-every")
-        if args.progress_every else 5.0,
         quiet=args.quiet, tls=tls, faults=faults_for(rank, os.environ),
-        queue_messages=_whole(args.queue_messages, "--queue-messages", 1) or 64)
+        queue_messages=settings.queue_messages, **optional)
     _setup_logging(f"akorun[{role} {rank}]", args.quiet)
     worker = Worker(options)
     worker.prepare()
@@ -341,42 +318,33 @@ def _check_workload(name: str) -> None:
                          f"{', '.join(WORKLOAD_NAMES)}")
 
 
+def launch_settings(args: argparse.Namespace) -> tuple[ResolvedSettings, AkorunSettings]:
+    """What `akorun launch` runs: defaults < --config (a run config or a cluster file) <
+    --set < flags, with a fresh run id and secret."""
+    resolved = resolve_args(args)
+    return resolved, new_settings(resolved.akorun)
+
+
 def cmd_launch(args: argparse.Namespace) -> int:
-    cfg, file_settings = run_config_from_args(args)
+    resolved, settings = launch_settings(args)
+    cfg = resolved.config
     _check_workload(cfg.train.workload)
-    changes: dict[str, object] = {}
-    if file_settings is not None:
-        changes = {"peer_timeout_s": file_settings.peer_timeout_s,
-                   "checkpoint_every": file_settings.checkpoint_every,
-                   "emulate": file_settings.emulate}
-    if args.peer_timeout:
-        changes["peer_timeout_s"] = _duration(args.peer_timeout, "--peer-timeout")
-    every = _whole(args.checkpoint_every, "--checkpoint-every")
-    if every is not None:
-        changes["checkpoint_every"] = every
-    if args.emulate is not None:
-        changes["emulate"] = "on" if args.emulate else "off"
-    settings = new_settings(**changes)
-    progress_s = _duration(args.progress_every, "--progress-every") if args.progress_every \
-        else 2.0
+    progress: dict[str, Any] = {}  # given process flags; LaunchOptions holds the defaults
+    if args.progress_every:
+        progress["progress_every_s"] = _duration(args.progress_every, "--progress-every")
+    if args.kill_grace:
+        progress["kill_grace_s"] = _duration(args.kill_grace, "--kill-grace")
     options = LaunchOptions(
-        out_dir=Path(args.out), quiet=args.quiet, progress_every_s=progress_s,
-        kill_grace_s=_duration(args.kill_grace, "--kill-grace"),
+        out_dir=Path(args.out), quiet=args.quiet,
         timeout_s=_duration(args.timeout, "--timeout") if args.timeout else None,
-        worker_args=worker_flags(
-            quiet=args.quiet, join_timeout=args.join_timeout,
-            checkpoint_dir=args.checkpoint_dir,
-            progress_every_s=_duration(args.progress_every, "--progress-every")
-            if args.progress_every else None))
-    launch(cfg, settings, options)
+        worker_args=worker_flags(quiet=args.quiet, checkpoint_dir=args.checkpoint_dir,
+                                 progress_every_s=progress.get("progress_every_s")),
+        **progress)
+    launch(cfg, settings, options, resolved=resolved)
     return 0
 
 
 # ------------------------------------------------------------------------ main
-
-
-def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -386,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args))
     except (UsageError, ConfigError, UnitError) as error:
-        sys.stderr.write(f"{prog}: error: {_one_line(error)}\n")
+        sys.stderr.write(f"{prog}: error: {one_line(error)}\n")
         return EXIT_USAGE
     except RunError as error:
         sys.stderr.write(f"{prog}: failed: {error}\n")

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from akocore.config import RunConfig, config_to_dict
+from akocore.config import ResolvedSettings, RunConfig, config_to_dict
 from akocore.results import RankResult, RunResult
 from akorun.cluster import AkorunSettings, loopback_hosts, with_hosts, write_cluster_file
 from akorun.errors import Interrupted, RunError
@@ -107,10 +107,12 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 class Launcher:
     """Starts, watches and stops the ranks of one loopback run."""
 
-    def __init__(self, cfg: RunConfig, settings: AkorunSettings, options: LaunchOptions):
+    def __init__(self, cfg: RunConfig, settings: AkorunSettings, options: LaunchOptions,
+                 resolved: ResolvedSettings | None = None):
         self.options = options
         self.cfg = with_hosts(cfg, loopback_hosts(cfg.cluster.workers))
         self.settings = settings
+        self.resolved = resolved  # where each setting came from (the cluster file says so)
         self.procs: list[subprocess.Popen[bytes]] = []
         self.stopping = False
         self.stop_signal_time_s: float | None = None
@@ -122,7 +124,7 @@ class Launcher:
     def start(self) -> None:
         out = self.options.out_dir
         out.mkdir(parents=True, exist_ok=True)
-        write_cluster_file(self.cluster_path, self.cfg, self.settings)
+        write_cluster_file(self.cluster_path, self.cfg, self.settings, resolved=self.resolved)
         n = self.cfg.cluster.workers
         env = child_env(n, self.options.env)
         for rank in range(n):
@@ -238,9 +240,14 @@ def summary_table(merged: RunResult) -> str:
     return "\n".join(lines)
 
 
-def launch(cfg: RunConfig, settings: AkorunSettings, options: LaunchOptions) -> RunResult:
-    """Run every rank, merge the results; RunError naming the failed ranks."""
-    launcher = Launcher(cfg, settings, options)
+def launch(cfg: RunConfig, settings: AkorunSettings, options: LaunchOptions, *,
+           resolved: ResolvedSettings | None = None) -> RunResult:
+    """Run every rank, merge the results; RunError naming the failed ranks.
+
+    With `resolved`, the cluster file writes the settings no layer chose as
+    comments (their built-in defaults), as `akorun init` does.
+    """
+    launcher = Launcher(cfg, settings, options, resolved)
     previous = {signum: signal.signal(signum, launcher._on_signal)
                 for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -270,16 +277,14 @@ def launch(cfg: RunConfig, settings: AkorunSettings, options: LaunchOptions) -> 
     return merged
 
 
-def worker_flags(*, progress_every_s: float | None = None, join_timeout: str | None = None,
-                 checkpoint_dir: str | None = None, quiet: bool = False,
-                 extra: Sequence[str] = ()) -> tuple[str, ...]:
+def worker_flags(*, progress_every_s: float | None = None, checkpoint_dir: str | None = None,
+                 quiet: bool = False, extra: Sequence[str] = ()) -> tuple[str, ...]:
+    """The process flags every child rank gets (its settings come from the cluster file)."""
     flags: list[str] = []
     if quiet:
         flags.append("--quiet")
     if progress_every_s is not None:
         flags += ["--progress-every", f"{progress_every_s}s"]
-    if join_timeout is not None:
-        flags += ["--join-timeout", join_timeout]
     if checkpoint_dir is not None:
         flags += ["--checkpoint-dir", checkpoint_dir]
     flags += list(extra)

@@ -47,6 +47,7 @@ from enum import Enum
 import aiohttp
 
 from akocore.messages import Kind
+from akocore.settings.registry import default_of
 from akorun.metrics import PeerCounters
 from akorun.shaping import LinkShaper
 
@@ -58,7 +59,7 @@ DOWNLINK_WAIT_HEADER = "X-Ako-Downlink-Wait-S"
 # seconds the message spent on the sender's emulated wire (its bytes' arrival time at the
 # receiver), so the receiver's emulated downlink knows how fast they came; informational
 WIRE_TIME_HEADER = "X-Ako-Wire-S"
-DEFAULT_QUEUE_MESSAGES = 64
+DEFAULT_QUEUE_MESSAGES: int = default_of("akorun.queue_messages")  # the registry's
 DEFAULT_WINDOW = 2  # messages in flight to one peer: the next one travels while the
 # receiver verifies the last (order is not needed: receivers sort rounds out)
 _FATAL_STATUSES = {400: "malformed", 401: "bad_signature", 409: "wrong_run", 413: "too_large"}

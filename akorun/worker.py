@@ -36,6 +36,7 @@ import aiohttp
 from akocore.config import RunConfig, config_hash
 from akocore.messages import Partial
 from akocore.results import RankResult
+from akocore.settings.registry import default_of
 from akorun.client import ControlClient, make_session
 from akorun.cluster import AkorunSettings, split_host
 from akorun.control import ControlKind
@@ -104,12 +105,12 @@ class WorkerOptions:
     settings: AkorunSettings
     out_dir: Path | None = None
     checkpoint_dir: Path | None = None
-    checkpoint_every: int = 0
+    checkpoint_every: int = default_of("akorun.checkpoint_every")
     resume: bool = False
     listen_host: str | None = None
     emulate: bool = True
-    peer_timeout_s: float = 10.0
-    join_timeout_s: float = 120.0
+    peer_timeout_s: float = default_of("akorun.peer_timeout")
+    join_timeout_s: float = default_of("akorun.join_timeout")
     grace_s: float | None = None  # default: the peer timeout
     progress_every_s: float = 5.0
     quiet: bool = False

@@ -1,11 +1,15 @@
-"""The akosim command line: plan (default), train, sweep.
+"""The akosim command line: plan (the default command), train, sweep.
 
-    akosim --workers 64 --bandwidth 40mbps --p auto
+    akosim --workers 64 --bandwidth 40mbps --p auto        (the same as akosim plan ...)
     akosim train --workers 16 --target-accuracy 0.9
     akosim sweep --workers 4,16,64 --bandwidth 40mbps,1gbps --p 1,4,auto --out sweep/
 
-User mistakes exit with status 2 and one line on stderr; results go to
-stdout as a table and, with --out, to a JSON file.
+One argparse parser with a subparser per command; a command line that does
+not start with a command name is a plan. Settings are resolved in layers
+(akocore.settings): each command's defaults < --config < --set < flags, and
+the resolved settings know which layer set each value (--show-config prints
+them). User mistakes exit with status 2 and one line on stderr; results go
+to stdout as a table and, with --out, to a JSON file.
 """
 
 from __future__ import annotations
@@ -15,42 +19,42 @@ import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
+from akocore.cli_support import OneLineParser, UsageError, fail
 from akocore.config import (
-    ConfigError,
+    Layer,
+    Origin,
+    ResolvedSettings,
     RunConfig,
-    TrainConfig,
+    Tool,
     add_shared_arguments,
-    config_from_args,
     config_to_dict,
+    resolve_args,
 )
-from akocore.data import DataError
-from akocore.partition import PartitionError
-from akocore.units import UnitError, format_duration, format_size, parse_duration, parse_size
+from akocore.units import format_duration, format_size, parse_duration
 from akosim.calibration import (  # noqa: F401 (rank_overhead_s: re-exported)
-    CalibrationError,
     compute_from_result,
     message_overhead_from_result,
     overhead_from_result,
     rank_overhead_s,
 )
+from akosim.runspec import (
+    TIMING_DEFAULTS,
+    TRAIN_DEFAULTS,
+    USER_ERRORS,
+    check_fits,
+    configured_runs,
+    gradient_length_of_size,
+    load_workload,
+)
 
-# timing-only planning defaults to the seeds' CNN (17 MB gradient) at their batch size; the
-# steady state of a deterministic round is reached within a few rounds
-TIMING_DEFAULTS = RunConfig(train=TrainConfig(workload="synthetic-cnn", batch_size=104, rounds=30))
-TRAIN_DEFAULTS = RunConfig()
+__all__ = ["TIMING_DEFAULTS", "TRAIN_DEFAULTS", "USER_ERRORS", "OneLineParser", "UsageError",
+           "build_parser", "fail", "load_workload", "main"]
+
 MEASURE_STEPS = 30  # --compute measure: median of this many gradient steps (after warm-up)
-
-
 STALE_WARNING_P = 64  # above this, say what such a p means
-
-
-class UsageError(Exception):
-    """A user mistake: reported as one line, exit status 2."""
-
-
-USER_ERRORS = (UsageError, ConfigError, UnitError, DataError, PartitionError, CalibrationError)
+COMMANDS = ("plan", "train", "sweep")
 
 EPILOG_RUN = """\
 examples:
@@ -62,6 +66,13 @@ examples:
   akosim --workers 8 --scheme ako --p 4 --ssp 2 --gradient-size 17MB --trace t.json
       one configuration only, with a Chrome/Perfetto timeline
   akosim --config configs/uniform-wan.toml --out result.json
+  akosim --config configs/uniform-wan.toml --set exchange.ssp=2 --show-config
+      print every resolved setting and where it came from, then stop
+
+commands (akosim COMMAND --help):
+  plan    the default: what p, what round time, how much traffic, how stale
+  train   the simulated workers really train; time to accuracy
+  sweep   a grid of timing-only simulations, in parallel, resumable
 """
 
 EPILOG_TRAIN = """\
@@ -72,22 +83,16 @@ examples:
   akosim train --workers 4 --bandwidth 40mbps --scheme ako --p 4 --duration 300s
 """
 
-
-def fail(message: str, prog: str = "akosim") -> NoReturn:
-    """A user mistake: one line on stderr, exit status 2."""
-    print(f"{prog}: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse whose usage errors are one line and exit 2, like every other mistake."""
-
-    def error(self, message: str) -> NoReturn:
-        fail(f"{message} (see {self.prog} --help)", self.prog)
+PLAN_DESCRIPTION = ("What-if simulator for decentralised training with partial gradient "
+                    "exchange (Ako), parameter servers and all-reduce. Without a command "
+                    "(or with `plan`) it plans: what p, what round time, how much traffic, "
+                    "how stale.")
+TRAIN_DESCRIPTION = ("Training mode: the simulated workers really train the shared JAX "
+                     "workload; accuracy against simulated time predicts time to accuracy.")
 
 
 def _add_sim_arguments(parser: argparse.ArgumentParser) -> None:
-    add_shared_arguments(parser)
+    add_shared_arguments(parser, Tool.AKOSIM)
     group = parser.add_argument_group("simulation")
     add = group.add_argument
     add("--gradient-size", metavar="SIZE",
@@ -121,28 +126,45 @@ def _add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     add("--out", metavar="FILE.json", help="write every simulated configuration as JSON")
     add("--trace", metavar="FILE.json",
         help="write a Chrome trace (compute, sends, waits per worker); opens in Perfetto")
+    add("--show-config", action="store_true",
+        help="print every resolved setting and the layer it came from (default, --config, "
+             "--set or a flag), then stop")
     add("--quiet", action="store_true", help="no progress bars")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(
-        prog="akosim",
-        description="What-if simulator for decentralised training with partial gradient "
-                    "exchange (Ako), parameter servers and all-reduce. Without a subcommand "
-                    "it plans: what p, what round time, how much traffic, how stale.",
-        epilog=EPILOG_RUN, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _add_sim_arguments(parser)
+def build_parser() -> OneLineParser:
+    """The akosim parser: one subparser per command (main puts `plan` first when none is named)."""
+    from akosim.sweep import DESCRIPTION as SWEEP_DESCRIPTION
+    from akosim.sweep import EPILOG as SWEEP_EPILOG
+    from akosim.sweep import add_sweep_arguments
+
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = OneLineParser(prog="akosim", description=PLAN_DESCRIPTION, epilog=EPILOG_RUN,
+                           formatter_class=formatter)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                     parser_class=OneLineParser)
+    plan = commands.add_parser("plan", prog="akosim", help="plan (the default command)",
+                               description=PLAN_DESCRIPTION, epilog=EPILOG_RUN,
+                               formatter_class=formatter)
+    _add_sim_arguments(plan)
+    plan.set_defaults(handler=lambda args: run_plan(args, training=False))
+    train = commands.add_parser("train", help="simulate and really train",
+                                description=TRAIN_DESCRIPTION, epilog=EPILOG_TRAIN,
+                                formatter_class=formatter)
+    _add_sim_arguments(train)
+    train.set_defaults(handler=lambda args: run_plan(args, training=True))
+    sweep = commands.add_parser("sweep", help="a grid of timing-only simulations",
+                                description=SWEEP_DESCRIPTION, epilog=SWEEP_EPILOG,
+                                formatter_class=formatter)
+    add_sweep_arguments(sweep)
+    sweep.set_defaults(handler=_sweep_handler)
     return parser
 
 
-def build_train_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(
-        prog="akosim train",
-        description="Training mode: the simulated workers really train the shared JAX "
-                    "workload; accuracy against simulated time predicts time to accuracy.",
-        epilog=EPILOG_TRAIN, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _add_sim_arguments(parser)
-    return parser
+def _sweep_handler(args: argparse.Namespace) -> int:
+    from akosim.sweep import sweep_command
+
+    return sweep_command(args)
 
 
 # --------------------------------------------------------------------- helpers
@@ -216,15 +238,6 @@ def _message_overhead(args: argparse.Namespace, nodes: int) -> tuple[float, ...]
     return ()
 
 
-def load_workload(cfg: RunConfig):
-    """The configured workload, or a one-line UsageError naming what is wrong."""
-    from akocore.workload import build_workload
-
-    try:
-        return build_workload(cfg.train.workload, batch_size=cfg.train.batch_size,
-                              seed=cfg.train.seed, data_path=cfg.train.data_path)
-    except (ValueError, TypeError) as error:
-        raise UsageError(f"--workload: {error}") from None
 
 
 def _setup(args: argparse.Namespace, cfg: RunConfig, *, training: bool):
@@ -245,11 +258,7 @@ def _setup(args: argparse.Namespace, cfg: RunConfig, *, training: bool):
                              "the gradient of --workload")
         length = workload().param_count
     elif args.gradient_size:
-        size = parse_size(args.gradient_size)
-        if size < 4 or size % 4:
-            raise UsageError(f"--gradient-size: got {args.gradient_size}, expected a whole "
-                             f"number of float32 values (a multiple of 4 bytes)")
-        length = size // 4
+        length = gradient_length_of_size(args.gradient_size)
     else:
         length = workload().param_count
     if not training and cfg.train.target_accuracy is not None:
@@ -269,78 +278,42 @@ def _setup(args: argparse.Namespace, cfg: RunConfig, *, training: bool):
     return setup, (workload() if training else None)
 
 
-def _check_p(cfg: RunConfig, length: int) -> None:
-    p = cfg.exchange.p
-    if isinstance(p, tuple) and max(p) > length:
-        raise UsageError(f"--p: got {max(p)}, but the gradient has only {length} elements; "
-                         f"expected 1..{length} or auto")
-    if cfg.cluster.workers > length:
-        raise UsageError(f"--workers: {cfg.cluster.workers} workers need a gradient of at "
-                         f"least that many elements (have {length})")
-
-
 # -------------------------------------------------------------------- commands
 
 
-def run_plan(argv: Sequence[str], *, training: bool = False) -> int:
-    from akosim.compare import compare_all
-    from akosim.scenario import SimRun, Variant, ako_variant, simulate
+def resolve_settings(args: argparse.Namespace, *, training: bool) -> ResolvedSettings:
+    """The command's defaults < --config < --set < flags, each value with its origin."""
+    defaults = TRAIN_DEFAULTS if training else TIMING_DEFAULTS
+    name = "akosim train" if training else "akosim plan"
+    return resolve_args(args, defaults, defaults_origin=Origin(Layer.DEFAULT, f"{name} default"))
 
-    parser = build_train_parser() if training else build_parser()
-    args = parser.parse_args(argv)
-    cfg = config_from_args(args, defaults=TRAIN_DEFAULTS if training else TIMING_DEFAULTS)
+
+def run_plan(args: argparse.Namespace, *, training: bool = False) -> int:
+    """akosim plan / train: simulate the configured scheme, or compare them all."""
+    from akosim.compare import compare_all
+
+    resolved = resolve_settings(args, training=training)
+    cfg = resolved.config
+    if args.show_config:
+        print("\n".join(resolved.describe()))
+        return 0
     if training:
         from akocore.process_setup import enable_compilation_cache
 
         cache = Path.home() / ".cache" / "akosim" / "jax"
         enable_compilation_cache(str(cache))
     setup, workload = _setup(args, cfg, training=training)
-    _check_p(cfg, setup.length)
+    check_fits(cfg, setup.length)
     factory = progress_factory(not args.quiet and sys.stderr.isatty())
     kwargs: dict[str, Any] = dict(trace=bool(args.trace))
     if training:
         kwargs.update(workload=workload, eval_every=cfg.train.eval_every,
                       target_accuracy=cfg.train.target_accuracy)
-    scheme_given = args.scheme is not None or _config_names_scheme(args)
-    runs: list[SimRun]
-    if scheme_given:
-        scheme = cfg.exchange.scheme
-        if scheme == "ako":
-            variant = ako_variant(setup)
-        elif scheme == "ps":
-            servers = cfg.exchange.ps_servers
-            if servers == "best":
-                from akosim.compare import best_ps
-
-                ssp = cfg.exchange.ssp if cfg.exchange.ps_mode == "async" else 0.0
-                best, _ = best_ps(setup, ssp=ssp, factory=factory, **kwargs)
-                runs = [best]
-                return _finish(args, cfg, setup, runs, training)
-            variant = Variant("ps", ps_servers=int(servers), ssp=cfg.exchange.ssp
-                              if cfg.exchange.ps_mode == "async" else 0.0,
-                              label=f"ps {servers} server(s)")
-        else:
-            variant = Variant("allreduce", label="ring allreduce")
-        progress = factory(variant.label, setup.stop.rounds or 0) if factory else None
-        runs = [simulate(setup, variant, on_progress=progress, **kwargs)]
+    if resolved.given("exchange.scheme"):  # a scheme chosen by any layer: that one only
+        runs = configured_runs(setup, factory=factory, **kwargs)
     else:
         runs = compare_all(setup, factory=factory, **kwargs)
     return _finish(args, cfg, setup, runs, training)
-
-
-def _config_names_scheme(args: argparse.Namespace) -> bool:
-    """True when --config or --set chose a scheme (then no comparison is run)."""
-    if any(item.strip().startswith("exchange.scheme") for item in (args.set or [])):
-        return True
-    if args.config:
-        import tomllib
-
-        try:
-            data = tomllib.loads(Path(args.config).read_text())
-        except (OSError, tomllib.TOMLDecodeError):
-            return False
-        return "scheme" in data.get("exchange", {})
-    return False
 
 
 def _finish(args: argparse.Namespace, cfg: RunConfig, setup, runs, training: bool) -> int:
@@ -383,20 +356,19 @@ def _bound(value: float) -> str:
     return "inf" if math.isinf(value) else f"{value:g}"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        if argv and argv[0] == "train":
-            return run_plan(argv[1:], training=True)
-        if argv and argv[0] == "sweep":
-            from akosim.sweep import run_sweep
+def with_command(argv: Sequence[str]) -> list[str]:
+    """`argv` with `plan` put first when it names no command (plan is the default)."""
+    argv = list(argv)
+    return argv if argv and argv[0] in COMMANDS else ["plan", *argv]
 
-            return run_sweep(argv[1:])
-        if argv and argv[0] == "plan":
-            argv = argv[1:]
-        return run_plan(argv)
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = with_command(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args))
     except USER_ERRORS as error:
-        fail(str(error))
+        fail(str(error), "akosim")
     except KeyboardInterrupt:
         print("akosim: interrupted", file=sys.stderr)
         return 130

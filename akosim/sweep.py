@@ -38,20 +38,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from akocore.cli_support import OneLineParser, UsageError, fail
 from akocore.config import (
+    Given,
     RunConfig,
-    config_from_args,
     config_from_dict,
     config_hash,
     config_to_dict,
+    file_layer,
+    flag_layer,
+    resolve,
+    set_layer,
 )
-from akocore.units import format_duration, parse_duration, parse_size
-from akosim.cli import (
+from akocore.units import format_duration, parse_duration
+from akosim.runspec import (
     TIMING_DEFAULTS,
     USER_ERRORS,
-    OneLineParser,
-    UsageError,
-    fail,
+    check_fits,
+    configured_runs,
+    gradient_length_of_size,
     load_workload,
 )
 
@@ -111,8 +116,15 @@ def _fail(message: str) -> NoReturn:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of `akosim sweep` alone (akosim.cli adds the same flags to its subparser)."""
     parser = OneLineParser(prog="akosim sweep", description=DESCRIPTION, epilog=EPILOG,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_sweep_arguments(parser)
+    return parser
+
+
+def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of akosim sweep: grid values, what every point shares, how to run."""
     grid = parser.add_argument_group(
         "grid (a comma separates values; the grid is every combination)")
     add = grid.add_argument
@@ -156,7 +168,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="run only the points whose index modulo N is I, e.g. 0/4; for a SLURM "
              "array: --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT")
     add("--quiet", action="store_true", help="no progress bar")
-    return parser
 
 
 # ------------------------------------------------------------------ the grid
@@ -203,11 +214,9 @@ _EXAMPLES = {"workers": "4,16,64", "bandwidth": "40mbps,1gbps", "p": "1,4,auto",
              "ssp": "0,2,inf", "scheme": "ako,ps,allreduce", "latency": "0ms,20ms"}
 
 
-def _namespace(args: argparse.Namespace, values: dict[str, str]) -> argparse.Namespace:
-    """The shared-flag namespace akocore.config reads for one point."""
-    names = {"config": args.config, "set": args.set}
-    for dest in FIXED_FLAGS:
-        names[dest] = getattr(args, dest)
+def _grid_flags(args: argparse.Namespace, values: dict[str, str]) -> argparse.Namespace:
+    """The flags of one point: the fixed run flags and the point's grid values."""
+    names = {dest: getattr(args, dest) for dest in FIXED_FLAGS}
     names.update(values)
     return argparse.Namespace(**names)
 
@@ -216,11 +225,7 @@ def sim_settings(args: argparse.Namespace) -> dict[str, Any]:
     """What besides the config decides a point's result: gradient and compute."""
     settings: dict[str, Any] = {"mode": "timing", "format": POINT_FORMAT}
     if args.gradient_size:
-        size = parse_size(args.gradient_size)
-        if size < 4 or size % 4:
-            raise UsageError(f"--gradient-size: got {args.gradient_size}, expected a whole "
-                             f"number of float32 values (a multiple of 4 bytes)")
-        settings["gradient_length"] = int(size) // 4
+        settings["gradient_length"] = gradient_length_of_size(args.gradient_size)
     else:
         settings["gradient_length"] = "workload"
     if args.compute.strip() == "measure":
@@ -244,11 +249,14 @@ def expand_grid(args: argparse.Namespace, settings: dict[str, Any]) -> list[Poin
     """Every grid point in nesting order, equal configs merged (first one kept)."""
     axes = grid_values(args)
     dests = [dest for dest, _ in axes]
+    shared: list[Given] = file_layer(args.config) if args.config else []
+    shared += set_layer(args.set)
     points: list[Point] = []
     seen: set[str] = set()
     for combination in itertools.product(*(values for _, values in axes)):
         values = dict(zip(dests, combination, strict=True))
-        config = config_from_args(_namespace(args, values), defaults=TIMING_DEFAULTS)
+        layers = [*shared, *flag_layer(_grid_flags(args, values))]
+        config = resolve(layers, defaults=TIMING_DEFAULTS).config
         identity = point_id(config, settings)
         if identity in seen:
             continue
@@ -263,15 +271,6 @@ def shard_of(points: list[Point], shard: tuple[int, int]) -> list[Point]:
 
 
 # ------------------------------------------------------------------ one point
-
-
-def _check_point(config: RunConfig, length: int) -> None:
-    p = config.exchange.p
-    if isinstance(p, tuple) and max(p) > length:
-        raise UsageError(f"--p: got {max(p)}, but the gradient has only {length} elements")
-    if config.cluster.workers > length:
-        raise UsageError(f"--workers: {config.cluster.workers} workers need a gradient of at "
-                         f"least that many elements (have {length})")
 
 
 def _ignore_interrupts() -> None:
@@ -289,31 +288,14 @@ def run_point(task: dict[str, Any]) -> tuple[str, float]:
     from akosim.compute import ComputeModel
     from akosim.engine import StopRule
     from akosim.report import json_safe, write_json
-    from akosim.scenario import Setup, SimRun, Variant, ako_variant, simulate
+    from akosim.scenario import Setup
 
     started = time.perf_counter()
     config = config_from_dict(task["config"])
     stop = StopRule(rounds=config.train.rounds, duration_s=config.train.duration_s, drain=False)
     setup = Setup(config, task["length"], ComputeModel(task["compute_s"]),
                   config.train.batch_size, stop)
-    exchange = config.exchange
-    runs: list[SimRun]
-    if exchange.scheme == "ako":
-        runs = [simulate(setup, ako_variant(setup))]
-    elif exchange.scheme == "ps":
-        ssp = exchange.ssp if exchange.ps_mode == "async" else 0.0
-        if exchange.ps_servers == "best":
-            from akosim.compare import best_ps
-
-            best, tried = best_ps(setup, ssp=ssp)
-            best.label = f"ps {best.ps_servers} server(s), best of {len(tried)}"
-            runs = [best]
-        else:
-            servers = int(exchange.ps_servers)
-            runs = [simulate(setup, Variant("ps", ps_servers=servers, ssp=ssp,
-                                            label=f"ps {servers} server(s)"))]
-    else:
-        runs = [simulate(setup, Variant("allreduce", label="ring allreduce"))]
+    runs = configured_runs(setup)
     wall_s = time.perf_counter() - started
     payload = {
         "tool": "akosim", "kind": "sweep-point", "id": task["id"], "grid": task["grid"],
@@ -404,9 +386,12 @@ def _run_all(tasks: list[dict[str, Any]], jobs: int, progress: bool) -> list[str
 
 
 def run_sweep(argv: Sequence[str]) -> int:
+    """`akosim sweep` from its own arguments (without the word sweep)."""
+    return sweep_command(build_parser().parse_args(list(argv)))
+
+
+def sweep_command(args: argparse.Namespace) -> int:
     """The `akosim sweep` command; user mistakes exit 2 with one line."""
-    parser = build_parser()
-    args = parser.parse_args(list(argv))
     try:
         return _sweep(args)
     except USER_ERRORS as error:
@@ -432,7 +417,7 @@ def _sweep(args: argparse.Namespace) -> int:
     if todo:
         length = _gradient_length(todo[0].config, settings, cache)
         for point in todo:
-            _check_point(point.config, length)
+            check_fits(point.config, length)
     where = f"; shard {shard[0]}/{shard[1]} has {len(mine)}" if shard[1] > 1 else ""
     combinations = math.prod(len(values) for _, values in grid_values(args))
     if combinations > len(points):

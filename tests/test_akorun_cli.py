@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from akocore.config import RunConfig, add_shared_arguments, config_from_dict
-from akorun.cli import build_parser
+from akocore.config import Layer, Origin, RunConfig, Tool, add_shared_arguments, config_from_dict
+from akocore.settings.registry import KEYS
+from akorun.cli import build_parser, launch_settings, worker_settings
 from akorun.cluster import (
     config_over,
     hosts_from_text,
@@ -190,3 +191,75 @@ def test_the_parser_builds_without_duplicate_flags() -> None:
     args = parser.parse_args(["worker", "--rank", "1", "--config", "c.toml", "--ssp", "2",
                               "--no-emulate"])
     assert args.rank == "1" and args.ssp == "2" and args.emulate is False
+
+
+# ------------------------------------------------------------------------- settings layers
+
+
+def _subparser(name: str) -> argparse.ArgumentParser:
+    action = next(a for a in build_parser()._actions
+                  if isinstance(a, argparse._SubParsersAction))
+    return action.choices[name]
+
+
+@pytest.mark.parametrize("command, tool", [("init", Tool.AKORUN_INIT),
+                                           ("worker", Tool.AKORUN_RANK),
+                                           ("ps", Tool.AKORUN_RANK),
+                                           ("launch", Tool.AKORUN_LAUNCH)])
+def test_each_command_takes_the_flags_the_registry_gives_it(command: str, tool: Tool) -> None:
+    flags = {option for action in _subparser(command)._actions
+             for option in action.option_strings}
+    for key in KEYS:
+        if key.flag:
+            assert (key.flag in flags) == (tool in key.tools), (command, key.flag)
+
+
+def test_worker_duration_clears_the_default_rounds_of_an_init_file(cluster_file: Path,
+                                                                   tmp_path: Path) -> None:
+    # cluster_file was written by `akorun init --rounds 5`: the file sets rounds
+    args = build_parser().parse_args(["worker", "--rank", "0", "--config", str(cluster_file),
+                                      "--duration", "40s"])
+    assert worker_settings(args)[0].config.train.rounds == 5
+    plain = tmp_path / "plain.toml"
+    assert akorun("init", "--workers", "3", "--out", str(plain)).returncode == 0
+    assert "# rounds = 100" in plain.read_text()
+    args = build_parser().parse_args(["worker", "--rank", "0", "--config", str(plain),
+                                      "--duration", "40s"])
+    resolved, _ = worker_settings(args)
+    assert resolved.config.train.rounds is None and resolved.config.train.duration_s == 40.0
+    assert resolved.origin("train.rounds").layer is Layer.FLAG
+    without = build_parser().parse_args(["worker", "--rank", "0", "--config", str(plain)])
+    assert worker_settings(without)[0].config.train.rounds == 100
+
+
+def test_launch_duration_clears_the_default_rounds_and_the_children_see_it(
+        tmp_path: Path) -> None:
+    args = build_parser().parse_args(["launch", "--workers", "3", "--duration", "40s",
+                                      "--out", str(tmp_path)])
+    resolved, settings = launch_settings(args)
+    assert resolved.config.train.rounds is None
+    path = write_cluster_file(tmp_path / "c.toml", resolved.config, settings,
+                              resolved=resolved)
+    assert read_cluster_file(path).config.train.rounds is None
+    kept = build_parser().parse_args(["launch", "--workers", "3", "--duration", "40s",
+                                      "--set", "train.rounds=50", "--out", str(tmp_path)])
+    assert launch_settings(kept)[0].config.train.rounds == 50
+
+
+def test_akorun_settings_layer_file_then_set_then_flag(cluster_file: Path) -> None:
+    def rank_settings(*extra: str):  # type: ignore[no-untyped-def]
+        args = build_parser().parse_args(["worker", "--rank", "0", "--config",
+                                          str(cluster_file), *extra])
+        return worker_settings(args)
+
+    resolved, settings = rank_settings()
+    assert settings.peer_timeout_s == 10.0 and settings.queue_messages == 64
+    assert resolved.origin("akorun.secret").layer is Layer.FILE
+    resolved, settings = rank_settings("--set", "akorun.peer_timeout=5s",
+                                       "--set", "akorun.queue_messages=8")
+    assert settings.peer_timeout_s == 5.0 and settings.queue_messages == 8
+    assert resolved.origin("akorun.peer_timeout").layer is Layer.SET
+    resolved, settings = rank_settings("--set", "akorun.peer_timeout=5s",
+                                       "--peer-timeout", "7s", "--no-emulate")
+    assert settings.peer_timeout_s == 7.0 and settings.emulate == "off"
+    assert resolved.origin("akorun.peer_timeout") == Origin(Layer.FLAG, "by --peer-timeout")

@@ -110,3 +110,96 @@ def test_compute_from_an_akorun_result_gives_ps_servers_the_workers_mean(tmp_pat
                                               {"compute_s_per_round": 0.03},
                                               {"compute_s_per_round": None}]}))
     assert compute_from_result(str(result), 4) == pytest.approx((0.01, 0.03, 0.02, 0.01))
+
+
+# ------------------------------------------------------------------ commands and settings
+
+
+def test_plan_is_the_default_command(capsys) -> None:
+    argv = ["--workers", "4", "--scheme", "allreduce", *SMALL]
+    code, implicit, _ = run_cli(capsys, *argv)
+    assert code == 0
+    code, explicit, _ = run_cli(capsys, "plan", *argv)
+    assert code == 0 and explicit == implicit and "ring allreduce" in explicit
+
+
+@pytest.mark.parametrize("command", ["plan", "train", "sweep"])
+def test_every_command_help_shows_examples(capsys, command: str) -> None:
+    code, out, _ = run_cli(capsys, command, "--help")
+    assert code == 0 and "examples:" in out and "--workers" in out
+
+
+def _shown(capsys, *argv: str) -> dict[str, str]:
+    code, out, _ = run_cli(capsys, *argv, "--show-config")
+    assert code == 0
+    return {line.split(" = ")[0]: line.split(" = ", 1)[1] for line in out.splitlines()}
+
+
+def test_show_config_prints_each_value_with_its_origin(capsys, tmp_path: Path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text("[exchange]\nssp = 1\np = 2\n")
+    shown = _shown(capsys, "--config", str(path), "--set", "exchange.ssp=2", "--p", "4")
+    assert shown["exchange.ssp"] == "2  (by --set exchange.ssp=2)"
+    assert shown["exchange.p"] == "[4]  (by --p)"
+    assert shown["train.workload"] == '"synthetic-cnn"  (akosim plan default)'
+    assert shown["train.rounds"] == "30  (akosim plan default)"
+
+
+@pytest.mark.parametrize("command", ["plan", "train"])
+def test_a_duration_clears_the_default_rounds_unless_a_layer_sets_rounds(
+        capsys, tmp_path: Path, command: str) -> None:
+    assert _shown(capsys, command, "--duration", "5s")["train.rounds"].startswith(
+        "none  (cleared: train.duration given by --duration")
+    path = tmp_path / "run.toml"
+    path.write_text("[train]\nrounds = 7\n")
+    assert _shown(capsys, command, "--config", str(path), "--duration", "5s")[
+        "train.rounds"] == f"7  (in {path})"
+
+
+def test_a_scheme_from_the_config_file_runs_that_scheme_only(capsys, tmp_path: Path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text('[exchange]\nscheme = "allreduce"\n')
+    code, out, _ = run_cli(capsys, "--config", str(path), "--workers", "4", *SMALL)
+    assert code == 0 and "ring allreduce" in out and "ako p=1" not in out
+
+
+def test_both_command_lines_share_one_usage_error() -> None:
+    from akocore.cli_support import UsageError
+    from akorun.errors import UsageError as AkorunUsageError
+    from akosim.cli import UsageError as AkosimUsageError
+
+    assert AkosimUsageError is UsageError and AkorunUsageError is UsageError
+
+
+def test_the_toolkit_has_no_import_cycle() -> None:
+    import ast
+
+    root = Path(__file__).resolve().parent.parent
+    modules = {}
+    for package in ("akocore", "akosim", "akorun", "analysis"):
+        for path in (root / package).rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    imports: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                found |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+            elif isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+        imports[name] = {m for m in found if m in modules and m != name}
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            current = todo.pop()
+            if current == goal:
+                return True
+            if current not in seen:
+                seen.add(current)
+                todo.extend(imports[current])
+        return False
+
+    cycles = [(a, b) for a in imports for b in imports[a] if reaches(b, a)]
+    assert cycles == []

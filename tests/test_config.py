@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -14,9 +15,15 @@ from akocore.config import (
     ClusterConfig,
     ConfigError,
     ExchangeConfig,
+    Given,
+    Layer,
     NetworkConfig,
+    Origin,
+    ResolvedSettings,
     RunConfig,
+    Tool,
     TrainConfig,
+    add_akorun_arguments,
     add_shared_arguments,
     apply_overrides,
     config_from_args,
@@ -26,7 +33,12 @@ from akocore.config import (
     load_config,
     parse_toml_text,
     replace_in,
+    resolve,
+    resolve_args,
+    set_layer,
 )
+from akocore.settings.layers import layer_of
+from akocore.settings.registry import KEYS, RUN_SECTIONS, SECTION_TYPES, Key
 
 FULL_TOML = """
 [cluster]
@@ -585,3 +597,92 @@ def test_config_hash_of_defaults_is_pinned() -> None:
     assert config_hash(RunConfig()) == (
         "c1e618b24a290c2971a5c03f07b4a767f0da3605df10a4b1946a0e265387470b"
     )
+
+
+# --------------------------------------------------------------------------- layers and origins
+
+
+def test_each_layer_overrides_the_one_below_and_reports_itself(tmp_path: Path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text("[train]\nlr = 0.01\n[akorun]\npeer_timeout = \"3s\"\n")
+    parser = argparse.ArgumentParser()
+    add_shared_arguments(parser)
+    add_akorun_arguments(parser, Tool.AKORUN_RANK)
+
+    def resolved(*argv: str) -> ResolvedSettings:
+        return resolve_args(parser.parse_args(list(argv)))
+
+    plain = resolved()
+    assert plain.config.train.lr == 0.05 and plain.origin("train.lr").layer is Layer.DEFAULT
+    from_file = resolved("--config", str(path))
+    assert from_file.config.train.lr == 0.01
+    assert from_file.origin("train.lr") == Origin(Layer.FILE, f"in {path}")
+    assert from_file.akorun.peer_timeout_s == 3.0
+    assert from_file.origin("akorun.peer_timeout").layer is Layer.FILE
+    over_set = resolved("--config", str(path), "--set", "train.lr=0.02",
+                        "--set", "akorun.peer_timeout=4s")
+    assert over_set.config.train.lr == 0.02 and over_set.akorun.peer_timeout_s == 4.0
+    assert over_set.origin("train.lr") == Origin(Layer.SET, "by --set train.lr=0.02")
+    assert over_set.origin("akorun.peer_timeout").layer is Layer.SET
+    over_flag = resolved("--config", str(path), "--set", "train.lr=0.02", "--lr", "0.03",
+                         "--set", "akorun.peer_timeout=4s", "--peer-timeout", "5s")
+    assert over_flag.config.train.lr == 0.03 and over_flag.akorun.peer_timeout_s == 5.0
+    assert over_flag.origin("train.lr") == Origin(Layer.FLAG, "by --lr")
+    assert over_flag.origin("akorun.peer_timeout") == Origin(Layer.FLAG, "by --peer-timeout")
+    assert over_flag.origin("train.batch_size").layer is Layer.DEFAULT
+    assert any(line.startswith("train.lr = 0.03  (by --lr)") for line in over_flag.describe())
+
+
+@pytest.mark.parametrize("layers, rounds", [
+    ([], 100),
+    ([("train.duration", "5s", Layer.FLAG)], None),
+    ([("train.target_accuracy", 0.9, Layer.FILE)], None),
+    ([("train.duration", "none", Layer.FLAG)], 100),
+    ([("train.rounds", 7, Layer.FILE), ("train.duration", "5s", Layer.FLAG)], 7),
+    ([("train.duration", "5s", Layer.FILE), ("train.rounds", 9, Layer.SET)], 9),
+])
+def test_rounds_are_cleared_only_when_a_layer_stops_by_time_or_accuracy_and_none_sets_rounds(
+        layers: list[tuple[str, object, Layer]], rounds: int | None) -> None:
+    resolved = resolve([Given(key, value, layer, f"by {key}") for key, value, layer in layers])
+    assert resolved.config.train.rounds == rounds
+    if rounds is None:
+        origin = resolved.origin("train.rounds")
+        assert origin.layer is layers[-1][2] and origin.source.startswith("cleared")
+
+
+def _sample(key: Key) -> object:
+    """A valid human value of `key` for TOML and --set (its default, or a made-up one)."""
+    samples = {"akorun.run_id": "0" * 32, "akorun.secret": "ab" * 32}
+    if key.dotted in samples:
+        return samples[key.dotted]
+    value = key.dump(key.default)
+    return "none" if value is None else value
+
+
+@pytest.mark.parametrize("key", KEYS, ids=lambda key: key.dotted)
+def test_every_registry_key_is_read_from_toml_and_from_set(key: Key) -> None:
+    value = _sample(key)
+    from_file = resolve(layer_of({key.section: {key.name: value}}, Layer.FILE))
+    assert from_file.origin(key.dotted).layer is Layer.FILE
+    item = f"{key.dotted}={json.dumps(value)}"
+    from_set = resolve(set_layer([item]))
+    assert from_set.origin(key.dotted) == Origin(Layer.SET, f"by --set {item}")
+    assert from_set.value(key.dotted) == from_file.value(key.dotted)
+    assert key.field in {f.name for f in dataclasses.fields(SECTION_TYPES[key.section])}
+
+
+def test_the_toml_mapping_is_the_registry() -> None:
+    written = config_to_dict(RunConfig())
+    assert {(s, k) for s, body in written.items() for k in body} == {
+        (key.section, key.name) for key in KEYS if key.section in RUN_SECTIONS}
+
+
+def test_generated_flags_are_the_registrys_and_default_to_none() -> None:
+    parser = argparse.ArgumentParser()
+    add_shared_arguments(parser, Tool.AKOSIM)
+    flags = {option for action in parser._actions for option in action.option_strings}
+    expected = {key.flag for key in KEYS if key.flag and Tool.AKOSIM in key.tools}
+    assert expected <= flags
+    assert "--peer-timeout" not in flags  # an akorun key: akosim does not take it
+    assert all(getattr(parser.parse_args([]), key.name) is None
+               for key in KEYS if key.flag and Tool.AKOSIM in key.tools)

@@ -1,0 +1,13 @@
+"""Run settings: schema, key registry, layers with origins, TOML and command-line edges.
+
+    normalise.py  human or typed value -> typed value, ConfigError naming the key
+    schema.py     the frozen dataclasses (RunConfig and its sections, AkorunConfig);
+                  every built-in default is a field default there
+    registry.py   every key once: section, name, field, dump, comment, flag, tools
+    layers.py     defaults < file < --set < flags -> ResolvedSettings with origins;
+                  the stop rule (a duration without rounds clears rounds)
+    toml_io.py    TOML files and --set items as layers; config_to_dict / hash
+    cli_flags.py  argparse flags generated from the registry; resolve_args
+
+akocore.config re-exports the names the rest of the toolkit uses.
+"""

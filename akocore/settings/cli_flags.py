@@ -1,0 +1,121 @@
+"""Command-line flags generated from the key registry, and the layers they feed.
+
+`add_shared_arguments` gives a parser ``--config``, ``--set`` and one flag
+per run setting the registry offers its `Tool`; `add_akorun_arguments` adds
+the ``[akorun]`` settings' flags (peer timeout, join timeout, ...). Every
+generated flag defaults to None, so only flags actually given form the FLAG
+layer; `resolve_args` stacks defaults < ``--config`` < ``--set`` < flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+from typing import Any
+
+from akocore.settings.layers import (
+    DEFAULT_ORIGIN,
+    Given,
+    Layer,
+    Origin,
+    ResolvedSettings,
+    resolve,
+)
+from akocore.settings.registry import (
+    KEYS,
+    RUN_SECTIONS,
+    FlagKind,
+    Key,
+    Tool,
+    flag_keys,
+)
+from akocore.settings.schema import RunConfig
+from akocore.settings.toml_io import file_layer, parse_set_value, set_layer
+
+SHARED_GROUP = "shared run settings"
+
+
+def _default_text(key: Key) -> str:
+    shown = key.dump(key.default)
+    return f" (default {shown})" if shown not in (None, "") else ""
+
+
+def add_key_flag(group: Any, key: Key) -> None:
+    """One registry key's flag (dest = the key's name, default None)."""
+    assert key.flag is not None
+    help_text = key.flag_help
+    if key.section == "akorun":
+        help_text += _default_text(key)
+    if key.kind is FlagKind.SWITCH:
+        switch = group.add_mutually_exclusive_group()
+        switch.add_argument(key.flag, dest=key.name, nargs="?", const=True, default=None,
+                            choices=key.choices, metavar="MODE", help=help_text)
+        switch.add_argument("--no-" + key.flag.removeprefix("--"), dest=key.name,
+                            action="store_const", const=False,
+                            help=f"the same as {key.flag} off")
+        return
+    group.add_argument(key.flag, dest=key.name, metavar=key.metavar, choices=key.choices,
+                       default=None, help=help_text)
+
+
+def add_shared_arguments(parser: argparse.ArgumentParser, tool: Tool = Tool.AKOSIM) -> None:
+    """Add --config, --set and the run settings `tool` takes, in group "shared run settings"."""
+    group = parser.add_argument_group(
+        SHARED_GROUP,
+        "Precedence, lowest first: built-in defaults < --config < --set < these flags.",
+    )
+    add = group.add_argument
+    add("--config", metavar="FILE", default=None,
+        help="TOML file with [cluster] [network] [exchange] [train] tables, "
+             "e.g. configs/uniform-wan.toml")
+    add("--set", metavar="SECTION.KEY=VALUE", action="append", default=None, dest="set",
+        help="override one config value, repeatable, e.g. --set train.lr=0.1 "
+             "--set network.latency=5ms (values in the config file's units)")
+    for key in flag_keys(tool):
+        if key.section in RUN_SECTIONS:
+            add_key_flag(group, key)
+
+
+def add_akorun_arguments(group: Any, tool: Tool) -> None:
+    """Add the flags of the [akorun] settings `tool` takes to `group`."""
+    for key in flag_keys(tool, "akorun"):
+        add_key_flag(group, key)
+
+
+def _flag_value(key: Key, value: Any) -> Any:
+    if key.kind is FlagKind.SWITCH and isinstance(value, bool):
+        return "on" if value else "off"
+    if key.kind is FlagKind.VALUE and isinstance(value, str):
+        return parse_set_value(value)  # "1" -> 1, "inf" -> inf, "40mbps" stays
+    return value
+
+
+def flag_layer(args: argparse.Namespace, keys: Iterable[Key] = KEYS) -> list[Given]:
+    """The registry flags given in `args` (those not None) as the FLAG layer."""
+    return [Given(key.dotted, _flag_value(key, getattr(args, key.name)), Layer.FLAG,
+                  f"by {key.flag}")
+            for key in keys
+            if key.flag is not None and getattr(args, key.name, None) is not None]
+
+
+def resolve_args(args: argparse.Namespace, defaults: RunConfig | None = None, *,
+                 defaults_origin: Origin = DEFAULT_ORIGIN) -> ResolvedSettings:
+    """defaults (built-ins if None) < --config < --set items < flags, with origins."""
+    givens: list[Given] = []
+    config_path = getattr(args, "config", None)
+    if config_path is not None:
+        givens += file_layer(config_path)
+    givens += set_layer(getattr(args, "set", None))
+    givens += flag_layer(args)
+    return resolve(givens, defaults=defaults, defaults_origin=defaults_origin)
+
+
+def config_from_args(args: argparse.Namespace, defaults: RunConfig | None = None) -> RunConfig:
+    """The final config: `defaults` (built-ins if None) < --config < --set items < flags.
+
+    Flag values are validated exactly like TOML values. If duration or
+    target_accuracy is given by any layer and rounds by none, rounds is
+    cleared so the run stops by time or accuracy. Errors say which layer
+    gave the bad value.
+    """
+    return resolve_args(args, defaults).config

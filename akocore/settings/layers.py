@@ -1,0 +1,220 @@
+"""Settings resolved in layers that remember where each value came from.
+
+Precedence, lowest first: built-in defaults < config file < ``--set`` items <
+flags (`Layer`). Each layer is a list of `Given` values (human values, keyed
+"section.name", with the text that says where they came from); `resolve`
+merges them over the defaults into a `ResolvedSettings`: the `RunConfig`,
+akorun's `AkorunConfig`, and the `Origin` of every key.
+
+The stop rule lives here and only here: when some layer sets
+``train.duration`` or ``train.target_accuracy`` and no layer sets
+``train.rounds``, the default's rounds is cleared, so the run stops by time or
+accuracy alone (the origin of rounds then says why).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from akocore.settings.normalise import ConfigError, is_unset, show
+from akocore.settings.registry import BY_DOTTED, RUN_SECTIONS, SECTIONS, Key
+from akocore.settings.schema import AkorunConfig, RunConfig
+
+STOP_KEYS = ("train.duration", "train.target_accuracy")
+ROUNDS_KEY = "train.rounds"
+
+
+class Layer(enum.IntEnum):
+    """Where a value came from; a higher layer wins."""
+
+    DEFAULT = 0
+    FILE = 1
+    SET = 2
+    FLAG = 3
+
+
+@dataclass(frozen=True)
+class Origin:
+    """The layer that set a value and the words that say so ("by --lr", "in run.toml")."""
+
+    layer: Layer
+    source: str
+
+    def __str__(self) -> str:
+        return self.source
+
+
+DEFAULT_ORIGIN = Origin(Layer.DEFAULT, "built-in default")
+
+
+@dataclass(frozen=True)
+class Given:
+    """One value as a layer gives it: human units, not yet checked."""
+
+    key: str  # "section.name"
+    value: Any
+    layer: Layer
+    source: str = ""  # "in run.toml", "by --set train.lr=0.1", "by --lr"; "" = do not say
+
+
+@dataclass(frozen=True)
+class ResolvedSettings:
+    """The resolved run config, akorun's settings, and where each value came from."""
+
+    config: RunConfig
+    akorun: AkorunConfig = field(default_factory=AkorunConfig)
+    origins: Mapping[str, Origin] = field(default_factory=dict)  # keys some layer set
+    defaults_origin: Origin = DEFAULT_ORIGIN
+
+    def origin(self, dotted: str) -> Origin:
+        """Which layer set `dotted` ("train.lr"); KeyError for a key not in the registry."""
+        if dotted not in BY_DOTTED:
+            raise KeyError(dotted)
+        return self.origins.get(dotted, self.defaults_origin)
+
+    def given(self, dotted: str) -> bool:
+        """True when a layer above the defaults set `dotted`."""
+        return self.origin(dotted).layer > Layer.DEFAULT
+
+    def value(self, dotted: str) -> Any:
+        """The typed value of one key."""
+        key = BY_DOTTED[dotted]
+        holder = self.akorun if key.section == "akorun" else getattr(self.config, key.section)
+        return getattr(holder, key.field)
+
+    def describe(self, sections: Iterable[str] = RUN_SECTIONS) -> list[str]:
+        """One line per key: ``section.name = value  (origin)``, for --show-config."""
+        lines = []
+        for section in sections:
+            for key in SECTIONS[section].values():
+                shown = _as_text(key.dump(self.value(key.dotted)))
+                lines.append(f"{key.dotted} = {shown}  ({self.origin(key.dotted)})")
+        return lines
+
+
+def _as_text(value: Any) -> str:
+    """A human value as TOML-like text: "ako", [4, 2], none."""
+    return "none" if value is None else json.dumps(value)
+
+
+def suggest(name: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def check_key(section: str, name: str) -> Key:
+    """The registry Key of section.name; ConfigError with a suggestion if unknown."""
+    if section not in SECTIONS:
+        raise ConfigError(
+            f"unknown section [{section}]{suggest(section, SECTIONS)}; "
+            f"known sections: {', '.join(SECTIONS)}",
+            section,
+        )
+    keys = SECTIONS[section]
+    if name not in keys:
+        raise ConfigError(
+            f"{section}.{name}: unknown key{suggest(name, keys)}; "
+            f"known keys in [{section}]: {', '.join(keys)}",
+            f"{section}.{name}",
+        )
+    return keys[name]
+
+
+def _merge(givens: Iterable[Given]) -> dict[str, Given]:
+    """The winning Given per key: the highest layer, and within a layer the last."""
+    merged: dict[str, Given] = {}
+    for given in sorted(givens, key=lambda g: g.layer):  # stable: order within a layer kept
+        section, _, name = given.key.partition(".")
+        try:
+            check_key(section, name)
+        except ConfigError as error:
+            if not given.source:
+                raise
+            raise ConfigError(f"{error} (given {given.source})", error.key) from None
+        merged[given.key] = given
+    return merged
+
+
+def _apply_stop_rule(merged: dict[str, Given]) -> None:
+    """Clear the default rounds when a layer stops by duration or accuracy and none sets rounds."""
+    if ROUNDS_KEY in merged:
+        return
+    triggers = [merged[k] for k in STOP_KEYS if k in merged and not is_unset(merged[k].value)]
+    if triggers:
+        trigger = max(triggers, key=lambda g: g.layer)
+        words = f" {trigger.source}" if trigger.source else ""
+        merged[ROUNDS_KEY] = Given(ROUNDS_KEY, None, trigger.layer,
+                                   f"cleared: {trigger.key} given{words} and train.rounds "
+                                   f"by no layer")
+
+
+def _with_origin(error: ConfigError, merged: Mapping[str, Given]) -> ConfigError:
+    given = merged.get(error.key or "")
+    if given is None or not given.source or given.source.startswith("cleared"):
+        return error
+    return ConfigError(f"{error} (given {given.source})", error.key)
+
+
+def resolve(givens: Iterable[Given], *, defaults: RunConfig | None = None,
+            akorun_defaults: AkorunConfig | None = None, stop_rule: bool = True,
+            defaults_origin: Origin = DEFAULT_ORIGIN) -> ResolvedSettings:
+    """Merge the layers over `defaults` (built-ins if None); errors say which layer gave
+    the bad value. With `stop_rule` (the default), rounds is cleared as the module says;
+    without it every value changes only its own key (for literal edits)."""
+    merged = _merge(givens)
+    if stop_rule:
+        _apply_stop_rule(merged)
+    base = defaults if defaults is not None else RunConfig()
+    akorun_base = akorun_defaults if akorun_defaults is not None else AkorunConfig()
+    changes: dict[str, dict[str, Any]] = {}
+    for dotted, given in merged.items():
+        key = BY_DOTTED[dotted]
+        changes.setdefault(key.section, {})[key.field] = given.value
+    try:
+        sections = {section: _replace(getattr(base, section), changes.get(section))
+                    for section in RUN_SECTIONS}
+        config = RunConfig(**sections)
+        akorun = _replace(akorun_base, changes.get("akorun"))
+    except ConfigError as error:
+        raise _with_origin(error, merged) from None
+    origins = {dotted: Origin(given.layer, given.source or given.layer.name.lower())
+               for dotted, given in merged.items()}
+    return ResolvedSettings(config, akorun, origins, defaults_origin)
+
+
+def _replace(current: Any, changes: Mapping[str, Any] | None) -> Any:
+    return dataclasses.replace(current, **changes) if changes else current
+
+
+def layer_of(tables: Mapping[str, Any], layer: Layer, source: str = "") -> list[Given]:
+    """The Givens of a TOML-shaped mapping {"section": {"key": value}}; structure checked."""
+    if not isinstance(tables, Mapping):
+        raise ConfigError(
+            f"config: got {type(tables).__name__}, expected a table with sections "
+            + ", ".join(SECTIONS)
+        )
+    givens = []
+    for section, body in tables.items():
+        if section not in SECTIONS:
+            check_key(str(section), "")  # raises: unknown section
+        if not isinstance(body, Mapping):
+            raise ConfigError(
+                f"{section}: got {show(body)}, expected a table of settings "
+                f"([{section}] with keys {', '.join(SECTIONS[section])})",
+                section,
+            )
+        for name, value in body.items():
+            check_key(section, str(name))
+            givens.append(Given(f"{section}.{name}", value, layer, source))
+    return givens
+
+
+def literal(cfg: RunConfig, givens: Sequence[Given]) -> RunConfig:
+    """`cfg` with each given value changed and nothing else (no stop rule)."""
+    return resolve(givens, defaults=cfg, stop_rule=False).config

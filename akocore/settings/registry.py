@@ -1,0 +1,276 @@
+"""The key registry: every setting once, with everything the edges need to know.
+
+One `Key` per setting: its section and TOML name, the dataclass field it
+fills, how its typed value is written back as a human value (``dump``), a
+one-line comment (cluster files), and, when a command line takes it, the
+flag, its help text and which commands (`Tool`) offer it. The TOML mapping,
+the ``--set`` keys, the argparse flags of akosim and akorun, the cluster
+file's comments and ``--show-config`` are all generated from `KEYS`.
+
+Built-in defaults are NOT written here: each is the field default of its
+section's dataclass in akocore.settings.schema, and `Key.default` reads it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from akocore.settings.normalise import (
+    EMULATE_MODES,
+    OPTIMIZERS,
+    SCHEDULES,
+    SCHEMES,
+    matrix_to_text,
+)
+from akocore.settings.schema import (
+    AkorunConfig,
+    ClusterConfig,
+    ExchangeConfig,
+    NetworkConfig,
+    TrainConfig,
+)
+from akocore.units import bandwidth_exact_text, duration_exact_text
+
+
+class Tool(enum.Enum):
+    """A command that takes flags generated from the registry."""
+
+    AKOSIM = "akosim"  # plan and train
+    AKORUN_INIT = "akorun init"
+    AKORUN_RANK = "akorun worker / ps"
+    AKORUN_LAUNCH = "akorun launch"
+
+
+class FlagKind(enum.Enum):
+    VALUE = "value"  # read like a TOML value: "4" -> 4, "inf" -> inf, "40mbps" stays text
+    TEXT = "text"  # kept as given (names, paths)
+    SWITCH = "switch"  # --NAME [MODE] / --no-NAME: a mode, on or off
+
+
+EVERY_TOOL = frozenset(Tool)
+AKORUN_TOOLS = frozenset({Tool.AKORUN_INIT, Tool.AKORUN_RANK, Tool.AKORUN_LAUNCH})
+
+# section name -> the dataclass that holds it; RUN_SECTIONS make up a RunConfig
+SECTION_TYPES: dict[str, type] = {
+    "cluster": ClusterConfig,
+    "network": NetworkConfig,
+    "exchange": ExchangeConfig,
+    "train": TrainConfig,
+    "akorun": AkorunConfig,
+}
+RUN_SECTIONS = ("cluster", "network", "exchange", "train")
+
+
+def _plain(value: Any) -> Any:
+    return value
+
+
+def _bandwidth_list(values: tuple[float, ...]) -> list[str]:
+    return [bandwidth_exact_text(value) for value in values]
+
+
+def _duration_list(values: tuple[float, ...]) -> list[str]:
+    return [duration_exact_text(value) for value in values]
+
+
+def _optional_duration(value: float | None) -> str | None:
+    return None if value is None else duration_exact_text(value)
+
+
+def _dump_p(value: str | tuple[int, ...]) -> Any:
+    return value if isinstance(value, str) else list(value)
+
+
+def _dump_ssp(value: float) -> Any:
+    return "inf" if math.isinf(value) else int(value)
+
+
+@dataclass(frozen=True)
+class Key:
+    """One setting: where it lives, how it is written, and which flag sets it."""
+
+    section: str
+    name: str  # TOML key, --set key and argparse dest
+    field: str  # dataclass field in SI units
+    comment: str  # one line: what the value means
+    dump: Callable[[Any], Any] = _plain  # typed value -> human (TOML/JSON) value
+    flag: str | None = None
+    flag_help: str = ""
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    tools: frozenset[Tool] = frozenset()
+    kind: FlagKind = FlagKind.VALUE
+
+    @property
+    def dotted(self) -> str:
+        return f"{self.section}.{self.name}"
+
+    @property
+    def default(self) -> Any:
+        """The built-in default (typed), read from the section dataclass."""
+        for item in dataclasses.fields(SECTION_TYPES[self.section]):
+            if item.name == self.field:
+                if item.default is not dataclasses.MISSING:
+                    return item.default
+                return item.default_factory()  # type: ignore[misc,operator]
+        raise LookupError(f"{self.dotted}: no field {self.field}")
+
+
+def _run(section: str, name: str, field: str, comment: str, **more: Any) -> Key:
+    """A run setting; with a flag, every command takes it."""
+    if "flag" in more:
+        more.setdefault("tools", EVERY_TOOL)
+    return Key(section, name, field, comment, **more)
+
+
+KEYS: tuple[Key, ...] = (
+    # ------------------------------------------------------------------ cluster
+    _run("cluster", "workers", "workers",
+         "number of ranks (for scheme ps: training workers + parameter servers)",
+         flag="--workers", metavar="N", flag_help="number of worker nodes (>= 2), e.g. 8"),
+    _run("cluster", "hosts", "hosts", '"host:port" each rank listens on, rank 0 first',
+         dump=list),
+    # ------------------------------------------------------------------ network
+    _run("network", "bandwidth", "bandwidth_bps",
+         "each node's NIC (uplink = downlink); a list goes round robin",
+         dump=_bandwidth_list, flag="--bandwidth", metavar="RATE[,RATE...]",
+         flag_help="each node's NIC (uplink and downlink), e.g. 40mbps, 1gbps, 800Mbit/s, "
+                   "10MB/s (b = bits, B = bytes); a list is assigned to nodes in turn"),
+    _run("network", "link_bandwidth", "link_bandwidth_bps",
+         "per-pair cap for pairs (0,1),(0,2),...,(1,2),...; [] = no cap",
+         dump=_bandwidth_list, flag="--link-bandwidth", metavar="RATE[,RATE...]",
+         flag_help="per-pair link cap in bits/s, e.g. 40,20,10mbps; a list is assigned to "
+                   "pairs (0,1),(0,2),...,(1,2),... in turn; none = no cap"),
+    _run("network", "latency", "latency_s", "one-way latency per message for the pairs as above",
+         dump=_duration_list, flag="--latency", metavar="DURATION[,DURATION...]",
+         flag_help="per-message latency of each link, e.g. 5ms or 100us; a list is assigned "
+                   "to pairs (0,1),(0,2),... in turn"),
+    _run("network", "link_bandwidth_matrix", "link_bandwidth_matrix_bps",
+         'n x n per ordered pair (row sends); "none" = use the lists',
+         dump=lambda m: matrix_to_text(m, bandwidth_exact_text)),
+    _run("network", "latency_matrix", "latency_matrix_s",
+         'n x n per ordered pair; "none" = use the list',
+         dump=lambda m: matrix_to_text(m, duration_exact_text)),
+    # ------------------------------------------------------------------ exchange
+    _run("exchange", "scheme", "scheme",
+         "ako (partial all-to-all) | ps (parameter servers) | allreduce (ring)",
+         flag="--scheme", choices=SCHEMES,
+         flag_help="gradient exchange: ako (partial all-to-all), ps (parameter servers) or "
+                   "allreduce (ring)"),
+    _run("exchange", "p", "p",
+         "partitions per gradient: auto | auto-per-worker | N | [N0, N1, ...]",
+         dump=_dump_p, flag="--p", metavar="{auto,auto-per-worker,N,N1,N2,...}",
+         flag_help="partitions per gradient (each round sends 1/p of it): auto, "
+                   "auto-per-worker, one number for all workers or one per worker, "
+                   "e.g. 4 or 4,2,1,1"),
+    _run("exchange", "ssp", "ssp",
+         'staleness bound in rounds; 0 = lockstep, "inf" = fully asynchronous',
+         dump=_dump_ssp, flag="--ssp", metavar="{N,inf}",
+         flag_help="staleness bound in rounds (0 = lockstep, inf = fully asynchronous), e.g. 2"),
+    _run("exchange", "schedule", "schedule",
+         "staggered: worker i sends partition (t + i) mod p; aligned: t mod p",
+         flag="--schedule", choices=SCHEDULES,
+         flag_help="which partition a worker sends in round t: staggered (t+i mod p) or "
+                   "aligned (t mod p)"),
+    _run("exchange", "reduce", "reduce", "mean (1/n of the summed gradients) | sum (as TF.AKO)"),
+    _run("exchange", "utilisation", "utilisation",
+         "p auto: target fraction of the uplink, 0 < u <= 1"),
+    _run("exchange", "p_max", "p_max", "p auto: largest p allowed"),
+    _run("exchange", "ps_servers", "ps_servers",
+         "scheme ps: number of parameter-server ranks (the last ranks)"),
+    _run("exchange", "ps_mode", "ps_mode", "scheme ps: sync | async"),
+    _run("exchange", "push_every", "push_every", "scheme ps async: push every N rounds"),
+    _run("exchange", "fetch_every", "fetch_every",
+         "scheme ps async: fetch parameters every N rounds"),
+    # ------------------------------------------------------------------ train
+    _run("train", "workload", "workload", "model and dataset, e.g. digits-mlp",
+         flag="--workload", metavar="NAME", kind=FlagKind.TEXT,
+         flag_help="model and dataset, e.g. digits-mlp"),
+    _run("train", "optimizer", "optimizer", "sgd | momentum | adam",
+         flag="--optimizer", choices=OPTIMIZERS,
+         flag_help="optimizer applied to each update, e.g. sgd"),
+    _run("train", "lr", "lr", "learning rate per update",
+         flag="--lr", metavar="FLOAT", flag_help="learning rate (> 0, per update step), e.g. 0.05"),
+    _run("train", "batch_size", "batch_size", "examples per worker per round",
+         flag="--batch-size", metavar="N", flag_help="examples per worker per round, e.g. 32"),
+    _run("train", "seed", "seed",
+         "seed of the initial parameters and the data order (same on every rank)",
+         flag="--seed", metavar="N",
+         flag_help="random seed (integer >= 0) for initial parameters and data order, e.g. 0"),
+    _run("train", "rounds", "rounds", 'rounds per worker; "none" = stop by duration or accuracy',
+         flag="--rounds", metavar="N", flag_help="stop after N rounds per worker, e.g. 100"),
+    _run("train", "duration", "duration_s",
+         'wall time of training, e.g. "300s"; "none" = no time limit',
+         dump=_optional_duration, flag="--duration", metavar="DURATION",
+         flag_help="stop after this much run time, e.g. 300s or 5m; if rounds is not given "
+                   "(flag, --set or file) the run stops by time alone"),
+    _run("train", "target_accuracy", "target_accuracy",
+         'stop once a replica reaches this test accuracy; "none" = never',
+         flag="--target-accuracy", metavar="FRACTION",
+         flag_help="stop once test accuracy reaches this fraction (0 < x <= 1), e.g. 0.9"),
+    _run("train", "eval_every", "eval_every", "evaluate the local replica every N rounds"),
+    _run("train", "data_path", "data_path",
+         'dataset file for cifar10/mnist workloads; "none" = not needed'),
+    # ------------------------------------------------------------------ akorun
+    Key("akorun", "run_id", "run_id", "this run's id (uuid4 hex); every message carries it"),
+    Key("akorun", "secret", "secret",
+        "HMAC-SHA256 key of every message (keep private: this file is mode 0600)"),
+    Key("akorun", "peer_timeout", "peer_timeout_s",
+        "a peer silent this long leaves the SSP gate until it speaks again",
+        dump=duration_exact_text, flag="--peer-timeout", metavar="DURATION", tools=AKORUN_TOOLS,
+        flag_help="a peer silent this long leaves the SSP gate until it speaks again, e.g. 10s"),
+    Key("akorun", "join_timeout", "join_timeout_s",
+        "how long a rank waits for every rank's hello at start",
+        dump=duration_exact_text, flag="--join-timeout", metavar="DURATION", tools=AKORUN_TOOLS,
+        flag_help="how long to wait for every rank's hello at start, e.g. 120s"),
+    Key("akorun", "checkpoint_every", "checkpoint_every",
+        "write a checkpoint every N rounds (0 = only the final one)",
+        flag="--checkpoint-every", metavar="N", tools=AKORUN_TOOLS,
+        flag_help="write a checkpoint every N rounds, 0 = only the final one"),
+    Key("akorun", "emulate", "emulate",
+        "shape sends in-process to [network]: auto (loopback only) | on | off",
+        flag="--emulate", choices=EMULATE_MODES, kind=FlagKind.SWITCH, tools=AKORUN_TOOLS,
+        flag_help="shape every send in-process to [network] (bandwidth in bits/s, latency "
+                  "per message): --emulate (on), --emulate auto (only when every rank is on "
+                  "loopback) or --no-emulate (send at the real network's speed)"),
+    Key("akorun", "queue_messages", "queue_messages",
+        "messages owed to one peer before sending waits (backpressure)",
+        flag="--queue-messages", metavar="N", tools=AKORUN_TOOLS,
+        flag_help="messages owed to one peer before sending waits (backpressure), e.g. 64"),
+    Key("akorun", "tls_cert", "tls_cert", 'PEM certificate each rank serves with; "" = plain HTTP',
+        dump=lambda v: v or "", flag="--tls-cert", metavar="PEM", kind=FlagKind.TEXT,
+        tools=frozenset({Tool.AKORUN_INIT, Tool.AKORUN_RANK}),
+        flag_help="serve HTTPS with this certificate (every rank of the run)"),
+    Key("akorun", "tls_key", "tls_key", 'PEM private key of tls_cert; "" = plain HTTP',
+        dump=lambda v: v or "", flag="--tls-key", metavar="PEM", kind=FlagKind.TEXT,
+        tools=frozenset({Tool.AKORUN_INIT, Tool.AKORUN_RANK}),
+        flag_help="private key of --tls-cert"),
+)
+
+# section -> name -> Key, in registry order
+SECTIONS: dict[str, dict[str, Key]] = {}
+for _key in KEYS:
+    SECTIONS.setdefault(_key.section, {})[_key.name] = _key
+BY_DOTTED: dict[str, Key] = {key.dotted: key for key in KEYS}
+BY_FIELD: dict[tuple[str, str], Key] = {(key.section, key.field): key for key in KEYS}
+
+
+def key_of(dotted: str) -> Key:
+    """The Key named "section.name"; KeyError if there is none."""
+    return BY_DOTTED[dotted]
+
+
+def flag_keys(tool: Tool, section: str | None = None) -> tuple[Key, ...]:
+    """The keys `tool` takes as flags, in registry order (optionally one section's)."""
+    return tuple(key for key in KEYS if key.flag and tool in key.tools
+                 and (section is None or key.section == section))
+
+
+def default_of(dotted: str) -> Any:
+    """The built-in default of one key (typed, SI units)."""
+    return key_of(dotted).default
