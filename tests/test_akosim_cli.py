@@ -169,37 +169,3 @@ def test_both_command_lines_share_one_usage_error() -> None:
     from akosim.cli import UsageError as AkosimUsageError
 
     assert AkosimUsageError is UsageError and AkorunUsageError is UsageError
-
-
-def test_the_toolkit_has_no_import_cycle() -> None:
-    import ast
-
-    root = Path(__file__).resolve().parent.parent
-    modules = {}
-    for package in ("akocore", "akosim", "akorun", "analysis"):
-        for path in (root / package).rglob("*.py"):
-            parts = path.relative_to(root).with_suffix("").parts
-            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    imports: dict[str, set[str]] = {}
-    for name, path in modules.items():
-        found = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                found |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
-            elif isinstance(node, ast.Import):
-                found |= {alias.name for alias in node.names}
-        imports[name] = {m for m in found if m in modules and m != name}
-
-    def reaches(start: str, goal: str) -> bool:
-        seen, todo = set(), [start]
-        while todo:
-            current = todo.pop()
-            if current == goal:
-                return True
-            if current not in seen:
-                seen.add(current)
-                todo.extend(imports[current])
-        return False
-
-    cycles = [(a, b) for a in imports for b in imports[a] if reaches(b, a)]
-    assert cycles == []
