@@ -8,8 +8,8 @@ simulated configuration (written with `RunResult.to_json`, without
 never misreads a point written by an older toolkit: the old point is run
 again under its new id). `collect` writes DIR/sweep.json (every point) and
 DIR/sweep.csv, whose result columns are RunResult field names
-(`CSV_RESULT_COLUMNS`, checked against the record when this module is
-imported).
+(`CSV_RESULT_COLUMNS` = akocore.results.SUMMARY_FIELDS, checked against the
+record when akocore.results is imported).
 """
 
 from __future__ import annotations
@@ -25,27 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from akocore.jsonrecord import RecordError, meta, record_from_json, record_to_json
-from akocore.results import RunResult
+from akocore.results import SUMMARY_FIELDS, RunResult
 
 POINT_FORMAT = 2  # bump when the meaning of a point changes: new ids, old files ignored
 POINT_KIND = "sweep-point"
 
 
-def run_columns(*names: str) -> tuple[str, ...]:
-    """`names`, each a field of RunResult (a typo fails here, at import)."""
-    known = {f.name for f in dataclasses.fields(RunResult)}
-    unknown = [name for name in names if name not in known]
-    if unknown:
-        raise ValueError(f"not fields of RunResult: {', '.join(unknown)}")
-    return names
-
-
-# Columns of sweep.csv after the grid values ("grid_<flag>") and before point_id.
-CSV_RESULT_COLUMNS: tuple[str, ...] = run_columns(
-    "scheme", "p", "ssp", "workers", "round_time_s", "samples_per_s",
-    "bytes_sent_per_worker_per_round", "nic_utilisation", "staleness_bound_rounds",
-    "bottleneck",
-)
+# Columns of sweep.csv after the grid values ("grid_<flag>") and before point_id: the
+# headline RunResult fields (akocore.results checks each is a field).
+CSV_RESULT_COLUMNS: tuple[str, ...] = SUMMARY_FIELDS
 
 
 @dataclass(frozen=True)

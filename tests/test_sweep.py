@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from akocore.results import RunResult
+from akocore.results import RunResult, run_fields
 from akosim.cli import UsageError, main
 from akosim.sweep import (
     build_parser,
@@ -21,7 +21,7 @@ from akosim.sweep import (
     shard_of,
     sim_settings,
 )
-from akosim.sweepfiles import CSV_RESULT_COLUMNS, POINT_FORMAT, SweepPoint, run_columns
+from akosim.sweepfiles import CSV_RESULT_COLUMNS, POINT_FORMAT, SweepPoint
 
 TINY = ["--gradient-size", "40KB", "--compute", "10ms", "--rounds", "3"]
 
@@ -210,7 +210,7 @@ def test_the_process_pool_gives_the_same_results_as_one_process(tmp_path):
 def test_the_csv_columns_are_run_result_fields_and_a_typo_is_refused():
     assert set(CSV_RESULT_COLUMNS) <= set(RunResult.__dataclass_fields__)
     with pytest.raises(ValueError, match="round_time"):
-        run_columns("scheme", "round_time")
+        run_fields("scheme", "round_time")
 
 
 def test_a_point_file_is_a_typed_record_of_run_results(tmp_path):
