@@ -57,9 +57,9 @@ from akocore.jsonrecord import (
 SCHEMA_VERSION = 1
 
 __all__ = [
-    "SCHEMA_VERSION", "Calibration", "Figures", "LinkResult", "PlanResult", "RankCalibration",
-    "RankResult", "RecordError", "RunResult", "rank_overhead_s", "read_result",
-    "run_compute_jitter", "schema_markdown",
+    "SCHEMA_VERSION", "SUMMARY_FIELDS", "Calibration", "Figures", "LinkResult", "PlanResult",
+    "RankCalibration", "RankResult", "RecordError", "RunResult", "rank_overhead_s", "read_result",
+    "run_compute_jitter", "run_fields", "schema_markdown",
 ]
 
 Evaluation = tuple[float, int, float]  # (seconds since training start, round, accuracy)
@@ -337,6 +337,24 @@ class PlanResult:
         plan = record_from_json(cls, {**body, "runs": []})
         return replace(plan, runs=tuple(RunResult.from_json(r, f"runs[{i}]")
                                         for i, r in enumerate(runs)))
+
+
+def run_fields(*names: str) -> tuple[str, ...]:
+    """`names`, each a field of RunResult (a typo fails where it is called, at import)."""
+    known = {f.name for f in fields(RunResult)}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValueError(f"not fields of RunResult: {', '.join(unknown)}")
+    return names
+
+
+# The headline figures of a run, in the order a table of runs shows them (akosim sweep's
+# sweep.csv columns).
+SUMMARY_FIELDS: tuple[str, ...] = run_fields(
+    "scheme", "p", "ssp", "workers", "round_time_s", "samples_per_s",
+    "bytes_sent_per_worker_per_round", "nic_utilisation", "staleness_bound_rounds",
+    "bottleneck",
+)
 
 
 # ---------------------------------------------------------------------- calibration

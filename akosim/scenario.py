@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -117,16 +117,6 @@ class SimRun:
     time_to_target_s: float | None = None
     final_accuracy: float | None = None
     trace: list[TraceEvent] = field(default_factory=list, repr=False)
-
-    def to_dict(self, *, links: bool = True) -> dict:
-        data = asdict(self)
-        data.pop("trace")
-        if not links:
-            data.pop("per_link")
-        for key in ("ssp", "staleness_bound_rounds"):
-            if math.isinf(data[key]):
-                data[key] = "inf"
-        return data
 
 
 def network_spec(config: RunConfig, message_overhead_s: tuple[float, ...] = ()) -> NetworkSpec:

@@ -12,7 +12,8 @@ otherwise), and writes DIR/points/<id>.json atomically; a point whose file
 exists is skipped, so an interrupted sweep resumes where it stopped. `--shard
 I/N` keeps the points whose index modulo N is I (a SLURM array task runs
 `--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT`). At the end every point
-found in DIR/points is collected into DIR/sweep.json and DIR/sweep.csv.
+found in DIR/points is collected into DIR/sweep.json and DIR/sweep.csv
+(akosim.sweepfiles: the point record and the collected files).
 
 Points run in a ProcessPoolExecutor; what crosses to a worker process is plain
 data (the config as a dict, numbers), and the worker rebuilds the setup.
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import csv
 import hashlib
 import itertools
 import json
@@ -33,7 +33,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -59,6 +59,7 @@ from akosim.runspec import (
     gradient_length_of_size,
     load_workload,
 )
+from akosim.sweepfiles import POINT_FORMAT, SweepPoint, collect
 
 # Grid flags in nesting order (first = outermost): argparse dest and flag.
 GRID_FLAGS: tuple[tuple[str, str], ...] = (
@@ -71,13 +72,6 @@ GRID_FLAGS: tuple[tuple[str, str], ...] = (
 )
 # Single-valued run settings a sweep passes on to every point.
 FIXED_FLAGS: tuple[str, ...] = ("rounds", "workload", "batch_size")
-# Columns of sweep.csv after the grid values ("grid_<flag>") and before point_id.
-CSV_RESULT_COLUMNS: tuple[str, ...] = (
-    "scheme", "p", "ssp", "workers", "round_time_s", "samples_per_s",
-    "bytes_sent_per_worker_per_round", "nic_utilisation", "staleness_bound_rounds",
-    "bottleneck",
-)
-POINT_FORMAT = 1  # bump when the meaning of a point changes: new ids, old files ignored
 
 DESCRIPTION = """\
 Simulate every point of a parameter grid (timing only) and collect the results.
@@ -287,7 +281,7 @@ def run_point(task: dict[str, Any]) -> tuple[str, float]:
     """
     from akosim.compute import ComputeModel
     from akosim.engine import StopRule
-    from akosim.report import json_safe, write_json
+    from akosim.report import json_safe, run_result, write_json
     from akosim.scenario import Setup
 
     started = time.perf_counter()
@@ -297,13 +291,12 @@ def run_point(task: dict[str, Any]) -> tuple[str, float]:
                   config.train.batch_size, stop)
     runs = configured_runs(setup)
     wall_s = time.perf_counter() - started
-    payload = {
-        "tool": "akosim", "kind": "sweep-point", "id": task["id"], "grid": task["grid"],
-        "config": task["config"], "sim": task["settings"],
-        "gradient_bytes": setup.gradient_bytes, "compute_s": task["compute_s"],
-        "wall_s": wall_s, "runs": [run.to_dict(links=False) for run in runs],
-    }
-    write_json(Path(task["out"]) / "points" / f"{task['id']}.json", json_safe(payload))
+    point = SweepPoint(
+        id=task["id"], grid=task["grid"], config=task["config"], sim=task["settings"],
+        gradient_bytes=setup.gradient_bytes, compute_s=task["compute_s"], wall_s=wall_s,
+        runs=tuple(run_result(run, config=task["config"], mode="timing",
+                              batch_size=config.train.batch_size) for run in runs))
+    write_json(Path(task["out"]) / "points" / f"{task['id']}.json", json_safe(point.to_json()))
     return task["id"], wall_s
 
 
@@ -438,64 +431,7 @@ def _sweep(args: argparse.Namespace) -> int:
               f"{format_duration(time.perf_counter() - started)}")
         for line in failures:
             print(f"akosim sweep: {line}", file=sys.stderr)
-    found = collect(out, order=[p.id for p in points])
+    found = collect(out, [dest for dest, _ in GRID_FLAGS], order=[p.id for p in points])
     print(f"wrote {out / 'sweep.json'} ({found.points} point(s)) and {out / 'sweep.csv'} "
           f"({found.rows} row(s))")
     return 1 if failures else 0
-
-
-# ------------------------------------------------------------------ collecting
-
-
-@dataclass(frozen=True)
-class Collected:
-    points: int
-    rows: int
-
-
-def _read_points(points_dir: Path) -> Iterator[dict[str, Any]]:
-    for path in sorted(points_dir.glob("*.json")) if points_dir.is_dir() else []:
-        if path.name.startswith("."):
-            continue  # a write in progress
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as error:
-            print(f"akosim sweep: skipping unreadable {path}: {error}", file=sys.stderr)
-            continue
-        if isinstance(data, dict) and data.get("kind") == "sweep-point":
-            yield data
-
-
-def collect(out: Path, order: Sequence[str] = ()) -> Collected:
-    """Write out/sweep.json and out/sweep.csv from every point in out/points.
-
-    Points of `order` (ids) come first in that order, any others after, by id.
-    """
-    from akosim.report import write_json
-
-    rank = {identity: k for k, identity in enumerate(order)}
-    points = sorted(_read_points(out / "points"),
-                    key=lambda d: (rank.get(d["id"], len(rank)), d["id"]))
-    grid_keys = [dest for dest, _ in GRID_FLAGS if any(dest in p["grid"] for p in points)]
-    write_json(out / "sweep.json", {"tool": "akosim", "kind": "sweep", "grid": grid_keys,
-                                    "points": points})
-    header = [f"grid_{key}" for key in grid_keys] + list(CSV_RESULT_COLUMNS) + ["point_id"]
-    rows = []
-    for point in points:
-        for run in point["runs"]:
-            rows.append([point["grid"].get(key, "") for key in grid_keys]
-                        + [_cell(run.get(column)) for column in CSV_RESULT_COLUMNS]
-                        + [point["id"]])
-    tmp = out / ".sweep.csv.tmp"
-    with tmp.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(header)
-        writer.writerows(rows)
-    os.replace(tmp, out / "sweep.csv")
-    return Collected(len(points), len(rows))
-
-
-def _cell(value: Any) -> Any:
-    if isinstance(value, float):
-        return "inf" if math.isinf(value) else repr(value)
-    return "" if value is None else value

@@ -15,15 +15,9 @@ import sys
 import pytest
 
 from analysis.matrix import CI_SUBSET, ROOT
-from analysis.report import (
-    BEGIN_MARK,
-    END_MARK,
-    accuracy_at,
-    akorun_time_axis,
-    build_report,
-    splice,
-    time_to,
-)
+from analysis.readme_block import BEGIN_MARK, END_MARK, splice
+from analysis.records import accuracy_at, akorun_time_axis, time_to
+from analysis.report import build_report
 
 BACKENDS = ("akosim", "akorun", "akosim-calibrated", "akosim-fullsize")
 

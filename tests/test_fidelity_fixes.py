@@ -36,7 +36,7 @@ from akosim.cli import (
 )
 from akosim.compute import ComputeModel
 from analysis.matrix import select
-from analysis.report import Record, p_text
+from analysis.records import Record, p_text
 from analysis.run import calibration_file, command, resolved_p, run_dir
 
 # ----------------------------------------------------------------- measure_compute_s

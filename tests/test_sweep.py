@@ -12,15 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from akocore.results import RunResult, run_fields
 from akosim.cli import UsageError, main
 from akosim.sweep import (
-    CSV_RESULT_COLUMNS,
     build_parser,
     expand_grid,
     parse_shard,
     shard_of,
     sim_settings,
 )
+from akosim.sweepfiles import CSV_RESULT_COLUMNS, POINT_FORMAT, SweepPoint
 
 TINY = ["--gradient-size", "40KB", "--compute", "10ms", "--rounds", "3"]
 
@@ -201,3 +202,39 @@ def test_the_process_pool_gives_the_same_results_as_one_process(tmp_path):
     pool = read_csv(tmp_path / "pool" / "sweep.csv")
     assert len(serial) == 4
     assert serial == pool
+
+
+# ------------------------------------------------------------------ the point files
+
+
+def test_the_csv_columns_are_run_result_fields_and_a_typo_is_refused():
+    assert set(CSV_RESULT_COLUMNS) <= set(RunResult.__dataclass_fields__)
+    with pytest.raises(ValueError, match="round_time"):
+        run_fields("scheme", "round_time")
+
+
+def test_a_point_file_is_a_typed_record_of_run_results(tmp_path):
+    assert sweep(tmp_path, "--workers", "4", "--scheme", "ako,ps") == 0
+    for path in (tmp_path / "points").glob("*.json"):
+        data = json.loads(path.read_text())
+        point = SweepPoint.from_json(data)
+        assert point.id == path.stem and point.format == POINT_FORMAT
+        assert [type(run) for run in point.runs] == [RunResult]
+        run = point.runs[0]
+        assert run.tool == "akosim" and run.mode == "timing" and run.workers == 4
+        assert run.round_time_s > 0.01 and len(run.per_worker) == run.training_workers >= 3
+        assert SweepPoint.from_json(point.to_json()) == point
+
+
+def test_point_files_of_another_format_are_ignored_not_misread(tmp_path, capsys):
+    grid = ("--workers", "4", "--ssp", "0,1")
+    assert sweep(tmp_path, *grid) == 0
+    path = sorted((tmp_path / "points").glob("*.json"))[0]
+    data = json.loads(path.read_text())
+    old = {**data, "format": POINT_FORMAT - 1, "id": "0" * 16}
+    (tmp_path / "points" / f"{old['id']}.json").write_text(json.dumps(old))
+    capsys.readouterr()
+    assert sweep(tmp_path, *grid) == 0
+    assert "ignoring 1 point file(s)" in capsys.readouterr().err
+    assert [r["point_id"] for r in read_csv(tmp_path / "sweep.csv")].count("0" * 16) == 0
+    assert len(read_csv(tmp_path / "sweep.csv")) == 2
