@@ -36,6 +36,7 @@ from akocore.workload import WORKLOAD_NAMES, parse_workload_spec
 from akorun.cluster import (
     DEFAULT_BASE_PORT,
     AkorunSettings,
+    check_distinct_endpoints,
     hosts_from_text,
     loopback_hosts,
     new_settings,
@@ -282,6 +283,10 @@ def worker_settings(args: argparse.Namespace) -> tuple[ResolvedSettings, AkorunS
 def cmd_worker(args: argparse.Namespace) -> int:
     resolved, settings = worker_settings(args)
     cfg = resolved.config
+    try:
+        check_distinct_endpoints(cfg.cluster.hosts)
+    except ConfigError as error:
+        raise UsageError(f"{args.config}: {error}") from None
     _check_workload(cfg.train.workload)
     rank = resolve_rank(_whole(args.rank, "--rank"), os.environ, cfg.cluster.workers)
     role = check_role(cfg, rank, args.role)

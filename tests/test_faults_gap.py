@@ -20,7 +20,7 @@ from akocore.partition import partition_slice
 from akorun import wire
 from akorun.cluster import free_ports
 from akorun.metrics import PeerCounters
-from akorun.sender import OwedGap, Outgoing, PeerSender, RetryPolicy
+from akorun.sender import Outgoing, OwedGap, PeerSender, RetryPolicy
 from akorun.server import Server
 from akorun.testing import SinkHost
 

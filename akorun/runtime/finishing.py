@@ -102,22 +102,23 @@ class Finisher:
         self.phase.to(Phase.DONE)
         if not drained_ok:
             log.warning("stopped before every peer's last message arrived")
-        failure = None
+        failures = []
         try:
             await self.checkpoints.write(final=True)
-            if self.role.trains and node.params is not None:
-                await self.evaluator.final(node.params)
-            self.results.write()
         except CheckpointFailed as error:
-            failure = str(error)
+            failures.append(str(error))
+        if self.role.trains and node.params is not None:
+            await self.evaluator.final(node.params)
+        try:
+            self.results.write()
         except OSError as error:
-            failure = (f"{self.results.out_dir}: results not written: "
-                       f"{error.strerror or error}")
+            failures.append(f"{self.results.out_dir}: results not written: "
+                            f"{error.strerror or error}")
         await asyncio.gather(*(control.call(j, ControlKind.DONE, {"rank": self.rank},
                                             timeout_s=DONE_TIMEOUT_S)
                                for j in self.peers if not gone(j)))
         await self.waiter.until(lambda: all(self.liveness.is_done(j) or gone(j)
                                             or j in node.suspended for j in self.peers),
                                 self.grace_s)
-        if failure is not None:
-            raise RunError(f"{failure} (training finished; peers were told done)")
+        if failures:
+            raise RunError(f"{'; '.join(failures)} (training finished; peers were told done)")
