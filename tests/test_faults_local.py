@@ -186,3 +186,66 @@ def test_one_endpoint_spelled_two_ways_is_refused_by_init_and_by_a_worker(
     written.write_text(text)
     result = akorun("worker", "--rank", "0", "--config", str(written), "--quiet")
     assert "both listen on" in one_line_error(result, 2)
+
+
+# --------------------------------------------------------------------------- restart
+
+
+class _Identity:
+    rank = 0
+
+    def payload(self) -> dict[str, Any]:
+        return {"rank": 0}
+
+    def check(self, sender: int, payload: dict[str, Any]) -> None:
+        return None
+
+
+def _donor() -> tuple[Any, Any, Any]:
+    from types import SimpleNamespace
+
+    from akocore.schemes import AkoWorker, Replica
+    from akorun.metrics import Metrics
+    from akorun.runtime.liveness import Liveness
+    from akorun.runtime.phase import Phase, PhaseMachine
+    from akorun.runtime.rejoin import Rejoin
+    from akorun.runtime.waiting import Waiter
+    from akorun.sender import OwedGap
+
+    node = AkoWorker(0, 3, 6, (1, 1, 1), replica=Replica(None, None), staleness=0)
+    for round_ in range(4):  # rank 2's rounds 0..3 held
+        node.receive(Partial(Kind.GRAD, 2, round_, 0, 1, 0, 6, None))
+    phase = PhaseMachine()
+    phase.to(Phase.RUNNING)
+    clock = [0.0]
+    liveness = Liveness(rank=0, peers=[1, 2], timeout_s=2.0, node=lambda: node,
+                        clock=lambda: clock[0], metrics=Metrics(0, "worker"), phase=phase)
+    gap = OwedGap()
+    gap.fold(Partial(Kind.GRAD, 0, 7, 0, 1, 0, 6, None))
+    sender = SimpleNamespace(acked_round=2, dropped_until=7, gap=gap,
+                             forget_gap=gap.clear)
+    role = SimpleNamespace(node=node, donor=lambda: node)
+    rejoin = Rejoin(identity=_Identity(), peers=[1, 2], role=role,  # type: ignore[arg-type]
+                    peer_timeout_s=2.0, phase=phase, waiter=Waiter(report_every_s=5.0),
+                    liveness=liveness, outbox=SimpleNamespace(senders={2: sender}),  # type: ignore[arg-type]
+                    metrics=Metrics(0, "worker"), checkpoint=None, checkpoint_dir=None,
+                    build_node=lambda compute_s, p_of: None)
+    return rejoin, node, gap
+
+
+def test_a_restart_is_taken_only_from_a_rejoining_rank_after_the_rounds_we_hold() -> None:
+    from akorun.control import ControlError
+
+    rejoin, node, gap = _donor()
+    with pytest.raises(ControlError) as not_rejoining:
+        asyncio.run(rejoin.on_restart(2, {"rank": 2, "first_round": 9}))
+    assert not_rejoining.value.status == 409
+    answer = asyncio.run(rejoin.on_rejoin_hello(2, {"rank": 2}))
+    assert answer["received"]["contiguous"] == 3
+    with pytest.raises(ControlError) as too_early:  # rounds 2 and 3 would be lost as dups
+        asyncio.run(rejoin.on_restart(2, {"rank": 2, "first_round": 2}))
+    assert too_early.value.status == 409
+    asyncio.run(rejoin.on_restart(2, {"rank": 2, "first_round": 4}))
+    assert int(node.log.contiguous[2]) == 3 and len(gap) == 0  # snapshot covers the gap
+    with pytest.raises(ControlError):  # a second, replayed restart is refused
+        asyncio.run(rejoin.on_restart(2, {"rank": 2, "first_round": 4}))
