@@ -8,9 +8,12 @@ often as needed:
   keeps memory bounded (no unbounded buffers: a slow peer slows its sender's
   training loop down instead of growing a queue). For a peer that is
   suspended (silent past the peer timeout, probably dead) a full queue takes
-  its OLDEST message out instead and folds it into the peer's `OwedGap`:
-  its values are summed per partition into one buffer (at most one flat
-  vector per peer, however long the silence) and its round remembered. When
+  its OLDEST message out instead. An ako gradient (Kind.GRAD: gradients add
+  up) is folded into the peer's `OwedGap`: its values are summed per
+  partition into one buffer (at most one flat vector per peer, however long
+  the silence) and its round remembered; any other kind is dropped, as
+  counted in ``send_dropped``. (A queued message keeps its `Partial` for
+  this, next to its encoded bytes.) When
   the peer is heard again the lane sends the gap first, one message per
   folded round, the first of each partition carrying the folded sum and the
   others zeros: every contribution reaches the peer exactly once and its
@@ -183,7 +186,11 @@ class OwedGap:
                        values, final=round_ == self.final_round)
 
     def clear(self) -> None:
-        self.__init__()  # type: ignore[misc]
+        self.rounds, self.parts, self._next = array("q"), array("l"), 0
+        self.folded.clear()
+        self.shape.clear()
+        self.final_round = None
+        self.final_marker = None
 
 
 class PeerSender:
