@@ -91,6 +91,20 @@ def _replace_atomically(target: Path, write: Any) -> None:
         raise
 
 
+def remove_stale_temp_files(target: Path) -> list[Path]:
+    """Remove the temp files of `target` (and its .json sidecar) that a killed writer
+    left behind (names `.NAME.PID.tmp`); the removed paths."""
+    removed = []
+    for name in (target.name, target.with_suffix(".json").name):
+        for stale in target.parent.glob(f".{name}.*.tmp"):
+            try:
+                stale.unlink()
+                removed.append(stale)
+            except OSError:
+                pass
+    return removed
+
+
 def save_checkpoint(directory: str | Path, checkpoint: Checkpoint) -> Path:
     """Write the checkpoint of `checkpoint.rank` (atomically); returns the npz path."""
     folder = Path(directory)
@@ -140,8 +154,9 @@ def load_checkpoint(directory: str | Path, rank: int) -> Checkpoint:
                 optimizer_leaves=leaves,
                 written_unix_s=float(meta.get("written_unix_s", 0.0)),
             )
-    except (OSError, ValueError, KeyError, json.JSONDecodeError) as error:
-        raise UsageError(f"{path}: unreadable checkpoint: {error}") from None
+    except Exception as error:  # noqa: BLE001 -- any unreadable file is the user's to fix
+        raise UsageError(f"{path}: unreadable checkpoint ({type(error).__name__}: "
+                         f"{error})") from None
 
 
 def optimizer_leaves(state: Any) -> tuple[np.ndarray, ...]:

@@ -36,6 +36,7 @@ from akocore.workload import WORKLOAD_NAMES, parse_workload_spec
 from akorun.cluster import (
     DEFAULT_BASE_PORT,
     AkorunSettings,
+    check_distinct_endpoints,
     hosts_from_text,
     loopback_hosts,
     new_settings,
@@ -54,7 +55,7 @@ from akorun.errors import (
     UsageError,
 )
 from akorun.faults import faults_for
-from akorun.launch import LaunchOptions, launch, worker_flags
+from akorun.launch import LaunchOptions, check_run_directory, launch, worker_flags
 from akorun.roles import check_role
 from akorun.worker import TLSOptions, Worker, WorkerOptions, summary_line
 
@@ -219,6 +220,8 @@ def build_parser() -> ArgumentParser:
                                           "progress, wait, and merge OUT/result.json.",
                               epilog=LAUNCH_EPILOG, formatter_class=_FORMATTER)
     run.add_argument("--out", metavar="DIR", required=True, help="run directory")
+    run.add_argument("--force", action="store_true",
+                     help="reuse a run directory that already holds a run (overwriting it)")
     run.add_argument("--kill-grace", metavar="DURATION", default=None,
                      help="after SIGTERM, SIGKILL ranks still running this much later "
                           f"(default {LaunchOptions.kill_grace_s:g}s)")
@@ -280,6 +283,10 @@ def worker_settings(args: argparse.Namespace) -> tuple[ResolvedSettings, AkorunS
 def cmd_worker(args: argparse.Namespace) -> int:
     resolved, settings = worker_settings(args)
     cfg = resolved.config
+    try:
+        check_distinct_endpoints(cfg.cluster.hosts)
+    except ConfigError as error:
+        raise UsageError(f"{args.config}: {error}") from None
     _check_workload(cfg.train.workload)
     rank = resolve_rank(_whole(args.rank, "--rank"), os.environ, cfg.cluster.workers)
     role = check_role(cfg, rank, args.role)
@@ -334,8 +341,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
         progress["progress_every_s"] = _duration(args.progress_every, "--progress-every")
     if args.kill_grace:
         progress["kill_grace_s"] = _duration(args.kill_grace, "--kill-grace")
+    out_dir = Path(args.out)
+    check_run_directory(out_dir, force=args.force)
     options = LaunchOptions(
-        out_dir=Path(args.out), quiet=args.quiet,
+        out_dir=out_dir, quiet=args.quiet,
         timeout_s=_duration(args.timeout, "--timeout") if args.timeout else None,
         worker_args=worker_flags(quiet=args.quiet, checkpoint_dir=args.checkpoint_dir,
                                  progress_every_s=progress.get("progress_every_s")),

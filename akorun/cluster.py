@@ -136,6 +136,10 @@ def read_cluster_file(path: str | Path) -> ClusterFile:
         resolved = resolve([Given(g.key, g.value, g.layer) for g in givens])
     except ConfigError as error:
         raise ConfigError(f"{path}: {error}", error.key) from None
+    try:
+        check_distinct_endpoints(resolved.config.cluster.hosts)
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}", error.key) from None
     tables: dict[str, dict[str, Any]] = {}
     for given in givens:
         section, _, name = given.key.partition(".")
@@ -299,7 +303,36 @@ def should_emulate(settings: AkorunConfig, cfg: RunConfig,
     return all(is_loopback(split_host(entry)[0]) for entry in cfg.cluster.hosts)
 
 
+def endpoint_key(entry: str) -> tuple[str, int]:
+    """One spelling per endpoint: ``localhost:P`` and ``127.0.0.1:P`` are the same socket."""
+    host, port = split_host(entry)
+    host = host.lower()
+    if host == "localhost":
+        host = "127.0.0.1"
+    try:
+        host = str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    return host, port
+
+
+def check_distinct_endpoints(hosts: tuple[str, ...]) -> None:
+    """ConfigError (key cluster.hosts) when two ranks name one endpoint, however spelled."""
+    seen: dict[tuple[str, int], int] = {}
+    for rank, entry in enumerate(hosts):
+        try:
+            key = endpoint_key(entry)
+        except ValueError:
+            continue  # the config's own checks name a malformed entry
+        if key in seen:
+            raise ConfigError(f"cluster.hosts: ranks {seen[key]} and {rank} both listen on "
+                              f"{key[0]}:{key[1]} ({hosts[seen[key]]!r}, {entry!r}); give each "
+                              f"rank its own port", "cluster.hosts")
+        seen[key] = rank
+
+
 def with_hosts(cfg: RunConfig, hosts: tuple[str, ...]) -> RunConfig:
+    check_distinct_endpoints(hosts)
     return replace(cfg, cluster=replace(cfg.cluster, hosts=hosts))
 
 

@@ -34,7 +34,7 @@ import numpy as np
 from akocore.config import ResolvedSettings, RunConfig, config_to_dict
 from akocore.results import RankResult, RunResult
 from akorun.cluster import AkorunSettings, loopback_hosts, with_hosts, write_cluster_file
-from akorun.errors import Interrupted, RunError
+from akorun.errors import Interrupted, RunError, UsageError
 from akorun.results import merge_results, write_json
 from akorun.roles import role_of
 
@@ -51,6 +51,26 @@ class LaunchOptions:
     timeout_s: float | None = None
     worker_args: tuple[str, ...] = ()  # extra flags for every child
     env: dict[str, str] = field(default_factory=dict)  # extra environment for every child
+
+
+RUN_FILES = ("cluster.toml", "result.json")  # a directory holding one of these holds a run
+
+
+def check_run_directory(out_dir: Path, *, force: bool) -> None:
+    """UsageError when `out_dir` is not a directory, or already holds a run (no --force)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out {out_dir}: is a file; give a directory for the run")
+    if not force and out_dir.is_dir():
+        held = [name for name in RUN_FILES if (out_dir / name).exists()]
+        if held or any(out_dir.glob("worker-*.json")):
+            what = ", ".join(held) or "worker results"
+            raise UsageError(f"--out {out_dir}: already holds a run ({what}); pass --force "
+                             f"to overwrite it or choose another directory")
+    parent = out_dir.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if parent.exists() and not parent.is_dir():
+        raise UsageError(f"--out {out_dir}: {parent} is a file, not a directory")
 
 
 def child_env(workers: int, extra: dict[str, str]) -> dict[str, str]:

@@ -168,8 +168,12 @@ def write_json(path: str | Path, data: Mapping[str, Any]) -> Path:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=_default) + "\n", encoding="utf-8")
-    os.replace(tmp, target)
+    try:
+        tmp.write_text(json.dumps(data, indent=1, default=_default) + "\n", encoding="utf-8")
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no temp file behind
+        raise
     return target
 
 

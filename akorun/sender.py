@@ -7,9 +7,19 @@ often as needed:
   queue is full; then it waits for room. That wait is the backpressure that
   keeps memory bounded (no unbounded buffers: a slow peer slows its sender's
   training loop down instead of growing a queue). For a peer that is
-  suspended (silent past the peer timeout, probably dead) a full queue drops
-  its OLDEST message instead and remembers `dropped_until`, the highest round
-  dropped, which a restarting peer's donor must cover (rejoin protocol).
+  suspended (silent past the peer timeout, probably dead) a full queue takes
+  its OLDEST message out instead. An ako gradient (Kind.GRAD: gradients add
+  up) is folded into the peer's `OwedGap`: its values are summed per
+  partition into one buffer (at most one flat vector per peer, however long
+  the silence) and its round remembered; any other kind is dropped, as
+  counted in ``send_dropped``. (A queued message keeps its `Partial` for
+  this, next to its encoded bytes.) When
+  the peer is heard again the lane sends the gap first, one message per
+  folded round, the first of each partition carrying the folded sum and the
+  others zeros: every contribution reaches the peer exactly once and its
+  delivery log has no permanent hole. `dropped_until` (the highest round
+  folded) is what a restarting peer's donor must cover (rejoin protocol);
+  a restart clears the gap (the donor's snapshot holds it).
 - `PeerSender.run` is the peer's lane: it takes messages in queue order,
   paces each through the emulated link if there is one, and starts its
   delivery, which POSTs it until the peer answers 200 (applied, or a
@@ -39,14 +49,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
 import aiohttp
+import numpy as np
 
-from akocore.messages import Kind
+from akocore.messages import Kind, Partial
 from akocore.settings.registry import default_of
 from akorun.metrics import PeerCounters
 from akorun.shaping import LinkShaper
@@ -84,6 +96,8 @@ class Outgoing:
     part: int
     final: bool = False
     queued_s: float = 0.0  # loop time it was queued (set by the worker)
+    partial: Partial | None = None  # what `data` encodes, for folding into a gap
+
 
     @property
     def nbytes(self) -> int:
@@ -110,6 +124,75 @@ class Outcome(Enum):
     REJECTED = "rejected"
 
 
+class OwedGap:
+    """Messages taken out of a suspended peer's full queue, folded (bounded memory).
+
+    Values are summed per partition into one buffer per partition (together at
+    most one flat vector); rounds are kept as two int arrays (12 bytes per
+    round). `take` regenerates the oldest folded round as a Partial: the first
+    message of each partition carries that partition's folded sum, the later
+    ones zeros, so the peer receives each contribution exactly once and
+    records every round.
+    """
+
+    def __init__(self) -> None:
+        self.rounds: array[int] = array("q")
+        self.parts: array[int] = array("l")
+        self.folded: dict[int, np.ndarray] = {}
+        self.shape: dict[int, Partial] = {}  # part -> a message of that part (no values)
+        self.final_round: int | None = None
+        self.final_marker: Partial | None = None  # a zero-length final message, if folded
+        self.highest_round = -1
+        self._next = 0
+
+    def __len__(self) -> int:
+        return len(self.rounds) - self._next
+
+    def fold(self, message: Partial) -> None:
+        self.rounds.append(message.round)
+        self.parts.append(message.part)
+        self.highest_round = max(self.highest_round, message.round)
+        if message.final:
+            self.final_round = message.round
+            if message.length == 0:
+                self.final_marker = message
+                return
+        if message.part not in self.shape:
+            self.shape[message.part] = Partial(message.kind, message.sender, -1, message.part,
+                                               message.p, message.offset, message.length)
+        if message.values is not None:
+            total = self.folded.get(message.part)
+            if total is None:
+                self.folded[message.part] = np.array(message.values, np.float32, copy=True)
+            else:
+                total += message.values
+
+    def oldest_round(self) -> int | None:
+        return self.rounds[self._next] if len(self) else None
+
+    def take(self) -> Partial:
+        """The oldest folded round as a message to send now."""
+        round_, part = self.rounds[self._next], self.parts[self._next]
+        self._next += 1
+        if not len(self):
+            self.rounds, self.parts, self._next = array("q"), array("l"), 0
+        if self.final_marker is not None and round_ == self.final_marker.round:
+            return self.final_marker
+        like = self.shape[part]
+        values = self.folded.pop(part, None)
+        if values is None:
+            values = np.zeros(like.length, np.float32)
+        return Partial(like.kind, like.sender, round_, part, like.p, like.offset, like.length,
+                       values, final=round_ == self.final_round)
+
+    def clear(self) -> None:
+        self.rounds, self.parts, self._next = array("q"), array("l"), 0
+        self.folded.clear()
+        self.shape.clear()
+        self.final_round = None
+        self.final_marker = None
+
+
 class PeerSender:
     """The queue of messages owed to one peer and the task that delivers them."""
 
@@ -118,7 +201,8 @@ class PeerSender:
                  shaper: LinkShaper | None = None, policy: RetryPolicy | None = None,
                  is_suspended: Callable[[], bool] = lambda: False,
                  on_delivered: Callable[[int], None] = lambda dest: None,
-                 ssl: object = True, seed: int = 0, window: int = DEFAULT_WINDOW) -> None:
+                 ssl: object = True, seed: int = 0, window: int = DEFAULT_WINDOW,
+                 encode: Callable[[Partial], bytes] | None = None) -> None:
         if maxsize < 1 or window < 1:
             raise ValueError(f"maxsize and window must be >= 1, got {maxsize}, {window}")
         self.dest = dest
@@ -132,6 +216,8 @@ class PeerSender:
         self.on_delivered = on_delivered
         self.ssl = ssl
         self.queue: deque[Outgoing] = deque()
+        self.encode = encode  # re-encodes a folded round (no encoder: dropped, not folded)
+        self.gap = OwedGap()
         self.in_flight: list[Outgoing] = []
         self._downlink_wait_s: dict[int, float] = {}  # id(message) -> receiver's downlink hold
         self._wire_s: dict[int, float] = {}  # id(message) -> seconds it was paced (first time)
@@ -148,31 +234,45 @@ class PeerSender:
 
     @property
     def depth(self) -> int:
-        """Messages owed: queued plus in flight."""
-        return len(self.queue) + len(self.in_flight)
+        """Messages owed: folded, queued and in flight."""
+        return len(self.gap) + len(self.queue) + len(self.in_flight)
 
     @property
     def idle(self) -> bool:
-        return not self.queue and not self.in_flight
+        return not self.queue and not self.in_flight and not len(self.gap)
 
     @property
     def acked_through(self) -> int:
         """Highest round r such that every message of rounds <= r was acknowledged
         (or given up); `acked_round` is the highest acknowledged at all."""
         owed = [m.round for m in self.in_flight] + [m.round for m in self.queue]
+        oldest_folded = self.gap.oldest_round()
+        if oldest_folded is not None:
+            owed.append(oldest_folded)
         return min(owed) - 1 if owed else self.acked_round
+
+    def forget_gap(self) -> None:
+        """The peer restarted from a donor's snapshot, which holds what was folded."""
+        if len(self.gap):
+            log.warning("peer %d restarted: %d folded round(s) owed to it are covered by its "
+                        "donor's snapshot", self.dest, len(self.gap))
+        self.gap.clear()
+        self._changed.set()
 
     def notify(self) -> None:
         """Wake waiters (a change of the peer's suspension counts)."""
         self._changed.set()
 
     async def put(self, message: Outgoing) -> None:
-        """Queue `message`; wait while the queue is full (drop the oldest if suspended)."""
+        """Queue `message`; wait while the queue is full (fold the oldest if suspended)."""
         while len(self.queue) >= self.maxsize:
             if self.is_suspended():
                 dropped = self.queue.popleft()
                 self.dropped_until = max(self.dropped_until, dropped.round)
-                self.counters.send_dropped["overflow"] += 1
+                self.counters.send_dropped["overflow"] += 1  # out of the queue, folded
+                if dropped.partial is not None and dropped.kind is Kind.GRAD \
+                        and self.encode is not None:  # ako gradients add up; others drop
+                    self.gap.fold(dropped.partial)
                 break
             self._changed.clear()
             await self._changed.wait()
@@ -214,11 +314,18 @@ class PeerSender:
         loop = asyncio.get_running_loop()
         while True:
             room_s = 0.0  # when the lane could take the next message, if it had to wait
-            while not self.queue or len(self.in_flight) >= self._in_flight_limit:
+            while not (self.queue or len(self.gap)) \
+                    or len(self.in_flight) >= self._in_flight_limit:
                 self._changed.clear()
                 await self._changed.wait()
                 room_s = loop.time()
-            message = self.queue.popleft()
+            if len(self.gap):  # what a suspension folded goes first (it is older)
+                assert self.encode is not None
+                partial = self.gap.take()
+                message = Outgoing(self.encode(partial), partial.kind, partial.round,
+                                   partial.part, partial.final, loop.time())
+            else:
+                message = self.queue.popleft()
             self.in_flight.append(message)
             self._changed.set()  # room in the queue
             if self.shaper is not None:
@@ -273,7 +380,8 @@ class PeerSender:
                         self.counters.delivery_s += delivery_s
                         self.counters.max_delivery_s = max(self.counters.max_delivery_s,
                                                            delivery_s)
-                    self.on_delivered(self.dest)
+                    if outcome is Outcome.DELIVERED:  # a duplicate's ack is no new evidence
+                        self.on_delivered(self.dest)
                     return
                 if outcome is Outcome.REJECTED:
                     return

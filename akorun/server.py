@@ -54,6 +54,7 @@ from akorun.sender import (
     seconds_header,
 )
 from akorun.shaping import DownlinkShaper
+from akorun.validation import NonFiniteValues
 from akorun.wire import (
     HEADER_SIZE,
     Status,
@@ -246,6 +247,8 @@ class Server:
                                                   f"bytes")
         except (SchemeError, KeyError) as error:
             return self._reject(400, "malformed", f"scheme refused the message: {error}")
+        except NonFiniteValues as error:  # recorded as zeros by the host (akorun.validation)
+            return self._reject(error.status, error.reason, str(error))
 
     async def _read_partial(self, request: web.Request, length: int) -> web.Response:
         host = self.host

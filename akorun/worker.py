@@ -60,10 +60,11 @@ from akorun.runtime.reporting import Reporter
 from akorun.runtime.results import ResultBuilder
 from akorun.runtime.roles import role_for
 from akorun.runtime.training import TrainingLoop
-from akorun.runtime.waiting import Waiter
+from akorun.runtime.waiting import GATE_STALL_TIMEOUTS, Waiter
 from akorun.sender import DEFAULT_QUEUE_MESSAGES
 from akorun.server import Server
 from akorun.shaping import DownlinkShaper
+from akorun.validation import refuse_non_finite
 
 log = logging.getLogger("akorun")
 
@@ -144,7 +145,8 @@ class Worker:
         self.config_hash = config_hash(cfg)
         self.metrics = Metrics(self.rank, self.role.name)
         self.phase = PhaseMachine()
-        self.waiter = Waiter(report_every_s=max(5.0, options.peer_timeout_s / 2))
+        self.waiter = Waiter(report_every_s=max(5.0, options.peer_timeout_s / 2),
+                             stall_limit_s=GATE_STALL_TIMEOUTS * options.peer_timeout_s)
         self.keys = RunKeys(options.settings.secret_bytes, options.settings.run_id_bytes)
         self.signer = Signer(self.keys)
         self.verifier = RequestVerifier(self.keys)
@@ -266,9 +268,10 @@ class Worker:
     async def on_partial(self, partial: Partial, nbytes: int) -> bool:
         node = self.role.node
         assert node is not None
+        partial, refusal = refuse_non_finite(partial)
         receipt = node.receive(partial)  # SchemeError -> 400 in the server
         counters = self.metrics.peer(partial.sender)
-        self.liveness.heard(partial.sender)
+        self.liveness.received(partial.sender, receipt.accepted)
         if receipt.accepted:
             counters.bytes_received += nbytes
             counters.messages_received += 1
@@ -277,6 +280,8 @@ class Worker:
             self.metrics.duplicates_dropped += 1
         if receipt.effects:
             await self.outbox.dispatch(receipt.effects)
+        if refusal is not None:
+            raise refusal  # 422 in the server: recorded with zero values, sender told
         return receipt.accepted
 
     def status(self, digest: bool = False) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from akocore.config import config_from_dict
+from akocore.messages import Kind, Partial
 from akocore.schemes import AkoWorker, Replica
 from akorun.cluster import new_settings, with_hosts
 from akorun.control import ControlError, ControlKind
@@ -167,17 +168,31 @@ def test_heartbeats_are_due_after_a_third_of_the_timeout_once_per_peer() -> None
     assert node.suspended == set()
 
 
-def test_a_done_peer_is_never_timed_out_and_a_rejoining_one_stays_suspended() -> None:
+def test_a_done_peer_is_not_timed_out_once_its_final_message_is_held() -> None:
     liveness, node, clock, _ = _liveness(timeout_s=3.0)
-    asyncio.run(liveness.on_done(2, {"rank": 2}))
+    answer = asyncio.run(liveness.on_done(2, {"rank": 2}))
+    assert answer["final_held"] is False and not liveness.is_done(2)
+    clock.now_s = 5.0
+    liveness.check(clock.now_s)  # a done without its final message disables nothing
+    assert node.suspended == {1, 2}
+    node.resume_peer(2)
+    node.receive(Partial(Kind.GRAD, 2, 0, 0, 1, 0, 0, None, final=True))
+    assert liveness.is_done(2)
+    clock.now_s = 50.0
+    liveness.check(clock.now_s)
+    assert 2 not in node.suspended  # it owes nothing more
+
+
+def test_a_rejoining_peer_stays_suspended_until_it_restarts() -> None:
+    liveness, node, clock, _ = _liveness(timeout_s=3.0)
     clock.now_s = 5.0
     liveness.check(clock.now_s)
-    assert node.suspended == {1}
+    assert node.suspended == {1, 2}
     liveness.rejoin_started(1)
     liveness.heard(1)
-    assert node.suspended == {1} and not liveness.may_drop(1)  # keeps its messages
+    assert node.suspended == {1, 2} and not liveness.may_drop(1)  # keeps its messages
     liveness.restarted(1)
-    assert node.suspended == set()
+    assert node.suspended == {2}
 
 
 def test_heartbeats_are_refused_until_the_run_is_running() -> None:
@@ -186,8 +201,19 @@ def test_heartbeats_are_refused_until_the_run_is_running() -> None:
         asyncio.run(liveness.on_heartbeat(1, {"rank": 1}))
     assert refused.value.status == 503 and refused.value.reason == "starting"
     liveness.phase.to(Phase.RUNNING)
-    answer = asyncio.run(liveness.on_heartbeat(1, {"rank": 1}))
-    assert answer == {"rank": 0, "round": 0, "state": "running"}
+    answer = asyncio.run(liveness.on_heartbeat(1, {"rank": 1, "nonce": "abc"}))
+    assert answer == {"rank": 0, "round": 0, "state": "running", "nonce": "abc"}
+
+
+def test_only_new_messages_prove_a_peer_alive_not_duplicates() -> None:
+    liveness, node, clock, _ = _liveness(timeout_s=3.0)
+    clock.now_s = 5.0
+    liveness.check(clock.now_s)
+    assert node.suspended == {1, 2}
+    liveness.received(1, accepted=False)  # an old message re-sent
+    assert 1 in node.suspended and 1 not in liveness.last_new_s
+    liveness.received(1, accepted=True)
+    assert 1 not in node.suspended and liveness.last_new_s[1] == 5.0
 
 
 # ------------------------------------------------------------------ roles

@@ -2,18 +2,38 @@
 
 What the checkpoint holds beyond the common fields is the role's
 (`Role.checkpoint`: ako workers add their buffers and delivery log). The file
-format is akorun.checkpoint's. What happens when a write fails belongs here.
+format is akorun.checkpoint's.
+
+A failed periodic write (a full or broken disk: any OSError) is logged as one
+line, counted (`failures`), its temp file removed, and training goes on: the
+next periodic checkpoint is the retry, and the last good checkpoint stays in
+place (writes are atomic). The final write raises `CheckpointFailed`, which
+the finisher turns into exit status 1 after telling its peers ``done``.
+Temp files a killed process left behind are removed when a writer is made.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 from typing import Any
 
-from akorun.checkpoint import Checkpoint, optimizer_leaves, save_checkpoint
+from akorun.checkpoint import (
+    Checkpoint,
+    checkpoint_path,
+    optimizer_leaves,
+    remove_stale_temp_files,
+    save_checkpoint,
+)
 from akorun.runtime.roles import Role
+
+log = logging.getLogger("akorun")
+
+
+class CheckpointFailed(Exception):
+    """A checkpoint could not be written (the message names the file and the error)."""
 
 
 class CheckpointWriter:
@@ -25,6 +45,9 @@ class CheckpointWriter:
         self.directory = directory
         self.run_id = run_id
         self.config_hash = config_hash
+        self.failures = 0
+        if directory is not None:
+            remove_stale_temp_files(checkpoint_path(directory, role.rank))
 
     def now(self) -> Checkpoint | None:
         node = self.role.node
@@ -40,9 +63,19 @@ class CheckpointWriter:
         }
         return self.role.checkpoint(common)
 
-    async def write(self) -> None:
+    async def write(self, *, final: bool = False) -> None:
+        """Write a checkpoint now; a periodic failure is logged, a final one raised."""
         checkpoint = self.now()
         if checkpoint is None:
             return
         assert self.directory is not None
-        await asyncio.to_thread(save_checkpoint, self.directory, checkpoint)
+        try:
+            await asyncio.to_thread(save_checkpoint, self.directory, checkpoint)
+        except OSError as error:
+            self.failures += 1
+            where = checkpoint_path(self.directory, self.role.rank)
+            message = f"{where}: checkpoint not written: {error.strerror or error}"
+            if final:
+                raise CheckpointFailed(message) from None
+            log.error("%s -- training goes on; the next periodic checkpoint retries "
+                      "(the last good one stays in place)", message)

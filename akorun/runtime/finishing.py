@@ -1,22 +1,34 @@
 """The end of a rank's run, after its rounds:
 
-    deliver node.finish(t); flush the queues
-    wait until node.drained()             # the peer timeout covers dead peers
+    deliver node.finish(t)
+    drain: wait for every peer's final message      (deadline below)
+    flush: wait until every peer took what we owe   (deadline below)
     node.settle(); final checkpoint; final accuracy; results; "done" to peers;
-    wait a grace period for the peers' "done"
+    wait a grace period for the peers' "done"       (deadline: grace_s)
 
-Deadlines on these waits, and what a failed final write does, belong here.
+Deadlines. Drain and flush wait for a peer as long as it makes progress; a
+peer that sent nothing new for `grace_s` (a dead or unreachable one, which
+the peer timeout has also suspended by then) is given up on, with one line
+naming it. So a peer paused or cut off past the peer timeout that comes back
+within `grace_s` of our end still gets every message owed to it (the
+suspension folded them, akorun.sender) and we still get its last rounds;
+one that stays away longer finishes without ours (it says so in its log).
+A hard stop (second signal) gives up every wait at once.
+
+A failed final write (checkpoint or results: a full disk) still tells the
+peers ``done`` and waits for theirs, then raises RunError: one line, exit 1.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from akorun.client import ControlClient
 from akorun.control import ControlKind
-from akorun.runtime.checkpoints import CheckpointWriter
+from akorun.errors import RunError
+from akorun.runtime.checkpoints import CheckpointFailed, CheckpointWriter
 from akorun.runtime.evaluation import Evaluator
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.outbox import Outbox
@@ -51,25 +63,62 @@ class Finisher:
         self.results = results
         self.grace_s = grace_s
 
+    def _gone(self, started_s: float) -> Callable[[int], bool]:
+        """Peers to give up on: nothing new from them for `grace_s` (nor since we began
+        finishing) and suspended (silent past the peer timeout)."""
+        liveness = self.liveness
+        node = self.role.node
+        assert node is not None
+
+        def gone(peer: int) -> bool:
+            if peer not in node.suspended:
+                return False
+            last_new_s = max(started_s, liveness.last_new_s.get(peer, started_s))
+            return liveness.clock() - last_new_s > self.grace_s
+        return gone
+
     async def finish(self, control: ControlClient) -> None:
         node = self.role.node
         assert node is not None
         self.phase.to(Phase.FINISHING)
         if self.role.trains:
             await self.outbox.dispatch(node.finish(self.training.rounds_done))
-        drained = await self.waiter.until(node.drained)
-        await self.outbox.flush(lambda j: j in node.suspended, lambda: self.waiter.hard_stop)
+        gone = self._gone(self.liveness.clock())
+        peer_done = getattr(node, "peer_done", None)
+
+        def drained() -> bool:
+            if peer_done is None:
+                return node.drained()
+            return all(peer_done(j) or gone(j) for j in self.peers)
+
+        drained_ok = await self.waiter.until(drained)
+        await self.outbox.flush(gone, lambda: self.waiter.hard_stop)
+        given_up = sorted(j for j in self.peers if gone(j))
+        if given_up:
+            log.warning("finished without peer(s) %s: silent past the peer timeout and "
+                        "nothing new from them for %.1f s (the finish deadline)", given_up,
+                        self.grace_s)
         node.settle()
         self.phase.to(Phase.DONE)
-        if not drained:
+        if not drained_ok:
             log.warning("stopped before every peer's last message arrived")
-        await self.checkpoints.write()
+        failures = []
+        try:
+            await self.checkpoints.write(final=True)
+        except CheckpointFailed as error:
+            failures.append(str(error))
         if self.role.trains and node.params is not None:
             await self.evaluator.final(node.params)
-        self.results.write()
+        try:
+            self.results.write()
+        except OSError as error:
+            failures.append(f"{self.results.out_dir}: results not written: "
+                            f"{error.strerror or error}")
         await asyncio.gather(*(control.call(j, ControlKind.DONE, {"rank": self.rank},
                                             timeout_s=DONE_TIMEOUT_S)
-                               for j in self.peers if j not in node.suspended))
-        done_peers = self.liveness.done_peers
-        await self.waiter.until(lambda: all(j in done_peers or j in node.suspended
-                                            for j in self.peers), self.grace_s)
+                               for j in self.peers if not gone(j)))
+        await self.waiter.until(lambda: all(self.liveness.is_done(j) or gone(j)
+                                            or j in node.suspended for j in self.peers),
+                                self.grace_s)
+        if failures:
+            raise RunError(f"{'; '.join(failures)} (training finished; peers were told done)")

@@ -1,11 +1,15 @@
 """Who is alive: when each peer was last heard, suspending silent peers and resuming them.
 
-A peer silent for longer than the peer timeout (no accepted message, no
-acknowledged send, no heartbeat answered) is suspended from the SSP gate and
-reported; it rejoins the gate as soon as it is heard again, unless it is
-between its rejoin-hello and its restart. Peers not heard for a third of the
-timeout are sent a heartbeat. A peer that said ``done`` is not timed out.
-Nothing ever waits forever on a dead peer.
+Only NEW evidence proves a peer alive: a message of it accepted (a duplicate
+is not: it may be an old message re-sent), a new message of ours it
+acknowledged as applied, or a heartbeat it answered with the nonce we sent
+(answers are signed). A peer silent for longer than the peer timeout is
+suspended from the SSP gate and reported; it rejoins the gate as soon as it
+is heard again, unless it is between its rejoin-hello and its restart. Peers
+not heard for a third of the timeout are sent a heartbeat. A ``done`` counts
+only once that peer's final message is held (`is_done`); only such a peer,
+which owes nothing more, is exempt from the timeout. Nothing ever waits
+forever on a dead peer.
 
 `Liveness.check(now)` is the whole decision for one moment (clock injected);
 `monitor` runs it periodically and sends the heartbeats. The heartbeat and
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,7 +52,8 @@ class Liveness:
         self.on_change = on_change  # wake the waits
         self.notify_sender = notify_sender  # a change of the peer's suspension
         self.last_heard: dict[int, float] = {}
-        self.done_peers: set[int] = set()
+        self.last_new_s: dict[int, float] = {}  # peer -> last time it sent a NEW message
+        self.done_peers: set[int] = set()  # said done (see is_done)
         self.rejoining_peers: dict[int, float] = {}  # peer -> time of its rejoin-hello
         self.started_s: float | None = None  # peers never heard count as heard then
         self._heartbeats: set[int] = set()
@@ -62,6 +68,20 @@ class Liveness:
             node.resume_peer(peer)
             log.warning("peer %d speaks again: back in the SSP gate", peer)
             self.on_change()
+
+    def received(self, peer: int, accepted: bool) -> None:
+        """A partial of `peer` arrived: evidence only if it was new (not a duplicate)."""
+        if accepted:
+            self.last_new_s[peer] = self.clock()
+            self.heard(peer)
+
+    def is_done(self, peer: int) -> bool:
+        """`peer` said done and its final message is held: it owes nothing more."""
+        node = self.node()
+        if peer not in self.done_peers or node is None:
+            return False
+        peer_done = getattr(node, "peer_done", None)
+        return bool(peer_done(peer)) if peer_done is not None else True
 
     def heard_all(self) -> None:
         """Every peer counts as just heard (the handshake has just talked to them)."""
@@ -112,7 +132,7 @@ class Liveness:
             self.started_s = now
         due = []
         for peer in self.peers:
-            if peer in self.done_peers:
+            if self.is_done(peer):
                 continue
             silent_s = now - self.last_heard.get(peer, self.started_s)
             if peer not in node.suspended and silent_s > self.timeout_s:
@@ -135,9 +155,12 @@ class Liveness:
         return lambda _task: self._heartbeats.discard(peer)
 
     async def _heartbeat(self, control: ControlClient, peer: int) -> None:
-        answer = await control.call(peer, ControlKind.HEARTBEAT, {"rank": self.rank},
+        """A challenge: only a signed answer echoing our fresh nonce counts as heard."""
+        nonce = secrets.token_hex(8)
+        answer = await control.call(peer, ControlKind.HEARTBEAT,
+                                    {"rank": self.rank, "nonce": nonce},
                                     timeout_s=max(1.0, self.timeout_s / 3))
-        if answer.ok:
+        if answer.ok and answer.payload is not None and answer.payload.get("nonce") == nonce:
             self.heard(peer)
 
     # ---------------------------------------------------------------- control handlers
@@ -145,10 +168,12 @@ class Liveness:
     async def on_heartbeat(self, sender: int, payload: dict[str, Any]) -> dict[str, Any]:
         if self.node() is None or self.phase.is_(Phase.STARTING, Phase.REJOINING):
             raise ControlError(503, self.phase.name)
-        self.heard(sender)
-        return {"rank": self.rank, "round": self.metrics.round, "state": self.phase.name}
+        nonce = payload.get("nonce")
+        return {"rank": self.rank, "round": self.metrics.round, "state": self.phase.name,
+                "nonce": nonce if isinstance(nonce, str) else None}
 
     async def on_done(self, sender: int, payload: dict[str, Any]) -> dict[str, Any]:
+        """Recorded; it counts (`is_done`) once the sender's final message is held."""
         self.done_peers.add(sender)
         self.on_change()
-        return {"rank": self.rank}
+        return {"rank": self.rank, "final_held": self.is_done(sender)}

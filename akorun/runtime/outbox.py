@@ -64,7 +64,7 @@ class Outbox:
             sender = PeerSender(
                 peer, url, session, counters=self.metrics.peer(peer), maxsize=queue_messages,
                 shaper=shaper, is_suspended=_bound(may_drop, peer), on_delivered=on_delivered,
-                ssl=ssl, seed=rank * 1000 + peer)
+                ssl=ssl, seed=rank * 1000 + peer, encode=self.signer.encode)
             sender.start()
             self.senders[peer] = sender
 
@@ -77,7 +77,7 @@ class Outbox:
             else:
                 data = self.signer.encode(message)
             out = Outgoing(data, message.kind, message.round, message.part, message.final,
-                           asyncio.get_running_loop().time())
+                           asyncio.get_running_loop().time(), message)
             # as akosim counts: bytes handed to the network during the rounds; what
             # node.finish owes (the final flush) separately
             queued = len(data) * len(send.dests)

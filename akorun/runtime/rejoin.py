@@ -20,9 +20,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from akocore.schemes import AkoState, AkoWorker, RejoinSnapshot
+from akocore.schemes import AkoState, AkoWorker, RejoinSnapshot, SchemeError
 from akorun import control
-from akorun.checkpoint import Checkpoint, log_from_json, log_to_json, restore_optimizer_state
+from akorun.checkpoint import (
+    Checkpoint,
+    checkpoint_path,
+    log_from_json,
+    log_to_json,
+    restore_optimizer_state,
+)
 from akorun.client import ControlClient
 from akorun.control import ControlError, ControlKind
 from akorun.errors import RunError, UsageError
@@ -60,6 +66,7 @@ class Rejoin:
         self.checkpoint = checkpoint
         self.checkpoint_dir = checkpoint_dir
         self.build_node = build_node
+        self.reported_highest: dict[int, int] = {}  # joiner -> its highest round we held
 
     # ================================================================ joiner
 
@@ -89,8 +96,8 @@ class Rejoin:
             raise RunError(f"live peers disagree on p: {sorted(p_values)}")
         p_of = next(iter(p_values))
         if self.checkpoint is not None and tuple(self.checkpoint.p_of) != p_of:
-            raise RunError(f"checkpoint has p = {list(self.checkpoint.p_of)}, the run uses "
-                           f"{list(p_of)}")
+            raise UsageError(f"{self._checkpoint_file()}: checkpoint has p = "
+                             f"{list(self.checkpoint.p_of)}, the run uses {list(p_of)}")
         self.build_node(None, p_of)
         node = self.role.rejoiner()
         self._restore_optimizer(node)
@@ -156,9 +163,13 @@ class Rejoin:
                              f"rank {self.rank} in {self.checkpoint_dir}")
         self.build_node(None, checkpoint.p_of)
         node = self.role.rejoiner()
-        node.load_state(AkoState(checkpoint.rank, checkpoint.next_round, checkpoint.params,
-                                 checkpoint.unsent, checkpoint.inbox, checkpoint.log,
-                                 checkpoint.final_round))
+        try:
+            node.load_state(AkoState(checkpoint.rank, checkpoint.next_round, checkpoint.params,
+                                     checkpoint.unsent, checkpoint.inbox, checkpoint.log,
+                                     checkpoint.final_round))
+        except (SchemeError, KeyError, ValueError) as error:
+            raise UsageError(f"{self._checkpoint_file()}: checkpoint does not fit this run: "
+                             f"{error}") from None
         self._restore_optimizer(node)
         self.metrics.round = checkpoint.next_round
         for peer in self.peers:
@@ -167,6 +178,11 @@ class Rejoin:
         log.warning("no live peer: continuing from our checkpoint alone at round %d",
                     checkpoint.next_round)
         return checkpoint.next_round
+
+    def _checkpoint_file(self) -> Path | str:
+        if self.checkpoint_dir is None:
+            return "--resume"
+        return checkpoint_path(self.checkpoint_dir, self.rank)
 
     def _restore_optimizer(self, node: AkoWorker) -> None:
         if self.checkpoint is None or not self.checkpoint.optimizer_leaves:
@@ -188,6 +204,7 @@ class Rejoin:
         self.liveness.rejoin_started(sender)
         sender_queue = self.outbox.senders[sender]
         contiguous, pending = node.log.export()[sender]
+        self.reported_highest[sender] = max([contiguous, *pending])
         log.warning("rank %d is rejoining (we acknowledged-by it up to round %d, dropped up "
                     "to %d, hold its rounds up to %d)", sender, sender_queue.acked_round,
                     sender_queue.dropped_until, contiguous)
@@ -236,7 +253,16 @@ class Rejoin:
             node = None
         if node is None or not isinstance(first_round, int):
             raise ControlError(400, "restart: expected {rank, first_round} for an ako run")
+        reported = self.reported_highest.get(sender)
+        if reported is None or not self.liveness.rejoining(sender):
+            raise ControlError(409, f"restart from rank {sender}, which is not rejoining "
+                                    f"(no rejoin-hello of it is pending here)")
+        if first_round <= reported:
+            raise ControlError(409, f"restart of rank {sender} at round {first_round}: we hold "
+                                    f"its rounds up to {reported}, so it must go on after them")
+        del self.reported_highest[sender]
         node.peer_restarted(sender, first_round)
+        self.outbox.senders[sender].forget_gap()
         self.liveness.restarted(sender)
         log.warning("rank %d restarted: it continues from round %d", sender, first_round)
         return {"rank": self.rank}

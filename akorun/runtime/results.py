@@ -57,6 +57,10 @@ class ResultBuilder:
         self.out_dir = out_dir
         self.wall_start_s = wall_start_s
         self.last: RankResult | None = None  # what `write` built last
+        if out_dir is not None:  # temp files of a killed earlier start of this rank
+            for stale in (*out_dir.glob(f".worker-{self.rank}.json.*.tmp"),
+                          *out_dir.glob(f".worker-{self.rank}.npz.tmp")):
+                stale.unlink(missing_ok=True)
 
     def result(self) -> RankResult:
         node = self.role.node
@@ -131,7 +135,11 @@ class ResultBuilder:
         if node.params is not None:
             offset = self.role.params_offset()
             tmp = out / f".worker-{self.rank}.npz.tmp"
-            with open(tmp, "wb") as handle:
-                np.savez(handle, params=np.asarray(node.params, dtype=np.float32),
-                         offset=np.array(offset))
-            os.replace(tmp, out / f"worker-{self.rank}.npz")
+            try:
+                with open(tmp, "wb") as handle:
+                    np.savez(handle, params=np.asarray(node.params, dtype=np.float32),
+                             offset=np.array(offset))
+                os.replace(tmp, out / f"worker-{self.rank}.npz")
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise

@@ -94,6 +94,12 @@ class TrainingLoop:
                 return True
         return False
 
+    def _deadline_s(self) -> float | None:
+        duration_s = self.cfg.train.duration_s
+        if duration_s is None or self.train_start_s is None:
+            return None
+        return self.train_start_s + duration_s
+
     async def train(self, node: SchemeNode) -> None:
         workload = self.workload
         metrics = self.metrics
@@ -105,7 +111,7 @@ class TrainingLoop:
         eval_every = self.cfg.train.eval_every
         while not self.should_stop(t):
             await self.faults.before_round(t)
-            waited_s = await self.waiter.gate(node, t)
+            waited_s = await self.waiter.gate(node, t, self._deadline_s())
             if waited_s is None:
                 break
             batch = batches.next()

@@ -4,7 +4,13 @@ A `Waiter` owns the one asyncio.Event that is set whenever something a wait
 may be waiting for changes (an accepted message, a suspended or resumed peer,
 a ``done``, a stop request), the stop reason and the hard-stop flag (a second
 signal). `until` waits for a condition (with an optional deadline), `gate`
-for the SSP gate to let a round start. Deadlines on these waits belong here.
+for the SSP gate to let a round start.
+
+Deadlines: the gate gives up at the run's duration limit (a stop, reason
+"duration"), and when it has been blocked for `stall_limit_s` on peers whose
+rounds did not advance meanwhile, it takes those peers out of the gate (one
+error line naming them); a peer re-enters the gate with its next new
+message. Every blocked gate says every `report_every_s` what it waits on.
 """
 
 from __future__ import annotations
@@ -19,16 +25,19 @@ log = logging.getLogger("akorun")
 
 POLL_S = 0.25  # a wait re-checks its condition at least this often
 GATE_POLL_S = 0.5
+GATE_STALL_TIMEOUTS = 3  # a gate blocked this many peer timeouts without progress gives up
 
 
 class Waiter:
     """The wake-up event, the stop reason and the waits built on them."""
 
-    def __init__(self, *, report_every_s: float) -> None:
+    def __init__(self, *, report_every_s: float, stall_limit_s: float | None = None) -> None:
         self.wake = asyncio.Event()
         self.stop_reason: str | None = None
         self.hard_stop = False
         self.report_every_s = report_every_s  # how often a blocked gate says why
+        self.stall_limit_s = stall_limit_s  # a gate blocked this long drops its blockers
+        self.gate_stalls = 0
 
     def wake_up(self) -> None:
         self.wake.set()
@@ -63,13 +72,20 @@ class Waiter:
             await self._sleep(poll_s)
         return True
 
-    async def gate(self, node: SchemeNode, t: int) -> float | None:
-        """Wait until the SSP gate lets round t start; seconds waited, None if stopped."""
+    async def gate(self, node: SchemeNode, t: int,
+                   deadline_s: float | None = None) -> float | None:
+        """Wait until the SSP gate lets round t start; seconds waited, None if stopped
+        (a stop request, a hard stop, or the loop time `deadline_s` passed)."""
         loop = asyncio.get_running_loop()
         start_s = loop.time()
         next_report_s = start_s + self.report_every_s
+        stall_from_s, progress = start_s, _progress(node)
         while not node.may_start(t):
-            if self.stop_reason is not None:
+            if self.stop_reason is not None or self.hard_stop:
+                return None
+            if deadline_s is not None and loop.time() >= deadline_s:
+                if self.stop_reason is None:
+                    self.stop_reason = "duration"
                 return None
             await self._sleep(GATE_POLL_S)
             now = loop.time()
@@ -77,4 +93,22 @@ class Waiter:
                 log.warning("round %d waits %.0f s on peer(s) %s", t, now - start_s,
                             node.waiting_on(t))
                 next_report_s = now + self.report_every_s
+            if _progress(node) != progress:
+                stall_from_s, progress = now, _progress(node)
+            elif self.stall_limit_s is not None and now - stall_from_s > self.stall_limit_s:
+                blockers = node.waiting_on(t)
+                log.error("round %d: no progress from peer(s) %s for %.0f s although they "
+                          "are not silent: out of the SSP gate until they send new rounds",
+                          t, blockers, now - stall_from_s)
+                for peer in blockers:
+                    node.suspend_peer(peer)
+                self.gate_stalls += 1
+                stall_from_s = now
         return loop.time() - start_s
+
+
+def _progress(node: SchemeNode) -> object:
+    """What changes when a peer's messages arrive (ako: its contiguous rounds)."""
+    log_ = getattr(node, "log", None)
+    contiguous = getattr(log_, "contiguous", None)
+    return tuple(contiguous.tolist()) if contiguous is not None else None

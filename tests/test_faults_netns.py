@@ -1,0 +1,305 @@
+"""The faults real networks and machines make, on real kernel TCP between network namespaces.
+
+Three ako ranks, each in its own network namespace, joined through a bridge in
+a fourth; in-process emulation off, so every byte crosses the kernel. Faults:
+an iptables cut between two ranks healed after 2 s and 10 s, SIGSTOP/SIGCONT
+shorter and longer than the peer timeout, SIGKILL of one rank, 10 % random
+loss (iptables statistic DROP, no netem here), a full checkpoint disk (a tiny
+tmpfs, filled, then freed). Every surviving rank must exit 0 with the same
+number of rounds and replicas equal within 1e-5 relative (plain SGD). The
+stall (the longest gap between two round ends of a rank) and the final
+replica difference are measured and, when FAULT_FIGURES names a file,
+appended there as JSON lines; they are figures, not pass/fail thresholds.
+
+Needs root, `ip`, `iptables` and network namespaces (tmpfs for the disk
+case): skipped with the reason otherwise. Every namespace, veth and mount
+has a name unique to this process and is removed in a finally.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from akocore.config import config_from_dict
+from akorun.cluster import new_settings, write_cluster_file
+from akorun.results import max_relative_difference
+from akorun.testing import REPO_ROOT, akorun_command, child_test_env
+
+pytestmark = [pytest.mark.netns, pytest.mark.timeout(150)]
+
+WORKERS = 3
+PEER_TIMEOUT_S = 2.0
+ROUND_SLEEP_S = 0.05  # paces the rounds (AKORUN_FAULT sleep_per_round) so faults land mid-run
+FAULT_AT_ROUND = 15
+RTOL = 1e-5
+_ROUND = re.compile(r"\] \w+\s+round (\d+)")
+
+
+def _run(*command: str) -> None:
+    subprocess.run(command, check=True, capture_output=True, timeout=20)
+
+
+class Net:
+    """Three rank namespaces on one bridge (in its own hub namespace)."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+        self.hub = f"akf{tag}h"
+        self.names = [f"akf{tag}n{r}" for r in range(WORKERS)]
+        self.addresses = [f"10.232.0.{r + 1}" for r in range(WORKERS)]
+        self.created: list[str] = []
+
+    def up(self) -> None:
+        for name in (self.hub, *self.names):
+            _run("ip", "netns", "add", name)
+            self.created.append(name)
+        _run("ip", "-n", self.hub, "link", "add", "br0", "type", "bridge")
+        _run("ip", "-n", self.hub, "link", "set", "br0", "up")
+        for rank, (name, address) in enumerate(zip(self.names, self.addresses, strict=True)):
+            inner, outer = f"akf{self.tag}r{rank}", f"akf{self.tag}b{rank}"
+            _run("ip", "link", "add", inner, "netns", name, "type", "veth", "peer", "name",
+                 outer, "netns", self.hub)
+            _run("ip", "-n", self.hub, "link", "set", outer, "master", "br0", "up")
+            _run("ip", "-n", name, "addr", "add", f"{address}/24", "dev", inner)
+            _run("ip", "-n", name, "link", "set", inner, "up")
+            _run("ip", "-n", name, "link", "set", "lo", "up")
+        self.iptables(0, "-L")  # fails here (skip) if iptables cannot work in a namespace
+
+    def iptables(self, rank: int, *args: str) -> None:
+        _run("ip", "netns", "exec", self.names[rank], "iptables", "-w", *args)
+
+    def cut(self, a: int, b: int) -> None:
+        self.iptables(a, "-A", "INPUT", "-s", self.addresses[b], "-j", "DROP")
+        self.iptables(a, "-A", "OUTPUT", "-d", self.addresses[b], "-j", "DROP")
+
+    def heal(self, rank: int) -> None:
+        self.iptables(rank, "-F")
+
+    def lose(self, rank: int, probability: float) -> None:
+        self.iptables(rank, "-A", "INPUT", "-m", "statistic", "--mode", "random",
+                      "--probability", f"{probability}", "-j", "DROP")
+
+    def down(self) -> None:
+        for name in self.created:  # deleting a namespace removes its veth ends too
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
+
+
+@pytest.fixture
+def net() -> Iterator[Net]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create network namespaces and iptables rules")
+    for tool in ("ip", "iptables"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"needs the `{tool}` command (iproute2, iptables)")
+    network = Net(f"{os.getpid() % 100000}")
+    try:
+        try:
+            network.up()
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as error:
+            stderr = getattr(error, "stderr", b"") or b""
+            pytest.skip(f"network namespaces, veth, bridges or iptables unavailable here: "
+                        f"{stderr.decode(errors='replace').strip() or error}")
+        yield network
+    finally:
+        network.down()
+
+
+class Run:
+    """One akorun run of three ranks in the namespaces of `net`."""
+
+    def __init__(self, net: Net, directory: Path, rounds: int, *flags: str,
+                 faults: str = "") -> None:
+        self.net = net
+        self.directory = directory
+        self.rounds = rounds
+        cfg = config_from_dict({
+            "cluster": {"workers": WORKERS, "hosts": [f"{a}:7071" for a in net.addresses]},
+            "exchange": {"p": 3, "ssp": 2},
+            "train": {"workload": "digits-mlp", "optimizer": "sgd", "lr": 0.05,
+                      "rounds": rounds, "eval_every": 100000},
+        })
+        self.path = write_cluster_file(directory / "cluster.toml", cfg,
+                                       new_settings(peer_timeout_s=PEER_TIMEOUT_S,
+                                                    emulate="off"))
+        self.out = directory / "out"
+        self.procs: list[subprocess.Popen[bytes]] = []
+        fault_env = f"sleep_per_round:{ROUND_SLEEP_S}" + (f";{faults}" if faults else "")
+        for rank, name in enumerate(net.names):
+            command = ["ip", "netns", "exec", name, *akorun_command(
+                "worker", "--rank", str(rank), "--config", str(self.path), "--out",
+                str(self.out), "--progress-every", "0.2s", "--queue-messages", "4", *flags)]
+            with open(self.log_path(rank), "wb") as log:
+                self.procs.append(subprocess.Popen(
+                    command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                    env=child_test_env({"AKORUN_FAULT": fault_env})))
+
+    def log_path(self, rank: int) -> Path:
+        return self.directory / f"rank-{rank}.log"
+
+    def log(self, rank: int) -> str:
+        return self.log_path(rank).read_text(encoding="utf-8", errors="replace")
+
+    def round_of(self, rank: int) -> int:
+        found = _ROUND.findall(self.log(rank))
+        return int(found[-1]) if found else -1
+
+    def wait_round(self, rank: int, round_: int, timeout_s: float = 90) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.round_of(rank) < round_:
+            if time.monotonic() > deadline or self.procs[rank].poll() is not None:
+                raise AssertionError(f"rank {rank} did not reach round {round_}:\n"
+                                     f"{self.logs()}")
+            time.sleep(0.05)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- rank {r} ---\n{self.log(r)[-3000:]}" for r in range(WORKERS))
+
+    def wait(self, ranks: list[int], timeout_s: float = 100) -> dict[int, int]:
+        deadline = time.monotonic() + timeout_s
+        codes = {}
+        for rank in ranks:
+            try:
+                codes[rank] = self.procs[rank].wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"rank {rank} still running:\n{self.logs()}") from None
+        return codes
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+                proc.wait()
+
+    def check(self, fault: str, ranks: list[int]) -> dict[str, Any]:
+        """Exit 0, every round, replicas equal; the figures of this fault."""
+        codes = self.wait(ranks)
+        assert codes == {r: 0 for r in ranks}, self.logs()
+        results = {r: json.loads((self.out / f"worker-{r}.json").read_text()) for r in ranks}
+        assert all(results[r]["rounds"] == self.rounds for r in ranks), self.logs()
+        replicas = []
+        for rank in ranks:
+            with np.load(self.out / f"worker-{rank}.npz") as data:
+                replicas.append(np.array(data["params"]))
+        difference = max_relative_difference(replicas)
+        stall_s = {r: round(float(np.max(np.diff([0.0, *results[r]["round_end_s"]]))), 3)
+                   for r in ranks}
+        figures = {"fault": fault, "stall_s": stall_s,
+                   "replica_difference": difference,
+                   "peer_timeouts": {r: results[r]["peer_timeouts"] for r in ranks},
+                   "folded": {r: sum(c.get("overflow", 0)
+                                     for c in results[r]["send_dropped"].values())
+                              for r in ranks},
+                   "wall_s": {r: round(results[r]["wall_s"], 2) for r in ranks}}
+        report = os.environ.get("FAULT_FIGURES")
+        if report:
+            with open(report, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(figures) + "\n")
+        assert difference <= RTOL, (figures, self.logs())
+        return figures
+
+
+def _rounds_for(fault_s: float) -> int:
+    """Enough rounds that the run outlasts the fault by a few peer timeouts."""
+    return FAULT_AT_ROUND + int((fault_s + 3 * PEER_TIMEOUT_S) / ROUND_SLEEP_S)
+
+
+@pytest.mark.parametrize("cut_s", [2.0, 10.0])
+def test_a_cut_between_two_ranks_healed_later_ends_equal(net: Net, tmp_path: Path,
+                                                         cut_s: float) -> None:
+    run = Run(net, tmp_path, _rounds_for(cut_s))
+    try:
+        run.wait_round(0, FAULT_AT_ROUND)
+        net.cut(0, 1)
+        time.sleep(cut_s)
+        net.heal(0)
+        figures = run.check(f"cut {cut_s:g} s", [0, 1, 2])
+        if cut_s > 4 * PEER_TIMEOUT_S:  # long enough that full queues folded (the old gap)
+            assert figures["folded"][0] > 0 and figures["folded"][1] > 0, figures
+    finally:
+        run.kill()
+
+
+@pytest.mark.parametrize("pause_s", [0.5 * PEER_TIMEOUT_S, 2.5 * PEER_TIMEOUT_S])
+def test_a_paused_rank_resumed_later_ends_equal(net: Net, tmp_path: Path,
+                                                pause_s: float) -> None:
+    run = Run(net, tmp_path, _rounds_for(pause_s))
+    try:
+        run.wait_round(1, FAULT_AT_ROUND)
+        run.procs[1].send_signal(signal.SIGSTOP)
+        time.sleep(pause_s)
+        run.procs[1].send_signal(signal.SIGCONT)
+        run.check(f"pause {pause_s:g} s", [0, 1, 2])
+    finally:
+        run.kill()
+
+
+def test_a_sigkilled_rank_leaves_the_others_ending_equal(net: Net, tmp_path: Path) -> None:
+    run = Run(net, tmp_path, _rounds_for(0.0))
+    try:
+        run.wait_round(2, FAULT_AT_ROUND)
+        run.procs[2].send_signal(signal.SIGKILL)
+        run.check("SIGKILL one rank", [0, 1])
+    finally:
+        run.kill()
+
+
+def test_ten_percent_packet_loss_only_slows_the_run(net: Net, tmp_path: Path) -> None:
+    for rank in range(WORKERS):
+        net.lose(rank, 0.10)
+    run = Run(net, tmp_path, 60)
+    try:
+        run.check("10% loss", [0, 1, 2])
+    finally:
+        run.kill()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    try:
+        _run("mount", "-t", "tmpfs", "-o", "size=256k", f"akf{os.getpid()}", str(mount))
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as error:
+        pytest.skip(f"cannot mount a tmpfs here: {error}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True, timeout=20)
+
+
+def test_a_full_checkpoint_disk_is_survived_and_retried(net: Net, tmp_path: Path,
+                                                        small_disk: Path) -> None:
+    filler = small_disk / "filler"
+    with open(filler, "wb", buffering=0) as handle:  # fill it: checkpoint writes fail
+        try:
+            while True:
+                handle.write(b"\0" * 4096)
+        except OSError:
+            pass
+    checkpoints = small_disk / "ckpt"
+    run = Run(net, tmp_path, 60, "--checkpoint-every", "5", "--checkpoint-dir",
+              str(checkpoints))
+    try:
+        run.wait_round(0, 25)
+        filler.unlink()  # space again: the next periodic checkpoint retries and succeeds
+        run.check("full checkpoint disk", [0, 1, 2])
+        assert all("checkpoint not written" in run.log(r) for r in range(WORKERS))
+        assert sorted(p.name for p in checkpoints.iterdir() if p.name.startswith(".")) == []
+        assert all((checkpoints / f"worker-{r}.ckpt.npz").exists() for r in range(WORKERS))
+    finally:
+        run.kill()
