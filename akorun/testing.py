@@ -173,9 +173,10 @@ class SinkHost:
     benchmarks. The first `not_ready_answers` partials are answered 503 "starting"."""
 
     def __init__(self, secret: bytes, run_id: bytes, wire_hash: bytes, *,
-                 max_body_bytes: int = 1 << 26, not_ready_answers: int = 0) -> None:
+                 max_body_bytes: int = 1 << 26, not_ready_answers: int = 0,
+                 world: int = 2) -> None:
         self.rank = 1
-        self.world = 2
+        self.world = world
         self.secret = secret
         self.keys = RunKeys.from_secret(secret, run_id, self.rank, self.world, wire_hash)
         self.verifier = RequestVerifier(self.keys, world=self.world)
