@@ -44,7 +44,6 @@ import os
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import blake3
 
@@ -119,34 +118,6 @@ class RankKeys:
             raise WireError(f"rank {peer} is not a peer of rank {self.rank}",
                             Status.BAD_SIGNATURE)
         return key
-
-    def to_text(self) -> str:
-        lines = [f"rank = {self.rank}", f"world = {self.world}", f"run_id = {self.run_id.hex()}"]
-        lines += [f"pair.{peer} = {key.hex()}" for peer, key in sorted(self.pairs.items())]
-        return "\n".join(lines) + "\n"
-
-    @classmethod
-    def from_text(cls, text: str) -> RankKeys:
-        """ValueError on anything but `to_text`'s output."""
-        values = dict(line.split(" = ", 1) for line in text.splitlines() if line.strip())
-        pairs = {int(name.removeprefix("pair.")): bytes.fromhex(value)
-                 for name, value in values.items() if name.startswith("pair.")}
-        return cls(int(values["rank"]), int(values["world"]), bytes.fromhex(values["run_id"]),
-                   pairs)
-
-
-def write_rank_key_files(directory: Path, secret: bytes, run_id: bytes,
-                         world: int) -> list[Path]:
-    """One owner-only ``rank-<i>.key`` per rank holding only that rank's row."""
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    paths = []
-    for rank in range(world):
-        path = directory / f"rank-{rank}.key"
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "w", encoding="utf-8") as out:
-            out.write(RankKeys.from_secret(secret, run_id, rank, world).to_text())
-        paths.append(path)
-    return paths
 
 
 @dataclass(frozen=True)
