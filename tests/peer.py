@@ -3,8 +3,9 @@
 `Peer` holds one rank's keys (derived from the cluster secret, as a member
 would) and a nonce (its own, i.e. a new instance of that rank, or the live
 rank's, learnt by discovering that rank: then it speaks in the live rank's
-sessions without replacing it), discovers a worker's nonce with a discovery hello, seals partials and
-control messages for the worker's current session, and records every request
+sessions without replacing it), discovers a worker's nonce with a discovery
+hello, seals partials and control messages for the worker's current session,
+and records every request
 exactly as it went (`Sent`), so that a test can send the same bytes again
 later (`replay`): to the same instance, to a restarted one, or to a later run
 started from the same cluster file.

@@ -21,8 +21,8 @@ import pytest
 
 from akocore.messages import Kind, Partial
 from akorun import control, wire
-from akorun.keys import AUTH_HEADER, PARTIAL_PATH, PartialSealer, Signer, digest
 from akorun.cluster import free_ports
+from akorun.keys import AUTH_HEADER, PARTIAL_PATH, PartialSealer, Signer, digest
 from akorun.metrics import PeerCounters
 from akorun.sender import Outcome, Outgoing, PeerSender, RetryPolicy
 from akorun.server import Server

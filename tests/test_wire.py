@@ -6,12 +6,11 @@ import dataclasses
 import struct
 import uuid
 
+import blake3
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import blake3
 
 from akocore.messages import Kind, Partial
 from akorun import wire
