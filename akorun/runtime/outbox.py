@@ -25,7 +25,7 @@ from akorun.metrics import Metrics
 from akorun.sender import Outgoing, PeerSender
 from akorun.shaping import DownlinkShaper, LinkShaper
 
-ENCODE_IN_THREAD_BYTES = 1 << 20  # encode (HMAC) bigger messages off the loop
+ENCODE_IN_THREAD_BYTES = 1 << 20  # encode (BLAKE3 digest) bigger messages off the loop
 
 
 def emulated_links(cfg: RunConfig, rank: int,
