@@ -43,7 +43,7 @@ import itertools
 import os
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import blake3
 
@@ -290,7 +290,7 @@ class Signer:
         seal = Seal(sessions.rank, dest, sessions.nonce, receiver_nonce,
                     sessions.next_counter(), body_digest)
         key = sessions.key(seal.sender, dest, seal.sender_nonce, receiver_nonce)
-        return Seal(**{**seal.__dict__, "tag": request_tag(key, path, seal)})
+        return replace(seal, tag=request_tag(key, path, seal))
 
     def seal_partial(self, dest: int, path: str, data: bytes) -> Seal:
         """The seal of one encoded partial to `dest`: over its header, which commits to the body."""

@@ -14,6 +14,7 @@ snapshot, restart; and answers are tried as answers to other requests.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -170,7 +171,7 @@ def test_a_member_cannot_speak_as_another_rank() -> None:
         # a seal that says rank 0, tagged with the only key rank 2 has with rank 1
         claim = Seal(0, 1, nonce, receiver_nonce, 99, digest(data[:100]))
         key = rank2.signer.sessions.key(2, 1, nonce, receiver_nonce)
-        forged = Seal(**{**claim.__dict__, "tag": request_tag(key, PARTIAL_PATH, claim)})
+        forged = dataclasses.replace(claim, tag=request_tag(key, PARTIAL_PATH, claim))
         as_zero = control.dumps({"rank": 0, "round": 1})
         answers = {
             "seal says rank 0": (await asyncio.to_thread(

@@ -15,6 +15,10 @@
   path with no seal, no digest and no check on either side (a server with an
   open verifier and a null hasher, never used by akorun itself): the cost of
   the security is the gap between the two.
+- ``akorun.rounds_under_attack``: rounds per second of a 3-rank digits-mlp run
+  with 100 slow or forged connections held on every rank (from before the
+  join to the end: tests/test_security_live.Attacker) over the same run
+  without them, launched one after the other. Goal >= 0.80.
 - ``akorun.compute_fraction``: with ample bandwidth (100 Gbit/s emulated),
   measured gradient-step seconds / steady wall seconds per round, mean over
   the workers of a 2-worker launch of digits-cnn (batch 128, a step of tens
@@ -285,6 +289,36 @@ def peak_rss() -> tuple[float, float, str]:
         f"step, message buffers, queues)")
 
 
+def rounds_under_attack(per_rank: int = 100, rounds: int = 300) -> tuple[float, str]:
+    """(attacked / clean rounds per second, note) of two otherwise equal 3-rank runs."""
+    from akorun.testing import LocalCluster
+    from tests.test_security_live import Attacker, tables
+
+    rates: dict[bool, float] = {}
+    for attacked in (False, True):
+        with tempfile.TemporaryDirectory() as tmp, \
+                LocalCluster(Path(tmp), tables(rounds=rounds)) as cluster:
+            addresses = [(h, int(p)) for h, p in
+                         (entry.rsplit(":", 1) for entry in cluster.config.cluster.hosts)]
+            attacker = Attacker(addresses, per_rank, training=lambda: False)
+            if attacked:
+                attacker.start()
+            cluster.start_all("--quiet")
+            try:
+                codes = cluster.wait_all(600)
+            finally:
+                if attacked:
+                    attacker.stop()
+            if codes != {0: 0, 1: 0, 2: 0}:
+                raise RuntimeError(f"a run failed (attacked: {attacked}):\n{cluster.logs()}")
+            round_s = float(np.mean([cluster.result(r)["round_time_s"] for r in range(3)]))
+            rates[attacked] = 1.0 / round_s
+    return rates[True] / rates[False], (
+        f"3-rank digits-mlp, {rounds} rounds, p=2, ssp=0: {rates[False]:.1f} rounds/s clean, "
+        f"{rates[True]:.1f} rounds/s with {per_rank} slow or forged connections held on "
+        f"every rank")
+
+
 def run() -> list[Figure]:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     partials = [_partial(i) for i in range(MESSAGES)]
@@ -295,6 +329,7 @@ def run() -> list[Figure]:
         reals.append(akorun_mb_per_s(messages, partials))
         open_.append(akorun_mb_per_s(messages, partials, secure=False))
     raw, real, unauthenticated = max(raws), max(reals), max(open_)
+    attacked, attacked_note = rounds_under_attack()
     fraction, fraction_note = compute_fraction("inf")
     gated, gated_note = compute_fraction("2")
     rss_mb, akorun_mb, rss_note = peak_rss()
@@ -310,6 +345,7 @@ def run() -> list[Figure]:
                note=f"informational: the same path with no seal, digest or check anywhere: "
                     f"akorun {unauthenticated:.0f} MB/s vs socket {raw:.0f} MB/s; security "
                     f"costs {100 * (1 - real / unauthenticated):.0f}% of it"),
+        Figure("akorun.rounds_under_attack", attacked, "ratio", goal=0.80, note=attacked_note),
         Figure("akorun.compute_fraction", fraction, "ratio", goal=0.85,
                note="akorun's own cost per round (no gate): " + fraction_note),
         Figure("akorun.compute_fraction_ssp2", gated, "ratio",
