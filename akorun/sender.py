@@ -16,7 +16,7 @@ often as needed:
   duplicate). Up to `window` (2) POSTs to a peer run at once, so the next
   message travels while the receiver verifies the last one; messages may
   arrive out of order, which the receivers' delivery logs sort out.
-  Connection errors, timeouts, 5xx and 503 keep the message owed and retry
+  Connection errors, timeouts, 5xx, 503 and 421 (stale session) keep it owed and retry
   with capped exponential backoff and jitter; 400/401/409/413 (and other
   4xx) mean a bug or an attack: logged loudly and dropped.
 - Bodies are whole `bytes` with an explicit Content-Length (replayable: aiohttp
