@@ -1,12 +1,15 @@
-"""Signed control requests to peers, over the process's one aiohttp ClientSession.
+"""Sealed control requests to peers, over the process's one aiohttp ClientSession.
 
 This module owns the client side of akorun.control: `ControlClient.call`
-signs a JSON body (with the rank's `Signer`, akorun.keys), POSTs it to the
-path of its `ControlKind`, checks the answer's signature and returns a
-`ControlAnswer`. It never raises on network trouble:
-an unreachable peer is an answer with status 0, so callers decide whether to
-retry (hello, restart) or give up (done, heartbeat). `make_session` builds the
-one session a process uses: explicit timeouts (never aiohttp's 300 s
+seals a JSON body for the peer's current session (with the rank's `Signer`,
+akorun.keys), POSTs it to the path of its `ControlKind`, checks that the
+answer is bound to this request and returns a `ControlAnswer`. A peer whose
+current nonce is not known yet, or that answers 421 (this rank sealed for an
+earlier instance of it), is first asked for its nonce with a discovery hello
+(`discover`), then the request goes again, once. It never raises on network
+trouble: an unreachable peer is an answer with status 0, so callers decide
+whether to retry (hello, restart) or give up (done, heartbeat). `make_session`
+builds the one session a process uses: explicit timeouts (never aiohttp's 300 s
 default), `limit_per_host=3` (two partials in flight plus one control request).
 """
 
@@ -21,7 +24,7 @@ import aiohttp
 
 from akorun import control
 from akorun.control import ControlKind
-from akorun.keys import Signer
+from akorun.keys import AUTH_HEADER, SESSION_PATH, STALE_SESSION, Signer, digest
 
 log = logging.getLogger("akorun")
 
@@ -64,10 +67,40 @@ class ControlClient:
 
     async def call(self, rank: int, kind: ControlKind, payload: dict[str, Any], *,
                    timeout_s: float = 10.0, binary: bool = False) -> ControlAnswer:
-        path = kind.path
+        if not self.signer.knows(rank):
+            failed = await self.discover(rank, timeout_s=timeout_s)
+            if failed is not None:
+                return failed
         body = control.dumps(payload)
-        headers = {control.SIGNATURE_HEADER: self.signer.sign_request(path, body),
-                   "Content-Type": "application/json"}
+        answer = await self._post(rank, kind.path, body, timeout_s=timeout_s, binary=binary)
+        if answer.status == STALE_SESSION:  # the peer restarted since we last spoke
+            failed = await self.discover(rank, timeout_s=timeout_s)
+            if failed is not None:
+                return failed
+            answer = await self._post(rank, kind.path, body, timeout_s=timeout_s,
+                                      binary=binary)
+        return answer
+
+    async def discover(self, rank: int, *, timeout_s: float = 10.0) -> ControlAnswer | None:
+        """Learn `rank`'s current nonce (a discovery hello); None, or the failed answer."""
+        answer = await self._post(rank, SESSION_PATH, b"", timeout_s=timeout_s, binary=False,
+                                  discovery=True)
+        if not answer.ok:
+            return answer
+        assert answer.payload is not None
+        try:
+            nonce = bytes.fromhex(str(answer.payload.get("nonce")))
+        except ValueError:
+            return ControlAnswer(400, error="discovery answer without a nonce")
+        if not self.signer.learn(rank, nonce):
+            return ControlAnswer(401, error=f"rank {rank} answered with the nonce of an "
+                                            f"earlier instance")
+        return None
+
+    async def _post(self, rank: int, path: str, body: bytes, *, timeout_s: float,
+                    binary: bool, discovery: bool = False) -> ControlAnswer:
+        seal = self.signer.seal(rank, path, digest(body), discovery=discovery)
+        headers = {AUTH_HEADER: seal.text(), "Content-Type": "application/json"}
         try:
             async with self.session.post(
                 self.base_urls[rank] + path, data=body, headers=headers,
@@ -76,16 +109,16 @@ class ControlClient:
             ) as response:
                 answer = await response.read()
                 status = response.status
-                given = response.headers.get(control.SIGNATURE_HEADER)
+                given = response.headers.get(AUTH_HEADER)
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             return ControlAnswer(0, error=f"{type(error).__name__}: {error}")
         if status != 200:
             return ControlAnswer(status, body=answer,
                                  error=answer[:300].decode("utf-8", "replace").strip())
-        if not self.signer.answer_is_signed(path, answer, given):
-            log.error("rank %d answered %s with a missing or wrong signature: ignored", rank,
+        if not self.signer.answer_is_authentic(seal, 200, answer, given):
+            log.error("rank %d answered %s without a tag bound to our request: ignored", rank,
                       path)
-            return ControlAnswer(401, error="answer not signed with the run's secret")
+            return ControlAnswer(401, error="answer not bound to our request in this session")
         if binary:
             return ControlAnswer(200, body=answer)
         try:

@@ -1,17 +1,14 @@
-"""Signed control messages: small JSON bodies authenticated with the run's secret.
+"""Control messages: small JSON bodies, sealed per session like partials (akorun.keys).
 
-Gradient partitions carry their own HMAC in the wire header (akorun.wire).
-Every other write (hello, stop, heartbeat, done, rejoin-hello, snapshot,
-restart) is a JSON body whose request carries
-``X-Ako-Signature: hex(HMAC-SHA256(secret, METHOD + PATH + body))`` and whose
-answer carries ``X-Ako-Signature: hex(HMAC-SHA256(secret, "ANSWER" + PATH +
-body))``, so neither side acts on an unauthenticated control message. The
-snapshot answer is binary: a 4-byte little-endian JSON length, the JSON, then
-raw little-endian float32 arrays named in the JSON.
-
-There is no replay protection beyond the run id: a replayed control message
-of the same run is harmless (hello, heartbeat and done are idempotent; stop
-only ends a run that already asked to end).
+Gradient partitions are binary wire messages (akorun.wire). Every other write
+(hello, stop, heartbeat, done, rejoin-hello, snapshot, restart) is a JSON body
+whose request carries a seal (``X-Ako-Auth``: sender, receiver, both
+instances' nonces, a counter, the body's BLAKE3 digest and a keyed tag) and
+whose answer carries a tag bound to that request, so neither side acts on a
+control message that is forged, replayed (from an earlier run, an earlier
+instance of a rank, or earlier in this session) or answered for another
+request. The snapshot answer is binary: a 4-byte little-endian JSON length,
+the JSON, then raw little-endian float32 arrays named in the JSON.
 
 `ControlKind` is the one list of control messages (each with its path);
 `ControlError` is how a handler refuses one. Which handler answers which kind
@@ -20,8 +17,6 @@ is akorun.routing's `ControlTable`, which the server registers its routes from.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import struct
 from collections.abc import Mapping
@@ -30,8 +25,7 @@ from typing import Any
 
 import numpy as np
 
-SIGNATURE_HEADER = "X-Ako-Signature"
-ANSWER = "ANSWER"
+CONTROL_BODY_MAX_BYTES = 64 * 1024  # a control request is small; the server reads no more
 
 
 class ControlKind(StrEnum):
@@ -57,18 +51,6 @@ class ControlError(Exception):
         super().__init__(reason)
         self.status = status
         self.reason = reason
-
-
-def signature(secret: bytes, method: str, path: str, body: bytes) -> str:
-    mac = hmac.new(secret, method.upper().encode("ascii") + path.encode("utf-8"), hashlib.sha256)
-    mac.update(body)
-    return mac.hexdigest()
-
-
-def is_signed(secret: bytes, method: str, path: str, body: bytes, given: str | None) -> bool:
-    if not given:
-        return False
-    return hmac.compare_digest(signature(secret, method, path, body), given.strip().lower())
 
 
 def dumps(payload: Mapping[str, Any]) -> bytes:

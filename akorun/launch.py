@@ -35,6 +35,7 @@ from akocore.config import ResolvedSettings, RunConfig, config_to_dict
 from akocore.results import RankResult, RunResult
 from akorun.cluster import AkorunSettings, loopback_hosts, with_hosts, write_cluster_file
 from akorun.errors import Interrupted, RunError, UsageError
+from akorun.keys import restrict_new_files
 from akorun.results import merge_results, write_json
 from akorun.roles import role_of
 
@@ -143,6 +144,7 @@ class Launcher:
 
     def start(self) -> None:
         out = self.options.out_dir
+        restrict_new_files()  # logs, results and parameters: the owner's only
         out.mkdir(parents=True, exist_ok=True)
         write_cluster_file(self.cluster_path, self.cfg, self.settings, resolved=self.resolved)
         n = self.cfg.cluster.workers

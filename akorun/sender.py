@@ -26,7 +26,7 @@ often as needed:
   duplicate). Up to `window` (2) POSTs to a peer run at once, so the next
   message travels while the receiver verifies the last one; messages may
   arrive out of order, which the receivers' delivery logs sort out.
-  Connection errors, timeouts, 5xx and 503 keep the message owed and retry
+  Connection errors, timeouts, 5xx, 503 and 421 (stale session) keep it owed and retry
   with capped exponential backoff and jitter; 400/401/409/413 (and other
   4xx) mean a bug or an attack: logged loudly and dropped.
 - Bodies are whole `bytes` with an explicit Content-Length (replayable: aiohttp
@@ -60,6 +60,7 @@ import numpy as np
 
 from akocore.messages import Kind, Partial
 from akocore.settings.registry import default_of
+from akorun.keys import AUTH_HEADER, STALE_SESSION, PartialSealer
 from akorun.metrics import PeerCounters
 from akorun.shaping import LinkShaper
 
@@ -202,7 +203,8 @@ class PeerSender:
                  is_suspended: Callable[[], bool] = lambda: False,
                  on_delivered: Callable[[int], None] = lambda dest: None,
                  ssl: object = True, seed: int = 0, window: int = DEFAULT_WINDOW,
-                 encode: Callable[[Partial], bytes] | None = None) -> None:
+                 encode: Callable[[Partial], bytes] | None = None,
+                 sealer: PartialSealer | None = None) -> None:
         if maxsize < 1 or window < 1:
             raise ValueError(f"maxsize and window must be >= 1, got {maxsize}, {window}")
         self.dest = dest
@@ -215,6 +217,7 @@ class PeerSender:
         self.is_suspended = is_suspended
         self.on_delivered = on_delivered
         self.ssl = ssl
+        self.sealer = sealer  # seals each attempt for dest's current session (akorun.keys)
         self.queue: deque[Outgoing] = deque()
         self.encode = encode  # re-encodes a folded round (no encoder: dropped, not folded)
         self.gap = OwedGap()
@@ -401,20 +404,28 @@ class PeerSender:
         wire_s = self._wire_s.get(id(message))
         if wire_s is not None:
             headers[WIRE_TIME_HEADER] = f"{wire_s:.6f}"
+        seal = self.sealer.seal(self.dest, message.data) if self.sealer is not None else None
+        if seal is not None:
+            headers[AUTH_HEADER] = seal.text()
         try:
             async with self.session.post(self.url, data=message.data, headers=headers,
                                          ssl=self.ssl) as response:  # type: ignore[arg-type]
                 status = response.status
                 text = await response.read() if status != 200 else b""
                 duplicate = response.headers.get(DUPLICATE_HEADER) == "1"
+                ack = response.headers.get(AUTH_HEADER)
                 self._downlink_wait_s[id(message)] = seconds_header(
                     response.headers.get(DOWNLINK_WAIT_HEADER))
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             log.debug("send to %d (round %d) failed: %s", self.dest, message.round, error)
             return Outcome.RETRY
         if status == 200:
+            if seal is not None and self.sealer is not None \
+                    and not self.sealer.acknowledged(seal, duplicate, ack):
+                log.error("peer %d's 200 is not bound to our request: sending again", self.dest)
+                return Outcome.RETRY
             return Outcome.DUPLICATE if duplicate else Outcome.DELIVERED
-        if status >= 500 or status == 429:
+        if status >= 500 or status in (429, STALE_SESSION):
             return Outcome.RETRY
         reason = _FATAL_STATUSES.get(status, f"http_{status}")
         self.counters.send_dropped[reason] += 1

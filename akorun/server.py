@@ -1,22 +1,29 @@
 """The HTTP face of one akorun process: an aiohttp app on the worker's own event loop.
 
-Endpoints (all writes authenticated, see akorun.wire and akorun.control):
+Endpoints (all writes sealed per session and per sender, see akorun.keys):
 
-- ``POST /v1/partial``: one wire message. akorun.admission decides first
-  whether it may take a read slot. The 100-byte header is read first
-  and checked (400 malformed, 413 over the cap) before any body byte is read;
-  the body is streamed into a preallocated float32 buffer while an HMAC
-  `Verifier` is fed (401); then the run is checked (409) and the partial goes
-  straight to the host's scheme node (a `SchemeError` -> 400; a duplicate ->
-  200 with ``X-Ako-Duplicate: 1``). A 503 (not ready, every read slot taken)
-  means the sender keeps the bytes and retries.
+- ``POST /v1/partial``: one wire message. akorun.admission refuses it first
+  while the host is not ready (503) or without a Content-Length (400); then its
+  seal (``X-Ako-Auth``) is opened from the HTTP header alone (401 forged,
+  replayed from an earlier instance or for another rank; 421 for an earlier
+  instance of this rank) before anything is reserved for it. Only then does it
+  take a read slot (503 when every slot, or every slot its sender may hold, is
+  taken), read the 100-byte header within a deadline (the seal commits to
+  it: 401 otherwise) and check it (400 malformed or another sender than the
+  sealed one, 413 over the cap, 409 another run) before any body byte is read.
+  The body is streamed, within a minimum rate, into a pooled float32 buffer
+  while a `BodyHasher` checks it against the header's digest (401); then the
+  partial goes straight to the host's scheme node (a `SchemeError` -> 400; a
+  duplicate -> 200 with ``X-Ako-Duplicate: 1``). The 200 carries a tag bound
+  to the request. A 503 means the sender keeps the bytes and retries.
 - ``POST /v1/<kind>`` for every route of the host's `ControlTable`
-  (akorun.routing): signed JSON control messages (401 unsigned or wrongly
-  signed, 400 not a JSON object); answers are signed too. Signatures are
-  checked and made by the host's `RequestVerifier` (akorun.keys).
+  (akorun.routing): sealed JSON control messages (401 unsealed, forged or
+  replayed, 421 stale session, 400 not a JSON object, 413 over 64 KiB); the
+  answer is bound to its request. A hello sealed with no receiver nonce is a
+  discovery: it is answered with this instance's nonce and goes no further.
 - ``GET /metrics`` (Prometheus text) and ``GET /status`` (JSON): read-only and
   unauthenticated on purpose, so standard scrapers work; they expose counts,
-  never parameters or the secret.
+  never parameters or keys.
 
 The server never unpickles anything and holds no unbounded buffers: body
 memory is bounded by max_concurrent_reads x the body cap.
@@ -41,10 +48,10 @@ from aiohttp import StreamReader, web
 from akocore.messages import Partial
 from akocore.schemes import SchemeError
 from akorun import control
-from akorun.admission import Admission
-from akorun.control import ControlError, ControlKind
+from akorun.admission import Admission, BufferPool, Refusal
+from akorun.control import CONTROL_BODY_MAX_BYTES, ControlError, ControlKind
 from akorun.errors import UsageError
-from akorun.keys import RequestVerifier
+from akorun.keys import AUTH_HEADER, SESSION_PATH, Opened, RequestVerifier, ack_body
 from akorun.metrics import PROMETHEUS_CONTENT_TYPE, Metrics
 from akorun.routing import ControlTable
 from akorun.sender import (
@@ -57,8 +64,8 @@ from akorun.shaping import DownlinkShaper
 from akorun.validation import NonFiniteValues
 from akorun.wire import (
     HEADER_SIZE,
+    BodyHasher,
     Status,
-    Verifier,
     WireError,
     decode_header,
     to_partial,
@@ -72,11 +79,11 @@ KEEPALIVE_TIMEOUT_S = 75.0  # longer than the client's 15 s, so the client close
 READ_BUFFER_BYTES = 1 << 20  # body bytes buffered before the socket is paused (x2)
 _REASONS = {Status.MALFORMED: "malformed", Status.BAD_SIGNATURE: "bad_signature",
             Status.WRONG_RUN: "wrong_run", Status.TOO_LARGE: "too_large",
-            Status.INBOX_FULL: "inbox_full"}
+            Status.INBOX_FULL: "inbox_full", Status.STALE_SESSION: "stale_session"}
 
 
 async def _read_body_inline(content: StreamReader, values: np.ndarray,
-                            verifier: Verifier, nbytes: int) -> None:
+                            verifier: BodyHasher, nbytes: int) -> None:
     """Read a small body into `values`, feeding the verifier on the loop."""
     view = memoryview(values.data).cast("B")
     filled = 0
@@ -94,7 +101,7 @@ async def _read_body_inline(content: StreamReader, values: np.ndarray,
 
 class _HashLane:
     """A thread that, for one body at a time, copies the received chunks into the
-    body's buffer and feeds its `Verifier`, strictly in the order they were read.
+    body's buffer and feeds its `BodyHasher`, strictly in the order they were read.
 
     The loop hands a chunk over with `feed` (a queue put: no future, no executor
     round trip per chunk) and keeps reading; `drained` resolves once every chunk fed
@@ -104,11 +111,11 @@ class _HashLane:
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="hmac-lane", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="hash-lane", daemon=True)
         self._thread.start()
 
     def feed(self, target: np.ndarray, start: int, end: int, chunk: bytes,
-             verifier: Verifier) -> None:
+             verifier: BodyHasher) -> None:
         self._queue.put((target, start, end, chunk, verifier))
 
     def drained(self) -> asyncio.Future[None]:
@@ -121,7 +128,10 @@ class _HashLane:
         self._queue.put(None)
 
     def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
             if len(item) == 2:
                 loop, done = item
                 error, self._error = self._error, None
@@ -136,6 +146,9 @@ class _HashLane:
                     verifier.update(chunk)
                 except BaseException as error:  # reported to the loop by `drained`
                     self._error = error
+                # hold no reference to the body's buffer between bodies (the pool's check)
+                target = chunk = None
+            item = None
 
 
 def _resolve(done: asyncio.Future[None], error: BaseException | None) -> None:
@@ -171,10 +184,13 @@ class Host(Protocol):
 class Server:
     """The aiohttp application of one host, started with `start` and stopped with `close`."""
 
-    def __init__(self, host: Host, *, max_concurrent_reads: int = 8) -> None:
+    def __init__(self, host: Host, *, max_concurrent_reads: int = 8,
+                 body_hasher: Callable[[], BodyHasher] = BodyHasher) -> None:
         self.host = host
+        self.body_hasher = body_hasher  # another one only in the benchmark's comparison
         self.admission = Admission(host.not_accepting, max_concurrent_reads=max_concurrent_reads)
-        self.app = web.Application(client_max_size=1 << 20)
+        self.buffers = BufferPool(keep=max(2, max_concurrent_reads))
+        self.app = web.Application(client_max_size=CONTROL_BODY_MAX_BYTES)
         self.app.router.add_post("/v1/partial", self.partial)
         for route in host.control_table.routes:
             self.app.router.add_post(route.path, self._control_handler(route.kind))
@@ -223,10 +239,12 @@ class Server:
             log.warning("refused a request with %d %s: %s", status, reason, detail)
         return web.Response(status=status, text=f"{reason}: {detail}\n")
 
-    def _signed(self, path: str, body: bytes, content_type: str) -> web.Response:
-        sig = self.host.verifier.sign_answer(path, body)
-        return web.Response(body=body, content_type=content_type,
-                            headers={control.SIGNATURE_HEADER: sig})
+    def _refuse(self, refusal: Refusal) -> web.Response:
+        return self._reject(refusal.status, refusal.reason, refusal.detail)
+
+    def _refuse_error(self, error: WireError) -> web.Response:
+        return self._reject(int(error.status), _REASONS.get(error.status, "malformed"),
+                            error.reason)
 
     # ---------------------------------------------------------------- partials
 
@@ -234,14 +252,23 @@ class Server:
         length = request.content_length
         refusal = self.admission.refusal(length)
         if refusal is not None:
-            return self._reject(refusal.status, refusal.reason, refusal.detail)
+            return self._refuse(refusal)
         assert length is not None
         try:
-            with self.admission.slot():
-                return await self._read_partial(request, length)
+            opened = self.host.verifier.open(request.headers.get(AUTH_HEADER), request.path,
+                                             control=False)
         except WireError as error:
-            return self._reject(int(error.status), _REASONS.get(error.status, "malformed"),
-                                error.reason)
+            return self._refuse_error(error)
+        refusal = self.admission.slot_refusal(opened.sender)
+        if refusal is not None:
+            return self._refuse(refusal)
+        try:
+            with self.admission.slot(opened.sender):
+                return await self._read_partial(request, length, opened)
+        except WireError as error:
+            return self._refuse_error(error)
+        except TimeoutError:
+            return self._reject(503, "too_slow", "header or body slower than the minimum rate")
         except asyncio.IncompleteReadError as error:
             return self._reject(400, "malformed", f"body ended after {len(error.partial)} "
                                                   f"bytes")
@@ -250,24 +277,28 @@ class Server:
         except NonFiniteValues as error:  # recorded as zeros by the host (akorun.validation)
             return self._reject(error.status, error.reason, str(error))
 
-    async def _read_partial(self, request: web.Request, length: int) -> web.Response:
+    async def _read_partial(self, request: web.Request, length: int,
+                            opened: Opened) -> web.Response:
         host = self.host
         content = request.content
-        head = await content.readexactly(HEADER_SIZE)
+        head = await asyncio.wait_for(content.readexactly(HEADER_SIZE),
+                                      self.admission.header_deadline_s)
+        host.verifier.check_digest(opened, head)
         header = decode_header(head, max_body_bytes=host.max_body_bytes(),
                                body_nbytes=length - HEADER_SIZE)
-        if header.sender >= host.world or header.sender == host.rank:
-            raise WireError(f"sender {header.sender} is not a peer of rank {host.rank} "
-                            f"(ranks 0..{host.world - 1})", Status.MALFORMED)
-        values = np.empty(header.length, dtype=np.float32)
-        verifier = host.verifier.body_verifier(head)
-        nbytes = header.body_nbytes
-        if nbytes >= HASH_IN_THREAD_BYTES:
-            await self._read_body_in_lane(content, values, verifier, nbytes)
-        else:
-            await _read_body_inline(content, values, verifier, nbytes)
-        verifier.check(header.tag)
+        if header.sender != opened.sender:
+            raise WireError(f"header says sender {header.sender}, the seal is rank "
+                            f"{opened.sender}'s", Status.BAD_SIGNATURE)
         host.verifier.check_run(header)
+        nbytes = header.body_nbytes
+        values = self.buffers.take(header.length)
+        hasher = self.body_hasher()
+        if nbytes >= HASH_IN_THREAD_BYTES:
+            reading = self._read_body_in_lane(content, values, hasher, nbytes)
+        else:
+            reading = _read_body_inline(content, values, hasher, nbytes)
+        await asyncio.wait_for(reading, self.admission.body_deadline_s(nbytes))
+        hasher.check(header.digest)
         partial = to_partial(header, values)
         if partial.values is None:  # an empty marker (final, PULL) still carries its values
             partial = dataclasses.replace(partial, values=values)
@@ -280,14 +311,19 @@ class Server:
             await downlink.admit(header.sender, HEADER_SIZE + nbytes, wire_s)
             wait_s = loop.time() - arrived_s
         accepted = await host.on_partial(partial, HEADER_SIZE + nbytes)
-        return web.json_response({"duplicate": not accepted},
-                                 headers={DUPLICATE_HEADER: "0" if accepted else "1",
-                                          DOWNLINK_WAIT_HEADER: f"{wait_s:.6f}"})
+        del partial
+        self.buffers.give_back(values)
+        duplicate = not accepted
+        return web.json_response({"duplicate": duplicate},
+                                 headers={DUPLICATE_HEADER: "1" if duplicate else "0",
+                                          DOWNLINK_WAIT_HEADER: f"{wait_s:.6f}",
+                                          AUTH_HEADER: host.verifier.seal_answer(
+                                              opened, 200, ack_body(duplicate))})
 
     async def _read_body_in_lane(self, content: StreamReader, values: np.ndarray,
-                                 verifier: Verifier, nbytes: int) -> None:
+                                 verifier: BodyHasher, nbytes: int) -> None:
         """Read a large body; a lane thread copies each chunk into `values` and feeds
-        the verifier, in order, while the loop keeps reading (hashlib and numpy's copy
+        the hasher, in order, while the loop keeps reading (blake3 and numpy's copy
         release the GIL). Returns once the lane is done with every chunk, even on error,
         so that no body outlives its read slot."""
         lane = self._free_lanes.pop() if self._free_lanes else _HashLane()
@@ -324,28 +360,42 @@ class Server:
         return handler
 
     async def control(self, request: web.Request, kind: ControlKind) -> web.Response:
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return self._reject(413, "too_large", f"control body over {1 << 20} bytes")
         path = request.path
-        given = request.headers.get(control.SIGNATURE_HEADER)
-        if not self.host.verifier.request_is_signed(request.method, path, body, given):
-            return self._reject(401, "bad_signature", f"{path}: missing or wrong "
-                                                      f"{control.SIGNATURE_HEADER}")
+        verifier = self.host.verifier
+        try:
+            opened = verifier.open(request.headers.get(AUTH_HEADER), path, control=True)
+            body = await asyncio.wait_for(request.read(), self.admission.body_deadline_s(
+                CONTROL_BODY_MAX_BYTES))
+            verifier.check_digest(opened, body)
+        except WireError as error:
+            return self._refuse_error(error)
+        except web.HTTPRequestEntityTooLarge:
+            return self._reject(413, "too_large", f"control body over "
+                                                  f"{CONTROL_BODY_MAX_BYTES} bytes")
+        except TimeoutError:
+            return self._reject(503, "too_slow", f"{path}: body slower than the minimum rate")
+        if opened.seal.discovery:  # the first half of a hello: who am I now
+            assert path == SESSION_PATH
+            return self._sealed(opened, control.dumps({
+                "rank": self.host.rank, "nonce": verifier.sessions.nonce.hex()}),
+                "application/json")
         try:
             payload = control.loads(body)
         except (ValueError, UnicodeDecodeError) as error:
             return self._reject(400, "malformed", f"{path}: body is not a JSON object: {error}")
         try:
-            result = await self.host.control_table.dispatch(kind, payload)
+            result = await self.host.control_table.dispatch(kind, payload, opened.sender)
         except ControlError as error:
             if error.status == 503:
                 return web.Response(status=503, text=f"{error.reason}\n")
             return self._reject(error.status, "refused", f"{path}: {error.reason}")
         if isinstance(result, bytes):
-            return self._signed(path, result, "application/octet-stream")
-        return self._signed(path, control.dumps(result), "application/json")
+            return self._sealed(opened, result, "application/octet-stream")
+        return self._sealed(opened, control.dumps(result), "application/json")
+
+    def _sealed(self, opened: Opened, body: bytes, content_type: str) -> web.Response:
+        tag = self.host.verifier.seal_answer(opened, 200, body)
+        return web.Response(body=body, content_type=content_type, headers={AUTH_HEADER: tag})
 
     # ---------------------------------------------------------------- read-only
 

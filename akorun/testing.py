@@ -34,7 +34,7 @@ from akorun.cluster import (
     write_cluster_file,
 )
 from akorun.control import ControlError, ControlKind
-from akorun.keys import RequestVerifier, RunKeys
+from akorun.keys import RequestVerifier, RunKeys, Signer
 from akorun.launch import SINGLE_THREAD_XLA_FLAGS, child_env
 from akorun.metrics import Metrics, render_prometheus
 from akorun.roles import role_of
@@ -173,10 +173,13 @@ class SinkHost:
     benchmarks. The first `not_ready_answers` partials are answered 503 "starting"."""
 
     def __init__(self, secret: bytes, run_id: bytes, wire_hash: bytes, *,
-                 max_body_bytes: int = 1 << 26, not_ready_answers: int = 0) -> None:
+                 max_body_bytes: int = 1 << 26, not_ready_answers: int = 0,
+                 world: int = 2) -> None:
         self.rank = 1
-        self.world = 2
-        self.verifier = RequestVerifier(RunKeys(secret, run_id, wire_hash))
+        self.world = world
+        self.secret = secret
+        self.keys = RunKeys.from_secret(secret, run_id, self.rank, self.world, wire_hash)
+        self.verifier = RequestVerifier(self.keys, world=self.world)
         handlers = {kind: self._control_handler(kind) for kind in ControlKind}
         self.control_table = ControlTable(handlers, rank=self.rank, world=self.world)
         self.downlink = None
@@ -186,6 +189,13 @@ class SinkHost:
         self.arrivals: list[tuple[float, int, tuple[int, int, int]]] = []
         self.seen: set[tuple[int, int, int]] = set()
         self.controls: list[tuple[str, dict[str, Any]]] = []
+
+    def peer_signer(self, rank: int = 0) -> Signer:
+        """A signer of rank `rank` of the same run that knows this host's current nonce."""
+        keys = RunKeys.from_secret(self.secret, self.keys.run_id, rank, self.world,
+                                   self.keys.wire_hash)
+        keys.sessions.learn(self.rank, self.verifier.sessions.nonce)
+        return Signer(keys)
 
     def not_accepting(self) -> str | None:
         if self.not_ready_answers > 0:

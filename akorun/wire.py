@@ -1,17 +1,22 @@
-"""The akorun wire format: one `Partial` as one authenticated HTTP/1.1 POST body.
+"""The akorun wire format: one `Partial` as one HTTP/1.1 POST body with a body digest.
 
-This module owns the bytes and nothing else: no sockets, no clocks, no pickle.
-A message is a fixed-size little-endian header followed by the raw values as
-little-endian float32. The last 32 bytes of the header are an HMAC-SHA256 tag
-over everything before them and the whole body, keyed with the run's shared
-secret.
+This module owns the bytes and nothing else: no sockets, no clocks, no keys,
+no pickle. A message is a fixed-size little-endian header followed by the raw
+values as little-endian float32. The last 32 bytes of the header are the
+BLAKE3-256 digest of the body, so that the header alone commits to the whole
+message: akorun.keys authenticates the header (per destination and per
+session, in the request's ``X-Ako-Auth``) before a receiver reserves anything
+for the body, and `BodyHasher` checks the body against the digest as it streams
+in. The digest is unkeyed on purpose: it is computed once per message whatever
+the number of destinations; the keyed tag over the header is what
+authenticates (hash-then-MAC).
 
 Header layout (all integers little-endian, `struct` format `HEADER_FORMAT`):
 
 | offset | size | field       | type    | meaning                                       |
 |-------:|-----:|-------------|---------|-----------------------------------------------|
 |      0 |    4 | magic       | bytes   | `b"AKO1"`                                     |
-|      4 |    1 | version     | u8      | `VERSION` (1); anything else is rejected      |
+|      4 |    1 | version     | u8      | `VERSION` (2); anything else is rejected      |
 |      5 |    1 | kind        | u8      | `akocore.messages.Kind`                       |
 |      6 |    1 | dtype       | u8      | 1 = float32 (`DTYPE_FLOAT32`), the only one   |
 |      7 |    1 | flags       | u8      | bit 0 = final; other bits must be 0           |
@@ -23,7 +28,7 @@ Header layout (all integers little-endian, `struct` format `HEADER_FORMAT`):
 |     48 |    4 | p           | u32     | number of partitions                          |
 |     52 |    8 | offset      | u64     | first element in the flat vector              |
 |     60 |    8 | length      | u64     | number of float32 values in the body          |
-|     68 |   32 | tag         | bytes   | HMAC-SHA256(secret, header[0:68] + body)      |
+|     68 |   32 | digest      | bytes   | BLAKE3-256(body)                              |
 |    100 |      | body        | `<f4`[] | `length` values, `length * 4` bytes           |
 
 `offset + length` and `length * 4` must fit in a signed 64-bit integer.
@@ -34,11 +39,14 @@ Checks and the HTTP status a server answers with (`Status`):
   the body would exceed the receiver's cap (so a server can refuse before it
   reads the body).
 - `check_run`: 409 if the run id or config hash is not the receiver's.
-- `verify` / `Verifier`: 401 if the tag is wrong or missing. `Verifier` is fed
-  the body chunk by chunk while a server streams it into a preallocated buffer.
+- `check_body` / `BodyHasher`: 401 if the body does not match the header's
+  digest. `BodyHasher` is fed the body chunk by chunk while a server streams it
+  into a pooled buffer.
 - `to_partial` turns a header and the body buffer into a `Partial` without a copy.
 
 `decode` runs all of these in that order on a message held whole in memory.
+(Version 1 carried an HMAC-SHA256 over one cluster-wide secret here instead of
+the digest; see the README's Security section for why it changed.)
 """
 
 from __future__ import annotations
@@ -50,21 +58,23 @@ import uuid
 from dataclasses import dataclass
 from enum import IntEnum
 
+import blake3
 import numpy as np
 
 from akocore.messages import FLOAT_BYTES, Kind, Partial
 
 MAGIC = b"AKO1"
-VERSION = 1
+VERSION = 2
 DTYPE_FLOAT32 = 1
 FLAG_FINAL = 0x01
 RUN_ID_BYTES = 16
 CONFIG_HASH_BYTES = 8
-TAG_BYTES = 32
+DIGEST_BYTES = 32
 
 HEADER_FORMAT = "<4sBBBB16s8sIQIIQQ"
-SIGNED_HEADER_SIZE = struct.calcsize(HEADER_FORMAT)  # the header bytes the tag covers
-HEADER_SIZE = SIGNED_HEADER_SIZE + TAG_BYTES
+FIELDS_SIZE = struct.calcsize(HEADER_FORMAT)  # the header bytes before the body digest
+HEADER_SIZE = FIELDS_SIZE + DIGEST_BYTES
+HASH_THREADS_FROM_BYTES = 1 << 20  # a sender hashes bodies from this size with threads
 
 _I64_MAX = 2**63 - 1
 _U32_MAX = 2**32 - 1
@@ -73,7 +83,7 @@ MAX_LENGTH = _I64_MAX // FLOAT_BYTES  # so that length * 4 fits in an i64
 _WIRE_DTYPE = np.dtype("<f4")
 _KINDS = frozenset(int(k) for k in Kind)
 
-assert SIGNED_HEADER_SIZE == 68 and HEADER_SIZE == 100
+assert FIELDS_SIZE == 68 and HEADER_SIZE == 100
 
 
 class Status(IntEnum):
@@ -81,8 +91,9 @@ class Status(IntEnum):
 
     OK = 200  # applied, or a duplicate acknowledged and dropped
     MALFORMED = 400  # not a well-formed message of this version
-    BAD_SIGNATURE = 401  # tag missing or wrong (wrong secret or corrupted)
+    BAD_SIGNATURE = 401  # not authenticated: seal missing or wrong, body not the digested one
     WRONG_RUN = 409  # another run or another model/config
+    STALE_SESSION = 421  # sealed for an earlier instance of the receiver: rediscover, retry
     TOO_LARGE = 413  # body larger than the receiver accepts
     INBOX_FULL = 503  # receiver busy: keep the bytes, retry with backoff
 
@@ -98,7 +109,7 @@ class WireError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Header:
-    """A parsed, bounds-checked header (not yet authenticated: see `verify`)."""
+    """A parsed, bounds-checked header (authenticated by akorun.keys, not here)."""
 
     version: int
     kind: Kind
@@ -112,7 +123,7 @@ class Header:
     p: int
     offset: int
     length: int
-    tag: bytes
+    digest: bytes
 
     @property
     def body_nbytes(self) -> int:
@@ -171,11 +182,6 @@ def message_nbytes(length: int) -> int:
 # --- encoding --------------------------------------------------------------
 
 
-def _check_secret(secret: bytes) -> None:
-    if not secret:
-        raise ValueError("the shared secret is empty; every message must be authenticated")
-
-
 def _check_range(name: str, value: int, high: int) -> None:
     if not 0 <= value <= high:
         raise ValueError(f"{name} must be in [0, {high}], got {value}")
@@ -203,23 +209,21 @@ def _body_view(partial: Partial) -> memoryview:
     return wire.data.cast("B")
 
 
-def _mac(secret: bytes, signed_header: bytes, body: memoryview) -> bytes:
-    mac = hmac.new(secret, signed_header, hashlib.sha256)
-    mac.update(body)
-    return mac.digest()
+def body_digest(body: bytes | bytearray | memoryview) -> bytes:
+    """BLAKE3-256 of a body (with threads for a big one: blake3 releases the GIL)."""
+    view = memoryview(body).cast("B")
+    threads = blake3.blake3.AUTO if view.nbytes >= HASH_THREADS_FROM_BYTES else 1
+    return blake3.blake3(view, max_threads=threads).digest()
 
 
-def encode(
-    partial: Partial, *, run_id: bytes, config_hash: bytes, secret: bytes
-) -> tuple[bytes, memoryview]:
-    """Header (with tag) and body of `partial`.
+def encode(partial: Partial, *, run_id: bytes, config_hash: bytes) -> tuple[bytes, memoryview]:
+    """Header (with the body digest) and body of `partial`.
 
     The body is a zero-copy view over `partial.values` when that is a
     contiguous little-endian float32 array (else over a converted copy); keep
     the array unchanged until the body has been sent. Raises ValueError or
     TypeError for a partial that cannot be put on the wire.
     """
-    _check_secret(secret)
     if len(run_id) != RUN_ID_BYTES:
         raise ValueError(f"run_id must be {RUN_ID_BYTES} bytes, got {len(run_id)}")
     if len(config_hash) != CONFIG_HASH_BYTES:
@@ -233,7 +237,7 @@ def encode(
     _check_range("length", partial.length, MAX_LENGTH)
     _check_range("offset", partial.offset, _I64_MAX - partial.length)
     body = _body_view(partial)
-    signed = struct.pack(
+    fields = struct.pack(
         HEADER_FORMAT,
         MAGIC,
         VERSION,
@@ -249,12 +253,12 @@ def encode(
         partial.offset,
         partial.length,
     )
-    return signed + _mac(secret, signed, body), body
+    return fields + body_digest(body), body
 
 
-def encode_bytes(partial: Partial, *, run_id: bytes, config_hash: bytes, secret: bytes) -> bytes:
-    """The whole message as one bytes object (copies the body; for tests and small messages)."""
-    header, body = encode(partial, run_id=run_id, config_hash=config_hash, secret=secret)
+def encode_bytes(partial: Partial, *, run_id: bytes, config_hash: bytes) -> bytes:
+    """The whole message as one bytes object (one copy of the body, into the result)."""
+    header, body = encode(partial, run_id=run_id, config_hash=config_hash)
     return b"".join((header, body))
 
 
@@ -272,7 +276,7 @@ def decode_header(
     `max_body_bytes` is the receiver's cap (413 above it). `body_nbytes`, when
     known (Content-Length minus `HEADER_SIZE`, or the rest of a whole message),
     must equal `length * 4` (400 otherwise). Does not check the run
-    (`check_run`) nor the tag (`verify`).
+    (`check_run`) nor the body (`check_body`).
     """
     if len(buf) < HEADER_SIZE:
         raise WireError(f"short header: got {len(buf)} bytes, need {HEADER_SIZE}", Status.MALFORMED)
@@ -335,7 +339,7 @@ def decode_header(
         p=p,
         offset=offset,
         length=length,
-        tag=bytes(buf[SIGNED_HEADER_SIZE:HEADER_SIZE]),
+        digest=bytes(buf[FIELDS_SIZE:HEADER_SIZE]),
     )
 
 
@@ -354,60 +358,31 @@ def check_run(header: Header, run_id: bytes, config_hash: bytes) -> None:
         )
 
 
-class Verifier:
-    """Incremental tag check: feed the body chunk by chunk, then `check(tag)`.
+class BodyHasher:
+    """Incremental body check: feed the body chunk by chunk, then `check(digest)`."""
 
-    `signed_header` is the header without its tag (`SIGNED_HEADER_SIZE` bytes);
-    a whole `HEADER_SIZE` header is accepted too and its tag ignored.
-    """
+    __slots__ = ("_hash", "body_nbytes")
 
-    __slots__ = ("_mac", "body_nbytes")
-
-    def __init__(self, secret: bytes, signed_header: bytes | bytearray | memoryview) -> None:
-        _check_secret(secret)
-        if len(signed_header) not in (SIGNED_HEADER_SIZE, HEADER_SIZE):
-            raise ValueError(
-                f"signed header must be {SIGNED_HEADER_SIZE} bytes (or a whole "
-                f"{HEADER_SIZE}-byte header), got {len(signed_header)}"
-            )
-        self._mac = hmac.new(secret, signed_header[:SIGNED_HEADER_SIZE], hashlib.sha256)
+    def __init__(self) -> None:
+        self._hash = blake3.blake3()
         self.body_nbytes = 0  # bytes fed so far
 
     def update(self, chunk: bytes | bytearray | memoryview) -> None:
-        self._mac.update(chunk)
+        self._hash.update(chunk)
         self.body_nbytes += len(chunk)
 
-    def check(self, tag: bytes | bytearray | memoryview) -> None:
-        """Raise WireError(401) unless `tag` authenticates the header and body fed."""
-        if len(tag) != TAG_BYTES:
-            raise WireError(
-                f"missing or short tag: {len(tag)} bytes, need {TAG_BYTES}", Status.BAD_SIGNATURE
-            )
-        if not hmac.compare_digest(self._mac.digest(), bytes(tag)):
-            raise WireError(
-                "bad signature: wrong shared secret, or header/body altered in transit",
-                Status.BAD_SIGNATURE,
-            )
+    def check(self, digest: bytes | bytearray | memoryview) -> None:
+        """Raise WireError(401) unless the body fed is the one `digest` commits to."""
+        if not hmac.compare_digest(self._hash.digest(), bytes(digest)):
+            raise WireError("body does not match the authenticated header's digest: altered "
+                            "in transit or sent by someone else", Status.BAD_SIGNATURE)
 
 
-def verify(
-    header_bytes: bytes | bytearray | memoryview,
-    body: bytes | bytearray | memoryview,
-    secret: bytes,
-) -> None:
-    """Raise WireError(401) unless the header's tag authenticates header and body."""
-    if len(header_bytes) < HEADER_SIZE:
-        raise WireError(
-            f"missing tag: header has {len(header_bytes)} bytes, need {HEADER_SIZE}",
-            Status.BAD_SIGNATURE,
-        )
-    if len(header_bytes) > HEADER_SIZE:
-        raise ValueError(
-            f"header_bytes must be the {HEADER_SIZE}-byte header only, got {len(header_bytes)}"
-        )
-    verifier = Verifier(secret, header_bytes[:SIGNED_HEADER_SIZE])
-    verifier.update(body)
-    verifier.check(header_bytes[SIGNED_HEADER_SIZE:HEADER_SIZE])
+def check_body(header: Header, body: bytes | bytearray | memoryview) -> None:
+    """Raise WireError(401) unless `body` is the one the header's digest commits to."""
+    hasher = BodyHasher()
+    hasher.update(body)
+    hasher.check(header.digest)
 
 
 def to_partial(header: Header, body_array: np.ndarray | bytes | bytearray | memoryview) -> Partial:
@@ -443,16 +418,17 @@ def decode(
     *,
     run_id: bytes,
     config_hash: bytes,
-    secret: bytes,
     max_body_bytes: int | None = None,
 ) -> Partial:
-    """Check and decode a whole in-memory message: 400/413, then 409, then 401.
+    """Check and decode a whole in-memory message: 400/413, then 409, then 401 (digest).
 
-    The returned values view `message` (read-only if `message` is bytes).
+    The header's authenticity is akorun.keys' business (the request's seal); this
+    checks that the body is the one the header commits to. The returned values
+    view `message` (read-only if `message` is bytes).
     """
     view = memoryview(message).cast("B")
     header = decode_header(view, max_body_bytes=max_body_bytes, body_nbytes=len(view) - HEADER_SIZE)
     check_run(header, run_id, config_hash)
     body = view[HEADER_SIZE:]
-    verify(view[:HEADER_SIZE], body, secret)
+    check_body(header, body)
     return to_partial(header, body)

@@ -42,7 +42,7 @@ from akorun.cluster import AkorunSettings, split_host
 from akorun.control import ControlKind
 from akorun.errors import UsageError
 from akorun.faults import Faults
-from akorun.keys import RequestVerifier, RunKeys, Signer
+from akorun.keys import RequestVerifier, RunKeys, Signer, restrict_new_files
 from akorun.metrics import Metrics
 from akorun.roles import wire_hash
 from akorun.routing import ControlTable
@@ -147,9 +147,10 @@ class Worker:
         self.phase = PhaseMachine()
         self.waiter = Waiter(report_every_s=max(5.0, options.peer_timeout_s / 2),
                              stall_limit_s=GATE_STALL_TIMEOUTS * options.peer_timeout_s)
-        self.keys = RunKeys(options.settings.secret_bytes, options.settings.run_id_bytes)
+        self.keys = RunKeys.from_secret(options.settings.secret_bytes,
+                                        options.settings.run_id_bytes, self.rank, self.world)
         self.signer = Signer(self.keys)
-        self.verifier = RequestVerifier(self.keys)
+        self.verifier = RequestVerifier(self.keys, world=self.world)
         self.outbox = Outbox(signer=self.signer, metrics=self.metrics,
                              in_rounds=lambda: self.phase.is_(Phase.RUNNING))
         self.liveness = Liveness(
@@ -180,6 +181,7 @@ class Worker:
         Synchronous and before the event loop starts; user mistakes raise UsageError.
         """
         options = self.options
+        restrict_new_files()
         self.prepared = prepare(self.cfg, self.role, run_id=self.run_id,
                                 config_hash=self.config_hash, resume=options.resume,
                                 checkpoint_dir=options.checkpoint_dir)

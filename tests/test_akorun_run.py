@@ -24,6 +24,7 @@ from akocore.workload import build_workload
 from akorun import control, wire
 from akorun.roles import params_digest, wire_hash
 from akorun.testing import REPO_ROOT, LocalCluster, akorun_command, child_test_env, wait_for
+from tests.peer import Peer
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -121,28 +122,32 @@ def test_bad_requests_are_refused_and_change_nothing(tmp_path: Path, theta0: np.
         length = theta0.size
         hash8 = wire_hash(cluster.config, params_digest(theta0), (2, 2, 2))
 
-        def message(*, secret_: bytes = secret, run_: bytes = run, round_: int = 0,
-                    n: int | None = None, part: int = 1) -> bytes:
+        def message(*, run_: bytes = run, round_: int = 0, n: int | None = None,
+                    part: int = 1) -> bytes:
             lo, hi = (0, length // 2) if part == 0 else (length // 2, length)
             n = hi - lo if n is None else n
             partial = Partial(Kind.GRAD, 1, round_, part, 2, lo, n,
                               np.full(n, 1e3, dtype=np.float32))
-            return wire.encode_bytes(partial, run_id=run_, config_hash=hash8, secret=secret_)
+            return wire.encode_bytes(partial, run_id=run_, config_hash=hash8)
 
         url = cluster.url(0)
-        unsigned = bytearray(message())
-        unsigned[wire.SIGNED_HEADER_SIZE:wire.HEADER_SIZE] = bytes(wire.TAG_BYTES)
+        urls = [cluster.url(r) for r in range(3)]
+        # rank 1's keys, as a member holds them, in the live rank 1's sessions
+        rank1 = Peer(secret, run, 1, urls, nonce=Peer(secret, run, 2, urls).discover(1))
+        stranger = Peer(b"x" * 32, run, 1, urls)  # another cluster file's keys
+        stranger.signer.learn(0, rank1.discover(0))
         oversized = message(n=length + 1)
         answers = {
-            "malformed": post(url, "/v1/partial", b"not a message" * 10)[0],
-            "unsigned": post(url, "/v1/partial", bytes(unsigned))[0],
-            "wrong secret": post(url, "/v1/partial", message(secret_=b"x" * 32))[0],
-            "wrong run": post(url, "/v1/partial", message(run_=uuid.uuid4().bytes))[0],
-            "oversized": post(url, "/v1/partial", oversized)[0],
-            "short body": post(url, "/v1/partial", message()[:-8])[0],
+            "malformed": rank1.partial(0, b"not a message" * 10).status,
+            "unsigned": post(url, "/v1/partial", message())[0],
+            "wrong secret": stranger.partial(0, message()).status,
+            "wrong run": rank1.partial(0, message(run_=uuid.uuid4().bytes)).status,
+            "oversized": rank1.partial(0, oversized).status,
+            "short body": rank1.partial(0, message()[:-8]).status,
             "unsigned stop": post(url, "/v1/stop", control.dumps({"rank": 1, "round": 1}))[0],
         }
-        duplicate_status, duplicate_headers, _ = post(url, "/v1/partial", message(round_=0))
+        duplicate = rank1.partial(0, message(round_=0))
+        duplicate_status, duplicate_headers = duplicate.status, duplicate.answer_headers
         after = cluster.status(0, digest=True)
         assert answers == {"malformed": 400, "unsigned": 401, "wrong secret": 401,
                            "wrong run": 409, "oversized": 413, "short body": 400,

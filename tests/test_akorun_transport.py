@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
-import hmac
 import math
 import uuid
 from collections.abc import Awaitable, Callable
@@ -24,6 +22,7 @@ import pytest
 from akocore.messages import Kind, Partial
 from akorun import control, wire
 from akorun.cluster import free_ports
+from akorun.keys import AUTH_HEADER, PARTIAL_PATH, PartialSealer, Signer, digest
 from akorun.metrics import PeerCounters
 from akorun.sender import Outcome, Outgoing, PeerSender, RetryPolicy
 from akorun.server import Server
@@ -39,12 +38,23 @@ WIRE_HASH = bytes.fromhex("0011223344556677")
 FAST = RetryPolicy(first_delay_s=0.001, max_delay_s=0.01)
 
 
-def encoded(round_: int, length: int = 1000, *, secret: bytes = SECRET, run: bytes = RUN,
-            sender: int = 0) -> Outgoing:
+def encoded(round_: int, length: int = 1000, *, run: bytes = RUN, sender: int = 0) -> Outgoing:
     values = np.full(length, round_ + 0.5, dtype=np.float32)
     partial = Partial(Kind.GRAD, sender, round_, 0, 1, 0, length, values)
-    data = wire.encode_bytes(partial, run_id=run, config_hash=WIRE_HASH, secret=secret)
+    data = wire.encode_bytes(partial, run_id=run, config_hash=WIRE_HASH)
     return Outgoing(data, Kind.GRAD, round_, 0)
+
+
+_SERVED: list[SinkHost] = []  # the host `serving` runs, so that senders seal for it
+
+
+def signer_for(host: SinkHost, *, secret: bytes | None = None) -> Signer:
+    """Rank 0's signer, knowing `host`'s nonce; with `secret`: one of another cluster file."""
+    if secret is None:
+        return host.peer_signer(0)
+    signer = SinkHost(secret, RUN, WIRE_HASH).peer_signer(0)
+    signer.learn(host.rank, host.verifier.sessions.nonce)
+    return signer
 
 
 async def serving(host: SinkHost, body: Callable[[str, Any], Awaitable[T]]) -> T:
@@ -56,6 +66,7 @@ async def serving(host: SinkHost, body: Callable[[str, Any], Awaitable[T]]) -> T
     (port,) = free_ports(1)
     server = Server(host, max_concurrent_reads=4)
     await server.start("127.0.0.1", port)
+    _SERVED[:] = [host]
     session: aiohttp.ClientSession = make_session(peers=1)
     try:
         return await body(f"http://127.0.0.1:{port}", session)
@@ -64,8 +75,10 @@ async def serving(host: SinkHost, body: Callable[[str, Any], Awaitable[T]]) -> T
         await server.close()
 
 
-def sender_to(url: str, session: Any, **kwargs: Any) -> PeerSender:
+def sender_to(url: str, session: Any, *, signer: Signer | None = None,
+              **kwargs: Any) -> PeerSender:
     kwargs.setdefault("policy", FAST)
+    kwargs.setdefault("sealer", PartialSealer(signer or signer_for(_SERVED[0]), PARTIAL_PATH))
     return PeerSender(1, url + "/v1/partial", session, counters=PeerCounters(), **kwargs)
 
 
@@ -109,13 +122,18 @@ def test_a_receiver_that_is_not_ready_gets_the_message_again_until_it_takes_it()
                                           ("cap", "too_large")])
 def test_a_refused_message_is_dropped_not_retried(kind: str, status: str) -> None:
     host = SinkHost(SECRET, RUN, WIRE_HASH, max_body_bytes=100 if kind == "cap" else 1 << 24)
-    message = {"secret": encoded(0, secret=b"another secret entirely"),
-               "run": encoded(0, run=uuid.uuid4().bytes), "cap": encoded(0)}[kind]
+    message = {"secret": encoded(0), "run": encoded(0, run=uuid.uuid4().bytes),
+               "cap": encoded(0)}[kind]
 
     async def body(url: str, session: Any) -> PeerSender:
         sender = sender_to(url, session)
+        if kind == "secret":  # sealed with another cluster file's keys
+            sender.sealer = PartialSealer(signer_for(host, secret=b"another secret entirely"),
+                                          PARTIAL_PATH)
         sender.start()
         await sender.put(message)
+        await sender.wait(lambda: sender.idle)
+        sender.sealer = PartialSealer(signer_for(host), PARTIAL_PATH)
         await sender.put(encoded(1, 10))  # the queue goes on after a refusal
         await asyncio.wait_for(sender.wait(lambda: sender.idle), 10)
         await sender.stop()
@@ -242,26 +260,28 @@ def _post(url: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[in
         return error.code, error.read(), error.headers
 
 
-def test_control_requests_must_be_signed_and_answers_are_signed() -> None:
+def test_control_requests_must_be_sealed_and_answers_are_bound_to_them() -> None:
     host = SinkHost(SECRET, RUN, WIRE_HASH)
     body = control.dumps({"rank": 0, "round": 3})
+    signer = signer_for(host)
+    hello = signer.seal(1, "/v1/hello", digest(body))
+    stop = signer.seal(1, "/v1/stop", digest(body))
+    forged = signer_for(host, secret=b"wrong").seal(1, "/v1/hello", digest(body))
 
     async def run_checks(url: str, session: Any) -> list[tuple[int, bytes, Any]]:
-        sig = control.signature(SECRET, "POST", "/v1/hello", body)
-        wrong = hmac.new(b"wrong", b"POST/v1/hello" + body, hashlib.sha256).hexdigest()
-        stop_sig = control.signature(SECRET, "POST", "/v1/stop", body)
-        cases = [("/v1/hello", {}), ("/v1/hello", {control.SIGNATURE_HEADER: wrong}),
-                 ("/v1/hello", {control.SIGNATURE_HEADER: sig}),
-                 ("/v1/stop", {control.SIGNATURE_HEADER: sig}),  # signed for another path
-                 ("/v1/stop", {control.SIGNATURE_HEADER: stop_sig})]
+        cases = [("/v1/hello", {}), ("/v1/hello", {AUTH_HEADER: "bm90IGEgc2VhbA=="}),
+                 ("/v1/hello", {AUTH_HEADER: forged.text()}),
+                 ("/v1/hello", {AUTH_HEADER: hello.text()}),
+                 ("/v1/stop", {AUTH_HEADER: signer.seal(1, "/v1/hello", digest(body)).text()}),
+                 ("/v1/stop", {AUTH_HEADER: stop.text()})]
         return [await asyncio.to_thread(_post, url, path, body, headers)
                 for path, headers in cases]
 
     answers = asyncio.run(serving(host, run_checks))
-    assert [status for status, _, _ in answers] == [401, 401, 200, 401, 409]
-    status, answer, headers = answers[2]
-    assert control.is_signed(SECRET, control.ANSWER, "/v1/hello", answer,
-                             headers[control.SIGNATURE_HEADER])
+    assert [status for status, _, _ in answers] == [401, 401, 401, 200, 401, 409]
+    status, answer, headers = answers[3]
+    assert signer.answer_is_authentic(hello, 200, answer, headers[AUTH_HEADER])
+    assert not signer.answer_is_authentic(stop, 200, answer, headers[AUTH_HEADER])
     assert [name for name, _ in host.controls] == ["hello", "stop"]
 
 
@@ -355,7 +375,7 @@ def test_large_bodies_arrive_intact_through_the_hashing_lanes() -> None:
         sender.start()
         for round_, values in sent.items():
             partial = Partial(Kind.GRAD, 0, round_, 0, 1, 0, values.size, values)
-            data = wire.encode_bytes(partial, run_id=RUN, config_hash=WIRE_HASH, secret=SECRET)
+            data = wire.encode_bytes(partial, run_id=RUN, config_hash=WIRE_HASH)
             await sender.put(Outgoing(data, Kind.GRAD, round_, 0))
         await asyncio.wait_for(sender.wait(lambda: sender.idle), 30)
         await sender.stop()
@@ -368,28 +388,30 @@ def test_large_bodies_arrive_intact_through_the_hashing_lanes() -> None:
         np.testing.assert_array_equal(host.values[round_], values)
 
 
-@pytest.mark.parametrize("where", ["header", "first", "middle", "last"])
-def test_a_large_body_altered_after_signing_is_refused_with_401(where: str) -> None:
+@pytest.mark.parametrize("where", ["header", "digest", "first", "middle", "last"])
+def test_a_large_message_altered_after_sealing_is_refused_with_401(where: str) -> None:
     host = RecordingHost(SECRET, RUN, WIRE_HASH)
     length = 1 << 20
     values = np.arange(length, dtype=np.float32)
     partial = Partial(Kind.GRAD, 0, 0, 0, 1, 0, length, values)
-    data = bytearray(wire.encode_bytes(partial, run_id=RUN, config_hash=WIRE_HASH,
-                                       secret=SECRET))
-    at = {"header": 40, "first": wire.HEADER_SIZE, "middle": len(data) // 2,
-          "last": len(data) - 1}[where]
+    data = bytearray(wire.encode_bytes(partial, run_id=RUN, config_hash=WIRE_HASH))
+    seal = signer_for(host).seal_partial(1, PARTIAL_PATH, bytes(data))
+    at = {"header": 40, "digest": wire.FIELDS_SIZE + 3, "first": wire.HEADER_SIZE,
+          "middle": len(data) // 2, "last": len(data) - 1}[where]
     data[at] ^= 0x01
 
-    async def body(url: str, session: Any) -> PeerSender:
+    async def body(url: str, session: Any) -> tuple[int, PeerSender]:
+        async with session.post(url + PARTIAL_PATH, data=bytes(data),
+                                headers={AUTH_HEADER: seal.text()}) as response:
+            status = response.status
         sender = sender_to(url, session)
         sender.start()
-        await sender.put(Outgoing(bytes(data), Kind.GRAD, 0, 0))
         await sender.put(encoded(1, 10))  # the connection and the lanes go on
         await asyncio.wait_for(sender.wait(lambda: sender.idle), 30)
         await sender.stop()
-        return sender
+        return status, sender
 
-    sender = asyncio.run(serving(host, body))
-    assert sender.counters.send_dropped["bad_signature"] == 1
+    status, sender = asyncio.run(serving(host, body))
+    assert status == 401
     assert host.metrics.rejected["bad_signature"] == 1
     assert sorted(host.values) == [1]

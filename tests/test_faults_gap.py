@@ -17,8 +17,8 @@ import pytest
 
 from akocore.messages import Kind, Partial
 from akocore.partition import partition_slice
-from akorun import wire
 from akorun.cluster import free_ports
+from akorun.keys import PARTIAL_PATH, PartialSealer
 from akorun.metrics import PeerCounters
 from akorun.sender import Outgoing, OwedGap, PeerSender, RetryPolicy
 from akorun.server import Server
@@ -92,12 +92,10 @@ class ValueHost(SinkHost):
         return accepted
 
 
-def encode(partial: Partial) -> bytes:
-    return wire.encode_bytes(partial, run_id=RUN, config_hash=WIRE_HASH, secret=SECRET)
-
-
 def test_a_suspended_peers_full_queue_folds_and_everything_arrives_once_it_is_back() -> None:
     host = ValueHost()
+    signer = host.peer_signer(0)  # rank 0 of the run, knowing the host's session
+    encode = signer.encode
     sent = [grad(r) for r in range(20)]
     suspended = [True]
 
@@ -113,7 +111,8 @@ def test_a_suspended_peers_full_queue_folds_and_everything_arrives_once_it_is_ba
         sender = PeerSender(1, f"http://127.0.0.1:{port}/v1/partial", session,
                             counters=PeerCounters(), maxsize=3,
                             policy=RetryPolicy(first_delay_s=0.001, max_delay_s=0.01),
-                            is_suspended=lambda: suspended[0], encode=encode)
+                            is_suspended=lambda: suspended[0], encode=encode,
+                            sealer=PartialSealer(signer, PARTIAL_PATH))
         try:
             sender.start()
             for m in sent:  # would block forever without folding (the peer is away)

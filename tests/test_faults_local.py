@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 from akocore.messages import Kind, Partial
-from akorun import wire
 from akorun.checkpoint import remove_stale_temp_files
 from akorun.cluster import free_ports
+from akorun.keys import AUTH_HEADER, PARTIAL_PATH
 from akorun.server import Server
 from akorun.testing import REPO_ROOT, LocalCluster, SinkHost, akorun_command, child_test_env
 from akorun.validation import NonFiniteValues, refuse_non_finite
@@ -130,7 +130,9 @@ class RefusingHost(SinkHost):
 def test_the_server_answers_422_to_a_non_finite_partial_and_counts_it() -> None:
     host = RefusingHost(SECRET, RUN, WIRE_HASH)
     bad = Partial(Kind.GRAD, 0, 0, 0, 1, 0, 3, np.array([1, np.nan, 2], np.float32))
-    data = wire.encode_bytes(bad, run_id=RUN, config_hash=WIRE_HASH, secret=SECRET)
+    signer = host.peer_signer(0)  # rank 0 of the run: the refusal is about values, not keys
+    data = signer.encode(bad)
+    seal = signer.seal_partial(1, PARTIAL_PATH, data)
 
     async def main() -> tuple[int, str]:
         import aiohttp
@@ -141,7 +143,8 @@ def test_the_server_answers_422_to_a_non_finite_partial_and_counts_it() -> None:
         try:
             async with aiohttp.ClientSession() as session, session.post(
                     f"http://127.0.0.1:{port}/v1/partial", data=data,
-                    headers={"Content-Type": "application/octet-stream"}) as response:
+                    headers={"Content-Type": "application/octet-stream",
+                             AUTH_HEADER: seal.text()}) as response:
                 return response.status, await response.text()
         finally:
             await server.close()

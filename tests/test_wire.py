@@ -1,13 +1,12 @@
-"""akorun.wire: round trips, authentication, run checks, caps and malformed input."""
+"""akorun.wire: round trips, body digests, run checks, caps and malformed input."""
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import hmac
 import struct
 import uuid
 
+import blake3
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -16,31 +15,30 @@ from hypothesis import strategies as st
 from akocore.messages import Kind, Partial
 from akorun import wire
 from akorun.wire import (
+    FIELDS_SIZE,
     HEADER_SIZE,
-    SIGNED_HEADER_SIZE,
+    BodyHasher,
     Status,
-    Verifier,
     WireError,
+    check_body,
     check_run,
     decode,
     decode_header,
     encode,
     encode_bytes,
     to_partial,
-    verify,
 )
 
 RUN = uuid.UUID("12345678-1234-5678-1234-567812345678").bytes
 OTHER_RUN = uuid.UUID("87654321-4321-8765-4321-876543218765").bytes
 CONFIG = bytes.fromhex("0123456789abcdef")
-SECRET = b"run secret, shared by every worker"
-KEYS = dict(run_id=RUN, config_hash=CONFIG, secret=SECRET)
+KEYS = dict(run_id=RUN, config_hash=CONFIG)
 
 
 def checked(message: bytes | bytearray, max_body_bytes: int | None = None) -> Partial:
     """`decode` as the receiver of this run does."""
     return decode(
-        message, run_id=RUN, config_hash=CONFIG, secret=SECRET, max_body_bytes=max_body_bytes
+        message, run_id=RUN, config_hash=CONFIG, max_body_bytes=max_body_bytes
     )
 
 
@@ -100,7 +98,8 @@ def test_header_is_fixed_size_and_body_is_raw_little_endian_float32() -> None:
     header = decode_header(message)
     assert header.key == partial.key
     assert header.body_nbytes == 20
-    assert header.tag == message[SIGNED_HEADER_SIZE:HEADER_SIZE]
+    assert header.digest == message[FIELDS_SIZE:HEADER_SIZE]
+    assert header.digest == blake3.blake3(message[HEADER_SIZE:]).digest()
 
 
 def test_big_endian_values_are_converted_to_little_endian() -> None:
@@ -142,83 +141,66 @@ def test_to_partial_refuses_a_body_of_the_wrong_size() -> None:
     assert err.value.status == Status.MALFORMED
 
 
-# --- authentication --------------------------------------------------------
+# --- body digest -----------------------------------------------------------
 
 
-def test_verify_accepts_an_untouched_message() -> None:
+def test_check_body_accepts_an_untouched_message() -> None:
     header, body = encode(grad(10), **KEYS)
-    verify(header, body, SECRET)
+    check_body(decode_header(header), body)
 
 
-def test_flipping_any_byte_of_header_or_body_fails_verification() -> None:
+def test_flipping_any_byte_of_digest_or_body_is_refused_with_401() -> None:
     message = bytearray(encode_bytes(grad(10), **KEYS))
-    for index in range(len(message)):
+    for index in range(FIELDS_SIZE, len(message)):
         tampered = bytearray(message)
         tampered[index] ^= 0x01
         with pytest.raises(WireError) as err:
-            verify(tampered[:HEADER_SIZE], tampered[HEADER_SIZE:], SECRET)
+            checked(tampered)
         assert err.value.status == Status.BAD_SIGNATURE, index
-        with pytest.raises(WireError):
-            checked(tampered)  # never accepted, whichever check fires first
+    # a flipped field changes the header, which akorun.keys' seal commits to
+    # (tests/test_security_sessions.py)
 
 
-def test_wrong_secret_is_refused_with_401() -> None:
-    message = encode_bytes(grad(10), run_id=RUN, config_hash=CONFIG, secret=b"another secret")
-    with pytest.raises(WireError) as err:
-        checked(message)
-    assert err.value.status == Status.BAD_SIGNATURE == 401
-
-
-def test_missing_tag_is_refused_with_401() -> None:
-    header, body = encode(grad(10), **KEYS)
-    with pytest.raises(WireError) as err:
-        verify(header[:SIGNED_HEADER_SIZE], body, SECRET)
-    assert err.value.status == Status.BAD_SIGNATURE
-    with pytest.raises(WireError) as err:
-        Verifier(SECRET, header[:SIGNED_HEADER_SIZE]).check(b"")
-    assert err.value.status == Status.BAD_SIGNATURE
-
-
-def test_body_truncated_or_extended_fails_verification() -> None:
+def test_body_truncated_or_extended_fails_the_digest() -> None:
     header, body = encode(grad(10), **KEYS)
     for bad in (body[:-1], bytes(body) + b"\0"):
         with pytest.raises(WireError) as err:
-            verify(header, bad, SECRET)
+            check_body(decode_header(header), bad)
         assert err.value.status == Status.BAD_SIGNATURE
 
 
 @settings(max_examples=50, deadline=None)
 @given(cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=8))
-def test_incremental_verifier_accepts_the_body_in_any_chunking(cuts: list[int]) -> None:
+def test_incremental_hasher_accepts_the_body_in_any_chunking(cuts: list[int]) -> None:
     header, body = encode(grad(100), **KEYS)
     bounds = [0, *sorted(cuts), len(body)]
-    verifier = Verifier(SECRET, header[:SIGNED_HEADER_SIZE])
+    hasher = BodyHasher()
     for start, stop in zip(bounds, bounds[1:], strict=False):
-        verifier.update(body[start:stop])
-    assert verifier.body_nbytes == len(body)
-    verifier.check(decode_header(header).tag)
+        hasher.update(body[start:stop])
+    assert hasher.body_nbytes == len(body)
+    hasher.check(decode_header(header).digest)
 
 
-def test_incremental_verifier_refuses_a_changed_chunk() -> None:
+def test_incremental_hasher_refuses_a_changed_chunk() -> None:
     header, body = encode(grad(100), **KEYS)
-    verifier = Verifier(SECRET, header)  # a whole header is accepted too
-    verifier.update(body[:200])
-    verifier.update(bytes(200))
+    hasher = BodyHasher()
+    hasher.update(body[:200])
+    hasher.update(bytes(200))
     with pytest.raises(WireError) as err:
-        verifier.check(header[SIGNED_HEADER_SIZE:])
+        hasher.check(header[FIELDS_SIZE:])
     assert err.value.status == Status.BAD_SIGNATURE
 
 
-def test_empty_secret_is_a_programming_error() -> None:
-    with pytest.raises(ValueError, match="secret"):
-        encode(grad(), run_id=RUN, config_hash=CONFIG, secret=b"")
+def test_a_big_body_is_digested_with_threads_to_the_same_digest() -> None:
+    values = np.random.default_rng(0).standard_normal(1 << 19).astype(np.float32)
+    assert wire.body_digest(values.data) == blake3.blake3(values.tobytes()).digest()
 
 
 # --- run and config --------------------------------------------------------
 
 
 def test_wrong_run_id_is_refused_with_409() -> None:
-    message = encode_bytes(grad(), run_id=OTHER_RUN, config_hash=CONFIG, secret=SECRET)
+    message = encode_bytes(grad(), run_id=OTHER_RUN, config_hash=CONFIG)
     with pytest.raises(WireError) as err:
         checked(message)
     assert err.value.status == Status.WRONG_RUN == 409
@@ -226,7 +208,7 @@ def test_wrong_run_id_is_refused_with_409() -> None:
 
 
 def test_wrong_config_hash_is_refused_with_409() -> None:
-    header = decode_header(encode(grad(), run_id=RUN, config_hash=bytes(8), secret=SECRET)[0])
+    header = decode_header(encode(grad(), run_id=RUN, config_hash=bytes(8))[0])
     with pytest.raises(WireError) as err:
         check_run(header, RUN, CONFIG)
     assert err.value.status == Status.WRONG_RUN
@@ -273,7 +255,7 @@ def malformed(buf: bytes | bytearray, **kwargs: object) -> WireError:
 def with_field(message: bytes, index: int, value: object) -> bytes:
     fields = list(struct.unpack_from(wire.HEADER_FORMAT, message))
     fields[index] = value
-    return struct.pack(wire.HEADER_FORMAT, *fields) + message[SIGNED_HEADER_SIZE:]
+    return struct.pack(wire.HEADER_FORMAT, *fields) + message[FIELDS_SIZE:]
 
 
 def test_malformed_headers_are_refused_with_400() -> None:
@@ -281,7 +263,7 @@ def test_malformed_headers_are_refused_with_400() -> None:
     assert "short header" in malformed(message[: HEADER_SIZE - 1]).reason
     assert "short header" in malformed(b"").reason
     assert "magic" in malformed(b"XXXX" + message[4:]).reason
-    assert "version" in malformed(with_field(message, 1, 2)).reason
+    assert "version" in malformed(with_field(message, 1, 1)).reason  # version 1: HMAC
     assert "kind" in malformed(with_field(message, 2, 0)).reason
     assert "kind" in malformed(with_field(message, 2, 99)).reason
     assert "dtype" in malformed(with_field(message, 3, 2)).reason
@@ -303,7 +285,7 @@ def test_body_size_that_does_not_match_length_is_refused_with_400() -> None:
 @settings(max_examples=300, deadline=None)
 @given(data=st.binary(max_size=3 * HEADER_SIZE))
 def test_random_bytes_only_ever_raise_wire_errors(data: bytes) -> None:
-    for buf in (data, b"AKO1\x01" + data):
+    for buf in (data, b"AKO1\x02" + data):
         try:
             checked(buf, max_body_bytes=1 << 20)
         except WireError as err:
@@ -332,13 +314,13 @@ def test_any_field_values_only_ever_raise_wire_errors(fields: tuple[int, ...], b
         wire.HEADER_FORMAT, b"AKO1", version, kind, dtype, flags, RUN, CONFIG,
         sender, round_, part, p, offset, length,
     )  # fmt: skip
-    tag = hmac.new(SECRET, signed + body, hashlib.sha256).digest()
+    digest = blake3.blake3(body).digest()
     try:
-        got = checked(signed + tag + body, max_body_bytes=1 << 20)
+        got = checked(signed + digest + body, max_body_bytes=1 << 20)
     except WireError:
         return
     assert got.length * 4 == len(body)
-    assert (version, dtype, flags & ~1) == (1, 1, 0)
+    assert (version, dtype, flags & ~1) == (2, 1, 0)
 
 
 # --- encoding errors -------------------------------------------------------
@@ -356,6 +338,6 @@ def test_partials_that_cannot_go_on_the_wire_raise_value_or_type_errors() -> Non
     with pytest.raises(TypeError, match="float32"):
         encode(grad(3, values=np.zeros(3)), **KEYS)
     with pytest.raises(ValueError, match="run_id"):
-        encode(grad(), run_id=b"short", config_hash=CONFIG, secret=SECRET)
+        encode(grad(), run_id=b"short", config_hash=CONFIG)
     with pytest.raises(ValueError, match="config_hash"):
-        encode(grad(), run_id=RUN, config_hash=b"", secret=SECRET)
+        encode(grad(), run_id=RUN, config_hash=b"")

@@ -6,6 +6,13 @@ answered or the join timeout passed; a peer that differs is refused (409) on
 both sides. Every rank then plans with the MAX of all measured compute times,
 so all choose the same p, and builds its node. `greet` and `until` are the
 retrying calls the rejoin handshake uses too.
+
+The per-start nonces that key every later message are exchanged here, below
+the payload: the first call to a peer is a discovery hello answered with the
+peer's nonce (akorun.client.ControlClient), and every hello after it is sealed
+for both processes' nonces, which is how each peer learns this process's
+(akorun.keys). A hello recorded in another run, or sent by an earlier instance
+of a rank, is refused before `on_hello` sees it.
 """
 
 from __future__ import annotations

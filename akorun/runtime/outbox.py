@@ -20,12 +20,12 @@ import aiohttp
 
 from akocore.config import RunConfig
 from akocore.messages import Send
-from akorun.keys import Signer
+from akorun.keys import PARTIAL_PATH, PartialSealer, Signer
 from akorun.metrics import Metrics
 from akorun.sender import Outgoing, PeerSender
 from akorun.shaping import DownlinkShaper, LinkShaper
 
-ENCODE_IN_THREAD_BYTES = 1 << 20  # encode (HMAC) bigger messages off the loop
+ENCODE_IN_THREAD_BYTES = 1 << 20  # encode (BLAKE3 digest) bigger messages off the loop
 
 
 def emulated_links(cfg: RunConfig, rank: int,
@@ -64,7 +64,8 @@ class Outbox:
             sender = PeerSender(
                 peer, url, session, counters=self.metrics.peer(peer), maxsize=queue_messages,
                 shaper=shaper, is_suspended=_bound(may_drop, peer), on_delivered=on_delivered,
-                ssl=ssl, seed=rank * 1000 + peer, encode=self.signer.encode)
+                ssl=ssl, seed=rank * 1000 + peer, encode=self.signer.encode,
+                sealer=PartialSealer(self.signer, PARTIAL_PATH))
             sender.start()
             self.senders[peer] = sender
 

@@ -1,16 +1,24 @@
 """akorun figures: loopback transfer vs a raw socket, compute share of a round, worker memory.
 
 - ``akorun.transfer_vs_socket``: 4 MiB partitions (plus the 100-byte header)
-  through the real path as a worker sends them (each partition signed with
-  HMAC-SHA256 in a thread and queued, as ``Worker.dispatch`` does, then
-  PeerSender with its 2 POSTs in flight -> aiohttp -> akorun.server.Server,
-  which streams the body into a fresh float32 buffer and verifies the HMAC
-  before handing the partial to the host, here a sink that applies nothing)
-  against a blocking socket ``sendall`` into ``recv_into`` on a preallocated
-  buffer, same bytes, same run; the receiver is another process in both cases.
-  Goal >= 0.40. ``akorun.transfer_vs_socket_presigned`` (informational) is the
-  same with the messages signed before the clock starts, so the sender's HMAC
-  is off the measured path (the receiver still verifies every message).
+  through the real path as a worker sends them, security on (each partition
+  encoded with its BLAKE3 body digest in a thread and queued, as
+  ``Outbox.dispatch`` does, then PeerSender, which seals every attempt for the
+  receiver's session, with its 2 POSTs in flight -> aiohttp ->
+  akorun.server.Server, which opens the seal from the HTTP header, streams the
+  body into a pooled float32 buffer while checking the digest, hands the
+  partial to the host, here a sink that applies nothing, and answers with a
+  tag bound to the request, which the sender checks) against a blocking socket
+  ``sendall`` into ``recv_into`` on a preallocated buffer, same bytes, same
+  run; the receiver is another process in both cases. Goal >= 0.40.
+  ``akorun.transfer_vs_socket_unauthenticated`` (informational) is the same
+  path with no seal, no digest and no check on either side (a server with an
+  open verifier and a null hasher, never used by akorun itself): the cost of
+  the security is the gap between the two.
+- ``akorun.rounds_under_attack``: rounds per second of a 3-rank digits-mlp run
+  with 100 slow or forged connections held on every rank (from before the
+  join to the end: tests/test_security_live.Attacker) over the same run
+  without them, launched one after the other. Goal >= 0.80.
 - ``akorun.compute_fraction``: with ample bandwidth (100 Gbit/s emulated),
   measured gradient-step seconds / steady wall seconds per round, mean over
   the workers of a 2-worker launch of digits-cnn (batch 128, a step of tens
@@ -50,6 +58,7 @@ from tests.bench.common import Figure
 PARTITION_BYTES = 4 * 1024 * 1024
 MESSAGES = 24
 SECRET = b"bench secret, thirty-two bytes!!"
+NO_DIGEST = bytes(32)
 RUN = uuid.UUID(int=7).bytes
 WIRE_HASH = bytes(8)
 
@@ -74,13 +83,39 @@ def _raw_receiver(port: int, ready: Any, count: int, nbytes: int) -> None:
             connection.sendall(b"k")
 
 
-def _akorun_receiver(port: int, ready: Any, count: int) -> None:
+class _NullHasher:
+    """No body check (the unauthenticated comparison only)."""
+
+    body_nbytes = 0
+
+    def update(self, chunk: Any) -> None:
+        pass
+
+    def check(self, digest: Any) -> None:
+        pass
+
+
+def _open_verifier(host: Any) -> None:
+    """Let every partial in unchecked (the unauthenticated comparison only)."""
+    from akorun.keys import NO_NONCE, Opened, Seal
+
+    opened = Opened(Seal(0, 1, NO_NONCE, NO_NONCE, 0, NO_DIGEST))
+    host.verifier.open = lambda *args, **kwargs: opened
+    host.verifier.check_digest = lambda *args: None
+    host.verifier.seal_answer = lambda *args: ""
+
+
+def _akorun_receiver(port: int, ready: Any, count: int, secure: bool) -> None:
     from akorun.server import Server
     from akorun.testing import SinkHost
 
     async def main() -> None:
         host = SinkHost(SECRET, RUN, WIRE_HASH)
-        server = Server(host)
+        if secure:
+            server = Server(host)
+        else:
+            _open_verifier(host)
+            server = Server(host, body_hasher=_NullHasher)  # type: ignore[arg-type]
         await server.start("127.0.0.1", port)
         ready.set()
         while len(host.arrivals) < count:
@@ -108,7 +143,18 @@ def _partial(round_: int) -> Partial:
 
 
 def _encode(partial: Partial) -> bytes:
-    return wire.encode_bytes(partial, run_id=RUN, config_hash=WIRE_HASH, secret=SECRET)
+    return wire.encode_bytes(partial, run_id=RUN, config_hash=WIRE_HASH)
+
+
+def _encode_unauthenticated(partial: Partial) -> bytes:
+    """The same bytes with no digest computed (the unauthenticated comparison)."""
+    assert partial.values is not None
+    header = wire.encode(Partial(partial.kind, partial.sender, partial.round, partial.part,
+                                 partial.p, partial.offset, 0, None),
+                         run_id=RUN, config_hash=WIRE_HASH)[0]
+    fields = bytearray(header[:wire.FIELDS_SIZE])
+    fields[60:68] = partial.length.to_bytes(8, "little")
+    return b"".join((fields, NO_DIGEST, partial.values.tobytes()))
 
 
 def _message(round_: int) -> bytes:
@@ -130,21 +176,32 @@ def raw_socket_mb_per_s(messages: list[bytes]) -> float:
     return sum(map(len, messages)) / elapsed / 1e6
 
 
-def akorun_mb_per_s(messages: list[bytes], partials: list[Partial] | None = None) -> float:
+def akorun_mb_per_s(messages: list[bytes], partials: list[Partial] | None = None, *,
+                    secure: bool = True) -> float:
     """MB/s of `messages` through PeerSender -> Server. With `partials` (the same
-    messages unsigned), each is signed inside the timed loop as Worker.dispatch does
-    (encode_bytes in a thread, then queue), so the sender's HMAC is measured too."""
-    from akorun.client import make_session
+    messages not yet encoded), each is encoded inside the timed loop as Outbox.dispatch
+    does (in a thread, then queued), so the sender's digest is measured too. `secure`
+    False: no seal, digest or check anywhere (the comparison)."""
+    from akorun.client import ControlClient, make_session
+    from akorun.keys import PARTIAL_PATH, PartialSealer, RunKeys, Signer
     from akorun.metrics import PeerCounters
     from akorun.sender import Outgoing, PeerSender
 
     (port,) = free_ports(1)
-    process = _start(_akorun_receiver, port, len(messages))
+    process = _start(_akorun_receiver, port, len(messages), secure)
+    encode = _encode if secure else _encode_unauthenticated
+    url = f"http://127.0.0.1:{port}"
 
     async def main() -> float:
         session = make_session(peers=1)
-        sender = PeerSender(1, f"http://127.0.0.1:{port}/v1/partial", session,
-                            counters=PeerCounters(), maxsize=len(messages))
+        sealer = None
+        if secure:
+            signer = Signer(RunKeys.from_secret(SECRET, RUN, 0, 2, WIRE_HASH))
+            failed = await ControlClient(session, signer, [url, url]).discover(1)
+            assert failed is None, failed
+            sealer = PartialSealer(signer, PARTIAL_PATH)
+        sender = PeerSender(1, url + PARTIAL_PATH, session, counters=PeerCounters(),
+                            maxsize=len(messages), sealer=sealer)
         sender.start()
         warm = Outgoing(messages[0], Kind.GRAD, 0, 0)
         await sender.put(warm)  # connect and warm up; a duplicate later
@@ -152,7 +209,7 @@ def akorun_mb_per_s(messages: list[bytes], partials: list[Partial] | None = None
         start = time.perf_counter()
         for round_, data in enumerate(messages):
             if partials is not None:
-                data = await asyncio.to_thread(_encode, partials[round_])
+                data = await asyncio.to_thread(encode, partials[round_])
             await sender.put(Outgoing(data, Kind.GRAD, round_, 0))
         await sender.wait(lambda: sender.idle, poll_s=0.001)
         elapsed = time.perf_counter() - start
@@ -232,30 +289,63 @@ def peak_rss() -> tuple[float, float, str]:
         f"step, message buffers, queues)")
 
 
+def rounds_under_attack(per_rank: int = 100, rounds: int = 300) -> tuple[float, str]:
+    """(attacked / clean rounds per second, note) of two otherwise equal 3-rank runs."""
+    from akorun.testing import LocalCluster
+    from tests.test_security_live import Attacker, tables
+
+    rates: dict[bool, float] = {}
+    for attacked in (False, True):
+        with tempfile.TemporaryDirectory() as tmp, \
+                LocalCluster(Path(tmp), tables(rounds=rounds)) as cluster:
+            addresses = [(h, int(p)) for h, p in
+                         (entry.rsplit(":", 1) for entry in cluster.config.cluster.hosts)]
+            attacker = Attacker(addresses, per_rank, training=lambda: False)
+            if attacked:
+                attacker.start()
+            cluster.start_all("--quiet")
+            try:
+                codes = cluster.wait_all(600)
+            finally:
+                if attacked:
+                    attacker.stop()
+            if codes != {0: 0, 1: 0, 2: 0}:
+                raise RuntimeError(f"a run failed (attacked: {attacked}):\n{cluster.logs()}")
+            round_s = float(np.mean([cluster.result(r)["round_time_s"] for r in range(3)]))
+            rates[attacked] = 1.0 / round_s
+    return rates[True] / rates[False], (
+        f"3-rank digits-mlp, {rounds} rounds, p=2, ssp=0: {rates[False]:.1f} rounds/s clean, "
+        f"{rates[True]:.1f} rounds/s with {per_rank} slow or forged connections held on "
+        f"every rank")
+
+
 def run() -> list[Figure]:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     partials = [_partial(i) for i in range(MESSAGES)]
     messages = [_encode(partial) for partial in partials]
-    raws, reals, presigned = [], [], []
+    raws, reals, open_ = [], [], []
     for _ in range(2):  # interleaved, so that a busy moment hits every path alike
         raws.append(raw_socket_mb_per_s(messages))
         reals.append(akorun_mb_per_s(messages, partials))
-        presigned.append(akorun_mb_per_s(messages))
-    raw, real = max(raws), max(reals)
+        open_.append(akorun_mb_per_s(messages, partials, secure=False))
+    raw, real, unauthenticated = max(raws), max(reals), max(open_)
+    attacked, attacked_note = rounds_under_attack()
     fraction, fraction_note = compute_fraction("inf")
     gated, gated_note = compute_fraction("2")
     rss_mb, akorun_mb, rss_note = peak_rss()
     return [
         Figure("akorun.transfer_vs_socket", real / raw, "ratio", goal=0.40,
-               note=f"4 MiB partitions over loopback as a worker sends them: akorun "
-                    f"{real:.0f} MB/s (each signed with HMAC-SHA256 by the sender, HTTP, "
-                    f"streamed into a buffer and verified by the receiver) vs socket "
+               note=f"4 MiB partitions over loopback as a worker sends them, security on: "
+                    f"akorun {real:.0f} MB/s (BLAKE3 body digest by the sender, a keyed-"
+                    f"BLAKE3 seal per attempt, HTTP, streamed into a pooled buffer and checked "
+                    f"by the receiver, acknowledgement bound to the request) vs socket "
                     f"sendall/recv_into {raw:.0f} MB/s"),
         Figure("akorun.transfer_mb_per_s", real, "MB/s", note="the akorun side of the above"),
-        Figure("akorun.transfer_vs_socket_presigned", max(presigned) / raw, "ratio",
-               note=f"informational: the same with messages signed before the clock starts "
-                    f"(the sender's HMAC off the measured path; the receiver still verifies): "
-                    f"akorun {max(presigned):.0f} MB/s vs socket {raw:.0f} MB/s"),
+        Figure("akorun.transfer_vs_socket_unauthenticated", unauthenticated / raw, "ratio",
+               note=f"informational: the same path with no seal, digest or check anywhere: "
+                    f"akorun {unauthenticated:.0f} MB/s vs socket {raw:.0f} MB/s; security "
+                    f"costs {100 * (1 - real / unauthenticated):.0f}% of it"),
+        Figure("akorun.rounds_under_attack", attacked, "ratio", goal=0.80, note=attacked_note),
         Figure("akorun.compute_fraction", fraction, "ratio", goal=0.85,
                note="akorun's own cost per round (no gate): " + fraction_note),
         Figure("akorun.compute_fraction_ssp2", gated, "ratio",
