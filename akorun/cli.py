@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import sys
@@ -55,6 +56,7 @@ from akorun.errors import (
     UsageError,
 )
 from akorun.faults import faults_for
+from akorun.keys import rank_key_file, write_rank_key_files
 from akorun.launch import LaunchOptions, check_run_directory, launch, worker_flags
 from akorun.roles import check_role
 from akorun.worker import TLSOptions, Worker, WorkerOptions, summary_line
@@ -201,6 +203,10 @@ def build_parser() -> ArgumentParser:
     init.add_argument("--base-port", metavar="PORT", default=str(DEFAULT_BASE_PORT),
                       help=f"port for hosts given without one (default {DEFAULT_BASE_PORT})")
     init.add_argument("--force", action="store_true", help="overwrite an existing file")
+    init.add_argument("--per-rank-keys", metavar="DIR", default=None,
+                      help="also write DIR/rank-R.keys (0600), each holding only rank R's "
+                           "pair keys, and leave the secret out of the cluster file: give "
+                           "each host the cluster file and its own rank's key file only")
     _add_runtime_flags(init, Tool.AKORUN_INIT)
     add_shared_arguments(init, Tool.AKORUN_INIT)
     init.set_defaults(handler=cmd_init)
@@ -260,9 +266,23 @@ def cmd_init(args: argparse.Namespace) -> int:
         raise UsageError(f"--hosts: {error}") from None
     settings = new_settings(resolved.akorun)
     _check_tls_files(settings.tls_cert, settings.tls_key)
-    path = write_cluster_file(args.out, cfg, settings, force=args.force, resolved=resolved)
-    sys.stderr.write(f"wrote {path} (mode 0600): {n} ranks at {', '.join(hosts)}\n"
-                     f"start each with: akorun worker --rank R --config {path}\n")
+    if args.per_rank_keys is None:
+        path = write_cluster_file(args.out, cfg, settings, force=args.force, resolved=resolved)
+        sys.stderr.write(f"wrote {path} (mode 0600): {n} ranks at {', '.join(hosts)}\n"
+                         f"start each with: akorun worker --rank R --config {path}\n")
+        return 0
+    key_dir = Path(args.per_rank_keys)
+    taken = [rank_key_file(key_dir, rank) for rank in range(n)
+             if rank_key_file(key_dir, rank).exists()]
+    if taken and not args.force:
+        raise UsageError(f"{taken[0]} exists; pass --force to overwrite the key files")
+    path = write_cluster_file(args.out, cfg, dataclasses.replace(settings, secret=None),
+                              force=args.force, resolved=resolved)
+    write_rank_key_files(key_dir, settings.secret_bytes, settings.run_id_bytes, n)
+    sys.stderr.write(f"wrote {path} (mode 0600, no secret): {n} ranks at {', '.join(hosts)}, "
+                     f"and {rank_key_file(key_dir, 'R')} (0600) for R = 0..{n - 1}\n"
+                     f"copy to host R only its own key file; start each with: akorun worker "
+                     f"--rank R --config {path} --keys {rank_key_file(key_dir, 'R')}\n")
     return 0
 
 
@@ -290,6 +310,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     _check_workload(cfg.train.workload)
     rank = resolve_rank(_whole(args.rank, "--rank"), os.environ, cfg.cluster.workers)
     role = check_role(cfg, rank, args.role)
+    settings.rank_keys(rank, cfg.cluster.workers)  # a missing or foreign key file: exit 2 now
     out = Path(args.out) if args.out else None
     checkpoint_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else (
         out / "checkpoints" if out else None)

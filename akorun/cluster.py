@@ -6,10 +6,12 @@ This module owns what makes a set of processes *one run*:
   akocore.settings reads them (``cluster.hosts`` gives every rank's
   ``host:port``), and
 - the ``[akorun]`` table (akocore.settings.schema.AkorunConfig, keys in the
-  registry): ``run_id`` (uuid4 hex), ``secret`` (64 hex digits, the HMAC key
-  of every message), ``peer_timeout``, ``join_timeout``, ``checkpoint_every``,
-  ``emulate`` (shape sends in-process: auto = only on loopback),
-  ``queue_messages`` and optional ``tls_cert`` / ``tls_key``.
+  registry): ``run_id`` (uuid4 hex), ``secret`` (64 hex digits, from which
+  every pair key derives; absent when `akorun init --per-rank-keys` wrote one
+  key file per rank, ``keys``), ``allow`` (peer addresses let in),
+  ``peer_timeout``, ``join_timeout``, ``checkpoint_every``, ``emulate``
+  (shape sends in-process: auto = only on loopback), ``queue_messages`` and
+  optional ``tls_cert`` / ``tls_key``.
 
 A rank reads the file as the FILE layer of its settings (--set items and
 flags go on top, akocore.settings.layers), so the file is only what was
@@ -58,6 +60,7 @@ from akocore.config import (
 from akocore.settings.layers import layer_of
 from akocore.settings.registry import SECTIONS
 from akorun.errors import UsageError
+from akorun.keys import RankKeys, read_rank_keys
 
 __all__ = ["AKORUN_TABLE", "DEFAULT_BASE_PORT", "EMULATE_MODES", "AkorunSettings", "ClusterFile",
            "config_over", "hosts_from_text", "loopback_hosts", "new_settings",
@@ -70,22 +73,46 @@ DEFAULT_BASE_PORT = 7070
 
 @dataclass(frozen=True)
 class AkorunSettings(AkorunConfig):
-    """The ``[akorun]`` settings of a run that can start: run_id and secret are present."""
+    """The ``[akorun]`` settings of a run that can start: a run_id, and a secret unless the
+    cluster file was written for per-rank key files (each rank then names its own, `keys`)."""
 
     run_id: str = ""  # required: "" is refused below
-    secret: str = ""
+    secret: str | None = ""  # None: no secret in the file (per-rank key files)
 
     def __post_init__(self) -> None:
-        for name in ("run_id", "secret"):
-            value = getattr(self, name)
-            if value is None or (isinstance(value, str) and not value.strip()):
-                raise ConfigError(f"akorun.{name} is missing; `akorun init` writes a "
-                                  f"complete cluster file", f"akorun.{name}")
+        if self.run_id is None or not str(self.run_id).strip():
+            raise ConfigError("akorun.run_id is missing; `akorun init` writes a complete "
+                              "cluster file", "akorun.run_id")
+        if self.secret is not None and not self.secret.strip():
+            raise ConfigError("akorun.secret is missing; `akorun init` writes a complete "
+                              "cluster file", "akorun.secret")
         super().__post_init__()
 
     @property
     def secret_bytes(self) -> bytes:
+        if self.secret is None:
+            raise UsageError("this cluster file holds no secret: give this rank its key file "
+                             "(--keys FILE, written by `akorun init --per-rank-keys DIR`)")
         return bytes.fromhex(self.secret)
+
+    def rank_keys(self, rank: int, world: int) -> RankKeys:
+        """This rank's row of pair keys: from its key file (`keys`, ``{rank}`` replaced) when
+        given, else derived from the secret. UsageError if the file does not fit this run."""
+        if self.keys is None:
+            return RankKeys.from_secret(self.secret_bytes, self.run_id_bytes, rank, world)
+        path = self.keys.replace("{rank}", str(rank))
+        try:
+            keys = read_rank_keys(path)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+        if keys.run_id != self.run_id_bytes:
+            raise UsageError(f"{path}: written for run {keys.run_id.hex()}, the cluster file "
+                             f"is run {self.run_id}; use the key files `akorun init` wrote "
+                             f"with it")
+        if (keys.rank, keys.world) != (rank, world):
+            raise UsageError(f"{path}: key file of rank {keys.rank} of {keys.world}, this is "
+                             f"rank {rank} of {world}")
+        return keys
 
     @property
     def run_id_bytes(self) -> bytes:
@@ -105,7 +132,10 @@ def new_settings(base: AkorunConfig | None = None, **changes: Any) -> AkorunSett
 
 
 def settings_of(resolved: ResolvedSettings, source: str) -> AkorunSettings:
-    """The akorun settings of a resolved cluster file; ConfigError if it is not one."""
+    """The akorun settings of a resolved cluster file; ConfigError if it is not one.
+
+    A cluster file without a secret (written with per-rank key files) reads as
+    settings whose `secret` is None: the rank's `keys` file then holds its keys."""
     if not any(resolved.origin(f"{AKORUN_TABLE}.{name}").layer is Layer.FILE
                for name in ("run_id", "secret")):
         raise ConfigError(f"{source}: no [akorun] table (run_id, secret): this is a run config, "
@@ -193,8 +223,11 @@ def render_cluster_file(cfg: RunConfig, settings: AkorunSettings,
     lines = [
         f"# akorun cluster file, written by `akorun init` on {stamp}.",
         "# Every rank of the run reads this same file: copy it to each host unchanged.",
-        "# It holds the run's shared secret: keep it private (file mode 0600).",
-        "# Start rank R with:  akorun worker --rank R --config THIS_FILE",
+        *(["# It holds the run's shared secret: keep it private (file mode 0600).",
+           "# Start rank R with:  akorun worker --rank R --config THIS_FILE"]
+          if settings.secret is not None else
+          ["# It holds no secret: each host also needs its own rank's key file.",
+           "# Start rank R with:  akorun worker --rank R --config THIS_FILE --keys rank-R.keys"]),
         "# Keys written as comments keep their built-in default.",
     ]
     for section, keys in SECTIONS.items():

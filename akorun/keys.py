@@ -40,10 +40,12 @@ import binascii
 import hashlib
 import hmac
 import itertools
+import json
 import os
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import blake3
 
@@ -62,6 +64,9 @@ SEAL_VERSION = 2
 SEAL_FORMAT = "<BII16s16sQ32s"  # version, sender, receiver, nonces, counter, digest
 SEAL_FIELDS_SIZE = struct.calcsize(SEAL_FORMAT)
 SEAL_SIZE = SEAL_FIELDS_SIZE + TAG_BYTES
+RANK_KEYS_KIND = "ako-rank-keys"
+RANK_KEYS_VERSION = 1
+RANK_KEY_FILE = "rank-{rank}.keys"
 REPLAY_WINDOW = 1024  # control counters accepted below the highest seen (then: replays)
 _REQUEST = b"ako request v2\0"
 _ANSWER = b"ako answer v2\0"
@@ -111,6 +116,34 @@ class RankKeys:
     def from_secret(cls, secret: bytes, run_id: bytes, rank: int, world: int) -> RankKeys:
         return cls(rank, world, run_id, {peer: pair_key(secret, run_id, rank, peer)
                                          for peer in range(world) if peer != rank})
+
+    def to_text(self) -> str:
+        """The rank key file's text (JSON): this row only, never the cluster secret."""
+        return json.dumps({"kind": RANK_KEYS_KIND, "version": RANK_KEYS_VERSION,
+                           "run_id": self.run_id.hex(), "rank": self.rank, "world": self.world,
+                           "pairs": {str(peer): key.hex()
+                                     for peer, key in sorted(self.pairs.items())}}, indent=1)
+
+    @classmethod
+    def from_text(cls, text: str, source: str) -> RankKeys:
+        """Parse a rank key file; ValueError (one line naming `source`) if it is not one."""
+        try:
+            record = json.loads(text)
+            if record.get("kind") != RANK_KEYS_KIND:
+                raise ValueError("not an akorun rank key file")
+            if record.get("version") != RANK_KEYS_VERSION:
+                raise ValueError(f"version {record.get('version')!r}, expected "
+                                 f"{RANK_KEYS_VERSION}")
+            rank, world = int(record["rank"]), int(record["world"])
+            pairs = {int(peer): bytes.fromhex(key) for peer, key in record["pairs"].items()}
+            run_id = bytes.fromhex(record["run_id"])
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise ValueError(f"{source}: {error}") from None
+        if sorted(pairs) != [peer for peer in range(world) if peer != rank] or \
+                any(len(key) != KEY_BYTES for key in pairs.values()):
+            raise ValueError(f"{source}: expected one {KEY_BYTES}-byte key per peer of rank "
+                             f"{rank} of {world}")
+        return cls(rank, world, run_id, pairs)
 
     def pair(self, peer: int) -> bytes:
         key = self.pairs.get(peer)
@@ -412,6 +445,37 @@ class PartialSealer:
 def ack_body(duplicate: bool) -> bytes:
     """What a partial's authenticated acknowledgement asserts: taken, or a duplicate."""
     return b"duplicate" if duplicate else b"accepted"
+
+
+def rank_key_file(directory: str | os.PathLike[str], rank: int | str) -> Path:
+    return Path(directory) / RANK_KEY_FILE.format(rank=rank)
+
+
+def write_rank_key_files(directory: str | os.PathLike[str], secret: bytes, run_id: bytes,
+                         world: int) -> list[Path]:
+    """One owner-only (0600) key file per rank in `directory` (made 0700), each holding only
+    that rank's row of pair keys: a host given its own file cannot speak for another rank."""
+    folder = Path(directory)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    written = []
+    for rank in range(world):
+        target = rank_key_file(folder, rank)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(RankKeys.from_secret(secret, run_id, rank, world).to_text() + "\n")
+        os.chmod(target, 0o600)
+        written.append(target)
+    return written
+
+
+def read_rank_keys(path: str | os.PathLike[str]) -> RankKeys:
+    """A rank key file written by `write_rank_key_files`; ValueError (one line) otherwise."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise ValueError(f"{path}: cannot read the rank key file: "
+                         f"{error.strerror or error}") from None
+    return RankKeys.from_text(text, str(path))
 
 
 def restrict_new_files() -> None:

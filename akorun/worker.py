@@ -147,8 +147,7 @@ class Worker:
         self.phase = PhaseMachine()
         self.waiter = Waiter(report_every_s=max(5.0, options.peer_timeout_s / 2),
                              stall_limit_s=GATE_STALL_TIMEOUTS * options.peer_timeout_s)
-        self.keys = RunKeys.from_secret(options.settings.secret_bytes,
-                                        options.settings.run_id_bytes, self.rank, self.world)
+        self.keys = RunKeys(options.settings.rank_keys(self.rank, self.world))
         self.signer = Signer(self.keys)
         self.verifier = RequestVerifier(self.keys, world=self.world)
         self.outbox = Outbox(signer=self.signer, metrics=self.metrics,

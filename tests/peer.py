@@ -20,7 +20,15 @@ from urllib.parse import urlsplit
 
 from akorun import control
 from akorun.control import ControlKind
-from akorun.keys import AUTH_HEADER, PARTIAL_PATH, SESSION_PATH, RunKeys, Signer, digest
+from akorun.keys import (
+    AUTH_HEADER,
+    PARTIAL_PATH,
+    SESSION_PATH,
+    RankKeys,
+    RunKeys,
+    Signer,
+    digest,
+)
 
 
 @dataclass(frozen=True)
@@ -60,9 +68,19 @@ class Peer:
 
     def __init__(self, secret: bytes, run_id: bytes, rank: int, urls: list[str], *,
                  nonce: bytes | None = None) -> None:
-        self.rank = rank
+        self._start(RankKeys.from_secret(secret, run_id, rank, len(urls)), urls, nonce)
+
+    @classmethod
+    def from_keys(cls, keys: RankKeys, urls: list[str]) -> Peer:
+        """A peer holding exactly `keys` (a rank key file's row, or a forger's guess)."""
+        peer = cls.__new__(cls)
+        peer._start(keys, urls, None)
+        return peer
+
+    def _start(self, keys: RankKeys, urls: list[str], nonce: bytes | None) -> None:
+        self.rank = keys.rank
         self.urls = urls
-        self.keys = RunKeys.from_secret(secret, run_id, rank, len(urls))
+        self.keys = RunKeys(keys)
         if nonce is not None:
             self.keys.sessions.nonce = nonce
         self.signer = Signer(self.keys)

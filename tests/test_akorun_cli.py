@@ -95,7 +95,8 @@ def test_init_writes_a_private_cluster_file_that_reads_back_as_the_same_run(
     assert all(h.startswith("127.0.0.1:") for h in cluster.config.cluster.hosts)
     assert len(cluster.settings.secret) == 64 and cluster.settings.peer_timeout_s == 10.0
     text = cluster_file.read_text()
-    assert "# HMAC-SHA256 key of every message" in text
+    assert ("# the run's secret, from which every pair key derives (keep private: this file "
+            'is mode 0600); "none" when each rank has its own key file') in text
     assert "[akorun]" in text and tomllib.loads(text)["akorun"]["run_id"]
 
 

@@ -219,7 +219,8 @@ KEYS: tuple[Key, ...] = (
     # ------------------------------------------------------------------ akorun
     Key("akorun", "run_id", "run_id", "this run's id (uuid4 hex); every message carries it"),
     Key("akorun", "secret", "secret",
-        "HMAC-SHA256 key of every message (keep private: this file is mode 0600)"),
+        "the run's secret, from which every pair key derives (keep private: this file is "
+        'mode 0600); "none" when each rank has its own key file'),
     Key("akorun", "peer_timeout", "peer_timeout_s",
         "a peer silent this long leaves the SSP gate until it speaks again",
         dump=duration_exact_text, flag="--peer-timeout", metavar="DURATION", tools=AKORUN_TOOLS,
@@ -250,6 +251,20 @@ KEYS: tuple[Key, ...] = (
         dump=lambda v: v or "", flag="--tls-key", metavar="PEM", kind=FlagKind.TEXT,
         tools=frozenset({Tool.AKORUN_INIT, Tool.AKORUN_RANK}),
         flag_help="private key of --tls-cert"),
+    Key("akorun", "keys", "keys",
+        'this rank\'s key file (akorun init --per-rank-keys; {rank} = the rank); "" = from '
+        "secret", dump=lambda v: v or "", flag="--keys", metavar="FILE", kind=FlagKind.TEXT,
+        tools=frozenset({Tool.AKORUN_RANK}),
+        flag_help="this rank's key file written by `akorun init --per-rank-keys DIR` (its row "
+                  "of pair keys; the cluster file then holds no secret); {rank} stands for "
+                  "the rank, e.g. keys/rank-{rank}.keys"),
+    Key("akorun", "allow", "allow",
+        'peer addresses or networks let in, "hosts" = those of cluster.hosts; [] = any',
+        dump=list, flag="--allow", metavar="ADDR[,ADDR...]", kind=FlagKind.TEXT,
+        tools=frozenset({Tool.AKORUN_INIT, Tool.AKORUN_RANK}),
+        flag_help="accept connections only from these addresses or networks (e.g. "
+                  "10.0.0.1,10.0.1.0/24, or hosts = every address in cluster.hosts); others "
+                  "are closed before any byte is read"),
 )
 
 # section -> name -> Key, in registry order

@@ -19,6 +19,7 @@ the key. Nothing here reads a file, a flag or a clock.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import uuid
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ from akocore.settings.normalise import (
 from akocore.units import UnitError, parse_duration
 
 SECRET_MIN_BYTES = 16
+ALLOW_HOSTS = "hosts"  # akorun.allow: every address of cluster.hosts
 
 
 
@@ -358,7 +360,7 @@ class AkorunConfig:
     """
 
     run_id: str | None = None  # uuid4 hex; every message carries it
-    secret: str | None = None  # hex HMAC key of every message
+    secret: str | None = None  # hex; every pair key of the run derives from it
     peer_timeout_s: float = 10.0
     join_timeout_s: float = 120.0
     checkpoint_every: int = 0
@@ -366,6 +368,8 @@ class AkorunConfig:
     queue_messages: int = 64
     tls_cert: str | None = None
     tls_key: str | None = None
+    keys: str | None = None  # this rank's key file (`akorun init --per-rank-keys`); {rank}
+    allow: tuple[str, ...] = ()  # peer addresses/networks let in; "hosts" = cluster.hosts'
 
     def __post_init__(self) -> None:
         run_id = None if is_unset(self.run_id) else str(self.run_id)
@@ -402,3 +406,14 @@ class AkorunConfig:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("akorun.tls_cert and akorun.tls_key: give both or neither",
                               "akorun.tls_cert")
+        set_field(self, "keys", None if is_unset(self.keys) else str(self.keys))
+        allow = tuple(str(item).strip() for item in as_items(self.allow) if str(item).strip())
+        for item in allow:
+            if item == ALLOW_HOSTS:
+                continue
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise bad_value("akorun.allow", item, 'IP addresses or networks, e.g. '
+                                '"10.0.0.1" or "10.0.0.0/24", or "hosts"') from None
+        set_field(self, "allow", allow)
