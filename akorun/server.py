@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
+import ipaddress
 import json
 import logging
 import queue
@@ -76,6 +77,7 @@ log = logging.getLogger("akorun")
 __all__ = ["ControlError", "Host", "Server"]  # ControlError: its former home, kept importable
 HASH_IN_THREAD_BYTES = 256 * 1024  # bodies from this size are hashed off the loop
 KEEPALIVE_TIMEOUT_S = 75.0  # longer than the client's 15 s, so the client closes first
+HEADER_DEADLINE_S = 10.0  # from a connection's (or a request's) first byte to its last header
 READ_BUFFER_BYTES = 1 << 20  # body bytes buffered before the socket is paused (x2)
 _REASONS = {Status.MALFORMED: "malformed", Status.BAD_SIGNATURE: "bad_signature",
             Status.WRONG_RUN: "wrong_run", Status.TOO_LARGE: "too_large",
@@ -181,6 +183,101 @@ class Host(Protocol):
     def prometheus(self) -> str: ...
 
 
+AllowList = tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+
+
+def peer_allowed(allow: AllowList, peername: Any) -> bool:
+    """The connection's peer address is in `allow` (an empty list lets everyone in)."""
+    if not allow:
+        return True
+    try:
+        address = ipaddress.ip_address(peername[0])
+    except (TypeError, ValueError, IndexError):
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return any(address in network for network in allow)
+
+
+class _Guard(asyncio.Protocol):
+    """One accepted connection, in front of aiohttp's own handler of it.
+
+    A peer outside the allow-list is closed in `connection_made`, before any byte
+    is read. Otherwise the aiohttp handler is made and gets every event; the
+    guard closes the connection when a request's HTTP header (request line and
+    header fields) is not complete `header_deadline_s` after the connection was
+    made or after the first byte of a later request: aiohttp itself bounds only
+    idle connections (its keep-alive timeout), not one that dribbles its header.
+    """
+
+    def __init__(self, owner: Server) -> None:
+        self.owner = owner
+        self.inner: asyncio.Protocol | None = None
+        self.transport: asyncio.Transport | None = None
+        self.in_request = False
+        self.deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        if not peer_allowed(self.owner.allow, transport.get_extra_info("peername")):
+            self.owner.host.metrics.rejected["not_allowed"] += 1
+            transport.abort()
+            return
+        assert self.owner.runner is not None and self.owner.runner.server is not None
+        self.inner = self.owner.runner.server()
+        self.owner.guards[self.inner] = self
+        self.inner.connection_made(transport)
+        self._arm()
+
+    def _arm(self) -> None:
+        if self.deadline is None:
+            self.deadline = asyncio.get_running_loop().call_later(
+                self.owner.header_deadline_s, self._too_slow)
+
+    def _disarm(self) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
+
+    def _too_slow(self) -> None:
+        self.deadline = None
+        if not self.in_request and self.transport is not None:
+            self.owner.host.metrics.rejected["header_too_slow"] += 1
+            self.transport.abort()
+
+    def request_started(self) -> None:
+        self.in_request = True
+        self._disarm()
+
+    def request_ended(self) -> None:
+        self.in_request = False
+
+    def data_received(self, data: bytes) -> None:
+        if self.inner is None:
+            return
+        if not self.in_request:
+            self._arm()  # the first bytes of the next request: its header has a deadline
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received() if self.inner is not None else None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        if self.inner is not None:
+            self.owner.guards.pop(self.inner, None)
+            self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.resume_writing()
+
+
 class Server:
     """The aiohttp application of one host, started with `start` and stopped with `close`."""
 
@@ -190,7 +287,12 @@ class Server:
         self.body_hasher = body_hasher  # another one only in the benchmark's comparison
         self.admission = Admission(host.not_accepting, max_concurrent_reads=max_concurrent_reads)
         self.buffers = BufferPool(keep=max(2, max_concurrent_reads))
-        self.app = web.Application(client_max_size=CONTROL_BODY_MAX_BYTES)
+        self.app = web.Application(client_max_size=CONTROL_BODY_MAX_BYTES,
+                                   middlewares=[self._headers_arrived])
+        self.allow: AllowList = ()
+        self.header_deadline_s = HEADER_DEADLINE_S
+        self.guards: dict[asyncio.Protocol, _Guard] = {}
+        self._listener: asyncio.Server | None = None
         self.app.router.add_post("/v1/partial", self.partial)
         for route in host.control_table.routes:
             self.app.router.add_post(route.path, self._control_handler(route.kind))
@@ -203,15 +305,21 @@ class Server:
     # ---------------------------------------------------------------- lifecycle
 
     async def start(self, listen_host: str, port: int,
-                    ssl_context: ssl.SSLContext | None = None) -> None:
-        """Listen on listen_host:port; UsageError if the port is taken or the host unknown."""
+                    ssl_context: ssl.SSLContext | None = None, *, allow: AllowList = (),
+                    header_deadline_s: float = HEADER_DEADLINE_S) -> None:
+        """Listen on listen_host:port, letting in only peers in `allow` (empty: anyone) and
+        closing connections whose HTTP header takes over `header_deadline_s`; UsageError if
+        the port is taken or the host unknown."""
+        self.allow = tuple(allow)
+        self.header_deadline_s = header_deadline_s
         self.runner = web.AppRunner(self.app, handle_signals=False, access_log=None,
                                     keepalive_timeout=KEEPALIVE_TIMEOUT_S, shutdown_timeout=2.0,
                                     read_bufsize=READ_BUFFER_BYTES)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, listen_host, port, ssl_context=ssl_context, backlog=128)
         try:
-            await site.start()
+            self._listener = await asyncio.get_running_loop().create_server(
+                lambda: _Guard(self), listen_host, port, ssl=ssl_context, backlog=128,
+                reuse_address=True)
         except OSError as error:
             await self.runner.cleanup()
             self.runner = None
@@ -224,14 +332,36 @@ class Server:
                 from None
 
     async def close(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()  # accept no more; the runner then closes what is open
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None
+        for guard in list(self.guards.values()):
+            if guard.transport is not None:
+                guard.transport.abort()
+        if listener is not None:
+            await listener.wait_closed()
         self._lanes_open = False
         while self._free_lanes:
             self._free_lanes.pop().stop()
 
     # ---------------------------------------------------------------- helpers
+
+    @web.middleware
+    async def _headers_arrived(self, request: web.Request,
+                               handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                               ) -> web.StreamResponse:
+        """The request's header is complete: its connection's header deadline is met."""
+        guard = self.guards.get(request.protocol)
+        if guard is not None:
+            guard.request_started()
+        try:
+            return await handler(request)
+        finally:
+            if guard is not None:
+                guard.request_ended()
 
     def _reject(self, status: int, reason: str, detail: str) -> web.Response:
         self.host.metrics.rejected[reason] += 1

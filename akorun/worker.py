@@ -38,7 +38,7 @@ from akocore.messages import Partial
 from akocore.results import RankResult
 from akocore.settings.registry import default_of
 from akorun.client import ControlClient, make_session
-from akorun.cluster import AkorunSettings, split_host
+from akorun.cluster import AkorunSettings, allowed_networks, split_host
 from akorun.control import ControlKind
 from akorun.errors import UsageError
 from akorun.faults import Faults
@@ -315,7 +315,8 @@ class Worker:
         host, port = self.endpoints[self.rank]
         try:
             await server.start(options.listen_host or host, port,
-                               options.tls.server_context())
+                               options.tls.server_context(), allow=allowed_networks(
+                                   options.settings.allow, self.cfg.cluster.hosts))
             shaper = None
             if options.emulate:
                 shaper, self.downlink = emulated_links(self.cfg, self.rank, self.peers)

@@ -128,7 +128,9 @@ def test_init_with_per_rank_keys_leaves_the_secret_out_and_workers_need_their_fi
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_three_ranks_train_over_per_rank_key_files(tmp_path: Path) -> None:
-    cluster, keys = _init(tmp_path)
+    """With the allow-list derived from cluster.hosts, too (the ranks' own addresses)."""
+    cluster, keys = _init(tmp_path, "--allow", "hosts")
+    assert 'allow = ["hosts"]' in cluster.read_text()
     out = tmp_path / "out"
     procs = []
     for rank in range(3):
