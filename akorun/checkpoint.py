@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,13 +78,16 @@ def checkpoint_path(directory: str | Path, rank: int) -> Path:
     return Path(directory) / f"worker-{rank}.ckpt.npz"
 
 
-def _replace_atomically(target: Path, write: Any) -> None:
+def _replace_atomically(target: Path, write: Any,
+                        before_replace: Callable[[Path], None] | None = None) -> None:
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
+        if before_replace is not None:  # a test hook (akorun.faults: kill_mid_checkpoint)
+            before_replace(tmp)
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -105,8 +108,10 @@ def remove_stale_temp_files(target: Path) -> list[Path]:
     return removed
 
 
-def save_checkpoint(directory: str | Path, checkpoint: Checkpoint) -> Path:
-    """Write the checkpoint of `checkpoint.rank` (atomically); returns the npz path."""
+def save_checkpoint(directory: str | Path, checkpoint: Checkpoint,
+                    before_replace: Callable[[Path], None] | None = None) -> Path:
+    """Write the checkpoint of `checkpoint.rank` (atomically); returns the npz path.
+    `before_replace(temp)` runs once the npz temp file is written (a test hook)."""
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     meta = checkpoint.meta()
@@ -122,7 +127,8 @@ def save_checkpoint(directory: str | Path, checkpoint: Checkpoint) -> Path:
     for index, leaf in enumerate(checkpoint.optimizer_leaves):
         arrays[f"opt_{index}"] = np.asarray(leaf)
     target = checkpoint_path(folder, checkpoint.rank)
-    _replace_atomically(target, lambda handle: np.savez(handle, **arrays))  # type: ignore[arg-type]
+    _replace_atomically(target, lambda handle: np.savez(handle, **arrays),  # type: ignore[arg-type]
+                        before_replace)
     sidecar = target.with_suffix(".json")
     _replace_atomically(sidecar, lambda handle: handle.write(
         json.dumps(meta, indent=1, sort_keys=True).encode("utf-8")))

@@ -8,6 +8,14 @@ optionally prefixed by ``RANK@`` to apply to one rank only:
 - ``kill_after_round:R``: after round R's local step, wait until every peer
   acknowledged that round's sends, then SIGKILL this process (a crash that
   lands between two rounds, the case the rejoin protocol repairs exactly).
+- ``kill_before_round:R``: SIGKILL this process just before round R
+  (``kill_before_round:0``: a crash at the start, right after the join).
+- ``kill_mid_send:R``: after round R's local step, SIGKILL as soon as ONE peer
+  acknowledged round R's message, while the others may still be waiting for
+  theirs (a crash in the middle of a round's sends).
+- ``kill_mid_checkpoint:R``: SIGKILL during the first checkpoint written after
+  round R, once its temp file is written and before it is moved into place.
+- ``kill_at_end``: SIGKILL after the last round, before the final flush.
 - ``pause_before_round:R:PATH``: before starting round R, wait (without
   blocking the event loop) until the file PATH exists.
 - ``sleep_per_round:S``: sleep S seconds after every round (a slow worker).
@@ -31,6 +39,10 @@ class Faults:
     """The faults that apply to one rank."""
 
     kill_after_round: int | None = None
+    kill_before_round: int | None = None
+    kill_mid_send: int | None = None
+    kill_mid_checkpoint: int | None = None
+    kill_at_end: bool = False
     pause_before_round: int | None = None
     pause_until_file: str | None = None
     sleep_per_round_s: float = 0.0
@@ -38,6 +50,8 @@ class Faults:
     @property
     def any(self) -> bool:
         return (self.kill_after_round is not None or self.pause_before_round is not None
+                or self.kill_before_round is not None or self.kill_mid_send is not None
+                or self.kill_mid_checkpoint is not None or self.kill_at_end
                 or self.sleep_per_round_s > 0)
 
 
@@ -53,8 +67,13 @@ def faults_for(rank: int, env: Mapping[str, str]) -> Faults:
             if target and int(target) != rank:
                 continue
             name, _, args = spec.partition(":")
-            if name == "kill_after_round":
-                values["kill_after_round"] = int(args)
+            if name in ("kill_after_round", "kill_before_round", "kill_mid_send",
+                        "kill_mid_checkpoint"):
+                values[name] = int(args)
+            elif name == "kill_at_end":
+                if args:
+                    raise ValueError("takes no argument")
+                values["kill_at_end"] = True
             elif name == "pause_before_round":
                 round_text, _, path = args.partition(":")
                 if not path:
@@ -67,6 +86,7 @@ def faults_for(rank: int, env: Mapping[str, str]) -> Faults:
                 raise ValueError(f"unknown fault {name!r}")
         except ValueError as error:
             raise UsageError(f"{ENV_VAR}: cannot read {item!r} ({error}); expected items like "
-                             f"kill_after_round:5, pause_before_round:20:/tmp/go or "
+                             f"kill_after_round:5, kill_mid_send:5, kill_at_end, "
+                             f"pause_before_round:20:/tmp/go or "
                              f"sleep_per_round:0.1, each optionally prefixed by RANK@") from None
     return Faults(**values)  # type: ignore[arg-type]

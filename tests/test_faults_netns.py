@@ -2,8 +2,10 @@
 
 Three ako ranks, each in its own network namespace, joined through a bridge in
 a fourth; in-process emulation off, so every byte crosses the kernel. Faults:
-an iptables cut between two ranks healed after 2 s and 10 s, SIGSTOP/SIGCONT
-shorter and longer than the peer timeout, SIGKILL of one rank, 10 % random
+an iptables cut between two ranks healed after 2 s, 10 s and 60 s, SIGSTOP/SIGCONT
+shorter and longer than the peer timeout (and past the others' end with s = inf),
+SIGKILL of one rank early, mid-send, mid-checkpoint and after its last round,
+kill mid-checkpoint + --resume, a live rank stuck (the gate's give-up), 10 % random
 loss (iptables statistic DROP, no netem here), a full checkpoint disk (a tiny
 tmpfs, filled, then freed). Every surviving rank must exit 0 with the same
 number of rounds and replicas equal within 1e-5 relative (plain SGD). The
@@ -120,13 +122,13 @@ class Run:
     """One akorun run of three ranks in the namespaces of `net`."""
 
     def __init__(self, net: Net, directory: Path, rounds: int, *flags: str,
-                 faults: str = "") -> None:
+                 faults: str = "", exchange: dict[str, Any] | None = None) -> None:
         self.net = net
         self.directory = directory
         self.rounds = rounds
         cfg = config_from_dict({
             "cluster": {"workers": WORKERS, "hosts": [f"{a}:7071" for a in net.addresses]},
-            "exchange": {"p": 3, "ssp": 2},
+            "exchange": exchange or {"p": 3, "ssp": 2},
             "train": {"workload": "digits-mlp", "optimizer": "sgd", "lr": 0.05,
                       "rounds": rounds, "eval_every": 100000},
         })
@@ -134,22 +136,35 @@ class Run:
                                        new_settings(peer_timeout_s=PEER_TIMEOUT_S,
                                                     emulate="off"))
         self.out = directory / "out"
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.flags = flags
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
         fault_env = f"sleep_per_round:{ROUND_SLEEP_S}" + (f";{faults}" if faults else "")
-        for rank, name in enumerate(net.names):
-            command = ["ip", "netns", "exec", name, *akorun_command(
-                "worker", "--rank", str(rank), "--config", str(self.path), "--out",
-                str(self.out), "--progress-every", "0.2s", "--queue-messages", "4", *flags)]
-            with open(self.log_path(rank), "wb") as log:
-                self.procs.append(subprocess.Popen(
-                    command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                    env=child_test_env({"AKORUN_FAULT": fault_env})))
+        for rank in range(WORKERS):
+            self.start(rank, fault_env)
+
+    def start(self, rank: int, fault_env: str, *more_flags: str) -> None:
+        """Start (or restart: the log is appended to) rank `rank` in its namespace."""
+        command = ["ip", "netns", "exec", self.net.names[rank], *akorun_command(
+            "worker", "--rank", str(rank), "--config", str(self.path), "--out",
+            str(self.out), "--progress-every", "0.2s", "--queue-messages", "4", *self.flags,
+            *more_flags)]
+        with open(self.log_path(rank), "ab") as log:
+            self.procs[rank] = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                env=child_test_env({"AKORUN_FAULT": fault_env}))
 
     def log_path(self, rank: int) -> Path:
         return self.directory / f"rank-{rank}.log"
 
     def log(self, rank: int) -> str:
         return self.log_path(rank).read_text(encoding="utf-8", errors="replace")
+
+    def wait_log(self, rank: int, text: str, timeout_s: float = 90) -> None:
+        deadline = time.monotonic() + timeout_s
+        while text not in self.log(rank):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"rank {rank} never logged {text!r}:\n{self.logs()}")
+            time.sleep(0.05)
 
     def round_of(self, rank: int) -> int:
         found = _ROUND.findall(self.log(rank))
@@ -177,25 +192,33 @@ class Run:
         return codes
 
     def kill(self) -> None:
-        for proc in self.procs:
+        for proc in self.procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGCONT)
                 proc.kill()
                 proc.wait()
 
-    def check(self, fault: str, ranks: list[int]) -> dict[str, Any]:
-        """Exit 0, every round, replicas equal; the figures of this fault."""
-        codes = self.wait(ranks)
-        assert codes == {r: 0 for r in ranks}, self.logs()
+    def params(self, rank: int) -> np.ndarray:
+        with np.load(self.out / f"worker-{rank}.npz") as data:
+            return np.array(data["params"])
+
+    def check(self, fault: str, ranks: list[int], *, held_round: int | None = None,
+              exited: tuple[int, ...] = ()) -> dict[str, Any]:
+        """Exit 0, every round, replicas of `ranks` equal; the figures of this fault.
+        `exited`: more ranks that must exit 0 but need not be equal. A gap ending at
+        `held_round` (the test held every rank there) is left out of the stall."""
+        codes = self.wait([*ranks, *exited])
+        assert codes == {r: 0 for r in [*ranks, *exited]}, self.logs()
         results = {r: json.loads((self.out / f"worker-{r}.json").read_text()) for r in ranks}
-        assert all(results[r]["rounds"] == self.rounds for r in ranks), self.logs()
-        replicas = []
+        assert all(results[r].get("first_round", 0) + results[r]["rounds"] == self.rounds
+                   for r in ranks), self.logs()
+        difference = max_relative_difference([self.params(r) for r in ranks])
+        stall_s = {}
         for rank in ranks:
-            with np.load(self.out / f"worker-{rank}.npz") as data:
-                replicas.append(np.array(data["params"]))
-        difference = max_relative_difference(replicas)
-        stall_s = {r: round(float(np.max(np.diff([0.0, *results[r]["round_end_s"]]))), 3)
-                   for r in ranks}
+            gaps = np.diff([0.0, *results[rank]["round_end_s"]])
+            if held_round is not None:
+                gaps = np.delete(gaps, held_round - results[rank].get("first_round", 0))
+            stall_s[rank] = round(float(np.max(gaps)), 3)
         figures = {"fault": fault, "stall_s": stall_s,
                    "replica_difference": difference,
                    "peer_timeouts": {r: results[r]["peer_timeouts"] for r in ranks},
@@ -203,12 +226,17 @@ class Run:
                                      for c in results[r]["send_dropped"].values())
                               for r in ranks},
                    "wall_s": {r: round(results[r]["wall_s"], 2) for r in ranks}}
-        report = os.environ.get("FAULT_FIGURES")
-        if report:
-            with open(report, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps(figures) + "\n")
+        _record(figures)
         assert difference <= RTOL, (figures, self.logs())
         return figures
+
+
+def _record(figures: dict[str, Any]) -> None:
+    """Append `figures` to the file FAULT_FIGURES names (if any), one JSON line."""
+    report = os.environ.get("FAULT_FIGURES")
+    if report:
+        with open(report, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(figures) + "\n")
 
 
 def _rounds_for(fault_s: float) -> int:
@@ -216,16 +244,30 @@ def _rounds_for(fault_s: float) -> int:
     return FAULT_AT_ROUND + int((fault_s + 3 * PEER_TIMEOUT_S) / ROUND_SLEEP_S)
 
 
-@pytest.mark.parametrize("cut_s", [2.0, 10.0])
+HELD_ROUND = FAULT_AT_ROUND + 25  # long cuts: every rank waits here until the heal
+ROUNDS_AFTER_HELD = 20
+
+
+@pytest.mark.parametrize("cut_s", [2.0, 10.0, 60.0])
 def test_a_cut_between_two_ranks_healed_later_ends_equal(net: Net, tmp_path: Path,
                                                          cut_s: float) -> None:
-    run = Run(net, tmp_path, _rounds_for(cut_s))
+    """Ranks 0 and 1 cut apart at round 15; they suspend each other and go on (rank 2
+    still links them) for 25 rounds, folding what their full queues drop, then every
+    rank waits before round 40 until the heal (so a 60 s cut needs no 1200 rounds);
+    once 0 and 1 hear each other again, 20 more rounds."""
+    go = tmp_path / "go"
+    run = Run(net, tmp_path, HELD_ROUND + ROUNDS_AFTER_HELD,
+              faults=f"pause_before_round:{HELD_ROUND}:{go}")
     try:
         run.wait_round(0, FAULT_AT_ROUND)
         net.cut(0, 1)
         time.sleep(cut_s)
         net.heal(0)
-        figures = run.check(f"cut {cut_s:g} s", [0, 1, 2])
+        if cut_s > PEER_TIMEOUT_S:
+            run.wait_log(0, "peer 1 speaks again")
+            run.wait_log(1, "peer 0 speaks again")
+        go.touch()
+        figures = run.check(f"cut {cut_s:g} s", [0, 1, 2], held_round=HELD_ROUND)
         if cut_s > 4 * PEER_TIMEOUT_S:  # long enough that full queues folded (the old gap)
             assert figures["folded"][0] > 0 and figures["folded"][1] > 0, figures
     finally:
@@ -252,6 +294,98 @@ def test_a_sigkilled_rank_leaves_the_others_ending_equal(net: Net, tmp_path: Pat
         run.wait_round(2, FAULT_AT_ROUND)
         run.procs[2].send_signal(signal.SIGKILL)
         run.check("SIGKILL one rank", [0, 1])
+    finally:
+        run.kill()
+
+
+KILLS = {"start": "2@kill_before_round:4",  # the SSP gate (s = 2): all ranks are training
+         "mid-send": f"2@kill_mid_send:{FAULT_AT_ROUND}",
+         "mid-checkpoint": f"2@kill_mid_checkpoint:{FAULT_AT_ROUND}",
+         "end": "2@kill_at_end"}
+
+
+@pytest.mark.parametrize("when", list(KILLS))
+def test_a_rank_sigkilled_at_any_moment_leaves_the_others_ending_equal(
+        net: Net, tmp_path: Path, when: str) -> None:
+    """Rank 2 kills itself (AKORUN_FAULT, keyed by rounds) before round 4 (all ranks train by then),
+    after ONE peer acknowledged a round's message, inside a checkpoint write, or
+    after its last round; ranks 0 and 1 end equal."""
+    rounds = FAULT_AT_ROUND + 10
+    run = Run(net, tmp_path, rounds, "--checkpoint-every", "5", "--checkpoint-dir",
+              str(tmp_path / "ckpt"), faults=KILLS[when])
+    try:
+        assert run.wait([2])[2] == -signal.SIGKILL, run.logs()
+        assert "test hook: SIGKILL" in run.log(2)
+        run.check(f"SIGKILL {when}", [0, 1])
+        if when == "mid-checkpoint":
+            assert list((tmp_path / "ckpt").glob(".worker-2.ckpt.npz.*.tmp")), run.logs()
+    finally:
+        run.kill()
+
+
+def test_a_rank_killed_mid_checkpoint_rejoins_with_resume_and_all_end_equal(
+        net: Net, tmp_path: Path) -> None:
+    """Rank 2 dies inside its checkpoint after round 15 (its temp file left behind,
+    the checkpoint of round 15 in place); 0 and 1 go on past the peer timeout and wait
+    before round 40; rank 2 restarts with --resume in its namespace, rejoins from a
+    donor, and the three end equal; the stale temp file is gone."""
+    go = tmp_path / "go"
+    ckpt = tmp_path / "ckpt"
+    held = FAULT_AT_ROUND + 25
+    run = Run(net, tmp_path, held + ROUNDS_AFTER_HELD, "--checkpoint-every", "5",
+              "--checkpoint-dir", str(ckpt),
+              faults=f"2@kill_mid_checkpoint:{FAULT_AT_ROUND};"
+                     f"0@pause_before_round:{held}:{go};1@pause_before_round:{held}:{go}")
+    try:
+        assert run.wait([2])[2] == -signal.SIGKILL, run.logs()
+        assert list(ckpt.glob(".worker-2.ckpt.npz.*.tmp"))
+        run.wait_log(0, "peer 2 silent")
+        run.start(2, f"sleep_per_round:{ROUND_SLEEP_S}", "--resume")
+        run.wait_log(2, "rejoining")
+        go.touch()
+        run.check("SIGKILL mid-checkpoint, then --resume", [0, 1, 2], held_round=held)
+        assert not list(ckpt.glob(".worker-2.ckpt.npz.*.tmp"))
+    finally:
+        run.kill()
+
+
+def test_a_rank_paused_with_unbounded_staleness_finishes_alone_without_hanging(
+        net: Net, tmp_path: Path) -> None:
+    """s = inf: rank 1 is stopped (SIGSTOP) at round 15; 0 and 2 never wait for it,
+    finish, wait the finish grace and give it up; resumed after that, rank 1 finishes
+    its rounds alone and exits 0 (no hang). 0 and 2 end equal; rank 1 misses what
+    they sent after they left (the README says so), so it is not compared."""
+    run = Run(net, tmp_path, FAULT_AT_ROUND + 40, exchange={"p": 3, "ssp": "inf"})
+    try:
+        run.wait_round(1, FAULT_AT_ROUND)
+        run.procs[1].send_signal(signal.SIGSTOP)
+        run.wait([0, 2])
+        run.procs[1].send_signal(signal.SIGCONT)
+        figures = run.check("pause past the others' end, s = inf", [0, 2], exited=(1,))
+        assert all("finished without peer(s) [1]" in run.log(r) for r in (0, 2))
+        late = max_relative_difference([run.params(0), run.params(1)])
+        figures["late_rank_difference"] = late
+        _record({"fault": "pause past the others' end, s = inf (rank 1 vs 0)",
+                 "replica_difference": late})
+    finally:
+        run.kill()
+
+
+def test_a_live_rank_that_makes_no_progress_is_taken_out_of_the_gate(
+        net: Net, tmp_path: Path) -> None:
+    """Rank 1 stays alive (answers heartbeats) but holds before round 15 (a stuck
+    rank); 0 and 2 block at the SSP gate, and after GATE_STALL_TIMEOUTS peer timeouts
+    without progress take it out of the gate and go on; released 4 s later, rank 1
+    catches up and all three end equal."""
+    go = tmp_path / "go"
+    run = Run(net, tmp_path, FAULT_AT_ROUND + 30,
+              faults=f"1@pause_before_round:{FAULT_AT_ROUND}:{go}")
+    try:
+        run.wait_log(0, "no progress from peer(s) [1]")
+        run.wait_log(2, "no progress from peer(s) [1]")
+        assert run.round_of(0) > FAULT_AT_ROUND + 2  # the gate let them go on
+        go.touch()
+        run.check("live rank without progress (gate give-up)", [0, 1, 2])
     finally:
         run.kill()
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,14 +64,17 @@ class CheckpointWriter:
         }
         return self.role.checkpoint(common)
 
-    async def write(self, *, final: bool = False) -> None:
-        """Write a checkpoint now; a periodic failure is logged, a final one raised."""
+    async def write(self, *, final: bool = False,
+                    before_replace: Callable[[Path], None] | None = None) -> None:
+        """Write a checkpoint now; a periodic failure is logged, a final one raised.
+        `before_replace` is a test hook (akorun.faults: kill_mid_checkpoint)."""
         checkpoint = self.now()
         if checkpoint is None:
             return
         assert self.directory is not None
         try:
-            await asyncio.to_thread(save_checkpoint, self.directory, checkpoint)
+            await asyncio.to_thread(save_checkpoint, self.directory, checkpoint,
+                                    before_replace)
         except OSError as error:
             self.failures += 1
             where = checkpoint_path(self.directory, self.role.rank)

@@ -2,8 +2,11 @@
 of AKORUN_FAULT (akorun.faults) when asked for.
 
 `FaultHooks` is the interface; `NoFaults` does nothing; `InjectedFaults`
-pauses before a round until a file exists, SIGKILLs this process after a
-round once every peer acknowledged it, and sleeps after each round.
+pauses before a round until a file exists, SIGKILLs this process before a
+round, after a round once every peer acknowledged it, after a round once ONE
+peer acknowledged it (mid-send), inside a checkpoint write (its temp file
+written, not yet moved into place) or after the last round, and sleeps after
+each round.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import logging
 import os
 import signal
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol
 
 from akorun.faults import Faults
@@ -28,6 +32,10 @@ class FaultHooks(Protocol):
 
     async def after_round(self, round_: int) -> None: ...
 
+    def mid_checkpoint(self, round_: int) -> Callable[[Path], None] | None: ...
+
+    async def at_end(self) -> None: ...
+
 
 class NoFaults:
     """The production hooks: nothing happens."""
@@ -37,6 +45,19 @@ class NoFaults:
 
     async def after_round(self, round_: int) -> None:
         return None
+
+    def mid_checkpoint(self, round_: int) -> Callable[[Path], None] | None:
+        return None
+
+    async def at_end(self) -> None:
+        return None
+
+
+def _kill_now(why: str) -> None:
+    log.warning("test hook: SIGKILL %s", why)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 class InjectedFaults:
@@ -48,9 +69,12 @@ class InjectedFaults:
         self.outbox = outbox
         self.gone = gone  # a suspended peer need not acknowledge before the kill
         self.hard_stop = hard_stop
+        self.checkpoint_killed = False
 
     async def before_round(self, round_: int) -> None:
         faults = self.faults
+        if faults.kill_before_round == round_:
+            _kill_now(f"before round {round_}")
         if faults.pause_before_round == round_ and faults.pause_until_file:
             log.warning("test hook: paused before round %d until %s exists", round_,
                         faults.pause_until_file)
@@ -60,13 +84,30 @@ class InjectedFaults:
     async def after_round(self, round_: int) -> None:
         if self.faults.kill_after_round == round_:
             await self.outbox.wait_acked(round_, self.gone)
-            log.warning("test hook: SIGKILL after round %d (all its sends acknowledged)",
-                        round_)
-            for handler in logging.getLogger().handlers:
-                handler.flush()
-            os.kill(os.getpid(), signal.SIGKILL)
+            _kill_now(f"after round {round_} (all its sends acknowledged)")
+        if self.faults.kill_mid_send == round_:
+            senders = self.outbox.senders
+            acked = next(iter(senders.values())).wait
+            await acked(lambda: any(s.acked_through >= round_ for s in senders.values()),
+                        poll_s=0.001)
+            _kill_now(f"after round {round_}, mid-send: acknowledged by peer(s) "
+                      f"{sorted(j for j, s in senders.items() if s.acked_through >= round_)} "
+                      f"of {sorted(senders)}")
         if self.faults.sleep_per_round_s > 0:
             await asyncio.sleep(self.faults.sleep_per_round_s)
+
+
+    def mid_checkpoint(self, round_: int) -> Callable[[Path], None] | None:
+        after = self.faults.kill_mid_checkpoint
+        if after is None or round_ <= after or self.checkpoint_killed:
+            return None
+        self.checkpoint_killed = True
+        return lambda temp: _kill_now(f"mid-checkpoint after round {round_} ({temp.name} "
+                                      f"written, not moved into place)")
+
+    async def at_end(self) -> None:
+        if self.faults.kill_at_end:
+            _kill_now("after the last round, before the final flush")
 
 
 def fault_hooks(faults: Faults, *, outbox: Outbox, gone: Callable[[int], bool],

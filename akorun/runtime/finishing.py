@@ -82,6 +82,7 @@ class Finisher:
         assert node is not None
         self.phase.to(Phase.FINISHING)
         if self.role.trains:
+            await self.training.faults.at_end()
             await self.outbox.dispatch(node.finish(self.training.rounds_done))
         gone = self._gone(self.liveness.clock())
         peer_done = getattr(node, "peer_done", None)

@@ -133,5 +133,5 @@ class TrainingLoop:
             if t % eval_every == 0 and node.params is not None:
                 self.evaluator.start(node.params, t, self.times.end_s[-1])
             if self.checkpoint_every and t % self.checkpoint_every == 0:
-                await self.checkpoints.write()
+                await self.checkpoints.write(before_replace=self.faults.mid_checkpoint(t - 1))
         self.rounds_done = t
