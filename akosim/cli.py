@@ -32,7 +32,7 @@ from akocore.config import (
     config_to_dict,
     resolve_args,
 )
-from akocore.units import format_duration, format_size, parse_duration
+from akocore.units import format_duration, format_size, parse_duration, refuse_bare_number
 from akosim.calibration import (  # noqa: F401 (rank_overhead_s: re-exported)
     compute_from_result,
     message_overhead_from_result,
@@ -97,9 +97,11 @@ def _add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     add = group.add_argument
     add("--gradient-size", metavar="SIZE",
         help="gradient bytes per worker, e.g. 17MB or 4MiB (default: from --workload)")
-    add("--compute", metavar="DURATION|measure", default="measure",
-        help="compute seconds per round, e.g. 0.3s or 250ms; 'measure' times the real "
-             "--workload gradient step on this machine (default)")
+    add("--compute", metavar="DURATION|measure|remeasure", default="measure",
+        help="compute time per round, e.g. 0.3s or 250ms; 'measure' times the real "
+             "--workload gradient step on this machine once and caches it (default; "
+             "$AKO_CACHE_DIR, $XDG_CACHE_HOME/ako-toolkit or ~/.cache/ako-toolkit); "
+             "'remeasure' times it again and refreshes the cache")
     add("--compute-from", metavar="RESULT.json",
         help="take each worker's measured compute time (and its per-round overhead and "
              "per-message overhead, when the file has them) from an akorun result file")
@@ -187,21 +189,35 @@ def progress_factory(enabled: bool) -> Callable[[str, int], Callable[[int], None
     return make
 
 
-def _compute_model(args: argparse.Namespace, workers: int, workload_factory):
-    from akosim.compute import ComputeModel, measure_compute_s
+def _measured_compute(args: argparse.Namespace, cfg: RunConfig, workload_factory):
+    """`--compute measure` (cached per machine) or `remeasure`: the cache's Measured."""
+    from akosim.compute import measure_compute_s
+    from akosim.compute_cache import key_for, measured_compute
+
+    train = cfg.train
+    key = key_for(train.workload, train.batch_size, train.optimizer)
+
+    def measure() -> tuple[float, int]:
+        print(f"akosim: measuring one gradient step of {train.workload} (batch "
+              f"{train.batch_size}) on this machine, {MEASURE_STEPS} steps; the result is "
+              f"cached for later calls...", file=sys.stderr, flush=True)
+        workload = workload_factory()
+        return measure_compute_s(workload, steps=MEASURE_STEPS), workload.param_count
+
+    return measured_compute(key, measure, steps=MEASURE_STEPS,
+                            refresh=args.compute == "remeasure")
+
+
+def _compute_model(args: argparse.Namespace, workers: int, compute_s: float):
+    from akosim.compute import ComputeModel
 
     per_worker: tuple[float, ...] = ()
-    compute_s = 0.0
     overhead: float | tuple[float, ...] = 0.0
     if args.compute_from:
         per_worker = compute_from_result(args.compute_from, workers)
         overhead = overhead_from_result(args.compute_from, workers) or 0.0
-    elif args.compute == "measure":
-        compute_s = measure_compute_s(workload_factory(), steps=MEASURE_STEPS)
-    else:
-        compute_s = parse_duration(args.compute)
     if getattr(args, "round_overhead", None) is not None:
-        overhead = parse_duration(args.round_overhead)
+        overhead = parse_duration_flag("--round-overhead", args.round_overhead)
         if overhead < 0:
             raise UsageError(f"--round-overhead: got {args.round_overhead}, expected >= 0")
     speeds = _floats(args.speeds, "--speeds") if args.speeds else ()
@@ -219,6 +235,12 @@ def _compute_model(args: argparse.Namespace, workers: int, workload_factory):
         raise UsageError(str(error)) from None
 
 
+def parse_duration_flag(flag: str, text: str) -> float:
+    """A duration flag's seconds; a bare number is refused ("--compute 300: add a unit")."""
+    refuse_bare_number(f"{flag} {text}", text, "ms")
+    return parse_duration(text)
+
+
 def _floats(text: str, flag: str) -> tuple[float, ...]:
     try:
         return tuple(float(x) for x in text.split(",") if x.strip())
@@ -229,7 +251,7 @@ def _floats(text: str, flag: str) -> tuple[float, ...]:
 
 def _message_overhead(args: argparse.Namespace, nodes: int) -> tuple[float, ...]:
     if getattr(args, "message_overhead", None) is not None:
-        value = parse_duration(args.message_overhead)
+        value = parse_duration_flag("--message-overhead", args.message_overhead)
         if value < 0:
             raise UsageError(f"--message-overhead: got {args.message_overhead}, expected >= 0")
         return (value,)
@@ -252,19 +274,31 @@ def _setup(args: argparse.Namespace, cfg: RunConfig, *, training: bool):
             cache["w"] = load_workload(cfg)
         return cache["w"]
 
-    if training:
-        if args.gradient_size:
-            raise UsageError("--gradient-size is for timing-only runs; akosim train takes "
-                             "the gradient of --workload")
-        length = workload().param_count
-    elif args.gradient_size:
-        length = gradient_length_of_size(args.gradient_size)
-    else:
-        length = workload().param_count
+    if training and args.gradient_size:
+        raise UsageError("--gradient-size is for timing-only runs; akosim train takes "
+                         "the gradient of --workload")
     if not training and cfg.train.target_accuracy is not None:
         raise UsageError("--target-accuracy needs training mode: akosim train "
                          "--target-accuracy ...")
-    compute = _compute_model(args, cfg.cluster.workers, workload)
+    compute_s, source, param_count = 0.0, "", None
+    if args.compute_from:
+        source = f"compute measured by akorun ({args.compute_from})"
+    elif args.compute in ("measure", "remeasure"):
+        measured = _measured_compute(args, cfg, workload)
+        compute_s, param_count = measured.record.compute_s, measured.record.param_count
+        source = measured.provenance()
+    else:
+        compute_s = parse_duration_flag("--compute", args.compute)
+        source = f"compute {format_duration(compute_s)}/round given"
+    if training:
+        length = workload().param_count
+    elif args.gradient_size:
+        length = gradient_length_of_size(args.gradient_size)
+    elif param_count is not None:
+        length = param_count  # cached with the measurement: no need to build the model
+    else:
+        length = workload().param_count
+    compute = _compute_model(args, cfg.cluster.workers, compute_s)
     rounds = cfg.train.rounds
     if training and rounds is None and cfg.train.duration_s is None:
         rounds = 10_000  # bounded by the target accuracy
@@ -274,7 +308,8 @@ def _setup(args: argparse.Namespace, cfg: RunConfig, *, training: bool):
         raise UsageError(f"--coalesce: got {args.coalesce}, expected a fraction 0 <= x < 0.5, "
                          f"e.g. 0.01")
     setup = Setup(cfg, length, compute, cfg.train.batch_size, stop, coalesce_rel=coalesce,
-                  message_overhead_s=_message_overhead(args, cfg.cluster.workers))
+                  message_overhead_s=_message_overhead(args, cfg.cluster.workers),
+                  compute_source=source)
     return setup, (workload() if training else None)
 
 

@@ -18,7 +18,7 @@ from akocore.cli_support import UsageError
 from akocore.config import ConfigError, RunConfig, TrainConfig
 from akocore.data import DataError
 from akocore.partition import PartitionError
-from akocore.units import UnitError, parse_size
+from akocore.units import UnitError, parse_size, refuse_bare_number
 from akosim.calibration import CalibrationError
 
 if TYPE_CHECKING:
@@ -48,6 +48,7 @@ def load_workload(cfg: RunConfig) -> Workload:
 
 def gradient_length_of_size(text: str) -> int:
     """``--gradient-size`` text ("17MB") -> the number of float32 values it holds."""
+    refuse_bare_number(f"--gradient-size {text}", text, "MB")
     size = parse_size(text)
     if size < 4 or size % 4:
         raise UsageError(f"--gradient-size: got {text}, expected a whole "

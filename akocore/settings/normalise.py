@@ -17,6 +17,7 @@ import numpy as np
 
 from akocore.units import (
     UnitError,
+    refuse_bare_number,
     parse_bandwidth,
     parse_bandwidth_list,
     parse_duration,
@@ -103,6 +104,28 @@ def as_items(value: object) -> list[Any]:
 
 def unit_error(key: str, error: UnitError) -> ConfigError:
     return ConfigError(f"{key}: {error}", key)
+
+
+def require_unit(key: str, value: object, unit: str, *, flag: str | None, source: str) -> None:
+    """Refuse a bare number given for a key with a unit (a flag, --set or a config file):
+    ConfigError "--bandwidth 40: add a unit, e.g. 40mbps". `source` is the layer's
+    words ("by --bandwidth", "by --set network.latency=20", "in run.toml")."""
+    if source.startswith("by --set "):
+        where = "--set " + source.removeprefix("by --set ")
+    elif flag and source == f"by {flag}":
+        where = f"{flag} {_flag_text(value)}"
+    else:
+        where = f"{key} = {show(value)}" + (f" ({source})" if source else "")
+    try:
+        refuse_bare_number(where, value, unit)
+    except UnitError as error:
+        raise ConfigError(str(error), key) from None
+
+
+def _flag_text(value: object) -> str:
+    if isinstance(value, list | tuple):
+        return ",".join(_flag_text(item) for item in value)
+    return str(value)
 
 
 def bandwidths(key: str, value: object, allow_empty: bool) -> tuple[float, ...]:
