@@ -333,7 +333,7 @@ class PlanResult:
         "akosim"))
     propagation_rounds: float | None = field(default=None, metadata=meta(
         "rounds", "rounds until one round's gradient has fully reached every peer "
-                  "(p + s of the chosen plan)", "akosim"))
+                  "(p - 1 + s of the chosen plan)", "akosim"))
     propagation_s: float | None = field(default=None, metadata=meta(
         "s", "propagation_rounds x the chosen plan's round time", "akosim"))
     max_staleness_rounds: float | None = field(default=None, metadata=meta(

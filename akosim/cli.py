@@ -53,7 +53,6 @@ __all__ = ["TIMING_DEFAULTS", "TRAIN_DEFAULTS", "USER_ERRORS", "OneLineParser", 
            "build_parser", "fail", "load_workload", "main"]
 
 MEASURE_STEPS = 30  # --compute measure: median of this many gradient steps (after warm-up)
-STALE_WARNING_P = 64  # above this, say what such a p means
 COMMANDS = ("plan", "train", "sweep")
 
 EPILOG_RUN = """\
@@ -125,6 +124,10 @@ def _add_sim_arguments(parser: argparse.ArgumentParser) -> None:
              "duration finish together (default 1e-4); 0.01-0.03 makes networks where "
              "every link has its own rate much faster to simulate, each message at most "
              "1-3%% early")
+    add("--max-staleness", type=int, default=None, metavar="ROUNDS",
+        help="the most rounds a gradient may take to reach every peer (p - 1 + s) before "
+             "the plan says it is too stale and lists the cheapest ways out (default "
+             "64)")
     add("--out", metavar="FILE.json", help="write every simulated configuration as JSON")
     add("--trace", metavar="FILE.json",
         help="write a Chrome trace (compute, sends, waits per worker); opens in Perfetto")
@@ -344,41 +347,52 @@ def run_plan(args: argparse.Namespace, *, training: bool = False) -> int:
     if training:
         kwargs.update(workload=workload, eval_every=cfg.train.eval_every,
                       target_accuracy=cfg.train.target_accuracy)
+    choose_ssp = not training and not resolved.given("exchange.ssp") and \
+        (cfg.exchange.scheme == "ako" or not resolved.given("exchange.scheme"))
+    if choose_ssp:  # p and s together: the smallest s that lets sending overlap compute
+        from akosim.advice import with_overlap_ssp
+
+        setup = with_overlap_ssp(setup)
+        cfg = setup.config
     if resolved.given("exchange.scheme"):  # a scheme chosen by any layer: that one only
         runs = configured_runs(setup, factory=factory, **kwargs)
     else:
         runs = compare_all(setup, factory=factory, **kwargs)
-    return _finish(args, cfg, setup, runs, training)
+    return _finish(args, cfg, setup, runs, training, ssp_chosen=choose_ssp)
 
 
-def _finish(args: argparse.Namespace, cfg: RunConfig, setup, runs, training: bool) -> int:
-    from akosim.report import explain_p, format_table, json_safe, plan_result, write_json
+def _finish(args: argparse.Namespace, cfg: RunConfig, setup, runs, training: bool, *,
+            ssp_chosen: bool = False) -> int:
+    from akosim.advice import MAX_STALENESS_ROUNDS, explain
+    from akosim.report import format_table, json_safe, plan_result, write_json
     from akosim.trace import write_trace
 
     compute = setup.compute
     workers = cfg.cluster.workers
+    max_staleness = MAX_STALENESS_ROUNDS if args.max_staleness is None else args.max_staleness
+    if max_staleness < 0:
+        raise UsageError(f"--max-staleness: got {args.max_staleness}, expected rounds >= 0")
     print(f"akosim: {workers} nodes, gradient {format_size(setup.gradient_bytes)} "
           f"({setup.length:,} float32), compute {format_duration(compute.mean_s(workers))}"
           f"/round, batch {setup.batch_size}, "
           + (f"{setup.stop.rounds} rounds" if setup.stop.rounds else "")
           + (f" up to {format_duration(setup.stop.duration_s)}" if setup.stop.duration_s
              else ""))
+    if setup.compute_source:
+        print(f"akosim: {setup.compute_source}")
     print(format_table(runs, training=training))
-    for run in runs:
-        line = explain_p(run)
-        if line:
-            print(line + f"; staleness bound p-1+s = {_bound(run.staleness_bound_rounds)} "
-                         f"rounds")
-            if run.p > STALE_WARNING_P:
-                print(f"note: with p={run.p} each gradient component reaches a peer up to "
-                      f"{run.p - 1} rounds late; the network cannot carry more of it per "
-                      f"round. Larger batches (longer compute per round), faster links or "
-                      f"fewer workers lower p; --p N trades throughput for freshness.")
+    explanation = None if training else explain(setup, runs, ssp_chosen=ssp_chosen,
+                                                max_staleness_rounds=max_staleness)
+    if explanation is not None:
+        print(explanation.line)
+        for line in explanation.advice:
+            print(line)
     if args.out:
         plan = plan_result(runs, config=config_to_dict(cfg), training=training,
                            gradient_bytes=setup.gradient_bytes,
                            compute_s=[compute.base_s(i) for i in range(workers)],
-                           batch_size=setup.batch_size)
+                           batch_size=setup.batch_size, compute_source=setup.compute_source,
+                           explanation=explanation)
         write_json(args.out, json_safe(plan.to_json()))
         print(f"wrote {args.out}")
     if args.trace:

@@ -70,7 +70,7 @@ def check_fits(cfg: RunConfig, length: int) -> None:
 def configured_runs(setup: Setup, *, factory: ProgressFactory | None = None,
                     **kwargs: Any) -> list[SimRun]:
     """The one run of the configured scheme (ps with servers "best": the best of them)."""
-    from akosim.scenario import Variant, ako_variant, simulate
+    from akosim.scenario import Variant, ako_variant
 
     exchange = setup.config.exchange
     if exchange.scheme == "ps":
@@ -87,5 +87,6 @@ def configured_runs(setup: Setup, *, factory: ProgressFactory | None = None,
         variant = ako_variant(setup)
     else:
         variant = Variant("allreduce", label="ring allreduce")
-    progress = factory(variant.label, setup.stop.rounds or 0) if factory else None
-    return [simulate(setup, variant, on_progress=progress, **kwargs)]
+    from akosim.compare import run_variant
+
+    return [run_variant(setup, variant, factory=factory, **kwargs)]
