@@ -208,8 +208,10 @@ def ways_out(inputs: PlanInputs, chosen: Plan, max_rounds: float,
     """How to make p - 1 + s fit `max_rounds` (p is proportional to (n-1) x gradient /
     (bandwidth x compute), and compute to the batch): the factor each lever needs,
     cheapest (smallest change) first. Empty when the plan already fits or p=1 cannot."""
+    if not math.isfinite(chosen.staleness) or chosen.staleness_bound_rounds <= max_rounds:
+        return ()
     target_p = math.floor(max_rounds + 1 - chosen.staleness)
-    if target_p < 1 or chosen.staleness_bound_rounds <= max_rounds:
+    if target_p < 1:
         return ()
     needed = max(chosen.required_p) / target_p  # how much p must shrink
     n = inputs.workers

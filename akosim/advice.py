@@ -83,7 +83,7 @@ def explain(setup: Setup, runs: list[SimRun], *, ssp_chosen: bool,
             f"a gradient reaches every peer within {_rounds(propagation_rounds)} rounds "
             f"({format_duration(propagation_s)}); p bound by {why}")
     advice: list[str] = []
-    if propagation_rounds > max_staleness_rounds:
+    if math.isfinite(propagation_rounds) and propagation_rounds > max_staleness_rounds:
         advice.append(f"too stale: {_rounds(propagation_rounds)} rounds > --max-staleness "
                       f"{_rounds(max_staleness_rounds)}; the network cannot carry more of "
                       f"each gradient per round. Cheapest ways out:")

@@ -117,9 +117,21 @@ def require_unit(key: str, value: object, unit: str, *, flag: str | None, source
     else:
         where = f"{key} = {show(value)}" + (f" ({source})" if source else "")
     try:
-        refuse_bare_number(where, value, unit)
+        if _is_matrix(value):  # the diagonal is ignored, so it needs no unit
+            for i, row in enumerate(value):  # type: ignore[arg-type]
+                for j, entry in enumerate(row):
+                    if i != j:
+                        refuse_bare_number(f"{where}, entry [{i}][{j}] {show(entry)}", entry,
+                                           unit)
+        else:
+            refuse_bare_number(where, value, unit)
     except UnitError as error:
         raise ConfigError(str(error), key) from None
+
+
+def _is_matrix(value: object) -> bool:
+    return isinstance(value, list | tuple) and all(isinstance(row, list | tuple)
+                                                   for row in value)
 
 
 def _flag_text(value: object) -> str:
