@@ -60,7 +60,8 @@ from akocore.jsonrecord import (
 SCHEMA_VERSION = 1
 
 __all__ = [
-    "SCHEMA_VERSION", "Calibration", "ComputeMeasurement", "Figures", "LinkResult", "PlanResult", "RankCalibration",
+    "SCHEMA_VERSION", "Calibration", "ComputeMeasurement", "Figures", "LinkResult",
+    "PlanResult", "RankCalibration",
     "RankResult", "RecordError", "RunResult", "rank_overhead_s", "read_result",
     "run_compute_jitter", "schema_markdown",
 ]

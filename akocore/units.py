@@ -287,7 +287,8 @@ def _is_bare(item: object) -> bool:
         return item != 0 and math.isfinite(item)
     if isinstance(item, str):
         match = _NUMBER_RE.match(item.strip())
-        return bool(match) and match["unit"].strip() == "" and Fraction(match["number"]) != 0
+        return match is not None and match["unit"].strip() == "" and \
+            Fraction(match["number"]) != 0
     return False
 
 
@@ -306,7 +307,8 @@ def bare_number(value: object) -> bool:
 
 def _is_zero(item: str) -> bool:
     match = _NUMBER_RE.match(item.strip())
-    return bool(match) and match["unit"].strip() == "" and Fraction(match["number"]) == 0
+    return match is not None and match["unit"].strip() == "" and \
+        Fraction(match["number"]) == 0
 
 
 def refuse_bare_number(where: str, value: object, unit: str) -> None:

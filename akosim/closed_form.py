@@ -116,7 +116,7 @@ def _ring(setup: Setup, variant: Variant, u: Uniform) -> SimRun:
     # every round's bytes (the simulation's timeline counter may miss part of the last
     # round's forwarded chunks; the steady figure per round is this one)
     counted = sizes.sum(axis=0) * rounds
-    round_times = [steady_round_time_s(dispatch[:, i]) for i in range(n)]
+    round_times = [steady_round_time_s(dispatch[:, i].tolist()) for i in range(n)]
     waits = (dispatch[1:] - u.compute_s - u.overhead_s - dispatch[:-1]).sum(axis=0)
     links = [(i, (i + 1) % n, float(delivered[(i + 1) % n])) for i in range(n)]
     return _report(setup, variant, u, window, n, round_times=round_times, waits=waits,
@@ -270,7 +270,7 @@ def _ps(setup: Setup, variant: Variant, u: Uniform) -> SimRun:
     links = [(w, workers + j, done * float(shards[j])) for w in range(workers) for j in range(k)]
     links += [(workers + j, w, done * float(shards[j])) for j in range(k)
               for w in range(workers)]
-    steady = steady_round_time_s(dispatch)
+    steady = steady_round_time_s(dispatch.tolist())
     return _report(setup, variant, u, window, workers, round_times=[steady] * workers,
                    waits=np.full(workers, done * (round_s - u.compute_s - u.overhead_s)),
                    counted=np.full(workers, rounds * total), carried_up=crossed,

@@ -312,7 +312,8 @@ def test_matrix_shape_is_checked_against_workers() -> None:
 def test_ragged_matrix_is_rejected() -> None:
     message = error_of(
         config_from_dict,
-        {"cluster": {"workers": 2}, "network": {"link_bandwidth_matrix": [[0, "1gbps"], ["1gbps"]]}},
+        {"cluster": {"workers": 2},
+         "network": {"link_bandwidth_matrix": [[0, "1gbps"], ["1gbps"]]}},
     )
     assert "network.link_bandwidth_matrix: row 1 has 1 entries" in message
 
@@ -320,7 +321,8 @@ def test_ragged_matrix_is_rejected() -> None:
 def test_matrix_entry_error_names_position() -> None:
     message = error_of(
         config_from_dict,
-        {"cluster": {"workers": 2}, "network": {"link_bandwidth_matrix": [[0, "fast"], ["1gbps", 0]]}},
+        {"cluster": {"workers": 2},
+         "network": {"link_bandwidth_matrix": [[0, "fast"], ["1gbps", 0]]}},
     )
     assert "network.link_bandwidth_matrix[0][1]: got 'fast'" in message
 

@@ -17,11 +17,11 @@ import numpy as np
 
 from akocore.units import (
     UnitError,
-    refuse_bare_number,
     parse_bandwidth,
     parse_bandwidth_list,
     parse_duration,
     parse_duration_list,
+    refuse_bare_number,
 )
 
 SCHEMES = ("ako", "ps", "allreduce")
@@ -117,8 +117,8 @@ def require_unit(key: str, value: object, unit: str, *, flag: str | None, source
     else:
         where = f"{key} = {show(value)}" + (f" ({source})" if source else "")
     try:
-        if _is_matrix(value):  # the diagonal is ignored, so it needs no unit
-            for i, row in enumerate(value):  # type: ignore[arg-type]
+        if isinstance(value, list | tuple) and _is_matrix(value):  # diagonal: ignored
+            for i, row in enumerate(value):
                 for j, entry in enumerate(row):
                     if i != j:
                         refuse_bare_number(f"{where}, entry [{i}][{j}] {show(entry)}", entry,
