@@ -163,6 +163,7 @@ def _ring_events(sizes: np.ndarray, rate: float, u: Uniform) -> RingTiming:
     a worker's sends overlap and share its link)."""
     steps, n = sizes.shape
     rounds, lead_s = u.rounds, u.compute_s + u.overhead_s
+    size_of: list[list[float]] = sizes.tolist()  # plain floats: the loop reads them often
     events: list[tuple[float, int, str, int, int, int]] = []
     order = itertools.count()
     flows: list[dict[int, float]] = [{} for _ in range(n)]  # link i: flow id -> bits left
@@ -171,7 +172,7 @@ def _ring_events(sizes: np.ndarray, rate: float, u: Uniform) -> RingTiming:
     round_of, dispatched, processed = [0] * n, [False] * n, [-1] * n
     held: list[set[tuple[int, int]]] = [set() for _ in range(n)]
     dispatch = np.full((rounds, n), np.nan)
-    sent_bits, ended, arrived = np.zeros(n), np.zeros(n), np.zeros(n)
+    sent_bits, ended, arrived = [0.0] * n, [0.0] * n, [0.0] * n
     snapshot: RingTiming | None = None
 
     def push(t: float, kind: str, node: int, a: int = 0, b: int = 0) -> None:
@@ -192,7 +193,7 @@ def _ring_events(sizes: np.ndarray, rate: float, u: Uniform) -> RingTiming:
     def send(i: int, r: int, s: int, t: float) -> None:
         advance(i, t)
         fid = next(order)
-        size = float(sizes[s, i])
+        size = size_of[s][i]
         flows[i][fid] = size * 8
         flow_of[fid] = (r, s, size)
         sent_bits[i] += size * 8
@@ -211,7 +212,7 @@ def _ring_events(sizes: np.ndarray, rate: float, u: Uniform) -> RingTiming:
                     push(t + lead_s, "dispatch", j, r + 1)
 
     def arrive(j: int, r: int, s: int, t: float) -> None:
-        arrived[j] += float(sizes[s, (j - 1) % n])
+        arrived[j] += size_of[s][(j - 1) % n]
         held[j].add((r, s))
         process(j, t)
 
@@ -224,7 +225,8 @@ def _ring_events(sizes: np.ndarray, rate: float, u: Uniform) -> RingTiming:
                 for i in range(n):
                     advance(i, t)
                 left = np.array([sum(f.values()) for f in flows])
-                snapshot = (dispatch, t, (sent_bits - left) / 8, ended.copy(), arrived.copy())
+                snapshot = (dispatch, t, (np.array(sent_bits) - left) / 8, np.array(ended),
+                            np.array(arrived))
             dispatch[a, node] = t
             dispatched[node] = True
             send(node, a, 0, t)
