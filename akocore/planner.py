@@ -155,3 +155,75 @@ def plan(inputs: PlanInputs, *, per_worker: bool = False) -> Plan:
             reasons[i] = "nothing: p=1 fits in the compute time"
     return Plan(tuple(int(p) for p in final), per_worker, tuple(reasons),
                 tuple(float(r) for r in required), inputs.staleness, u)
+
+
+# ---------------------------------------------------------------------- p and s together
+
+
+def send_time_s(inputs: PlanInputs, p_of: tuple[int, ...]) -> float:
+    """Seconds the slowest worker's round of sends takes at full rate: its 1/p of the
+    gradient to each peer over its uplink, its slowest link, or a receiver's downlink
+    (incast), whichever is longest."""
+    n = inputs.workers
+    bits = 8.0 * inputs.gradient_bytes
+    p = np.asarray(p_of, dtype=float)
+    up = np.asarray(inputs.uplink_bps, dtype=float)
+    down = np.asarray(inputs.downlink_bps, dtype=float)
+    uplink_s = (n - 1) * bits / (p * up)
+    if inputs.link_bps is None:
+        link_s = np.zeros(n)
+    else:
+        links = np.asarray(inputs.link_bps, dtype=float).copy()
+        np.fill_diagonal(links, np.inf)
+        link_s = bits / (p * links.min(axis=1))
+    incoming_bits = (bits / p).sum() - bits / p  # what each receiver takes in per round
+    incast_s = incoming_bits / down
+    return float(max(uplink_s.max(), link_s.max(), incast_s.max()))
+
+
+def overlap_ssp(inputs: PlanInputs, p_of: tuple[int, ...], latency_s: float = 0.0) -> int:
+    """The smallest staleness bound s that lets sending overlap compute.
+
+    A worker may start round t + s + 1 once every peer's round-t partial has
+    arrived, which takes the round's send time plus the latency after round t
+    ends; with rounds of `compute` seconds that needs s x compute >= send +
+    latency. At least 1: with s = 0 no byte is sent while computing.
+    """
+    compute = float(np.min(inputs._compute()))
+    needed = (send_time_s(inputs, p_of) + latency_s) / compute
+    return max(1, math.ceil(needed - 1e-9))
+
+
+@dataclass(frozen=True)
+class WayOut:
+    """One way to bring propagation under a limit, and how far to go."""
+
+    change: str  # "batch", "workers", "bandwidth"
+    factor: float  # multiply the current value by this (workers: the new count / n)
+    text: str
+
+
+def ways_out(inputs: PlanInputs, chosen: Plan, max_rounds: float,
+             batch_size: int) -> tuple[WayOut, ...]:
+    """How to make p - 1 + s fit `max_rounds` (p is proportional to (n-1) x gradient /
+    (bandwidth x compute), and compute to the batch): the factor each lever needs,
+    cheapest (smallest change) first. Empty when the plan already fits or p=1 cannot."""
+    if not math.isfinite(chosen.staleness) or chosen.staleness_bound_rounds <= max_rounds:
+        return ()
+    target_p = math.floor(max_rounds + 1 - chosen.staleness)
+    if target_p < 1:
+        return ()
+    needed = max(chosen.required_p) / target_p  # how much p must shrink
+    n = inputs.workers
+    workers = max(2, math.floor((n - 1) / needed) + 1)
+    batch = math.ceil(batch_size * needed)
+    bandwidth = float(np.min(inputs.uplink_bps)) * needed
+    options = [
+        WayOut("batch", needed, f"batch {batch_size} -> {batch} (x{needed:.3g}, if compute "
+                                f"grows with the batch)"),
+        WayOut("bandwidth", needed, f"links {format_bandwidth(float(np.min(inputs.uplink_bps)))}"
+                                    f" -> {format_bandwidth(bandwidth)} (x{needed:.3g})"),
+    ]
+    if workers < n:
+        options.append(WayOut("workers", workers / n, f"workers {n} -> {workers}"))
+    return tuple(sorted(options, key=lambda way: abs(math.log(way.factor))))

@@ -11,7 +11,10 @@ the same type wherever it appears):
   question in ``runs``;
 - `Calibration`: what a real run tells the simulator (per-rank compute time,
   per-round and per-message overheads, the resolved p, compute jitter), read by
-  ``akosim --compute-from``.
+  ``akosim --compute-from``;
+- `ComputeMeasurement`: one cached ``--compute measure`` (workload, batch,
+  optimizer, CPU fingerprint, JAX version -> seconds per gradient step), the
+  file akosim keeps in the user's cache directory.
 
 Counts are integers (``workers`` is the number of nodes, ``p`` the largest p of
 any worker, ``p_of`` each worker's p). Every record's JSON carries
@@ -57,9 +60,9 @@ from akocore.jsonrecord import (
 SCHEMA_VERSION = 1
 
 __all__ = [
-    "SCHEMA_VERSION", "SUMMARY_FIELDS", "Calibration", "Figures", "LinkResult", "PlanResult",
-    "RankCalibration", "RankResult", "RecordError", "RunResult", "rank_overhead_s", "read_result",
-    "run_compute_jitter", "run_fields", "schema_markdown",
+    "SCHEMA_VERSION", "SUMMARY_FIELDS", "Calibration", "ComputeMeasurement", "Figures",
+    "LinkResult", "PlanResult", "RankCalibration", "RankResult", "RecordError", "RunResult",
+    "rank_overhead_s", "read_result", "run_compute_jitter", "run_fields", "schema_markdown",
 ]
 
 Evaluation = tuple[float, int, float]  # (seconds since training start, round, accuracy)
@@ -319,6 +322,25 @@ class PlanResult:
     runs: tuple[RunResult, ...] = field(metadata=meta(
         "", "one RunResult per simulated configuration", "akosim"))
     tool: str = field(default="akosim", metadata=meta("", '"akosim"', "akosim"))
+    compute_source: str = field(default="", metadata=meta(
+        "", "where the compute time came from (given, measured here on DATE, cached, ...)",
+        "akosim"))
+    explanation: str = field(default="", metadata=meta(
+        "", "the plan in one line: round time, NIC use, propagation, what bound p "
+            '("" without an Ako plan)', "akosim"))
+    chosen_ssp: float | None = field(default=None, metadata=meta(
+        "rounds", "the staleness bound s the plan chose with p (null: no Ako plan)",
+        "akosim"))
+    propagation_rounds: float | None = field(default=None, metadata=meta(
+        "rounds", "rounds until one round's gradient has fully reached every peer "
+                  "(p - 1 + s of the chosen plan)", "akosim"))
+    propagation_s: float | None = field(default=None, metadata=meta(
+        "s", "propagation_rounds x the chosen plan's round time", "akosim"))
+    max_staleness_rounds: float | None = field(default=None, metadata=meta(
+        "rounds", "--max-staleness: the propagation a user accepts", "akosim"))
+    advice: tuple[str, ...] = field(default=(), metadata=meta(
+        "", "when propagation exceeds max_staleness_rounds: the cheapest ways out, "
+            "each quantified", "akosim"))
 
     def to_json(self) -> dict[str, Any]:
         data = record_to_json(self)
@@ -432,6 +454,42 @@ class Calibration:
 
     def message_overhead_s(self, nodes: int) -> tuple[float, ...] | None:
         return self._spread([r.message_overhead_s for r in self.per_worker], nodes)
+
+
+# ---------------------------------------------------------------------- compute cache
+
+
+@dataclass(frozen=True)
+class ComputeMeasurement:
+    """One ``--compute measure`` result as akosim caches it (one file per key)."""
+
+    workload: str = field(metadata=meta("", "the workload measured", "akosim"))
+    batch_size: int = field(metadata=meta("samples", "samples per gradient step", "akosim"))
+    optimizer: str = field(metadata=meta("", "the optimizer configured", "akosim"))
+    cpu: str = field(metadata=meta("", "CPU fingerprint (model, cores, machine)", "akosim"))
+    jax_version: str = field(metadata=meta("", "JAX version that ran the step", "akosim"))
+    compute_s: float = field(metadata=meta("s", "median seconds of one gradient step",
+                                           "akosim"))
+    param_count: int = field(metadata=meta(
+        "float32", "gradient elements of the workload", "akosim"))
+    steps: int = field(metadata=meta("steps", "timed steps behind the median", "akosim"))
+    measured_at: str = field(metadata=meta("", "when, ISO 8601 UTC", "akosim"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema_version": SCHEMA_VERSION, "kind": "compute", **record_to_json(self)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> ComputeMeasurement:
+        if not isinstance(data, dict):
+            raise RecordError(f"compute: expected an object, got {data!r}")
+        _check_header(data, "compute", "")
+        record = record_from_json(cls, {k: v for k, v in data.items()
+                                        if k not in ("schema_version", "kind")})
+        if not (math.isfinite(record.compute_s) and record.compute_s > 0):
+            raise RecordError(f"compute_s: expected seconds > 0, got {record.compute_s!r}")
+        if record.param_count < 1:
+            raise RecordError(f"param_count: expected >= 1, got {record.param_count!r}")
+        return record
 
 
 # ---------------------------------------------------------------------- derived figures
@@ -631,7 +689,7 @@ def schema_markdown() -> str:
     out = ["# Result schema (generated from akocore/results.py; "
            "tests/test_result_schema.py checks it)", "",
            f"Every record's JSON carries `schema_version` ({SCHEMA_VERSION}) and `kind` "
-           "(`plan`, `run`, `rank`, `calibration`). Files without `schema_version` were "
+           "(`plan`, `run`, `rank`, `calibration`, `compute`). Files without `schema_version` were "
            "written before the schema and are converted when read. Non-finite numbers are "
            'written as "inf" / "-inf"; a figure that could not be measured is null.', ""]
     for cls, title in ((PlanResult, "`akosim --out FILE.json` (kind `plan`)"),
@@ -642,7 +700,9 @@ def schema_markdown() -> str:
                        (LinkResult, "one link: each entry of akosim's `per_link`"),
                        (Calibration, "a calibration (kind `calibration`): what "
                                      "`akosim --compute-from` reads"),
-                       (RankCalibration, "one rank of a calibration's `per_worker`")):
+                       (RankCalibration, "one rank of a calibration's `per_worker`"),
+                       (ComputeMeasurement, "a cached `--compute measure` (kind `compute`), "
+                                            "in the user's cache directory")):
         out += [f"## {cls.__name__}: {title}", "",
                 "| key | type | unit | meaning | written by |", "|---|---|---|---|---|"]
         out += [f"| `{k}` | {t} | {u or '-'} | {m} | {b} |"

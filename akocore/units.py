@@ -25,7 +25,12 @@ Rules, chosen once and used everywhere:
   ``parse_bandwidth("10MB/s") == 80e6`` and ``parse_duration("5ms") == 0.005``.
 
 Every reading error is a `UnitError` that quotes the text it was given and
-lists the accepted forms. The ``format_*`` functions give short human text
+lists the accepted forms. At the user's edges (flags, config files) a bare
+number is refused, because ``--bandwidth 40`` (40 bit/s) or ``--latency 20``
+(20 s) is never what was meant: `bare_number` finds one and
+`refuse_bare_number` says how to write it ("--bandwidth 40: add a unit, e.g.
+40mbps"); zero needs no unit. The parse functions themselves still read bare
+numbers (SI) for code that passes typed values. The ``format_*`` functions give short human text
 (``"40 Mbit/s"``, ``"17.05 MB"``, ``"305 ms"``); the ``*_exact_text``
 functions give short text that parses back to exactly the same number (used
 to echo a resolved configuration).
@@ -41,6 +46,7 @@ from fractions import Fraction
 __all__ = [
     "UnitError",
     "bandwidth_exact_text",
+    "bare_number",
     "duration_exact_text",
     "format_bandwidth",
     "format_duration",
@@ -50,6 +56,7 @@ __all__ = [
     "parse_duration",
     "parse_duration_list",
     "parse_size",
+    "refuse_bare_number",
 ]
 
 
@@ -270,6 +277,48 @@ def _split_list(kind: str, text: Quantity | Sequence[Quantity]) -> list[Quantity
             item = item.strip() + later
         items.append(item)
     return items
+
+
+def _is_bare(item: object) -> bool:
+    """A number without a unit (int/float, or text that is only a number), zero excepted."""
+    if isinstance(item, bool):
+        return False
+    if isinstance(item, int | float):
+        return item != 0 and math.isfinite(item)
+    if isinstance(item, str):
+        match = _NUMBER_RE.match(item.strip())
+        return match is not None and match["unit"].strip() == "" and \
+            Fraction(match["number"]) != 0
+    return False
+
+
+def bare_number(value: object) -> bool:
+    """True when `value` (a quantity, a comma list or a sequence) gives a number without
+    a unit: 40, "40", "40,20", [40, "20mbps"]. In a comma list only the last item needs
+    one ("40,20,10mbps"); zero needs none; nested lists (matrices) are searched."""
+    if isinstance(value, str):
+        items = [item for item in value.split(",") if item.strip()]
+        return bool(items) and all(_is_bare(item) or _is_zero(item) for item in items) and \
+            any(_is_bare(item) for item in items)
+    if isinstance(value, list | tuple):
+        return any(bare_number(item) for item in value)
+    return _is_bare(value)
+
+
+def _is_zero(item: str) -> bool:
+    match = _NUMBER_RE.match(item.strip())
+    return match is not None and match["unit"].strip() == "" and \
+        Fraction(match["number"]) == 0
+
+
+def refuse_bare_number(where: str, value: object, unit: str) -> None:
+    """UnitError "WHERE: add a unit, e.g. 40mbps" when `value` is a bare number;
+    `where` says who gave it ("--bandwidth 40"), `unit` is the example's unit."""
+    if not bare_number(value):
+        return
+    first = re.search(r"\d+(?:\.\d+)?", str(value))
+    example = f"{first.group(0) if first else 1}{unit}"
+    raise UnitError(f"{where}: add a unit, e.g. {example}")
 
 
 def parse_bandwidth_list(text: Quantity | Sequence[Quantity]) -> tuple[float, ...]:

@@ -32,7 +32,7 @@ from akocore.config import (
     config_to_dict,
     resolve_args,
 )
-from akocore.units import format_duration, format_size, parse_duration
+from akocore.units import format_duration, format_size, parse_duration, refuse_bare_number
 from akosim.calibration import (  # noqa: F401 (rank_overhead_s: re-exported)
     compute_from_result,
     message_overhead_from_result,
@@ -53,7 +53,6 @@ __all__ = ["TIMING_DEFAULTS", "TRAIN_DEFAULTS", "USER_ERRORS", "OneLineParser", 
            "build_parser", "fail", "load_workload", "main"]
 
 MEASURE_STEPS = 30  # --compute measure: median of this many gradient steps (after warm-up)
-STALE_WARNING_P = 64  # above this, say what such a p means
 COMMANDS = ("plan", "train", "sweep")
 
 EPILOG_RUN = """\
@@ -97,9 +96,11 @@ def _add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     add = group.add_argument
     add("--gradient-size", metavar="SIZE",
         help="gradient bytes per worker, e.g. 17MB or 4MiB (default: from --workload)")
-    add("--compute", metavar="DURATION|measure", default="measure",
-        help="compute seconds per round, e.g. 0.3s or 250ms; 'measure' times the real "
-             "--workload gradient step on this machine (default)")
+    add("--compute", metavar="DURATION|measure|remeasure", default="measure",
+        help="compute time per round, e.g. 0.3s or 250ms; 'measure' times the real "
+             "--workload gradient step on this machine once and caches it (default; "
+             "$AKO_CACHE_DIR, $XDG_CACHE_HOME/ako-toolkit or ~/.cache/ako-toolkit); "
+             "'remeasure' times it again and refreshes the cache")
     add("--compute-from", metavar="RESULT.json",
         help="take each worker's measured compute time (and its per-round overhead and "
              "per-message overhead, when the file has them) from an akorun result file")
@@ -123,6 +124,10 @@ def _add_sim_arguments(parser: argparse.ArgumentParser) -> None:
              "duration finish together (default 1e-4); 0.01-0.03 makes networks where "
              "every link has its own rate much faster to simulate, each message at most "
              "1-3%% early")
+    add("--max-staleness", type=int, default=None, metavar="ROUNDS",
+        help="the most rounds a gradient may take to reach every peer (p - 1 + s) before "
+             "the plan says it is too stale and lists the cheapest ways out (default "
+             "64)")
     add("--out", metavar="FILE.json", help="write every simulated configuration as JSON")
     add("--trace", metavar="FILE.json",
         help="write a Chrome trace (compute, sends, waits per worker); opens in Perfetto")
@@ -187,21 +192,35 @@ def progress_factory(enabled: bool) -> Callable[[str, int], Callable[[int], None
     return make
 
 
-def _compute_model(args: argparse.Namespace, workers: int, workload_factory):
-    from akosim.compute import ComputeModel, measure_compute_s
+def _measured_compute(args: argparse.Namespace, cfg: RunConfig, workload_factory):
+    """`--compute measure` (cached per machine) or `remeasure`: the cache's Measured."""
+    from akosim.compute import measure_compute_s
+    from akosim.compute_cache import key_for, measured_compute
+
+    train = cfg.train
+    key = key_for(train.workload, train.batch_size, train.optimizer)
+
+    def measure() -> tuple[float, int]:
+        print(f"akosim: measuring one gradient step of {train.workload} (batch "
+              f"{train.batch_size}) on this machine, {MEASURE_STEPS} steps; the result is "
+              f"cached for later calls...", file=sys.stderr, flush=True)
+        workload = workload_factory()
+        return measure_compute_s(workload, steps=MEASURE_STEPS), workload.param_count
+
+    return measured_compute(key, measure, steps=MEASURE_STEPS,
+                            refresh=args.compute == "remeasure")
+
+
+def _compute_model(args: argparse.Namespace, workers: int, compute_s: float):
+    from akosim.compute import ComputeModel
 
     per_worker: tuple[float, ...] = ()
-    compute_s = 0.0
     overhead: float | tuple[float, ...] = 0.0
     if args.compute_from:
         per_worker = compute_from_result(args.compute_from, workers)
         overhead = overhead_from_result(args.compute_from, workers) or 0.0
-    elif args.compute == "measure":
-        compute_s = measure_compute_s(workload_factory(), steps=MEASURE_STEPS)
-    else:
-        compute_s = parse_duration(args.compute)
     if getattr(args, "round_overhead", None) is not None:
-        overhead = parse_duration(args.round_overhead)
+        overhead = parse_duration_flag("--round-overhead", args.round_overhead)
         if overhead < 0:
             raise UsageError(f"--round-overhead: got {args.round_overhead}, expected >= 0")
     speeds = _floats(args.speeds, "--speeds") if args.speeds else ()
@@ -219,6 +238,12 @@ def _compute_model(args: argparse.Namespace, workers: int, workload_factory):
         raise UsageError(str(error)) from None
 
 
+def parse_duration_flag(flag: str, text: str) -> float:
+    """A duration flag's seconds; a bare number is refused ("--compute 300: add a unit")."""
+    refuse_bare_number(f"{flag} {text}", text, "ms")
+    return parse_duration(text)
+
+
 def _floats(text: str, flag: str) -> tuple[float, ...]:
     try:
         return tuple(float(x) for x in text.split(",") if x.strip())
@@ -229,7 +254,7 @@ def _floats(text: str, flag: str) -> tuple[float, ...]:
 
 def _message_overhead(args: argparse.Namespace, nodes: int) -> tuple[float, ...]:
     if getattr(args, "message_overhead", None) is not None:
-        value = parse_duration(args.message_overhead)
+        value = parse_duration_flag("--message-overhead", args.message_overhead)
         if value < 0:
             raise UsageError(f"--message-overhead: got {args.message_overhead}, expected >= 0")
         return (value,)
@@ -252,19 +277,31 @@ def _setup(args: argparse.Namespace, cfg: RunConfig, *, training: bool):
             cache["w"] = load_workload(cfg)
         return cache["w"]
 
-    if training:
-        if args.gradient_size:
-            raise UsageError("--gradient-size is for timing-only runs; akosim train takes "
-                             "the gradient of --workload")
-        length = workload().param_count
-    elif args.gradient_size:
-        length = gradient_length_of_size(args.gradient_size)
-    else:
-        length = workload().param_count
+    if training and args.gradient_size:
+        raise UsageError("--gradient-size is for timing-only runs; akosim train takes "
+                         "the gradient of --workload")
     if not training and cfg.train.target_accuracy is not None:
         raise UsageError("--target-accuracy needs training mode: akosim train "
                          "--target-accuracy ...")
-    compute = _compute_model(args, cfg.cluster.workers, workload)
+    compute_s, source, param_count = 0.0, "", None
+    if args.compute_from:
+        source = f"compute measured by akorun ({args.compute_from})"
+    elif args.compute in ("measure", "remeasure"):
+        measured = _measured_compute(args, cfg, workload)
+        compute_s, param_count = measured.record.compute_s, measured.record.param_count
+        source = measured.provenance()
+    else:
+        compute_s = parse_duration_flag("--compute", args.compute)
+        source = f"compute {format_duration(compute_s)}/round given"
+    if training:
+        length = workload().param_count
+    elif args.gradient_size:
+        length = gradient_length_of_size(args.gradient_size)
+    elif param_count is not None:
+        length = param_count  # cached with the measurement: no need to build the model
+    else:
+        length = workload().param_count
+    compute = _compute_model(args, cfg.cluster.workers, compute_s)
     rounds = cfg.train.rounds
     if training and rounds is None and cfg.train.duration_s is None:
         rounds = 10_000  # bounded by the target accuracy
@@ -274,7 +311,8 @@ def _setup(args: argparse.Namespace, cfg: RunConfig, *, training: bool):
         raise UsageError(f"--coalesce: got {args.coalesce}, expected a fraction 0 <= x < 0.5, "
                          f"e.g. 0.01")
     setup = Setup(cfg, length, compute, cfg.train.batch_size, stop, coalesce_rel=coalesce,
-                  message_overhead_s=_message_overhead(args, cfg.cluster.workers))
+                  message_overhead_s=_message_overhead(args, cfg.cluster.workers),
+                  compute_source=source)
     return setup, (workload() if training else None)
 
 
@@ -309,41 +347,52 @@ def run_plan(args: argparse.Namespace, *, training: bool = False) -> int:
     if training:
         kwargs.update(workload=workload, eval_every=cfg.train.eval_every,
                       target_accuracy=cfg.train.target_accuracy)
+    choose_ssp = not training and not resolved.given("exchange.ssp") and \
+        (cfg.exchange.scheme == "ako" or not resolved.given("exchange.scheme"))
+    if choose_ssp:  # p and s together: the smallest s that lets sending overlap compute
+        from akosim.advice import with_overlap_ssp
+
+        setup = with_overlap_ssp(setup)
+        cfg = setup.config
     if resolved.given("exchange.scheme"):  # a scheme chosen by any layer: that one only
         runs = configured_runs(setup, factory=factory, **kwargs)
     else:
         runs = compare_all(setup, factory=factory, **kwargs)
-    return _finish(args, cfg, setup, runs, training)
+    return _finish(args, cfg, setup, runs, training, ssp_chosen=choose_ssp)
 
 
-def _finish(args: argparse.Namespace, cfg: RunConfig, setup, runs, training: bool) -> int:
-    from akosim.report import explain_p, format_table, json_safe, plan_result, write_json
+def _finish(args: argparse.Namespace, cfg: RunConfig, setup, runs, training: bool, *,
+            ssp_chosen: bool = False) -> int:
+    from akosim.advice import MAX_STALENESS_ROUNDS, explain
+    from akosim.report import format_table, json_safe, plan_result, write_json
     from akosim.trace import write_trace
 
     compute = setup.compute
     workers = cfg.cluster.workers
+    max_staleness = MAX_STALENESS_ROUNDS if args.max_staleness is None else args.max_staleness
+    if max_staleness < 0:
+        raise UsageError(f"--max-staleness: got {args.max_staleness}, expected rounds >= 0")
     print(f"akosim: {workers} nodes, gradient {format_size(setup.gradient_bytes)} "
           f"({setup.length:,} float32), compute {format_duration(compute.mean_s(workers))}"
           f"/round, batch {setup.batch_size}, "
           + (f"{setup.stop.rounds} rounds" if setup.stop.rounds else "")
           + (f" up to {format_duration(setup.stop.duration_s)}" if setup.stop.duration_s
              else ""))
+    if setup.compute_source:
+        print(f"akosim: {setup.compute_source}")
     print(format_table(runs, training=training))
-    for run in runs:
-        line = explain_p(run)
-        if line:
-            print(line + f"; staleness bound p-1+s = {_bound(run.staleness_bound_rounds)} "
-                         f"rounds")
-            if run.p > STALE_WARNING_P:
-                print(f"note: with p={run.p} each gradient component reaches a peer up to "
-                      f"{run.p - 1} rounds late; the network cannot carry more of it per "
-                      f"round. Larger batches (longer compute per round), faster links or "
-                      f"fewer workers lower p; --p N trades throughput for freshness.")
+    explanation = None if training else explain(setup, runs, ssp_chosen=ssp_chosen,
+                                                max_staleness_rounds=max_staleness)
+    if explanation is not None:
+        print(explanation.line)
+        for line in explanation.advice:
+            print(line)
     if args.out:
         plan = plan_result(runs, config=config_to_dict(cfg), training=training,
                            gradient_bytes=setup.gradient_bytes,
                            compute_s=[compute.base_s(i) for i in range(workers)],
-                           batch_size=setup.batch_size)
+                           batch_size=setup.batch_size, compute_source=setup.compute_source,
+                           explanation=explanation)
         write_json(args.out, json_safe(plan.to_json()))
         print(f"wrote {args.out}")
     if args.trace:

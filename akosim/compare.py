@@ -3,13 +3,16 @@
 With no --scheme, akosim answers for the same n machines: Ako with the
 chosen p (and which constraint chose it), Ako p=1 (all-to-all full
 gradients), a parameter server with the best number of server nodes and with
-one, and ring all-reduce. Each variant is one `scenario.simulate` call.
+one, and ring all-reduce. Each variant is one `scenario.simulate` call,
+except the lockstep baselines on a homogeneous cluster, which
+akosim.closed_form computes without simulating (`run_variant`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from akosim.closed_form import closed_form_run
 from akosim.scenario import Setup, SimRun, Variant, ako_variant, simulate
 
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
@@ -24,6 +27,16 @@ def ps_server_candidates(nodes: int) -> list[int]:
     return candidates
 
 
+def run_variant(setup: Setup, variant: Variant, *, factory: ProgressFactory | None = None,
+                **kwargs) -> SimRun:
+    """`variant` in closed form where that gives the simulation's answer, else simulated."""
+    exact = closed_form_run(setup, variant, **kwargs)
+    if exact is not None:
+        return exact
+    return simulate(setup, variant, on_progress=_progress(factory, variant.label,
+                                                          _rounds(setup)), **kwargs)
+
+
 def _progress(factory: ProgressFactory | None, label: str, total: int):
     return factory(label, total) if factory is not None else None
 
@@ -34,8 +47,7 @@ def best_ps(setup: Setup, *, ssp: float, factory: ProgressFactory | None = None,
     runs = []
     for k in ps_server_candidates(setup.nodes):
         variant = Variant("ps", ps_servers=k, ssp=ssp, label=f"ps {k} server(s)")
-        runs.append(simulate(setup, variant, on_progress=_progress(factory, variant.label,
-                                                                   _rounds(setup)), **kwargs))
+        runs.append(run_variant(setup, variant, factory=factory, **kwargs))
     best = max(runs, key=lambda r: r.samples_per_s)
     return best, runs
 
@@ -63,6 +75,5 @@ def compare_all(setup: Setup, *, factory: ProgressFactory | None = None,
         one = next(r for r in ps_runs if r.ps_servers == 1)
         runs.append(one)
     allreduce = Variant("allreduce", label="ring allreduce")
-    runs.append(simulate(setup, allreduce, on_progress=_progress(factory, allreduce.label,
-                                                                 total), **kwargs))
+    runs.append(run_variant(setup, allreduce, factory=factory, **kwargs))
     return runs

@@ -15,11 +15,14 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from akocore.results import LinkResult, PlanResult, RankResult, RunResult
 from akocore.units import format_duration, format_size
 from akosim.scenario import SimRun
+
+if TYPE_CHECKING:
+    from akosim.advice import Explanation
 
 
 def _stale(value: float) -> str:
@@ -48,12 +51,6 @@ def format_table(runs: list[SimRun], *, training: bool = False) -> str:
              "  ".join("-" * w for w in widths)]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     return "\n".join(lines)
-
-
-def explain_p(run: SimRun) -> str:
-    if run.scheme != "ako" or not run.p_reason or run.p_reason == "given":
-        return ""
-    return f"p={run.p} for {run.label.split(' (')[0]}: bound by {run.p_reason}"
 
 
 def run_result(run: SimRun, *, config: dict[str, Any], mode: str,
@@ -96,13 +93,22 @@ def run_result(run: SimRun, *, config: dict[str, Any], mode: str,
 
 
 def plan_result(runs: list[SimRun], *, config: dict[str, Any], training: bool,
-                gradient_bytes: int, compute_s: list[float], batch_size: int) -> PlanResult:
-    """What `akosim --out` writes: every simulated configuration of one question."""
+                gradient_bytes: int, compute_s: list[float], batch_size: int,
+                compute_source: str = "", explanation: Explanation | None = None) -> PlanResult:
+    """What `akosim --out` writes: every simulated configuration of one question, and the
+    plan's explanation when there is one."""
     mode = "train" if training else "timing"
+    explained: dict[str, Any] = {}
+    if explanation is not None:
+        explained = dict(explanation=explanation.line, chosen_ssp=explanation.ssp,
+                         propagation_rounds=explanation.propagation_rounds,
+                         propagation_s=explanation.propagation_s,
+                         max_staleness_rounds=explanation.max_staleness_rounds,
+                         advice=explanation.advice)
     return PlanResult(config=config, mode=mode, gradient_bytes=gradient_bytes,
                       compute_s=tuple(compute_s),
                       runs=tuple(run_result(r, config=config, mode=mode, batch_size=batch_size)
-                                 for r in runs))
+                                 for r in runs), compute_source=compute_source, **explained)
 
 
 def _finite(value: float) -> float | None:

@@ -18,7 +18,7 @@ from akocore.cli_support import UsageError
 from akocore.config import ConfigError, RunConfig, TrainConfig
 from akocore.data import DataError
 from akocore.partition import PartitionError
-from akocore.units import UnitError, parse_size
+from akocore.units import UnitError, parse_size, refuse_bare_number
 from akosim.calibration import CalibrationError
 
 if TYPE_CHECKING:
@@ -48,6 +48,7 @@ def load_workload(cfg: RunConfig) -> Workload:
 
 def gradient_length_of_size(text: str) -> int:
     """``--gradient-size`` text ("17MB") -> the number of float32 values it holds."""
+    refuse_bare_number(f"--gradient-size {text}", text, "MB")
     size = parse_size(text)
     if size < 4 or size % 4:
         raise UsageError(f"--gradient-size: got {text}, expected a whole "
@@ -69,7 +70,7 @@ def check_fits(cfg: RunConfig, length: int) -> None:
 def configured_runs(setup: Setup, *, factory: ProgressFactory | None = None,
                     **kwargs: Any) -> list[SimRun]:
     """The one run of the configured scheme (ps with servers "best": the best of them)."""
-    from akosim.scenario import Variant, ako_variant, simulate
+    from akosim.scenario import Variant, ako_variant
 
     exchange = setup.config.exchange
     if exchange.scheme == "ps":
@@ -86,5 +87,6 @@ def configured_runs(setup: Setup, *, factory: ProgressFactory | None = None,
         variant = ako_variant(setup)
     else:
         variant = Variant("allreduce", label="ring allreduce")
-    progress = factory(variant.label, setup.stop.rounds or 0) if factory else None
-    return [simulate(setup, variant, on_progress=progress, **kwargs)]
+    from akosim.compare import run_variant
+
+    return [run_variant(setup, variant, factory=factory, **kwargs)]

@@ -47,6 +47,7 @@ class Setup:
     # per sending node: seconds a message costs beyond the wire (software stack), added
     # to the latency of each of its links; empty = none (`akosim --message-overhead`)
     message_overhead_s: tuple[float, ...] = ()
+    compute_source: str = ""  # where compute came from, in words (printed, written to --out)
 
     @property
     def gradient_bytes(self) -> int:

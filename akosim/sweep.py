@@ -434,4 +434,12 @@ def _sweep(args: argparse.Namespace) -> int:
     found = collect(out, [dest for dest, _ in GRID_FLAGS], order=[p.id for p in points])
     print(f"wrote {out / 'sweep.json'} ({found.points} point(s)) and {out / 'sweep.csv'} "
           f"({found.rows} row(s))")
+    print_sweep_summary(out)
     return 1 if failures else 0
+
+
+def print_sweep_summary(out: Path) -> None:
+    """The summary table at the end: the best configuration of each group."""
+    from akosim.sweep_summary import print_summary
+
+    print_summary(out)

@@ -1,9 +1,12 @@
 """python -m analysis [--results DIR] [--out DIR] [--readme README.md] [--force]
+python -m analysis sweep DIR [--out FILE.png]
+
 
 Regenerates the report (tables, fidelity, plots) from the result files; the
 experiments themselves run with `python -m analysis.run` (or `nox -s experiments`).
 Paths are relative to the current directory. The report is not replaced by one
-made from fewer runs (exit status 2) unless --force.
+made from fewer runs (exit status 2) unless --force. `sweep DIR` prints and plots
+the best configuration per group of an `akosim sweep` folder (analysis.sweep_plot).
 """
 
 from __future__ import annotations
@@ -16,6 +19,11 @@ from analysis.report import FewerResults, build_report
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "sweep":
+        from analysis.sweep_plot import main as sweep_main
+
+        return sweep_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m analysis", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, default=Path("results/experiments"),

@@ -71,6 +71,15 @@ def test_training_mode_reports_accuracy(capsys) -> None:
     (["--gradient-size", "17"], "--gradient-size"),
     (["--target-accuracy", "0.9"], "akosim train"),
     (["--compute-from", "/nonexistent/result.json"], "--compute-from"),
+    (["--bandwidth", "40"], "--bandwidth 40: add a unit, e.g. 40mbps"),
+    (["--latency", "20"], "--latency 20: add a unit, e.g. 20ms"),
+    (["--link-bandwidth", "40,20,10"], "--link-bandwidth 40,20,10: add a unit, e.g. 40mbps"),
+    (["--compute", "300"], "--compute 300: add a unit, e.g. 300ms"),
+    (["--round-overhead", "3"], "--round-overhead 3: add a unit, e.g. 3ms"),
+    (["--message-overhead", "2"], "--message-overhead 2: add a unit, e.g. 2ms"),
+    (["--duration", "300"], "--duration 300: add a unit, e.g. 300s"),
+    (["--set", "network.latency=5"], "--set network.latency=5: add a unit, e.g. 5ms"),
+    (["--max-staleness", "-1"], "--max-staleness"),
 ])
 def test_user_mistakes_exit_2_with_one_line(capsys, argv: list[str], needle: str) -> None:
     defaults = {"--gradient-size": "40KB", "--compute": "10ms"}

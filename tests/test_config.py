@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -191,9 +192,9 @@ def test_dataclasses_normalise_their_inputs() -> None:
 def test_toml_value_spellings() -> None:
     cfg = config_from_dict(
         {
-            "network": {"bandwidth": 5e8, "latency": ["1ms", "2ms"], "link_bandwidth": []},
+            "network": {"bandwidth": "500mbps", "latency": ["1ms", "2ms"], "link_bandwidth": []},
             "exchange": {"p": 4, "ssp": 2},
-            "train": {"rounds": "none", "duration": 60},
+            "train": {"rounds": "none", "duration": "60s"},
         }
     )
     assert cfg.network.bandwidth_bps == (5e8,)
@@ -203,6 +204,26 @@ def test_toml_value_spellings() -> None:
     assert cfg.train.rounds is None and cfg.train.duration_s == 60.0
     assert config_from_dict({"exchange": {"ssp": math.inf}}).exchange.ssp == math.inf
     assert config_from_dict({"exchange": {"p": "auto-per-worker"}}).exchange.p == "auto-per-worker"
+
+
+@pytest.mark.parametrize(("tables", "needle"), [
+    ({"network": {"bandwidth": 5e8}}, "network.bandwidth = 500000000.0: add a unit, e.g. "),
+    ({"network": {"latency": [1, "2ms"]}}, "network.latency = [1, '2ms']: add a unit"),
+    ({"network": {"link_bandwidth": "40,20"}}, "add a unit, e.g. 40mbps"),
+    ({"train": {"duration": 60}}, "train.duration = 60: add a unit, e.g. 60s"),
+    ({"network": {"latency_matrix": [[0, "5ms"], [5, 0]]}}, "entry [1][0] 5: add a unit, e.g. 5ms"),
+])
+def test_bare_numbers_are_refused_where_a_unit_belongs(tables: dict, needle: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        config_from_dict(tables)
+
+
+def test_zero_and_inf_need_no_unit_and_keys_named_with_units_take_numbers() -> None:
+    cfg = config_from_dict({"cluster": {"workers": 2}, "network": {"latency": 0,
+                                                                   "link_bandwidth_matrix": [
+        [0, "inf"], ["inf", 0]]}, "exchange": {"utilisation": 0.5}})
+    assert cfg.network.latency_s == (0.0,)
+    assert cfg.exchange.utilisation == 0.5
 
 
 def test_duration_without_rounds_in_toml_stops_by_time() -> None:
@@ -261,9 +282,9 @@ def test_full_matrices_from_toml_override_lists() -> None:
         link_bandwidth = "1gbps"
         latency = "9ms"
         link_bandwidth_matrix = [["-", "40mbps", "inf"],
-                                 ["20mbps", 0, 10e6],
+                                 ["20mbps", 0, "10mbps"],
                                  ["1gbps", "2gbps", "x"]]
-        latency_matrix = [[0, "5ms", "1ms"], ["6ms", 0, 0.002], ["1ms", "3ms", 0]]
+        latency_matrix = [[0, "5ms", "1ms"], ["6ms", 0, "2ms"], ["1ms", "3ms", 0]]
         """
     )
     m = cfg.network.link_bps_matrix(3)
@@ -280,7 +301,7 @@ def test_full_matrices_from_toml_override_lists() -> None:
 def test_matrix_shape_is_checked_against_workers() -> None:
     message = error_of(
         config_from_dict,
-        {"cluster": {"workers": 3}, "network": {"latency_matrix": [[0, 1], [1, 0]]}},
+        {"cluster": {"workers": 3}, "network": {"latency_matrix": [[0, "1ms"], ["1ms", 0]]}},
     )
     assert message.startswith("network.latency_matrix: got a 2x2 matrix, expected 3x3")
     network = NetworkConfig(latency_matrix_s=((0.0, 1.0), (1.0, 0.0)))
@@ -291,7 +312,8 @@ def test_matrix_shape_is_checked_against_workers() -> None:
 def test_ragged_matrix_is_rejected() -> None:
     message = error_of(
         config_from_dict,
-        {"cluster": {"workers": 2}, "network": {"link_bandwidth_matrix": [[0, "1gbps"], [1]]}},
+        {"cluster": {"workers": 2},
+         "network": {"link_bandwidth_matrix": [[0, "1gbps"], ["1gbps"]]}},
     )
     assert "network.link_bandwidth_matrix: row 1 has 1 entries" in message
 
@@ -299,7 +321,8 @@ def test_ragged_matrix_is_rejected() -> None:
 def test_matrix_entry_error_names_position() -> None:
     message = error_of(
         config_from_dict,
-        {"cluster": {"workers": 2}, "network": {"link_bandwidth_matrix": [[0, "fast"], [1e9, 0]]}},
+        {"cluster": {"workers": 2},
+         "network": {"link_bandwidth_matrix": [[0, "fast"], ["1gbps", 0]]}},
     )
     assert "network.link_bandwidth_matrix[0][1]: got 'fast'" in message
 

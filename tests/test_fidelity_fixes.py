@@ -118,9 +118,11 @@ def test_compute_from_reads_the_overhead_and_falls_back_for_older_results(
     assert overhead_from_result(str(old), 3) == pytest.approx((0.007, 0.005, 0.006))
     assert overhead_from_result(str(bare), 2) is None
     assert compute_from_result(str(old), 3) == pytest.approx((0.01, 0.01, 0.01))
-    with_overhead = _sim(capsys, tmp_path, "--compute-from", str(new))
-    without = _sim(capsys, tmp_path, "--compute-from", str(bare))
-    overridden = _sim(capsys, tmp_path, "--compute-from", str(new), "--round-overhead", "0s")
+    lockstep = ("--ssp", "0")  # the slower worker sets the pace (akosim picks s=1 otherwise)
+    with_overhead = _sim(capsys, tmp_path, *lockstep, "--compute-from", str(new))
+    without = _sim(capsys, tmp_path, *lockstep, "--compute-from", str(bare))
+    overridden = _sim(capsys, tmp_path, *lockstep, "--compute-from", str(new),
+                      "--round-overhead", "0s")
     assert without["round_time_s"] == pytest.approx(0.010, rel=1e-2)
     assert with_overhead["round_time_s"] == pytest.approx(0.016, rel=1e-2)  # the slower one
     assert overridden["round_time_s"] == pytest.approx(without["round_time_s"])

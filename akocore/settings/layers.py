@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from akocore.settings.normalise import ConfigError, is_unset, show
+from akocore.settings.normalise import ConfigError, is_unset, require_unit, show
 from akocore.settings.registry import BY_DOTTED, RUN_SECTIONS, SECTIONS, Key
 from akocore.settings.schema import AkorunConfig, RunConfig
 
@@ -132,11 +132,13 @@ def _merge(givens: Iterable[Given]) -> dict[str, Given]:
     for given in sorted(givens, key=lambda g: g.layer):  # stable: order within a layer kept
         section, _, name = given.key.partition(".")
         try:
-            check_key(section, name)
+            key = check_key(section, name)
         except ConfigError as error:
             if not given.source:
                 raise
             raise ConfigError(f"{error} (given {given.source})", error.key) from None
+        if key.unit and given.layer > Layer.DEFAULT:  # units required at the edges
+            require_unit(given.key, given.value, key.unit, flag=key.flag, source=given.source)
         merged[given.key] = given
     return merged
 

@@ -21,6 +21,7 @@ from akocore.units import (
     parse_bandwidth_list,
     parse_duration,
     parse_duration_list,
+    refuse_bare_number,
 )
 
 SCHEMES = ("ako", "ps", "allreduce")
@@ -103,6 +104,40 @@ def as_items(value: object) -> list[Any]:
 
 def unit_error(key: str, error: UnitError) -> ConfigError:
     return ConfigError(f"{key}: {error}", key)
+
+
+def require_unit(key: str, value: object, unit: str, *, flag: str | None, source: str) -> None:
+    """Refuse a bare number given for a key with a unit (a flag, --set or a config file):
+    ConfigError "--bandwidth 40: add a unit, e.g. 40mbps". `source` is the layer's
+    words ("by --bandwidth", "by --set network.latency=20", "in run.toml")."""
+    if source.startswith("by --set "):
+        where = "--set " + source.removeprefix("by --set ")
+    elif flag and source == f"by {flag}":
+        where = f"{flag} {_flag_text(value)}"
+    else:
+        where = f"{key} = {show(value)}" + (f" ({source})" if source else "")
+    try:
+        if isinstance(value, list | tuple) and _is_matrix(value):  # diagonal: ignored
+            for i, row in enumerate(value):
+                for j, entry in enumerate(row):
+                    if i != j:
+                        refuse_bare_number(f"{where}, entry [{i}][{j}] {show(entry)}", entry,
+                                           unit)
+        else:
+            refuse_bare_number(where, value, unit)
+    except UnitError as error:
+        raise ConfigError(str(error), key) from None
+
+
+def _is_matrix(value: object) -> bool:
+    return isinstance(value, list | tuple) and all(isinstance(row, list | tuple)
+                                                   for row in value)
+
+
+def _flag_text(value: object) -> str:
+    if isinstance(value, list | tuple):
+        return ",".join(_flag_text(item) for item in value)
+    return str(value)
 
 
 def bandwidths(key: str, value: object, allow_empty: bool) -> tuple[float, ...]:

@@ -105,6 +105,7 @@ class Key:
     choices: tuple[str, ...] | None = None
     tools: frozenset[Tool] = frozenset()
     kind: FlagKind = FlagKind.VALUE
+    unit: str = ""  # a unit example ("mbps"): a bare number is refused from every layer
 
     @property
     def dotted(self) -> str:
@@ -138,24 +139,27 @@ KEYS: tuple[Key, ...] = (
     # ------------------------------------------------------------------ network
     _run("network", "bandwidth", "bandwidth_bps",
          "each node's NIC (uplink = downlink); a list goes round robin",
-         dump=_bandwidth_list, flag="--bandwidth", metavar="RATE[,RATE...]",
-         flag_help="each node's NIC (uplink and downlink), e.g. 40mbps, 1gbps, 800Mbit/s, "
-                   "10MB/s (b = bits, B = bytes); a list is assigned to nodes in turn"),
+         dump=_bandwidth_list, flag="--bandwidth", metavar="RATE[,RATE...]", unit="mbps",
+         flag_help="each node's NIC (uplink and downlink) with its unit, e.g. 40mbps, 1gbps, "
+                   "800Mbit/s, 10MB/s (b = bits, B = bytes; a bare number is refused); a "
+                   "list is assigned to nodes in turn"),
     _run("network", "link_bandwidth", "link_bandwidth_bps",
          "per-pair cap for pairs (0,1),(0,2),...,(1,2),...; [] = no cap",
-         dump=_bandwidth_list, flag="--link-bandwidth", metavar="RATE[,RATE...]",
-         flag_help="per-pair link cap in bits/s, e.g. 40,20,10mbps; a list is assigned to "
-                   "pairs (0,1),(0,2),...,(1,2),... in turn; none = no cap"),
+         dump=_bandwidth_list, flag="--link-bandwidth", metavar="RATE[,RATE...]", unit="mbps",
+         flag_help="per-pair link cap with its unit, e.g. 40,20,10mbps (a bare number is "
+                   "refused); a list is assigned to pairs (0,1),(0,2),...,(1,2),... in turn; "
+                   "none = no cap"),
     _run("network", "latency", "latency_s", "one-way latency per message for the pairs as above",
-         dump=_duration_list, flag="--latency", metavar="DURATION[,DURATION...]",
-         flag_help="per-message latency of each link, e.g. 5ms or 100us; a list is assigned "
-                   "to pairs (0,1),(0,2),... in turn"),
+         dump=_duration_list, flag="--latency", metavar="DURATION[,DURATION...]", unit="ms",
+         flag_help="per-message latency of each link with its unit, e.g. 5ms or 100us (a "
+                   "bare number is refused); a list is assigned to pairs (0,1),(0,2),... "
+                   "in turn"),
     _run("network", "link_bandwidth_matrix", "link_bandwidth_matrix_bps",
          'n x n per ordered pair (row sends); "none" = use the lists',
-         dump=lambda m: matrix_to_text(m, bandwidth_exact_text)),
+         dump=lambda m: matrix_to_text(m, bandwidth_exact_text), unit="mbps"),
     _run("network", "latency_matrix", "latency_matrix_s",
          'n x n per ordered pair; "none" = use the list',
-         dump=lambda m: matrix_to_text(m, duration_exact_text)),
+         dump=lambda m: matrix_to_text(m, duration_exact_text), unit="ms"),
     # ------------------------------------------------------------------ exchange
     _run("exchange", "scheme", "scheme",
          "ako (partial all-to-all) | ps (parameter servers) | allreduce (ring)",
@@ -206,7 +210,7 @@ KEYS: tuple[Key, ...] = (
          flag="--rounds", metavar="N", flag_help="stop after N rounds per worker, e.g. 100"),
     _run("train", "duration", "duration_s",
          'wall time of training, e.g. "300s"; "none" = no time limit',
-         dump=_optional_duration, flag="--duration", metavar="DURATION",
+         dump=_optional_duration, flag="--duration", metavar="DURATION", unit="s",
          flag_help="stop after this much run time, e.g. 300s or 5m; if rounds is not given "
                    "(flag, --set or file) the run stops by time alone"),
     _run("train", "target_accuracy", "target_accuracy",
@@ -224,10 +228,12 @@ KEYS: tuple[Key, ...] = (
     Key("akorun", "peer_timeout", "peer_timeout_s",
         "a peer silent this long leaves the SSP gate until it speaks again",
         dump=duration_exact_text, flag="--peer-timeout", metavar="DURATION", tools=AKORUN_TOOLS,
+        unit="s",
         flag_help="a peer silent this long leaves the SSP gate until it speaks again, e.g. 10s"),
     Key("akorun", "join_timeout", "join_timeout_s",
         "how long a rank waits for every rank's hello at start",
         dump=duration_exact_text, flag="--join-timeout", metavar="DURATION", tools=AKORUN_TOOLS,
+        unit="s",
         flag_help="how long to wait for every rank's hello at start, e.g. 120s"),
     Key("akorun", "checkpoint_every", "checkpoint_every",
         "write a checkpoint every N rounds (0 = only the final one)",

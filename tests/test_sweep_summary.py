@@ -1,0 +1,60 @@
+"""akosim sweep's summary table (best configuration per group) and its plot."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from akosim.sweep_summary import best_per_group, format_summary, read_rows
+
+
+def _write(path: Path, rows: list[dict[str, str]]) -> Path:
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def _row(workers: str, bandwidth: str, p: str, samples: str, stale: str = "0") -> dict:
+    return {"grid_workers": workers, "grid_bandwidth": bandwidth, "grid_p": p,
+            "scheme": "ako", "p": p if p != "auto" else "9", "ssp": "1", "workers": workers,
+            "round_time_s": "0.3", "samples_per_s": samples,
+            "bytes_sent_per_worker_per_round": "1", "nic_utilisation": "0.5",
+            "staleness_bound_rounds": stale, "bottleneck": "uplink", "point_id": "x"}
+
+
+def test_best_per_group_keeps_the_fastest_of_each_cluster(tmp_path: Path) -> None:
+    path = _write(tmp_path / "sweep.csv", [
+        _row("4", "40mbps", "1", "100"), _row("4", "40mbps", "auto", "300", "9"),
+        _row("16", "40mbps", "1", "50"), _row("16", "40mbps", "auto", "50", "9"),
+        _row("16", "1gbps", "1", "inf")])
+    best = best_per_group(read_rows(path))
+    assert [(dict(b.group)["workers"], b.p, b.samples_per_s) for b in best] == [
+        ("4", 9, 300.0), ("16", 1, 50.0)]  # a tie goes to the fresher; no finite row: none
+    assert best[0].candidates == 2
+    table = format_summary(best)
+    assert "40 Mbit/s" in table and "ako p=9 s=1" in table and "<= 9 rounds" in table
+
+
+def test_akosim_sweep_prints_it_and_analysis_plots_it(tmp_path: Path, capsys) -> None:
+    from akosim.sweep import run_sweep
+
+    out = tmp_path / "sweep"
+    assert run_sweep(["--workers", "2,4", "--bandwidth", "1gbps", "--p", "1,2",
+                      "--compute", "10ms", "--gradient-size", "40KB", "--rounds", "6",
+                      "--jobs", "1", "--quiet", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "best configuration per group" in text
+    assert text.count("ako p=") == 2  # one best row per workers value
+    from analysis.__main__ import main as analysis_main
+
+    assert analysis_main(["sweep", str(out)]) == 0
+    assert "ako p=" in capsys.readouterr().out
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert not (out / "sweep.png").exists()
+    else:
+        assert (out / "sweep.png").stat().st_size > 0
+    assert analysis_main(["sweep", str(tmp_path / "missing")]) == 2
