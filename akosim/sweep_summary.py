@@ -1,24 +1,25 @@
-"""The sweep's answer: the best configuration of each group, read from sweep.csv.
+"""The sweep's answer: the best configuration of each group, read from the sweep's records.
 
 A group is one setting of the grid values that describe the cluster (workers,
 bandwidth, latency); the p, ssp and scheme values of the grid are the choices
 within it. `best_per_group` keeps, for each group, the row with the most
 samples per second (ties: the lower staleness bound); `format_summary` is the
 table `akosim sweep` prints at the end and `python -m analysis sweep DIR`
-plots. Reading the flat CSV (not the point files) keeps this independent of
-how points are stored.
+plots. It reads the typed point records (akosim.sweepfiles.read_sweep), in the
+order the sweep wrote them.
 """
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from akocore.results import RunResult
 from akocore.units import format_bandwidth, format_duration
+from akosim.sweepfiles import read_sweep
 
-CHOICE_COLUMNS = ("grid_p", "grid_ssp", "grid_scheme")  # what a group chooses between
+CHOICES = ("p", "ssp", "scheme")  # grid flags a group chooses between; the rest describe it
 
 
 @dataclass(frozen=True)
@@ -37,41 +38,45 @@ class BestRow:
     candidates: int  # rows in the group
 
 
-def _number(text: str) -> float:
-    if text in ("", "None"):
-        return math.nan
-    return math.inf if text == "inf" else float(text)
+@dataclass(frozen=True)
+class SweepRow:
+    """One simulated configuration of a sweep with the grid values of its point."""
+
+    grid: tuple[tuple[str, str], ...]  # (grid flag, value as given), grid order
+    run: RunResult
 
 
-def read_rows(csv_path: Path) -> list[dict[str, str]]:
-    with csv_path.open(newline="") as handle:
-        return list(csv.DictReader(handle))
+def _finite(value: float | None) -> float:
+    return math.nan if value is None else float(value)
 
 
-def best_per_group(rows: list[dict[str, str]]) -> list[BestRow]:
+def read_rows(sweep_dir: Path) -> list[SweepRow]:
+    """Every run of a sweep folder, in the order the sweep wrote its points."""
+    sweep = read_sweep(sweep_dir)
+    return [SweepRow(tuple((key, str(point.grid[key])) for key in sweep.grid
+                           if key in point.grid), run)
+            for point in sweep.points for run in point.runs]
+
+
+def best_per_group(rows: list[SweepRow]) -> list[BestRow]:
     """The row with the most samples/s in each group, groups in order of appearance."""
-    if not rows:
-        return []
-    group_keys = [key for key in rows[0] if key.startswith("grid_")
-                  and key not in CHOICE_COLUMNS]
-    groups: dict[tuple[tuple[str, str], ...], list[dict[str, str]]] = {}
+    groups: dict[tuple[tuple[str, str], ...], list[RunResult]] = {}
     for row in rows:
-        group = tuple((key.removeprefix("grid_"), row[key]) for key in group_keys)
-        groups.setdefault(group, []).append(row)
+        group = tuple((key, value) for key, value in row.grid if key not in CHOICES)
+        groups.setdefault(group, []).append(row.run)
     best: list[BestRow] = []
     for group, members in groups.items():
-        finite = [row for row in members if math.isfinite(_number(row["samples_per_s"]))]
+        finite = [run for run in members if math.isfinite(_finite(run.samples_per_s))]
         if not finite:
             continue
-        top = max(finite, key=lambda row: (_number(row["samples_per_s"]),
-                                           -_number(row["staleness_bound_rounds"])))
+        top = max(finite, key=lambda run: (_finite(run.samples_per_s),
+                                           -_finite(run.staleness_bound_rounds)))
         best.append(BestRow(
-            group=group, scheme=top["scheme"], p=int(_number(top["p"])),
-            ssp=_number(top["ssp"]), round_time_s=_number(top["round_time_s"]),
-            samples_per_s=_number(top["samples_per_s"]),
-            nic_utilisation=_number(top["nic_utilisation"]),
-            staleness_bound_rounds=_number(top["staleness_bound_rounds"]),
-            bottleneck=top["bottleneck"], candidates=len(members)))
+            group=group, scheme=top.scheme, p=top.p, ssp=top.ssp,
+            round_time_s=_finite(top.round_time_s), samples_per_s=_finite(top.samples_per_s),
+            nic_utilisation=_finite(top.nic_utilisation),
+            staleness_bound_rounds=_finite(top.staleness_bound_rounds),
+            bottleneck=top.bottleneck or "", candidates=len(members)))
     return best
 
 
@@ -115,10 +120,9 @@ def format_summary(best: list[BestRow]) -> str:
 
 
 def print_summary(out: Path) -> None:
-    """`akosim sweep`'s last lines: the best configuration of each group in out/sweep.csv."""
-    path = out / "sweep.csv"
-    if not path.exists():
+    """`akosim sweep`'s last lines: the best configuration of each group of out's points."""
+    if not (out / "sweep.json").exists():
         return
     print("best configuration per group (most samples/s; "
           f"plot: python -m analysis sweep {out}):")
-    print(format_summary(best_per_group(read_rows(path))))
+    print(format_summary(best_per_group(read_rows(out))))

@@ -115,6 +115,44 @@ class Collected:
     rows: int
 
 
+SWEEP_KIND = "sweep"
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """DIR/sweep.json: the grid flags (dests) in column order and every point, in order."""
+
+    grid: tuple[str, ...]
+    points: tuple[SweepPoint, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tool": "akosim", "kind": SWEEP_KIND, "grid": list(self.grid),
+                "points": [point.to_json() for point in self.points]}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "sweep.json") -> Sweep:
+        if not isinstance(data, dict) or data.get("kind") != SWEEP_KIND:
+            raise RecordError(f"{where}: not an akosim sweep (kind {SWEEP_KIND!r})")
+        grid, points = data.get("grid"), data.get("points")
+        if not isinstance(grid, list) or not isinstance(points, list):
+            raise RecordError(f"{where}: expected lists under grid and points")
+        return cls(tuple(str(key) for key in grid), tuple(
+            SweepPoint.from_json(point, f"{where}.points[{i}]")
+            for i, point in enumerate(points)))
+
+
+def read_sweep(out: Path) -> Sweep:
+    """A sweep folder's collected points (DIR/sweep.json); RecordError if absent or unreadable."""
+    import json
+
+    path = out / "sweep.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise RecordError(f"{path}: cannot read the sweep: {error}") from None
+    return Sweep.from_json(data, str(path))
+
+
 def collect(out: Path, grid_order: Sequence[str], order: Sequence[str] = ()) -> Collected:
     """Write out/sweep.json and out/sweep.csv from every point in out/points.
 
@@ -127,8 +165,7 @@ def collect(out: Path, grid_order: Sequence[str], order: Sequence[str] = ()) -> 
     points = sorted(read_points(out / "points"),
                     key=lambda point: (rank.get(point.id, len(rank)), point.id))
     grid_keys = [key for key in grid_order if any(key in point.grid for point in points)]
-    write_json(out / "sweep.json", {"tool": "akosim", "kind": "sweep", "grid": grid_keys,
-                                    "points": [point.to_json() for point in points]})
+    write_json(out / "sweep.json", Sweep(tuple(grid_keys), tuple(points)).to_json())
     header = [f"grid_{key}" for key in grid_keys] + list(CSV_RESULT_COLUMNS) + ["point_id"]
     rows = [[point.grid.get(key, "") for key in grid_keys]
             + [_cell(getattr(run, column)) for column in CSV_RESULT_COLUMNS] + [point.id]

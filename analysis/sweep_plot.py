@@ -1,6 +1,6 @@
 """python -m analysis sweep DIR: the summary of an `akosim sweep` folder, plotted.
 
-Reads DIR/sweep.csv, prints the best configuration of each group (the table
+Reads the sweep's records (DIR/sweep.json), prints the best configuration of each group (the table
 `akosim sweep` prints, akosim.sweep_summary) and, with matplotlib, writes
 DIR/sweep.png: samples/s of the best configuration against the number of
 workers, one line per other cluster setting (bandwidth, latency), each point
@@ -14,6 +14,7 @@ import math
 import sys
 from pathlib import Path
 
+from akocore.results import RecordError
 from akosim.sweep_summary import BestRow, best_per_group, format_summary, read_rows
 
 
@@ -63,12 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, metavar="FILE.png",
                         help="where to write the plot (default DIR/sweep.png)")
     args = parser.parse_args(argv)
-    csv_path = args.folder / "sweep.csv"
-    if not csv_path.is_file():
-        print(f"{parser.prog}: error: {csv_path} not found; run akosim sweep --out "
-              f"{args.folder} first", file=sys.stderr)
+    try:
+        rows = read_rows(args.folder)
+    except RecordError as error:
+        print(f"{parser.prog}: error: {error}; run akosim sweep --out {args.folder} first",
+              file=sys.stderr)
         return 2
-    best = best_per_group(read_rows(csv_path))
+    best = best_per_group(rows)
     print(format_summary(best))
     written = plot(best, args.out or args.folder / "sweep.png") if best else None
     if written is not None:

@@ -2,34 +2,27 @@
 
 from __future__ import annotations
 
-import csv
+import math
 from pathlib import Path
 
-from akosim.sweep_summary import best_per_group, format_summary, read_rows
+from akocore.results import RunResult
+from akosim.sweep_summary import SweepRow, best_per_group, format_summary
 
 
-def _write(path: Path, rows: list[dict[str, str]]) -> Path:
-    with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
+def _row(workers: str, bandwidth: str, p: str, samples: float,
+         stale: float = 0.0) -> SweepRow:
+    grid = (("workers", workers), ("bandwidth", bandwidth), ("p", p))
+    run = RunResult(tool="akosim", scheme="ako", p=9 if p == "auto" else int(p), ssp=1.0,
+                    workers=int(workers), round_time_s=0.3, samples_per_s=samples,
+                    nic_utilisation=0.5, staleness_bound_rounds=stale, bottleneck="uplink")
+    return SweepRow(grid, run)
 
 
-def _row(workers: str, bandwidth: str, p: str, samples: str, stale: str = "0") -> dict:
-    return {"grid_workers": workers, "grid_bandwidth": bandwidth, "grid_p": p,
-            "scheme": "ako", "p": p if p != "auto" else "9", "ssp": "1", "workers": workers,
-            "round_time_s": "0.3", "samples_per_s": samples,
-            "bytes_sent_per_worker_per_round": "1", "nic_utilisation": "0.5",
-            "staleness_bound_rounds": stale, "bottleneck": "uplink", "point_id": "x"}
-
-
-def test_best_per_group_keeps_the_fastest_of_each_cluster(tmp_path: Path) -> None:
-    path = _write(tmp_path / "sweep.csv", [
-        _row("4", "40mbps", "1", "100"), _row("4", "40mbps", "auto", "300", "9"),
-        _row("16", "40mbps", "1", "50"), _row("16", "40mbps", "auto", "50", "9"),
-        _row("16", "1gbps", "1", "inf")])
-    best = best_per_group(read_rows(path))
+def test_best_per_group_keeps_the_fastest_of_each_cluster() -> None:
+    rows = [_row("4", "40mbps", "1", 100), _row("4", "40mbps", "auto", 300, 9),
+            _row("16", "40mbps", "1", 50), _row("16", "40mbps", "auto", 50, 9),
+            _row("16", "1gbps", "1", math.inf)]
+    best = best_per_group(rows)
     assert [(dict(b.group)["workers"], b.p, b.samples_per_s) for b in best] == [
         ("4", 9, 300.0), ("16", 1, 50.0)]  # a tie goes to the fresher; no finite row: none
     assert best[0].candidates == 2
