@@ -14,6 +14,10 @@ from akocore.partition import accumulate_and_take, partition_slice
 from akocore.workload import build_workload
 from tests.bench.common import Figure, best_of
 
+# Steps and memory copies on a shared 2-core machine swing by a third from run to
+# run; a real regression (a lost jit, a copy per call) costs 2x and more.
+TOLERANCE = 0.6
+
 
 def plain_jax_step_s(batch: int, features: int, hidden: int, steps: int) -> float:
     """Seconds per step of a jitted MLP gradient written with jax.numpy alone."""
@@ -57,14 +61,14 @@ def run() -> list[Figure]:
     cnn_s = workload_step_s("synthetic-cnn", 104, 5)
     figures.append(Figure(
         "core.seed_cnn_step_vs_plain_jax", cnn_s / plain_big_s, "x plain JAX step",
-        higher_is_better=False, absolute=1 / cnn_s, absolute_unit="steps/s",
+        higher_is_better=False, absolute=1 / cnn_s, absolute_unit="steps/s", tolerance=TOLERANCE,
         note=f"3 conv + 2 FC, 4,263,434 params, 32x32x3, batch 104, vs a plain jitted MLP "
              f"gradient (104 x 3072 -> 1024 -> 10) at {1 / plain_big_s:.1f} steps/s"))
     plain_small_s = plain_jax_step_s(32, 64, 64, 200)
     mlp_s = workload_step_s("digits-mlp", 32, 200)
     figures.append(Figure(
         "core.default_workload_step_vs_plain_jax", mlp_s / plain_small_s, "x plain JAX step",
-        higher_is_better=False, absolute=1 / mlp_s, absolute_unit="steps/s",
+        higher_is_better=False, absolute=1 / mlp_s, absolute_unit="steps/s", tolerance=TOLERANCE,
         note=f"digits-mlp, batch 32, vs a plain jitted MLP gradient (32 x 64 -> 64 -> 10) "
              f"at {1 / plain_small_s:,.0f} steps/s"))
     length, p = 4_263_434, 8
@@ -75,7 +79,8 @@ def run() -> list[Figure]:
     start, stop = partition_slice(length, p, 3)
     accumulate_s = best_of(20, lambda: accumulate_and_take(unsent, grad, start, stop))
     copy_s = best_of(20, lambda: np.copyto(target, grad))
-    figures.append(Figure("core.accumulate_partition_vs_copy", copy_s / accumulate_s, "ratio",
-                          goal=0.5, note=f"{grad.nbytes / accumulate_s / 1e9:.2f} GB/s vs "
-                                         f"numpy copy {grad.nbytes / copy_s / 1e9:.2f} GB/s"))
+    figures.append(Figure(
+        "core.accumulate_partition_vs_copy", copy_s / accumulate_s, "ratio", goal=0.5,
+        tolerance=TOLERANCE, note=f"{grad.nbytes / accumulate_s / 1e9:.2f} GB/s vs "
+                                  f"numpy copy {grad.nbytes / copy_s / 1e9:.2f} GB/s"))
     return figures
