@@ -46,7 +46,13 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Regression benchmarks: figures side by side with the stored baseline."""
+    """Regression benchmarks: each figure a ratio to a reference measured in the same run
+    (bare SimPy loop, numpy copy, blocking socket, plain JAX step), compared with
+    tests/bench/baseline.json within the tolerance it stores per figure.
+
+    `nox -s bench -- --only akosim` runs one module; `-- --update-baseline` stores
+    this run (and its environment) as the new baseline.
+    """
     session.install("-e", ".[test]")
     session.run("python", "-m", "tests.bench", *session.posargs, env=CACHE_ENV)
 
