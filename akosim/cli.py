@@ -32,7 +32,7 @@ from akocore.config import (
     config_to_dict,
     resolve_args,
 )
-from akocore.units import format_duration, format_size, parse_duration, refuse_bare_number
+from akocore.units import format_duration, format_size
 from akosim.calibration import (  # noqa: F401 (rank_overhead_s: re-exported)
     compute_from_result,
     message_overhead_from_result,
@@ -47,6 +47,7 @@ from akosim.runspec import (
     configured_runs,
     gradient_length_of_size,
     load_workload,
+    parse_duration_flag,
 )
 
 __all__ = ["TIMING_DEFAULTS", "TRAIN_DEFAULTS", "USER_ERRORS", "OneLineParser", "UsageError",
@@ -236,12 +237,6 @@ def _compute_model(args: argparse.Namespace, workers: int, compute_s: float):
                             args.straggler_factor, per_worker, overhead_s=overhead)
     except ValueError as error:
         raise UsageError(str(error)) from None
-
-
-def parse_duration_flag(flag: str, text: str) -> float:
-    """A duration flag's seconds; a bare number is refused ("--compute 300: add a unit")."""
-    refuse_bare_number(f"{flag} {text}", text, "ms")
-    return parse_duration(text)
 
 
 def _floats(text: str, flag: str) -> tuple[float, ...]:

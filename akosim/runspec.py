@@ -18,7 +18,7 @@ from akocore.cli_support import UsageError
 from akocore.config import ConfigError, RunConfig, TrainConfig
 from akocore.data import DataError
 from akocore.partition import PartitionError
-from akocore.units import UnitError, parse_size, refuse_bare_number
+from akocore.units import UnitError, parse_duration, parse_size, refuse_bare_number
 from akosim.calibration import CalibrationError
 
 if TYPE_CHECKING:
@@ -90,3 +90,9 @@ def configured_runs(setup: Setup, *, factory: ProgressFactory | None = None,
     from akosim.compare import run_variant
 
     return [run_variant(setup, variant, factory=factory, **kwargs)]
+
+
+def parse_duration_flag(flag: str, text: str) -> float:
+    """A duration flag's seconds; a bare number is refused ("--compute 300: add a unit")."""
+    refuse_bare_number(f"{flag} {text}", text, "ms")
+    return parse_duration(text)

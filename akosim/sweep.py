@@ -50,7 +50,7 @@ from akocore.config import (
     resolve,
     set_layer,
 )
-from akocore.units import format_duration, parse_duration
+from akocore.units import format_duration
 from akosim.runspec import (
     TIMING_DEFAULTS,
     USER_ERRORS,
@@ -58,6 +58,7 @@ from akosim.runspec import (
     configured_runs,
     gradient_length_of_size,
     load_workload,
+    parse_duration_flag,
 )
 from akosim.sweepfiles import POINT_FORMAT, SweepPoint, collect
 
@@ -225,7 +226,7 @@ def sim_settings(args: argparse.Namespace) -> dict[str, Any]:
     if args.compute.strip() == "measure":
         settings["compute_s"] = "measure"
     else:
-        compute_s = parse_duration(args.compute)
+        compute_s = parse_duration_flag("--compute", args.compute)
         if compute_s < 0:
             raise UsageError(f"--compute: got {args.compute}, expected a duration >= 0")
         settings["compute_s"] = compute_s

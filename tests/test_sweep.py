@@ -238,3 +238,14 @@ def test_point_files_of_another_format_are_ignored_not_misread(tmp_path, capsys)
     assert "ignoring 1 point file(s)" in capsys.readouterr().err
     assert [r["point_id"] for r in read_csv(tmp_path / "sweep.csv")].count("0" * 16) == 0
     assert len(read_csv(tmp_path / "sweep.csv")) == 2
+
+
+def test_sweep_refuses_a_compute_time_without_a_unit(capsys) -> None:
+    from akosim.sweep import run_sweep
+
+    with pytest.raises(SystemExit) as exited:
+        run_sweep(["--workers", "2", "--compute", "300", "--gradient-size", "40KB",
+                   "--out", "unused"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--compute 300: add a unit" in err[0]
