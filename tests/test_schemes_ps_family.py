@@ -81,13 +81,18 @@ def test_elastic_averaging_conserves_the_sum_of_replicas_and_centre(case: dict,
 def test_downpour_and_adag_servers_apply_every_local_update_once(case: dict,
                                                                  push_average: bool) -> None:
     """centre = theta0 - lr * sum(gradients) (/ lambda for ADAG) after a drain."""
-    nodes, _, total, n = _run(case, ps_mode="async", local_steps=True,
+    nodes, rounds, total, n = _run(case, ps_mode="async", local_steps=True,
                               push_average=push_average, fetch_every=case["fetch_every"])
     assert isinstance(nodes[0], LocalStepPSWorker) and isinstance(nodes[n], DeltaPSServer)
     scale = 1.0 / case["every"] if push_average else 1.0
     theta0 = np.linspace(-1, 1, case["length"]).astype(np.float32)
     np.testing.assert_allclose(_centre(nodes, n), theta0 - LR * scale * total,
                                rtol=1e-5, atol=1e-4)
+    if any(rounds.values()):  # per shard, the worker answered last holds exactly the centre
+        for server in nodes[n:]:
+            window = slice(server.start, server.stop)
+            assert any(np.array_equal(node.params[window], server.params)
+                       for node in nodes[:n])
 
 
 @SLOW

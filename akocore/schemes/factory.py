@@ -116,7 +116,8 @@ def _ps_server(spec: SchemeSpec, layout: PSLayout, rank: int, replica: Replica) 
     if spec.ps_mode == "elastic":
         return ElasticServer(rank, layout, replica=replica, alpha=spec.elastic_alpha)
     if spec.ps_mode == "async" and spec.local_steps:
-        return DeltaPSServer(rank, layout, replica=replica, fetch_every=spec.fetch_every)
+        return DeltaPSServer(rank, layout, replica=replica, push_every=spec.push_every,
+                             fetch_every=spec.fetch_every)
     return PSServer(rank, layout, replica=replica, mode=spec.ps_mode, reduce=spec.reduce,
                     fetch_every=spec.fetch_every)
 

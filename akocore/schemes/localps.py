@@ -49,20 +49,38 @@ class LocalStepPSWorker(PSWorker):
 
 
 class DeltaPSServer(PSServer):
-    """Async shard that subtracts each pushed update as it arrives (no optimizer)."""
+    """Async shard that subtracts each pushed update as it arrives (no optimizer).
+
+    A worker's final marker is answered only once every push it made before
+    has arrived (messages may overtake each other), so the reply to the last
+    final answered is the centre after every update: that worker ends with
+    exactly the servers' parameters.
+    """
 
     def __init__(self, rank: int, layout: PSLayout, *, replica: Replica,
-                 fetch_every: int = 1) -> None:
+                 push_every: int = 1, fetch_every: int = 1) -> None:
         super().__init__(rank, layout, replica=replica, mode="async", reduce="sum",
                          fetch_every=fetch_every)
+        self.push_every = push_every
+        self.pushes_from = dict.fromkeys(range(layout.workers), 0)
+        self.held_finals: dict[int, int] = {}  # worker -> its final round, unanswered
 
     def _receive_async(self, msg: Partial) -> tuple[Send, ...]:
         if msg.kind == Kind.PUSH and self.replica.params is not None:
             assert msg.values is not None
             self.replica.params = (self.replica.params - msg.values).astype(np.float32)
-        if msg.kind == Kind.PULL or msg.final or (msg.round + 1) % self.fetch_every == 0:
-            return (self._params_to((msg.sender,), msg.round),)
-        return ()
+        effects = []
+        if msg.final:
+            self.held_finals[msg.sender] = msg.round
+        else:
+            self.pushes_from[msg.sender] += msg.kind == Kind.PUSH
+            if msg.kind == Kind.PULL or (msg.round + 1) % self.fetch_every == 0:
+                effects.append(self._params_to((msg.sender,), msg.round))
+        for worker, final in sorted(self.held_finals.items()):
+            if self.pushes_from[worker] >= final // self.push_every:
+                del self.held_finals[worker]
+                effects.append(self._params_to((worker,), final))
+        return tuple(effects)
 
 
 class ScaledPSWorker(PSWorker):
