@@ -75,3 +75,14 @@ def test_elastic_averaging_runs_and_pulls_replicas_together(tmp_path: Path,
     spread = max(float(np.max(np.abs(worker - centre))) for worker in workers)
     assert min(moved) > 1e-3 and float(np.max(np.abs(centre - theta0))) > 1e-3
     assert spread < max(moved)  # the elastic force keeps replicas nearer the centre
+
+
+def test_sdag_ends_on_an_exchange_with_every_worker_holding_the_centre(
+        tmp_path: Path, theta0: np.ndarray) -> None:
+    merged, replicas = _launch(tmp_path, "--config", str(PRESETS / "sdag.toml"),
+                               "--optimizer", "sgd")
+    assert merged["max_relative_difference"] == 0.0
+    centre, workers = replicas[3], replicas[:3]
+    for worker in workers:
+        np.testing.assert_array_equal(worker, centre)
+    assert float(np.max(np.abs(centre - theta0))) > 1e-3

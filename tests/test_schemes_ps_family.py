@@ -143,3 +143,37 @@ def test_elastic_moving_rate_defaults_to_beta_over_n() -> None:
         elastic_alpha(1.5, 4)
     with pytest.raises(ValueError):
         SchemeSpec("ps", 3, ps_servers=1, worker_lr_scale=(1.0,))
+
+
+@SLOW
+@given(case=cases, push_average=st.booleans(), reduce=st.sampled_from(["mean", "sum"]),
+       equal_rounds=st.booleans())
+def test_sdag_and_sagn_apply_every_local_update_once_in_lockstep(
+        case: dict, push_average: bool, reduce: str, equal_rounds: bool) -> None:
+    """centre = theta0 - lr * scale * sum(gradients) (/ lambda); a run of equal
+    rounds ending on an exchange leaves every worker holding the centre."""
+    lam = case["every"]
+    if equal_rounds:
+        case = {**case, "max_rounds": lam * (1 + case["max_rounds"] // 2)}
+    n, servers, length = case["workers"], case["servers"], case["length"]
+    spec = SchemeSpec("ps", n + servers, ps_servers=servers, ps_mode="sync", local_steps=True,
+                      push_average=push_average, push_every=lam, reduce=reduce)
+    theta0 = np.linspace(-1, 1, length).astype(np.float32)
+    nodes = build_nodes(spec, length, theta0, PlainSGD(LR))
+    rounds = ({r: case["max_rounds"] for r in range(n)} if equal_rounds else
+              {r: int(x) for r, x in enumerate(np.random.default_rng(case["rounds_seed"])
+                                                .integers(0, case["max_rounds"] + 1, n))})
+    log = drive(nodes, rounds, seed=case["seed"], length=length,
+                duplicate_prob=case["duplicate_prob"])
+    assert log.duplicates_dropped == log.duplicates_sent
+    total = sum((g.astype(np.float64) for gs in log.gradients.values() for g in gs),
+                np.zeros(length))
+    scale = (1.0 / n if reduce == "mean" else 1.0) / (lam if push_average else 1.0)
+    np.testing.assert_allclose(_centre(nodes, n), theta0 - LR * scale * total,
+                               rtol=1e-5, atol=1e-4)
+    if equal_rounds:
+        for node in nodes[:n]:
+            np.testing.assert_allclose(node.params, _centre(nodes, n), rtol=1e-6, atol=1e-6)
+    for _, started, peers in log.starts:  # lockstep at every exchange
+        for peer_next in peers.values():
+            assert started - peer_next <= lam - 1

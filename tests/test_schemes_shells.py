@@ -20,8 +20,11 @@ from akosim.runspec import configured_runs
 from akosim.scenario import Setup, Variant, simulate
 
 PRESETS = Path(__file__).resolve().parent.parent / "configs" / "presets"
-NAMES = ("wagma", "hogwild", "downpour", "adag", "sync-sgd", "sync-sgd-lr-per-worker", "easgd")
+NAMES = ("wagma", "hogwild", "downpour", "adag", "sdag", "sync-sgd", "sync-sgd-lr-per-worker",
+         "easgd")
 ROUNDS = 30
+# SDAG/SAGN averages lambda steps into one update: lambda times the lr for the same progress
+LR_OF = {"sdag": 0.4}
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +49,7 @@ def test_every_preset_is_listed() -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_preset_trains_digits_mlp_in_akosim(name: str, workload) -> None:
-    setup = _setup(name, workload.param_count, ROUNDS, lr=0.1)
+    setup = _setup(name, workload.param_count, ROUNDS, lr=LR_OF.get(name, 0.1))
     before = workload.evaluate(np.asarray(workload.init_params, dtype=np.float32))
     (run,) = configured_runs(setup, workload=workload, eval_every=10)
     assert run.final_accuracy is not None

@@ -39,7 +39,12 @@ from akocore.schemes.allreduce import AllReduceWorker
 from akocore.schemes.base import REDUCES, Replica, SchemeError, SchemeNode, copy_or_none
 from akocore.schemes.elastic import ElasticServer, ElasticWorker, elastic_alpha
 from akocore.schemes.factory import BUILDERS, SCHEMES, SchemeSpec, build_node, build_nodes
-from akocore.schemes.localps import DeltaPSServer, LocalStepPSWorker, ScaledPSWorker
+from akocore.schemes.localps import (
+    DeltaPSServer,
+    LocalStepPSWorker,
+    ScaledPSWorker,
+    SyncDeltaPSServer,
+)
 from akocore.schemes.ps import PS_MODES, PSLayout, PSServer, PSWorker
 from akocore.schemes.wagma import WagmaWorker, butterfly_group, butterfly_phases
 
@@ -71,6 +76,7 @@ __all__ = [
     "SchemeError",
     "SchemeNode",
     "SchemeSpec",
+    "SyncDeltaPSServer",
     "ako_partition",
     "build_nodes",
     "copy_or_none",

@@ -18,7 +18,12 @@ from akocore.schemes.ako import AkoWorker
 from akocore.schemes.allreduce import AllReduceWorker
 from akocore.schemes.base import Replica, SchemeNode
 from akocore.schemes.elastic import ElasticServer, ElasticWorker
-from akocore.schemes.localps import DeltaPSServer, LocalStepPSWorker, ScaledPSWorker
+from akocore.schemes.localps import (
+    DeltaPSServer,
+    LocalStepPSWorker,
+    ScaledPSWorker,
+    SyncDeltaPSServer,
+)
 from akocore.schemes.ps import PSLayout, PSServer, PSWorker
 from akocore.schemes.wagma import DEFAULT_GLOBAL_EVERY, DEFAULT_GROUP_SIZE, WagmaWorker
 
@@ -47,8 +52,8 @@ class SchemeSpec:
     global_every: int = DEFAULT_GLOBAL_EVERY  # wagma: tau
     wait_avoiding: bool = True  # wagma: False = synchronous group collectives
     elastic_alpha: float = 0.0  # ps elastic: moving rate, 0 = 0.9 / workers
-    local_steps: bool = False  # ps async: DOWNPOUR/ADAG workers step locally
-    push_average: bool = False  # ps async local steps: push update / push_every (ADAG)
+    local_steps: bool = False  # ps: workers step locally (async DOWNPOUR/ADAG, sync SDAG)
+    push_average: bool = False  # ps local steps: push update / push_every (ADAG, SAGN)
     worker_lr_scale: tuple[float, ...] = ()  # ps: per-worker learning-rate factors
 
     def __post_init__(self) -> None:
@@ -99,10 +104,10 @@ def _ps_worker(spec: SchemeSpec, layout: PSLayout, rank: int, replica: Replica) 
     if spec.ps_mode == "elastic":
         return ElasticWorker(rank, layout, replica=replica, staleness=spec.staleness,
                              every=spec.push_every)
-    if spec.ps_mode == "async" and spec.local_steps:
+    if spec.local_steps:
         return LocalStepPSWorker(rank, layout, replica=replica, staleness=spec.staleness,
                                  push_every=spec.push_every, fetch_every=spec.fetch_every,
-                                 push_average=spec.push_average)
+                                 push_average=spec.push_average, sync=spec.ps_mode == "sync")
     if spec.worker_lr_scale:
         return ScaledPSWorker(rank, layout, replica=replica, mode=spec.ps_mode,
                               staleness=spec.staleness, push_every=spec.push_every,
@@ -118,6 +123,9 @@ def _ps_server(spec: SchemeSpec, layout: PSLayout, rank: int, replica: Replica) 
     if spec.ps_mode == "async" and spec.local_steps:
         return DeltaPSServer(rank, layout, replica=replica, push_every=spec.push_every,
                              fetch_every=spec.fetch_every)
+    if spec.ps_mode == "sync" and spec.local_steps:
+        return SyncDeltaPSServer(rank, layout, replica=replica, push_every=spec.push_every,
+                                 reduce=spec.reduce)
     return PSServer(rank, layout, replica=replica, mode=spec.ps_mode, reduce=spec.reduce,
                     fetch_every=spec.fetch_every)
 

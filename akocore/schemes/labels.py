@@ -13,14 +13,8 @@ def scheme_label(exchange: ExchangeConfig) -> str:
         return f"elastic tau={exchange.push_every}"
     if exchange.scheme == "ps" and exchange.local_steps:
         avg = " averaged" if exchange.push_average else ""
+        if exchange.ps_mode == "sync":
+            return f"sync local steps, exchange every {exchange.push_every}{avg}"
         return f"local steps, push {exchange.push_every}{avg}, fetch {exchange.fetch_every}"
     return ""
 
-
-def staleness_bound_rounds(exchange: ExchangeConfig) -> float:
-    """Rounds a worker may run ahead of the slowest live peer's last sync point."""
-    if exchange.scheme == "wagma":
-        return float(exchange.global_every - 1)
-    if exchange.scheme == "ps":
-        return exchange.ssp if exchange.ps_mode != "sync" else 0.0
-    return 0.0

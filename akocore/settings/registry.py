@@ -201,10 +201,10 @@ KEYS: tuple[Key, ...] = (
     _run("exchange", "elastic_alpha", "elastic_alpha",
          "scheme ps elastic: moving rate alpha = lr * rho, 0 < alpha < 1; 0 = 0.9 / workers"),
     _run("exchange", "local_steps", "local_steps",
-         "scheme ps async: workers apply their optimizer locally and push the updates "
-         "(DOWNPOUR, ADAG)"),
+         "scheme ps: workers apply their optimizer locally and push the updates "
+         "(async: DOWNPOUR, ADAG; sync: SDAG, SAGN)"),
     _run("exchange", "push_average", "push_average",
-         "scheme ps async with local_steps: push the update divided by push_every (ADAG/AGN)"),
+         "scheme ps with local_steps: push the update divided by push_every (ADAG, SAGN)"),
     _run("exchange", "worker_lr_scale", "worker_lr_scale",
          "scheme ps: learning-rate factor per training worker; [] = all 1", dump=list),
     # ------------------------------------------------------------------ train
