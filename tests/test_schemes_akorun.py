@@ -86,3 +86,25 @@ def test_sdag_ends_on_an_exchange_with_every_worker_holding_the_centre(
     for worker in workers:
         np.testing.assert_array_equal(worker, centre)
     assert float(np.max(np.abs(centre - theta0))) > 1e-3
+
+
+def test_a_sigkilled_wagma_member_does_not_stall_the_others(tmp_path: Path) -> None:
+    """Rank 2 dies after round 4 (a global round: the kill hook waits until every peer
+    acknowledged that round, and only a global round sends to every peer); the others
+    keep averaging in their groups without it and leave it out of the next global
+    average once it is silent past the peer timeout, finish, and end equal."""
+    from akorun.testing import LocalCluster
+
+    tables = {"cluster": {"workers": 4},
+              "exchange": {"scheme": "wagma", "group_size": 2, "global_every": 5},
+              "train": {"workload": "digits-mlp", "optimizer": "sgd", "lr": 0.1, "rounds": 20,
+                        "eval_every": 1000}}
+    with LocalCluster(tmp_path, tables) as cluster:
+        cluster.start_all("--quiet", env={"AKORUN_FAULT": "2@kill_after_round:4"})
+        assert cluster.wait(2, 60) == -9
+        codes = {rank: cluster.wait(rank, 90) for rank in (0, 1, 3)}
+        assert codes == {0: 0, 1: 0, 3: 0}, cluster.logs()
+        results = [cluster.result(rank) for rank in (0, 1, 3)]
+        assert all(r["rounds"] == 20 and 2 in r["suspended_at_end"] for r in results)
+        for rank in (1, 3):  # the run ends on a global round of the survivors
+            np.testing.assert_array_equal(cluster.params(rank), cluster.params(0))
