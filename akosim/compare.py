@@ -46,7 +46,7 @@ def _rounds(setup: Setup) -> int:
 
 def compare_all(setup: Setup, *, factory: ProgressFactory | None = None,
                 **kwargs) -> list[SimRun]:
-    """Ako (chosen p), Ako p=1, ps best k, ps k=1, allreduce: one SimRun each."""
+    """Ako (chosen p), Ako p=1, ps best k, ps k=1, allreduce, wagma: one SimRun each."""
     ssp = setup.config.exchange.ssp
     ps_ssp = ssp if setup.config.exchange.ps_mode == "async" else 0.0
     total = _rounds(setup)
@@ -65,4 +65,8 @@ def compare_all(setup: Setup, *, factory: ProgressFactory | None = None,
     allreduce = Variant("allreduce", label="ring allreduce")
     runs.append(simulate(setup, allreduce, on_progress=_progress(factory, allreduce.label,
                                                                  total), **kwargs))
+    exchange = setup.config.exchange
+    wagma = Variant("wagma", label=f"wagma G={exchange.group_size} tau={exchange.global_every}")
+    runs.append(simulate(setup, wagma, on_progress=_progress(factory, wagma.label, total),
+                         **kwargs))
     return runs
