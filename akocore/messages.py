@@ -25,6 +25,8 @@ class Kind(IntEnum):
     PULL = 4  # ps async: a worker asks a server for its shard (no values)
     REDUCE = 5  # allreduce: a reduce-scatter step of the ring
     GATHER = 6  # allreduce: an all-gather step of the ring
+    MODEL = 7  # wagma, elastic: a replica's parameters sent for model averaging
+    ELASTIC = 8  # elastic: the centre's elastic difference sent back to a worker
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,4 +61,5 @@ class OptaxFlatOptimizer:
 
     def apply(self, params: np.ndarray, state: Any, update: np.ndarray) -> tuple[np.ndarray, Any]:
         new_params, new_state = self._apply(params, state, update)
-        return np.asarray(new_params, dtype=np.float32), new_state
+        # a writable copy: schemes overwrite fetched shards of their replica in place
+        return np.array(new_params, dtype=np.float32), new_state

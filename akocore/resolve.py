@@ -70,4 +70,8 @@ def scheme_spec(cfg: RunConfig, p_of: tuple[int, ...] = (1,), *,
     return SchemeSpec(scheme=exchange.scheme, workers=cfg.cluster.workers, p_of=p_of,
                       staleness=exchange.ssp, schedule=exchange.schedule,
                       reduce=exchange.reduce, ps_servers=servers, ps_mode=exchange.ps_mode,
-                      push_every=exchange.push_every, fetch_every=exchange.fetch_every)
+                      push_every=exchange.push_every, fetch_every=exchange.fetch_every,
+                      group_size=exchange.group_size, global_every=exchange.global_every,
+                      elastic_alpha=exchange.elastic_alpha, local_steps=exchange.local_steps,
+                      push_average=exchange.push_average,
+                      worker_lr_scale=exchange.worker_lr_scale)

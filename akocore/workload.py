@@ -35,7 +35,7 @@ from akocore.messages import FLOAT_BYTES
 from akocore.models import Model, Params, build_model, model_options
 from akocore.optim import FlatOptimizer, OptaxFlatOptimizer, PlainSGD
 
-OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "momentum", "adam")
+OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "momentum", "adam", "adagrad")
 EVAL_CHUNK_VALUES = 1 << 21  # input floats per evaluation chunk (bounds memory)
 
 
@@ -193,6 +193,10 @@ class Workload:
             import optax
 
             return OptaxFlatOptimizer(optax.adam(lr))
+        if name == "adagrad":  # DOWNPOUR's worker optimizer in the Dist-TF guide
+            import optax
+
+            return OptaxFlatOptimizer(optax.adagrad(lr))
         raise ValueError(
             f"unknown optimizer {name!r}; expected one of {', '.join(OPTIMIZER_NAMES)}"
         )

@@ -24,16 +24,7 @@ import numpy as np
 from akocore.config import RunConfig, config_hash
 from akocore.optim import FlatOptimizer
 from akocore.resolve import resolve_plan, scheme_spec
-from akocore.schemes import (
-    AkoWorker,
-    AllReduceWorker,
-    PSLayout,
-    PSServer,
-    PSWorker,
-    Replica,
-    SchemeNode,
-    SchemeSpec,
-)
+from akocore.schemes import SchemeNode, SchemeSpec, build_node
 from akorun.errors import UsageError
 
 ROLES = ("worker", "ps")
@@ -104,22 +95,8 @@ def plan_node(cfg: RunConfig, *, gradient_bytes: int, length: int,
 
 def make_node(spec: SchemeSpec, rank: int, length: int, params0: np.ndarray,
               optimizer: FlatOptimizer) -> SchemeNode:
-    """Rank's node, as build_nodes(spec, ...)[rank] would build it."""
-    if spec.scheme == "ako":
-        return AkoWorker(rank, spec.workers, length, spec.p_list(),
-                         replica=Replica(params0, optimizer), staleness=spec.staleness,
-                         schedule=spec.schedule, reduce=spec.reduce)
-    if spec.scheme == "allreduce":
-        return AllReduceWorker(rank, spec.workers, length, replica=Replica(params0, optimizer),
-                               reduce=spec.reduce)
-    layout = PSLayout(spec.training_workers, spec.ps_servers, length)
-    if rank < layout.workers:
-        return PSWorker(rank, layout, replica=Replica(params0, optimizer), mode=spec.ps_mode,
-                        staleness=spec.staleness, push_every=spec.push_every,
-                        fetch_every=spec.fetch_every)
-    start, stop = layout.shard_slice(layout.shard_of(rank))
-    return PSServer(rank, layout, replica=Replica(params0[start:stop], optimizer),
-                    mode=spec.ps_mode, reduce=spec.reduce, fetch_every=spec.fetch_every)
+    """Rank's node, as build_nodes(spec, ...)[rank] would build it (only its replica)."""
+    return build_node(spec, rank, length, params0, optimizer)
 
 
 def params_digest(params: np.ndarray) -> str:

@@ -58,7 +58,7 @@ def _rounds(setup: Setup) -> int:
 
 def compare_all(setup: Setup, *, factory: ProgressFactory | None = None,
                 **kwargs) -> list[SimRun]:
-    """Ako (chosen p), Ako p=1, ps best k, ps k=1, allreduce: one SimRun each."""
+    """Ako (chosen p), Ako p=1, ps best k, ps k=1, allreduce, wagma: one SimRun each."""
     ssp = setup.config.exchange.ssp
     ps_ssp = ssp if setup.config.exchange.ps_mode == "async" else 0.0
     total = _rounds(setup)

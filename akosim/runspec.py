@@ -70,11 +70,12 @@ def check_fits(cfg: RunConfig, length: int) -> None:
 def configured_runs(setup: Setup, *, factory: ProgressFactory | None = None,
                     **kwargs: Any) -> list[SimRun]:
     """The one run of the configured scheme (ps with servers "best": the best of them)."""
+    from akocore.schemes.labels import scheme_label
     from akosim.scenario import Variant, ako_variant
 
     exchange = setup.config.exchange
     if exchange.scheme == "ps":
-        ssp = exchange.ssp if exchange.ps_mode == "async" else 0.0
+        ssp = exchange.ssp if exchange.ps_mode != "sync" else 0.0
         if exchange.ps_servers == "best":
             from akosim.compare import best_ps
 
@@ -82,11 +83,14 @@ def configured_runs(setup: Setup, *, factory: ProgressFactory | None = None,
             best.label = f"ps {best.ps_servers} server(s), best of {len(tried)}"
             return [best]
         servers = int(exchange.ps_servers)
-        variant = Variant("ps", ps_servers=servers, ssp=ssp, label=f"ps {servers} server(s)")
+        mode = scheme_label(exchange)
+        variant = Variant("ps", ps_servers=servers, ssp=ssp,
+                          label=f"ps {servers} server(s)" + (f", {mode}" if mode else ""))
     elif exchange.scheme == "ako":
         variant = ako_variant(setup)
     else:
-        variant = Variant("allreduce", label="ring allreduce")
+        variant = Variant(exchange.scheme, label="ring allreduce" if exchange.scheme ==
+                          "allreduce" else f"{exchange.scheme} {scheme_label(exchange)}")
     from akosim.compare import run_variant
 
     return [run_variant(setup, variant, factory=factory, **kwargs)]

@@ -229,7 +229,8 @@ def _report(setup: Setup, variant: Variant, training_workers: int, sim: Simulati
     spec = sim.net.spec
     per_link, bottleneck = _links(stats.link_bytes, spec, elapsed, util)
     staleness_bound = (max(variant.p_of) - 1 + variant.ssp) if variant.scheme == "ako" else (
-        variant.ssp if variant.scheme == "ps" else 0.0)
+        variant.ssp if variant.scheme == "ps" else float(
+            setup.config.exchange.global_every - 1) if variant.scheme == "wagma" else 0.0)
     return SimRun(
         label=variant.label or variant.scheme, scheme=variant.scheme, p=max(variant.p_of),
         p_of=list(variant.p_of), p_reason=variant.p_reason, ssp=variant.ssp,

@@ -504,7 +504,7 @@ def test_section_must_be_a_table() -> None:
 
 def test_bad_scheme() -> None:
     message = error_of(config_from_dict, {"exchange": {"scheme": "ring"}})
-    assert message == "exchange.scheme: got 'ring', expected one of ako, ps, allreduce"
+    assert message == "exchange.scheme: got 'ring', expected one of ako, ps, allreduce, wagma"
 
 
 def test_workers_must_be_at_least_two() -> None:
@@ -618,7 +618,7 @@ def test_config_hash_of_defaults_is_pinned() -> None:
     # Pinned so that an accidental change to the canonical form is noticed: every
     # rank of a run must compute the same hash, across versions of this module.
     assert config_hash(RunConfig()) == (
-        "c1e618b24a290c2971a5c03f07b4a767f0da3605df10a4b1946a0e265387470b"
+        "026006aaea43fdac5aac90c00e3b7d0e7faad85dc053f84581e7cdf8827ce6aa"
     )
 
 

@@ -1,4 +1,5 @@
-"""Per-node exchange state machines: ako, ps (sync and async) and allreduce.
+"""Per-node exchange state machines: ako, ps (sync, async, elastic, local-step
+and per-worker-lr variants), allreduce and wagma.
 
 A scheme node takes events and returns effects; it never sleeps, sends or
 reads a clock. The shells drive every worker node the same way:
@@ -22,7 +23,7 @@ bookkeeping (who sends what to whom, how long, which round) without any
 arithmetic: that is akosim's timing-only mode.
 
 Modules: base (SchemeNode, Replica, SchemeError), one module per scheme (ako,
-ps, allreduce) and factory (SchemeSpec, the scheme registry, build_nodes).
+ps, allreduce, wagma, elastic, localps) and factory (SchemeSpec, the scheme registry, build_nodes).
 This package re-exports their public names.
 """
 
@@ -36,8 +37,16 @@ from akocore.schemes.ako import (
 )
 from akocore.schemes.allreduce import AllReduceWorker
 from akocore.schemes.base import REDUCES, Replica, SchemeError, SchemeNode, copy_or_none
-from akocore.schemes.factory import BUILDERS, SCHEMES, SchemeSpec, build_nodes
+from akocore.schemes.elastic import ElasticServer, ElasticWorker, elastic_alpha
+from akocore.schemes.factory import BUILDERS, SCHEMES, SchemeSpec, build_node, build_nodes
+from akocore.schemes.localps import (
+    DeltaPSServer,
+    LocalStepPSWorker,
+    ScaledPSWorker,
+    SyncDeltaPSServer,
+)
 from akocore.schemes.ps import PS_MODES, PSLayout, PSServer, PSWorker
+from akocore.schemes.wagma import WagmaWorker, butterfly_group, butterfly_phases
 
 __all__ = [
     "BUILDERS",
@@ -48,6 +57,16 @@ __all__ = [
     "AkoState",
     "AkoWorker",
     "AllReduceWorker",
+    "DeltaPSServer",
+    "ElasticServer",
+    "ElasticWorker",
+    "LocalStepPSWorker",
+    "ScaledPSWorker",
+    "WagmaWorker",
+    "build_node",
+    "butterfly_group",
+    "butterfly_phases",
+    "elastic_alpha",
     "DeliveryRecord",
     "PSLayout",
     "PSServer",
@@ -57,6 +76,7 @@ __all__ = [
     "SchemeError",
     "SchemeNode",
     "SchemeSpec",
+    "SyncDeltaPSServer",
     "ako_partition",
     "build_nodes",
     "copy_or_none",

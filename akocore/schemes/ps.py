@@ -110,8 +110,9 @@ class PSWorker(SchemeNode):
         if rounds_done != self.next_round:
             raise SchemeError(f"node {self.rank}: finish after {rounds_done} rounds")
         self.finished = True
-        owed = self.unpushed is not None and bool(np.any(self.unpushed))
-        if self.mode == "async" and (owed or self.unpushed is None):
+        # async: the final is a full-size push (zeros if nothing is owed), so it
+        # cannot overtake the earlier pushes and fetch the parameters before them
+        if self.mode == "async":
             return self._sends(rounds_done, push=True, fetch=True, final=True)
         return self._sends(rounds_done, push=False, fetch=True, final=True)
 

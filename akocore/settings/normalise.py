@@ -24,12 +24,12 @@ from akocore.units import (
     refuse_bare_number,
 )
 
-SCHEMES = ("ako", "ps", "allreduce")
+SCHEMES = ("ako", "ps", "allreduce", "wagma")
 P_AUTO_MODES = ("auto", "auto-per-worker")
 SCHEDULES = ("staggered", "aligned")
 REDUCTIONS = ("mean", "sum")
-PS_MODES = ("sync", "async")
-OPTIMIZERS = ("sgd", "momentum", "adam")
+PS_MODES = ("sync", "async", "elastic")
+OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
 EMULATE_MODES = ("auto", "on", "off")  # akorun: shape sends in-process (auto = loopback only)
 
 

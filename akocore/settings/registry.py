@@ -162,7 +162,8 @@ KEYS: tuple[Key, ...] = (
          dump=lambda m: matrix_to_text(m, duration_exact_text), unit="ms"),
     # ------------------------------------------------------------------ exchange
     _run("exchange", "scheme", "scheme",
-         "ako (partial all-to-all) | ps (parameter servers) | allreduce (ring)",
+         "ako (partial all-to-all) | ps (parameter servers) | allreduce (ring) | wagma "
+         "(group model averaging)",
          flag="--scheme", choices=SCHEMES,
          flag_help="gradient exchange: ako (partial all-to-all), ps (parameter servers) or "
                    "allreduce (ring)"),
@@ -191,6 +192,25 @@ KEYS: tuple[Key, ...] = (
     _run("exchange", "push_every", "push_every", "scheme ps async: push every N rounds"),
     _run("exchange", "fetch_every", "fetch_every",
          "scheme ps async: fetch parameters every N rounds"),
+    _run("exchange", "group_size", "group_size",
+         "scheme wagma: G, workers per butterfly group (model averaging each round)",
+         flag="--group-size", metavar="G", tools=frozenset({Tool.AKOSIM, Tool.AKORUN_INIT,
+                                                           Tool.AKORUN_LAUNCH}),
+         flag_help="scheme wagma: workers per averaging group, e.g. 4"),
+    _run("exchange", "global_every", "global_every",
+         "scheme wagma: tau, a global model average every tau rounds (staleness <= tau - 1)",
+         flag="--global-every", metavar="TAU", tools=frozenset({Tool.AKOSIM, Tool.AKORUN_INIT,
+                                                               Tool.AKORUN_LAUNCH}),
+         flag_help="scheme wagma: a global model average every TAU rounds, e.g. 10"),
+    _run("exchange", "elastic_alpha", "elastic_alpha",
+         "scheme ps elastic: moving rate alpha = lr * rho, 0 < alpha < 1; 0 = 0.9 / workers"),
+    _run("exchange", "local_steps", "local_steps",
+         "scheme ps: workers apply their optimizer locally and push the updates "
+         "(async: DOWNPOUR, ADAG; sync: SDAG, SAGN)"),
+    _run("exchange", "push_average", "push_average",
+         "scheme ps with local_steps: push the update divided by push_every (ADAG, SAGN)"),
+    _run("exchange", "worker_lr_scale", "worker_lr_scale",
+         "scheme ps: learning-rate factor per training worker; [] = all 1", dump=list),
     # ------------------------------------------------------------------ train
     _run("train", "workload", "workload", "model and dataset, e.g. digits-mlp",
          flag="--workload", metavar="NAME", kind=FlagKind.TEXT,

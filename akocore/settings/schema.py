@@ -213,8 +213,15 @@ class ExchangeConfig:
     ps_mode: str = "sync"
     push_every: int = 1
     fetch_every: int = 1
+    group_size: int = 4  # wagma: G, the butterfly group size
+    global_every: int = 10  # wagma: tau, a global model average every tau rounds
+    elastic_alpha: float = 0.0  # ps elastic: moving rate lr * rho; 0 = 0.9 / workers
+    local_steps: bool = False  # ps async: workers step locally, push updates (DOWNPOUR)
+    push_average: bool = False  # ps async local steps: push update / push_every (ADAG)
+    worker_lr_scale: tuple[float, ...] = ()  # ps: learning-rate factor per training worker
 
     def __post_init__(self) -> None:
+        self._check_scheme_knobs()
         set_field(self, "scheme", as_choice("exchange.scheme", self.scheme, SCHEMES))
         set_field(self, "p", as_p("exchange.p", self.p))
         set_field(self, "ssp", as_ssp("exchange.ssp", self.ssp))
@@ -247,6 +254,25 @@ class ExchangeConfig:
         set_field(self, "ps_mode", as_choice("exchange.ps_mode", self.ps_mode, PS_MODES))
         set_field(self, "push_every", as_int("exchange.push_every", self.push_every, 1))
         set_field(self, "fetch_every", as_int("exchange.fetch_every", self.fetch_every, 1))
+
+    def _check_scheme_knobs(self) -> None:
+        """The wagma, elastic and Dist-TF keys (issue 13)."""
+        set_field(self, "group_size", as_int("exchange.group_size", self.group_size, 2))
+        set_field(self, "global_every", as_int("exchange.global_every", self.global_every, 1))
+        set_field(self, "elastic_alpha", as_float(
+            "exchange.elastic_alpha", self.elastic_alpha, lambda a: 0 <= a < 1,
+            "a moving rate 0 < alpha < 1, or 0 for 0.9 / workers"))
+        for name in ("local_steps", "push_average"):
+            value = getattr(self, name)
+            if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+                value = value.strip().lower() == "true"
+            if not isinstance(value, bool):
+                raise bad_value(f"exchange.{name}", value, "true or false")
+            set_field(self, name, value)
+        scales = tuple(as_float("exchange.worker_lr_scale", v, lambda x: x > 0,
+                                "factors > 0, one per training worker, e.g. [1, 0.5]")
+                       for v in as_items(self.worker_lr_scale))
+        set_field(self, "worker_lr_scale", scales)
 
 
 @dataclass(frozen=True)
