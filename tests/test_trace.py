@@ -25,7 +25,8 @@ def _setup() -> Setup:
     np.fill_diagonal(caps, np.inf)
     config = config_from_dict({
         "cluster": {"workers": WORKERS},
-        "network": {"bandwidth": "100mbps", "link_bandwidth_matrix": caps.tolist()},
+        "network": {"bandwidth": "100mbps", "link_bandwidth_matrix": [
+            ["inf" if np.isinf(cap) else f"{float(cap)!r}bps" for cap in row] for row in caps]},
         "exchange": {"scheme": "ako", "p": 2, "ssp": 2},
         "train": {"workload": "synthetic-cnn", "batch_size": 8, "rounds": 12}})
     return Setup(config, 200_000, ComputeModel(0.01), 8, StopRule(rounds=12, drain=True))

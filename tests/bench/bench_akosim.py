@@ -29,6 +29,7 @@ SimPy event but many simulated events, so the ratio can exceed 1.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 
@@ -64,7 +65,8 @@ def timing_setup(workers: int, rounds: int, *, bandwidth: str = "40mbps",
                  link_matrix: list[list[float]] | None = None) -> Setup:
     network: dict[str, object] = {"bandwidth": bandwidth}
     if link_matrix is not None:
-        network["link_bandwidth_matrix"] = link_matrix
+        network["link_bandwidth_matrix"] = [  # units are required in config tables
+            ["inf" if math.isinf(cap) else f"{float(cap)!r}bps" for cap in row] for row in link_matrix]
     config = config_from_dict({
         "cluster": {"workers": workers}, "network": network,
         "exchange": {"scheme": "ako", "p": "auto", "ssp": 0},
