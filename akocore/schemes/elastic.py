@@ -73,20 +73,8 @@ class ElasticWorker(PSWorker):
                 for shard, server in enumerate(self.layout.server_ranks)]
 
     def receive(self, msg: Partial) -> Receipt:
-        if msg.kind != Kind.ELASTIC or msg.sender not in self.latest_params_round:
-            raise SchemeError(f"elastic worker {self.rank}: unexpected {msg.kind.name} "
-                              f"from node {msg.sender}")
-        shard = self.layout.shard_of(msg.sender)
-        if (msg.offset, msg.offset + msg.length) != self.layout.shard_slice(shard):
-            raise SchemeError(f"shard {shard} does not span [{msg.offset}, "
-                              f"{msg.offset + msg.length})")
-        self._check_values(msg)
-        waiting = self.outstanding.get(msg.round)
-        if waiting is None or msg.sender not in waiting:
+        if not self._take_shard_answer(msg, Kind.ELASTIC, "elastic worker"):
             return Receipt(False)
-        waiting.discard(msg.sender)
-        if not waiting:
-            del self.outstanding[msg.round]
         if self.replica.params is not None and msg.values is not None:
             self.replica.params[msg.offset:msg.offset + msg.length] -= msg.values
         return Receipt(True)

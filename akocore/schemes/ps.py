@@ -136,9 +136,10 @@ class PSWorker(SchemeNode):
         open_rounds = self._open_fetches()
         return max(0, round_ - 1 - open_rounds[0] + 1) if open_rounds and round_ > 0 else 0
 
-    def receive(self, msg: Partial) -> Receipt:
-        if msg.kind != Kind.PARAMS or msg.sender not in self.latest_params_round:
-            raise SchemeError(f"ps worker {self.rank}: unexpected {msg.kind.name} "
+    def _take_shard_answer(self, msg: Partial, kind: Kind, who: str) -> bool:
+        """Check a server's answer for one shard; True when it is the first for its round."""
+        if msg.kind != kind or msg.sender not in self.latest_params_round:
+            raise SchemeError(f"{who} {self.rank}: unexpected {msg.kind.name} "
                               f"from node {msg.sender}")
         shard = self.layout.shard_of(msg.sender)
         if (msg.offset, msg.offset + msg.length) != self.layout.shard_slice(shard):
@@ -147,10 +148,15 @@ class PSWorker(SchemeNode):
         self._check_values(msg)
         waiting = self.outstanding.get(msg.round)
         if waiting is None or msg.sender not in waiting:
-            return Receipt(False)
+            return False
         waiting.discard(msg.sender)
         if not waiting:
             del self.outstanding[msg.round]
+        return True
+
+    def receive(self, msg: Partial) -> Receipt:
+        if not self._take_shard_answer(msg, Kind.PARAMS, "ps worker"):
+            return Receipt(False)
         if msg.round > self.latest_params_round[msg.sender]:
             self.latest_params_round[msg.sender] = msg.round
             if self.replica.params is not None and msg.values is not None:
