@@ -147,6 +147,8 @@ class Worker:
         self.phase = PhaseMachine()
         self.waiter = Waiter(report_every_s=max(5.0, options.peer_timeout_s / 2),
                              stall_limit_s=GATE_STALL_TIMEOUTS * options.peer_timeout_s)
+        self.waiter.scheme = cfg.exchange.scheme
+        self.waiter.can_continue_without = self.role.can_continue_without
         self.keys = RunKeys(options.settings.rank_keys(self.rank, self.world))
         self.signer = Signer(self.keys)
         self.verifier = RequestVerifier(self.keys, world=self.world)

@@ -2,8 +2,9 @@
 
 These schemes cannot rejoin (`--resume` is for ako) and a dead rank's shard or ring
 step is lost, so their replicas may differ (README, "Failure behaviour"). What is
-promised is that the run still ends: no survivor hangs, every survivor exits with a
-status and writes its result, saying which peer it finished without.
+promised is that the run still ends: no survivor hangs; every survivor stops with
+exit 1 (the run could not complete) and writes its result, stop reason "lost_peer",
+naming the peer it lost.
 """
 
 from __future__ import annotations
@@ -44,8 +45,10 @@ def test_a_killed_rank_of_a_scheme_without_rejoin_leaves_a_run_that_still_ends(
         assert cluster.wait(victim, 30) == -9
         # generous: peer timeout 3 s, three timeouts at a stuck gate, the finish grace
         codes = {rank: cluster.wait(rank, 240) for rank in survivors}
-        assert all(code >= 0 for code in codes.values()), cluster.logs()
+        assert all(code == 1 for code in codes.values()), (codes, cluster.logs())
         for rank in survivors:
             result = cluster.result(rank)
+            assert result["stop_reason"] == "lost_peer", cluster.logs()
+            assert f"lost peer(s) [{victim}]" in cluster.log(rank), cluster.logs()
             assert result["peer_timeouts"] >= 1, cluster.logs()
             assert victim in result["suspended_at_end"], cluster.logs()

@@ -15,6 +15,13 @@ suspension folded them, akorun.sender) and we still get its last rounds;
 one that stays away longer finishes without ours (it says so in its log).
 A hard stop (second signal) gives up every wait at once.
 
+A scheme that cannot go on without a lost peer (ps, all-reduce: the role's
+`can_continue_without`) does not drain once such a peer is lost (stopped at
+the gate, or suspended and silent for `grace_s`; a ps server still drains:
+the live workers' finals need its answer): it settles, writes its
+results naming the peer, tells the others ``done`` and raises RunError
+(exit 1).
+
 A failed final write (checkpoint or results: a full disk) still tells the
 peers ``done`` and waits for theirs, then raises RunError: one line, exit 1.
 """
@@ -87,7 +94,14 @@ class Finisher:
         gone = self._gone(self.liveness.clock())
         peer_done = getattr(node, "peer_done", None)
 
+        def lost() -> list[int]:
+            """Peers this scheme cannot go on without that are lost (ps, all-reduce)."""
+            return sorted(j for j in self.peers if not self.role.can_continue_without(j)
+                          and (j in self.waiter.lost_peers or gone(j)))
+
         def drained() -> bool:
+            if self.role.trains and lost():  # its rounds cannot complete (a ps server
+                return True  # still drains: the live workers' finals need its answer)
             if peer_done is None:
                 return node.drained()
             return all(peer_done(j) or gone(j) for j in self.peers)
@@ -99,6 +113,8 @@ class Finisher:
             log.warning("finished without peer(s) %s: silent past the peer timeout and "
                         "nothing new from them for %.1f s (the finish deadline)", given_up,
                         self.grace_s)
+        if lost():
+            self.waiter.lose(lost())
         node.settle()
         self.phase.to(Phase.DONE)
         if not drained_ok:
@@ -123,3 +139,7 @@ class Finisher:
                                 self.grace_s)
         if failures:
             raise RunError(f"{'; '.join(failures)} (training finished; peers were told done)")
+        if self.waiter.lost_peers:
+            raise RunError(f"lost peer(s) {sorted(self.waiter.lost_peers)}: scheme "
+                           f"{self.waiter.scheme} cannot continue without them; stopped "
+                           f"(results written, replicas not equal)")

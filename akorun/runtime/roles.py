@@ -38,6 +38,9 @@ from akorun.roles import (
 
 log = logging.getLogger("akorun")
 
+# a lost rank stops these runs (exit 1): their rounds cannot complete without it
+SCHEMES_NEEDING_EVERY_RANK = frozenset({"allreduce", "ps"})
+
 
 class Role:
     """A rank that trains (ps worker, all-reduce worker); subclasses change what differs."""
@@ -65,6 +68,12 @@ class Role:
         workload.grad_step(workload.init_params, batch.x, batch.y, 0)
         workload.evaluate(workload.init_params)
         return workload.init_params
+
+    def can_continue_without(self, peer: int) -> bool:
+        """Whether this rank's scheme can go on once `peer` is lost (suspended past the
+        peer timeout and given up on). A ring step of all-reduce needs every rank; the
+        other schemes of this base role go on without it."""
+        return self.cfg.exchange.scheme not in SCHEMES_NEEDING_EVERY_RANK
 
     def check_resume(self) -> None:
         raise UsageError(f"--resume rejoins ako runs only; this run's scheme is "

@@ -10,14 +10,18 @@ Deadlines: the gate gives up at the run's duration limit (a stop, reason
 "duration"), and when it has been blocked for `stall_limit_s` on peers whose
 rounds did not advance meanwhile, it takes those peers out of the gate (one
 error line naming them); a peer re-enters the gate with its next new
-message. Every blocked gate says every `report_every_s` what it waits on.
+message. If by then a peer this rank's scheme cannot go on without
+(`can_continue_without`, from the role: ps, all-reduce) is suspended, the gate
+instead stops the run (reason "lost_peer", one error line naming the peer;
+`lost_peers` keeps it for the finish). Every blocked gate says every
+`report_every_s` what it waits on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from akocore.schemes import SchemeNode
 
@@ -38,6 +42,9 @@ class Waiter:
         self.report_every_s = report_every_s  # how often a blocked gate says why
         self.stall_limit_s = stall_limit_s  # a gate blocked this long drops its blockers
         self.gate_stalls = 0
+        self.scheme = "ako"  # the run's scheme, for the log (set with the next)
+        self.can_continue_without: Callable[[int], bool] = lambda peer: True
+        self.lost_peers: set[int] = set()  # peers the run stopped for (see `lose`)
 
     def wake_up(self) -> None:
         self.wake.set()
@@ -47,6 +54,19 @@ class Waiter:
         if self.stop_reason is None:
             self.stop_reason = reason
             log.warning("stopping: %s", reason)
+        self.wake.set()
+
+    def lose(self, peers: Collection[int]) -> None:
+        """Stop: the scheme cannot go on without `peers` (one error line, reason
+        "lost_peer"); the finish does not wait for them."""
+        new = sorted(set(peers) - self.lost_peers)
+        self.lost_peers.update(peers)
+        if new:
+            log.error("lost peer(s) %s: scheme %s cannot continue without them (only ako "
+                      "runs go on without a rank; --resume exists for ako only): stopping "
+                      "this rank, exit 1", new, self.scheme)
+        if self.stop_reason is None or self.stop_reason == "rounds":
+            self.stop_reason = "lost_peer"
         self.wake.set()
 
     def stop_now(self) -> None:
@@ -96,6 +116,11 @@ class Waiter:
             if _progress(node) != progress:
                 stall_from_s, progress = now, _progress(node)
             elif self.stall_limit_s is not None and now - stall_from_s > self.stall_limit_s:
+                lost = sorted(peer for peer in node.suspended
+                              if not self.can_continue_without(peer))
+                if lost:
+                    self.lose(lost)
+                    return None
                 blockers = node.waiting_on(t)
                 log.error("round %d: no progress from peer(s) %s for %.0f s although they "
                           "are not silent: out of the SSP gate until they send new rounds",
