@@ -66,7 +66,8 @@ def timing_setup(workers: int, rounds: int, *, bandwidth: str = "40mbps",
     network: dict[str, object] = {"bandwidth": bandwidth}
     if link_matrix is not None:
         network["link_bandwidth_matrix"] = [  # units are required in config tables
-            ["inf" if math.isinf(cap) else f"{float(cap)!r}bps" for cap in row] for row in link_matrix]
+            ["inf" if math.isinf(cap) else f"{float(cap)!r}bps" for cap in row]
+            for row in link_matrix]
     config = config_from_dict({
         "cluster": {"workers": workers}, "network": network,
         "exchange": {"scheme": "ako", "p": "auto", "ssp": 0},
