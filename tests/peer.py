@@ -14,6 +14,7 @@ started from the same cluster file.
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -84,6 +85,11 @@ class Peer:
         if nonce is not None:
             self.keys.sessions.nonce = nonce
         self.signer = Signer(self.keys)
+
+    def count_from(self, first: int) -> None:
+        """Number this peer's seals from `first` on: a peer posing as a live rank's
+        instance keeps clear of the counters that rank itself uses meanwhile."""
+        self.keys.sessions._counter = itertools.count(first)
 
     def discover(self, dest: int) -> bytes:
         """Ask `dest` for its current nonce (a discovery hello) and adopt it."""

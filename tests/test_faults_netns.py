@@ -407,7 +407,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     mount = tmp_path / "disk"
     mount.mkdir()
     try:
-        _run("mount", "-t", "tmpfs", "-o", "size=256k", f"akf{os.getpid()}", str(mount))
+        _run("mount", "-t", "tmpfs", "-o", "size=4m", f"akf{os.getpid()}", str(mount))
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as error:
         pytest.skip(f"cannot mount a tmpfs here: {error}")
     try:
@@ -426,11 +426,13 @@ def test_a_full_checkpoint_disk_is_survived_and_retried(net: Net, tmp_path: Path
         except OSError:
             pass
     checkpoints = small_disk / "ckpt"
+    freed = tmp_path / "disk-freed"  # every rank waits before round 40 until space is back
     run = Run(net, tmp_path, 60, "--checkpoint-every", "5", "--checkpoint-dir",
-              str(checkpoints))
+              str(checkpoints), faults=f"pause_before_round:40:{freed}")
     try:
         run.wait_round(0, 25)
         filler.unlink()  # space again: the next periodic checkpoint retries and succeeds
+        freed.touch()
         run.check("full checkpoint disk", [0, 1, 2])
         assert all("checkpoint not written" in run.log(r) for r in range(WORKERS))
         assert sorted(p.name for p in checkpoints.iterdir() if p.name.startswith(".")) == []

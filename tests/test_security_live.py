@@ -79,6 +79,7 @@ def test_every_message_recorded_in_an_earlier_run_is_refused_by_the_next(
         wait_for(lambda: paused_at(cluster, 3), 90, "run 1 paused before round 3")
         rank1 = Peer(settings.secret_bytes, settings.run_id_bytes, 1, urls,
                      nonce=Peer(settings.secret_bytes, settings.run_id_bytes, 2, urls).discover(1))
+        rank1.count_from(1 << 40)  # the live rank 1 sends heartbeats from counter 1 meanwhile
         recorded: dict[str, Sent] = {"partial": rank1.partial(0, data)}
         for kind, payload in payloads.items():
             recorded[kind.value] = rank1.control(0, kind, payload)
