@@ -27,6 +27,10 @@ Endpoints (all writes sealed per session and per sender, see akorun.keys):
 
 The server never unpickles anything and holds no unbounded buffers: body
 memory is bounded by max_concurrent_reads x the body cap.
+
+Over 500 lines because admission, sealing checks and streaming a body into a pooled
+buffer must share one request's state on the hot path; splitting it would pass that
+state across modules per message.
 """
 
 from __future__ import annotations
