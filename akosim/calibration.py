@@ -5,17 +5,21 @@ here) or a calibration file (what ``python -m analysis.run`` writes beside a
 calibrated run); files written before the schema are read too
 (akocore.results.read_result). Per-rank values are spread over the simulated
 nodes in turn, ranks without a value having the others' mean
-(akocore.figures.fill_missing).
+(akocore.figures.fill_missing). A run's result also names its workload, batch,
+optimizer and data: `adopt_run_training` makes the simulated gradient the run's
+(or refuses a layer that gives another one).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
+from akocore.config import ResolvedSettings, RunConfig
 from akocore.results import Calibration, RecordError, RunResult, rank_overhead_s, read_result
 
-__all__ = ["CalibrationError", "compute_from_result", "message_overhead_from_result",
+__all__ = ["CalibrationError", "adopt_run_training", "compute_from_result", "message_overhead_from_result",
            "overhead_from_result", "rank_overhead_s", "read_calibration"]
 
 
@@ -67,3 +71,42 @@ def message_overhead_from_result(path: str | Path, nodes: int) -> tuple[float, .
     """Per-node seconds a message costs beyond the emulated wire; () when no rank has it."""
     calibration = _calibration_or_none(path)
     return (calibration.message_overhead_s(nodes) or ()) if calibration is not None else ()
+
+
+# the run's settings that decide the gradient and the compute time: taken with its compute
+RUN_TRAINING_KEYS = ("train.workload", "train.batch_size", "train.optimizer", "train.data_path")
+
+
+def run_config_of(path: str | Path) -> RunConfig | None:
+    """The configuration an akorun result records (None: a calibration file, or none)."""
+    from akocore.config import config_from_dict
+
+    try:
+        record = read_result(json.loads(Path(path).read_text()))
+    except (OSError, ValueError):
+        return None  # read_calibration reports the unreadable file
+    if not isinstance(record, RunResult) or not record.config:
+        return None
+    try:
+        return config_from_dict(record.config)
+    except (ValueError, TypeError):
+        return None
+
+
+def adopt_run_training(resolved: ResolvedSettings, path: str | Path) -> RunConfig:
+    """The resolved config with the workload, batch, optimizer and data of the run whose
+    compute time --compute-from takes; CalibrationError when a layer gave another one
+    (the measured compute time would belong to a different gradient)."""
+    cfg = resolved.config
+    ran = run_config_of(path)
+    if ran is None:
+        return cfg
+    for dotted in RUN_TRAINING_KEYS:
+        name = dotted.split(".", 1)[1]
+        given, used = getattr(cfg.train, name), getattr(ran.train, name)
+        if resolved.given(dotted) and given != used:
+            raise CalibrationError(f"--compute-from: {path} ran {name} {used!r}, but "
+                                   f"{resolved.origin(dotted)} gives {given!r}; drop it or "
+                                   f"use a run of that {name}")
+    return replace(cfg, train=replace(cfg.train, **{k.split(".", 1)[1]: getattr(
+        ran.train, k.split(".", 1)[1]) for k in RUN_TRAINING_KEYS}))

@@ -54,7 +54,7 @@ __all__ = ["TIMING_DEFAULTS", "TRAIN_DEFAULTS", "USER_ERRORS", "OneLineParser", 
            "build_parser", "fail", "load_workload", "main"]
 
 MEASURE_STEPS = 30  # --compute measure: median of this many gradient steps (after warm-up)
-COMMANDS = ("plan", "train", "sweep")
+COMMANDS = ("plan", "train", "sweep", "calibrate", "predict")
 
 EPILOG_RUN = """\
 examples:
@@ -73,6 +73,8 @@ commands (akosim COMMAND --help):
   plan    the default: what p, what round time, how much traffic, how stale
   train   the simulated workers really train; time to accuracy
   sweep   a grid of timing-only simulations, in parallel, resumable
+  calibrate  measure the TCP model's parameters on this host once (cached)
+  predict    predict an akorun run (RUN_DIR) exactly as it was configured
 """
 
 EPILOG_TRAIN = """\
@@ -129,6 +131,9 @@ def _add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         help="the most rounds a gradient may take to reach every peer (p - 1 + s) before "
              "the plan says it is too stale and lists the cheapest ways out (default "
              "64)")
+    add("--host-calibration", metavar="FILE.json",
+        help="--network-model tcp: the model's parameters from this `akosim calibrate "
+             "--out` file (default: this host's cached calibration, else defaults)")
     add("--out", metavar="FILE.json", help="write every simulated configuration as JSON")
     add("--trace", metavar="FILE.json",
         help="write a Chrome trace (compute, sends, waits per worker); opens in Perfetto")
@@ -164,6 +169,18 @@ def build_parser() -> OneLineParser:
                                 formatter_class=formatter)
     add_sweep_arguments(sweep)
     sweep.set_defaults(handler=_sweep_handler)
+    from akosim import host_calibrate, predict
+
+    calibrate = commands.add_parser("calibrate", help="measure the TCP model on this host",
+                                    description=host_calibrate.DESCRIPTION,
+                                    epilog=host_calibrate.EPILOG, formatter_class=formatter)
+    host_calibrate.add_calibrate_arguments(calibrate)
+    calibrate.set_defaults(handler=host_calibrate.calibrate_command)
+    predict_parser = commands.add_parser("predict", help="predict an akorun run",
+                                         description=predict.DESCRIPTION,
+                                         epilog=predict.EPILOG, formatter_class=formatter)
+    predict.add_predict_arguments(predict_parser)
+    predict_parser.set_defaults(handler=predict.predict_command)
     return parser
 
 
@@ -305,9 +322,18 @@ def _setup(args: argparse.Namespace, cfg: RunConfig, *, training: bool):
     if not 0 <= coalesce < 0.5:
         raise UsageError(f"--coalesce: got {args.coalesce}, expected a fraction 0 <= x < 0.5, "
                          f"e.g. 0.01")
+    tcp = None
+    if cfg.network.model == "tcp":
+        from akosim.host_calibration_io import tcp_parameters
+
+        tcp_source = tcp_parameters(args.host_calibration)
+        tcp = tcp_source.params
+        print(f"akosim: {tcp_source.provenance}")
+    elif args.host_calibration:
+        raise UsageError("--host-calibration is for --network-model tcp")
     setup = Setup(cfg, length, compute, cfg.train.batch_size, stop, coalesce_rel=coalesce,
                   message_overhead_s=_message_overhead(args, cfg.cluster.workers),
-                  compute_source=source)
+                  compute_source=source, tcp=tcp)
     return setup, (workload() if training else None)
 
 
@@ -327,6 +353,10 @@ def run_plan(args: argparse.Namespace, *, training: bool = False) -> int:
 
     resolved = resolve_settings(args, training=training)
     cfg = resolved.config
+    if args.compute_from:  # the run's gradient and batch go with its compute time
+        from akosim.calibration import adopt_run_training
+
+        cfg = adopt_run_training(resolved, args.compute_from)
     if args.show_config:
         print("\n".join(resolved.describe()))
         return 0

@@ -20,6 +20,7 @@ import numpy as np
 
 from akocore.config import RunConfig
 from akocore.figures import steady_round_time_s
+from akocore.host_calibration import TcpParameters
 from akocore.messages import FLOAT_BYTES
 from akocore.planner import Plan
 from akocore.resolve import network_arrays, resolve_plan, scheme_spec
@@ -48,6 +49,8 @@ class Setup:
     # to the latency of each of its links; empty = none (`akosim --message-overhead`)
     message_overhead_s: tuple[float, ...] = ()
     compute_source: str = ""  # where compute came from, in words (printed, written to --out)
+    # the TCP-aware model's parameters (akosim.tcpmodel); None = pure max-min
+    tcp: TcpParameters | None = None
 
     @property
     def gradient_bytes(self) -> int:
@@ -187,8 +190,15 @@ def simulate(setup: Setup, variant: Variant, *, trace: bool = False,
                 sim.request_stop()
 
     network = network_spec(config, setup.message_overhead_s)
+    if setup.tcp is not None:  # TCP-aware: goodput and window caps, per-message delays
+        from akosim.tcpmodel import TcpNetwork, effective_spec, round_trip_s
+
+        rtt_s = round_trip_s(network_arrays(config).latency_s, setup.tcp)
+        network = effective_spec(network, setup.tcp, rtt_s)
     sim = Simulation(nodes, network, setup.compute, setup.stop, gradients=gradients,
                      trace=trace, on_round=on_round, coalesce_rel=setup.coalesce_rel)
+    if setup.tcp is not None:
+        sim.net = TcpNetwork(sim.env, network, setup.tcp, rtt_s, setup.coalesce_rel)
     started = time.perf_counter()
     sim.run()
     wall_s = time.perf_counter() - started

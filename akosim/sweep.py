@@ -235,7 +235,9 @@ def sim_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def point_id(config: RunConfig, settings: dict[str, Any]) -> str:
     """A stable id: sha256 of the config's hash and the simulation settings, 16 hex digits."""
-    canonical = json.dumps({"config": config_hash(config), "sim": settings}, sort_keys=True,
+    sim = settings if config.network.model == "maxmin" else {
+        **settings, "network_model": config.network.model}  # not in the run's hash
+    canonical = json.dumps({"config": config_hash(config), "sim": sim}, sort_keys=True,
                            separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -288,8 +290,13 @@ def run_point(task: dict[str, Any]) -> tuple[str, float]:
     started = time.perf_counter()
     config = config_from_dict(task["config"])
     stop = StopRule(rounds=config.train.rounds, duration_s=config.train.duration_s, drain=False)
+    tcp = None
+    if config.network.model == "tcp":  # this host's cached calibration, else defaults
+        from akosim.host_calibration_io import tcp_parameters
+
+        tcp = tcp_parameters().params
     setup = Setup(config, task["length"], ComputeModel(task["compute_s"]),
-                  config.train.batch_size, stop)
+                  config.train.batch_size, stop, tcp=tcp)
     runs = configured_runs(setup)
     wall_s = time.perf_counter() - started
     point = SweepPoint(

@@ -30,6 +30,7 @@ SCHEDULES = ("staggered", "aligned")
 REDUCTIONS = ("mean", "sum")
 PS_MODES = ("sync", "async", "elastic")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
+NETWORK_MODELS = ("maxmin", "tcp")  # akosim: pure max-min fluid or the TCP-aware model
 EMULATE_MODES = ("auto", "on", "off")  # akorun: shape sends in-process (auto = loopback only)
 
 

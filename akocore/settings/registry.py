@@ -22,6 +22,7 @@ from typing import Any
 
 from akocore.settings.normalise import (
     EMULATE_MODES,
+    NETWORK_MODELS,
     OPTIMIZERS,
     SCHEDULES,
     SCHEMES,
@@ -160,6 +161,13 @@ KEYS: tuple[Key, ...] = (
     _run("network", "latency_matrix", "latency_matrix_s",
          'n x n per ordered pair; "none" = use the list',
          dump=lambda m: matrix_to_text(m, duration_exact_text), unit="ms"),
+    _run("network", "model", "model",
+         "akosim: maxmin (pure max-min fluid) | tcp (TCP-aware: goodput, window/RTT, "
+         "slow start, per-message software cost)",
+         flag="--network-model", choices=NETWORK_MODELS, tools=frozenset({Tool.AKOSIM}),
+         flag_help="how akosim shares the network: maxmin (the fluid ideal, what akorun's "
+                   "in-process emulation does; default for plan and train) or tcp "
+                   "(TCP-aware, host-calibrated; default for akosim predict)"),
     # ------------------------------------------------------------------ exchange
     _run("exchange", "scheme", "scheme",
          "ako (partial all-to-all) | ps (parameter servers) | allreduce (ring) | wagma "

@@ -29,6 +29,7 @@ import numpy as np
 from akocore.settings.normalise import (
     EMULATE_MODES,
     HOST_RE,
+    NETWORK_MODELS,
     OPTIMIZERS,
     PS_MODES,
     REDUCTIONS,
@@ -113,8 +114,11 @@ class NetworkConfig:
     latency_s: tuple[float, ...] = (0.0,)
     link_bandwidth_matrix_bps: tuple[tuple[float, ...], ...] | None = None
     latency_matrix_s: tuple[tuple[float, ...], ...] | None = None
+    # akosim only: how the simulated network shares (maxmin, or the TCP-aware model)
+    model: str = "maxmin"
 
     def __post_init__(self) -> None:
+        set_field(self, "model", as_choice("network.model", self.model, NETWORK_MODELS))
         set_field(self, "bandwidth_bps", bandwidths("network.bandwidth", self.bandwidth_bps, False))
         set_field(
             self,

@@ -164,11 +164,13 @@ def config_to_dict(cfg: RunConfig) -> dict[str, dict[str, Any]]:
 
 
 def config_hash(cfg: RunConfig) -> str:
-    """Stable hex sha256 of the canonical JSON of config_to_dict, without cluster.hosts.
+    """Stable hex sha256 of the canonical JSON of config_to_dict, without cluster.hosts
+    and network.model (how akosim simulates the network is not part of the run).
 
     Two ranks of one run on different hosts share it; any other change alters it.
     """
     d = config_to_dict(cfg)
     del d["cluster"]["hosts"]
+    del d["network"]["model"]
     canonical = json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()

@@ -1,0 +1,224 @@
+"""`akosim predict RUN_DIR`: predict one akorun run exactly as it was configured.
+
+The run's merged ``result.json`` (akocore.results.RunResult) says what ran:
+its configuration echo (workload, batch, optimizer, scheme, network, rounds),
+each rank's resolved p, the staleness bound, and each rank's measured compute
+seconds per round and per-round overhead. predict simulates that run and prints
+the predicted steady round time beside the measured one.
+
+What is taken from where, so that nothing is counted twice:
+- compute and per-round overhead: the run's own ranks (not network time);
+- the network: the run's [network] settings, shared by the TCP-aware model
+  (akosim.tcpmodel, the default here: a real run is real TCP) or max-min;
+- the per-message software cost: each rank's ``message_software_s`` (measured
+  by akorun without network time) when the result has it, else the host
+  calibration's (``akosim calibrate``). Never ``message_overhead_s``: on a real
+  network it contains the network time, which the model adds itself.
+
+Flags that restate the run are accepted; one that contradicts it (``--workers
+8`` for a 3-rank run) is a user error, as is a run directory without a result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import replace
+from pathlib import Path
+
+from akocore.cli_support import UsageError
+from akocore.config import (
+    Layer,
+    Origin,
+    RunConfig,
+    Tool,
+    add_shared_arguments,
+    config_from_dict,
+    config_to_dict,
+    resolve_args,
+)
+from akocore.figures import fill_missing, tile
+from akocore.host_calibration import TcpParameters
+from akocore.results import Calibration, RunResult, read_result
+from akocore.units import format_duration
+from akosim.host_calibration_io import tcp_parameters
+
+DESCRIPTION = ("Predict an akorun run exactly as it was configured (workload, batch, "
+               "optimizer, scheme, each rank's p, s, rounds, network, each rank's compute) "
+               "and print the predicted round time beside the measured one.")
+EPILOG = """\
+examples:
+  akosim predict runs/ako-3w               the run's result.json, TCP-aware model
+  akosim predict runs/ako-3w --network-model maxmin --out prediction.json
+  akosim predict runs/ako-3w --host-calibration host.json
+"""
+LOOPBACK_PREFIXES = ("127.", "localhost", "[::1]", "::1")
+# keys that are about the simulation, not the run: never a contradiction
+SIMULATION_KEYS = frozenset({"network.model"})
+
+
+def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", metavar="RUN_DIR",
+                        help="an akorun run directory (its result.json) or the result file")
+    add_shared_arguments(parser, Tool.AKOSIM)
+    add = parser.add_argument
+    add("--host-calibration", metavar="FILE.json",
+        help="the TCP model's parameters from this `akosim calibrate --out` file (default: "
+             "this host's cached calibration, else documented defaults)")
+    add("--out", metavar="FILE.json", help="write the prediction (a plan record) as JSON")
+
+
+def result_path(run_dir: str) -> Path:
+    path = Path(run_dir)
+    return path / "result.json" if path.is_dir() else path
+
+
+def read_run(path: Path) -> RunResult:
+    """The RunResult in `path`; UsageError (one line) otherwise."""
+    import json
+
+    try:
+        record = read_result(json.loads(path.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        raise UsageError(f"predict: no result at {path} (an akorun run directory holds "
+                         f"result.json)") from None
+    except (OSError, ValueError) as error:  # RecordError and JSON errors are ValueErrors
+        raise UsageError(f"predict: {path} is not an akorun result ({error})") from None
+    if not isinstance(record, RunResult) or record.tool != "akorun":
+        raise UsageError(f"predict: {path} holds no akorun run result")
+    if not record.config:
+        raise UsageError(f"predict: {path} does not record the run's configuration")
+    return record
+
+
+def run_config(run: RunResult, where: Path) -> RunConfig:
+    """The run's configuration as it ran (configured p, not yet resolved)."""
+    try:
+        return config_from_dict(run.config)
+    except (ValueError, TypeError) as error:
+        raise UsageError(f"predict: the configuration recorded in {where} is not readable "
+                         f"({error})") from None
+
+
+def check_no_contradiction(args: argparse.Namespace, cfg: RunConfig, where: Path) -> str:
+    """The network model asked for; UsageError when a flag, --set or --config value
+    differs from what the run used."""
+    resolved = resolve_args(args, cfg, defaults_origin=Origin(Layer.DEFAULT, "the run"))
+    for key in sorted(resolved.origins):
+        if key in SIMULATION_KEYS or key == "cluster.hosts":
+            continue
+        section, field_name = key.split(".", 1)
+        given = resolved.value(key)
+        from akocore.settings.registry import BY_DOTTED
+
+        ran = getattr(getattr(cfg, section), BY_DOTTED[key].field)
+        if given != ran:
+            dump = BY_DOTTED[key].dump
+            raise UsageError(f"predict: {field_name} {dump(given)!r} ({resolved.origin(key)}) "
+                             f"contradicts the run, which used {dump(ran)!r} ({where}); "
+                             f"predict takes the run as it was")
+    return resolved.config.network.model if resolved.given("network.model") else "tcp"
+
+
+def measured_rounds(run: RunResult) -> int:
+    ranks = run.training_ranks() or run.per_worker
+    rounds = max((r.rounds for r in ranks), default=0)
+    if rounds < 1:
+        raise UsageError("predict: the run completed no round; nothing to predict")
+    return rounds
+
+
+def message_software_s(run: RunResult, nodes: int) -> tuple[float, ...] | None:
+    """Per node: akorun's per-message software cost measured without network time
+    (RankResult.message_software_s), or None when the result does not have it."""
+    values = [getattr(rank, "message_software_s", None) for rank in run.per_worker]
+    known = fill_missing(values) if any(v is not None for v in values) else None
+    return tile(known, nodes) if known else None
+
+
+def _loopback(cfg: RunConfig) -> bool:
+    return bool(cfg.cluster.hosts) and all(h.startswith(LOOPBACK_PREFIXES)
+                                           for h in cfg.cluster.hosts)
+
+
+def predict_command(args: argparse.Namespace) -> int:
+    from akosim.compute import ComputeModel
+    from akosim.engine import StopRule
+    from akosim.report import format_table, json_safe, plan_result, write_json
+    from akosim.runspec import configured_runs, load_workload
+    from akosim.scenario import Setup
+
+    path = result_path(args.run_dir)
+    run = read_run(path)
+    configured = run_config(run, path)
+    model = check_no_contradiction(args, configured, path)
+    rounds = measured_rounds(run)
+    exchange = configured.exchange
+    if run.scheme == "ako" and run.p_of:
+        exchange = replace(exchange, p=tuple(run.p_of))
+    cfg = replace(configured, exchange=replace(exchange, ssp=run.ssp),
+                  train=replace(configured.train, rounds=rounds, duration_s=None,
+                                target_accuracy=None),
+                  network=replace(configured.network, model=model))
+    workers = cfg.cluster.workers
+    calibration = Calibration.from_run(run, source=str(path))
+    compute_s = calibration.compute_s(workers)
+    if not compute_s:
+        raise UsageError(f"predict: {path} lists no rank with a measured compute time")
+    overhead = calibration.overhead_s(workers) or 0.0
+    gradient_bytes = next((r.model_bytes for r in run.per_worker if r.model_bytes), None)
+    length = gradient_bytes // 4 if gradient_bytes else load_workload(cfg).param_count
+    software = message_software_s(run, workers)
+    tcp: TcpParameters | None = None
+    sources = [f"compute and per-round overhead measured by the run ({path})"]
+    if model == "tcp":
+        source = tcp_parameters(args.host_calibration)
+        tcp = source.params
+        if software is not None:  # the run measured it: the host's figure would count twice
+            tcp = replace(tcp, message_fixed_s=0.0, message_per_byte_s=0.0)
+        sources.append(source.provenance)
+    elif args.host_calibration or software is None:
+        host = tcp_parameters(args.host_calibration).params
+        software = software or ((host.message_fixed_s,) if host.message_fixed_s else None)
+    sources.append("per-message software cost: " + (
+        "the run's message_software_s" if software is not None and
+        any(getattr(r, "message_software_s", None) is not None for r in run.per_worker)
+        else "the host calibration" if (tcp is not None and tcp.message_fixed_s) or software
+        else "not measured (0)"))
+    setup = Setup(cfg, length, ComputeModel(0.0, jitter=calibration.compute_jitter,
+                                             per_worker_s=compute_s, overhead_s=overhead),
+                  run.batch_size or cfg.train.batch_size, StopRule(rounds=rounds, drain=False),
+                  message_overhead_s=software or (), compute_source="; ".join(sources), tcp=tcp)
+    runs = configured_runs(setup)
+    predicted = runs[0].round_time_s
+    measured = run.round_time_s
+    print(f"akosim predict: {path}: {run.scheme} {run.label or ''}".rstrip()
+          + f", {workers} nodes, {rounds} rounds, network model {model}")
+    for line in sources:
+        print(f"akosim: {line}")
+    if model == "tcp" and _loopback(cfg):
+        print("akosim: note: the run's ranks are on loopback, where akorun emulates the "
+              "network in-process by default (a fluid model); --network-model maxmin "
+              "predicts an emulated run")
+    print(format_table(runs, training=False))
+    line = prediction_line(predicted, measured)
+    print(line)
+    if args.out:
+        plan = plan_result(runs, config=config_to_dict(cfg), training=False,
+                           gradient_bytes=length * 4, compute_s=list(compute_s),
+                           batch_size=setup.batch_size, compute_source=setup.compute_source)
+        write_json(args.out, json_safe(replace(plan, explanation=line).to_json()))
+        print(f"wrote {args.out}")
+    return 0
+
+
+def prediction_line(predicted_s: float, measured_s: float | None) -> str:
+    if measured_s is None or not math.isfinite(measured_s) or measured_s <= 0:
+        return f"predicted round time {format_duration(predicted_s)} (the run measured none)"
+    error = predicted_s / measured_s - 1
+    return (f"predicted round time {format_duration(predicted_s)}, measured "
+            f"{format_duration(measured_s)} ({100 * error:+.1f}%)")
+
+
+__all__ = ["DESCRIPTION", "EPILOG", "add_predict_arguments", "predict_command",
+           "prediction_line", "read_run"]

@@ -1,0 +1,196 @@
+"""The TCP-aware flow model: what real TCP adds to the max-min fluid network.
+
+akosim's fluid network (akosim.fluid, akosim.maxmin) shares every NIC max-min
+fairly and instantly and charges each message its one-way latency once. Peer
+simulators and real kernel TCP take longer (research/fidelity.md: SimGrid's
+TCP-calibrated LV08 model 8% at 0.1 ms and 27% at 20 ms, ns-3 15% and 28%).
+This module adds those effects without touching the solver, in the spirit of
+SimGrid's LV08 model (docs/source/Models.rst of simgrid/simgrid): corrections
+to the inputs of the max-min solver, and a per-message delay after it.
+
+(a) Goodput. Every MSS of payload travels with Ethernet + IP + TCP framing,
+    and every `segments_per_ack` segments send one ACK frame back on the other
+    direction of the receiver's NIC. Each NIC and per-pair cap is scaled by
+    `TcpParameters.bandwidth_factor` (default 1448/1514 / (1 + 66/(2 x 1514))
+    = 0.936: a loaded link in both directions; LV08 uses 0.97 / 1.05 = 0.924;
+    one 20 Mbit/s tc link measured 0.96 one way and 0.94 both ways). The ACK
+    term is charged always, also when the reverse direction is idle (then the
+    model is about 2% slow): a static transform keeps the solver untouched.
+(b) Window. One connection moves at most `window_bytes` per round trip, so
+    each ordered pair gets the cap window / RTT (SimGrid CM02/LV08:
+    TCP_gamma / (2 x latency)), RTT = latency(i->j) + latency(j->i) +
+    `base_rtt_s`. With Linux's autotuned 4-6 MiB windows it binds only on
+    fast, long links (4 MiB at 40 ms RTT: 839 Mbit/s).
+(c) Slow start. A fresh connection first spends `handshake_rtts` round trips
+    (SYN, SYN-ACK), then sends `initial_window_segments` and doubles its window
+    every round trip until the window covers the rate it gets times the RTT.
+    `slow_start_extra_s` is the time this adds to a fluid transfer of the same
+    bytes at the same rate: (rounds with the window below the BDP) x RTT minus
+    what those rounds carried at the fluid rate. The rate is the one the fluid
+    model gave the message (its bytes over its transfer time), so contention
+    shortens the ramp as it does in TCP. akorun pools `connections_per_pair`
+    connections per peer (`pooled`), so only each pair's first messages pay;
+    research found that disabling slow-start-after-idle changes nothing, so a
+    warm connection never ramps again. LV08 charges 13.01 x latency on every
+    message instead: right for fresh connections, wrong for pooled ones.
+(d) Software. `message_cost_s(bytes)` (akorun's sealing, HTTP, verification
+    and apply, measured by `akorun measure-messages` without network time).
+
+(a) and (b) are a transformation of the NetworkSpec (`effective_spec`); (c)
+and (d) delay each delivery by `TcpNetwork`, a FluidNetwork whose `send`
+wraps the delivery callback: like LV08's latency, the delay uses no
+bandwidth. With `TcpParameters.ideal()` every correction is off and the model
+is max-min exactly (tests/test_tcpmodel.py checks it).
+
+Units: rates in bits per second, sizes in bytes, times in seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+
+import numpy as np
+import simpy
+
+from akocore.host_calibration import TcpParameters
+from akosim.fluid import COALESCE_REL
+from akosim.netspec import NetworkSpec
+from akosim.network import DeliveryCallback, FluidNetwork
+
+NETWORK_MODELS = ("tcp", "maxmin")
+BITS_PER_BYTE = 8
+
+__all__ = ["NETWORK_MODELS", "TcpNetwork", "effective_spec", "round_trip_s",
+           "slow_start_extra_s"]
+
+
+def round_trip_s(latency_s: np.ndarray, params: TcpParameters) -> np.ndarray:
+    """(n, n) round trip of each ordered pair: there and back plus the host stack."""
+    return latency_s + latency_s.T + params.base_rtt_s
+
+
+def effective_spec(spec: NetworkSpec, params: TcpParameters,
+                   rtt_s: np.ndarray | None = None) -> NetworkSpec:
+    """`spec` with goodput capacities (a) and the window/RTT cap per pair (b); latencies
+    unchanged. `rtt_s` defaults to round_trip_s(spec.latency_s) (pass the network's
+    own when spec.latency_s also carries a software cost)."""
+    factor = params.bandwidth_factor
+    rtt = round_trip_s(spec.latency_s, params) if rtt_s is None else rtt_s
+    with np.errstate(divide="ignore"):
+        window_bps = np.where(rtt > 0, params.window_bytes * BITS_PER_BYTE / rtt, np.inf)
+    link = np.minimum(spec.link_bps * factor, window_bps)
+    return NetworkSpec(spec.uplink_bps * factor, spec.downlink_bps * factor, link,
+                       spec.latency_s)
+
+
+def slow_start_extra_s(size_bytes: np.ndarray | float, rate_bps: np.ndarray | float,
+                       rtt_s: np.ndarray | float, initial_window_bytes: float) -> np.ndarray:
+    """Seconds slow start adds to a fluid transfer of `size_bytes` at `rate_bps`.
+
+    The window starts at `initial_window_bytes` and doubles every `rtt_s` while it is
+    below the bandwidth-delay product B = rate x RTT; each such round takes one RTT.
+    With K = ceil(log2(B / IW)) window-limited rounds carrying IW (2^K - 1) bytes:
+    a transfer that fits in them takes (m - 1) RTT + last / rate, m = ceil(log2(S / IW
+    + 1)); a longer one K RTT + (S - IW (2^K - 1)) / rate. The result is that time
+    minus S / rate (the fluid transfer); 0 when IW >= B or nothing is sent.
+    """
+    size = np.asarray(size_bytes, dtype=np.float64)
+    rate = np.asarray(rate_bps, dtype=np.float64)
+    rtt = np.asarray(rtt_s, dtype=np.float64)
+    size, rate, rtt = np.broadcast_arrays(size, rate, rtt)
+    iw = float(initial_window_bytes)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        bdp = rate * rtt / BITS_PER_BYTE
+        ramps = (size > 0) & (rtt > 0) & np.isfinite(rate) & (rate > 0) & (bdp > iw)
+        byte_s = BITS_PER_BYTE / rate
+        k = np.ceil(np.log2(np.where(ramps, bdp / iw, 1.0)))
+        ss_bytes = iw * (np.exp2(k) - 1.0)
+        m = np.ceil(np.log2(np.where(ramps, size / iw, 0.0) + 1.0))
+        before_last = iw * (np.exp2(m - 1.0) - 1.0)
+        inside = (m - 1.0) * rtt - before_last * byte_s
+        beyond = k * rtt - ss_bytes * byte_s
+        extra = np.where(size <= ss_bytes, inside, beyond)
+    return np.where(ramps, np.maximum(extra, 0.0), 0.0)
+
+
+class _Pending:
+    """One send's per-receiver facts, kept until its messages arrive."""
+
+    __slots__ = ("src", "start_s", "size_of", "fresh_of", "on_delivered")
+
+    def __init__(self, src: int, start_s: float, size_of: np.ndarray, fresh_of: np.ndarray,
+                 on_delivered: DeliveryCallback) -> None:
+        self.src = src
+        self.start_s = start_s
+        self.size_of = size_of
+        self.fresh_of = fresh_of
+        self.on_delivered = on_delivered
+
+
+class TcpNetwork(FluidNetwork):
+    """A FluidNetwork on the effective spec whose deliveries arrive later by (c) and (d).
+
+    `spec` is the effective one (effective_spec); `rtt_s` the network's round trips.
+    Each message's extra delay is computed when the fluid model delivers it: its
+    software cost, and on a fresh connection the handshake and slow start at the rate
+    the message got. Messages of one delivery with the same delay stay one group.
+    """
+
+    def __init__(self, env: simpy.Environment, spec: NetworkSpec, params: TcpParameters,
+                 rtt_s: np.ndarray, coalesce_rel: float = COALESCE_REL) -> None:
+        super().__init__(env, spec, coalesce_rel=coalesce_rel)
+        self.params = params
+        self.rtt_s = np.array(rtt_s, dtype=np.float64)
+        self._sent = np.zeros((spec.n, spec.n), dtype=np.int64)  # messages per pair so far
+        self._costly = params.message_fixed_s > 0 or params.message_per_byte_s > 0
+        self._all_warm = not params.slow_start
+        self._cold_pairs = spec.n * (spec.n - 1)  # pairs still below their pooled count
+
+    def send(self, src: int, dsts: np.ndarray | Sequence[int],
+             size_bytes: int | float | np.ndarray, on_delivered: DeliveryCallback,
+             token: object = None) -> None:
+        if self._all_warm and not self._costly:
+            super().send(src, dsts, size_bytes, on_delivered, token)
+            return
+        dst = np.array(dsts, dtype=np.intp).reshape(-1)
+        n = self.spec.n
+        size_of = np.zeros(n)
+        size_of[dst] = size_bytes
+        fresh_of = np.zeros(n, dtype=bool)
+        if not self._all_warm:
+            params = self.params
+            if params.pooled:
+                row = self._sent[src]
+                fresh_of[dst] = row[dst] < params.connections_per_pair
+                row[dst] += 1
+                self._cold_pairs -= int((row[dst] == params.connections_per_pair).sum())
+                self._all_warm = self._cold_pairs <= 0
+            else:
+                fresh_of[dst] = True
+        pending = _Pending(src, float(self.env.now), size_of, fresh_of, on_delivered)
+        super().send(src, dst, size_bytes, partial(self._arrived, pending), token)
+
+    def _arrived(self, pending: _Pending, dests: np.ndarray, token: object) -> None:
+        params, src = self.params, pending.src
+        sizes = pending.size_of[dests]
+        extra = params.message_fixed_s + params.message_per_byte_s * sizes
+        fresh = pending.fresh_of[dests]
+        if fresh.any():
+            rtt = self.rtt_s[src, dests]
+            latency = self.spec.latency_s[src, dests]
+            transfer_s = float(self.env.now) - pending.start_s - latency
+            with np.errstate(divide="ignore", invalid="ignore"):
+                rate = np.where(transfer_s > 0, sizes * BITS_PER_BYTE / transfer_s, np.inf)
+            ramp = params.handshake_rtts * rtt + slow_start_extra_s(
+                sizes, rate, rtt, params.initial_window_bytes)
+            extra = extra + np.where(fresh, ramp, 0.0)
+        extra = np.broadcast_to(extra, dests.shape)
+        if not extra.any():
+            pending.on_delivered(dests, token)
+            return
+        for delay_s in np.unique(extra).tolist():
+            group = dests if extra.size == 1 else dests[extra == delay_s]
+            timeout = self.env.timeout(delay_s)
+            timeout.callbacks.append(
+                lambda _event, group=group: pending.on_delivered(group, token))

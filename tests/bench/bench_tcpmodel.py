@@ -1,0 +1,117 @@
+"""The TCP-aware flow model beside max-min: what it changes, and what it costs.
+
+`all_to_all_ratios()` simulates research/fidelity.md's pattern (n hosts on one
+switch, each sends M bytes to every other at once, the round ends at the last
+arrival) with both models for n in {3, 4, 8}, R in {10, 40, 100} Mbit/s, M in
+{0.5, 2, 8} MB at 0.1 ms and 20 ms, and reports the median and range of
+tcp / max-min per latency, to set beside SimGrid LV08 (1.08 and 1.27) and
+ns-3 (1.15 and 1.28). `speed_ratio()` times the same akosim scenario (Ako,
+16 workers, 200 rounds) with both models side by side in one process: the
+TCP model must stay within 2x. Rerun on a quiet machine with
+
+    PYTHONPATH=. JAX_PLATFORMS=cpu python -m tests.bench --only tcpmodel
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import simpy
+
+from akocore.host_calibration import TcpParameters
+from akosim.netspec import NetworkSpec
+from akosim.network import FluidNetwork
+from akosim.tcpmodel import TcpNetwork, effective_spec, round_trip_s
+from tests.bench.common import Figure
+
+MB = 1e6
+HOSTS = (3, 4, 8)
+RATES_BPS = (10e6, 40e6, 100e6)
+SIZES_BYTES = (0.5 * MB, 2 * MB, 8 * MB)
+LATENCIES_S = (0.1e-3, 20e-3)
+REFERENCES = {0.1e-3: {"simgrid_lv08": 1.08, "ns3": 1.15},
+              20e-3: {"simgrid_lv08": 1.27, "ns3": 1.28}}
+
+
+def all_to_all_round_s(n: int, rate_bps: float, size_bytes: float, latency_s: float,
+                       tcp: TcpParameters | None) -> float:
+    """Seconds until every host has every other host's message (one round)."""
+    env = simpy.Environment()
+    spec = NetworkSpec.uniform(n, rate_bps, latency_s)
+    if tcp is None:
+        net: FluidNetwork = FluidNetwork(env, spec)
+    else:
+        rtt_s = round_trip_s(spec.latency_s, tcp)
+        net = TcpNetwork(env, effective_spec(spec, tcp, rtt_s), tcp, rtt_s)
+    last = [0.0]
+
+    def arrived(_dests: np.ndarray, _token: object) -> None:
+        last[0] = float(env.now)
+
+    for src in range(n):
+        net.send(src, [d for d in range(n) if d != src], size_bytes, arrived)
+    env.run()
+    return last[0]
+
+
+def all_to_all_ratios(tcp: TcpParameters | None = None) -> dict[float, list[float]]:
+    """tcp / max-min round time per latency, over the whole grid."""
+    tcp = tcp or TcpParameters()
+    ratios: dict[float, list[float]] = {lat: [] for lat in LATENCIES_S}
+    for lat in LATENCIES_S:
+        for n in HOSTS:
+            for rate in RATES_BPS:
+                for size in SIZES_BYTES:
+                    ratios[lat].append(all_to_all_round_s(n, rate, size, lat, tcp)
+                                       / all_to_all_round_s(n, rate, size, lat, None))
+    return ratios
+
+
+def _scenario_wall_s(tcp: TcpParameters | None) -> float:
+    from akocore.config import RunConfig
+    from akocore.settings.schema import ClusterConfig, ExchangeConfig, NetworkConfig
+    from akosim.compute import ComputeModel
+    from akosim.engine import StopRule
+    from akosim.scenario import Setup, ako_variant, simulate
+
+    cfg = RunConfig(cluster=ClusterConfig(workers=16),
+                    network=NetworkConfig(bandwidth_bps=(40e6,), latency_s=(5e-3,)),
+                    exchange=ExchangeConfig(scheme="ako", p=(4,)))
+    setup = Setup(cfg, 1_000_000, ComputeModel(0.05), 32, StopRule(rounds=200, drain=False),
+                  tcp=tcp)
+    started = time.perf_counter()
+    simulate(setup, ako_variant(setup))
+    return time.perf_counter() - started
+
+
+def speed_ratio(repeats: int = 3) -> tuple[float, float, float]:
+    """(tcp wall / max-min wall, max-min s, tcp s), best of `repeats` each, interleaved."""
+    maxmin_s = tcp_s = float("inf")
+    for _ in range(repeats):
+        maxmin_s = min(maxmin_s, _scenario_wall_s(None))
+        tcp_s = min(tcp_s, _scenario_wall_s(TcpParameters()))
+    return tcp_s / maxmin_s, maxmin_s, tcp_s
+
+
+def run() -> list[Figure]:
+    figures = []
+    for lat, values in all_to_all_ratios().items():
+        refs = REFERENCES[lat]
+        figures.append(Figure(
+            f"tcpmodel.all_to_all_median_ratio_{lat * 1e3:g}ms", statistics.median(values),
+            "tcp / max-min", tolerance=None,
+            note=f"range {min(values):.2f}-{max(values):.2f}; SimGrid LV08 "
+                 f"{refs['simgrid_lv08']}, ns-3 {refs['ns3']}"))
+    ratio, maxmin_s, tcp_s = speed_ratio()
+    figures.append(Figure("tcpmodel.sim_wall_tcp_over_maxmin", ratio, "ratio",
+                          higher_is_better=False, goal=2.0,
+                          note=f"max-min {maxmin_s:.3f} s, tcp {tcp_s:.3f} s (ako 16 "
+                               f"workers, 200 rounds)"))
+    return figures
+
+
+if __name__ == "__main__":
+    for figure in run():
+        print(figure)
