@@ -182,8 +182,9 @@ class HostCalibration:
     def provenance(self) -> str:
         """One line a user reads: what the TCP model uses and where it came from."""
         what = ", ".join(self.measured) if self.measured else "nothing (all defaults)"
-        return (f"tcp model: goodput {100 * self.tcp.bandwidth_factor:.1f}% of line rate, "
-                f"window {self.tcp.window_bytes / 2**20:g} MiB, IW{self.tcp.initial_window_segments}, "
+        tcp = self.tcp
+        return (f"tcp model: goodput {100 * tcp.bandwidth_factor:.1f}% of line rate, "
+                f"window {tcp.window_bytes / 2**20:g} MiB, IW{tcp.initial_window_segments}, "
                 f"message cost {self.tcp.message_fixed_s * 1e3:.2f} ms + "
                 f"{self.tcp.message_per_byte_s * 1e9:.2f} ns/B; host calibration of "
                 f"{self.measured_at[:10]} (measured: {what})")

@@ -19,8 +19,9 @@ from pathlib import Path
 from akocore.config import ResolvedSettings, RunConfig
 from akocore.results import Calibration, RecordError, RunResult, rank_overhead_s, read_result
 
-__all__ = ["CalibrationError", "adopt_run_training", "compute_from_result", "message_overhead_from_result",
-           "overhead_from_result", "rank_overhead_s", "read_calibration"]
+__all__ = ["CalibrationError", "adopt_run_training", "compute_from_result",
+           "message_overhead_from_result", "overhead_from_result", "rank_overhead_s",
+           "read_calibration"]
 
 
 class CalibrationError(ValueError):
@@ -106,7 +107,7 @@ def adopt_run_training(resolved: ResolvedSettings, path: str | Path) -> RunConfi
         given, used = getattr(cfg.train, name), getattr(ran.train, name)
         if resolved.given(dotted) and given != used:
             raise CalibrationError(f"--compute-from: {path} ran {name} {used!r}, but "
-                                   f"{resolved.origin(dotted)} gives {given!r}; drop it or "
-                                   f"use a run of that {name}")
+                                   f"{given!r} is given {resolved.origin(dotted)}; drop it "
+                                   f"or use a run of that {name}")
     return replace(cfg, train=replace(cfg.train, **{k.split(".", 1)[1]: getattr(
         ran.train, k.split(".", 1)[1]) for k in RUN_TRAINING_KEYS}))

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 from akocore.cli_support import UsageError
@@ -99,7 +100,8 @@ def loopback_server() -> Iterator[tuple[str, int]]:
     thread = threading.Thread(target=server.serve_forever, name="akosim-calibrate", daemon=True)
     thread.start()
     try:
-        yield server.server_address[0], int(server.server_address[1])
+        host, port = server.server_address[:2]
+        yield str(host), int(port)
     finally:
         server.shutdown()
         server.server_close()
@@ -140,15 +142,15 @@ def measure_loopback(repeats: int = 5, ping_count: int = 200,
             _exchange(sock, buffer[:0])  # warm the path and the server's thread
             rtt_s = _median_s(ping_count, lambda: _exchange(sock, buffer[:0]))
             bulk_s = _median_s(max(repeats // 2, 1), lambda: _exchange(sock, buffer[:bulk_bytes]))
-            warm = {size: _median_s(repeats, lambda size=size: _exchange(sock, buffer[:size]))
+            warm = {size: _median_s(repeats, partial(_exchange, sock, buffer[:size]))
                     for size in sizes}
 
         def fresh_transfer(size: int) -> None:
             with _connect(address) as fresh:
                 _exchange(fresh, buffer[:size])
 
-        timings = tuple(TransferTiming(size, _median_s(repeats, lambda size=size:
-                                                       fresh_transfer(size)), warm[size])
+        timings = tuple(TransferTiming(size, _median_s(repeats, partial(fresh_transfer, size)),
+                                       warm[size])
                         for size in sizes)
     return rtt_s, bulk_bytes * 8 / bulk_s, timings
 
@@ -244,6 +246,8 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
 def calibrate_command(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise UsageError(f"--repeats: got {args.repeats}, expected >= 1")
+    if args.message_cost:
+        read_message_cost(args.message_cost)  # a bad file fails before minutes of measuring
     print("akosim: calibrating the TCP model on this host (loopback TCP, kernel settings, "
           "akorun's per-message cost)...", file=sys.stderr, flush=True)
     record = calibrate(message_cost=args.message_cost, measure_messages=not args.no_message_cost,
@@ -253,7 +257,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
         write_host_calibration(record, target)
     except OSError as error:
         raise UsageError(f"--out: cannot write {target} ({error})") from None
-    print(f"akosim: loopback RTT {record.loopback_rtt_s * 1e6:.0f} us, bulk goodput "
+    print(f"akosim: loopback RTT {record.tcp.base_rtt_s * 1e6:.0f} us, bulk goodput "
           f"{(record.loopback_goodput_bps or 0) / 1e9:.1f} Gbit/s")
     for timing in record.transfers:
         print(f"akosim: {timing.size_bytes / 1024:.0f} KiB: fresh connection "

@@ -103,7 +103,13 @@ def run_config(run: RunResult, where: Path) -> RunConfig:
 def check_no_contradiction(args: argparse.Namespace, cfg: RunConfig, where: Path) -> str:
     """The network model asked for; UsageError when a flag, --set or --config value
     differs from what the run used."""
-    resolved = resolve_args(args, cfg, defaults_origin=Origin(Layer.DEFAULT, "the run"))
+    # hosts are the run's business: without them a --workers that differs reaches the
+    # comparison below instead of failing as "one host per worker"
+    base = replace(cfg, cluster=replace(cfg.cluster, hosts=()))
+    try:
+        resolved = resolve_args(args, base, defaults_origin=Origin(Layer.DEFAULT, "the run"))
+    except ValueError as error:  # ConfigError: a value no run could have used
+        raise UsageError(f"predict: {error}") from None
     for key in sorted(resolved.origins):
         if key in SIMULATION_KEYS or key == "cluster.hosts":
             continue
@@ -111,7 +117,7 @@ def check_no_contradiction(args: argparse.Namespace, cfg: RunConfig, where: Path
         given = resolved.value(key)
         from akocore.settings.registry import BY_DOTTED
 
-        ran = getattr(getattr(cfg, section), BY_DOTTED[key].field)
+        ran = getattr(getattr(base, section), BY_DOTTED[key].field)
         if given != ran:
             dump = BY_DOTTED[key].dump
             raise UsageError(f"predict: {field_name} {dump(given)!r} ({resolved.origin(key)}) "
@@ -121,7 +127,7 @@ def check_no_contradiction(args: argparse.Namespace, cfg: RunConfig, where: Path
 
 
 def measured_rounds(run: RunResult) -> int:
-    ranks = run.training_ranks() or run.per_worker
+    ranks = run.training_ranks or run.per_worker
     rounds = max((r.rounds for r in ranks), default=0)
     if rounds < 1:
         raise UsageError("predict: the run completed no round; nothing to predict")
@@ -192,7 +198,8 @@ def predict_command(args: argparse.Namespace) -> int:
     runs = configured_runs(setup)
     predicted = runs[0].round_time_s
     measured = run.round_time_s
-    print(f"akosim predict: {path}: {run.scheme} {run.label or ''}".rstrip()
+    label = run.label if run.label and run.label != run.scheme else ""
+    print(f"akosim predict: {path}: {run.scheme} {label}".rstrip()
           + f", {workers} nodes, {rounds} rounds, network model {model}")
     for line in sources:
         print(f"akosim: {line}")

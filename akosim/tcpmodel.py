@@ -128,6 +128,11 @@ class _Pending:
         self.on_delivered = on_delivered
 
 
+def _hand_over(on_delivered: DeliveryCallback, dests: np.ndarray, token: object,
+               _event: simpy.Event) -> None:
+    on_delivered(dests, token)
+
+
 class TcpNetwork(FluidNetwork):
     """A FluidNetwork on the effective spec whose deliveries arrive later by (c) and (d).
 
@@ -192,5 +197,4 @@ class TcpNetwork(FluidNetwork):
         for delay_s in np.unique(extra).tolist():
             group = dests if extra.size == 1 else dests[extra == delay_s]
             timeout = self.env.timeout(delay_s)
-            timeout.callbacks.append(
-                lambda _event, group=group: pending.on_delivered(group, token))
+            timeout.callbacks.append(partial(_hand_over, pending.on_delivered, group, token))

@@ -1,0 +1,111 @@
+"""`akosim predict RUN_DIR` on a small real akorun run (loopback, digits-mlp, 2 workers),
+its refusals, and `--compute-from` taking the run's workload and batch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from akocore.results import PlanResult, read_result
+from akorun.testing import REPO_ROOT, akorun_command, child_test_env
+from akosim.cli import main
+
+pytestmark = pytest.mark.timeout(240)
+ROUNDS = 6
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("predict") / "run"
+    command = akorun_command("launch", "--workers", "2", "--rounds", str(ROUNDS),
+                             "--workload", "digits-mlp", "--batch-size", "16", "--p", "2",
+                             "--ssp", "1", "--bandwidth", "40mbps", "--out", str(out),
+                             "--quiet", "--timeout", "150s")
+    done = subprocess.run(command, capture_output=True, text=True, env=child_test_env(),
+                          cwd=REPO_ROOT, timeout=200)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+@pytest.fixture(autouse=True)
+def empty_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AKO_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def test_predict_prints_prediction_beside_measurement_and_writes_it(run_dir: Path,
+                                                                    tmp_path: Path, capsys):
+    out = tmp_path / "prediction.json"
+    assert main(["predict", str(run_dir), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "network model tcp" in printed and f"{ROUNDS} rounds" in printed
+    assert "predicted round time" in printed and "measured" in printed
+    plan = read_result(json.loads(out.read_text()))
+    assert isinstance(plan, PlanResult)
+    (run,) = plan.runs
+    assert run.scheme == "ako" and run.p_of == (2, 2) and run.ssp == 1
+    assert plan.config["train"]["workload"] == "digits-mlp"
+    assert plan.config["train"]["batch_size"] == 16
+    assert plan.config["network"]["model"] == "tcp"
+    assert plan.gradient_bytes == 4810 * 4  # the MLP's gradient, not the CNN's
+    assert "measured" in plan.explanation
+
+
+def test_predict_with_max_min_and_flags_that_restate_the_run(run_dir: Path, capsys):
+    assert main(["predict", str(run_dir / "result.json"), "--network-model", "maxmin",
+                 "--workers", "2", "--bandwidth", "40mbps", "--ssp", "1"]) == 0
+    assert "network model maxmin" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--workers", "8"], "workers 8"),
+    (["--bandwidth", "10mbps"], "bandwidth"),
+    (["--set", "exchange.ssp=3"], "ssp 3"),
+    (["--workload", "synthetic-cnn"], "workload 'synthetic-cnn'"),
+    (["--p", "1"], "p [1]"),
+])
+def test_predict_refuses_a_flag_that_contradicts_the_run(run_dir: Path, capsys, flags, words):
+    with pytest.raises(SystemExit) as stop:
+        main(["predict", str(run_dir), *flags])
+    assert stop.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and "contradicts the run" in error and words in error
+
+
+def test_predict_refuses_a_folder_without_a_result(tmp_path: Path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["predict", str(tmp_path)])
+    assert stop.value.code == 2
+    assert "no result" in capsys.readouterr().err
+
+
+def test_predict_never_adds_message_overhead_s_network_time(run_dir: Path, tmp_path: Path,
+                                                            capsys):
+    """message_overhead_s holds network time on a real network: predict ignores it."""
+    data = json.loads((run_dir / "result.json").read_text())
+    for rank in data["per_worker"]:
+        rank["message_overhead_s"] = 5.0
+    doctored = tmp_path / "result.json"
+    doctored.write_text(json.dumps(data))
+    main(["predict", str(run_dir), "--network-model", "maxmin"])
+    plain = capsys.readouterr().out.splitlines()[-1]
+    main(["predict", str(doctored), "--network-model", "maxmin"])
+    assert capsys.readouterr().out.splitlines()[-1] == plain
+
+
+def test_compute_from_takes_the_runs_workload_and_batch(run_dir: Path, capsys):
+    assert main(["--compute-from", str(run_dir / "result.json"), "--workers", "2",
+                 "--scheme", "ako", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "gradient 19.24 kB (4,810 float32)" in printed and "batch 16" in printed
+
+
+def test_compute_from_refuses_a_workload_the_run_did_not_use(run_dir: Path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["--compute-from", str(run_dir / "result.json"), "--workers", "2",
+              "--workload", "synthetic-cnn", "--quiet"])
+    assert stop.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and "ran workload 'digits-mlp'" in error

@@ -1,0 +1,207 @@
+"""The TCP-aware flow model (akosim.tcpmodel): max-min when its corrections are off,
+and its goodput, window, slow-start and software terms on hand-computed cases."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from akocore.config import RunConfig
+from akocore.host_calibration import HostCalibration, TcpParameters, wire_goodput_fraction
+from akocore.jsonrecord import RecordError
+from akocore.settings.schema import ClusterConfig, ExchangeConfig, NetworkConfig
+from akosim.compute import ComputeModel
+from akosim.engine import StopRule
+from akosim.netspec import NetworkSpec
+from akosim.network import FluidNetwork
+from akosim.scenario import Setup, Variant, ako_variant, simulate
+from akosim.tcpmodel import TcpNetwork, effective_spec, round_trip_s, slow_start_extra_s
+
+WARM = replace(TcpParameters(), slow_start=False)  # goodput and window only
+
+
+def one_message_s(spec: NetworkSpec, size_bytes: float, params: TcpParameters | None,
+                  messages: int = 1) -> list[float]:
+    """Arrival time of each of `messages` sent 0 -> 1 one after the other."""
+    env = simpy.Environment()
+    if params is None:
+        net: FluidNetwork = FluidNetwork(env, spec)
+    else:
+        rtt = round_trip_s(spec.latency_s, params)
+        net = TcpNetwork(env, effective_spec(spec, params, rtt), params, rtt)
+    arrivals: list[float] = []
+
+    def arrived(_dests: np.ndarray, _token: object) -> None:
+        arrivals.append(float(env.now))
+        if len(arrivals) < messages:
+            net.send(0, [1], size_bytes, arrived)
+
+    net.send(0, [1], size_bytes, arrived)
+    env.run()
+    return arrivals
+
+
+# ------------------------------------------------------------------ max-min when off
+
+
+def _run(cfg: RunConfig, tcp: TcpParameters | None, p: tuple[int, ...], scheme: str):
+    setup = Setup(cfg, 60_000, ComputeModel(0.01, speed_factors=(1.0, 1.5)), 16,
+                  StopRule(rounds=6, drain=False), tcp=tcp)
+    variant = ako_variant(setup, p=p) if scheme == "ako" else Variant(scheme, ps_servers=1)
+    return simulate(setup, variant)
+
+
+@settings(max_examples=12, deadline=None)
+@given(workers=st.integers(3, 6),
+       rates=st.lists(st.sampled_from([5e6, 20e6, 100e6]), min_size=1, max_size=3),
+       latency=st.sampled_from([0.0, 1e-4, 0.02]),
+       p=st.integers(1, 3), scheme=st.sampled_from(["ako", "ps", "allreduce"]))
+def test_tcp_model_with_every_correction_off_is_max_min(workers, rates, latency, p, scheme):
+    cfg = RunConfig(cluster=ClusterConfig(workers=workers),
+                    network=NetworkConfig(bandwidth_bps=tuple(rates), latency_s=(latency,)),
+                    exchange=ExchangeConfig(scheme=scheme, p=(p,)))
+    plain = _run(cfg, None, (p,), scheme)
+    ideal = _run(cfg, TcpParameters.ideal(), (p,), scheme)
+    assert ideal.round_time_s == plain.round_time_s
+    assert ideal.simulated_s == plain.simulated_s
+    assert ideal.bytes_sent_per_worker_per_round == plain.bytes_sent_per_worker_per_round
+
+
+def test_ideal_parameters_leave_the_spec_as_it_is():
+    spec = NetworkSpec.uniform(4, 40e6, 0.02)
+    same = effective_spec(spec, TcpParameters.ideal())
+    for name in ("uplink_bps", "downlink_bps", "link_bps", "latency_s"):
+        np.testing.assert_array_equal(getattr(same, name), getattr(spec, name))
+
+
+# ------------------------------------------------------------------ (a) goodput
+
+
+def test_goodput_fraction_is_frame_arithmetic():
+    # 1448 B of payload per 1514 B frame; one 66 B ACK per two frames the other way
+    expected = (1448 / 1514) / (1 + 66 / (2 * 1514))
+    assert TcpParameters().bandwidth_factor == pytest.approx(expected, rel=1e-12)
+    assert expected == pytest.approx(0.9360, abs=1e-4)
+    assert wire_goodput_fraction(1448, 0, 0, 2) == 1.0
+    measured = replace(TcpParameters(), measured_goodput_fraction=0.95)
+    assert measured.bandwidth_factor == 0.95
+
+
+def test_goodput_slows_a_transfer_by_exactly_the_factor():
+    spec = NetworkSpec.uniform(2, 10e6, 0.001)
+    size = 2e6
+    factor = TcpParameters().bandwidth_factor
+    (plain,) = one_message_s(spec, size, None)
+    (tcp,) = one_message_s(spec, size, WARM)
+    assert plain == pytest.approx(size * 8 / 10e6 + 0.001, rel=1e-9)
+    assert tcp == pytest.approx(size * 8 / (10e6 * factor) + 0.001, rel=1e-9)
+
+
+# ------------------------------------------------------------------ (b) window
+
+
+def test_window_bounds_a_long_fat_pair_to_window_over_rtt():
+    spec = NetworkSpec.uniform(2, 1e9, 0.05)  # RTT 100 ms
+    params = replace(WARM, window_bytes=2**20, header_bytes=0, ack_bytes=0)
+    cap_bps = 2**20 * 8 / 0.1  # 83.9 Mbit/s, far below 1 Gbit/s
+    assert effective_spec(spec, params).link_bps[0, 1] == pytest.approx(cap_bps)
+    (tcp,) = one_message_s(spec, 10e6, params)
+    assert tcp == pytest.approx(10e6 * 8 / cap_bps + 0.05, rel=1e-9)
+
+
+def test_window_does_not_bind_on_a_short_pair():
+    spec = effective_spec(NetworkSpec.uniform(2, 40e6, 1e-4), WARM)
+    assert math.isclose(spec.uplink_bps[0], 40e6 * WARM.bandwidth_factor)
+    assert spec.link_bps[0, 1] == pytest.approx(4 * 2**20 * 8 / 2e-4)  # 168 Gbit/s: loose
+
+
+# ------------------------------------------------------------------ (c) slow start
+
+
+def test_slow_start_extra_on_hand_computed_cases():
+    iw, rate, rtt = 14480.0, 10e6, 0.1  # BDP 125 kB: 4 rounds below it carry 217.2 kB
+    # a long transfer leaves slow start: 4 RTT - 217200 B at 10 Mbit/s
+    assert slow_start_extra_s(1e6, rate, rtt, iw) == pytest.approx(0.4 - 0.17376)
+    # 50 kB fits in 3 rounds (14.48 + 28.96 + the rest): 2 RTT - 43440 B at the rate
+    assert slow_start_extra_s(50e3, rate, rtt, iw) == pytest.approx(0.2 - 0.034752)
+    # one window's worth: no ramp
+    assert slow_start_extra_s(10e3, rate, rtt, iw) == 0.0
+    # the initial window already covers the BDP (fast, short path): nothing to ramp
+    assert slow_start_extra_s(1e6, 1e6, 0.01, iw) == 0.0
+    assert slow_start_extra_s(0.0, rate, rtt, iw) == 0.0
+    assert slow_start_extra_s(1e6, math.inf, rtt, iw) == 0.0
+
+
+def test_slow_start_extra_grows_with_latency_and_is_never_negative():
+    sizes = np.array([1e4, 1e5, 5e5, 2e6, 8e6])
+    short = slow_start_extra_s(sizes, 40e6, 0.0002, 14480)
+    long = slow_start_extra_s(sizes, 40e6, 0.04, 14480)
+    assert (short >= 0).all() and (long >= short).all() and long.max() > 0.1
+
+
+def test_fresh_connection_pays_handshake_and_ramp_then_stays_warm():
+    spec = NetworkSpec.uniform(2, 10e6, 0.05)  # RTT 100 ms
+    params = replace(TcpParameters(), header_bytes=0, ack_bytes=0, connections_per_pair=1)
+    size = 1e6
+    first, second = one_message_s(spec, size, params, messages=2)
+    fluid_s = size * 8 / 10e6 + 0.05
+    ramp = 0.1 + (0.4 - 0.17376)  # one SYN round trip + the case above
+    assert first == pytest.approx(fluid_s + ramp, rel=1e-9)
+    assert second - first == pytest.approx(fluid_s, rel=1e-9)  # warm: no ramp again
+    unpooled = replace(params, pooled=False)
+    first, second = one_message_s(spec, size, unpooled, messages=2)
+    assert second - first == pytest.approx(fluid_s + ramp, rel=1e-9)
+
+
+def test_slow_start_uses_the_rate_the_message_got():
+    # two senders share node 2's downlink: each message gets 5 Mbit/s, not 10
+    spec = NetworkSpec.uniform(3, 10e6, 0.05)
+    params = replace(TcpParameters(), header_bytes=0, ack_bytes=0, handshake_rtts=0.0)
+    env = simpy.Environment()
+    rtt = round_trip_s(spec.latency_s, params)
+    net = TcpNetwork(env, effective_spec(spec, params, rtt), params, rtt)
+    arrivals: list[float] = []
+    for src in (0, 1):
+        net.send(src, [2], 1e6, lambda _d, _t: arrivals.append(float(env.now)))
+    env.run()
+    shared_s = 1e6 * 8 / 5e6 + 0.05
+    assert arrivals == pytest.approx([shared_s + float(slow_start_extra_s(1e6, 5e6, 0.1,
+                                                                          14480))] * 2)
+
+
+# ------------------------------------------------------------------ (d) software
+
+
+def test_software_cost_delays_every_message_by_fixed_plus_per_byte():
+    spec = NetworkSpec.uniform(2, 10e6, 0.001)
+    params = replace(WARM, header_bytes=0, ack_bytes=0, message_fixed_s=0.002,
+                     message_per_byte_s=1e-9)
+    arrivals = one_message_s(spec, 1e6, params, messages=3)
+    each = 1e6 * 8 / 10e6 + 0.001 + 0.002 + 1e-3
+    assert np.diff([0.0, *arrivals]) == pytest.approx([each] * 3, rel=1e-9)
+
+
+# ------------------------------------------------------------------ the record
+
+
+def test_host_calibration_round_trips_and_refuses_other_versions():
+    record = HostCalibration(tcp=replace(TcpParameters(), base_rtt_s=2e-5),
+                             host="h", measured_at="2026-01-01T00:00:00+00:00",
+                             measured=("base_rtt_s",))
+    data = record.to_json()
+    assert data["schema_version"] == 1 and data["kind"] == "host-calibration"
+    assert HostCalibration.from_json(data) == record
+    with pytest.raises(RecordError, match="schema_version"):
+        HostCalibration.from_json({**data, "schema_version": 99})
+    with pytest.raises(RecordError, match="tcp.window_bytes"):
+        HostCalibration.from_json({**data, "tcp": {**data["tcp"], "window_bytes": "x"}})
+    with pytest.raises(ValueError, match="not a TcpParameters field"):
+        HostCalibration(tcp=TcpParameters(), host="h", measured_at="", measured=("nope",))
+    with pytest.raises(ValueError, match="initial_window_segments"):
+        TcpParameters(initial_window_segments=0)
