@@ -16,8 +16,10 @@ Never from a run being predicted: everything here is a microbenchmark.
   imports akorun), or a file given with ``--message-cost F``; when neither is
   available the cost is recorded as not measured (0).
 
-The goodput fraction of a shaped line stays the documented frame arithmetic
-(akocore.host_calibration.wire_goodput_fraction): loopback has no line rate.
+- With ``--netns-rate RATE`` (root): the goodput fraction of a tc-shaped veth
+  pair between two namespaces, both directions loaded (akosim.netns_probe).
+  Without it the fraction stays the documented frame arithmetic
+  (akocore.host_calibration.wire_goodput_fraction): loopback has no line rate.
 """
 
 from __future__ import annotations
@@ -197,7 +199,8 @@ def akorun_message_cost(akorun: str | None) -> tuple[tuple[float, float] | None,
 
 def calibrate(*, message_cost: str | None = None, measure_messages: bool = True,
               repeats: int = 5, sizes: tuple[int, ...] = TRANSFER_SIZES_BYTES,
-              bulk_bytes: int = BULK_BYTES) -> HostCalibration:
+              bulk_bytes: int = BULK_BYTES, netns_rate_bps: float | None = None,
+              netns_seconds: float = 3.0) -> HostCalibration:
     """Measure this host and return the record (nothing written)."""
     rtt_s, bulk_bps, timings = measure_loopback(repeats, sizes=sizes, bulk_bytes=bulk_bytes)
     params = replace(TcpParameters(), base_rtt_s=rtt_s)
@@ -222,12 +225,26 @@ def calibrate(*, message_cost: str | None = None, measure_messages: bool = True,
     if cost is not None:
         params = replace(params, message_fixed_s=cost[0], message_per_byte_s=cost[1])
         measured += ["message_fixed_s", "message_per_byte_s"]
-    notes.append("goodput fraction: from frame sizes (loopback has no line rate)")
+    shaped_rate_bps = None
+    if netns_rate_bps:
+        from akosim.netns_probe import measure_shaped_goodput
+
+        shaped = measure_shaped_goodput(netns_rate_bps, netns_seconds)
+        shaped_rate_bps = shaped.rate_bps
+        params = replace(params, measured_goodput_fraction=shaped.fraction)
+        measured.append("measured_goodput_fraction")
+        notes.append(f"goodput fraction: {100 * shaped.fraction:.1f}% of a tc tbf "
+                     f"{netns_rate_bps / 1e6:g} Mbit/s veth pair between two namespaces, one "
+                     f"connection each way at once ({100 * shaped.fractions[0]:.1f}% and "
+                     f"{100 * shaped.fractions[1]:.1f}%)")
+    else:
+        notes.append("goodput fraction: from frame sizes (loopback has no line rate; "
+                     "--netns-rate measures a shaped link)")
     return HostCalibration(
         tcp=params, host=host_fingerprint(),
         measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
         measured=tuple(measured), notes=tuple(notes), loopback_rtt_s=rtt_s,
-        loopback_goodput_bps=bulk_bps, transfers=timings)
+        loopback_goodput_bps=bulk_bps, transfers=timings, shaped_rate_bps=shaped_rate_bps)
 
 
 def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -239,6 +256,9 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
              "measure-messages --out` writes) instead of running that command")
     add("--no-message-cost", action="store_true",
         help="do not run akorun measure-messages (the cost is recorded as not measured)")
+    add("--netns-rate", metavar="RATE",
+        help="also measure the goodput fraction on a veth pair between two network "
+             "namespaces shaped by tc tbf to RATE, e.g. 20mbps (needs root, ip and tc)")
     add("--repeats", type=int, default=5, metavar="N",
         help="timed repeats per transfer (median; default 5)")
 
@@ -248,10 +268,23 @@ def calibrate_command(args: argparse.Namespace) -> int:
         raise UsageError(f"--repeats: got {args.repeats}, expected >= 1")
     if args.message_cost:
         read_message_cost(args.message_cost)  # a bad file fails before minutes of measuring
+    netns_rate_bps = None
+    if args.netns_rate:
+        from akocore.units import UnitError, parse_bandwidth, refuse_bare_number
+        from akosim.netns_probe import netns_available
+
+        try:
+            refuse_bare_number(f"--netns-rate {args.netns_rate}", args.netns_rate, "mbps")
+            netns_rate_bps = parse_bandwidth(args.netns_rate)
+        except UnitError as error:
+            raise UsageError(str(error)) from None
+        why = netns_available()
+        if why is not None:
+            raise UsageError(f"--netns-rate: {why}")
     print("akosim: calibrating the TCP model on this host (loopback TCP, kernel settings, "
           "akorun's per-message cost)...", file=sys.stderr, flush=True)
     record = calibrate(message_cost=args.message_cost, measure_messages=not args.no_message_cost,
-                       repeats=args.repeats)
+                       repeats=args.repeats, netns_rate_bps=netns_rate_bps)
     target = Path(args.out) if args.out else cache_file()
     try:
         write_host_calibration(record, target)

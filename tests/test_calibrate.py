@@ -99,3 +99,24 @@ def test_a_bad_host_calibration_file_is_one_line_and_exit_2(tmp_path: Path, caps
               "--network-model", "tcp", "--host-calibration", str(path)])
     assert stop.value.code == 2
     assert "is not a host calibration" in capsys.readouterr().err
+
+
+def test_netns_rate_measures_the_goodput_fraction_of_a_shaped_link(tmp_path: Path):
+    from akosim.netns_probe import netns_available
+
+    why = netns_available()
+    if why is not None:
+        pytest.skip(f"the namespace probe {why}")
+    record = calibrate(measure_messages=False, repeats=1, sizes=(4096,), bulk_bytes=1 << 20,
+                       netns_rate_bps=20e6, netns_seconds=1.5)
+    fraction = record.tcp.measured_goodput_fraction
+    assert fraction is not None and 0 < fraction <= 1  # payload can never beat the line
+    assert record.tcp.bandwidth_factor == fraction and record.shaped_rate_bps == 20e6
+    assert "measured_goodput_fraction" in record.measured
+
+
+def test_netns_rate_needs_a_unit(tmp_path: Path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["calibrate", "--out", str(tmp_path / "h.json"), "--netns-rate", "20"])
+    assert stop.value.code == 2
+    assert "add a unit" in capsys.readouterr().err
