@@ -75,8 +75,9 @@ def uniform(setup: Setup) -> Uniform | None:
 def closed_form_run(setup: Setup, variant: Variant, *, trace: bool = False,
                     workload: object = None, **_simulate_options: object) -> SimRun | None:
     """The run of `variant` without simulating it, or None where it must be simulated
-    (a trace or training needs the events; `_simulate_options` only matter then)."""
-    if trace or workload is not None:
+    (a trace or training needs the events, the TCP model its per-message delays;
+    `_simulate_options` only matter then)."""
+    if trace or workload is not None or setup.tcp is not None:
         return None
     shared = uniform(setup)
     if shared is None:
