@@ -17,11 +17,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from akocore.config import ResolvedSettings, RunConfig
+from akocore.figures import fill_missing, tile
 from akocore.results import Calibration, RecordError, RunResult, rank_overhead_s, read_result
 
 __all__ = ["CalibrationError", "adopt_run_training", "compute_from_result",
-           "message_overhead_from_result", "overhead_from_result", "rank_overhead_s",
-           "read_calibration"]
+           "message_overhead_from_result", "message_software_from_result",
+           "overhead_from_result", "rank_overhead_s", "read_calibration",
+           "run_message_software_s"]
 
 
 class CalibrationError(ValueError):
@@ -72,6 +74,28 @@ def message_overhead_from_result(path: str | Path, nodes: int) -> tuple[float, .
     """Per-node seconds a message costs beyond the emulated wire; () when no rank has it."""
     calibration = _calibration_or_none(path)
     return (calibration.message_overhead_s(nodes) or ()) if calibration is not None else ()
+
+
+def message_software_from_result(path: str | Path, nodes: int) -> tuple[float, ...] | None:
+    """Per node: akorun's per-message software cost measured without network time
+    (RankResult.message_software_s, akorun's wirecost branch), or None when the file
+    is not a run result or no rank has it. Unlike message_overhead_s it holds no network
+    time, so a model of the real network may add it."""
+    try:
+        record = read_result(json.loads(Path(path).read_text()))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, RunResult):
+        return None
+    return run_message_software_s(record, nodes)
+
+
+def run_message_software_s(run: RunResult, nodes: int) -> tuple[float, ...] | None:
+    values = [getattr(rank, "message_software_s", None) for rank in run.per_worker]
+    if all(v is None for v in values):
+        return None
+    known = fill_missing(values)
+    return tile(known, nodes) if known else None
 
 
 # the run's settings that decide the gradient and the compute time: taken with its compute

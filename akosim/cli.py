@@ -18,6 +18,7 @@ import argparse
 import math
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from akocore.units import format_duration, format_size
 from akosim.calibration import (  # noqa: F401 (rank_overhead_s: re-exported)
     compute_from_result,
     message_overhead_from_result,
+    message_software_from_result,
     overhead_from_result,
     rank_overhead_s,
 )
@@ -264,13 +266,19 @@ def _floats(text: str, flag: str) -> tuple[float, ...]:
             from None
 
 
-def _message_overhead(args: argparse.Namespace, nodes: int) -> tuple[float, ...]:
+def _message_overhead(args: argparse.Namespace, nodes: int, *,
+                      real_network: bool = False) -> tuple[float, ...]:
+    """--message-overhead, else what --compute-from's run measured: under the max-min
+    model (an emulated run) its message_overhead_s; under the TCP model (a real
+    network, whose time message_overhead_s contains) only message_software_s."""
     if getattr(args, "message_overhead", None) is not None:
         value = parse_duration_flag("--message-overhead", args.message_overhead)
         if value < 0:
             raise UsageError(f"--message-overhead: got {args.message_overhead}, expected >= 0")
         return (value,)
     if getattr(args, "compute_from", None):
+        if real_network:
+            return message_software_from_result(args.compute_from, nodes) or ()
         return message_overhead_from_result(args.compute_from, nodes)
     return ()
 
@@ -323,17 +331,20 @@ def _setup(args: argparse.Namespace, cfg: RunConfig, *, training: bool):
         raise UsageError(f"--coalesce: got {args.coalesce}, expected a fraction 0 <= x < 0.5, "
                          f"e.g. 0.01")
     tcp = None
-    if cfg.network.model == "tcp":
+    real_network = cfg.network.model == "tcp"
+    message_overhead = _message_overhead(args, cfg.cluster.workers, real_network=real_network)
+    if real_network:
         from akosim.host_calibration_io import tcp_parameters
 
         tcp_source = tcp_parameters(args.host_calibration)
         tcp = tcp_source.params
         print(f"akosim: {tcp_source.provenance}")
+        if message_overhead:  # given or the run's own: the host's figure would count twice
+            tcp = replace(tcp, message_fixed_s=0.0, message_per_byte_s=0.0)
     elif args.host_calibration:
         raise UsageError("--host-calibration is for --network-model tcp")
     setup = Setup(cfg, length, compute, cfg.train.batch_size, stop, coalesce_rel=coalesce,
-                  message_overhead_s=_message_overhead(args, cfg.cluster.workers),
-                  compute_source=source, tcp=tcp)
+                  message_overhead_s=message_overhead, compute_source=source, tcp=tcp)
     return setup, (workload() if training else None)
 
 

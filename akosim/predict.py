@@ -37,10 +37,10 @@ from akocore.config import (
     config_to_dict,
     resolve_args,
 )
-from akocore.figures import fill_missing, tile
 from akocore.host_calibration import TcpParameters
 from akocore.results import Calibration, RunResult, read_result
 from akocore.units import format_duration
+from akosim.calibration import run_message_software_s
 from akosim.host_calibration_io import tcp_parameters
 
 DESCRIPTION = ("Predict an akorun run exactly as it was configured (workload, batch, "
@@ -134,14 +134,6 @@ def measured_rounds(run: RunResult) -> int:
     return rounds
 
 
-def message_software_s(run: RunResult, nodes: int) -> tuple[float, ...] | None:
-    """Per node: akorun's per-message software cost measured without network time
-    (RankResult.message_software_s), or None when the result does not have it."""
-    values = [getattr(rank, "message_software_s", None) for rank in run.per_worker]
-    known = fill_missing(values) if any(v is not None for v in values) else None
-    return tile(known, nodes) if known else None
-
-
 def _loopback(cfg: RunConfig) -> bool:
     return bool(cfg.cluster.hosts) and all(h.startswith(LOOPBACK_PREFIXES)
                                            for h in cfg.cluster.hosts)
@@ -174,7 +166,8 @@ def predict_command(args: argparse.Namespace) -> int:
     overhead = calibration.overhead_s(workers) or 0.0
     gradient_bytes = next((r.model_bytes for r in run.per_worker if r.model_bytes), None)
     length = gradient_bytes // 4 if gradient_bytes else load_workload(cfg).param_count
-    software = message_software_s(run, workers)
+    software = run_message_software_s(run, workers)
+    run_measured_software = software is not None
     tcp: TcpParameters | None = None
     sources = [f"compute and per-round overhead measured by the run ({path})"]
     if model == "tcp":
@@ -187,8 +180,7 @@ def predict_command(args: argparse.Namespace) -> int:
         host = tcp_parameters(args.host_calibration).params
         software = software or ((host.message_fixed_s,) if host.message_fixed_s else None)
     sources.append("per-message software cost: " + (
-        "the run's message_software_s" if software is not None and
-        any(getattr(r, "message_software_s", None) is not None for r in run.per_worker)
+        "the run's message_software_s" if run_measured_software
         else "the host calibration" if (tcp is not None and tcp.message_fixed_s) or software
         else "not measured (0)"))
     setup = Setup(cfg, length, ComputeModel(0.0, jitter=calibration.compute_jitter,

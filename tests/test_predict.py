@@ -109,3 +109,27 @@ def test_compute_from_refuses_a_workload_the_run_did_not_use(run_dir: Path, caps
     assert stop.value.code == 2
     error = capsys.readouterr().err.strip()
     assert "\n" not in error and "ran workload 'digits-mlp'" in error
+
+
+def _round_line(printed: str) -> str:
+    return next(line for line in printed.splitlines() if line.startswith("ako "))
+
+
+def test_compute_from_under_the_tcp_model_does_not_add_message_overhead_s(
+        run_dir: Path, tmp_path: Path, capsys):
+    """A real network's message_overhead_s holds network time: the TCP model leaves it
+    out; max-min (an emulated run, where it is the software beyond the emulated wire)
+    keeps using it."""
+    data = json.loads((run_dir / "result.json").read_text())
+    for rank in data["per_worker"]:
+        rank["message_overhead_s"] = 5.0
+    doctored = tmp_path / "result.json"
+    doctored.write_text(json.dumps(data))
+    rows = {}
+    for name, path in (("plain", run_dir / "result.json"), ("doctored", doctored)):
+        for model in ("tcp", "maxmin"):
+            main(["--compute-from", str(path), "--workers", "2", "--scheme", "ako", "--p", "2",
+                  "--ssp", "0", "--quiet", "--network-model", model])
+            rows[name, model] = _round_line(capsys.readouterr().out)
+    assert rows["plain", "tcp"] == rows["doctored", "tcp"]
+    assert rows["plain", "maxmin"] != rows["doctored", "maxmin"]
