@@ -11,6 +11,8 @@ off), and tear everything down: on success, failure, Ctrl-C and SIGTERM.
 Signals: while the testbed is being built, SIGINT/SIGTERM interrupt the build
 (the teardown still runs); while the ranks run, akorun.launch stops them
 gracefully; during the teardown they are ignored so that it completes.
+`_Interrupts` stays installed around launch (which puts its own in place for
+the ranks' lifetime), so no moment is left with Python's default.
 A SIGKILL leaves the namespaces behind: the next testbed run removes them
 (`remove_stale`).
 
@@ -93,9 +95,16 @@ def check_testbed(cfg: RunConfig, settings: AkorunSettings, options: TestbedOpti
     return latency_s
 
 
-def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
-    raise Interrupted(f"{signal.Signals(signum).name} while building the testbed; "
-                      f"torn down")
+class _Interrupts:
+    """A SIGINT/SIGTERM handler: raises Interrupted while armed, else (teardown) ignores."""
+
+    def __init__(self) -> None:
+        self.armed = True
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.armed:
+            raise Interrupted(f"{signal.Signals(signum).name} while building the testbed; "
+                              f"torn down")
 
 
 @contextmanager
@@ -155,8 +164,9 @@ def launch_on_testbed(cfg: RunConfig, settings: AkorunSettings, options: LaunchO
     if removed and not options.quiet:
         sys.stderr.write(f"[testbed] removed what a killed run left: {', '.join(removed)}\n")
     testbed = NetnsTestbed(TestbedNames.for_pid(os.getpid(), cfg.cluster.workers))
-    try:
-        with _signals(_raise_interrupted):
+    interrupts = _Interrupts()
+    with _signals(interrupts):  # launch installs its own while the ranks run
+        try:
             testbed.up()
             plan = plan_shaping(cfg.network, [testbed.names.node(r)
                                               for r in range(cfg.cluster.workers)],
@@ -167,15 +177,16 @@ def launch_on_testbed(cfg: RunConfig, settings: AkorunSettings, options: LaunchO
             options.out_dir.mkdir(parents=True, exist_ok=True)
             (options.out_dir / TESTBED_RECORD_FILE).write_text(
                 json.dumps(record.to_json(), indent=1) + "\n", encoding="utf-8")
-        if not options.quiet:
-            sys.stderr.write(f"[testbed] {cfg.cluster.workers} namespaces {testbed.names.tag}*"
-                             f" on bridge {testbed.names.bridge}, {len(plan.queues)} htb "
-                             f"classes; record {options.out_dir / TESTBED_RECORD_FILE}\n")
-        return launch(cfg, replace(settings, emulate="off"), options, resolved=resolved,
-                      placement=placement_of(testbed.names))
-    finally:
-        with _signals(signal.SIG_IGN):
+            if not options.quiet:
+                sys.stderr.write(f"[testbed] {cfg.cluster.workers} namespaces "
+                                 f"{testbed.names.tag}* on bridge {testbed.names.bridge}, "
+                                 f"{len(plan.queues)} htb classes; record "
+                                 f"{options.out_dir / TESTBED_RECORD_FILE}\n")
+            return launch(cfg, replace(settings, emulate="off"), options, resolved=resolved,
+                          placement=placement_of(testbed.names))
+        finally:
+            interrupts.armed = False  # the teardown runs to its end
             left = testbed.down()
-        if left:
-            sys.stderr.write(f"[testbed] could not delete {', '.join(left)}; the next "
-                             f"testbed run removes them\n")
+            if left:
+                sys.stderr.write(f"[testbed] could not delete {', '.join(left)}; the next "
+                                 f"testbed run removes them\n")
