@@ -5,7 +5,8 @@ otherwise. Every run's namespaces carry its own pid-based tag; the tests check
 that none of them (and no veth or bridge of the run) is left afterwards, after
 a clean end and after a SIGTERM mid-run. The measured TCP rate between two
 shaped namespaces is a figure (printed, and appended as a JSON line to the
-file TESTBED_FIGURES names), not a pass/fail threshold.
+file TESTBED_FIGURES names), not a pass/fail threshold; to rerun it:
+TESTBED_FIGURES=figures.jsonl pytest -s tests/test_testbed_netns.py -k transfer
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ from akocore.config import config_from_dict
 from akocore.results import RunResult
 from akocore.testbed_record import TESTBED_RECORD_FILE
 from akocore.testbed_record import TestbedRecord as Record
-from akorun.testbed import netns
+from akorun.cluster import new_settings
+from akorun.errors import Interrupted
+from akorun.launch import LaunchOptions
+from akorun.testbed import netns, runner
 from akorun.testbed.probe import measure_transfer
 from akorun.testbed.shaping import plan_shaping
 from akorun.testing import REPO_ROOT, child_test_env
@@ -167,3 +171,26 @@ def test_what_a_killed_run_left_is_removed_and_a_live_runs_namespaces_are_kept()
     finally:
         for name in created:
             subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+
+
+def test_a_sigterm_while_the_testbed_is_built_tears_it_down(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM arrives (sent to this process) while the shaping is applied: the build
+    stops with Interrupted and every namespace made so far is deleted."""
+    built: list[netns.TestbedNames] = []
+
+    def apply_then_signal(self: netns.NetnsTestbed, commands: object) -> None:
+        built.append(self.names)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises before this ends
+
+    monkeypatch.setattr(netns.NetnsTestbed, "apply", apply_then_signal)
+    cfg = config_from_dict({"cluster": {"workers": 2}, "network": {"bandwidth": RATE}})
+    previous = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Interrupted, match="SIGTERM while building"):
+        runner.launch_on_testbed(cfg, new_settings(), LaunchOptions(out_dir=tmp_path / "run",
+                                                                    quiet=True),
+                                 runner.TestbedOptions())
+    assert signal.getsignal(signal.SIGTERM) == previous
+    assert built and _leftovers(built[0].tag, built[0].short) == []
+    assert not (tmp_path / "run").exists()
