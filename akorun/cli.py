@@ -110,8 +110,8 @@ examples:
   akorun launch --workers 3 --scheme ps --set exchange.ps_servers=1 --out runs/ps
   sudo akorun launch --testbed netns --workers 3 --bandwidth 20mbps --rounds 50 --out runs/tb
       real kernel TCP: one network namespace per rank on a bridge, tc htb shaping
-  sudo akorun launch --testbed netns --config configs/experiments/uniform-wan/3w-ako-p1.toml \
-        --testbed-latency ignore --out runs/tb-wan
+  sudo akorun launch --testbed netns --config configs/uniform-wan.toml --testbed-latency ignore \\
+        --out runs/tb-wan
       a config with latency: this kernel has no netem, so run without it (recorded)
 
 Writes OUT/cluster.toml, OUT/worker-R.log, OUT/worker-R.json, OUT/worker-R.npz and
