@@ -59,6 +59,7 @@ from akorun.faults import faults_for
 from akorun.keys import rank_key_file, write_rank_key_files
 from akorun.launch import LaunchOptions, check_run_directory, launch, worker_flags
 from akorun.roles import check_role
+from akorun.testbed.runner import TESTBEDS, TestbedOptions, launch_on_testbed
 from akorun.worker import TLSOptions, Worker, WorkerOptions, summary_line
 
 ArgumentParser = OneLineParser  # one-line errors: `akorun worker: error: ... (see --help)`, 2
@@ -107,9 +108,18 @@ examples:
   akorun launch --workers 4 --link-bandwidth 40mbps --p auto --ssp 2 --out runs/wan
   akorun launch --config configs/uniform-lan.toml --optimizer sgd --out runs/lan
   akorun launch --workers 3 --scheme ps --set exchange.ps_servers=1 --out runs/ps
+  sudo akorun launch --testbed netns --workers 3 --bandwidth 20mbps --rounds 50 --out runs/tb
+      real kernel TCP: one network namespace per rank on a bridge, tc htb shaping
+  sudo akorun launch --testbed netns --config configs/uniform-wan.toml --testbed-latency ignore \\
+        --out runs/tb-wan
+      a config with latency: this kernel has no netem, so run without it (recorded)
 
 Writes OUT/cluster.toml, OUT/worker-R.log, OUT/worker-R.json, OUT/worker-R.npz and
-OUT/result.json (config, per-rank results, summary keys as akosim names them).
+OUT/result.json (config, per-rank results, summary keys as akosim names them);
+with --testbed also OUT/testbed.json (akocore.testbed_record: the rates, bursts,
+queue limits, addresses and tc commands the testbed applied). The testbed needs
+root, `ip` and `tc`; its namespaces are deleted when the run ends, fails or is
+stopped.
 Ctrl-C stops the ranks gracefully (SIGTERM, then SIGKILL after --kill-grace).
 """
 
@@ -233,6 +243,21 @@ def build_parser() -> ArgumentParser:
                           f"(default {LaunchOptions.kill_grace_s:g}s)")
     run.add_argument("--timeout", metavar="DURATION", default=None,
                      help="stop the whole run after this long, e.g. 10m")
+    testbed = run.add_argument_group(
+        "real-network testbed",
+        "Run the ranks over real kernel TCP instead of loopback with in-process emulation: "
+        "one network namespace per rank, veth pairs to a bridge, the config's network made "
+        "with tc htb (uplink per node, downlink, per-pair caps). Needs root, ip and tc.")
+    testbed.add_argument("--testbed", metavar="KIND", default=None, choices=TESTBEDS,
+                         help=f"where the ranks run: {', '.join(TESTBEDS)}")
+    testbed.add_argument("--testbed-latency", metavar="POLICY", default=None,
+                         choices=("refuse", "ignore"),
+                         help="a config with latency > 0: refuse (default; this kernel has "
+                              "no netem) or ignore it (recorded in OUT/testbed.json)")
+    testbed.add_argument("--testbed-downlink", metavar="on|off", default=None,
+                         choices=("on", "off"),
+                         help="shape each rank's incoming side too (default on: the config's "
+                              "NICs are symmetric)")
     _add_runtime_flags(run, Tool.AKORUN_LAUNCH)
     add_shared_arguments(run, Tool.AKORUN_LAUNCH)
     run.set_defaults(handler=cmd_launch)
@@ -370,7 +395,17 @@ def cmd_launch(args: argparse.Namespace) -> int:
         worker_args=worker_flags(quiet=args.quiet, checkpoint_dir=args.checkpoint_dir,
                                  progress_every_s=progress.get("progress_every_s")),
         **progress)
-    launch(cfg, settings, options, resolved=resolved)
+    if args.testbed is None:
+        given = [flag for flag, value in (("--testbed-latency", args.testbed_latency),
+                                          ("--testbed-downlink", args.testbed_downlink))
+                 if value is not None]
+        if given:
+            raise UsageError(f"{given[0]} needs --testbed netns")
+        launch(cfg, settings, options, resolved=resolved)
+        return 0
+    testbed = TestbedOptions(kind=args.testbed, latency=args.testbed_latency or "refuse",
+                             downlink=args.testbed_downlink != "off")
+    launch_on_testbed(cfg, settings, options, testbed, resolved=resolved)
     return 0
 
 

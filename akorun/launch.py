@@ -10,6 +10,10 @@ flush and checkpoint), then SIGKILL after a grace period. The exit status is
 non-zero if any rank failed, and the message names it and shows the tail of
 its log.
 
+Where the ranks run is a `Placement`: loopback by default; the real-network
+testbed (akorun.testbed) gives each rank a host in its own network namespace,
+a command prefix that starts it there, and a way to poll its /status.
+
 Children get ``JAX_PLATFORMS=cpu`` and, when there are at least as many ranks
 as cores and XLA_FLAGS is unset, single-threaded XLA CPU flags so N
 processes do not oversubscribe the cores.
@@ -24,7 +28,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -52,6 +56,22 @@ class LaunchOptions:
     timeout_s: float | None = None
     worker_args: tuple[str, ...] = ()  # extra flags for every child
     env: dict[str, str] = field(default_factory=dict)  # extra environment for every child
+
+
+StatusProbe = Callable[[int, str], "dict[str, Any] | None"]  # (rank, url) -> /status
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the ranks run: their hosts, the command prefix that starts rank R there,
+    and how the launcher reads rank R's /status (default: loopback, no prefix)."""
+
+    hosts: tuple[str, ...]
+    prefixes: tuple[tuple[str, ...], ...] = ()  # one per rank, or none
+    status: StatusProbe | None = None
+
+    def prefix(self, rank: int) -> tuple[str, ...]:
+        return self.prefixes[rank] if self.prefixes else ()
 
 
 RUN_FILES = ("cluster.toml", "result.json")  # a directory holding one of these holds a run
@@ -87,7 +107,8 @@ def child_env(workers: int, extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _status(url: str) -> dict[str, Any] | None:
+def status_of(url: str) -> dict[str, Any] | None:
+    """A rank's read-only /status, or None when it does not answer."""
     try:
         with urllib.request.urlopen(url + "/status", timeout=0.5) as response:
             value = json.loads(response.read())
@@ -129,9 +150,10 @@ class Launcher:
     """Starts, watches and stops the ranks of one loopback run."""
 
     def __init__(self, cfg: RunConfig, settings: AkorunSettings, options: LaunchOptions,
-                 resolved: ResolvedSettings | None = None):
+                 resolved: ResolvedSettings | None = None, placement: Placement | None = None):
         self.options = options
-        self.cfg = with_hosts(cfg, loopback_hosts(cfg.cluster.workers))
+        self.placement = placement or Placement(loopback_hosts(cfg.cluster.workers))
+        self.cfg = with_hosts(cfg, self.placement.hosts)
         self.settings = settings
         self.resolved = resolved  # where each setting came from (the cluster file says so)
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -150,8 +172,9 @@ class Launcher:
         n = self.cfg.cluster.workers
         env = child_env(n, self.options.env)
         for rank in range(n):
-            command = [sys.executable, "-m", "akorun", role_of(self.cfg, rank), "--rank",
-                       str(rank), "--config", str(self.cluster_path), "--out", str(out),
+            command = [*self.placement.prefix(rank), sys.executable, "-m", "akorun",
+                       role_of(self.cfg, rank), "--rank", str(rank), "--config",
+                       str(self.cluster_path), "--out", str(out),
                        *self.options.worker_args]
             with open(out / f"worker-{rank}.log", "wb") as log_file:
                 self.procs.append(subprocess.Popen(command, stdout=log_file,
@@ -190,6 +213,7 @@ class Launcher:
         start_s = time.monotonic()
         next_progress_s = start_s + options.progress_every_s
         urls = [f"http://{h}" for h in self.cfg.cluster.hosts]
+        probe = self.placement.status or (lambda rank, url: status_of(url))
         while any(proc.poll() is None for proc in self.procs):
             time.sleep(0.1)
             now = time.monotonic()
@@ -203,9 +227,10 @@ class Launcher:
                     and now - self.stop_signal_time_s > options.kill_grace_s:
                 self.kill()
             if not options.quiet and now >= next_progress_s and not self.stopping:
-                statuses = [_status(url) if proc.poll() is None else {"state": "exited",
-                                                                        "round": "-"}
-                            for url, proc in zip(urls, self.procs, strict=True)]
+                statuses = [probe(rank, url) if proc.poll() is None
+                            else {"state": "exited", "round": "-"}
+                            for rank, (url, proc) in enumerate(zip(urls, self.procs,
+                                                                   strict=True))]
                 sys.stderr.write(_progress_line(self.cfg, statuses) + "\n")
                 next_progress_s = now + options.progress_every_s
 
@@ -263,13 +288,15 @@ def summary_table(merged: RunResult) -> str:
 
 
 def launch(cfg: RunConfig, settings: AkorunSettings, options: LaunchOptions, *,
-           resolved: ResolvedSettings | None = None) -> RunResult:
+           resolved: ResolvedSettings | None = None,
+           placement: Placement | None = None) -> RunResult:
     """Run every rank, merge the results; RunError naming the failed ranks.
 
     With `resolved`, the cluster file writes the settings no layer chose as
-    comments (their built-in defaults), as `akorun init` does.
+    comments (their built-in defaults), as `akorun init` does. `placement`:
+    where the ranks run (default: loopback subprocesses).
     """
-    launcher = Launcher(cfg, settings, options, resolved)
+    launcher = Launcher(cfg, settings, options, resolved, placement)
     previous = {signum: signal.signal(signum, launcher._on_signal)
                 for signum in (signal.SIGINT, signal.SIGTERM)}
     try:

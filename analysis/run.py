@@ -5,6 +5,7 @@
     python -m analysis.run --backend akosim-calibrated --results results/experiments
     python -m analysis.run --backend akosim-fullsize --results results/experiments
     python -m analysis.run --backend all --subset ci --results /tmp/ci
+    sudo python -m analysis.run --backend akorun-netns --results results/experiments
 
 Backends (one folder each, RESULTS/<backend>/<network>/<n>w-<scheme>/):
 
@@ -20,6 +21,10 @@ Backends (one folder each, RESULTS/<backend>/<network>/<n>w-<scheme>/):
 - akorun: ``akorun launch --config F --out DIR`` on loopback with emulated
   links; ``--duration`` is raised by the warm-up allowance (JAX compilation is
   in akorun's wall clock; the analysis cuts the curves at the budget);
+- akorun-netns: the same launch on the real-network testbed (``--testbed
+  netns``: ranks in network namespaces, real kernel TCP, tc shaping; needs
+  root, not part of ``all``) with ``--testbed-latency ignore``, because this
+  kernel has no netem: each run's ``testbed.json`` records the latency left out;
 - akosim-calibrated: timing only (``akosim --config F``: the same engine and
   budget, no gradients computed, so no accuracy curve; it exists for the
   fidelity report) with ``--compute-from`` the akorun result of the same
@@ -72,7 +77,7 @@ from analysis.matrix import (
     select,
 )
 
-BACKENDS = ("akosim", "akorun", "akosim-calibrated", "akosim-fullsize")
+BACKENDS = ("akosim", "akorun", "akosim-calibrated", "akosim-fullsize", "akorun-netns")
 ORDER_ALL = ("akosim", "akosim-fullsize", "akorun", "akosim-calibrated")
 CI_ROUNDS = 20
 
@@ -191,11 +196,13 @@ def command(backend: str, exp: Experiment, results: Path, *,
     if backend == "akosim-fullsize":
         return ["akosim", "--config", config, "--quiet", "--compute", f"{SEED_COMPUTE_S:g}s",
                 "--out", str(folder / "result.json")]
-    if backend == "akorun":
+    if backend in ("akorun", "akorun-netns"):
         duration = ["--duration", f"{SCALING.budget_s + AKORUN_ALLOWANCE_S:g}s"]
+        testbed = ["--testbed", "netns", "--testbed-latency", "ignore"] \
+            if backend == "akorun-netns" else []
         return ["akorun", "launch", "--config", config, "--out", str(folder), "--quiet",
                 "--timeout", f"{4 * (SCALING.budget_s + AKORUN_ALLOWANCE_S) + 120:g}s",
-                *duration, *extra]
+                *duration, *testbed, *extra]
     raise ValueError(f"unknown backend {backend!r}")
 
 
@@ -238,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rerun finished configurations")
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
-                        help="akosim configurations run at once (akorun: always 1)")
+                        help="akosim configurations run at once (akorun, akorun-netns: "
+                             "always 1)")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs: got {args.jobs}, expected a whole number >= 1")
@@ -252,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     results = args.results.resolve()
     failed = 0
     for backend in backends:
-        jobs = 1 if backend == "akorun" else args.jobs
+        jobs = 1 if backend.startswith("akorun") else args.jobs
 
         def one(exp: Experiment, backend: str = backend) -> str:
             status = run_one(backend, exp, results, rounds=rounds, force=args.force,

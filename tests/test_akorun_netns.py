@@ -1,16 +1,16 @@
-"""akorun across real network namespaces behind a kernel rate limit (tc tbf).
+"""akorun across real network namespaces behind a kernel rate limit (tc htb).
 
-Two namespaces joined by a veth pair, each end shaped by `tc ... tbf rate
-5mbit`; one worker in each namespace, talking over the veth with in-process
-emulation off. Needs root, `ip`, `tc` and network namespaces: skipped with
-the reason otherwise. Traffic goes only to the addresses this test creates,
-and the namespaces (with their veth ends) are always deleted.
+Two namespaces on the testbed's bridge (akorun.testbed.netns), each uplink
+shaped to 5 Mbit/s by the testbed's tc plan (akorun.testbed.shaping); one
+worker in each namespace, talking over real TCP with in-process emulation
+off. Needs root, `ip`, `tc` and network namespaces: skipped with the reason
+otherwise. Traffic goes only to the addresses this test creates, and the
+namespaces (with their veth ends and the bridge) are always deleted.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,55 +20,40 @@ import pytest
 
 from akocore.config import config_from_dict
 from akorun.cluster import new_settings, write_cluster_file
+from akorun.testbed import netns
+from akorun.testbed.shaping import burst_bytes, plan_shaping
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(120)]
 
 RATE_BPS = 5e6
-BURST_BYTES = 32 * 1024
-ADDRESSES = ("10.231.7.1", "10.231.7.2")
-
-
-def _run(*command: str) -> None:
-    subprocess.run(command, check=True, capture_output=True, timeout=20)
+# what a sender gets past the token bucket at once: its burst, and one GSO packet
+# (up to 64 KiB) that htb lets through on credit
+BURST_BYTES = burst_bytes(RATE_BPS) + 64 * 1024
+NAMES = netns.TestbedNames.for_pid(os.getpid(), 2)
+ADDRESSES = (NAMES.address(0), NAMES.address(1))
 
 
 @pytest.fixture
 def namespaces() -> Iterator[tuple[str, str]]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create network namespaces and tc qdiscs")
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"needs the `{tool}` command (iproute2)")
-    tag = f"{os.getpid() % 100000}"
-    names = (f"akotest_a{tag}", f"akotest_b{tag}")
-    veths = (f"akova{tag}", f"akovb{tag}")
-    created: list[str] = []
+    missing = netns.missing_requirements()
+    if missing:
+        pytest.skip(f"the netns testbed {missing}")
+    testbed = netns.NetnsTestbed(NAMES)
+    cfg = config_from_dict({"cluster": {"workers": 2}, "network": {"bandwidth": "5mbps"}})
     try:
         try:
-            for name in names:
-                _run("ip", "netns", "add", name)
-                created.append(name)
-            _run("ip", "link", "add", veths[0], "type", "veth", "peer", "name", veths[1])
-            for name, veth, address in zip(names, veths, ADDRESSES, strict=True):
-                _run("ip", "link", "set", veth, "netns", name)
-                _run("ip", "-n", name, "addr", "add", f"{address}/24", "dev", veth)
-                _run("ip", "-n", name, "link", "set", veth, "up")
-                _run("ip", "-n", name, "link", "set", "lo", "up")
-                _run("ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", veth, "root",
-                     "tbf", "rate", "5mbit", "burst", "32kb", "latency", "100ms")
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as error:
-            stderr = getattr(error, "stderr", b"") or b""
-            pytest.skip(f"network namespaces or tbf unavailable here: "
-                        f"{stderr.decode(errors='replace').strip() or error}")
-        yield names
+            testbed.up()
+            testbed.apply(plan_shaping(cfg.network, [NAMES.node(0), NAMES.node(1)],
+                                       downlink=False).commands)
+        except netns.TestbedError as error:
+            pytest.skip(f"network namespaces or htb unavailable here: {error}")
+        yield (NAMES.namespace(0), NAMES.namespace(1))
     finally:
-        for name in created:  # deleting a namespace removes its veth end too
-            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
-        subprocess.run(["ip", "link", "del", veths[0]], capture_output=True, timeout=20)
+        testbed.down()
 
 
-def test_two_workers_in_namespaces_behind_tbf_train_to_equal_replicas(
+def test_two_workers_in_namespaces_behind_htb_train_to_equal_replicas(
         namespaces: tuple[str, str], tmp_path: Path) -> None:
     cfg = config_from_dict({
         "cluster": {"workers": 2, "hosts": [f"{a}:7070" for a in ADDRESSES]},

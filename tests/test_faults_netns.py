@@ -14,8 +14,9 @@ replica difference are measured and, when FAULT_FIGURES names a file,
 appended there as JSON lines; they are figures, not pass/fail thresholds.
 
 Needs root, `ip`, `iptables` and network namespaces (tmpfs for the disk
-case): skipped with the reason otherwise. Every namespace, veth and mount
-has a name unique to this process and is removed in a finally.
+case): skipped with the reason otherwise. The namespaces, bridge and veths
+are the testbed's (akorun.testbed.netns, unshaped here): names unique to
+this process, removed in a finally, like the mount.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import pytest
 from akocore.config import config_from_dict
 from akorun.cluster import new_settings, write_cluster_file
 from akorun.results import max_relative_difference
+from akorun.testbed import netns
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(150)]
@@ -54,29 +56,16 @@ def _run(*command: str) -> None:
 
 
 class Net:
-    """Three rank namespaces on one bridge (in its own hub namespace)."""
+    """Three rank namespaces on one bridge in a hub namespace (akorun.testbed.netns),
+    unshaped, with iptables faults."""
 
-    def __init__(self, tag: str) -> None:
-        self.tag = tag
-        self.hub = f"akf{tag}h"
-        self.names = [f"akf{tag}n{r}" for r in range(WORKERS)]
-        self.addresses = [f"10.232.0.{r + 1}" for r in range(WORKERS)]
-        self.created: list[str] = []
+    def __init__(self) -> None:
+        self.testbed = netns.NetnsTestbed(netns.TestbedNames.for_pid(os.getpid(), WORKERS))
+        self.names = [self.testbed.names.namespace(r) for r in range(WORKERS)]
+        self.addresses = [self.testbed.names.address(r) for r in range(WORKERS)]
 
     def up(self) -> None:
-        for name in (self.hub, *self.names):
-            _run("ip", "netns", "add", name)
-            self.created.append(name)
-        _run("ip", "-n", self.hub, "link", "add", "br0", "type", "bridge")
-        _run("ip", "-n", self.hub, "link", "set", "br0", "up")
-        for rank, (name, address) in enumerate(zip(self.names, self.addresses, strict=True)):
-            inner, outer = f"akf{self.tag}r{rank}", f"akf{self.tag}b{rank}"
-            _run("ip", "link", "add", inner, "netns", name, "type", "veth", "peer", "name",
-                 outer, "netns", self.hub)
-            _run("ip", "-n", self.hub, "link", "set", outer, "master", "br0", "up")
-            _run("ip", "-n", name, "addr", "add", f"{address}/24", "dev", inner)
-            _run("ip", "-n", name, "link", "set", inner, "up")
-            _run("ip", "-n", name, "link", "set", "lo", "up")
+        self.testbed.up()
         self.iptables(0, "-L")  # fails here (skip) if iptables cannot work in a namespace
 
     def iptables(self, rank: int, *args: str) -> None:
@@ -94,8 +83,7 @@ class Net:
                       "--probability", f"{probability}", "-j", "DROP")
 
     def down(self) -> None:
-        for name in self.created:  # deleting a namespace removes its veth ends too
-            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
+        self.testbed.down()  # deleting the namespaces removes their veth ends and the bridge
 
 
 @pytest.fixture
@@ -105,10 +93,12 @@ def net() -> Iterator[Net]:
     for tool in ("ip", "iptables"):
         if shutil.which(tool) is None:
             pytest.skip(f"needs the `{tool}` command (iproute2, iptables)")
-    network = Net(f"{os.getpid() % 100000}")
+    network = Net()
     try:
         try:
             network.up()
+        except netns.TestbedError as error:
+            pytest.skip(f"network namespaces, veth or bridges unavailable here: {error}")
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as error:
             stderr = getattr(error, "stderr", b"") or b""
             pytest.skip(f"network namespaces, veth, bridges or iptables unavailable here: "
