@@ -48,10 +48,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 from array import array
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -73,9 +74,25 @@ DOWNLINK_WAIT_HEADER = "X-Ako-Downlink-Wait-S"
 # receiver), so the receiver's emulated downlink knows how fast they came; informational
 WIRE_TIME_HEADER = "X-Ako-Wire-S"
 DEFAULT_QUEUE_MESSAGES: int = default_of("akorun.queue_messages")  # the registry's
-DEFAULT_WINDOW = 2  # messages in flight to one peer: the next one travels while the
-# receiver verifies the last (order is not needed: receivers sort rounds out)
+DEFAULT_WINDOW = 1  # POSTs in flight to one peer: one, so one connection carries a peer's
+# messages in order and round t+1 never competes with round t (see the module docstring)
+WINDOW_ENV = "AKORUN_SEND_WINDOW"  # a benchmark's override of DEFAULT_WINDOW (1 or 2)
 _FATAL_STATUSES = {400: "malformed", 401: "bad_signature", 409: "wrong_run", 413: "too_large"}
+
+
+def configured_window(environ: Mapping[str, str] = os.environ) -> int:
+    """POSTs in flight per peer: `WINDOW_ENV` if set (a whole number >= 1), else
+    `DEFAULT_WINDOW`. Only the connection benchmark sets it (analysis/tcp_connections.py)."""
+    text = environ.get(WINDOW_ENV)
+    if text is None or not text.strip():
+        return DEFAULT_WINDOW
+    try:
+        window = int(text)
+    except ValueError:
+        window = 0
+    if window < 1:
+        raise ValueError(f"{WINDOW_ENV} must be a whole number >= 1, got {text!r}")
+    return window
 
 
 def seconds_header(text: str | None) -> float:
@@ -202,9 +219,11 @@ class PeerSender:
                  shaper: LinkShaper | None = None, policy: RetryPolicy | None = None,
                  is_suspended: Callable[[], bool] = lambda: False,
                  on_delivered: Callable[[int], None] = lambda dest: None,
-                 ssl: object = True, seed: int = 0, window: int = DEFAULT_WINDOW,
+                 ssl: object = True, seed: int = 0, window: int | None = None,
                  encode: Callable[[Partial], bytes] | None = None,
                  sealer: PartialSealer | None = None) -> None:
+        if window is None:
+            window = configured_window()
         if maxsize < 1 or window < 1:
             raise ValueError(f"maxsize and window must be >= 1, got {maxsize}, {window}")
         self.dest = dest
