@@ -5,7 +5,7 @@ shaped by the kernel (`tc tbf`, 20 Mbit/s by default), in-process emulation off,
 digits-cnn, p in {1, 3} and s in {0, 2}. For every configuration the two senders run
 side by side (window 1, then window 2, via ``AKORUN_SEND_WINDOW``, `akorun.sender`), so
 both see the same machine load. Per run it reports the steady round time (rank 0's
-round ends, the first `WARMUP_ROUNDS` skipped): mean, coefficient of variation, and the
+round ends, the first `WARMUP_ROUNDS` and the last skipped): mean, coefficient of variation, and the
 alternation index (mean |d_t - d_{t-1}| / mean d: 0 for steady rounds, near 2 for
 "slow, fast, slow, ..."), and writes them as JSON lines to ``--out``.
 
@@ -97,7 +97,8 @@ class RoundFigures:
 def round_figures(round_end_s: list[float]) -> tuple[float, float, float, list[float]]:
     """(mean, coefficient of variation, alternation index, steady durations)."""
     ends = [0.0, *round_end_s]
-    durations = [b - a for a, b in zip(ends, ends[1:], strict=False)][WARMUP_ROUNDS:]
+    # the last round ends at the final flush, not at a gate: left out like the warm-up
+    durations = [b - a for a, b in zip(ends, ends[1:], strict=False)][WARMUP_ROUNDS:-1]
     mean = statistics.fmean(durations)
     cv = statistics.pstdev(durations) / mean if mean > 0 else 0.0
     steps = [abs(b - a) for a, b in zip(durations, durations[1:], strict=False)]
