@@ -50,6 +50,7 @@ import asyncio
 import logging
 import os
 import random
+import time
 from array import array
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -62,7 +63,7 @@ import numpy as np
 from akocore.messages import Kind, Partial
 from akocore.settings.registry import default_of
 from akorun.keys import AUTH_HEADER, STALE_SESSION, PartialSealer
-from akorun.metrics import PeerCounters
+from akorun.metrics import PeerCounters, timed_call
 from akorun.shaping import LinkShaper
 
 log = logging.getLogger("akorun")
@@ -344,7 +345,9 @@ class PeerSender:
             if len(self.gap):  # what a suspension folded goes first (it is older)
                 assert self.encode is not None
                 partial = self.gap.take()
-                message = Outgoing(self.encode(partial), partial.kind, partial.round,
+                data, encode_s = timed_call(self.encode, partial)
+                self.counters.software_send_s += encode_s
+                message = Outgoing(data, partial.kind, partial.round,
                                    partial.part, partial.final, loop.time())
             else:
                 message = self.queue.popleft()
@@ -366,11 +369,14 @@ class PeerSender:
         """POST `message` (after the link latency) until the peer takes it or refuses it
         for good. A retry is paced through the emulated link again, like a resend.
 
-        `paced_at_s` (loop time the lane finished pacing it): a first-attempt delivery
-        adds its time from there to the acknowledgement, less the emulated latency, to
-        the peer's `stack_s`: what a message costs beyond the emulated wire (task
-        hops, HTTP, the receiver's verification and apply), which akosim can take
-        as a per-message latency (``message_overhead_s``)."""
+        `paced_at_s` (loop time the lane finished pacing it): on an emulated link a
+        first-attempt delivery adds its time from there to the acknowledgement, less
+        the emulated latency, to the peer's `stack_s`: what a message costs beyond
+        the emulated wire (task hops, HTTP, the receiver's verification and apply),
+        which akosim can take as a per-message latency (``message_overhead_s``).
+        Without emulation that time holds the real network's, so it is not counted:
+        the software's own share is `software_send_s` (seals, answer checks) here and
+        the receiver's ``software_receive_s`` (``message_software_s``)."""
         loop = asyncio.get_running_loop()
         attempt = 0
         try:
@@ -391,7 +397,7 @@ class PeerSender:
                     self.counters.messages_sent += 1
                     self.counters.send_s += now - attempt_start_s
                     held_s = self._downlink_wait_s.pop(id(message), 0.0)
-                    if paced_at_s is not None and attempt == 0:
+                    if paced_at_s is not None and attempt == 0 and self.shaper is not None:
                         # the emulated latency and the receiver's emulated downlink are
                         # the network's; the rest is the software stack's
                         latency = self.shaper.latency_of(self.dest) if self.shaper else 0.0
@@ -423,7 +429,9 @@ class PeerSender:
         wire_s = self._wire_s.get(id(message))
         if wire_s is not None:
             headers[WIRE_TIME_HEADER] = f"{wire_s:.6f}"
+        seal_start_s = time.perf_counter()
         seal = self.sealer.seal(self.dest, message.data) if self.sealer is not None else None
+        self.counters.software_send_s += time.perf_counter() - seal_start_s
         if seal is not None:
             headers[AUTH_HEADER] = seal.text()
         try:
@@ -439,8 +447,11 @@ class PeerSender:
             log.debug("send to %d (round %d) failed: %s", self.dest, message.round, error)
             return Outcome.RETRY
         if status == 200:
-            if seal is not None and self.sealer is not None \
-                    and not self.sealer.acknowledged(seal, duplicate, ack):
+            check_start_s = time.perf_counter()
+            authentic = seal is None or self.sealer is None \
+                or self.sealer.acknowledged(seal, duplicate, ack)
+            self.counters.software_send_s += time.perf_counter() - check_start_s
+            if not authentic:
                 log.error("peer %d's 200 is not bound to our request: sending again", self.dest)
                 return Outcome.RETRY
             return Outcome.DUPLICATE if duplicate else Outcome.DELIVERED
