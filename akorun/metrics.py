@@ -6,7 +6,8 @@ exposition format (version 0.0.4) for ``GET /metrics``; ``GET /status`` serves
 `Metrics.as_dict` plus the worker's live gauges. Both endpoints are read-only
 and unauthenticated by design: they expose counts and timings, never
 parameters or the secret. `ProgressLine` turns two snapshots into the line a
-worker prints on stderr every interval.
+worker prints on stderr every interval. `timed_call` and `ByteWaits` are the
+stopwatches behind the per-message software cost (`Metrics.message_software_s`).
 """
 
 from __future__ import annotations

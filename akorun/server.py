@@ -28,6 +28,11 @@ Endpoints (all writes sealed per session and per sender, see akorun.keys):
 The server never unpickles anything and holds no unbounded buffers: body
 memory is bounded by max_concurrent_reads x the body cap.
 
+Each 200 to a partial adds its handling seconds, less the time spent awaiting
+its bytes and its emulated downlink hold, to the sender's
+``software_receive_s`` (akorun.metrics): the receiving half of the rank's
+``message_software_s``, which holds no network time.
+
 Over 500 lines because admission, sealing checks and streaming a body into a pooled
 buffer must share one request's state on the hot path; splitting it would pass that
 state across modules per message.
