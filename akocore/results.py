@@ -56,6 +56,7 @@ from akocore.jsonrecord import (
     record_to_json,
     schema_rows,
 )
+from akocore.message_cost import MessageCost, MessageSample
 
 SCHEMA_VERSION = 1
 
@@ -123,7 +124,14 @@ class RankResult:
     bytes_sent_flush: float | None = field(default=None, metadata=meta(
         "B", "bytes of the final flush (what node.finish owes), apart", "akorun"))
     message_overhead_s: float | None = field(default=None, metadata=meta(
-        "s", "mean seconds a delivered message cost beyond the emulated wire", "akorun"))
+        "s", "mean seconds a delivered message cost beyond the emulated wire (null "
+             "without in-process emulation: on a real network that time holds the "
+             "network's own; use message_software_s)", "akorun"))
+    message_software_s: float | None = field(default=None, metadata=meta(
+        "s", "mean software seconds per message, sender and receiver added: encode, "
+             "seal, answer check, the receiver's seal check, hashing, decode, apply and "
+             "sealed answer; time waiting for bytes and emulated holds excluded, so it "
+             "never holds network time (emulated or not)", "akorun"))
     round_end_s: tuple[float, ...] = field(default=(), metadata=meta(
         "s", "end of each round since training start", "akorun"))
     round_compute_s: tuple[float, ...] = field(default=(), metadata=meta(
@@ -702,7 +710,11 @@ def schema_markdown() -> str:
                                      "`akosim --compute-from` reads"),
                        (RankCalibration, "one rank of a calibration's `per_worker`"),
                        (ComputeMeasurement, "a cached `--compute measure` (kind `compute`), "
-                                            "in the user's cache directory")):
+                                            "in the user's cache directory"),
+                       (MessageCost, "`akorun measure-messages --out FILE.json` (kind "
+                                     "`message_cost`, versioned by its own `schema_version`; "
+                                     "akocore/message_cost.py)"),
+                       (MessageSample, "one timed message of a message cost's `samples`")):
         out += [f"## {cls.__name__}: {title}", "",
                 "| key | type | unit | meaning | written by |", "|---|---|---|---|---|"]
         out += [f"| `{k}` | {t} | {u or '-'} | {m} | {b} |"

@@ -1,4 +1,4 @@
-"""The `akorun` command line: init, worker, ps, launch.
+"""The `akorun` command line: init, worker, ps, launch, measure-messages.
 
 This module owns argument parsing and exit statuses, nothing else: each
 subcommand turns its flags into the dataclasses of the module that does the
@@ -34,6 +34,7 @@ from akocore.config import (
 )
 from akocore.units import UnitError, parse_duration
 from akocore.workload import WORKLOAD_NAMES, parse_workload_spec
+from akorun import message_bench
 from akorun.cluster import (
     DEFAULT_BASE_PORT,
     AkorunSettings,
@@ -261,6 +262,8 @@ def build_parser() -> ArgumentParser:
     _add_runtime_flags(run, Tool.AKORUN_LAUNCH)
     add_shared_arguments(run, Tool.AKORUN_LAUNCH)
     run.set_defaults(handler=cmd_launch)
+    # measure-messages: its own module (akorun.message_bench) owns flags and handler
+    message_bench.add_parser(commands, _FORMATTER)
     return parser
 
 

@@ -10,7 +10,8 @@ earlier instance of it), is first asked for its nonce with a discovery hello
 trouble: an unreachable peer is an answer with status 0, so callers decide
 whether to retry (hello, restart) or give up (done, heartbeat). `make_session`
 builds the one session a process uses: explicit timeouts (never aiohttp's 300 s
-default), `limit_per_host=3` (two partials in flight plus one control request).
+default), `limit_per_host=3` (one partial in flight per peer, akorun.sender, plus
+control requests and a spare for aiohttp's retry on a dead keep-alive connection).
 """
 
 from __future__ import annotations

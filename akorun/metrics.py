@@ -6,16 +6,21 @@ exposition format (version 0.0.4) for ``GET /metrics``; ``GET /status`` serves
 `Metrics.as_dict` plus the worker's live gauges. Both endpoints are read-only
 and unauthenticated by design: they expose counts and timings, never
 parameters or the secret. `ProgressLine` turns two snapshots into the line a
-worker prints on stderr every interval.
+worker prints on stderr every interval. `timed_call` and `ByteWaits` are the
+stopwatches behind the per-message software cost (`Metrics.message_software_s`).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4"
 
@@ -33,7 +38,10 @@ class PeerCounters:
     delivery_s: float = 0.0  # seconds from queueing to acknowledgement, summed
     max_delivery_s: float = 0.0
     stack_s: float = 0.0  # seconds from the end of emulated pacing to the ack, less latency
-    stack_messages: int = 0  # first-attempt deliveries counted in stack_s
+    stack_messages: int = 0  # first-attempt deliveries counted in stack_s (emulated links only)
+    software_send_s: float = 0.0  # sealing requests and checking answers to this peer
+    software_receive_s: float = 0.0  # handling this peer's partials, byte waits excluded
+    software_received: int = 0  # partials from this peer counted in software_receive_s
     send_dropped: Counter[str] = field(default_factory=Counter)  # reason -> messages
 
 
@@ -50,6 +58,7 @@ class Metrics:
     compute_s: float = 0.0
     wait_s: float = 0.0
     send_block_s: float = 0.0  # local step + encoding + waiting for queue room
+    encode_s: float = 0.0  # seconds encoding outgoing partials (once per multicast)
     duplicates_dropped: int = 0
     rejected: Counter[str] = field(default_factory=Counter)  # incoming, by reason
     peer_timeouts: int = 0
@@ -76,11 +85,27 @@ class Metrics:
 
     def message_overhead_s(self) -> float | None:
         """Mean seconds a delivered message spent beyond the emulated wire (see
-        `PeerCounters.stack_s`), over all peers; None before any such delivery."""
+        `PeerCounters.stack_s`), over all peers; None before any such delivery, and
+        always None without emulated links (on a real network that time holds the
+        network's own; `message_software_s` is the figure that never does)."""
         messages = sum(c.stack_messages for c in self.peers.values())
         if not messages:
             return None
         return sum(c.stack_s for c in self.peers.values()) / messages
+
+    def message_software_s(self) -> float | None:
+        """Mean software seconds per message, sender and receiver side added: the
+        sending side's encode, seals and answer checks per message sent, plus the
+        receiving side's handling per message received (seal check, header, body
+        hashing and copy, decode, apply, the sealed answer; time waiting for bytes to
+        arrive and emulated downlink holds left out). None before any message."""
+        sent = sum(c.messages_sent for c in self.peers.values())
+        received = sum(c.software_received for c in self.peers.values())
+        if not sent and not received:
+            return None
+        send_s = self.encode_s + sum(c.software_send_s for c in self.peers.values())
+        receive_s = sum(c.software_receive_s for c in self.peers.values())
+        return (send_s / sent if sent else 0.0) + (receive_s / received if received else 0.0)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -94,6 +119,7 @@ class Metrics:
             "wait_s": self.wait_s,
             "send_block_s": self.send_block_s,
             "message_overhead_s": self.message_overhead_s(),
+            "message_software_s": self.message_software_s(),
             "bytes_sent": self.bytes_sent,
             "bytes_received": self.bytes_received,
             "retries": self.retries,
@@ -116,10 +142,33 @@ class Metrics:
                 "mean_delivery_s": c.delivery_s / c.messages_sent if c.messages_sent else None,
                 "max_delivery_s": c.max_delivery_s,
                 "mean_stack_s": c.stack_s / c.stack_messages if c.stack_messages else None,
+                "mean_software_receive_s": c.software_receive_s / c.software_received
+                if c.software_received else None,
                 "send_dropped": dict(c.send_dropped),
             }
             for rank, c in sorted(self.peers.items())
         }
+
+
+def timed_call(function: Callable[[T], R], argument: T) -> tuple[R, float]:
+    """`function(argument)` and the seconds it took (works inside a worker thread)."""
+    start_s = time.perf_counter()
+    value = function(argument)
+    return value, time.perf_counter() - start_s
+
+
+@dataclass
+class ByteWaits:
+    """Seconds one request spent awaiting bytes from the network (`wait` times an await)."""
+
+    total_s: float = 0.0
+
+    async def wait(self, awaitable: Awaitable[T]) -> T:
+        start_s = time.perf_counter()
+        try:
+            return await awaitable
+        finally:
+            self.total_s += time.perf_counter() - start_s
 
 
 # ------------------------------------------------------------------ prometheus

@@ -23,9 +23,19 @@ often as needed:
 - `PeerSender.run` is the peer's lane: it takes messages in queue order,
   paces each through the emulated link if there is one, and starts its
   delivery, which POSTs it until the peer answers 200 (applied, or a
-  duplicate). Up to `window` (2) POSTs to a peer run at once, so the next
-  message travels while the receiver verifies the last one; messages may
-  arrive out of order, which the receivers' delivery logs sort out.
+  duplicate). ONE POST to a peer runs at a time (`DEFAULT_WINDOW`), so a
+  peer's messages travel in queue order over one keep-alive connection and
+  round t+1's bytes never compete with round t's for the same path. Two
+  POSTs at once (the former default, ``AKORUN_SEND_WINDOW=2``) put them on
+  two pooled connections; on real kernel TCP (3 ranks in network namespaces,
+  tc tbf 20 Mbit/s egress, digits-cnn, p in {1, 3}, s in {0, 2};
+  analysis/tcp_connections.py) the two connections split each link unevenly
+  and late, and round times alternate slow/fast: one connection gave
+  rounds 11-31 % shorter and a coefficient of variation 2-4.5x smaller in every
+  configuration (figures in README "Running with akorun"). What one
+  connection costs is one receiver turnaround (verify, apply, answer: about
+  a millisecond, `akorun measure-messages`) per message between bodies.
+  The receivers' delivery logs do not rely on order either way.
   Connection errors, timeouts, 5xx, 503 and 421 (stale session) keep it owed and retry
   with capped exponential backoff and jitter; 400/401/409/413 (and other
   4xx) mean a bug or an attack: logged loudly and dropped.
@@ -48,10 +58,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
+import time
 from array import array
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -61,7 +73,7 @@ import numpy as np
 from akocore.messages import Kind, Partial
 from akocore.settings.registry import default_of
 from akorun.keys import AUTH_HEADER, STALE_SESSION, PartialSealer
-from akorun.metrics import PeerCounters
+from akorun.metrics import PeerCounters, timed_call
 from akorun.shaping import LinkShaper
 
 log = logging.getLogger("akorun")
@@ -73,9 +85,25 @@ DOWNLINK_WAIT_HEADER = "X-Ako-Downlink-Wait-S"
 # receiver), so the receiver's emulated downlink knows how fast they came; informational
 WIRE_TIME_HEADER = "X-Ako-Wire-S"
 DEFAULT_QUEUE_MESSAGES: int = default_of("akorun.queue_messages")  # the registry's
-DEFAULT_WINDOW = 2  # messages in flight to one peer: the next one travels while the
-# receiver verifies the last (order is not needed: receivers sort rounds out)
+DEFAULT_WINDOW = 1  # POSTs in flight to one peer: one, so one connection carries a peer's
+# messages in order and round t+1 never competes with round t (see the module docstring)
+WINDOW_ENV = "AKORUN_SEND_WINDOW"  # a benchmark's override of DEFAULT_WINDOW (1 or 2)
 _FATAL_STATUSES = {400: "malformed", 401: "bad_signature", 409: "wrong_run", 413: "too_large"}
+
+
+def configured_window(environ: Mapping[str, str] = os.environ) -> int:
+    """POSTs in flight per peer: `WINDOW_ENV` if set (a whole number >= 1), else
+    `DEFAULT_WINDOW`. Only the connection benchmark sets it (analysis/tcp_connections.py)."""
+    text = environ.get(WINDOW_ENV)
+    if text is None or not text.strip():
+        return DEFAULT_WINDOW
+    try:
+        window = int(text)
+    except ValueError:
+        window = 0
+    if window < 1:
+        raise ValueError(f"{WINDOW_ENV} must be a whole number >= 1, got {text!r}")
+    return window
 
 
 def seconds_header(text: str | None) -> float:
@@ -202,9 +230,11 @@ class PeerSender:
                  shaper: LinkShaper | None = None, policy: RetryPolicy | None = None,
                  is_suspended: Callable[[], bool] = lambda: False,
                  on_delivered: Callable[[int], None] = lambda dest: None,
-                 ssl: object = True, seed: int = 0, window: int = DEFAULT_WINDOW,
+                 ssl: object = True, seed: int = 0, window: int | None = None,
                  encode: Callable[[Partial], bytes] | None = None,
                  sealer: PartialSealer | None = None) -> None:
+        if window is None:
+            window = configured_window()
         if maxsize < 1 or window < 1:
             raise ValueError(f"maxsize and window must be >= 1, got {maxsize}, {window}")
         self.dest = dest
@@ -325,7 +355,9 @@ class PeerSender:
             if len(self.gap):  # what a suspension folded goes first (it is older)
                 assert self.encode is not None
                 partial = self.gap.take()
-                message = Outgoing(self.encode(partial), partial.kind, partial.round,
+                data, encode_s = timed_call(self.encode, partial)
+                self.counters.software_send_s += encode_s
+                message = Outgoing(data, partial.kind, partial.round,
                                    partial.part, partial.final, loop.time())
             else:
                 message = self.queue.popleft()
@@ -347,11 +379,14 @@ class PeerSender:
         """POST `message` (after the link latency) until the peer takes it or refuses it
         for good. A retry is paced through the emulated link again, like a resend.
 
-        `paced_at_s` (loop time the lane finished pacing it): a first-attempt delivery
-        adds its time from there to the acknowledgement, less the emulated latency, to
-        the peer's `stack_s`: what a message costs beyond the emulated wire (task
-        hops, HTTP, the receiver's verification and apply), which akosim can take
-        as a per-message latency (``message_overhead_s``)."""
+        `paced_at_s` (loop time the lane finished pacing it): on an emulated link a
+        first-attempt delivery adds its time from there to the acknowledgement, less
+        the emulated latency, to the peer's `stack_s`: what a message costs beyond
+        the emulated wire (task hops, HTTP, the receiver's verification and apply),
+        which akosim can take as a per-message latency (``message_overhead_s``).
+        Without emulation that time holds the real network's, so it is not counted:
+        the software's own share is `software_send_s` (seals, answer checks) here and
+        the receiver's ``software_receive_s`` (``message_software_s``)."""
         loop = asyncio.get_running_loop()
         attempt = 0
         try:
@@ -372,7 +407,7 @@ class PeerSender:
                     self.counters.messages_sent += 1
                     self.counters.send_s += now - attempt_start_s
                     held_s = self._downlink_wait_s.pop(id(message), 0.0)
-                    if paced_at_s is not None and attempt == 0:
+                    if paced_at_s is not None and attempt == 0 and self.shaper is not None:
                         # the emulated latency and the receiver's emulated downlink are
                         # the network's; the rest is the software stack's
                         latency = self.shaper.latency_of(self.dest) if self.shaper else 0.0
@@ -404,7 +439,9 @@ class PeerSender:
         wire_s = self._wire_s.get(id(message))
         if wire_s is not None:
             headers[WIRE_TIME_HEADER] = f"{wire_s:.6f}"
+        seal_start_s = time.perf_counter()
         seal = self.sealer.seal(self.dest, message.data) if self.sealer is not None else None
+        self.counters.software_send_s += time.perf_counter() - seal_start_s
         if seal is not None:
             headers[AUTH_HEADER] = seal.text()
         try:
@@ -420,8 +457,11 @@ class PeerSender:
             log.debug("send to %d (round %d) failed: %s", self.dest, message.round, error)
             return Outcome.RETRY
         if status == 200:
-            if seal is not None and self.sealer is not None \
-                    and not self.sealer.acknowledged(seal, duplicate, ack):
+            check_start_s = time.perf_counter()
+            authentic = seal is None or self.sealer is None \
+                or self.sealer.acknowledged(seal, duplicate, ack)
+            self.counters.software_send_s += time.perf_counter() - check_start_s
+            if not authentic:
                 log.error("peer %d's 200 is not bound to our request: sending again", self.dest)
                 return Outcome.RETRY
             return Outcome.DUPLICATE if duplicate else Outcome.DELIVERED

@@ -28,6 +28,11 @@ Endpoints (all writes sealed per session and per sender, see akorun.keys):
 The server never unpickles anything and holds no unbounded buffers: body
 memory is bounded by max_concurrent_reads x the body cap.
 
+Each 200 to a partial adds its handling seconds, less the time spent awaiting
+its bytes and its emulated downlink hold, to the sender's
+``software_receive_s`` (akorun.metrics): the receiving half of the rank's
+``message_software_s``, which holds no network time.
+
 Over 500 lines because admission, sealing checks and streaming a body into a pooled
 buffer must share one request's state on the hot path; splitting it would pass that
 state across modules per message.
@@ -44,6 +49,7 @@ import logging
 import queue
 import ssl
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -57,7 +63,7 @@ from akorun.admission import Admission, BufferPool, Refusal
 from akorun.control import CONTROL_BODY_MAX_BYTES, ControlError, ControlKind
 from akorun.errors import UsageError
 from akorun.keys import AUTH_HEADER, SESSION_PATH, Opened, RequestVerifier, ack_body
-from akorun.metrics import PROMETHEUS_CONTENT_TYPE, Metrics
+from akorun.metrics import PROMETHEUS_CONTENT_TYPE, ByteWaits, Metrics
 from akorun.routing import ControlTable
 from akorun.sender import (
     DOWNLINK_WAIT_HEADER,
@@ -89,12 +95,12 @@ _REASONS = {Status.MALFORMED: "malformed", Status.BAD_SIGNATURE: "bad_signature"
 
 
 async def _read_body_inline(content: StreamReader, values: np.ndarray,
-                            verifier: BodyHasher, nbytes: int) -> None:
+                            verifier: BodyHasher, nbytes: int, waits: ByteWaits) -> None:
     """Read a small body into `values`, feeding the verifier on the loop."""
     view = memoryview(values.data).cast("B")
     filled = 0
     while filled < nbytes:
-        chunk, _ = await content.readchunk()
+        chunk, _ = await waits.wait(content.readchunk())
         if not chunk:
             raise WireError(f"body ended after {filled} of {nbytes} bytes", Status.MALFORMED)
         end = filled + len(chunk)
@@ -383,6 +389,7 @@ class Server:
     # ---------------------------------------------------------------- partials
 
     async def partial(self, request: web.Request) -> web.Response:
+        start_s = time.perf_counter()
         length = request.content_length
         refusal = self.admission.refusal(length)
         if refusal is not None:
@@ -398,7 +405,7 @@ class Server:
             return self._refuse(refusal)
         try:
             with self.admission.slot(opened.sender):
-                return await self._read_partial(request, length, opened)
+                return await self._read_partial(request, length, opened, start_s)
         except WireError as error:
             return self._refuse_error(error)
         except TimeoutError:
@@ -411,12 +418,16 @@ class Server:
         except NonFiniteValues as error:  # recorded as zeros by the host (akorun.validation)
             return self._reject(error.status, error.reason, str(error))
 
-    async def _read_partial(self, request: web.Request, length: int,
-                            opened: Opened) -> web.Response:
+    async def _read_partial(self, request: web.Request, length: int, opened: Opened,
+                            start_s: float) -> web.Response:
+        """Read, check and apply one partial. A 200's handling time since `start_s`
+        (perf_counter), less its waits for bytes (`ByteWaits`) and its emulated
+        downlink hold, goes to the sender's ``software_receive_s`` (akorun.metrics)."""
         host = self.host
         content = request.content
-        head = await asyncio.wait_for(content.readexactly(HEADER_SIZE),
-                                      self.admission.header_deadline_s)
+        waits = ByteWaits()
+        head = await waits.wait(asyncio.wait_for(content.readexactly(HEADER_SIZE),
+                                                 self.admission.header_deadline_s))
         host.verifier.check_digest(opened, head)
         header = decode_header(head, max_body_bytes=host.max_body_bytes(),
                                body_nbytes=length - HEADER_SIZE)
@@ -428,9 +439,9 @@ class Server:
         values = self.buffers.take(header.length)
         hasher = self.body_hasher()
         if nbytes >= HASH_IN_THREAD_BYTES:
-            reading = self._read_body_in_lane(content, values, hasher, nbytes)
+            reading = self._read_body_in_lane(content, values, hasher, nbytes, waits)
         else:
-            reading = _read_body_inline(content, values, hasher, nbytes)
+            reading = _read_body_inline(content, values, hasher, nbytes, waits)
         await asyncio.wait_for(reading, self.admission.body_deadline_s(nbytes))
         hasher.check(header.digest)
         partial = to_partial(header, values)
@@ -448,14 +459,19 @@ class Server:
         del partial
         self.buffers.give_back(values)
         duplicate = not accepted
-        return web.json_response({"duplicate": duplicate},
-                                 headers={DUPLICATE_HEADER: "1" if duplicate else "0",
-                                          DOWNLINK_WAIT_HEADER: f"{wait_s:.6f}",
-                                          AUTH_HEADER: host.verifier.seal_answer(
-                                              opened, 200, ack_body(duplicate))})
+        response = web.json_response({"duplicate": duplicate},
+                                     headers={DUPLICATE_HEADER: "1" if duplicate else "0",
+                                              DOWNLINK_WAIT_HEADER: f"{wait_s:.6f}",
+                                              AUTH_HEADER: host.verifier.seal_answer(
+                                                  opened, 200, ack_body(duplicate))})
+        counters = host.metrics.peer(header.sender)
+        counters.software_receive_s += max(
+            0.0, time.perf_counter() - start_s - waits.total_s - wait_s)
+        counters.software_received += 1
+        return response
 
     async def _read_body_in_lane(self, content: StreamReader, values: np.ndarray,
-                                 verifier: BodyHasher, nbytes: int) -> None:
+                                 verifier: BodyHasher, nbytes: int, waits: ByteWaits) -> None:
         """Read a large body; a lane thread copies each chunk into `values` and feeds
         the hasher, in order, while the loop keeps reading (blake3 and numpy's copy
         release the GIL). Returns once the lane is done with every chunk, even on error,
@@ -465,7 +481,7 @@ class Server:
         filled = 0
         try:
             while filled < nbytes:
-                chunk, _ = await content.readchunk()
+                chunk, _ = await waits.wait(content.readchunk())
                 if not chunk:
                     raise WireError(f"body ended after {filled} of {nbytes} bytes",
                                     Status.MALFORMED)

@@ -198,7 +198,8 @@ def test_an_emulated_40mbps_link_delivers_40mbps_at_the_receiver() -> None:
 def test_the_receivers_downlink_hold_is_the_networks_not_the_message_overhead() -> None:
     """A receiver with an emulated 0.8 Mbit/s downlink holds a 100 kB message for at
     least 1 s before applying it, says so in its answer, and the sender counts that
-    hold as network time: its per-message overhead (stack_s) excludes it."""
+    hold as network time: its per-message overhead (stack_s) excludes it, and so
+    does the receiver's software time."""
     from akorun.shaping import DownlinkShaper
 
     host = SinkHost(SECRET, RUN, WIRE_HASH)
@@ -206,7 +207,8 @@ def test_the_receivers_downlink_hold_is_the_networks_not_the_message_overhead() 
     length = 100_000 // 4 - 25
 
     async def body(url: str, session: Any) -> PeerSender:
-        sender = sender_to(url, session)
+        # an emulated link of unbounded rate: stack_s is counted on emulated links only
+        sender = sender_to(url, session, shaper=LinkShaper(math.inf))
         sender.start()
         await sender.put(dataclasses.replace(encoded(0, length),
                                              queued_s=asyncio.get_running_loop().time()))
@@ -219,6 +221,77 @@ def test_the_receivers_downlink_hold_is_the_networks_not_the_message_overhead() 
     assert counters.messages_sent == 1 and counters.stack_messages == 1
     assert counters.delivery_s >= 1.0  # the hold is part of the delivery
     assert counters.stack_s <= counters.delivery_s - 1.0  # but not of the stack's cost
+    received = host.metrics.peer(0)
+    assert received.software_received == 1
+    assert 0 < received.software_receive_s <= counters.delivery_s - 1.0
+
+
+def test_software_cost_is_counted_on_both_sides_and_network_overhead_only_when_emulated(
+) -> None:
+    """Without emulation the sender counts no stack_s (it would hold the real network's
+    time: message_overhead_s is None) but both sides count their software seconds."""
+    from akorun.metrics import Metrics
+
+    host = SinkHost(SECRET, RUN, WIRE_HASH)
+
+    async def body(url: str, session: Any) -> PeerSender:
+        sender = sender_to(url, session)
+        sender.start()
+        for round_ in range(4):
+            await sender.put(encoded(round_, 50_000))
+        await asyncio.wait_for(sender.wait(lambda: sender.idle), 10)
+        await sender.stop()
+        return sender
+
+    sender = asyncio.run(serving(host, body))
+    sent = sender.counters
+    assert sent.messages_sent == 4 and sent.stack_messages == 0 and sent.software_send_s > 0
+    metrics = Metrics(0, "worker", peers={1: sent})
+    assert metrics.message_overhead_s() is None
+    receiver_side = host.metrics.peer(0)
+    assert receiver_side.software_received == 4 and receiver_side.software_receive_s > 0
+    both = Metrics(0, "worker", encode_s=0.004, peers={1: sent, 2: receiver_side})
+    expected = (0.004 + sent.software_send_s) / 4 + receiver_side.software_receive_s / 4
+    assert both.message_software_s() == pytest.approx(expected)
+    assert Metrics(0, "worker").message_software_s() is None
+
+
+def test_one_post_in_flight_per_peer_by_default_unless_the_benchmark_asks_for_two() -> None:
+    """The default window keeps a peer's messages on one connection, in order; only
+    AKORUN_SEND_WINDOW (analysis/tcp_connections.py) changes it."""
+    from akorun.sender import DEFAULT_WINDOW, WINDOW_ENV, configured_window
+
+    assert DEFAULT_WINDOW == 1 and configured_window({}) == 1
+    assert configured_window({WINDOW_ENV: "2"}) == 2
+    for bad in ("0", "two", "-1"):
+        with pytest.raises(ValueError, match=WINDOW_ENV):
+            configured_window({WINDOW_ENV: bad})
+    host = SinkHost(SECRET, RUN, WIRE_HASH)
+    in_handler = [0]
+    most = [0]
+    original = host.on_partial
+
+    async def on_partial(partial: Partial, nbytes: int) -> bool:
+        in_handler[0] += 1
+        most[0] = max(most[0], in_handler[0])
+        await asyncio.sleep(0.01)  # a slow apply: a second POST would overlap it
+        in_handler[0] -= 1
+        return await original(partial, nbytes)
+
+    host.on_partial = on_partial  # type: ignore[method-assign]
+
+    async def body(url: str, session: Any) -> PeerSender:
+        sender = sender_to(url, session)
+        sender.start()
+        for round_ in range(6):
+            await sender.put(encoded(round_))
+        await asyncio.wait_for(sender.wait(lambda: sender.idle), 10)
+        await sender.stop()
+        return sender
+
+    sender = asyncio.run(serving(host, body))
+    assert sender.window == 1 and most[0] == 1
+    assert [key[1] for _, _, key in host.arrivals] == list(range(6))
 
 
 def test_the_sender_tells_the_receivers_downlink_how_long_the_message_was_on_the_wire(
@@ -371,7 +444,7 @@ def test_large_bodies_arrive_intact_through_the_hashing_lanes() -> None:
         sent[round_] = values
 
     async def body(url: str, session: Any) -> PeerSender:
-        sender = sender_to(url, session)
+        sender = sender_to(url, session, window=2)  # two bodies in the lanes at once
         sender.start()
         for round_, values in sent.items():
             partial = Partial(Kind.GRAD, 0, round_, 0, 1, 0, values.size, values)

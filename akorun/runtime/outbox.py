@@ -21,7 +21,7 @@ import aiohttp
 from akocore.config import RunConfig
 from akocore.messages import Send
 from akorun.keys import PARTIAL_PATH, PartialSealer, Signer
-from akorun.metrics import Metrics
+from akorun.metrics import Metrics, timed_call
 from akorun.sender import Outgoing, PeerSender
 from akorun.shaping import DownlinkShaper, LinkShaper
 
@@ -74,9 +74,11 @@ class Outbox:
         for send in sends:
             message = send.message
             if message.nbytes >= ENCODE_IN_THREAD_BYTES:
-                data = await asyncio.to_thread(self.signer.encode, message)
+                data, encode_s = await asyncio.to_thread(timed_call, self.signer.encode,
+                                                         message)
             else:
-                data = self.signer.encode(message)
+                data, encode_s = timed_call(self.signer.encode, message)
+            self.metrics.encode_s += encode_s  # software cost, per message sent
             out = Outgoing(data, message.kind, message.round, message.part, message.final,
                            asyncio.get_running_loop().time(), message)
             # as akosim counts: bytes handed to the network during the rounds; what

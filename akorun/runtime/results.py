@@ -106,6 +106,7 @@ class ResultBuilder:
             bytes_sent=metrics.bytes_sent,
             bytes_received=metrics.bytes_received,
             message_overhead_s=metrics.message_overhead_s(),
+            message_software_s=metrics.message_software_s(),
             round_end_s=tuple(times.end_s),
             round_compute_s=tuple(times.compute_s),
             round_wait_s=tuple(times.wait_s),
