@@ -60,7 +60,7 @@ import numpy as np
 
 from akocore.messages import Kind, Partial
 from akocore.settings.registry import default_of
-from akorun.keys import AUTH_HEADER, STALE_SESSION, PartialSealer
+from akorun.keys import AUTH_HEADER, RELAY_HEADER, STALE_SESSION, PartialSealer
 from akorun.metrics import PeerCounters
 from akorun.shaping import LinkShaper
 
@@ -405,8 +405,9 @@ class PeerSender:
         if wire_s is not None:
             headers[WIRE_TIME_HEADER] = f"{wire_s:.6f}"
         seal = self.sealer.seal(self.dest, message.data) if self.sealer is not None else None
-        if seal is not None:
+        if seal is not None and self.sealer is not None:
             headers[AUTH_HEADER] = seal.text()
+            headers[RELAY_HEADER] = self.sealer.endorsements(message.data)
         try:
             async with self.session.post(self.url, data=message.data, headers=headers,
                                          ssl=self.ssl) as response:  # type: ignore[arg-type]

@@ -56,6 +56,7 @@ from akorun.runtime.outbox import Outbox, emulated_links
 from akorun.runtime.phase import Phase, PhaseMachine
 from akorun.runtime.prepare import Prepared, prepare
 from akorun.runtime.rejoin import Rejoin
+from akorun.runtime.relay import Relay
 from akorun.runtime.reporting import Reporter
 from akorun.runtime.results import ResultBuilder
 from akorun.runtime.roles import role_for
@@ -154,10 +155,14 @@ class Worker:
         self.verifier = RequestVerifier(self.keys, world=self.world)
         self.outbox = Outbox(signer=self.signer, metrics=self.metrics,
                              in_rounds=lambda: self.phase.is_(Phase.RUNNING))
+        self.relay = Relay(rank=self.rank, peers=self.peers, node=lambda: self.role.node,
+                           signer=self.signer, verifier=self.verifier,
+                           peer_timeout_s=options.peer_timeout_s, deliver=self._on_relayed)
         self.liveness = Liveness(
             rank=self.rank, peers=self.peers, timeout_s=options.peer_timeout_s,
             node=lambda: self.role.node, clock=_loop_time, metrics=self.metrics,
-            phase=self.phase, on_change=self.waiter.wake_up, notify_sender=self.outbox.notify)
+            phase=self.phase, on_change=self.waiter.wake_up, notify_sender=self.outbox.notify,
+            on_lost=self.relay.peer_lost)
         self.downlink: DownlinkShaper | None = None  # emulated incoming NIC, set by run
         self.wall_start_s = time.perf_counter()
         self._tasks: list[asyncio.Task[Any]] = []
@@ -197,7 +202,8 @@ class Worker:
         self.rejoin = Rejoin(identity=identity, peers=self.peers, role=self.role,
                              peer_timeout_s=options.peer_timeout_s, phase=self.phase,
                              waiter=self.waiter, liveness=self.liveness, outbox=self.outbox,
-                             metrics=self.metrics, checkpoint=self.prepared.checkpoint,
+                             metrics=self.metrics, relay=self.relay,
+                             checkpoint=self.prepared.checkpoint,
                              checkpoint_dir=options.checkpoint_dir, build_node=self._build_node)
         self.evaluator = Evaluator(rank=self.rank, peers=self.peers,
                                    workload=self.prepared.workload, metrics=self.metrics,
@@ -217,12 +223,12 @@ class Worker:
             role=self.role, prepared=self.prepared, metrics=self.metrics,
             training=self.training, outbox=self.outbox, evaluator=self.evaluator,
             waiter=self.waiter, run_id=self.run_id, config_hash=self.config_hash,
-            out_dir=options.out_dir, wall_start_s=self.wall_start_s)
+            out_dir=options.out_dir, wall_start_s=self.wall_start_s, relay=self.relay)
         self.finisher = Finisher(
             rank=self.rank, peers=self.peers, role=self.role, phase=self.phase,
             waiter=self.waiter, outbox=self.outbox, liveness=self.liveness,
             training=self.training, evaluator=self.evaluator, checkpoints=checkpoints,
-            results=self.results,
+            results=self.results, relay_idle=self.relay.idle,
             grace_s=options.grace_s if options.grace_s is not None else options.peer_timeout_s)
         self.reporter = Reporter(role=self.role, phase=self.phase, metrics=self.metrics,
                                  outbox=self.outbox, liveness=self.liveness, waiter=self.waiter,
@@ -235,6 +241,7 @@ class Worker:
             ControlKind.REJOIN_HELLO: self.rejoin.on_rejoin_hello,
             ControlKind.SNAPSHOT: self.rejoin.on_snapshot,
             ControlKind.RESTART: self.rejoin.on_restart,
+            ControlKind.RELAY: self.relay.on_relay,
         }, rank=self.rank, world=self.world)
 
     def _build_node(self, compute_s: float | None, p_of: Sequence[int] | None = None) -> None:
@@ -268,6 +275,9 @@ class Worker:
     def max_body_bytes(self) -> int:
         return self.prepared.workload.gradient_bytes
 
+    def note_endorsements(self, key: tuple[int, int, int], text: str | None) -> None:
+        self.relay.note_endorsements(key, text)
+
     async def on_partial(self, partial: Partial, nbytes: int) -> bool:
         node = self.role.node
         assert node is not None
@@ -275,6 +285,8 @@ class Worker:
         receipt = node.receive(partial)  # SchemeError -> 400 in the server
         counters = self.metrics.peer(partial.sender)
         self.liveness.received(partial.sender, receipt.accepted)
+        if receipt.accepted and refusal is None:
+            self.relay.accepted(partial)  # kept for survivors, should its sender be lost
         if receipt.accepted:
             counters.bytes_received += nbytes
             counters.messages_received += 1
@@ -285,6 +297,21 @@ class Worker:
             await self.outbox.dispatch(receipt.effects)
         if refusal is not None:
             raise refusal  # 422 in the server: recorded with zero values, sender told
+        return receipt.accepted
+
+    def _on_relayed(self, partial: Partial) -> bool:
+        """A partial of a lost peer another survivor forwarded (its endorsement checked,
+        akorun.runtime.relay): taken like one of its own, but no evidence that it lives."""
+        node = self.role.node
+        assert node is not None
+        partial, refusal = refuse_non_finite(partial)
+        if refusal is not None:
+            log.warning("repair: %s", refusal)
+        receipt = node.receive(partial)
+        if receipt.accepted:
+            self.waiter.wake_up()
+        else:
+            self.metrics.duplicates_dropped += 1
         return receipt.accepted
 
     def status(self, digest: bool = False) -> dict[str, Any]:
@@ -313,6 +340,7 @@ class Worker:
         client_ssl = options.tls.client_context()
         control = ControlClient(session, self.signer, self.base_urls, ssl_context=client_ssl)
         self.evaluator.control = control
+        self.relay.control = control
         server = Server(self, max_concurrent_reads=max(4, 3 * len(self.peers)))
         host, port = self.endpoints[self.rank]
         try:

@@ -2,6 +2,7 @@
 
     deliver node.finish(t)
     drain: wait for every peer's final message      (deadline below)
+           and for the repair of a lost peer         (runtime.relay; its own deadline)
     flush: wait until every peer took what we owe   (deadline below)
     node.settle(); final checkpoint; final accuracy; results; "done" to peers;
     wait a grace period for the peers' "done"       (deadline: grace_s)
@@ -56,7 +57,7 @@ class Finisher:
     def __init__(self, *, rank: int, peers: Sequence[int], role: Role, phase: PhaseMachine,
                  waiter: Waiter, outbox: Outbox, liveness: Liveness, training: TrainingLoop,
                  evaluator: Evaluator, checkpoints: CheckpointWriter, results: ResultBuilder,
-                 grace_s: float) -> None:
+                 grace_s: float, relay_idle: Callable[[], bool] = lambda: True) -> None:
         self.rank = rank
         self.peers = list(peers)
         self.role = role
@@ -69,6 +70,7 @@ class Finisher:
         self.checkpoints = checkpoints
         self.results = results
         self.grace_s = grace_s
+        self.relay_idle = relay_idle  # no repair of a lost peer under way (runtime.relay)
 
     def _gone(self, started_s: float) -> Callable[[int], bool]:
         """Peers to give up on: nothing new from them for `grace_s` (nor since we began
@@ -100,6 +102,8 @@ class Finisher:
                           and (j in self.waiter.lost_peers or gone(j)))
 
         def drained() -> bool:
+            if not self.relay_idle():  # a lost peer's partials are being forwarded to us
+                return False
             if self.role.trains and lost():  # its rounds cannot complete (a ps server
                 return True  # still drains: the live workers' finals need its answer)
             if peer_done is None:

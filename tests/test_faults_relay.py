@@ -1,0 +1,120 @@
+"""A rank killed in the middle of a round's multicast: the survivors repair what it left.
+
+The kill is made deterministic by a fault hook (``kill_mid_multicast:R``: round
+R's partial goes to the lowest-ranked peer only, is acknowledged, then the
+process is SIGKILLed), so one survivor holds round R of the dead rank and the
+other never gets it from the dead rank itself. akorun.runtime.relay has the
+survivors forward it (authenticated by the dead rank's endorsement); both end
+holding the dead rank's rounds through R, each applied once, and equal
+replicas. The endorsement checks are tested without processes: a forwarder
+can neither alter a message nor pass off one endorsed for another rank.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from akocore.messages import Kind, Partial
+from akorun.keys import RELAY_TAG_BYTES, RequestVerifier, RunKeys, Signer
+from akorun.runtime.relay import HeldPartial, RelayStore, pack_messages, unpack_messages
+from akorun.testing import LocalCluster
+from akorun.wire import HEADER_SIZE
+
+pytestmark = pytest.mark.timeout(120)
+
+RTOL = 1e-5
+KILL_ROUND = 5
+
+
+def tables(rounds: int) -> dict[str, Any]:
+    return {"cluster": {"workers": 3}, "exchange": {"p": 2, "ssp": 1},
+            "train": {"workload": "digits-mlp", "optimizer": "sgd", "lr": 0.1,
+                      "rounds": rounds, "eval_every": 1000}}
+
+
+# --------------------------------------------------------------------------- endorsements
+
+SECRET = b"relay test secret, 32 bytes long"
+RUN = bytes(range(16))
+WIRE_HASH = bytes.fromhex("0123456789abcdef")
+
+
+def three_ranks() -> list[RunKeys]:
+    """The keys of ranks 0, 1, 2 of one run, each knowing the others' current nonces."""
+    ranks = [RunKeys.from_secret(SECRET, RUN, rank, 3, WIRE_HASH) for rank in range(3)]
+    for me in ranks:
+        for other in ranks:
+            if other is not me:
+                me.sessions.learn(other.rank, other.sessions.nonce)
+    return ranks
+
+
+def test_a_forwarded_partial_is_taken_only_as_its_sender_endorsed_it_for_this_rank() -> None:
+    keys = three_ranks()
+    origin = Signer(keys[2])
+    data = origin.encode(Partial(Kind.GRAD, 2, 5, 1, 2, 3, 3, np.arange(3, dtype=np.float32)))
+    header = data[:HEADER_SIZE]
+    tags = origin.endorse(header)
+    assert len(tags) == 2 * RELAY_TAG_BYTES
+    nonce = keys[2].sessions.nonce
+    at_1 = RequestVerifier(keys[1], world=3)
+    at_0 = RequestVerifier(keys[0], world=3)
+    assert at_1.endorsed(2, nonce, header, tags) and at_0.endorsed(2, nonce, header, tags)
+    altered = bytearray(header)
+    altered[40] ^= 1  # another round
+    assert not at_1.endorsed(2, nonce, bytes(altered), tags)
+    swapped = tags[RELAY_TAG_BYTES:] + tags[:RELAY_TAG_BYTES]  # rank 0's tag offered to 1
+    assert not at_1.endorsed(2, nonce, header, swapped)
+    forged = Signer(keys[0]).endorse(header)  # rank 0 endorsing as itself is not rank 2
+    assert not at_1.endorsed(2, nonce, header, forged)
+    assert not at_1.endorsed(2, bytes(16), header, tags)  # another instance of rank 2
+
+
+def test_the_store_keeps_two_gradients_per_peer_and_answers_what_a_peer_lacks() -> None:
+    store = RelayStore(lambda sender: 2 * 2)  # p = 2: four messages
+
+    def held(round_: int) -> HeldPartial:
+        return HeldPartial(Partial(Kind.GRAD, 2, round_, round_ % 2, 2, 0, 1,
+                                   np.ones(1, np.float32) * round_), b"t" * 32, b"n" * 16)
+
+    for round_ in range(7):
+        store.keep(held(round_))
+    assert store.oldest_round(2) == 3
+    lacking = store.missing_for(2, contiguous=3, pending={(5, 1)})
+    assert [item.partial.round for item in lacking] == [4, 6]
+    body = pack_messages(2, [(item, bytes([item.partial.round]) * HEADER_SIZE)
+                             for item in lacking])
+    origin, messages = unpack_messages(body)
+    assert origin == 2 and [data[0] for _, _, data in messages] == [4, 6]
+    with pytest.raises(ValueError):
+        unpack_messages(body + b"x")
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def test_a_rank_killed_mid_multicast_leaves_the_survivors_equal_by_forwarding(
+        tmp_path: Path) -> None:
+    """Rank 2 sends round 5 to rank 0 only and dies: rank 1 gets it forwarded by rank 0,
+    both hold rank 2's rounds through 5 exactly once, and end equal."""
+    with LocalCluster(tmp_path, tables(rounds=12)) as cluster:
+        cluster.start_all("--quiet", env={"AKORUN_FAULT": f"2@kill_mid_multicast:{KILL_ROUND}"})
+        codes = cluster.wait_all(100)
+        assert codes == {0: 0, 1: 0, 2: -signal.SIGKILL}, cluster.logs()
+        assert "mid-multicast: sent to peer 0 only" in cluster.log(2)
+        details = {rank: cluster.result(rank) for rank in (0, 1)}
+        for rank in (0, 1):
+            assert "Traceback" not in cluster.log(rank)
+            # the last round of rank 2 any survivor held is round 5, held by both
+            assert details[rank]["held_through"]["2"] == KILL_ROUND, details[rank]
+            assert details[rank]["relay_refused"] == 0
+        assert details[1]["relayed_in"] >= 1 and details[0]["relayed_out"] >= 1, cluster.logs()
+        assert details[0]["relayed_in"] == 0  # rank 0 lacked nothing
+        assert "forwarding" in cluster.log(0) and "repair: took" in cluster.log(1)
+        np.testing.assert_allclose(cluster.params(1), cluster.params(0), rtol=RTOL,
+                                   atol=RTOL * 0.1)
