@@ -22,6 +22,7 @@ import pytest
 from akocore.messages import Kind, Partial
 from akorun.keys import RELAY_TAG_BYTES, RequestVerifier, RunKeys, Signer
 from akorun.runtime.relay import HeldPartial, RelayStore, pack_messages, unpack_messages
+from akorun.cluster import new_settings
 from akorun.testing import LocalCluster
 from akorun.wire import HEADER_SIZE
 
@@ -118,3 +119,25 @@ def test_a_rank_killed_mid_multicast_leaves_the_survivors_equal_by_forwarding(
         assert "forwarding" in cluster.log(0) and "repair: took" in cluster.log(1)
         np.testing.assert_allclose(cluster.params(1), cluster.params(0), rtol=RTOL,
                                    atol=RTOL * 0.1)
+
+
+def test_a_rank_killed_mid_multicast_that_resumes_before_its_timeout_ends_equal(
+        tmp_path: Path) -> None:
+    """Rank 2 sends round 5 to rank 0 only, dies and comes back with --resume before the
+    peer timeout: before the snapshot and the restart the survivors pull what the dead
+    process left, so rank 1 takes round 5 forwarded, and all three end equal."""
+    settings = new_settings(peer_timeout_s=30.0)  # no suspension: the rejoin path repairs
+    with LocalCluster(tmp_path, tables(rounds=12), settings=settings) as cluster:
+        cluster.start_all("--quiet", env={"AKORUN_FAULT": f"2@kill_mid_multicast:{KILL_ROUND}"})
+        assert cluster.wait(2, 60) == -signal.SIGKILL, cluster.logs()
+        cluster.start(2, "--quiet", "--resume")
+        codes = cluster.wait_all(100)
+        assert codes == {0: 0, 1: 0, 2: 0}, cluster.logs()
+        assert "rejoined from rank" in cluster.log(2)
+        for rank in (1, 2):
+            np.testing.assert_allclose(cluster.params(rank), cluster.params(0), rtol=RTOL,
+                                       atol=RTOL * 0.1)
+        results = {rank: cluster.result(rank) for rank in range(3)}
+        assert results[1]["relayed_in"] >= 1, cluster.logs()
+        assert all(results[rank]["relay_refused"] == 0 for rank in range(3))
+        assert "peer 2 silent" not in cluster.log(0) + cluster.log(1)  # not the lost path
