@@ -193,12 +193,15 @@ class Worker:
                                 checkpoint_dir=options.checkpoint_dir)
         identity = Identity(self.rank, self.run_id, self.config_hash,
                             self.prepared.params_sha256)
+        hooks = fault_hooks(options.faults, outbox=self.outbox, gone=self._suspended,
+                            hard_stop=lambda: self.waiter.hard_stop)
         self.join = Join(identity=identity, peers=self.peers, hosts=self.cfg.cluster.hosts,
                          compute_measured_s=self.prepared.compute_measured_s,
                          timeout_s=options.join_timeout_s, phase=self.phase,
                          waiter=self.waiter, liveness=self.liveness,
                          node_built=lambda: self.role.node is not None,
-                         build_node=self._build_node)
+                         build_node=self._build_node, peer_timeout_s=options.peer_timeout_s,
+                         on_greeted=hooks.greeted)
         self.rejoin = Rejoin(identity=identity, peers=self.peers, role=self.role,
                              peer_timeout_s=options.peer_timeout_s, phase=self.phase,
                              waiter=self.waiter, liveness=self.liveness, outbox=self.outbox,
@@ -212,8 +215,6 @@ class Worker:
                                    heard=self.liveness.heard, spawn=self._spawn)
         checkpoints = CheckpointWriter(self.role, options.checkpoint_dir, run_id=self.run_id,
                                        config_hash=self.config_hash)
-        hooks = fault_hooks(options.faults, outbox=self.outbox, gone=self._suspended,
-                            hard_stop=lambda: self.waiter.hard_stop)
         self.training = TrainingLoop(
             cfg=self.cfg, rank=self.rank, training_workers=self.role.training_workers,
             workload=self.prepared.workload, metrics=self.metrics, outbox=self.outbox,

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 from akocore.messages import Kind, Partial
+from akorun.cluster import new_settings
 from akorun.keys import RELAY_TAG_BYTES, RequestVerifier, RunKeys, Signer
 from akorun.runtime.relay import HeldPartial, RelayStore, pack_messages, unpack_messages
-from akorun.cluster import new_settings
 from akorun.testing import LocalCluster
 from akorun.wire import HEADER_SIZE
 

@@ -6,8 +6,8 @@ pauses before a round until a file exists, SIGKILLs this process before a
 round, after a round once every peer acknowledged it, after a round once ONE
 peer acknowledged it (mid-send), after sending a round to one peer only
 (mid-multicast), inside a checkpoint write (its temp file
-written, not yet moved into place) or after the last round, and sleeps after
-each round.
+written, not yet moved into place), after the last round or during the join
+(once a peer holds our answer to its hello), and sleeps after each round.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ class FaultHooks(Protocol):
 
     async def at_end(self) -> None: ...
 
+    def greeted(self, peer: int, times: int) -> None: ...
+
 
 class NoFaults:
     """The production hooks: nothing happens."""
@@ -51,6 +53,9 @@ class NoFaults:
         return None
 
     async def at_end(self) -> None:
+        return None
+
+    def greeted(self, peer: int, times: int) -> None:
         return None
 
 
@@ -119,6 +124,10 @@ class InjectedFaults:
     async def at_end(self) -> None:
         if self.faults.kill_at_end:
             _kill_now("after the last round, before the final flush")
+
+    def greeted(self, peer: int, times: int) -> None:
+        if self.faults.kill_in_join and times >= 2:  # it holds our answer to its first
+            _kill_now(f"during the join, at rank {peer}'s second hello")
 
 
 def fault_hooks(faults: Faults, *, outbox: Outbox, gone: Callable[[int], bool],
