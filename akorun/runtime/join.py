@@ -169,7 +169,8 @@ class Join:
         """The hello answers, unless `watch` raises first (a peer died during the join)."""
         watching = asyncio.ensure_future(watch)
         try:
-            await asyncio.wait({hellos, watching}, return_when=asyncio.FIRST_COMPLETED)
+            either: list[asyncio.Future[Any]] = [hellos, watching]
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         finally:
             watching.cancel()
         if not hellos.done():
@@ -185,7 +186,8 @@ class Join:
         join: RunError (the others cannot start a run it was part of, so they end now
         rather than at the join timeout)."""
         if not math.isfinite(self.peer_timeout_s):
-            return await asyncio.Event().wait()  # never ends: the hellos decide
+            await asyncio.Event().wait()  # never ends: the hellos decide
+            return
         loop = asyncio.get_running_loop()
         probe_s = max(RETRY_S, self.peer_timeout_s / 3)
         while True:
