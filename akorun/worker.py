@@ -157,7 +157,9 @@ class Worker:
                              in_rounds=lambda: self.phase.is_(Phase.RUNNING))
         self.relay = Relay(rank=self.rank, peers=self.peers, node=lambda: self.role.node,
                            signer=self.signer, verifier=self.verifier,
-                           peer_timeout_s=options.peer_timeout_s, deliver=self._on_relayed)
+                           peer_timeout_s=options.peer_timeout_s, deliver=self._on_relayed,
+                           lost_here=lambda peer: self._suspended(peer)
+                           or self.liveness.rejoining(peer))
         self.liveness = Liveness(
             rank=self.rank, peers=self.peers, timeout_s=options.peer_timeout_s,
             node=lambda: self.role.node, clock=_loop_time, metrics=self.metrics,

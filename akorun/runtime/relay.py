@@ -28,6 +28,13 @@ So akorun does (a):
   not hold, sending its own delivery record of that peer; the answer is those
   messages, re-encoded byte for byte as sent (same header, same body), each
   with the lost peer's endorsements and the nonce of the instance that sent it.
+  A holder answers only once it has lost that peer too (503 until then; the
+  asker retries for 2 T + 1 s, and stops as soon as the peer speaks to it
+  again): a peer that only the asker cannot hear (a cut between two ranks) is
+  not dead, and after the heal it sends the asker the rounds it folded for it
+  (akorun.sender.OwedGap: one summed message per partition), which must not
+  meet forwarded copies of the same rounds (the copy would be kept, the sum
+  dropped as a duplicate).
   A donor also pulls before it hands a rejoining rank a snapshot, and every
   peer pulls (rounds before the restart only) before it takes a restart, so a
   kill mid-send followed by ``--resume`` ends equal too.
@@ -152,7 +159,8 @@ class Relay:
 
     def __init__(self, *, rank: int, peers: Sequence[int], node: Callable[[], SchemeNode | None],
                  signer: Signer, verifier: RequestVerifier, peer_timeout_s: float,
-                 deliver: Callable[[Partial], bool]) -> None:
+                 deliver: Callable[[Partial], bool],
+                 lost_here: Callable[[int], bool] = lambda peer: True) -> None:
         self.rank = rank
         self.peers = list(peers)
         self.node = node
@@ -160,6 +168,7 @@ class Relay:
         self.verifier = verifier
         self.peer_timeout_s = peer_timeout_s
         self.deliver = deliver  # give a verified forwarded partial to the node; accepted?
+        self.lost_here = lost_here  # this rank has suspended the peer, or it is rejoining
         self.control: ControlClient | None = None  # set once the run's client exists
         self.store = RelayStore(self._keep_of)
         self.restarted_at: dict[int, tuple[bytes, int]] = {}  # peer -> (nonce, first round)
@@ -204,7 +213,7 @@ class Relay:
         """`origin` was suspended: pull what the other survivors hold of it (a task)."""
         if self._ako() is None or self.control is None:
             return
-        task = asyncio.get_running_loop().create_task(self.pull(origin))
+        task = asyncio.get_running_loop().create_task(self.pull(origin, while_lost=True))
         self._pulls.add(task)
         task.add_done_callback(self._pulls.discard)
 
@@ -213,18 +222,19 @@ class Relay:
         return not self._pulls
 
     async def pull(self, origin: int, *, before_round: int | None = None,
-                   patience_s: float | None = None) -> int:
+                   patience_s: float | None = None, while_lost: bool = False) -> int:
         """Ask every other peer for `origin`'s messages this rank lacks (those before
         `before_round` only, if given); the number taken. Gives up on a holder that does
-        not answer within `patience_s` (default: the peer timeout)."""
+        not answer within `patience_s` (default 2 T + 1 s) and, `while_lost`, as soon as
+        `origin` is no longer suspended here (it speaks again)."""
         node = self._ako()
         client = self.control
         if node is None or client is None:
             return 0
         holders = [j for j in self.peers if j != origin]
-        patience = max(2.0, self.peer_timeout_s) if patience_s is None else patience_s
+        patience = 2 * self.peer_timeout_s + 1.0 if patience_s is None else patience_s
         taken = sum(await asyncio.gather(*(self._pull_from(client, holder, origin, before_round,
-                                                           patience)
+                                                           patience, while_lost)
                                            for holder in holders)))
         if taken:
             log.warning("repair: took %d partial(s) of lost rank %d forwarded by the "
@@ -233,16 +243,20 @@ class Relay:
         return taken
 
     async def _pull_from(self, client: ControlClient, holder: int, origin: int,
-                         before_round: int | None, patience_s: float) -> int:
+                         before_round: int | None, patience_s: float,
+                         while_lost: bool) -> int:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + patience_s
         while True:
             node = self._ako()
             if node is None or holder in node.suspended:
                 return 0
+            if while_lost and origin not in node.suspended:
+                return 0  # it speaks again: it delivers its rounds itself
             contiguous, pending = node.log.export()[origin]
             payload = {"rank": self.rank, "origin": origin, "contiguous": contiguous,
-                       "pending": [[r, p] for r, parts in pending.items() for p in parts]}
+                       "pending": [[r, p] for r, parts in pending.items() for p in parts],
+                       "before_round": before_round}
             answer = await client.call(holder, ControlKind.RELAY, payload, binary=True,
                                         timeout_s=max(1.0, patience_s))
             if answer.ok:
@@ -309,6 +323,17 @@ class Relay:
             return True  # the current instance has sent no round yet (it is rejoining)
         return round_ < restart[1]
 
+    def _lost_here(self, origin: int, before_round: int | None) -> bool:
+        """Forward `origin`'s partials only when this rank has lost it too (suspended or
+        rejoining), or for rounds before a restart of it taken here. A peer that only
+        the asker cannot hear (a cut between two ranks) still sends its own rounds, and
+        after a heal the rounds folded for the asker (akorun.sender) must not meet
+        forwarded copies of the same rounds."""
+        if self.lost_here(origin):
+            return True
+        restart = self.restarted_at.get(origin)
+        return before_round is not None and restart is not None and before_round <= restart[1]
+
     def restarted(self, origin: int, first_round: int) -> None:
         """`origin`'s current instance numbers its rounds from `first_round` on."""
         current = self.verifier.sessions.peer_nonce.get(origin)
@@ -325,12 +350,17 @@ class Relay:
             origin = int(payload["origin"])
             contiguous = int(payload["contiguous"])
             pending = {(int(r), int(p)) for r, p in payload.get("pending", [])}
+            before = payload.get("before_round")
+            before_round = None if before is None else int(before)
         except (KeyError, TypeError, ValueError):
-            raise ControlError(400, "relay: expected {rank, origin, contiguous, pending}") \
-                from None
+            raise ControlError(400, "relay: expected {rank, origin, contiguous, pending, "
+                                    "before_round}") from None
         if origin in (sender, self.rank) or origin not in self.peers:
             raise ControlError(400, f"relay: origin {origin} is not a third rank")
-        items = self.store.missing_for(origin, contiguous, pending)
+        if not self._lost_here(origin, before_round):
+            raise ControlError(503, f"rank {origin} is not lost here")
+        items = [item for item in self.store.missing_for(origin, contiguous, pending)
+                 if before_round is None or item.partial.round < before_round]
         oldest = self.store.oldest_round(origin)
         if oldest is not None and contiguous + 1 < oldest:
             log.warning("repair: rank %d lacks rank %d's rounds from %d, this rank keeps "
