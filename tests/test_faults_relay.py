@@ -12,6 +12,8 @@ can neither alter a message nor pass off one endorsed for another rank.
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import signal
 from pathlib import Path
 from typing import Any
@@ -20,9 +22,11 @@ import numpy as np
 import pytest
 
 from akocore.messages import Kind, Partial
+from akocore.schemes import AkoWorker, Replica
 from akorun.cluster import new_settings
+from akorun.control import ControlError
 from akorun.keys import RELAY_TAG_BYTES, RequestVerifier, RunKeys, Signer
-from akorun.runtime.relay import HeldPartial, RelayStore, pack_messages, unpack_messages
+from akorun.runtime.relay import HeldPartial, Relay, RelayStore, pack_messages, unpack_messages
 from akorun.testing import LocalCluster
 from akorun.wire import HEADER_SIZE
 
@@ -141,3 +145,43 @@ def test_a_rank_killed_mid_multicast_that_resumes_before_its_timeout_ends_equal(
         assert results[1]["relayed_in"] >= 1, cluster.logs()
         assert all(results[rank]["relay_refused"] == 0 for rank in range(3))
         assert "peer 2 silent" not in cluster.log(0) + cluster.log(1)  # not the lost path
+
+
+def _relay_at(keys: RunKeys, *, lost: bool, delivered: list[Partial]) -> Relay:
+    node = AkoWorker(keys.rank, 3, 6, (1, 1, 1), replica=Replica(None, None), staleness=0)
+
+    def deliver(partial: Partial) -> bool:
+        delivered.append(partial)
+        return True
+
+    return Relay(rank=keys.rank, peers=[j for j in range(3) if j != keys.rank],
+                 node=lambda: node, signer=Signer(keys),
+                 verifier=RequestVerifier(keys, world=3), peer_timeout_s=1.0,
+                 deliver=deliver, lost_here=lambda peer: lost)
+
+
+def test_a_holder_forwards_only_a_peer_it_lost_too_and_the_asker_checks_each_message() -> None:
+    keys = three_ranks()
+    origin = Signer(keys[2])
+    message = Partial(Kind.GRAD, 2, 5, 0, 1, 0, 6, np.arange(6, dtype=np.float32))
+    data = origin.encode(message)
+    endorsements = base64.b64encode(origin.endorse(data[:HEADER_SIZE])).decode("ascii")
+    holder = _relay_at(keys[0], lost=False, delivered=[])
+    holder.note_endorsements(message.key, endorsements)
+    holder.accepted(message)
+    ask = {"rank": 1, "origin": 2, "contiguous": 4, "pending": []}
+    with pytest.raises(ControlError) as alive_here:  # rank 2 only cut off from the asker
+        asyncio.run(holder.on_relay(1, ask))
+    assert alive_here.value.status == 503
+    holder.lost_here = lambda peer: True
+    body = asyncio.run(holder.on_relay(1, ask))
+    assert holder.served == 1
+    assert asyncio.run(holder.on_relay(1, {**ask, "contiguous": 5})) == pack_messages(2, [])
+    taken: list[Partial] = []
+    asker = _relay_at(keys[1], lost=True, delivered=taken)
+    assert asker._take(0, 2, body, None) == 1
+    assert taken[0].key == message.key and np.array_equal(taken[0].values, message.values)
+    altered = bytearray(body)
+    altered[-1] ^= 0x40  # one bit of the last value: the header's digest no longer matches
+    assert asker._take(0, 2, bytes(altered), None) == 0 and asker.refused == 1
+    assert asker._take(0, 2, body, before_round=5) == 0  # rounds before a restart only
