@@ -295,9 +295,11 @@ class Relay:
                             holder, origin)
                 continue
             values = None if partial.values is None else np.array(partial.values, copy=True)
+            kept = _with_values(partial, values)
             try:
-                if self.deliver(_with_values(partial, values)):
-                    taken += 1
+                if self.deliver(kept):
+                    taken += 1  # and kept, for a survivor that asks this rank later
+                    self.store.keep(HeldPartial(kept, endorsements, origin_nonce))
             except SchemeError as error:
                 self.refused += 1
                 log.warning("repair: refused a message rank %d forwarded: %s", holder, error)
