@@ -296,6 +296,8 @@ class Worker:
             self.waiter.wake_up()
         else:
             self.metrics.duplicates_dropped += 1
+            if refusal is None:
+                self.relay.duplicate(partial)  # held already: perhaps forwarded
         if receipt.effects:
             await self.outbox.dispatch(receipt.effects)
         if refusal is not None:

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from akocore.messages import Kind, Partial
+from akocore.optim import PlainSGD
 from akocore.schemes import AkoWorker, Replica
 from akorun.cluster import new_settings
 from akorun.control import ControlError
@@ -185,3 +186,30 @@ def test_a_holder_forwards_only_a_peer_it_lost_too_and_the_asker_checks_each_mes
     altered[-1] ^= 0x40  # one bit of the last value: the header's digest no longer matches
     assert asker._take(0, 2, bytes(altered), None) == 0 and asker.refused == 1
     assert asker._take(0, 2, body, before_round=5) == 0  # rounds before a restart only
+
+
+def test_a_folded_resend_that_meets_a_forwarded_round_adds_only_the_difference() -> None:
+    """Rank 2 (p = 1) was only paused: rank 1 took its round 5 forwarded; rank 2 then sends
+    round 5 itself, folded with round 6 (the sum, then a zero-valued round 6): rank 1 ends
+    holding 5 + 6 once; a plain re-send of round 5 changes nothing."""
+    keys = three_ranks()
+    node = AkoWorker(1, 3, 6, (1, 1, 1), replica=Replica(np.zeros(6, np.float32), PlainSGD(1)),
+                     staleness=0)
+    asker = Relay(rank=1, peers=[0, 2], node=lambda: node, signer=Signer(keys[1]),
+                  verifier=RequestVerifier(keys[1], world=3), peer_timeout_s=1.0,
+                  deliver=lambda partial: node.receive(partial).accepted)
+    origin = Signer(keys[2])
+    round_5 = Partial(Kind.GRAD, 2, 5, 0, 1, 0, 6, np.full(6, 1.0, np.float32))
+    round_6 = np.full(6, 10.0, np.float32)
+    node.log.skip_to(2, 4)
+    data = origin.encode(round_5)
+    held = HeldPartial(round_5, origin.endorse(data[:HEADER_SIZE]), keys[2].sessions.nonce)
+    assert asker._take(0, 2, pack_messages(2, [(held, data)]), None) == 1
+    folded = Partial(Kind.GRAD, 2, 5, 0, 1, 0, 6, round_5.values + round_6)
+    for resent in (folded, Partial(Kind.GRAD, 2, 6, 0, 1, 0, 6, np.zeros(6, np.float32))):
+        if not node.receive(resent).accepted:
+            asker.duplicate(resent)
+    assert node.inbox is not None and np.array_equal(node.inbox, round_5.values + round_6)
+    node.receive(round_5)
+    asker.duplicate(round_5)  # a second arrival: nothing more
+    assert np.array_equal(node.inbox, round_5.values + round_6) and asker.reconciled == 1

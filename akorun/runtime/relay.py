@@ -45,6 +45,11 @@ So akorun does (a):
   akorun.keys still hold (partials are idempotent by (sender, round, part);
   the control request that carries them has its own seal and counter).
   Forwarded messages are not evidence that the lost rank lives.
+- Meet: a peer that was only paused or cut off comes back and sends again
+  what it owed, possibly folded (akorun.sender.OwedGap: one summed message
+  per partition, then zero-valued ones); where this rank already took one of
+  those rounds forwarded, the duplicate's difference from the forwarded copy
+  is added once (`duplicate`), so the total stays exact either way.
 - Finish: a rank does not settle while a pull is under way (the Finisher asks
   `idle`); each pull gives up on a holder after the peer timeout.
 
@@ -175,6 +180,8 @@ class Relay:
         self.received = 0  # forwarded partials taken here
         self.refused = 0  # forwarded partials whose endorsement did not verify
         self.served = 0  # partials forwarded to peers
+        self.reconciled = 0  # duplicates of forwarded partials whose difference was taken
+        self._forwarded: dict[tuple[int, int, int], np.ndarray] = {}  # taken via a survivor
         self._incoming: dict[tuple[int, int, int], bytes] = {}
         self._pulls: set[asyncio.Task[int]] = set()
 
@@ -300,6 +307,8 @@ class Relay:
                 if self.deliver(kept):
                     taken += 1  # and kept, for a survivor that asks this rank later
                     self.store.keep(HeldPartial(kept, endorsements, origin_nonce))
+                    if values is not None:
+                        self._forwarded[kept.key] = values
             except SchemeError as error:
                 self.refused += 1
                 log.warning("repair: refused a message rank %d forwarded: %s", holder, error)
@@ -336,8 +345,34 @@ class Relay:
         restart = self.restarted_at.get(origin)
         return before_round is not None and restart is not None and before_round <= restart[1]
 
+    def duplicate(self, partial: Partial) -> None:
+        """`partial` came from its sender itself and was refused as a duplicate: if the
+        copy held is one a survivor forwarded, add the difference (once) to the inbox.
+
+        A sender that had suspended this rank folds the rounds its full queue dropped and
+        sends them again as one summed message per partition followed by zero-valued
+        ones (akorun.sender.OwedGap); if some of those rounds reached this rank forwarded
+        meanwhile, the duplicates carry the sum differently split. Taking, for each
+        forwarded round, (what its sender now sent - the forwarded values) keeps the
+        total exact: the incoming messages sum to what was folded. A plain re-send of
+        the same message differs by zero."""
+        held = self._forwarded.pop(partial.key, None)
+        node = self._ako()
+        if held is None or node is None or node.inbox is None or partial.values is None \
+                or held.shape != partial.values.shape:
+            return
+        difference = np.asarray(partial.values, np.float32) - held
+        if np.any(difference):
+            node.inbox[partial.offset:partial.offset + partial.length] += difference
+            self.reconciled += 1
+            log.warning("repair: round %d of rank %d arrived from it after a survivor had "
+                        "forwarded it, folded with later rounds: the difference was taken",
+                        partial.round, partial.sender)
+
     def restarted(self, origin: int, first_round: int) -> None:
         """`origin`'s current instance numbers its rounds from `first_round` on."""
+        for key in [key for key in self._forwarded if key[0] == origin]:
+            del self._forwarded[key]  # the earlier instance will send none of them again
         current = self.verifier.sessions.peer_nonce.get(origin)
         if current is not None:
             self.restarted_at[origin] = (current, first_round)
