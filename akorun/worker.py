@@ -11,7 +11,9 @@ The life of a rank follows the driving loop in the docstring of akocore.schemes:
 while the server (akorun.server) takes partials straight to the node (their
 Receipt effects are queued like any send, runtime.outbox) and control messages
 through the one `ControlTable` built here, and runtime.liveness suspends peers
-silent past the peer timeout and resumes them when they speak again. The run's
+silent past the peer timeout and resumes them when they speak again (runtime.relay
+then has the survivors forward each other what a lost rank sent to only some of
+them). The run's
 phase is a state machine (runtime.phase); what differs between ako, ps and
 all-reduce ranks is the role object chosen once (runtime.roles); the fault test
 hooks are injected (runtime.fault_hooks, none by default). `Worker` itself
