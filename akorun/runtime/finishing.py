@@ -7,7 +7,8 @@
     node.settle(); final checkpoint; final accuracy; results; "done" to peers;
     wait a grace period for the peers' "done"       (deadline: grace_s)
 
-Deadlines. Drain and flush wait for a peer as long as it makes progress; a
+Deadlines. Drain and flush wait for a peer as long as it makes progress (the
+flush never for a peer that said ``done``: it has settled and takes nothing more); a
 peer that sent nothing new for `grace_s` (a dead or unreachable one, which
 the peer timeout has also suspended by then) is given up on, with one line
 naming it. So a peer paused or cut off past the peer timeout that comes back
@@ -111,7 +112,10 @@ class Finisher:
             return all(peer_done(j) or gone(j) for j in self.peers)
 
         drained_ok = await self.waiter.until(drained)
-        await self.outbox.flush(gone, lambda: self.waiter.hard_stop)
+        # a peer that said done has settled and takes nothing more: no flush waits for it
+        # (it is also exempt from the peer timeout, so it would never count as gone)
+        await self.outbox.flush(lambda j: gone(j) or j in self.liveness.done_peers,
+                                lambda: self.waiter.hard_stop)
         given_up = sorted(j for j in self.peers if gone(j))
         if given_up:
             log.warning("finished without peer(s) %s: silent past the peer timeout and "
