@@ -1,13 +1,14 @@
 """Control messages: small JSON bodies, sealed per session like partials (akorun.keys).
 
 Gradient partitions are binary wire messages (akorun.wire). Every other write
-(hello, stop, heartbeat, done, rejoin-hello, snapshot, restart) is a JSON body
+(hello, stop, heartbeat, done, rejoin-hello, snapshot, restart, relay) is a JSON body
 whose request carries a seal (``X-Ako-Auth``: sender, receiver, both
 instances' nonces, a counter, the body's BLAKE3 digest and a keyed tag) and
 whose answer carries a tag bound to that request, so neither side acts on a
 control message that is forged, replayed (from an earlier run, an earlier
 instance of a rank, or earlier in this session) or answered for another
-request. The snapshot answer is binary: a 4-byte little-endian JSON length,
+request. The snapshot and relay answers are binary (relay: akorun.runtime.relay);
+the snapshot's is a 4-byte little-endian JSON length,
 the JSON, then raw little-endian float32 arrays named in the JSON.
 
 `ControlKind` is the one list of control messages (each with its path);
@@ -38,6 +39,7 @@ class ControlKind(StrEnum):
     REJOIN_HELLO = "rejoin-hello"
     SNAPSHOT = "snapshot"
     RESTART = "restart"
+    RELAY = "relay"
 
     @property
     def path(self) -> str:

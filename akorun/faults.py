@@ -13,9 +13,15 @@ optionally prefixed by ``RANK@`` to apply to one rank only:
 - ``kill_mid_send:R``: after round R's local step, SIGKILL as soon as ONE peer
   acknowledged round R's message, while the others may still be waiting for
   theirs (a crash in the middle of a round's sends).
+- ``kill_mid_multicast:R``: send round R's partial to the lowest-ranked peer
+  only, wait until it acknowledged every round through R, then SIGKILL: the
+  other peers never get round R from this rank (a kill in the middle of a
+  round's sends, made deterministic; akorun.runtime.relay repairs it).
 - ``kill_mid_checkpoint:R``: SIGKILL during the first checkpoint written after
   round R, once its temp file is written and before it is moved into place.
 - ``kill_at_end``: SIGKILL after the last round, before the final flush.
+- ``kill_in_join``: SIGKILL during the join, when a peer says hello for the
+  second time (it got our answer to its first: it knows we were up).
 - ``pause_before_round:R:PATH``: before starting round R, wait (without
   blocking the event loop) until the file PATH exists.
 - ``sleep_per_round:S``: sleep S seconds after every round (a slow worker).
@@ -42,7 +48,9 @@ class Faults:
     kill_before_round: int | None = None
     kill_mid_send: int | None = None
     kill_mid_checkpoint: int | None = None
+    kill_mid_multicast: int | None = None
     kill_at_end: bool = False
+    kill_in_join: bool = False
     pause_before_round: int | None = None
     pause_until_file: str | None = None
     sleep_per_round_s: float = 0.0
@@ -52,6 +60,7 @@ class Faults:
         return (self.kill_after_round is not None or self.pause_before_round is not None
                 or self.kill_before_round is not None or self.kill_mid_send is not None
                 or self.kill_mid_checkpoint is not None or self.kill_at_end
+                or self.kill_mid_multicast is not None or self.kill_in_join
                 or self.sleep_per_round_s > 0)
 
 
@@ -68,12 +77,12 @@ def faults_for(rank: int, env: Mapping[str, str]) -> Faults:
                 continue
             name, _, args = spec.partition(":")
             if name in ("kill_after_round", "kill_before_round", "kill_mid_send",
-                        "kill_mid_checkpoint"):
+                        "kill_mid_checkpoint", "kill_mid_multicast"):
                 values[name] = int(args)
-            elif name == "kill_at_end":
+            elif name in ("kill_at_end", "kill_in_join"):
                 if args:
                     raise ValueError("takes no argument")
-                values["kill_at_end"] = True
+                values[name] = True
             elif name == "pause_before_round":
                 round_text, _, path = args.partition(":")
                 if not path:

@@ -23,6 +23,11 @@ section gives the argument):
   counter not seen before in the session (a replay window); partials are
   idempotent by (sender, round, part) anyway. Every answer carries a tag keyed
   the other way and bound to the request's tag, status and body.
+- Endorsements (``X-Ako-Relay``): a partial also carries, for every other
+  rank k, a 16-byte tag over its header keyed with the session key to k, so
+  that a peer holding it can forward it to k when its sender is lost and k
+  can check it came, unchanged, from that sender (`Signer.endorse`,
+  `RequestVerifier.endorsed`; akorun.runtime.relay).
 - Discovery, the first half of ``hello``: a hello sealed with the receiver
   nonce all zero asks a peer for its current nonce (the answer is bound to the
   asking request); it changes nothing on the server. The hello proper, and
@@ -68,6 +73,10 @@ RANK_KEYS_KIND = "ako-rank-keys"
 RANK_KEYS_VERSION = 1
 RANK_KEY_FILE = "rank-{rank}.keys"
 REPLAY_WINDOW = 1024  # control counters accepted below the highest seen (then: replays)
+RELAY_HEADER = "X-Ako-Relay"  # a partial's endorsements for the sender's other peers
+RELAY_TAG_BYTES = 16  # one truncated keyed-BLAKE3 tag per peer of the sender
+_RELAY = b"ako relay v1\0"
+ENDORSEMENT_CACHE = 256  # encoded partials whose endorsements a sealer remembers
 _REQUEST = b"ako request v2\0"
 _ANSWER = b"ako answer v2\0"
 
@@ -273,6 +282,11 @@ def answer_tag(key: bytes, request: bytes, status: int, body: bytes) -> bytes:
     return keyed_digest(key, _ANSWER, request, struct.pack("<I", status), digest(body))
 
 
+def endorsement_tag(key: bytes, header: bytes) -> bytes:
+    """The tag by which a partial's sender vouches for it to one peer (see `Signer.endorse`)."""
+    return blake3.blake3(_RELAY + header, key=key).digest(RELAY_TAG_BYTES)  # one pass
+
+
 @dataclass
 class RunKeys:
     """The keys and sessions of one process; `wire_hash` is None until the node exists."""
@@ -344,6 +358,26 @@ class Signer:
 
     def learn(self, peer: int, nonce: bytes) -> bool:
         return self.sessions.learn(peer, nonce)
+
+    def endorse(self, header: bytes) -> bytes:
+        """Endorsements of one encoded partial (its `header`, which commits to the body): one
+        `RELAY_TAG_BYTES` tag per other rank in rank order, keyed with the session key from
+        this instance to that rank's current instance (zeros for a rank whose nonce is not
+        known). Sent to every destination alike: rank k can check only its own tag, so a
+        peer that holds the message can forward it to k (akorun.runtime.relay) and k can
+        tell it came from this rank, unchanged; no rank can make or alter one for another."""
+        sessions = self.sessions
+        tags = []
+        for peer in range(self.keys.keys.world):
+            if peer == sessions.rank:
+                continue
+            nonce = sessions.peer_nonce.get(peer)
+            if nonce is None:
+                tags.append(bytes(RELAY_TAG_BYTES))
+                continue
+            key = sessions.key(sessions.rank, peer, sessions.nonce, nonce)
+            tags.append(endorsement_tag(key, header))
+        return b"".join(tags)
 
 
 @dataclass(frozen=True)
@@ -419,6 +453,21 @@ class RequestVerifier:
                                 seal.sender_nonce)
         return base64.b64encode(answer_tag(key, seal.tag, status, body)).decode("ascii")
 
+    def endorsed(self, origin: int, origin_nonce: bytes, header: bytes, tags: bytes) -> bool:
+        """`header` (of a partial relayed by a third rank) was endorsed by instance
+        `origin_nonce` of rank `origin` for this instance of this rank (`Signer.endorse`)."""
+        sessions = self.sessions
+        rank = sessions.rank
+        if origin == rank or not 0 <= origin < self.world or len(origin_nonce) != NONCE_BYTES \
+                or len(tags) != (self.world - 1) * RELAY_TAG_BYTES:
+            return False
+        index = rank if rank < origin else rank - 1
+        given = tags[index * RELAY_TAG_BYTES:(index + 1) * RELAY_TAG_BYTES]
+        if given == bytes(RELAY_TAG_BYTES):
+            return False
+        key = sessions.key(origin, rank, origin_nonce, sessions.nonce)
+        return hmac.compare_digest(endorsement_tag(key, header), given)
+
     def check_run(self, header: Header) -> None:
         """WireError (409) unless the partial belongs to this run and this config."""
         wire_hash = self.keys.wire_hash
@@ -433,9 +482,22 @@ class PartialSealer:
     def __init__(self, signer: Signer, path: str) -> None:
         self.signer = signer
         self.path = path
+        self._endorsements: dict[bytes, str] = {}  # header -> RELAY_HEADER text (a few)
 
     def seal(self, dest: int, data: bytes) -> Seal:
         return self.signer.seal_partial(dest, self.path, data)
+
+    def endorsements(self, data: bytes) -> str:
+        """The `RELAY_HEADER` text of one encoded partial, computed once for all its
+        destinations (a small cache keyed by the header)."""
+        header = bytes(memoryview(data)[:HEADER_SIZE])
+        text = self._endorsements.get(header)
+        if text is None:
+            if len(self._endorsements) >= ENDORSEMENT_CACHE:
+                self._endorsements.pop(next(iter(self._endorsements)))
+            text = base64.b64encode(self.signer.endorse(header)).decode("ascii")
+            self._endorsements[header] = text
+        return text
 
     def acknowledged(self, seal: Seal, duplicate: bool, given: str | None) -> bool:
         """The 200 came from the instance the partial was sealed for, about this request."""

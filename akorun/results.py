@@ -22,7 +22,7 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +103,11 @@ class RankDiagnostics:
     config_hash: str
     peers: Mapping[str, Any]  # per peer counters (akorun.metrics)
     config: Mapping[str, Any]  # the configuration, as akocore.config.config_to_dict
+    relayed_in: int = 0  # partials of lost peers forwarded here by survivors (runtime.relay)
+    relayed_out: int = 0  # ... forwarded by this rank to survivors
+    relay_refused: int = 0  # forwarded partials refused (endorsement or wire check failed)
+    held_through: Mapping[str, int] = field(default_factory=dict)  # ako: per peer, the
+    # round through which all its rounds are held (its delivery record's contiguous round)
 
     def as_details(self) -> dict[str, Any]:
         """The RankResult's `details`."""

@@ -72,7 +72,7 @@ import numpy as np
 
 from akocore.messages import Kind, Partial
 from akocore.settings.registry import default_of
-from akorun.keys import AUTH_HEADER, STALE_SESSION, PartialSealer
+from akorun.keys import AUTH_HEADER, RELAY_HEADER, STALE_SESSION, PartialSealer
 from akorun.metrics import PeerCounters, timed_call
 from akorun.shaping import LinkShaper
 
@@ -441,9 +441,10 @@ class PeerSender:
             headers[WIRE_TIME_HEADER] = f"{wire_s:.6f}"
         seal_start_s = time.perf_counter()
         seal = self.sealer.seal(self.dest, message.data) if self.sealer is not None else None
-        self.counters.software_send_s += time.perf_counter() - seal_start_s
-        if seal is not None:
+        if seal is not None and self.sealer is not None:
             headers[AUTH_HEADER] = seal.text()
+            headers[RELAY_HEADER] = self.sealer.endorsements(message.data)
+        self.counters.software_send_s += time.perf_counter() - seal_start_s
         try:
             async with self.session.post(self.url, data=message.data, headers=headers,
                                          ssl=self.ssl) as response:  # type: ignore[arg-type]

@@ -62,7 +62,7 @@ from akorun import control
 from akorun.admission import Admission, BufferPool, Refusal
 from akorun.control import CONTROL_BODY_MAX_BYTES, ControlError, ControlKind
 from akorun.errors import UsageError
-from akorun.keys import AUTH_HEADER, SESSION_PATH, Opened, RequestVerifier, ack_body
+from akorun.keys import AUTH_HEADER, RELAY_HEADER, SESSION_PATH, Opened, RequestVerifier, ack_body
 from akorun.metrics import PROMETHEUS_CONTENT_TYPE, ByteWaits, Metrics
 from akorun.routing import ControlTable
 from akorun.sender import (
@@ -187,6 +187,10 @@ class Host(Protocol):
     def max_body_bytes(self) -> int: ...
 
     async def on_partial(self, partial: Partial, nbytes: int) -> bool: ...
+
+    def note_endorsements(self, key: tuple[int, int, int], text: str | None) -> None:
+        """The sender's endorsements of the partial `key` about to be given to
+        `on_partial` (akorun.keys.RELAY_HEADER; None if it carried none)."""
 
     def status(self, digest: bool = False) -> dict[str, Any]: ...
 
@@ -455,6 +459,7 @@ class Server:
             wire_s = seconds_header(request.headers.get(WIRE_TIME_HEADER)) or None
             await downlink.admit(header.sender, HEADER_SIZE + nbytes, wire_s)
             wait_s = loop.time() - arrived_s
+        host.note_endorsements(partial.key, request.headers.get(RELAY_HEADER))
         accepted = await host.on_partial(partial, HEADER_SIZE + nbytes)
         del partial
         self.buffers.give_back(values)

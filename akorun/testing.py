@@ -206,6 +206,9 @@ class SinkHost:
     def max_body_bytes(self) -> int:
         return self.cap
 
+    def note_endorsements(self, key: tuple[int, int, int], text: str | None) -> None:
+        return None
+
     async def on_partial(self, partial: Partial, nbytes: int) -> bool:
         self.arrivals.append((asyncio.get_running_loop().time(), nbytes, partial.key))
         if partial.key in self.seen:

@@ -11,7 +11,9 @@ The life of a rank follows the driving loop in the docstring of akocore.schemes:
 while the server (akorun.server) takes partials straight to the node (their
 Receipt effects are queued like any send, runtime.outbox) and control messages
 through the one `ControlTable` built here, and runtime.liveness suspends peers
-silent past the peer timeout and resumes them when they speak again. The run's
+silent past the peer timeout and resumes them when they speak again (runtime.relay
+then has the survivors forward each other what a lost rank sent to only some of
+them). The run's
 phase is a state machine (runtime.phase); what differs between ako, ps and
 all-reduce ranks is the role object chosen once (runtime.roles); the fault test
 hooks are injected (runtime.fault_hooks, none by default). `Worker` itself
@@ -56,6 +58,7 @@ from akorun.runtime.outbox import Outbox, emulated_links
 from akorun.runtime.phase import Phase, PhaseMachine
 from akorun.runtime.prepare import Prepared, prepare
 from akorun.runtime.rejoin import Rejoin
+from akorun.runtime.relay import Relay
 from akorun.runtime.reporting import Reporter
 from akorun.runtime.results import ResultBuilder
 from akorun.runtime.roles import role_for
@@ -154,10 +157,16 @@ class Worker:
         self.verifier = RequestVerifier(self.keys, world=self.world)
         self.outbox = Outbox(signer=self.signer, metrics=self.metrics,
                              in_rounds=lambda: self.phase.is_(Phase.RUNNING))
+        self.relay = Relay(rank=self.rank, peers=self.peers, node=lambda: self.role.node,
+                           signer=self.signer, verifier=self.verifier,
+                           peer_timeout_s=options.peer_timeout_s, deliver=self._on_relayed,
+                           lost_here=lambda peer: self._suspended(peer)
+                           or self.liveness.rejoining(peer))
         self.liveness = Liveness(
             rank=self.rank, peers=self.peers, timeout_s=options.peer_timeout_s,
             node=lambda: self.role.node, clock=_loop_time, metrics=self.metrics,
-            phase=self.phase, on_change=self.waiter.wake_up, notify_sender=self.outbox.notify)
+            phase=self.phase, on_change=self.waiter.wake_up, notify_sender=self.outbox.notify,
+            on_lost=self.relay.peer_lost)
         self.downlink: DownlinkShaper | None = None  # emulated incoming NIC, set by run
         self.wall_start_s = time.perf_counter()
         self._tasks: list[asyncio.Task[Any]] = []
@@ -188,16 +197,20 @@ class Worker:
                                 checkpoint_dir=options.checkpoint_dir)
         identity = Identity(self.rank, self.run_id, self.config_hash,
                             self.prepared.params_sha256)
+        hooks = fault_hooks(options.faults, outbox=self.outbox, gone=self._suspended,
+                            hard_stop=lambda: self.waiter.hard_stop)
         self.join = Join(identity=identity, peers=self.peers, hosts=self.cfg.cluster.hosts,
                          compute_measured_s=self.prepared.compute_measured_s,
                          timeout_s=options.join_timeout_s, phase=self.phase,
                          waiter=self.waiter, liveness=self.liveness,
                          node_built=lambda: self.role.node is not None,
-                         build_node=self._build_node)
+                         build_node=self._build_node, peer_timeout_s=options.peer_timeout_s,
+                         on_greeted=hooks.greeted)
         self.rejoin = Rejoin(identity=identity, peers=self.peers, role=self.role,
                              peer_timeout_s=options.peer_timeout_s, phase=self.phase,
                              waiter=self.waiter, liveness=self.liveness, outbox=self.outbox,
-                             metrics=self.metrics, checkpoint=self.prepared.checkpoint,
+                             metrics=self.metrics, relay=self.relay,
+                             checkpoint=self.prepared.checkpoint,
                              checkpoint_dir=options.checkpoint_dir, build_node=self._build_node)
         self.evaluator = Evaluator(rank=self.rank, peers=self.peers,
                                    workload=self.prepared.workload, metrics=self.metrics,
@@ -206,8 +219,6 @@ class Worker:
                                    heard=self.liveness.heard, spawn=self._spawn)
         checkpoints = CheckpointWriter(self.role, options.checkpoint_dir, run_id=self.run_id,
                                        config_hash=self.config_hash)
-        hooks = fault_hooks(options.faults, outbox=self.outbox, gone=self._suspended,
-                            hard_stop=lambda: self.waiter.hard_stop)
         self.training = TrainingLoop(
             cfg=self.cfg, rank=self.rank, training_workers=self.role.training_workers,
             workload=self.prepared.workload, metrics=self.metrics, outbox=self.outbox,
@@ -217,12 +228,12 @@ class Worker:
             role=self.role, prepared=self.prepared, metrics=self.metrics,
             training=self.training, outbox=self.outbox, evaluator=self.evaluator,
             waiter=self.waiter, run_id=self.run_id, config_hash=self.config_hash,
-            out_dir=options.out_dir, wall_start_s=self.wall_start_s)
+            out_dir=options.out_dir, wall_start_s=self.wall_start_s, relay=self.relay)
         self.finisher = Finisher(
             rank=self.rank, peers=self.peers, role=self.role, phase=self.phase,
             waiter=self.waiter, outbox=self.outbox, liveness=self.liveness,
             training=self.training, evaluator=self.evaluator, checkpoints=checkpoints,
-            results=self.results,
+            results=self.results, relay_idle=self.relay.idle,
             grace_s=options.grace_s if options.grace_s is not None else options.peer_timeout_s)
         self.reporter = Reporter(role=self.role, phase=self.phase, metrics=self.metrics,
                                  outbox=self.outbox, liveness=self.liveness, waiter=self.waiter,
@@ -235,6 +246,7 @@ class Worker:
             ControlKind.REJOIN_HELLO: self.rejoin.on_rejoin_hello,
             ControlKind.SNAPSHOT: self.rejoin.on_snapshot,
             ControlKind.RESTART: self.rejoin.on_restart,
+            ControlKind.RELAY: self.relay.on_relay,
         }, rank=self.rank, world=self.world)
 
     def _build_node(self, compute_s: float | None, p_of: Sequence[int] | None = None) -> None:
@@ -268,6 +280,9 @@ class Worker:
     def max_body_bytes(self) -> int:
         return self.prepared.workload.gradient_bytes
 
+    def note_endorsements(self, key: tuple[int, int, int], text: str | None) -> None:
+        self.relay.note_endorsements(key, text)
+
     async def on_partial(self, partial: Partial, nbytes: int) -> bool:
         node = self.role.node
         assert node is not None
@@ -275,16 +290,35 @@ class Worker:
         receipt = node.receive(partial)  # SchemeError -> 400 in the server
         counters = self.metrics.peer(partial.sender)
         self.liveness.received(partial.sender, receipt.accepted)
+        if receipt.accepted and refusal is None:
+            self.relay.accepted(partial)  # kept for survivors, should its sender be lost
         if receipt.accepted:
             counters.bytes_received += nbytes
             counters.messages_received += 1
             self.waiter.wake_up()
         else:
             self.metrics.duplicates_dropped += 1
+            if refusal is None:
+                self.relay.duplicate(partial)  # held already: perhaps forwarded
         if receipt.effects:
             await self.outbox.dispatch(receipt.effects)
         if refusal is not None:
             raise refusal  # 422 in the server: recorded with zero values, sender told
+        return receipt.accepted
+
+    def _on_relayed(self, partial: Partial) -> bool:
+        """A partial of a lost peer another survivor forwarded (its endorsement checked,
+        akorun.runtime.relay): taken like one of its own, but no evidence that it lives."""
+        node = self.role.node
+        assert node is not None
+        partial, refusal = refuse_non_finite(partial)
+        if refusal is not None:
+            log.warning("repair: %s", refusal)
+        receipt = node.receive(partial)
+        if receipt.accepted:
+            self.waiter.wake_up()
+        else:
+            self.metrics.duplicates_dropped += 1
         return receipt.accepted
 
     def status(self, digest: bool = False) -> dict[str, Any]:
@@ -313,6 +347,7 @@ class Worker:
         client_ssl = options.tls.client_context()
         control = ControlClient(session, self.signer, self.base_urls, ssl_context=client_ssl)
         self.evaluator.control = control
+        self.relay.control = control
         server = Server(self, max_concurrent_reads=max(4, 3 * len(self.peers)))
         host, port = self.endpoints[self.rank]
         try:

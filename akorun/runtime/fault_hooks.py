@@ -4,9 +4,10 @@ of AKORUN_FAULT (akorun.faults) when asked for.
 `FaultHooks` is the interface; `NoFaults` does nothing; `InjectedFaults`
 pauses before a round until a file exists, SIGKILLs this process before a
 round, after a round once every peer acknowledged it, after a round once ONE
-peer acknowledged it (mid-send), inside a checkpoint write (its temp file
-written, not yet moved into place) or after the last round, and sleeps after
-each round.
+peer acknowledged it (mid-send), after sending a round to one peer only
+(mid-multicast), inside a checkpoint write (its temp file
+written, not yet moved into place), after the last round or during the join
+(once a peer holds our answer to its hello), and sleeps after each round.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class FaultHooks(Protocol):
 
     async def at_end(self) -> None: ...
 
+    def greeted(self, peer: int, times: int) -> None: ...
+
 
 class NoFaults:
     """The production hooks: nothing happens."""
@@ -50,6 +53,9 @@ class NoFaults:
         return None
 
     async def at_end(self) -> None:
+        return None
+
+    def greeted(self, peer: int, times: int) -> None:
         return None
 
 
@@ -70,9 +76,13 @@ class InjectedFaults:
         self.gone = gone  # a suspended peer need not acknowledge before the kill
         self.hard_stop = hard_stop
         self.checkpoint_killed = False
+        self.multicast_to: int | None = None  # kill_mid_multicast: the one destination
 
     async def before_round(self, round_: int) -> None:
         faults = self.faults
+        if faults.kill_mid_multicast == round_ and self.outbox.senders:
+            self.multicast_to = min(self.outbox.senders)
+            self.outbox.only_to[round_] = self.multicast_to
         if faults.kill_before_round == round_:
             _kill_now(f"before round {round_}")
         if faults.pause_before_round == round_ and faults.pause_until_file:
@@ -93,6 +103,12 @@ class InjectedFaults:
             _kill_now(f"after round {round_}, mid-send: acknowledged by peer(s) "
                       f"{sorted(j for j, s in senders.items() if s.acked_through >= round_)} "
                       f"of {sorted(senders)}")
+        if self.faults.kill_mid_multicast == round_ and self.multicast_to is not None:
+            sender = self.outbox.senders[self.multicast_to]
+            await sender.wait(lambda: sender.acked_through >= round_, poll_s=0.001)
+            _kill_now(f"after round {round_}, mid-multicast: sent to peer {self.multicast_to} "
+                      f"only and acknowledged; peers "
+                      f"{sorted(set(self.outbox.senders) - {self.multicast_to})} never get it")
         if self.faults.sleep_per_round_s > 0:
             await asyncio.sleep(self.faults.sleep_per_round_s)
 
@@ -108,6 +124,10 @@ class InjectedFaults:
     async def at_end(self) -> None:
         if self.faults.kill_at_end:
             _kill_now("after the last round, before the final flush")
+
+    def greeted(self, peer: int, times: int) -> None:
+        if self.faults.kill_in_join and times >= 2:  # it holds our answer to its first
+            _kill_now(f"during the join, at rank {peer}'s second hello")
 
 
 def fault_hooks(faults: Faults, *, outbox: Outbox, gone: Callable[[int], bool],

@@ -2,11 +2,13 @@
 
     deliver node.finish(t)
     drain: wait for every peer's final message      (deadline below)
+           and for the repair of a lost peer         (runtime.relay; its own deadline)
     flush: wait until every peer took what we owe   (deadline below)
     node.settle(); final checkpoint; final accuracy; results; "done" to peers;
     wait a grace period for the peers' "done"       (deadline: grace_s)
 
-Deadlines. Drain and flush wait for a peer as long as it makes progress; a
+Deadlines. Drain and flush wait for a peer as long as it makes progress (the
+flush never for a peer that said ``done``: it has settled and takes nothing more); a
 peer that sent nothing new for `grace_s` (a dead or unreachable one, which
 the peer timeout has also suspended by then) is given up on, with one line
 naming it. So a peer paused or cut off past the peer timeout that comes back
@@ -56,7 +58,7 @@ class Finisher:
     def __init__(self, *, rank: int, peers: Sequence[int], role: Role, phase: PhaseMachine,
                  waiter: Waiter, outbox: Outbox, liveness: Liveness, training: TrainingLoop,
                  evaluator: Evaluator, checkpoints: CheckpointWriter, results: ResultBuilder,
-                 grace_s: float) -> None:
+                 grace_s: float, relay_idle: Callable[[], bool] = lambda: True) -> None:
         self.rank = rank
         self.peers = list(peers)
         self.role = role
@@ -69,6 +71,7 @@ class Finisher:
         self.checkpoints = checkpoints
         self.results = results
         self.grace_s = grace_s
+        self.relay_idle = relay_idle  # no repair of a lost peer under way (runtime.relay)
 
     def _gone(self, started_s: float) -> Callable[[int], bool]:
         """Peers to give up on: nothing new from them for `grace_s` (nor since we began
@@ -100,6 +103,8 @@ class Finisher:
                           and (j in self.waiter.lost_peers or gone(j)))
 
         def drained() -> bool:
+            if not self.relay_idle():  # a lost peer's partials are being forwarded to us
+                return False
             if self.role.trains and lost():  # its rounds cannot complete (a ps server
                 return True  # still drains: the live workers' finals need its answer)
             if peer_done is None:
@@ -107,7 +112,10 @@ class Finisher:
             return all(peer_done(j) or gone(j) for j in self.peers)
 
         drained_ok = await self.waiter.until(drained)
-        await self.outbox.flush(gone, lambda: self.waiter.hard_stop)
+        # a peer that said done has settled and takes nothing more: no flush waits for it
+        # (it is also exempt from the peer timeout, so it would never count as gone)
+        await self.outbox.flush(lambda j: gone(j) or j in self.liveness.done_peers,
+                                lambda: self.waiter.hard_stop)
         given_up = sorted(j for j in self.peers if gone(j))
         if given_up:
             log.warning("finished without peer(s) %s: silent past the peer timeout and "

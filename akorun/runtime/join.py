@@ -3,7 +3,12 @@
 Each rank sends its `Identity` (run id, config hash, initial-parameter hash)
 and, for p auto, its measured compute time in a hello to every peer until each
 answered or the join timeout passed; a peer that differs is refused (409) on
-both sides. Every rank then plans with the MAX of all measured compute times,
+both sides. While it still waits for some rank, it says hello again every
+third of the peer timeout to the ranks that answered: one that stops
+answering for longer than the peer timeout died during the join, and the
+join ends at once (RunError, exit 1, one line) instead of at the join
+timeout; a rank that never answered is waited for until the join timeout
+(it may just be slow to start). Every rank then plans with the MAX of all measured compute times,
 so all choose the same p, and builds its node. `greet` and `until` are the
 retrying calls the rejoin handshake uses too.
 
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -93,7 +99,9 @@ class Join:
     def __init__(self, *, identity: Identity, peers: Sequence[int], hosts: Sequence[str],
                  compute_measured_s: float | None, timeout_s: float, phase: PhaseMachine,
                  waiter: Waiter, liveness: Liveness, node_built: Callable[[], bool],
-                 build_node: Callable[[float | None], None]) -> None:
+                 build_node: Callable[[float | None], None],
+                 peer_timeout_s: float = math.inf,
+                 on_greeted: Callable[[int, int], None] = lambda peer, times: None) -> None:
         self.identity = identity
         self.peers = list(peers)
         self.hosts = list(hosts)
@@ -104,6 +112,9 @@ class Join:
         self.liveness = liveness
         self.node_built = node_built
         self.build_node = build_node  # plan with this compute time and build the node
+        self.peer_timeout_s = peer_timeout_s  # an answered peer silent this long: dead
+        self.on_greeted = on_greeted  # (peer, how many hellos of it so far): a test hook
+        self.greeted: dict[int, int] = {}  # peer -> hellos of it answered here
         self.peer_compute_s: dict[int, float] = {}
         self.error: str | None = None  # a peer of another run said hello: no start
 
@@ -113,6 +124,8 @@ class Join:
         deadline = loop.time() + self.timeout_s
         payload = {**self.identity.payload(), "compute_s": self.compute_measured_s}
 
+        answered_s: dict[int, float] = {}  # peer -> when it last answered a hello
+
         async def hello(peer: int) -> dict[str, Any] | None:
             async def once() -> dict[str, Any] | None:
                 if self.error is not None:
@@ -121,9 +134,14 @@ class Join:
                     raise Interrupted(f"{self.waiter.stop_reason} (before every rank said "
                                       f"hello)")
                 return await greet(control, peer, ControlKind.HELLO, payload, "hello")
-            return await until(deadline, once)
+            answer = await until(deadline, once)
+            if answer is not None:
+                answered_s[peer] = loop.time()
+            return answer
 
-        answers = await asyncio.gather(*(hello(j) for j in self.peers))
+        answers = await self._hellos_unless_one_dies(
+            asyncio.gather(*(hello(j) for j in self.peers)),
+            self._watch(control, payload, answered_s))
         missing = [j for j, a in zip(self.peers, answers, strict=True) if a is None]
         if missing:
             where = ", ".join(f"{j} at {self.hosts[j]}" for j in missing)
@@ -144,7 +162,53 @@ class Join:
         self.liveness.heard_all()
         self.phase.to(Phase.RUNNING)
 
+    @staticmethod
+    async def _hellos_unless_one_dies(
+            hellos: asyncio.Future[list[dict[str, Any] | None]],
+            watch: Awaitable[None]) -> list[dict[str, Any] | None]:
+        """The hello answers, unless `watch` raises first (a peer died during the join)."""
+        watching = asyncio.ensure_future(watch)
+        try:
+            either: list[asyncio.Future[Any]] = [hellos, watching]
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watching.cancel()
+        if not hellos.done():
+            hellos.cancel()
+            await asyncio.gather(hellos, return_exceptions=True)
+            watching.result()  # its RunError
+        return hellos.result()
+
+    async def _watch(self, control: ControlClient, payload: dict[str, Any],
+                     answered_s: dict[int, float]) -> None:
+        """While the join waits for some rank, say hello again to the ranks that answered;
+        one that then stops answering for longer than the peer timeout died during the
+        join: RunError (the others cannot start a run it was part of, so they end now
+        rather than at the join timeout)."""
+        if not math.isfinite(self.peer_timeout_s):
+            await asyncio.Event().wait()  # never ends: the hellos decide
+            return
+        loop = asyncio.get_running_loop()
+        probe_s = max(RETRY_S, self.peer_timeout_s / 3)
+        while True:
+            await asyncio.sleep(probe_s)
+            peers = sorted(answered_s)
+            answers = await asyncio.gather(*(control.call(
+                j, ControlKind.HELLO, payload, timeout_s=min(GREET_TIMEOUT_S, probe_s))
+                for j in peers))
+            now = loop.time()
+            for peer, answer in zip(peers, answers, strict=True):
+                if answer.ok:
+                    answered_s[peer] = now
+                elif now - answered_s[peer] > self.peer_timeout_s:
+                    raise RunError(f"rank {peer} at {self.hosts[peer]} answered our hello, "
+                                   f"then nothing for {now - answered_s[peer]:.1f} s (peer "
+                                   f"timeout {self.peer_timeout_s:g} s): it died during the "
+                                   f"join, before every rank had joined; nothing trained")
+
     async def on_hello(self, sender: int, payload: dict[str, Any]) -> dict[str, Any]:
+        self.greeted[sender] = self.greeted.get(sender, 0) + 1
+        self.on_greeted(sender, self.greeted[sender])
         try:
             self.identity.check(sender, payload)
         except ControlError as error:

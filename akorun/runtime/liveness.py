@@ -41,7 +41,8 @@ class Liveness:
                  node: Callable[[], SchemeNode | None], clock: Callable[[], float],
                  metrics: Metrics, phase: PhaseMachine,
                  on_change: Callable[[], None] = lambda: None,
-                 notify_sender: Callable[[int], None] = lambda peer: None) -> None:
+                 notify_sender: Callable[[int], None] = lambda peer: None,
+                 on_lost: Callable[[int], None] = lambda peer: None) -> None:
         self.rank = rank
         self.peers = list(peers)
         self.timeout_s = timeout_s
@@ -51,6 +52,7 @@ class Liveness:
         self.phase = phase
         self.on_change = on_change  # wake the waits
         self.notify_sender = notify_sender  # a change of the peer's suspension
+        self.on_lost = on_lost  # a peer suspended: repair what it left (runtime.relay)
         self.last_heard: dict[int, float] = {}
         self.last_new_s: dict[int, float] = {}  # peer -> last time it sent a NEW message
         self.done_peers: set[int] = set()  # said done (see is_done)
@@ -121,6 +123,7 @@ class Liveness:
         log.warning("peer %d silent for %.1f s (peer timeout %.1f s): suspended from the SSP "
                     "gate; messages to it stay owed", peer, silent_s, self.timeout_s)
         self.notify_sender(peer)
+        self.on_lost(peer)
         self.on_change()
 
     def check(self, now: float) -> list[int]:

@@ -55,6 +55,7 @@ class Outbox:
         self.senders: dict[int, PeerSender] = {}
         self.bytes_queued_rounds = 0  # bytes handed to the senders during the rounds
         self.bytes_queued_flush = 0  # ... after them (node.finish, the final flush)
+        self.only_to: dict[int, int] = {}  # round -> its one destination (a fault test hook)
 
     def start(self, *, rank: int, peer_urls: dict[int, str], session: aiohttp.ClientSession,
               shaper: LinkShaper | None, queue_messages: int, ssl: Any,
@@ -89,7 +90,8 @@ class Outbox:
             else:
                 self.bytes_queued_flush += queued
             for dest in send.dests:
-                await self.senders[dest].put(out)
+                if self.only_to.get(message.round, dest) == dest:
+                    await self.senders[dest].put(out)
 
     def notify(self, peer: int) -> None:
         sender = self.senders.get(peer)

@@ -3,9 +3,13 @@
 Joiner: answer partials with 503 "rejoining"; ask every peer what it
 acknowledged, dropped and received (``rejoin-hello``); get a snapshot from the
 most advanced live peer once it holds everything the dead process had
-acknowledged (``snapshot``); adopt it; tell every peer the first new round
-(``restart``); go on. Exact for plain SGD when the crash landed between two
-rounds. Without any live peer the worker continues from its own checkpoint
+acknowledged (``snapshot``), and every partial of the dead process that any
+live peer holds (the donor pulls them first, akorun.runtime.relay); adopt it;
+tell every peer the first new round (``restart``); go on. Exact for plain SGD
+when the crash landed between two rounds, and after a kill in the middle of a
+round's sends too: before it takes the restart, every live peer pulls the dead
+process's partials (rounds before the first new one) that another holds and it
+lacks. Without any live peer the worker continues from its own checkpoint
 alone.
 
 Donor (every live peer): the three control handlers. A rejoining peer's
@@ -37,12 +41,14 @@ from akorun.runtime.join import Identity, greet, until
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.outbox import Outbox
 from akorun.runtime.phase import Phase, PhaseMachine
+from akorun.runtime.relay import Relay
 from akorun.runtime.roles import Role
 from akorun.runtime.waiting import Waiter
 
 log = logging.getLogger("akorun")
 
 SNAPSHOT_POLL_S = 0.1
+RELAY_PATIENCE_S = 3.0  # a donor or a restart waits this long at most for a pull's holders
 
 
 class Rejoin:
@@ -52,7 +58,8 @@ class Rejoin:
                  peer_timeout_s: float, phase: PhaseMachine, waiter: Waiter,
                  liveness: Liveness, outbox: Outbox, metrics: Metrics,
                  checkpoint: Checkpoint | None, checkpoint_dir: Path | None,
-                 build_node: Callable[[float | None, Sequence[int] | None], None]) -> None:
+                 build_node: Callable[[float | None, Sequence[int] | None], None],
+                 relay: Relay | None = None) -> None:
         self.identity = identity
         self.rank = identity.rank
         self.peers = list(peers)
@@ -63,6 +70,7 @@ class Rejoin:
         self.liveness = liveness
         self.outbox = outbox
         self.metrics = metrics
+        self.relay = relay  # before a snapshot or a restart: pull what the dead process left
         self.checkpoint = checkpoint
         self.checkpoint_dir = checkpoint_dir
         self.build_node = build_node
@@ -237,6 +245,8 @@ class Rejoin:
         if not await self.waiter.until(ready, max(30.0, 3 * self.peer_timeout_s),
                                        poll_s=SNAPSHOT_POLL_S):
             raise ControlError(503, f"messages from {need} did not arrive in time")
+        if self.relay is not None:  # hold all any survivor held of the dead process
+            await self.relay.pull(sender, patience_s=RELAY_PATIENCE_S)
         if ako.finished:
             raise ControlError(409, f"rank {self.rank} finished while waiting")
         snapshot = ako.rejoin_snapshot(sender)
@@ -260,8 +270,14 @@ class Rejoin:
         if first_round <= reported:
             raise ControlError(409, f"restart of rank {sender} at round {first_round}: we hold "
                                     f"its rounds up to {reported}, so it must go on after them")
-        del self.reported_highest[sender]
+        if self.relay is not None:  # its old rounds another survivor holds and we lack
+            await self.relay.pull(sender, before_round=first_round,
+                                  patience_s=RELAY_PATIENCE_S)
+        if self.reported_highest.pop(sender, None) is None:
+            raise ControlError(409, f"restart from rank {sender} taken meanwhile")
         node.peer_restarted(sender, first_round)
+        if self.relay is not None:
+            self.relay.restarted(sender, first_round)
         self.outbox.senders[sender].forget_gap()
         self.liveness.restarted(sender)
         log.warning("rank %d restarted: it continues from round %d", sender, first_round)

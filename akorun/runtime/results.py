@@ -18,6 +18,7 @@ import numpy as np
 
 from akocore.config import config_to_dict
 from akocore.results import RankResult
+from akocore.schemes import AkoWorker, SchemeNode
 from akorun.metrics import Metrics
 from akorun.results import (
     RankDiagnostics,
@@ -29,6 +30,7 @@ from akorun.roles import params_digest
 from akorun.runtime.evaluation import Evaluator
 from akorun.runtime.outbox import Outbox
 from akorun.runtime.prepare import Prepared
+from akorun.runtime.relay import Relay
 from akorun.runtime.roles import Role
 from akorun.runtime.training import TrainingLoop
 from akorun.runtime.waiting import Waiter
@@ -40,7 +42,7 @@ class ResultBuilder:
     def __init__(self, *, role: Role, prepared: Prepared, metrics: Metrics,
                  training: TrainingLoop, outbox: Outbox, evaluator: Evaluator, waiter: Waiter,
                  run_id: str, config_hash: str, out_dir: Path | None,
-                 wall_start_s: float) -> None:
+                 wall_start_s: float, relay: Relay | None = None) -> None:
         self.role = role
         self.cfg = role.cfg
         self.rank = role.rank
@@ -56,6 +58,7 @@ class ResultBuilder:
         self.config_hash = config_hash
         self.out_dir = out_dir
         self.wall_start_s = wall_start_s
+        self.relay = relay
         self.last: RankResult | None = None  # what `write` built last
         if out_dir is not None:  # temp files of a killed earlier start of this rank
             for stale in (*out_dir.glob(f".worker-{self.rank}.json.*.tmp"),
@@ -95,7 +98,11 @@ class ResultBuilder:
             run_id=self.run_id,
             config_hash=self.config_hash,
             peers=metrics.peers_as_dict(),
-            config=config_to_dict(self.cfg))
+            config=config_to_dict(self.cfg),
+            relayed_in=self.relay.received if self.relay is not None else 0,
+            relayed_out=self.relay.served if self.relay is not None else 0,
+            relay_refused=self.relay.refused if self.relay is not None else 0,
+            held_through=_held_through(node))
         return RankResult(
             rank=self.rank,
             role=self.role.name,
@@ -144,3 +151,10 @@ class ResultBuilder:
             except BaseException:
                 tmp.unlink(missing_ok=True)
                 raise
+
+
+def _held_through(node: SchemeNode | None) -> dict[str, int]:
+    """ako: per peer, the round through which every round of it is held."""
+    if not isinstance(node, AkoWorker):
+        return {}
+    return {str(j): int(node.log.contiguous[j]) for j in node.peers}

@@ -1,0 +1,416 @@
+"""Repair after a lost sender: survivors forward each other the lost rank's partials.
+
+The problem. A rank multicasts each round's partial to every peer, one
+message per peer. Killed in the middle of that, it leaves one survivor
+holding its round r and another never getting it: every survivor exits 0,
+but their replicas differ by that partial, for good.
+
+The choice: forward, not drop. Two repairs are possible: (a) the survivors
+that hold more of the lost rank's rounds forward the missing partials to the
+others, or (b) the survivors agree on the lowest round all of them hold and
+undo the rest. (b) needs an undo of an update already applied (exact only for
+plain SGD, and never for the optimizer state) and throws away work; (a) only
+adds what a survivor lacks, through the same exactly-once receive path as any
+partial (`SchemeNode.receive` refuses a (sender, round, part) held already).
+So akorun does (a):
+
+- Keep: every partial accepted from a peer is also kept here (`RelayStore`),
+  with the sender's endorsements (akorun.keys.Signer.endorse: one tag per
+  other rank, keyed with that rank's session key, over the header that
+  commits to the body). Memory is bounded: per peer, its last
+  ``RELAY_KEEP_GRADIENTS * p`` messages, i.e. at most two full gradients
+  (2 x D float32) per peer; a survivor further behind than that on a lost
+  rank gets the newest of what it lacks and the log says how many rounds
+  could not be repaired.
+- Pull: when this rank suspends a peer (silent past the peer timeout: dead,
+  paused or cut off), it asks every other live peer (control ``relay``, sealed
+  like every control message) for the messages of the lost peer that it does
+  not hold, sending its own delivery record of that peer; the answer is those
+  messages, re-encoded byte for byte as sent (same header, same body), each
+  with the lost peer's endorsements and the nonce of the instance that sent it.
+  A holder answers only once it has lost that peer too (503 until then; the
+  asker retries for 2 T + 1 s, and stops as soon as the peer speaks to it
+  again): a peer that only the asker cannot hear (a cut between two ranks) is
+  not dead, and after the heal it sends the asker the rounds it folded for it
+  (akorun.sender.OwedGap: one summed message per partition), which must not
+  meet forwarded copies of the same rounds (the copy would be kept, the sum
+  dropped as a duplicate).
+  A donor also pulls before it hands a rejoining rank a snapshot, and every
+  peer pulls (rounds before the restart only) before it takes a restart, so a
+  kill mid-send followed by ``--resume`` ends equal too.
+- Check: a forwarded message is taken only if its endorsement for THIS rank
+  verifies with the session key of the lost rank's instance that sent it
+  (current, or an earlier one for rounds before its restart): the forwarder
+  cannot make or alter one, so the replay and forgery defences of
+  akorun.keys still hold (partials are idempotent by (sender, round, part);
+  the control request that carries them has its own seal and counter).
+  Forwarded messages are not evidence that the lost rank lives.
+- Meet: a peer that was only paused or cut off comes back and sends again
+  what it owed, possibly folded (akorun.sender.OwedGap: one summed message
+  per partition, then zero-valued ones); where this rank already took one of
+  those rounds forwarded, the duplicate's difference from the forwarded copy
+  is added once (`duplicate`), so the total stays exact either way.
+- Finish: a rank does not settle while a pull is under way (the Finisher asks
+  `idle`); each pull gives up on a holder after the peer timeout.
+
+Every survivor pulls from every other, so after the pulls each survivor holds
+the union of what any survivor held of the lost rank: up to the last round any
+survivor held, each of its partials applied exactly once everywhere. What the
+lost rank never sent to anyone is lost for everyone alike. ako only: the ps
+and all-reduce schemes stop on a lost peer (README, "Failure behaviour").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import logging
+import struct
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from akocore.messages import Partial
+from akocore.schemes import AkoWorker, SchemeError, SchemeNode
+from akorun import control
+from akorun.client import ControlClient
+from akorun.control import ControlError, ControlKind
+from akorun.keys import NONCE_BYTES, RequestVerifier, Signer
+from akorun.wire import HEADER_SIZE, WireError, decode
+
+log = logging.getLogger("akorun")
+
+RELAY_KEEP_GRADIENTS = 2  # per peer, keep its last 2 * p messages: two full gradients
+PULL_RETRY_S = 0.2
+
+
+@dataclass(frozen=True)
+class HeldPartial:
+    """One accepted partial kept for forwarding: its values (a copy), the sender's
+    endorsements and the nonce of the sender's instance that sent it."""
+
+    partial: Partial
+    endorsements: bytes
+    origin_nonce: bytes
+
+
+class RelayStore:
+    """Per sender, the last messages accepted from it (bounded: `keep_of(sender)`)."""
+
+    def __init__(self, keep_of: Callable[[int], int]) -> None:
+        self.keep_of = keep_of
+        self.held: dict[int, deque[HeldPartial]] = {}
+
+    def keep(self, item: HeldPartial) -> None:
+        sender = item.partial.sender
+        queue = self.held.get(sender)
+        if queue is None:
+            queue = self.held[sender] = deque(maxlen=max(1, self.keep_of(sender)))
+        queue.append(item)
+
+    def missing_for(self, origin: int, contiguous: int,
+                    pending: set[tuple[int, int]]) -> list[HeldPartial]:
+        """Messages of `origin` held here that a peer with this record lacks, oldest first."""
+        return sorted((item for item in self.held.get(origin, ())
+                       if item.partial.round > contiguous
+                       and (item.partial.round, item.partial.part) not in pending),
+                      key=lambda item: item.partial.key)
+
+    def oldest_round(self, origin: int) -> int | None:
+        queue = self.held.get(origin)
+        return min(item.partial.round for item in queue) if queue else None
+
+
+def pack_messages(origin: int, items: Sequence[tuple[HeldPartial, bytes]]) -> bytes:
+    """[u32 json length][json][wire messages...]: the answer of a ``relay`` request."""
+    head = control.dumps({"origin": origin, "messages": [
+        [item.origin_nonce.hex(), base64.b64encode(item.endorsements).decode("ascii"),
+         len(data)] for item, data in items]})
+    return b"".join([struct.pack("<I", len(head)), head, *(data for _, data in items)])
+
+
+def unpack_messages(body: bytes) -> tuple[int, list[tuple[bytes, bytes, bytes]]]:
+    """Inverse of pack_messages: (origin, [(origin nonce, endorsements, wire bytes)]);
+    ValueError on a malformed body."""
+    if len(body) < 4:
+        raise ValueError("short relay answer")
+    (head_len,) = struct.unpack_from("<I", body)
+    meta = control.loads(body[4:4 + head_len])
+    offset = 4 + head_len
+    out = []
+    try:
+        for nonce_hex, tags_b64, nbytes in meta["messages"]:
+            end = offset + int(nbytes)
+            if end > len(body) or int(nbytes) < HEADER_SIZE:
+                raise ValueError("a relayed message runs past the answer")
+            out.append((bytes.fromhex(nonce_hex), base64.b64decode(tags_b64, validate=True),
+                        body[offset:end]))
+            offset = end
+        origin = int(meta["origin"])
+    except (KeyError, TypeError, binascii.Error) as error:
+        raise ValueError(f"malformed relay answer: {error}") from None
+    if offset != len(body):
+        raise ValueError("relay answer has trailing bytes")
+    return origin, out
+
+
+class Relay:
+    """Keeps peers' partials, pulls a lost peer's missing ones from the survivors, serves
+    the pulls of others (control ``relay``)."""
+
+    def __init__(self, *, rank: int, peers: Sequence[int], node: Callable[[], SchemeNode | None],
+                 signer: Signer, verifier: RequestVerifier, peer_timeout_s: float,
+                 deliver: Callable[[Partial], bool],
+                 lost_here: Callable[[int], bool] = lambda peer: True) -> None:
+        self.rank = rank
+        self.peers = list(peers)
+        self.node = node
+        self.signer = signer
+        self.verifier = verifier
+        self.peer_timeout_s = peer_timeout_s
+        self.deliver = deliver  # give a verified forwarded partial to the node; accepted?
+        self.lost_here = lost_here  # this rank has suspended the peer, or it is rejoining
+        self.control: ControlClient | None = None  # set once the run's client exists
+        self.store = RelayStore(self._keep_of)
+        self.restarted_at: dict[int, tuple[bytes, int]] = {}  # peer -> (nonce, first round)
+        self.received = 0  # forwarded partials taken here
+        self.refused = 0  # forwarded partials whose endorsement did not verify
+        self.served = 0  # partials forwarded to peers
+        self.reconciled = 0  # duplicates of forwarded partials whose difference was taken
+        self._forwarded: dict[tuple[int, int, int], np.ndarray] = {}  # taken via a survivor
+        self._incoming: dict[tuple[int, int, int], bytes] = {}
+        self._pulls: set[asyncio.Task[int]] = set()
+
+    def _ako(self) -> AkoWorker | None:
+        node = self.node()
+        return node if isinstance(node, AkoWorker) else None
+
+    def _keep_of(self, sender: int) -> int:
+        node = self._ako()
+        p = node.p_of[sender] if node is not None else 1
+        return RELAY_KEEP_GRADIENTS * p
+
+    # ---------------------------------------------------------------- keep
+
+    def note_endorsements(self, key: tuple[int, int, int], text: str | None) -> None:
+        """The endorsements of the partial the server is about to hand over."""
+        self._incoming.clear()
+        if text:
+            try:
+                self._incoming[key] = base64.b64decode(text, validate=True)
+            except (binascii.Error, ValueError):
+                return
+
+    def accepted(self, partial: Partial) -> None:
+        """Keep a partial just accepted from its sender (ako only; values copied)."""
+        endorsements = self._incoming.pop(partial.key, None)
+        nonce = self.verifier.sessions.peer_nonce.get(partial.sender)
+        if endorsements is None or nonce is None or self._ako() is None:
+            return
+        values = None if partial.values is None else np.array(partial.values, copy=True)
+        self.store.keep(HeldPartial(_with_values(partial, values), endorsements, nonce))
+
+    # ---------------------------------------------------------------- pull
+
+    def peer_lost(self, origin: int) -> None:
+        """`origin` was suspended: pull what the other survivors hold of it (a task)."""
+        if self._ako() is None or self.control is None:
+            return
+        task = asyncio.get_running_loop().create_task(self.pull(origin, while_lost=True))
+        self._pulls.add(task)
+        task.add_done_callback(self._pulls.discard)
+
+    def idle(self) -> bool:
+        """No pull under way (the finish settles only then)."""
+        return not self._pulls
+
+    async def pull(self, origin: int, *, before_round: int | None = None,
+                   patience_s: float | None = None, while_lost: bool = False) -> int:
+        """Ask every other peer for `origin`'s messages this rank lacks (those before
+        `before_round` only, if given); the number taken. Gives up on a holder that does
+        not answer within `patience_s` (default 2 T + 1 s) and, `while_lost`, as soon as
+        `origin` is no longer suspended here (it speaks again)."""
+        node = self._ako()
+        client = self.control
+        if node is None or client is None:
+            return 0
+        holders = [j for j in self.peers if j != origin]
+        patience = 2 * self.peer_timeout_s + 1.0 if patience_s is None else patience_s
+        taken = sum(await asyncio.gather(*(self._pull_from(client, holder, origin, before_round,
+                                                           patience, while_lost)
+                                           for holder in holders)))
+        if taken:
+            log.warning("repair: took %d partial(s) of lost rank %d forwarded by the "
+                        "survivors (now holding its rounds up to %d)", taken, origin,
+                        int(node.log.contiguous[origin]))
+        return taken
+
+    async def _pull_from(self, client: ControlClient, holder: int, origin: int,
+                         before_round: int | None, patience_s: float,
+                         while_lost: bool) -> int:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + patience_s
+        while True:
+            node = self._ako()
+            if node is None or holder in node.suspended:
+                return 0
+            if while_lost and origin not in node.suspended:
+                return 0  # it speaks again: it delivers its rounds itself
+            contiguous, pending = node.log.export()[origin]
+            payload = {"rank": self.rank, "origin": origin, "contiguous": contiguous,
+                       "pending": [[r, p] for r, parts in pending.items() for p in parts],
+                       "before_round": before_round}
+            answer = await client.call(holder, ControlKind.RELAY, payload, binary=True,
+                                        timeout_s=max(1.0, patience_s))
+            if answer.ok:
+                return self._take(holder, origin, answer.body, before_round)
+            if answer.status in (400, 401, 404, 409) or loop.time() > deadline:
+                log.warning("repair: rank %d forwarded nothing of lost rank %d (%s %s)",
+                            holder, origin, answer.status, answer.error)
+                return 0
+            await asyncio.sleep(PULL_RETRY_S)
+
+    def _take(self, holder: int, origin: int, body: bytes, before_round: int | None) -> int:
+        try:
+            said_origin, messages = unpack_messages(body)
+        except ValueError as error:
+            log.warning("repair: rank %d sent an unreadable relay answer: %s", holder, error)
+            return 0
+        if said_origin != origin:
+            return 0
+        keys = self.verifier.keys
+        assert keys.wire_hash is not None
+        taken = 0
+        for origin_nonce, endorsements, data in messages:
+            try:
+                partial = decode(data, run_id=keys.run_id, config_hash=keys.wire_hash)
+            except WireError as error:
+                self.refused += 1
+                log.warning("repair: refused a message rank %d forwarded: %s", holder, error)
+                continue
+            if partial.sender != origin or not self._instance_ok(origin, origin_nonce,
+                                                                 partial.round, before_round) \
+                    or not self.verifier.endorsed(origin, origin_nonce,
+                                                  bytes(data[:HEADER_SIZE]), endorsements):
+                self.refused += 1
+                log.warning("repair: refused round %d of rank %d forwarded by rank %d: not "
+                            "endorsed by rank %d for this rank", partial.round, partial.sender,
+                            holder, origin)
+                continue
+            values = None if partial.values is None else np.array(partial.values, copy=True)
+            kept = _with_values(partial, values)
+            try:
+                if self.deliver(kept):
+                    taken += 1  # and kept, for a survivor that asks this rank later
+                    self.store.keep(HeldPartial(kept, endorsements, origin_nonce))
+                    if values is not None:
+                        self._forwarded[kept.key] = values
+            except SchemeError as error:
+                self.refused += 1
+                log.warning("repair: refused a message rank %d forwarded: %s", holder, error)
+        self.received += taken
+        return taken
+
+    def _instance_ok(self, origin: int, nonce: bytes, round_: int,
+                     before_round: int | None) -> bool:
+        """A forwarded message of `origin`'s instance `nonce` may be taken: the current
+        instance's, or an earlier one's for a round before the current one restarted."""
+        if len(nonce) != NONCE_BYTES:
+            return False
+        if before_round is not None and round_ >= before_round:
+            return False
+        sessions = self.verifier.sessions
+        current = sessions.peer_nonce.get(origin)
+        if current == nonce:
+            return True
+        if not sessions.is_retired(origin, nonce):
+            return False
+        restart = self.restarted_at.get(origin)
+        if restart is None or restart[0] != current:
+            return True  # the current instance has sent no round yet (it is rejoining)
+        return round_ < restart[1]
+
+    def _lost_here(self, origin: int, before_round: int | None) -> bool:
+        """Forward `origin`'s partials only when this rank has lost it too (suspended or
+        rejoining), or for rounds before a restart of it taken here. A peer that only
+        the asker cannot hear (a cut between two ranks) still sends its own rounds, and
+        after a heal the rounds folded for the asker (akorun.sender) must not meet
+        forwarded copies of the same rounds."""
+        if self.lost_here(origin):
+            return True
+        restart = self.restarted_at.get(origin)
+        return before_round is not None and restart is not None and before_round <= restart[1]
+
+    def duplicate(self, partial: Partial) -> None:
+        """`partial` came from its sender itself and was refused as a duplicate: if the
+        copy held is one a survivor forwarded, add the difference (once) to the inbox.
+
+        A sender that had suspended this rank folds the rounds its full queue dropped and
+        sends them again as one summed message per partition followed by zero-valued
+        ones (akorun.sender.OwedGap); if some of those rounds reached this rank forwarded
+        meanwhile, the duplicates carry the sum differently split. Taking, for each
+        forwarded round, (what its sender now sent - the forwarded values) keeps the
+        total exact: the incoming messages sum to what was folded. A plain re-send of
+        the same message differs by zero."""
+        held = self._forwarded.pop(partial.key, None)
+        node = self._ako()
+        if held is None or node is None or node.inbox is None or partial.values is None \
+                or held.shape != partial.values.shape:
+            return
+        difference = np.asarray(partial.values, np.float32) - held
+        if np.any(difference):
+            node.inbox[partial.offset:partial.offset + partial.length] += difference
+            self.reconciled += 1
+            log.warning("repair: round %d of rank %d arrived from it after a survivor had "
+                        "forwarded it, folded with later rounds: the difference was taken",
+                        partial.round, partial.sender)
+
+    def restarted(self, origin: int, first_round: int) -> None:
+        """`origin`'s current instance numbers its rounds from `first_round` on."""
+        for key in [key for key in self._forwarded if key[0] == origin]:
+            del self._forwarded[key]  # the earlier instance will send none of them again
+        current = self.verifier.sessions.peer_nonce.get(origin)
+        if current is not None:
+            self.restarted_at[origin] = (current, first_round)
+
+    # ---------------------------------------------------------------- serve
+
+    async def on_relay(self, sender: int, payload: dict[str, Any]) -> bytes:
+        """Answer a survivor's pull: the messages of the lost peer it lacks, as sent."""
+        if self._ako() is None:
+            raise ControlError(409, "relay: this rank keeps no partials (not an ako worker)")
+        try:
+            origin = int(payload["origin"])
+            contiguous = int(payload["contiguous"])
+            pending = {(int(r), int(p)) for r, p in payload.get("pending", [])}
+            before = payload.get("before_round")
+            before_round = None if before is None else int(before)
+        except (KeyError, TypeError, ValueError):
+            raise ControlError(400, "relay: expected {rank, origin, contiguous, pending, "
+                                    "before_round}") from None
+        if origin in (sender, self.rank) or origin not in self.peers:
+            raise ControlError(400, f"relay: origin {origin} is not a third rank")
+        if not self._lost_here(origin, before_round):
+            raise ControlError(503, f"rank {origin} is not lost here")
+        items = [item for item in self.store.missing_for(origin, contiguous, pending)
+                 if before_round is None or item.partial.round < before_round]
+        oldest = self.store.oldest_round(origin)
+        if oldest is not None and contiguous + 1 < oldest:
+            log.warning("repair: rank %d lacks rank %d's rounds from %d, this rank keeps "
+                        "them from %d only (RELAY_KEEP_GRADIENTS): those cannot be repaired",
+                        sender, origin, contiguous + 1, oldest)
+        encoded = [(item, self.signer.encode(item.partial)) for item in items]
+        self.served += len(encoded)
+        if encoded:
+            log.warning("repair: forwarding %d partial(s) of rank %d to rank %d (rounds %s)",
+                        len(encoded), origin, sender,
+                        [item.partial.round for item, _ in encoded])
+        return pack_messages(origin, encoded)
+
+
+def _with_values(partial: Partial, values: np.ndarray | None) -> Partial:
+    return replace(partial, values=values)
