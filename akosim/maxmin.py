@@ -20,6 +20,9 @@ from akosim.netspec import NetworkSpec
 # progressive filling; a resource whose leftover capacity is within it of zero
 # is saturated.
 _TIE_REL = 1e-9
+# The tolerance of the proof that an updated allocation is max-min fair: a few
+# times the filling's own tie distance, far below any real difference of rates.
+_CHECK_REL = 1e-8
 # Up to this many ordered pairs, per-pair caps are indexed densely; above it the
 # pairs in use are compacted at every solve (no n x n arrays per solve).
 _DENSE_PAIRS_MAX = 1 << 16
@@ -100,6 +103,84 @@ def max_min_fill(
         finite & (leftover_bps <= _TIE_REL * np.where(finite, capacity_bps, 0.0)) & (count_all > 1)
     )
     return rate_bps, saturated_shared
+
+
+def max_min_update(
+    columns: list[np.ndarray],
+    capacity_bps: np.ndarray,
+    flow_cap_bps: np.ndarray | None,
+    rate_bps: np.ndarray,
+    seed: np.ndarray,
+    max_free: int,
+) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """The max-min fair rates after a change, re-solving only the flows near it.
+
+    `rate_bps` are the max-min fair rates of the flows before the change (any
+    value for flows that are new); `seed` marks the resources whose flows may
+    change: every resource of a new flow, the saturated resources of flows that
+    ended. The flows crossing a seed are re-solved by `max_min_fill` on what the
+    others leave of each resource; the others keep their rates. The result is
+    then proved max-min fair as a whole: it is feasible (by construction) and
+    every flow has a bottleneck, its own cap or a saturated resource on which
+    no flow is faster (Bertsekas & Gallager's condition, which only the
+    max-min fair allocation meets). Flows without one add their resources to
+    the seeds and the step repeats. Returns (rates, mask of saturated resources
+    shared by more than one flow, flows re-solved), or None once more than
+    `max_free` flows would be re-solved (a full solve is cheaper then).
+    """
+    n_resources = capacity_bps.shape[0]
+    n_flows = rate_bps.shape[0]
+    k = len(columns)
+    incidence = np.concatenate(columns)
+    count_all = np.bincount(incidence, minlength=n_resources)
+    finite = np.isfinite(capacity_bps)
+    saturated_floor_bps = np.where(finite, capacity_bps * (1.0 - _TIE_REL), np.inf)
+    ceiling_bps = capacity_bps * (1.0 + _CHECK_REL)
+    seed = seed.copy()
+    while True:
+        free = seed[incidence].reshape(k, n_flows).any(axis=0)
+        free_idx = np.flatnonzero(free)
+        if free_idx.shape[0] > max_free:
+            return None
+        new_rate_bps = rate_bps.copy()
+        if free_idx.shape[0]:
+            fixed_bps = np.where(free, 0.0, rate_bps)
+            residual_bps = capacity_bps - np.bincount(
+                incidence, weights=np.tile(fixed_bps, k), minlength=n_resources)
+            np.maximum(residual_bps, 0.0, out=residual_bps)
+            free_columns = [column[free_idx] for column in columns]
+            free_cap_bps = None if flow_cap_bps is None else flow_cap_bps[free_idx]
+            if free_cap_bps is not None:
+                # A resource that the free flows cannot fill even at their own
+                # caps binds nobody: leave it out (infinite), which shortens the
+                # filling.
+                demand_bps = np.bincount(np.concatenate(free_columns),
+                                         weights=np.tile(free_cap_bps, k), minlength=n_resources)
+                residual_bps[demand_bps <= residual_bps] = np.inf
+            sub_capacity_bps = residual_bps
+            sub_rate_bps, _ = max_min_fill(free_columns, sub_capacity_bps, free_cap_bps)
+            new_rate_bps[free_idx] = sub_rate_bps
+        incidence_bps = np.tile(new_rate_bps, k)
+        load_bps = np.bincount(incidence, weights=incidence_bps, minlength=n_resources)
+        if (load_bps > ceiling_bps).any():  # cannot happen: the residuals bound the free flows
+            return None
+        saturated = load_bps >= saturated_floor_bps
+        fastest_bps = np.zeros(n_resources)
+        np.maximum.at(fastest_bps, incidence, incidence_bps)
+        bottleneck = saturated[incidence] & (
+            incidence_bps >= fastest_bps[incidence] * (1.0 - _CHECK_REL))
+        settled = bottleneck.reshape(k, n_flows).any(axis=0)
+        if flow_cap_bps is not None:
+            settled |= new_rate_bps >= flow_cap_bps * (1.0 - _CHECK_REL)
+        if settled.all():
+            return new_rate_bps, saturated & (count_all > 1), int(free_idx.shape[0])
+        unsettled = ~settled
+        grown = seed.copy()
+        for column in columns:
+            grown[column[unsettled]] = True
+        if (grown == seed).all():  # cannot happen for a max-min fair `rate_bps`
+            return None
+        seed = grown
 
 
 class ResourceIndex:
