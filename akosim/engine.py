@@ -116,9 +116,6 @@ class Simulation:
         self.timelines = {r: WorkerTimeline(r) for r in self.workers}
         self.trace: list[TraceEvent] | None = [] if trace else None
         self._wake: dict[int, simpy.Event | None] = {n.rank: None for n in nodes}
-        # What each waiting worker waits for: a delivery wakes it only once this
-        # holds (no SimPy event, no process resume for the deliveries before).
-        self._ready: dict[int, Callable[[], bool]] = {}
         self._waiting = np.zeros(len(nodes), dtype=bool)
         self.stop_requested = False
         self.deliveries = 0
@@ -153,7 +150,6 @@ class Simulation:
         while not ready():
             event = self.env.event()
             self._wake[rank] = event
-            self._ready[rank] = ready
             self._waiting[rank] = True
             yield event
 
@@ -221,7 +217,7 @@ class Simulation:
             self._dispatch(node, (send,))
         waiting = dests.tolist() if dests.size == 1 else dests[self._waiting[dests]].tolist()
         for dest in waiting:
-            if not self._waiting[dest] or not self._ready[dest]():
+            if not self._waiting[dest]:
                 continue
             event = self._wake[dest]
             self._wake[dest] = None
