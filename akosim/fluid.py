@@ -12,10 +12,12 @@ the number of distinct rate changes, not with the number of bytes.
 Fast paths, all exact up to `coalesce_rel`: starts made before one `advance`
 join one rate solve; flows finishing within `coalesce_rel` of their own
 duration of the earliest one finish together; a completion that frees no
-saturated shared resource needs no solve; a solve is limited to the flows
-connected (through shared NICs) to what changed when that is under half of
-them. A message arrives `latency_s[i, j]` after its last byte left
-(bandwidth is used from the start of the flow).
+saturated shared resource needs no solve; a solve re-solves only the flows
+on the resources that changed (new flows' NICs, the saturated NICs of flows
+that ended), grown until the whole allocation is proved max-min fair
+(akosim.maxmin.max_min_update), unless that is over half of them. A message
+arrives `latency_s[i, j]` after its last byte left (bandwidth is used from the
+start of the flow).
 
 Units: rates in bits per second, sizes in bytes, times in seconds.
 """
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from akosim.maxmin import ResourceIndex, check_nodes, max_min_fill
+from akosim.maxmin import ResourceIndex, check_nodes, max_min_fill, max_min_update
 from akosim.netspec import NetworkSpec
 
 BITS_PER_BYTE = 8
@@ -104,9 +106,13 @@ class Delivery:
 class FluidFlows:
     """The active flows of one network and their max-min fair rates."""
 
-    def __init__(self, spec: NetworkSpec, coalesce_rel: float = COALESCE_REL) -> None:
+    def __init__(self, spec: NetworkSpec, coalesce_rel: float = COALESCE_REL,
+                 incremental: bool = True) -> None:
         self.spec = spec
         self.coalesce_rel = coalesce_rel
+        # Re-solve only the flows around a change (akosim.maxmin.max_min_update);
+        # False: every solve from scratch (the reference the tests compare with).
+        self.incremental = incremental
         n = spec.n
         self._n = n
         self._resources = ResourceIndex(spec, scan_pairs=True)
@@ -127,7 +133,7 @@ class FluidFlows:
         self._pending: list[_Start] = []
         self._freed: tuple[np.ndarray, np.ndarray] = _NO_FLOWS
         self.rate_solves = 0
-        self.local_solves = 0  # solves limited to the flows connected to a change
+        self.local_solves = 0  # solves that re-solved only the flows around a change
         self.flow_completions = 0
 
     # ------------------------------------------------------------------ API
@@ -174,7 +180,7 @@ class FluidFlows:
                 finished, rates_changed = self._complete(np.flatnonzero(done))
                 need_solve = need_solve or rates_changed
         if need_solve:
-            self._solve(now_s, local=True)
+            self._solve(now_s, local=self.incremental)
         elif finished is not None:
             self._update_loads()
         next_s = float(self._finish_s.min()) if self._src.size > self._dead else np.inf
@@ -267,6 +273,8 @@ class FluidFlows:
         self._dead = 0
         self._uplink_load_bps: np.ndarray = np.zeros(self._n)
         self._downlink_load_bps: np.ndarray = np.zeros(self._n)
+        # Saturated shared uplinks [0, n) and downlinks [n, 2n) at the last solve.
+        self._saturated_nics = np.zeros(2 * self._n, dtype=bool)
 
     def _compact(self) -> None:
         """Drop the finished flows from the arrays."""
@@ -280,29 +288,10 @@ class FluidFlows:
         self._pinned = self._pinned[live]
         self._dead = 0
 
-    def _component(self, up: np.ndarray, down: np.ndarray) -> np.ndarray | None:
-        """Flows connected (through shared uplinks and downlinks) to the seed NICs,
-        or None as soon as they are more than half of all flows.
-
-        Max-min fair sharing decomposes over connected components: flows
-        outside the component of what changed keep their rates.
-        """
-        half = self._src.size // 2
-        while True:
-            member = up[self._src] | down[self._dst]
-            if np.count_nonzero(member) > half:
-                return None
-            grown_up = up.copy()
-            grown_up[self._src[member]] = True
-            grown_down = down.copy()
-            grown_down[self._dst[member]] = True
-            if (grown_up == up).all() and (grown_down == down).all():
-                return member
-            up, down = grown_up, grown_down
-
     def _solve(self, now: float, local: bool = False) -> None:
         """Bring in pending flows and recompute rates: every rate, or with `local`
-        only those of the flows connected to what started or ended."""
+        only those of the flows around what started or ended (proved max-min
+        fair as a whole by akosim.maxmin.max_min_update)."""
         if self._dead:
             self._compact()
         old_count = self._src.size
@@ -352,26 +341,40 @@ class FluidFlows:
         if self._src.size == 0:
             self._clear_flows()
             return
-        if local and self._src.size > _LOCAL_SOLVE_MIN_FLOWS:
-            n = self._n
-            up, down = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
-            up[self._src[old_count:]] = True
-            down[self._dst[old_count:]] = True
-            freed_src, freed_dst = self._freed
-            up[freed_src] = True
-            down[freed_dst] = True
-            self._freed = _NO_FLOWS
-            member = self._component(up, down)
-            if member is not None:
-                self._solve_members(now, np.flatnonzero(member), remaining_bytes, old_count)
-                return
-        self._freed = _NO_FLOWS
         columns, capacity_bps, flow_cap_bps = self._resources.columns(
             self._src, self._dst, self._pair_key)
+        freed_src, freed_dst = self._freed
+        self._freed = _NO_FLOWS
+        flow_count = self._src.size
+        if local and flow_count > _LOCAL_SOLVE_MIN_FLOWS:
+            # Re-solve the flows around what started or ended (akosim.maxmin
+            # proves the result max-min fair as a whole).
+            n = self._n
+            seed = np.zeros(capacity_bps.shape[0], dtype=bool)
+            for column in columns:
+                seed[column[old_count:]] = True
+            saturated_nics = self._saturated_nics
+            seed[freed_src] |= saturated_nics[freed_src]
+            seed[freed_dst + n] |= saturated_nics[freed_dst + n]
+            old_rate_bps = self._rate_bps
+            if flow_count > old_count:
+                old_rate_bps = np.concatenate([old_rate_bps, np.zeros(flow_count - old_count)])
+            update = max_min_update(columns, capacity_bps, flow_cap_bps, old_rate_bps, seed,
+                                    max_free=flow_count // 2)
+            if update is not None:
+                rate_bps, saturated_shared, _ = update
+                self.local_solves += 1
+                self._set_rates(now, rate_bps, saturated_shared, columns, remaining_bytes)
+                return
         rate_bps, saturated_shared = max_min_fill(columns, capacity_bps, flow_cap_bps)
+        self._set_rates(now, rate_bps, saturated_shared, columns, remaining_bytes)
+
+    def _set_rates(self, now: float, rate_bps: np.ndarray, saturated_shared: np.ndarray,
+                   columns: list[np.ndarray], remaining_bytes: np.ndarray) -> None:
         pinned = saturated_shared[columns[0]]
         for column in columns[1:]:
             pinned |= saturated_shared[column]
+        self._saturated_nics = saturated_shared[:2 * self._n]
         self._rate_bps = rate_bps
         self._pinned = pinned
         self._finish_s = now + remaining_bytes * BITS_PER_BYTE / rate_bps
@@ -385,31 +388,6 @@ class FluidFlows:
         if self.coalesce_rel == 0:
             return finish_s.copy()
         return finish_s - (self.coalesce_rel * BITS_PER_BYTE) * size_bytes / rate_bps
-
-    def _solve_members(self, now: float, idx: np.ndarray, remaining_bytes: np.ndarray,
-                       old_count: int) -> None:
-        """Re-solve only the flows `idx` (a closed component); others keep their rates."""
-        added = self._src.size - old_count
-        if added:
-            self._rate_bps = np.concatenate([self._rate_bps, np.zeros(added)])
-            self._finish_s = np.concatenate([self._finish_s, np.zeros(added)])
-            self._early_s = np.concatenate([self._early_s, np.zeros(added)])
-            self._pinned = np.concatenate([self._pinned, np.zeros(added, dtype=bool)])
-        pair_key = None if self._pair_key is None else self._pair_key[idx]
-        columns, capacity_bps, flow_cap_bps = self._resources.columns(
-            self._src[idx], self._dst[idx], pair_key)
-        rate_bps, saturated_shared = max_min_fill(columns, capacity_bps, flow_cap_bps)
-        pinned = saturated_shared[columns[0]]
-        for column in columns[1:]:
-            pinned |= saturated_shared[column]
-        finish_s = now + remaining_bytes[idx] * BITS_PER_BYTE / rate_bps
-        self._rate_bps[idx] = rate_bps
-        self._pinned[idx] = pinned
-        self._finish_s[idx] = finish_s
-        self._early_s[idx] = self._early(finish_s, self._size_bytes[idx], rate_bps)
-        self.rate_solves += 1
-        self.local_solves += 1
-        self._update_loads()
 
     def _update_loads(self) -> None:
         n = self._n

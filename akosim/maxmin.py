@@ -20,6 +20,9 @@ from akosim.netspec import NetworkSpec
 # progressive filling; a resource whose leftover capacity is within it of zero
 # is saturated.
 _TIE_REL = 1e-9
+# The tolerance of the proof that an updated allocation is max-min fair: a few
+# times the filling's own tie distance, far below any real difference of rates.
+_CHECK_REL = 1e-8
 # Up to this many ordered pairs, per-pair caps are indexed densely; above it the
 # pairs in use are compacted at every solve (no n x n arrays per solve).
 _DENSE_PAIRS_MAX = 1 << 16
@@ -100,6 +103,143 @@ def max_min_fill(
         finite & (leftover_bps <= _TIE_REL * np.where(finite, capacity_bps, 0.0)) & (count_all > 1)
     )
     return rate_bps, saturated_shared
+
+
+def max_min_update(
+    columns: list[np.ndarray],
+    capacity_bps: np.ndarray,
+    flow_cap_bps: np.ndarray | None,
+    rate_bps: np.ndarray,
+    seed: np.ndarray,
+    max_free: int,
+) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """The max-min fair rates after a change, re-solving only the flows near it.
+
+    `rate_bps` are the max-min fair rates of the flows before the change (any
+    value for flows that are new); `seed` marks the resources whose flows may
+    change: every resource of a new flow, the saturated resources of flows that
+    ended. The flows crossing a seed are re-solved on what the others leave of
+    each resource (first guess: each seed filled on its own; if that fails the
+    proof, by `max_min_fill`); the others keep their rates. The result is
+    then proved max-min fair as a whole: it is feasible (by construction) and
+    every flow has a bottleneck, its own cap or a saturated resource on which
+    no flow is faster (Bertsekas & Gallager's condition, which only the
+    max-min fair allocation meets). Flows without one add their resources to
+    the seeds and the step repeats. Returns (rates, mask of saturated resources
+    shared by more than one flow, flows re-solved), or None once more than
+    `max_free` flows would be re-solved (a full solve is cheaper then).
+    """
+    n_resources = capacity_bps.shape[0]
+    n_flows = rate_bps.shape[0]
+    k = len(columns)
+    incidence = np.concatenate(columns)
+    count_all = np.bincount(incidence, minlength=n_resources)
+    finite = np.isfinite(capacity_bps)
+    saturated_floor_bps = np.where(finite, capacity_bps * (1.0 - _TIE_REL), np.inf)
+    ceiling_bps = capacity_bps * (1.0 + _CHECK_REL)
+    seed = seed.copy()
+
+    def settled_flows(candidate_bps: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """(flows with a bottleneck, saturated resources), or None if infeasible."""
+        incidence_bps = np.tile(candidate_bps, k)
+        load_bps = np.bincount(incidence, weights=incidence_bps, minlength=n_resources)
+        if (load_bps > ceiling_bps).any():
+            return None
+        saturated = load_bps >= saturated_floor_bps
+        fastest_bps = np.zeros(n_resources)
+        np.maximum.at(fastest_bps, incidence, incidence_bps)
+        bottleneck = saturated[incidence] & (
+            incidence_bps >= fastest_bps[incidence] * (1.0 - _CHECK_REL))
+        settled = bottleneck.reshape(k, n_flows).any(axis=0)
+        if flow_cap_bps is not None:
+            settled |= candidate_bps >= flow_cap_bps * (1.0 - _CHECK_REL)
+        return settled, saturated
+
+    while True:
+        free = seed[incidence].reshape(k, n_flows).any(axis=0)
+        free_idx = np.flatnonzero(free)
+        if free_idx.shape[0] > max_free:
+            return None
+        new_rate_bps = rate_bps.copy()
+        if free_idx.shape[0]:
+            fixed_bps = np.where(free, 0.0, rate_bps)
+            residual_bps = capacity_bps - np.bincount(
+                incidence, weights=np.tile(fixed_bps, k), minlength=n_resources)
+            np.maximum(residual_bps, 0.0, out=residual_bps)
+            free_columns = [column[free_idx] for column in columns]
+            free_cap_bps = None if flow_cap_bps is None else flow_cap_bps[free_idx]
+            # First guess: each seed filled on its own, the free flows held to
+            # their caps and to what their other resources leave. It is often
+            # the answer (the proof says whether), at a fraction of a filling.
+            new_rate_bps[free_idx] = _seed_levels(free_columns, residual_bps, free_cap_bps,
+                                                  seed)
+            checked = settled_flows(new_rate_bps)
+            if checked is not None and checked[0].all():
+                return new_rate_bps, checked[1] & (count_all > 1), int(free_idx.shape[0])
+            if free_cap_bps is not None:
+                # A resource that the free flows cannot fill even at their own
+                # caps binds nobody: leave it out (infinite), which shortens the
+                # filling.
+                demand_bps = np.bincount(np.concatenate(free_columns),
+                                         weights=np.tile(free_cap_bps, k), minlength=n_resources)
+                residual_bps[demand_bps <= residual_bps] = np.inf
+            sub_rate_bps, _ = max_min_fill(free_columns, residual_bps, free_cap_bps)
+            new_rate_bps[free_idx] = sub_rate_bps
+        checked = settled_flows(new_rate_bps)
+        if checked is None:  # cannot happen: the residuals bound the free flows
+            return None
+        settled, saturated = checked
+        if settled.all():
+            return new_rate_bps, saturated & (count_all > 1), int(free_idx.shape[0])
+        unsettled = ~settled
+        grown = seed.copy()
+        for column in columns:
+            grown[column[unsettled]] = True
+        if (grown == seed).all():  # cannot happen for a max-min fair `rate_bps`
+            return None
+        seed = grown
+
+
+def _seed_levels(columns: list[np.ndarray], residual_bps: np.ndarray,
+                 flow_cap_bps: np.ndarray | None, seed: np.ndarray) -> np.ndarray:
+    """Rates of flows that each cross a seed resource, if every seed were filled
+    on its own: a flow is held to its cap and to the residual of each of its
+    other resources, and each seed's level is the water level W with
+    sum(min(c_i, W)) = its residual over the held rates c_i of its flows (found
+    at once by sorting them). A guess for `max_min_update` to prove."""
+    n_flows = columns[0].shape[0]
+    held_bps = np.full(n_flows, np.inf) if flow_cap_bps is None else flow_cap_bps.copy()
+    on_seed = [seed[column] for column in columns]
+    for column, is_seed in zip(columns, on_seed, strict=True):
+        np.minimum(held_bps, np.where(is_seed, np.inf, residual_bps[column]), out=held_bps)
+    mask = np.concatenate(on_seed)
+    resource = np.concatenate(columns)[mask]
+    cap_bps = np.tile(held_bps, len(columns))[mask]
+    order = np.lexsort((cap_bps, resource))
+    resource, cap_bps = resource[order], cap_bps[order]
+    size = resource.shape[0]
+    head = np.empty(size, dtype=bool)
+    head[0] = True
+    np.not_equal(resource[1:], resource[:-1], out=head[1:])
+    starts = np.flatnonzero(head)
+    group = np.cumsum(head) - 1
+    ends = np.append(starts[1:], size)
+    finite_bps = np.where(np.isfinite(cap_bps), cap_bps, 0.0)
+    total_bps = np.cumsum(finite_bps)
+    below_bps = total_bps - finite_bps - (total_bps[starts] - finite_bps[starts])[group]
+    uncapped = (ends - starts)[group] - (np.arange(size) - starts[group])
+    with np.errstate(invalid="ignore"):
+        candidate_bps = (residual_bps[resource] - below_bps) / uncapped
+    # Past the first flow whose cap is above the candidate level, all are.
+    fits = candidate_bps <= cap_bps
+    first = starts + np.bincount(group, weights=~fits, minlength=starts.shape[0]).astype(np.intp)
+    level_bps = np.full(residual_bps.shape[0], np.inf)
+    found = first < ends
+    level_bps[resource[starts[found]]] = candidate_bps[first[found]]
+    rate_bps = held_bps
+    for column in columns:
+        np.minimum(rate_bps, level_bps[column], out=rate_bps)
+    return rate_bps
 
 
 class ResourceIndex:

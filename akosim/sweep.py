@@ -8,7 +8,10 @@ in the order given). Every point is one resolved RunConfig plus the simulation
 settings (gradient size, compute time); its id is a hash of both, so the same
 point has the same id in every sweep and every shard. Each point runs one
 variant, the scheme of its config (ako unless --scheme, --config or --set say
-otherwise), and writes DIR/points/<id>.json atomically; a point whose file
+otherwise), and writes DIR/points/<id>.json atomically; an Ako point whose
+staleness bound no layer sets gets s chosen with p as the plan command does
+(akosim.advice.with_overlap_ssp: the smallest s that lets sending overlap
+compute), and its file holds the config with that s; a point whose file
 exists is skipped, so an interrupted sweep resumes where it stopped. `--shard
 I/N` keeps the points whose index modulo N is I (a SLURM array task runs
 `--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT`). At the end every point
@@ -128,7 +131,9 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
         help="every node's NIC, one value per point, e.g. 40mbps,1gbps")
     add("--p", metavar="P[,P...]",
         help="partitions per gradient: numbers or auto / auto-per-worker, e.g. 1,4,auto")
-    add("--ssp", metavar="S[,S...]", help="staleness bounds in rounds, e.g. 0,2,inf")
+    add("--ssp", metavar="S[,S...]",
+        help="staleness bounds in rounds, e.g. 0,2,inf (default for ako: chosen with p, "
+             "the smallest s that lets sending overlap compute, as the plan does)")
     add("--scheme", metavar="NAME[,NAME...]",
         help="exchange schemes among ako, ps, allreduce (default: the config's, ako)")
     add("--latency", metavar="DURATION[,DURATION...]",
@@ -176,6 +181,9 @@ class Point:
     grid: dict[str, str]  # dest -> value text as given
     config: RunConfig
     id: str
+    # Ako with no staleness bound from any layer: s is chosen with p, as the
+    # plan command does (the smallest s that lets sending overlap compute).
+    choose_ssp: bool = False
 
 
 def parse_shard(text: str | None) -> tuple[int, int]:
@@ -253,12 +261,14 @@ def expand_grid(args: argparse.Namespace, settings: dict[str, Any]) -> list[Poin
     for combination in itertools.product(*(values for _, values in axes)):
         values = dict(zip(dests, combination, strict=True))
         layers = [*shared, *flag_layer(_grid_flags(args, values))]
-        config = resolve(layers, defaults=TIMING_DEFAULTS).config
+        resolved = resolve(layers, defaults=TIMING_DEFAULTS)
+        config = resolved.config
         identity = point_id(config, settings)
         if identity in seen:
             continue
         seen.add(identity)
-        points.append(Point(len(points), values, config, identity))
+        choose_ssp = config.exchange.scheme == "ako" and not resolved.given("exchange.ssp")
+        points.append(Point(len(points), values, config, identity, choose_ssp))
     return points
 
 
@@ -280,7 +290,8 @@ def run_point(task: dict[str, Any]) -> tuple[str, float]:
 
     `task` is plain data (it crosses to a worker process): id, grid, the
     config as config_to_dict gives it, gradient length, compute seconds,
-    the simulation settings and the output folder.
+    the simulation settings, the output folder and whether to choose s with p
+    (the point's file then holds the config with the chosen s).
     """
     from akosim.compute import ComputeModel
     from akosim.engine import StopRule
@@ -297,12 +308,18 @@ def run_point(task: dict[str, Any]) -> tuple[str, float]:
         tcp = tcp_parameters().params
     setup = Setup(config, task["length"], ComputeModel(task["compute_s"]),
                   config.train.batch_size, stop, tcp=tcp)
+    config_record = task["config"]
+    if task.get("choose_ssp"):
+        from akosim.advice import with_overlap_ssp
+
+        setup = with_overlap_ssp(setup)
+        config_record = config_to_dict(setup.config)
     runs = configured_runs(setup)
     wall_s = time.perf_counter() - started
     point = SweepPoint(
-        id=task["id"], grid=task["grid"], config=task["config"], sim=task["settings"],
+        id=task["id"], grid=task["grid"], config=config_record, sim=task["settings"],
         gradient_bytes=setup.gradient_bytes, compute_s=task["compute_s"], wall_s=wall_s,
-        runs=tuple(run_result(run, config=task["config"], mode="timing",
+        runs=tuple(run_result(run, config=config_record, mode="timing",
                               batch_size=config.train.batch_size) for run in runs))
     write_json(Path(task["out"]) / "points" / f"{task['id']}.json", json_safe(point.to_json()))
     return task["id"], wall_s
@@ -431,7 +448,7 @@ def _sweep(args: argparse.Namespace) -> int:
         cache.clear()
         tasks = [{"id": p.id, "grid": p.grid, "config": config_to_dict(p.config),
                   "settings": settings, "length": length, "compute_s": compute_s,
-                  "out": str(out)} for p in todo]
+                  "out": str(out), "choose_ssp": p.choose_ssp} for p in todo]
         points_dir.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
         failures = _run_all(tasks, jobs, progress=not args.quiet and sys.stderr.isatty())

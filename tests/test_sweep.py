@@ -136,7 +136,8 @@ def test_a_sweep_writes_one_file_per_point_and_the_collected_results(tmp_path, c
     assert [int(r["workers"]) for r in rows] == [4, 4, 6, 6]
     assert rows[0]["p"] == "1" and int(rows[1]["p"]) > 1  # auto chose partitions at 40 Mbps
     for row in rows:
-        assert float(row["round_time_s"]) > 0.01  # compute alone is 10 ms
+        # compute alone is 10 ms; s is chosen so that sending overlaps it
+        assert float(row["round_time_s"]) >= 0.01
         assert float(row["samples_per_s"]) > 0
         assert "uplink" in row["bottleneck"] or "downlink" in row["bottleneck"]
 
@@ -222,7 +223,7 @@ def test_a_point_file_is_a_typed_record_of_run_results(tmp_path):
         assert [type(run) for run in point.runs] == [RunResult]
         run = point.runs[0]
         assert run.tool == "akosim" and run.mode == "timing" and run.workers == 4
-        assert run.round_time_s > 0.01 and len(run.per_worker) == run.training_workers >= 3
+        assert run.round_time_s >= 0.01 and len(run.per_worker) == run.training_workers >= 3
         assert SweepPoint.from_json(point.to_json()) == point
 
 
@@ -249,3 +250,34 @@ def test_sweep_refuses_a_compute_time_without_a_unit(capsys) -> None:
     assert exited.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--compute 300: add a unit" in err[0]
+
+
+def test_ako_points_choose_s_with_p_as_the_plan_does_unless_ssp_is_given(tmp_path):
+    # At 40 Mbit/s the sends of a 40 kB gradient outlast 10 ms of compute: the
+    # plan's rule picks s > 0 so they overlap; --ssp (or --set) fixes s instead.
+    from akocore.config import config_from_dict
+    from akosim.advice import with_overlap_ssp
+    from akosim.compute import ComputeModel
+    from akosim.engine import StopRule
+    from akosim.scenario import Setup
+
+    assert sweep(tmp_path / "chosen", "--workers", "4,6", "--bandwidth", "40mbps") == 0
+    assert sweep(tmp_path / "given", "--workers", "4,6", "--bandwidth", "40mbps",
+                 "--ssp", "0") == 0
+    chosen = read_csv(tmp_path / "chosen" / "sweep.csv")
+    given = read_csv(tmp_path / "given" / "sweep.csv")
+    assert [float(row["ssp"]) for row in given] == [0.0, 0.0]
+    for row in chosen:
+        workers = int(row["workers"])
+        config = config_from_dict({"cluster": {"workers": workers},
+                                   "network": {"bandwidth": "40mbps"},
+                                   "train": {"rounds": 3}})
+        setup = Setup(config, 10_000, ComputeModel(0.01), config.train.batch_size,
+                      StopRule(rounds=3, drain=False))
+        assert float(row["ssp"]) == with_overlap_ssp(setup).config.exchange.ssp > 0
+        assert float(row["round_time_s"]) < float(
+            next(r for r in given if r["workers"] == row["workers"])["round_time_s"])
+    points = json.loads((tmp_path / "chosen" / "sweep.json").read_text())["points"]
+    assert all(point["config"]["exchange"]["ssp"] > 0 for point in points)
+    assert not any(p.choose_ssp for p in points_of("--workers", "4", "--ssp", "0"))
+    assert not any(p.choose_ssp for p in points_of("--workers", "4", "--scheme", "ps"))

@@ -98,6 +98,20 @@ def goal_text(figure: Figure) -> str:
     return text + f" MISSED by {factor:.2f}x"
 
 
+def goal_summary(figures: list[Figure]) -> list[str]:
+    """One line per figure with a goal (the issue's goals): met, or by how much it misses."""
+    with_goal = [fig for fig in figures if fig.goal is not None]
+    if not with_goal:
+        return []
+    met = sum(bool(fig.meets_goal()) for fig in with_goal)
+    lines = [f"goals: {met} of {len(with_goal)} met"]
+    for fig in with_goal:
+        unit = fig.absolute_unit if fig.absolute is not None else fig.unit
+        lines.append(f"  {'met   ' if fig.meets_goal() else 'MISSED'} {fig.name}: "
+                     f"{fig.goal_value():.4g} {unit} ({goal_text(fig)})")
+    return lines
+
+
 def environment_notes(base_env: dict[str, Any], env: dict[str, Any]) -> list[str]:
     return [f"environment differs from the baseline's: {key} {base_env.get(key)!r} -> "
             f"{env.get(key)!r}" for key in sorted(env) if base_env and
@@ -116,13 +130,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     only = set(args.only.split(",")) if args.only else None
     figures: list[Figure] = []
+    module_of: dict[str, str] = {}
     failed_modules = []
-    for name in discover(only):
+    modules = discover(only)
+    for name in modules:
         started = time.perf_counter()
         print(f"== {name}", file=sys.stderr, flush=True)
         try:
             module = importlib.import_module(f"tests.bench.{name}")
-            figures.extend(module.run())
+            produced = module.run()
+            figures.extend(produced)
+            module_of.update((fig.name, name) for fig in produced)
         except Exception as error:  # a broken benchmark is reported, the rest still run
             failed_modules.append(f"{name}: {type(error).__name__}: {error}")
         print(f"   {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
@@ -147,13 +165,17 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((fig.name, measured, "-" if base is None else f"{base:.4g}", status,
                      goal_text(fig), fig.note))
     record = {fig.name: {"value": fig.value, "unit": fig.unit, "tolerance": fig.tolerance,
-                         "absolute": fig.absolute, "absolute_unit": fig.absolute_unit}
+                         "absolute": fig.absolute, "absolute_unit": fig.absolute_unit,
+                         "goal": fig.goal, "module": module_of[fig.name]}
               for fig in figures}
     if args.out:
         Path(args.out).write_text(json.dumps(
             {"version": BASELINE_VERSION, "environment": env, "figures": record}, indent=1))
     if args.update_baseline:
-        kept = {name: value for name, value in baseline.items() if name not in record}
+        # A module that ran owns its figures: the ones it no longer prints go.
+        # Without --only, the baseline is exactly this run's figures.
+        kept = {name: value for name, value in baseline.items()
+                if only and name not in record and value.get("module") not in modules}
         args.baseline.write_text(json.dumps(
             {"version": BASELINE_VERSION, "environment": env, "figures": {**kept, **record}},
             indent=1, sort_keys=True) + "\n")
@@ -167,6 +189,12 @@ def main(argv: list[str] | None = None) -> int:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
     for line in environment_notes(base_env, env):
         print(line)
+    for line in goal_summary(figures):
+        print(line)
+    missing = [fig.name for fig in figures if fig.name not in baseline]
+    if missing and not args.update_baseline:
+        print(f"{len(missing)} figure(s) not in the baseline (not compared; "
+              f"--update-baseline stores them): {', '.join(missing)}")
     for line in failed_modules:
         print(f"benchmark failed: {line}")
     if regressions:
