@@ -14,9 +14,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from analysis.ns3_crosscheck.akosim_run import MODELS, register_model
+from analysis.ns3_crosscheck.ns3_run import DEFAULT_TCP
 from analysis.ns3_crosscheck.record import CaseResult, RecordError, read_record, write_record
 from analysis.ns3_crosscheck.table import case_table, summary_table
 
@@ -48,7 +50,11 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run a grid in ns-3 and akosim")
-    run.add_argument("--grid", default="default", help="default, full or tiny")
+    run.add_argument("--grid", default="default", help="default, full, quick or tiny")
+    run.add_argument("--buffer-bytes", type=int, default=DEFAULT_TCP.buffer_bytes,
+                     help="TCP send and receive buffer (default: ns-3's 131072)")
+    run.add_argument("--segment-bytes", type=int, default=DEFAULT_TCP.segment_bytes,
+                     help="TCP maximum segment size (default 1448)")
     run.add_argument("--model", action="append", default=None,
                      help="akosim model (repeatable; default: maxmin)")
     run.add_argument("--out", type=Path, default=DEFAULT_RECORD)
@@ -84,7 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {case.name}: ns-3 / {models[0]} = {case.ratio(models[0]):.3f} "
               f"({case.ns3_wall_s:.1f} s)", flush=True)
 
-    record = run_grid(args.grid, models, progress=progress)
+    if args.buffer_bytes < args.segment_bytes or args.segment_bytes < 1:
+        return _fail("--buffer-bytes must be at least --segment-bytes, and both positive")
+    tcp = replace(DEFAULT_TCP, buffer_bytes=args.buffer_bytes,
+                  segment_bytes=args.segment_bytes)
+    record = run_grid(args.grid, models, tcp, progress=progress)
     write_record(record, args.out)
     print(f"wrote {args.out} ({len(record.cases)} cases, {record.wall_s:.0f} s)")
     print(summary_table(record))
