@@ -5,8 +5,11 @@
 // last of its dependencies has arrived (or at gap_s[m] when it has none); it
 // arrives when its last byte is read at the receiver. Messages of one pair are
 // carried in the order they are released.
+#include <algorithm>
 #include <deque>
 #include <map>
+#include <sstream>
+#include <string>
 #include <vector>
 
 namespace akocrosscheck {
@@ -41,7 +44,6 @@ class StarRun {
         Config::SetDefault("ns3::TcpSocket::SegmentSize", UintegerValue(segment_bytes));
         Config::SetDefault("ns3::TcpSocket::SndBufSize", UintegerValue(buffer_bytes));
         Config::SetDefault("ns3::TcpSocket::RcvBufSize", UintegerValue(buffer_bytes));
-        m_n = n;
         NodeContainer hosts;
         hosts.Create(n);
         NodeContainer router;
@@ -187,7 +189,6 @@ class StarRun {
         }
     }
 
-    int m_n = 0;
     size_t m_outstanding = 0;
     std::vector<int> m_src, m_dst, m_pair_of;
     std::vector<uint64_t> m_size;
