@@ -1,4 +1,4 @@
-"""nox sessions: tests (the CI gate), lint, bench (never run by tests)."""
+"""nox sessions: tests (the CI gate), lint, bench, ns3 (cross-check; none run by tests)."""
 
 from __future__ import annotations
 
@@ -73,4 +73,19 @@ def experiments(session: nox.Session) -> None:
     out = "docs/experiments" if results == "results/experiments" else f"{results}/report"
     readme = ["--readme", "README.md"] if results == "results/experiments" else []
     session.run("python", "-m", "analysis", "--results", results, "--out", out, *readme,
+                env=CACHE_ENV)
+
+
+@nox.session(python=PYTHON)
+def ns3(session: nox.Session) -> None:
+    """Cross-check akosim against ns-3 (analysis/ns3_crosscheck; ~10 min on one core).
+
+    Installs the `ns3` extra, runs the cross-check's own tests (they skip without
+    ns-3 elsewhere), then the grid into analysis/data/ns3_crosscheck.json and prints
+    its table. `nox -s ns3 -- --grid tiny` runs one small case per pattern;
+    `-- --model tcp=akosim.tcpmodel:FACTORY` adds an akosim model.
+    """
+    session.install("-e", ".[ns3,test]")
+    session.run("pytest", "-q", "tests/test_ns3_crosscheck.py", env=CACHE_ENV)
+    session.run("python", "-m", "analysis.ns3_crosscheck", "run", *session.posargs,
                 env=CACHE_ENV)
