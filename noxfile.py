@@ -83,9 +83,10 @@ def ns3(session: nox.Session) -> None:
     Installs the `ns3` extra, runs the cross-check's own tests (they skip without
     ns-3 elsewhere), then the grid into analysis/data/ns3_crosscheck.json and prints
     its table. `nox -s ns3 -- --grid tiny` runs one small case per pattern;
-    `-- --model tcp=akosim.tcpmodel:FACTORY` adds an akosim model.
+    the grid runs akosim's max-min and TCP-aware models (`--model` replaces them).
     """
     session.install("-e", ".[ns3,test]")
     session.run("pytest", "-q", "tests/test_ns3_crosscheck.py", env=CACHE_ENV)
-    session.run("python", "-m", "analysis.ns3_crosscheck", "run", *session.posargs,
+    models = () if "--model" in session.posargs else ("--model", "maxmin", "--model", "tcp")
+    session.run("python", "-m", "analysis.ns3_crosscheck", "run", *models, *session.posargs,
                 env=CACHE_ENV)

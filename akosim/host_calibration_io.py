@@ -14,7 +14,6 @@ is a user error; a cached one that cannot be read is ignored (defaults).
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import math
 import os
@@ -26,6 +25,7 @@ from pathlib import Path
 from akocore.cli_support import UsageError
 from akocore.host_calibration import HostCalibration, TcpParameters
 from akocore.jsonrecord import RecordError
+from akocore.message_cost import MessageCost
 from akosim.compute_cache import cache_dir, cpu_fingerprint
 
 RECALIBRATE_HINT = "akosim calibrate to refresh"
@@ -106,9 +106,8 @@ class MessageCostFigures:
 def read_message_cost(path: str | Path) -> MessageCostFigures:
     """The per-message software cost in an ``akorun measure-messages --out`` file.
 
-    Read with akocore.message_cost.MessageCost when this toolkit has it, else from
-    its documented keys (schema_version, fixed_s, per_byte_s); UsageError when the
-    file is not one."""
+    Read with akocore.message_cost.MessageCost; UsageError (one line) when the file
+    is not one."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -116,20 +115,12 @@ def read_message_cost(path: str | Path) -> MessageCostFigures:
     except (OSError, ValueError) as error:
         raise UsageError(f"--message-cost: {path} is not JSON ({error})") from None
     try:
-        module = importlib.import_module("akocore.message_cost")
-    except ImportError:
-        module = None
-    try:
-        if module is not None:
-            record = module.MessageCost.from_json(data)
-            fixed, per_byte = float(record.fixed_s), float(record.per_byte_s)
-        else:
-            if not isinstance(data, dict) or "schema_version" not in data:
-                raise ValueError("expected an object with schema_version, fixed_s, per_byte_s")
-            fixed, per_byte = float(data["fixed_s"]), float(data["per_byte_s"])
+        record = MessageCost.from_json(data)
+        fixed, per_byte = float(record.fixed_s), float(record.per_byte_s)
     except (KeyError, TypeError, ValueError) as error:
+        reason = " ".join(str(error).split())
         raise UsageError(f"--message-cost: {path} is not an akorun message cost "
-                         f"({error})") from None
+                         f"({reason})") from None
     if not (math.isfinite(fixed) and fixed >= 0 and math.isfinite(per_byte) and per_byte >= 0):
         raise UsageError(f"--message-cost: {path}: expected fixed_s and per_byte_s >= 0, got "
                          f"{fixed!r} and {per_byte!r}")

@@ -62,7 +62,7 @@ NETWORK_MODELS = ("tcp", "maxmin")
 BITS_PER_BYTE = 8
 
 __all__ = ["NETWORK_MODELS", "TcpNetwork", "effective_spec", "round_trip_s",
-           "slow_start_extra_s"]
+           "slow_start_extra_s", "tcp_network"]
 
 
 def round_trip_s(latency_s: np.ndarray, params: TcpParameters) -> np.ndarray:
@@ -198,3 +198,11 @@ class TcpNetwork(FluidNetwork):
             group = dests if extra.size == 1 else dests[extra == delay_s]
             timeout = self.env.timeout(delay_s)
             timeout.callbacks.append(partial(_hand_over, pending.on_delivered, group, token))
+
+
+def tcp_network(env: simpy.Environment, spec: NetworkSpec, params: TcpParameters,
+                coalesce_rel: float = COALESCE_REL) -> TcpNetwork:
+    """The TCP-aware network for the nominal `spec`: (a) and (b) applied to its
+    capacities, (c) and (d) on its deliveries; the one way to build it from a spec."""
+    rtt_s = round_trip_s(spec.latency_s, params)
+    return TcpNetwork(env, effective_spec(spec, params, rtt_s), params, rtt_s, coalesce_rel)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from akocore.host_calibration import HostCalibration, TcpParameters
+from akocore.message_cost import MessageCost, MessageSample
 from akosim import host_calibration_io
 from akosim.cli import main
 from akosim.host_calibrate import calibrate
@@ -20,8 +21,10 @@ def message_cost_file(folder: Path, fixed_s: float = 0.0015,
                       per_byte_s: float = 2e-9) -> Path:
     """What `akorun measure-messages --out` writes (akocore.message_cost.MessageCost)."""
     path = folder / "message-cost.json"
-    path.write_text(json.dumps({"schema_version": 1, "kind": "message-cost",
-                                "fixed_s": fixed_s, "per_byte_s": per_byte_s}))
+    record = MessageCost(fixed_s=fixed_s, per_byte_s=per_byte_s,
+                         samples=(MessageSample(1000, fixed_s + 1000 * per_byte_s),),
+                         host="test", measured_at="2026-11-23T00:00:00Z")
+    path.write_text(json.dumps(record.to_json()))
     return path
 
 
@@ -76,7 +79,9 @@ def test_tcp_parameters_fall_back_to_documented_defaults(tmp_path: Path, monkeyp
     (None, "no file"),
     ("{", "not JSON"),
     ('{"fixed_s": 1}', "not an akorun message cost"),
-    ('{"schema_version": 1, "fixed_s": -1, "per_byte_s": 0}', ">= 0"),
+    ('{"schema_version": 1, "kind": "message_cost", "fixed_s": -1, "per_byte_s": 0, '
+     '"samples": [{"payload_bytes": 1, "seconds": 1}], "host": "h", "measured_at": "t"}',
+     "fixed_s"),
 ])
 def test_a_bad_message_cost_file_is_one_line_and_exit_2(tmp_path: Path, capsys, content,
                                                         words):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -167,3 +168,39 @@ def test_tiny_scenario_runs_in_ns3_and_akosim_and_round_trips(tmp_path):
     path = tmp_path / "tiny.json"
     write_record(record, path)
     assert read_record(path) == record
+
+
+def test_the_tcp_model_is_slower_than_max_min_by_its_overheads():
+    pattern = all_to_all(3, 100e6, 0.5e6, 0.02)
+    maxmin_s = max(run_akosim(pattern, "maxmin"))
+    tcp_s = max(run_akosim(pattern, "tcp"))
+    # goodput 1448/1502 of the line, ACKs on the way back, a handshake RTT and slow start
+    assert tcp_s > maxmin_s / (1448 / 1502) + 0.04
+
+
+def test_rescore_adds_a_model_and_keeps_the_ns3_times(tmp_path):
+    from analysis.ns3_crosscheck.grid import GRIDS, rescore
+
+    cases = tuple(
+        CaseResult(family=p.family, name=p.name, hosts=p.star.hosts, rate_bps=p.star.rate_bps,
+                   latency_s=p.star.latency_s, size_bytes=p.size_bytes,
+                   partitions=p.partitions, rounds=p.rounds, compute_s=p.compute_s,
+                   ns3_makespan_s=9.0 + index, ns3_wall_s=0.1,
+                   akosim=(ModelTime("maxmin", max(run_akosim(p, "maxmin"))),))
+        for index, p in enumerate(GRIDS["tiny"]()))
+    record = CrossCheckRecord(grid="tiny", ns3_version="3.44.post0",
+                              congestion_control="ns3::TcpCubic", segment_bytes=1448,
+                              buffer_bytes=131072, models=("maxmin",), cases=cases,
+                              wall_s=1.0, load="test")
+    updated = rescore(record, ("tcp",))
+    assert updated.models == ("maxmin", "tcp")
+    for before, after in zip(record.cases, updated.cases, strict=True):
+        assert after.ns3_makespan_s == before.ns3_makespan_s
+        assert after.akosim_makespan_s("maxmin") == before.akosim_makespan_s("maxmin")
+        assert after.akosim_makespan_s("tcp") > before.akosim_makespan_s("maxmin")
+    path = tmp_path / "record.json"
+    write_record(record, path)
+    assert main(["rescore", str(path), "--model", "tcp"]) == 0
+    assert read_record(path).models == ("maxmin", "tcp")
+    with pytest.raises(ValueError, match="grid"):
+        rescore(replace(record, grid="hand"), ("tcp",))

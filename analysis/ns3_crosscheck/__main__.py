@@ -3,6 +3,8 @@
 run    plays a grid of patterns in ns-3 and akosim, writes the record
        (needs `pip install .[ns3]`; `nox -s ns3` does both).
 table  prints the markdown tables of a record (no ns-3 needed).
+rescore  recomputes akosim's side of a record for --model (ns-3's times kept; no
+       ns-3 needed), e.g. `rescore --model tcp` adds the TCP-aware model's column.
 
 `--model NAME` picks a registered akosim model (analysis.ns3_crosscheck.akosim_run);
 `--model NAME=package.module:factory` registers one first, e.g. a TCP-aware
@@ -61,7 +63,26 @@ def main(argv: list[str] | None = None) -> int:
     table = commands.add_parser("table", help="print the markdown tables of a record")
     table.add_argument("record", type=Path, nargs="?", default=DEFAULT_RECORD)
     table.add_argument("--cases", action="store_true", help="also list every case")
+    rescore = commands.add_parser("rescore", help="recompute akosim's models in a record")
+    rescore.add_argument("record", type=Path, nargs="?", default=DEFAULT_RECORD)
+    rescore.add_argument("--model", action="append", required=True,
+                         help="akosim model to (re)compute (repeatable)")
     args = parser.parse_args(argv)
+
+    if args.command == "rescore":
+        from analysis.ns3_crosscheck.grid import rescore as rescore_record
+
+        try:
+            models = tuple(_model(spec) for spec in args.model)
+            updated = rescore_record(read_record(args.record), models)
+        except SystemExit as error:
+            return _fail(str(error))
+        except (RecordError, ValueError) as error:
+            return _fail(str(error))
+        write_record(updated, args.record)
+        print(f"wrote {args.record} (models: {', '.join(updated.models)})")
+        print(summary_table(updated))
+        return 0
 
     if args.command == "table":
         try:

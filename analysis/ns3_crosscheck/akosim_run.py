@@ -19,6 +19,7 @@ import simpy
 
 from akosim.netspec import NetworkSpec
 from akosim.network import FluidNetwork
+from analysis.ns3_crosscheck.ns3_run import DEFAULT_TCP
 from analysis.ns3_crosscheck.scenario import Pattern
 
 
@@ -32,7 +33,21 @@ class MessageNetwork(Protocol):
 
 NetworkFactory = Callable[[simpy.Environment, NetworkSpec], MessageNetwork]
 
-MODELS: dict[str, NetworkFactory] = {"maxmin": FluidNetwork}
+def ns3_matched_tcp(env: simpy.Environment, spec: NetworkSpec) -> MessageNetwork:
+    """akosim's TCP-aware model (akosim.tcpmodel) with the TCP settings the ns-3 runs
+    use: the window is ns-3's 128 KiB socket buffer, a point-to-point frame adds PPP 2 +
+    IPv4 20 + TCP 32 bytes, one connection per pair opened with the first message (its
+    handshake and slow start paid), no host stack time and no software cost."""
+    from akocore.host_calibration import TcpParameters
+    from akosim.tcpmodel import tcp_network
+
+    params = TcpParameters(window_bytes=float(DEFAULT_TCP.buffer_bytes),
+                           mss_bytes=DEFAULT_TCP.segment_bytes, header_bytes=54,
+                           ack_bytes=54, connections_per_pair=1)
+    return tcp_network(env, spec, params)
+
+
+MODELS: dict[str, NetworkFactory] = {"maxmin": FluidNetwork, "tcp": ns3_matched_tcp}
 
 
 def register_model(name: str, factory: NetworkFactory) -> None:

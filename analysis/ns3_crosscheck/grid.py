@@ -12,6 +12,7 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 from analysis.ns3_crosscheck.akosim_run import run_akosim
 from analysis.ns3_crosscheck.ns3_run import DEFAULT_TCP, TcpSettings, load_ns3, ns3_version, run_ns3
@@ -107,3 +108,23 @@ def run_grid(grid: str, models: tuple[str, ...], tcp: TcpSettings = DEFAULT_TCP,
         grid=grid, ns3_version=ns3_version(), congestion_control=tcp.congestion_control,
         segment_bytes=tcp.segment_bytes, buffer_bytes=tcp.buffer_bytes, models=models,
         cases=tuple(cases), wall_s=time.perf_counter() - started, load=load)
+
+
+def rescore(record: CrossCheckRecord, models: tuple[str, ...]) -> CrossCheckRecord:
+    """`record` with akosim's `models` (re)computed for every case and ns-3's times kept:
+    adding a model needs no ns-3 run. Each case's pattern is rebuilt from the record's
+    grid by name."""
+    if record.grid not in GRIDS:
+        raise ValueError(f"the record's grid {record.grid!r} is not one of {sorted(GRIDS)}")
+    patterns = {pattern.name: pattern for pattern in GRIDS[record.grid]()}
+    missing = [case.name for case in record.cases if case.name not in patterns]
+    if missing:
+        raise ValueError(f"cases not in grid {record.grid!r} any more: {', '.join(missing)}")
+    cases = []
+    for case in record.cases:
+        kept = tuple(entry for entry in case.akosim if entry.model not in models)
+        fresh = tuple(ModelTime(model, max(run_akosim(patterns[case.name], model)))
+                      for model in models)
+        cases.append(replace(case, akosim=kept + fresh))
+    ordered = tuple(dict.fromkeys(record.models + models))
+    return replace(record, models=ordered, cases=tuple(cases))
