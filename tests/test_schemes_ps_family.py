@@ -142,7 +142,7 @@ def test_elastic_moving_rate_defaults_to_beta_over_n() -> None:
     with pytest.raises(ValueError):
         elastic_alpha(1.5, 4)
     with pytest.raises(ValueError):
-        SchemeSpec("ps", 3, ps_servers=1, worker_lr_scale=(1.0,))
+        SchemeSpec("ps", 3, ps_servers=1, worker_lr_scale=(1.0, 0.5, 0.5))
 
 
 @SLOW
