@@ -128,7 +128,7 @@ def _ps_server(spec: SchemeSpec, layout: PSLayout, rank: int, replica: Replica) 
         return SyncDeltaPSServer(rank, layout, replica=replica, push_every=spec.push_every,
                                  reduce=spec.reduce)
     return PSServer(rank, layout, replica=replica, mode=spec.ps_mode, reduce=spec.reduce,
-                    fetch_every=spec.fetch_every)
+                    fetch_every=spec.fetch_every, push_every=spec.push_every)
 
 
 def _build_ps(spec: SchemeSpec, length: int, params0: np.ndarray | None,
