@@ -2,13 +2,15 @@
 
     python -m analysis.dist_tf_pick --results /work/results/dist-tf-pick [--jobs 2]
 
-Runs every scheme of `DIST_TF_CANDIDATES` on the cells `CELLS` (the matrix's
+Runs every scheme of `PICK_CANDIDATES` on the cells `CELLS` (the matrix's
 scaled configs, written to RESULTS/configs/) with ``akosim train`` and the
 matrix's compute time (RESULTS/compute.json's value, default the committed
 matrix's measurement), then prints time to target and accuracy after the
-budget per candidate. Simulated time does not depend on the machine's load,
-so this can run on a busy machine. The choice (`analysis.matrix.DIST_TF`) and
-the figures it rests on are in analysis/SCALING.md.
+budget per candidate (a quarter of the matrix's budget, `PICK_BUDGET_S`).
+Simulated time does not depend on the machine's load, so this can run on a
+busy machine, but each run costs several CPU-minutes. The choice
+(`analysis.matrix.DIST_TF`) and the figures that finished are in
+analysis/SCALING.md.
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ CELLS = (("hetero-wan", 4),)
 # synchronous SGD is left out: it pushes every round like Hogwild and also waits for the
 # slowest worker, so it cannot reach the target sooner; SDAG stands for the sync family
 PICK_CANDIDATES = tuple(s for s in DIST_TF_CANDIDATES if s != "sync-sgd")
+# a quarter of the matrix's budget: an akosim training run costs about as much CPU as the
+# real one (every gradient is computed), and asynchronous workers never wait, so a full
+# budget is ~4,800 gradient steps per worker
+PICK_BUDGET_S = round(SCALING.budget_s / 4, 2)
 # akosim's --compute measure of digits-cnn (single-thread XLA) behind the committed matrix
 MATRIX_COMPUTE_S = 0.006982361499467515
 
@@ -49,8 +55,8 @@ def _run(results: Path, exp: Experiment, compute_s: float) -> tuple[Experiment, 
         out.parent.mkdir(parents=True, exist_ok=True)
         config.write_text(config_text(exp))
         subprocess.run(["akosim", "train", "--config", str(config), "--quiet", "--compute",
-                        f"{compute_s!r}s", "--out", str(out)], cwd=ROOT, check=True,
-                       capture_output=True)
+                        f"{compute_s!r}s", "--duration", f"{PICK_BUDGET_S:g}s", "--out",
+                        str(out)], cwd=ROOT, check=True, capture_output=True)
     return exp, out
 
 
@@ -73,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         plan = read_result(json.loads(out.read_text()))
         assert isinstance(plan, PlanResult)
         curve = [(float(t), int(r), float(a)) for t, r, a in plan.runs[0].evaluations]
-        hit = time_to(curve, TARGET_ACCURACY, SCALING.budget_s)
-        final = accuracy_at(curve, SCALING.budget_s)
+        hit = time_to(curve, TARGET_ACCURACY, PICK_BUDGET_S)
+        final = accuracy_at(curve, PICK_BUDGET_S)
         cell = f"{exp.network.name}/{exp.workers}w"
         rows.setdefault(cell, []).append(
             f"{'-' if hit is None else f'{hit[0]:.1f} s'} / "

@@ -40,11 +40,12 @@ Decisions (also written into every file and SCALING.md):
   [train] settings (Adam, lr 0.001) like every other column. WAGMA keeps the
   paper-style defaults G = 4, tau = 10: with n <= 4 workers every group is
   the whole cluster, so each round is a wait-avoiding average of all models.
-  The Dist-TF column is the candidate of `DIST_TF_CANDIDATES` that reached
-  the target soonest in akosim on hetero WAN with 4 workers, the most
-  network-bound cell (`python -m analysis.dist_tf_pick`; `DIST_TF_PICK`
-  holds the figures, SCALING.md shows them). Synchronous SGD was not run:
-  it pushes every round like Hogwild and also waits for the slowest worker.
+  The Dist-TF column is ADAG (SCALING.md): `python -m analysis.dist_tf_pick`
+  measured the candidates in akosim on hetero WAN with 4 workers (the most
+  network-bound cell) over a quarter of the budget (`DIST_TF_PICK`):
+  DOWNPOUR and ADAG tie (both let a worker progress on local steps while its
+  exchanges queue on a slow link) far ahead of Hogwild and SDAG, and the tie
+  goes to ADAG for half DOWNPOUR's push traffic.
 """
 
 from __future__ import annotations
@@ -139,9 +140,12 @@ SCHEMES = ("ps", "ako-p1", "ako-various", "ako-p4", "ako-pauto")  # the seeds' s
 # DIST_TF_CHOICE), both named schemes of akocore.schemes.named
 DIST_TF_CANDIDATES = ("hogwild", "downpour", "adag", "sdag", "sync-sgd")
 DIST_TF = "adag"
-# `python -m analysis.dist_tf_pick` on hetero-wan/4w (akosim, compute 6.98 ms): scheme ->
-# (scaled seconds to TARGET_ACCURACY or None = not reached, accuracy after the budget)
-DIST_TF_PICK: dict[str, tuple[float | None, float]] = {}
+# `python -m analysis.dist_tf_pick` on hetero-wan/4w (akosim, compute 6.98 ms, a quarter of
+# the budget): scheme -> (scaled seconds to TARGET_ACCURACY or None = not reached, accuracy
+# after the quarter budget); the candidates whose run finished on 2026-11-23
+DIST_TF_PICK: dict[str, tuple[float | None, float]] = {
+    "hogwild": (None, 0.07), "downpour": (0.5, 0.986), "adag": (0.5, 0.986),
+    "sdag": (None, 0.744)}
 NEW_SCHEMES = ("wagma", DIST_TF)
 ALL_SCHEMES = SCHEMES + NEW_SCHEMES
 SCHEME_TITLES = {"ps": "Central (PS)", "ako-p1": "Ako p=1", "ako-various": "Ako p=various",
@@ -396,12 +400,21 @@ worker rank:
 Both are named schemes (`--scheme wagma`, `--scheme {DIST_TF}`; akocore/schemes/named.py)
 trained with the matrix's Adam settings. WAGMA: G = 4, tau = 10, so with n <= 4 every
 round's group is the whole cluster (a wait-avoiding average of all models each round, a
-blocking one every 10th). The Dist-TF column is the candidate that reached {TARGET_ACCURACY}
-soonest in akosim on hetero WAN with 4 workers, the most network-bound cell, where the
-exchange matters most (`python -m analysis.dist_tf_pick --results DIR`; synchronous SGD
-was not run: it pushes every round like Hogwild and also waits for the slowest worker):
+blocking one every 10th).
 
-| candidate | time to target (s, scaled) | accuracy after {s.budget_s:g} s |
+The Dist-TF column is {SCHEME_TITLES[DIST_TF]}. Synchronous SGD was not measured: it pushes
+every round like Hogwild and also waits for the slowest worker.
+`python -m analysis.dist_tf_pick --results DIR` measured the candidates in akosim on hetero
+WAN with 4 workers (the most network-bound cell) over a quarter of the budget
+({SCALING.budget_s / 4:.2f} s; an akosim training run computes every gradient and
+asynchronous workers never wait, so a full budget costs several CPU-minutes per candidate).
+DOWNPOUR and ADAG tie, with identical evaluation curves: within the quarter budget no fetch
+answer gets through the queued pushes on the 2.6-10 Mbit/s links, so the evaluated replica
+(rank 0) is trained by its own local Adam steps alone in both; the tie goes to ADAG for
+its half-size push traffic. Hogwild's workers hold the initial parameters until a fetch
+answer arrives, and SDAG waits for the slowest link at every exchange:
+
+| candidate | time to target (s, scaled) | accuracy after {SCALING.budget_s / 4:.2f} s |
 |---|---|---|
 {pick}
 
