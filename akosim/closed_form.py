@@ -20,8 +20,8 @@ arithmetic instead of tens of thousands of simulated events:
 The traffic counters mirror akosim.scenario's report over the same window
 (start to the first worker's last dispatch). tests/test_closed_form.py checks
 every figure against `scenario.simulate` on a grid of cases where both run;
-anything else (heterogeneous links, stragglers, jitter, async PS, traces,
-training) returns None and is simulated.
+anything else (heterogeneous links, stragglers, jitter, async PS, local-step
+PS (SDAG), traces, training) returns None and is simulated.
 """
 
 from __future__ import annotations
@@ -86,6 +86,7 @@ def closed_form_run(setup: Setup, variant: Variant, *, trace: bool = False,
     if variant.scheme == "allreduce":
         run = _ring(setup, variant, shared)
     elif (variant.scheme == "ps" and setup.config.exchange.ps_mode == "sync"
+          and not setup.config.exchange.local_steps  # SDAG exchanges every lambda rounds
           and variant.ssp == 0 and 1 <= variant.ps_servers < setup.nodes):
         run = _ps(setup, variant, shared)
     else:

@@ -25,6 +25,7 @@ from akocore.messages import FLOAT_BYTES
 from akocore.planner import Plan
 from akocore.resolve import network_arrays, resolve_plan, scheme_spec
 from akocore.schemes import build_nodes
+from akocore.schemes.bounds import staleness_bound_rounds
 from akocore.units import format_bandwidth
 from akocore.workload import Workload
 from akosim.compute import ComputeModel
@@ -238,9 +239,8 @@ def _report(setup: Setup, variant: Variant, training_workers: int, sim: Simulati
         rounds_total, 1)
     spec = sim.net.spec
     per_link, bottleneck = _links(stats.link_bytes, spec, elapsed, util)
-    staleness_bound = (max(variant.p_of) - 1 + variant.ssp) if variant.scheme == "ako" else (
-        variant.ssp if variant.scheme == "ps" else float(
-            setup.config.exchange.global_every - 1) if variant.scheme == "wagma" else 0.0)
+    staleness_bound = staleness_bound_rounds(variant.scheme, setup.config.exchange,
+                                             p_max=max(variant.p_of), ssp=variant.ssp)
     return SimRun(
         label=variant.label or variant.scheme, scheme=variant.scheme, p=max(variant.p_of),
         p_of=list(variant.p_of), p_reason=variant.p_reason, ssp=variant.ssp,

@@ -1,11 +1,15 @@
 """python -m analysis [--results DIR] [--out DIR] [--readme README.md] [--force]
+python -m analysis new-schemes [--results DIR] [--out DIR] [--readme README.md]
 python -m analysis sweep DIR [--out FILE.png]
 
 
 Regenerates the report (tables, fidelity, plots) from the result files; the
 experiments themselves run with `python -m analysis.run` (or `nox -s experiments`).
 Paths are relative to the current directory. The report is not replaced by one
-made from fewer runs (exit status 2) unless --force. `sweep DIR` prints and plots
+made from fewer runs (exit status 2) unless --force. `new-schemes` writes only the
+page of the new columns (WAGMA, the Dist-TF scheme: analysis.new_schemes) from a
+results folder that may hold only them, and its README block; the seeds' report
+and block stay as they are. `sweep DIR` prints and plots
 the best configuration per group of an `akosim sweep` folder (analysis.sweep_plot).
 """
 
@@ -20,6 +24,8 @@ from analysis.report import FewerResults, build_report
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "new-schemes":
+        return _new_schemes(argv[1:])
     if argv and argv[0] == "sweep":
         from analysis.sweep_plot import main as sweep_main
 
@@ -43,6 +49,32 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
     print(f"wrote {readme}")
+    return 0
+
+
+
+def _new_schemes(argv: list[str]) -> int:
+    from analysis.new_schemes import build_new_schemes_report
+
+    parser = argparse.ArgumentParser(prog="python -m analysis new-schemes",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", type=Path, default=Path("results/experiments"))
+    parser.add_argument("--out", type=Path, default=Path("docs/experiments"))
+    parser.add_argument("--baseline", type=Path, default=None, metavar="SUMMARY.json",
+                        help="records of the PS and Ako columns when the results lack them "
+                             "(default OUT/summary.json, the committed report)")
+    parser.add_argument("--no-plots", action="store_true", help="tables only")
+    parser.add_argument("--readme", type=Path, metavar="README.md",
+                        help="also fill this file's new-schemes block")
+    args = parser.parse_args(argv)
+    try:
+        page = build_new_schemes_report(args.results, args.out, baseline=args.baseline,
+                                        plots=not args.no_plots, project_readme=args.readme)
+    except ValueError as error:
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {page}")
     return 0
 
 

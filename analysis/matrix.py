@@ -5,7 +5,8 @@
     python -m analysis.matrix --check    # exit 1 if the committed files differ from the generator
 
 Matrix: network {uniform-lan, hetero-lan, uniform-wan, hetero-wan} x workers
-{2, 3, 4} x scheme {ps, ako-p1, ako-various, ako-p4, ako-pauto}.
+{2, 3, 4} x scheme {ps, ako-p1, ako-various, ako-p4, ako-pauto} (the seeds'
+columns) + {wagma, adag} (issue 13's columns, `NEW_SCHEMES`).
 
 Two sets of files are generated from the constants below:
 
@@ -34,6 +35,17 @@ Decisions (also written into every file and SCALING.md):
   backends stop the run when it is reached and the seeds' table needs the
   accuracy after the whole budget; the analysis reads time to target from the
   evaluations (`TARGET_ACCURACY`).
+- wagma, adag: the named schemes (akocore/schemes/named.py), written as
+  ``scheme = "NAME"`` with what it stands for in comments, and the matrix's
+  [train] settings (Adam, lr 0.001) like every other column. WAGMA keeps the
+  paper-style defaults G = 4, tau = 10: with n <= 4 workers every group is
+  the whole cluster, so each round is a wait-avoiding average of all models.
+  The Dist-TF column is ADAG (SCALING.md): `python -m analysis.dist_tf_pick`
+  measured the candidates in akosim on hetero WAN with 4 workers (the most
+  network-bound cell) over a quarter of the budget (`DIST_TF_PICK`):
+  DOWNPOUR and ADAG tie (both let a worker progress on local steps while its
+  exchanges queue on a slow link) far ahead of Hogwild and SDAG, and the tie
+  goes to ADAG for half DOWNPOUR's push traffic.
 """
 
 from __future__ import annotations
@@ -123,9 +135,23 @@ NETWORKS = (
 )
 NETWORK_BY_NAME = {n.name: n for n in NETWORKS}
 WORKER_COUNTS = (2, 3, 4)
-SCHEMES = ("ps", "ako-p1", "ako-various", "ako-p4", "ako-pauto")
+SCHEMES = ("ps", "ako-p1", "ako-various", "ako-p4", "ako-pauto")  # the seeds' study
+# issue 13: WAGMA and the best of the Distributed-TensorFlow-Guide family (see
+# DIST_TF_CHOICE), both named schemes of akocore.schemes.named
+DIST_TF_CANDIDATES = ("hogwild", "downpour", "adag", "sdag", "sync-sgd")
+DIST_TF = "adag"
+# `python -m analysis.dist_tf_pick` on hetero-wan/4w (akosim, compute 6.98 ms, a quarter of
+# the budget): scheme -> (scaled seconds to TARGET_ACCURACY or None = not reached, accuracy
+# after the quarter budget); the candidates whose run finished on 2026-11-23
+DIST_TF_PICK: dict[str, tuple[float | None, float]] = {
+    "hogwild": (None, 0.07), "downpour": (0.5, 0.986), "adag": (0.5, 0.986),
+    "sdag": (None, 0.744)}
+NEW_SCHEMES = ("wagma", DIST_TF)
+ALL_SCHEMES = SCHEMES + NEW_SCHEMES
 SCHEME_TITLES = {"ps": "Central (PS)", "ako-p1": "Ako p=1", "ako-various": "Ako p=various",
-                 "ako-p4": "Ako p=4", "ako-pauto": "Ako p=auto"}
+                 "ako-p4": "Ako p=4", "ako-pauto": "Ako p=auto", "wagma": "WAGMA",
+                 "hogwild": "Hogwild", "downpour": "DOWNPOUR", "adag": "ADAG",
+                 "sdag": "SDAG", "sync-sgd": "sync SGD"}
 VARIOUS_CHOICES = (1, 2, 4)
 
 # the seeds' table (ako.md 3.9): test accuracy (%) after 300 s, per network, scheme, n
@@ -146,6 +172,15 @@ def seed_accuracy(network: str, workers: int, scheme: str) -> float | None:
     return None if values is None else values[WORKER_COUNTS.index(workers)]
 
 
+def core_scheme(scheme: str) -> str:
+    """The akocore scheme a matrix column runs: ps, ako, or a named scheme's core."""
+    if scheme == "ps" or scheme.startswith("ako-"):
+        return scheme[:3].rstrip("-")
+    from akocore.schemes.named import NAMED_SCHEMES
+
+    return NAMED_SCHEMES[scheme].core_scheme
+
+
 @dataclass(frozen=True)
 class Experiment:
     network: Network
@@ -158,7 +193,7 @@ class Experiment:
 
     @property
     def nodes(self) -> int:
-        return self.workers + 1 if self.scheme == "ps" else self.workers
+        return self.workers + 1 if core_scheme(self.scheme) == "ps" else self.workers
 
     def path(self, fullsize: bool = False) -> Path:
         base = CONFIG_DIR / "fullsize" if fullsize else CONFIG_DIR
@@ -166,7 +201,8 @@ class Experiment:
 
 
 def all_experiments() -> list[Experiment]:
-    return [Experiment(net, n, s) for net in NETWORKS for n in WORKER_COUNTS for s in SCHEMES]
+    return [Experiment(net, n, s) for net in NETWORKS for n in WORKER_COUNTS
+            for s in ALL_SCHEMES]
 
 
 CI_SUBSET = ("uniform-wan/2w-ps", "uniform-wan/2w-ako-p4")
@@ -248,7 +284,7 @@ def config_text(exp: Experiment, *, fullsize: bool = False) -> str:
             f"# target accuracy {TARGET_ACCURACY} is read from the evaluations by the analysis "
             f"(a train.target_accuracy would stop the run there)\n")
     lines.append(_pairs_comment(net, exp.nodes, links))
-    if exp.scheme == "ps":
+    if core_scheme(exp.scheme) == "ps":
         lines.append(f"# rank {exp.workers} is the parameter server\n")
     lines.append(f"\n[cluster]\nworkers = {exp.nodes}\n")
     lines.append(f'\n[network]\nbandwidth = "{nic:g}mbps"\nlink_bandwidth = '
@@ -257,6 +293,8 @@ def config_text(exp: Experiment, *, fullsize: bool = False) -> str:
     if exp.scheme == "ps":
         lines.append('scheme = "ps"\nps_servers = 1\nps_mode = "async"  # TF between-graph '
                      'default\nssp = 0\n')
+    elif not exp.scheme.startswith("ako-"):
+        lines.append(named_scheme_text(exp.scheme))
     else:
         if exp.scheme == "ako-p1":
             p = "1"
@@ -279,6 +317,25 @@ def config_text(exp: Experiment, *, fullsize: bool = False) -> str:
     return "".join(lines)
 
 
+def named_scheme_text(name: str) -> str:
+    """A named scheme's [exchange] lines: the name, and what it stands for as comments."""
+    from akocore.schemes.named import NAMED_SCHEMES
+
+    named = NAMED_SCHEMES[name]
+    lines = [f'scheme = "{name}"  # --scheme {name}: {named.summary}\n',
+             "# which stands for (akocore/schemes/named.py, configs/presets/"
+             f"{name}.toml):\n"]
+    for section, body in named.tables.items():
+        for key, value in body.items():
+            shown = f'"{value}"' if isinstance(value, str) else str(value).lower() \
+                if isinstance(value, bool) else str(value)
+            lines.append(f"#   {section}.{key} = {shown}\n")
+    if "train" in named.tables:
+        lines.append("# the matrix's [train] below replaces its train settings (every column "
+                     "trains alike)\n")
+    return "".join(lines)
+
+
 def scaling_text() -> str:
     s = SCALING
     rows = "\n".join(
@@ -289,6 +346,9 @@ def scaling_text() -> str:
         f"| {net.title} | " + " | ".join(
             ",".join(map(str, various_p(net, n))) for n in WORKER_COUNTS) + " |"
         for net in NETWORKS)
+    pick = "\n".join(
+        f"| {SCHEME_TITLES[name]} | {'not reached' if ttt is None else f'{ttt:.1f}'} | "
+        f"{100 * final:.1f}% |" for name, (ttt, final) in DIST_TF_PICK.items())
     seed_ratio = 8 * SEED_GRADIENT_BYTES / (40e6 * SEED_COMPUTE_S)
     our_ratio = 8 * OUR_GRADIENT_BYTES / (s.mbps(40) * 1e6 * OUR_COMPUTE_S)
     return f"""{HEADER.replace('# ', '<!-- ', 1).rstrip()} -->
@@ -334,6 +394,29 @@ worker rank:
 | Network | 2 workers | 3 workers | 4 workers |
 |---|---|---|---|
 {various}
+
+## The columns of issue 13: WAGMA and {SCHEME_TITLES[DIST_TF]}
+
+Both are named schemes (`--scheme wagma`, `--scheme {DIST_TF}`; akocore/schemes/named.py)
+trained with the matrix's Adam settings. WAGMA: G = 4, tau = 10, so with n <= 4 every
+round's group is the whole cluster (a wait-avoiding average of all models each round, a
+blocking one every 10th).
+
+The Dist-TF column is {SCHEME_TITLES[DIST_TF]}. Synchronous SGD was not measured: it pushes
+every round like Hogwild and also waits for the slowest worker.
+`python -m analysis.dist_tf_pick --results DIR` measured the candidates in akosim on hetero
+WAN with 4 workers (the most network-bound cell) over a quarter of the budget
+({SCALING.budget_s / 4:.2f} s; an akosim training run computes every gradient and
+asynchronous workers never wait, so a full budget costs several CPU-minutes per candidate).
+DOWNPOUR and ADAG tie, with identical evaluation curves: within the quarter budget no fetch
+answer gets through the queued pushes on the 2.6-10 Mbit/s links, so the evaluated replica
+(rank 0) is trained by its own local Adam steps alone in both; the tie goes to ADAG for
+its half-size push traffic. Hogwild's workers hold the initial parameters until a fetch
+answer arrives, and SDAG waits for the slowest link at every exchange:
+
+| candidate | time to target (s, scaled) | accuracy after {SCALING.budget_s / 4:.2f} s |
+|---|---|---|
+{pick}
 
 Caveats, stated once:
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from analysis.matrix import (
+    ALL_SCHEMES,
     NETWORKS,
     SCALING,
     SCHEME_TITLES,
@@ -20,11 +21,15 @@ from analysis.records import Record
 
 STYLES = {"akosim": "-", "akorun": "--", "akosim-calibrated": ":"}
 COLOURS = {"ps": "tab:red", "ako-p1": "tab:blue", "ako-various": "tab:orange",
-           "ako-p4": "tab:green", "ako-pauto": "tab:purple"}
+           "ako-p4": "tab:green", "ako-pauto": "tab:purple", "wagma": "tab:brown",
+           "hogwild": "tab:pink", "downpour": "tab:olive", "adag": "tab:cyan",
+           "sdag": "tab:gray", "sync-sgd": "black"}
 
 
-def plot_networks(records: dict[tuple[str, str], Record], out: Path) -> list[Path]:
-    """One PNG per network: accuracy against time, a panel per worker count."""
+def plot_networks(records: dict[tuple[str, str], Record], out: Path, *,
+                  schemes: tuple[str, ...] = SCHEMES, prefix: str = "accuracy") -> list[Path]:
+    """One PNG per network, OUT/<prefix>-<network>.png: accuracy against time of the
+    `schemes` columns, a panel per worker count."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -33,12 +38,13 @@ def plot_networks(records: dict[tuple[str, str], Record], out: Path) -> list[Pat
     written = []
     for net in NETWORKS:
         mine = [r for r in records.values()
-                if r.network == net.name and r.backend in STYLES and r.curve]
+                if r.network == net.name and r.backend in STYLES and r.curve
+                and r.scheme in schemes]
         if not mine:
             continue
         fig, axes = plt.subplots(1, len(WORKER_COUNTS), figsize=(15, 4.5), sharey=True)
         for ax, n in zip(axes, WORKER_COUNTS, strict=True):
-            for record in sorted(mine, key=lambda r: (r.backend, SCHEMES.index(r.scheme))):
+            for record in sorted(mine, key=lambda r: (r.backend, ALL_SCHEMES.index(r.scheme))):
                 if record.workers != n:
                     continue
                 ts = [t for t, _, _ in record.curve]
@@ -61,7 +67,7 @@ def plot_networks(records: dict[tuple[str, str], Record], out: Path) -> list[Pat
                     labels.append(label)
         fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=8)
         fig.tight_layout(rect=(0, 0.14, 1, 1))
-        path = out / f"accuracy-{net.name}.png"
+        path = out / f"{prefix}-{net.name}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)

@@ -150,5 +150,8 @@ def ttt(records: dict[tuple[str, str], Record], backend: str, config: str) -> fl
     return hit[0] if hit else None
 
 
-def missing_runs(records: dict[tuple[str, str], Record]) -> dict[str, int]:
-    return {b: sum(1 for e in all_experiments() if (b, e.id) not in records) for b in BACKENDS}
+def missing_runs(records: dict[tuple[str, str], Record],
+                 experiments: Sequence[Experiment] | None = None) -> dict[str, int]:
+    """Per backend, how many of `experiments` (default: the whole matrix) have no record."""
+    chosen = all_experiments() if experiments is None else experiments
+    return {b: sum(1 for e in chosen if (b, e.id) not in records) for b in BACKENDS}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import shutil
 import subprocess
 import sys
 
@@ -102,3 +103,37 @@ def test_time_axes_and_targets():
     # 9 s of compilation in round 1, then 0.1 s rounds: warm-up counted at 0.1 s
     axis = akorun_time_axis([9.0, 9.1, 9.2, 9.3, 9.4], 0.1)
     assert axis == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5])
+
+
+def test_the_new_columns_report_reads_a_results_folder_with_only_them(ci_results, tmp_path):
+    """analysis.new_schemes: one WAGMA akosim run in a folder of its own; the PS and
+    Ako p=4 cells come from a committed report's summary.json (marked †); the seeds'
+    README block is left alone."""
+    from analysis.new_schemes import NEW_BEGIN_MARK, NEW_END_MARK, build_new_schemes_report
+
+    results = tmp_path / "new"
+    (results / "akosim").mkdir(parents=True)
+    shutil.copy(ci_results / "akosim" / "compute.json", results / "akosim" / "compute.json")
+    proc = subprocess.run(
+        [sys.executable, "-m", "analysis.run", "--backend", "akosim", "--only",
+         "uniform-wan/2w-wagma", "--rounds", "5", "--results", str(results)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    committed = tmp_path / "report"
+    build_report(ci_results, committed, plots=False)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{BEGIN_MARK}\nseeds\n{END_MARK}\n{NEW_BEGIN_MARK}\nold\n{NEW_END_MARK}\n")
+    page = build_new_schemes_report(results, committed, plots=False, project_readme=readme)
+    text = readme.read_text()
+    assert f"{BEGIN_MARK}\nseeds\n{END_MARK}" in text and "\nold\n" not in text
+    assert "WAGMA and ADAG vs Ako and PS, measured 20" in text
+    row = next(line for line in text.splitlines() if line.startswith("| Uniform WAN | 2 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")][2:]
+    assert len(cells) == 4 and "†" in cells[0] and "†" in cells[1]  # ps, ako-p4: committed
+    assert "†" not in cells[2] and cells[2].split(" / ")[0].endswith("*")  # wagma: ours
+    assert cells[3] == "- / -"  # adag did not run
+    assert page.name == "new-schemes.md" and "Per configuration" in page.read_text()
+    empty = subprocess.run([sys.executable, "-m", "analysis", "new-schemes", "--results",
+                            str(tmp_path / "none"), "--out", str(tmp_path / "x")],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert empty.returncode == 2 and len(empty.stderr.strip().splitlines()) == 1

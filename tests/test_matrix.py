@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from akocore.config import load_config
+from akocore.settings.layers import Given, Layer, resolve
 from analysis import matrix
 from analysis.matrix import CONFIG_DIR, SCALING, all_experiments, expected_files
 
@@ -21,10 +22,12 @@ def test_committed_files_equal_the_generator():
 
 def test_the_matrix_is_networks_by_workers_by_schemes():
     ids = [e.id for e in all_experiments()]
-    assert len(ids) == len(set(ids)) == 4 * 3 * 5
+    assert len(ids) == len(set(ids)) == 4 * 3 * len(matrix.ALL_SCHEMES)
+    assert matrix.ALL_SCHEMES[:5] == ("ps", "ako-p1", "ako-various", "ako-p4", "ako-pauto")
+    assert "wagma" in matrix.NEW_SCHEMES and matrix.DIST_TF in matrix.DIST_TF_CANDIDATES
     assert matrix.select(subset="ci")[0].id in matrix.CI_SUBSET
     assert {e.id for e in matrix.select("uniform-wan/2w-*")} == {
-        f"uniform-wan/2w-{s}" for s in matrix.SCHEMES}
+        f"uniform-wan/2w-{s}" for s in matrix.ALL_SCHEMES}
 
 
 def test_scaling_keeps_the_ratio_of_compute_to_transfer():
@@ -44,7 +47,7 @@ def test_every_config_loads_and_says_what_it_is(exp):
     full = load_config(exp.path(fullsize=True))
     for c in (cfg, full):
         assert c.cluster.workers == exp.nodes
-        assert c.exchange.scheme == ("ps" if exp.scheme == "ps" else "ako")
+        assert c.exchange.scheme == matrix.core_scheme(exp.scheme)
     assert cfg.train.workload == matrix.WORKLOAD and cfg.train.batch_size == matrix.BATCH
     assert cfg.train.duration_s == pytest.approx(SCALING.budget_s)
     assert cfg.train.target_accuracy is None  # it would stop the run (see analysis.matrix)
@@ -59,5 +62,10 @@ def test_every_config_loads_and_says_what_it_is(exp):
         assert cfg.exchange.p == full.exchange.p  # the scaling keeps the planner's need
     elif exp.scheme == "ako-pauto":
         assert cfg.exchange.p == "auto"
+    elif exp.scheme in matrix.NEW_SCHEMES:
+        # a named scheme's exchange settings, the matrix's training settings
+        named = resolve([Given("exchange.scheme", exp.scheme, Layer.FLAG, "")]).config
+        assert cfg.exchange == full.exchange == named.exchange
+        assert cfg.train.optimizer == matrix.OPTIMIZER and cfg.train.lr == matrix.LR
     else:
         assert cfg.exchange.p == (int(exp.scheme[-1]),)

@@ -82,8 +82,7 @@ def test_elastic_averaging_runs_and_pulls_replicas_together(tmp_path: Path,
 
 def test_sdag_ends_on_an_exchange_with_every_worker_holding_the_centre(
         tmp_path: Path, theta0: np.ndarray) -> None:
-    merged, replicas = _launch(tmp_path, "--config", str(PRESETS / "sdag.toml"),
-                               "--optimizer", "sgd")
+    merged, replicas = _launch(tmp_path, "--scheme", "sdag", "--optimizer", "sgd")
     assert merged["max_relative_difference"] == 0.0
     centre, workers = replicas[3], replicas[:3]
     for worker in workers:

@@ -142,7 +142,7 @@ def test_elastic_moving_rate_defaults_to_beta_over_n() -> None:
     with pytest.raises(ValueError):
         elastic_alpha(1.5, 4)
     with pytest.raises(ValueError):
-        SchemeSpec("ps", 3, ps_servers=1, worker_lr_scale=(1.0,))
+        SchemeSpec("ps", 3, ps_servers=1, worker_lr_scale=(1.0, 0.5, 0.5))
 
 
 @SLOW
@@ -177,3 +177,19 @@ def test_sdag_and_sagn_apply_every_local_update_once_in_lockstep(
     for _, started, peers in log.starts:  # lockstep at every exchange
         for peer_next in peers.values():
             assert started - peer_next <= lam - 1
+
+
+@SLOW
+@given(seed=st.integers(0, 2**31 - 1), push_every=st.sampled_from([1, 2, 3]),
+       fetch_every=st.sampled_from([1, 2, 3]), workers=st.sampled_from([2, 3]),
+       rounds=st.integers(1, 7))
+def test_plain_async_ps_answers_a_final_after_that_workers_earlier_messages(
+        seed: int, push_every: int, fetch_every: int, workers: int, rounds: int) -> None:
+    """The final marker may overtake the worker's last pushes on the wire; the server
+    answers it only once they arrived, so the worker answered last ends on the centre."""
+    spec = SchemeSpec("ps", workers + 1, ps_servers=1, ps_mode="async", staleness=math.inf,
+                      push_every=push_every, fetch_every=fetch_every)
+    nodes = build_nodes(spec, 3, np.zeros(3, np.float32), PlainSGD(LR))
+    drive(nodes, dict.fromkeys(range(workers), rounds), seed=seed, length=3)
+    centre = nodes[workers].params
+    assert any(np.array_equal(node.params, centre) for node in nodes[:workers])

@@ -54,7 +54,7 @@ class SchemeSpec:
     elastic_alpha: float = 0.0  # ps elastic: moving rate, 0 = 0.9 / workers
     local_steps: bool = False  # ps: workers step locally (async DOWNPOUR/ADAG, sync SDAG)
     push_average: bool = False  # ps local steps: push update / push_every (ADAG, SAGN)
-    worker_lr_scale: tuple[float, ...] = ()  # ps: per-worker learning-rate factors
+    worker_lr_scale: tuple[float, ...] = ()  # ps: learning-rate factors, worker i: [i % len]
 
     def __post_init__(self) -> None:
         if self.scheme not in BUILDERS:
@@ -69,9 +69,10 @@ class SchemeSpec:
         if self.ps_mode not in PS_NODE_MODES:
             raise ValueError(f"ps_mode: got {self.ps_mode!r}, expected one of "
                              f"{', '.join(PS_NODE_MODES)}")
-        if self.worker_lr_scale and len(self.worker_lr_scale) != self.training_workers:
+        if len(self.worker_lr_scale) > self.training_workers:
             raise ValueError(f"worker_lr_scale: got {len(self.worker_lr_scale)} values, "
-                             f"expected one per training worker ({self.training_workers})")
+                             f"expected at most one per training worker "
+                             f"({self.training_workers}; fewer go round robin)")
 
     @property
     def training_workers(self) -> int:
@@ -112,7 +113,7 @@ def _ps_worker(spec: SchemeSpec, layout: PSLayout, rank: int, replica: Replica) 
         return ScaledPSWorker(rank, layout, replica=replica, mode=spec.ps_mode,
                               staleness=spec.staleness, push_every=spec.push_every,
                               fetch_every=spec.fetch_every,
-                              lr_scale=spec.worker_lr_scale[rank])
+                              lr_scale=spec.worker_lr_scale[rank % len(spec.worker_lr_scale)])
     return PSWorker(rank, layout, replica=replica, mode=spec.ps_mode, staleness=spec.staleness,
                     push_every=spec.push_every, fetch_every=spec.fetch_every)
 
@@ -127,7 +128,7 @@ def _ps_server(spec: SchemeSpec, layout: PSLayout, rank: int, replica: Replica) 
         return SyncDeltaPSServer(rank, layout, replica=replica, push_every=spec.push_every,
                                  reduce=spec.reduce)
     return PSServer(rank, layout, replica=replica, mode=spec.ps_mode, reduce=spec.reduce,
-                    fetch_every=spec.fetch_every)
+                    fetch_every=spec.fetch_every, push_every=spec.push_every)
 
 
 def _build_ps(spec: SchemeSpec, length: int, params0: np.ndarray | None,

@@ -172,13 +172,16 @@ class PSServer(SchemeNode):
 
     sync: sum every live worker's push of round t, apply once (scaled), then
     send the shard to every worker. async: apply each push on arrival and
-    answer the pusher (when that round fetches) or a pull.
+    answer the pusher (when that round fetches) or a pull; a worker's final
+    marker may overtake its last pushes on the wire, so it is answered only
+    once every message that worker sent before it has arrived (the worker
+    answered last then ends on the servers' parameters).
     """
 
     is_worker = False
 
     def __init__(self, rank: int, layout: PSLayout, *, replica: Replica, mode: str = "sync",
-                 reduce: str = "mean", fetch_every: int = 1) -> None:
+                 reduce: str = "mean", fetch_every: int = 1, push_every: int = 1) -> None:
         shard = layout.shard_of(rank)
         start, stop = layout.shard_slice(shard)
         if replica.params is not None and replica.params.shape != (stop - start,):
@@ -191,6 +194,9 @@ class PSServer(SchemeNode):
         self.start, self.stop = start, stop
         self.mode = mode
         self.fetch_every = 1 if mode == "sync" else fetch_every
+        self.worker_push_every = 1 if mode == "sync" else push_every
+        self.messages_from = dict.fromkeys(range(layout.workers), 0)  # async, finals apart
+        self.held_finals: dict[int, int] = {}  # async: worker -> final round, unanswered
         self.scale = np.float32(reduce_scale(reduce, layout.workers))
         workers = range(layout.workers)
         self.log = ssp.DeliveryLog(workers, lambda sender, round_: 1)
@@ -225,13 +231,30 @@ class PSServer(SchemeNode):
             return Receipt(True, self._receive_async(msg))
         return Receipt(True, self._receive_sync(msg))
 
+    def messages_before(self, round_: int) -> int:
+        """How many messages an async worker sends in rounds 0..round_-1: one in
+        each round that pushes or fetches (PSWorker.local_step)."""
+        push, fetch = self.worker_push_every, self.fetch_every
+        return round_ // push + round_ // fetch - round_ // math.lcm(push, fetch)
+
     def _receive_async(self, msg: Partial) -> tuple[Send, ...]:
         if msg.kind == Kind.PUSH and self.replica.params is not None:
             assert msg.values is not None
             self.replica.apply(msg.values * self.scale)
-        if msg.kind == Kind.PULL or msg.final or (msg.round + 1) % self.fetch_every == 0:
-            return (self._params_to((msg.sender,), msg.round),)
-        return ()
+        effects = []
+        if msg.final:
+            self.held_finals[msg.sender] = msg.round
+        else:
+            self.messages_from[msg.sender] += 1
+            if msg.kind == Kind.PULL or (msg.round + 1) % self.fetch_every == 0:
+                effects.append(self._params_to((msg.sender,), msg.round))
+        for worker, final in sorted(self.held_finals.items()):
+            # every message the worker sent before its final arrived (or the log says so)
+            if (self.messages_from[worker] >= self.messages_before(final)
+                    or self.log.contiguous[worker] >= final - 1):
+                del self.held_finals[worker]
+                effects.append(self._params_to((worker,), final))
+        return tuple(effects)
 
     def _receive_sync(self, msg: Partial) -> tuple[Send, ...]:
         if msg.kind == Kind.PUSH:

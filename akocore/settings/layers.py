@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from akocore.schemes.named import expansion
 from akocore.settings.normalise import ConfigError, is_unset, require_unit, show
 from akocore.settings.registry import BY_DOTTED, RUN_SECTIONS, SECTIONS, Key
 from akocore.settings.schema import AkorunConfig, RunConfig
@@ -126,10 +127,27 @@ def check_key(section: str, name: str) -> Key:
     return keys[name]
 
 
+def _expand_named_schemes(givens: Iterable[Given]) -> list[Given]:
+    """A named scheme ("adag") as its settings, given first in its layer (akocore.schemes.named)."""
+    expanded: list[Given] = []
+    rest: list[Given] = []
+    for given in givens:
+        named = expansion(given.value) if given.key == "exchange.scheme" else None
+        if named is None:
+            rest.append(given)
+            continue
+        source = (f"{given.source} {named.name}" if given.source.startswith("by --")
+                  else f"{given.source} (scheme = {named.name})" if given.source else named.name)
+        expanded += [Given(f"{section}.{name}", value, given.layer, source)
+                     for section, body in named.tables.items() for name, value in body.items()]
+    return expanded + rest
+
+
 def _merge(givens: Iterable[Given]) -> dict[str, Given]:
     """The winning Given per key: the highest layer, and within a layer the last."""
     merged: dict[str, Given] = {}
-    for given in sorted(givens, key=lambda g: g.layer):  # stable: order within a layer kept
+    # stable sort: the order within a layer is kept, a named scheme's settings first
+    for given in sorted(_expand_named_schemes(givens), key=lambda g: g.layer):
         section, _, name = given.key.partition(".")
         try:
             key = check_key(section, name)

@@ -20,12 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from akocore.schemes.named import SCHEME_NAMES
 from akocore.settings.normalise import (
     EMULATE_MODES,
     NETWORK_MODELS,
     OPTIMIZERS,
     SCHEDULES,
-    SCHEMES,
     matrix_to_text,
 )
 from akocore.settings.schema import (
@@ -171,10 +171,13 @@ KEYS: tuple[Key, ...] = (
     # ------------------------------------------------------------------ exchange
     _run("exchange", "scheme", "scheme",
          "ako (partial all-to-all) | ps (parameter servers) | allreduce (ring) | wagma "
-         "(group model averaging)",
-         flag="--scheme", choices=SCHEMES,
-         flag_help="gradient exchange: ako (partial all-to-all), ps (parameter servers) or "
-                   "allreduce (ring)"),
+         "(group model averaging), or a named scheme: easgd hogwild downpour adag sdag "
+         "sync-sgd sync-sgd-lr-per-worker (settings of ps, see README Schemes)",
+         flag="--scheme", choices=SCHEME_NAMES,
+         flag_help="exchange: ako (partial all-to-all), ps (parameter servers), allreduce "
+                   "(ring), wagma (group model averaging), or a named scheme that stands for "
+                   "its ps settings: easgd, hogwild, downpour, adag, sdag, sync-sgd, "
+                   "sync-sgd-lr-per-worker (as configs/presets/NAME.toml)"),
     _run("exchange", "p", "p",
          "partitions per gradient: auto | auto-per-worker | N | [N0, N1, ...]",
          dump=_dump_p, flag="--p", metavar="{auto,auto-per-worker,N,N1,N2,...}",
@@ -218,7 +221,7 @@ KEYS: tuple[Key, ...] = (
     _run("exchange", "push_average", "push_average",
          "scheme ps with local_steps: push the update divided by push_every (ADAG, SAGN)"),
     _run("exchange", "worker_lr_scale", "worker_lr_scale",
-         "scheme ps: learning-rate factor per training worker; [] = all 1", dump=list),
+         "scheme ps: learning-rate factor per training worker, in turn; [] = all 1", dump=list),
     # ------------------------------------------------------------------ train
     _run("train", "workload", "workload", "model and dataset, e.g. digits-mlp",
          flag="--workload", metavar="NAME", kind=FlagKind.TEXT,
