@@ -75,7 +75,8 @@ class TcpParameters:
     base_rtt_s: float = field(default=0.0, metadata=meta(
         "s", "round trip of the host stack alone (loopback), added to 2 x latency", "akosim"))
     connections_per_pair: int = field(default=1, metadata=meta(
-        "connections", "pooled connections a sender keeps per peer (akorun: 1, one POST at a time)", "akosim"))
+        "connections", "pooled connections a sender keeps per peer (akorun: 1, one POST "
+        "at a time)", "akosim"))
     slow_start: bool = field(default=True, metadata=meta(
         "", "fresh connections pay the handshake and slow start (false: every connection "
         "is already at full window)", "akosim"))
