@@ -60,7 +60,9 @@ PREDICT_FLAGS: dict[str, tuple[str, ...]] = {
     "run-calibrated": (),
     "max-min": ("--compute", "measure", "--network-model", "maxmin"),
 }
-RATES = {"lan": "100mbps", "wan": "20mbps"}
+# each node's NIC, both ways; a list goes to the nodes in turn (het: 100, 20, 100, ...)
+RATES_BPS: dict[str, tuple[float, ...]] = {"lan": (100e6,), "wan": (20e6,),
+                                           "het": (100e6, 20e6)}
 # given to both tools, so akosim's own compute measurement times the step the runs take
 TRAINING_FLAGS = ("--batch-size", "32", "--optimizer", "sgd", "--lr", "0.05")
 
@@ -71,7 +73,7 @@ class GridPoint:
 
     scheme: str  # ako or ps (the asynchronous parameter server, one server)
     workers: int  # training workers
-    rate: str  # lan or wan (RATES)
+    rate: str  # lan, wan or het (RATES_BPS)
     p: str  # "1" or "auto" (ako); "-" (ps)
     ssp: int
 
@@ -85,7 +87,8 @@ class GridPoint:
         return self.workers + (1 if self.scheme == "ps" else 0)
 
     def launch_flags(self) -> list[str]:
-        flags = ["--workers", str(self.nodes), "--bandwidth", RATES[self.rate],
+        rates = ",".join(f"{bps / 1e6:g}mbps" for bps in RATES_BPS[self.rate])
+        flags = ["--workers", str(self.nodes), "--bandwidth", rates,
                  "--scheme", self.scheme, "--ssp", str(self.ssp)]
         if self.scheme == "ako":
             flags += ["--p", self.p]
@@ -95,16 +98,22 @@ class GridPoint:
 
 
 def grid() -> tuple[GridPoint, ...]:
-    """30 configurations: Ako at 2-4 workers x LAN/WAN x p in {1, auto} x s in {0, 2}
-    (24), and the asynchronous parameter server at 2-4 workers x LAN/WAN (6). Smaller
-    clusters first, so an interrupted grid still spans the schemes and rates."""
+    """40 configurations: Ako at 2-4 workers x LAN/WAN x p in {1, auto} x s in {0, 2}
+    (24), the asynchronous parameter server at 2-4 workers x LAN/WAN x s in {0, 2}
+    (12), and a heterogeneous network (NICs of 100 and 20 Mbit/s in turn) at 3 workers
+    for Ako p in {1, auto} and the PS at s = 0, 2 (4). Smaller clusters first, so an
+    interrupted grid still spans the schemes and rates."""
     points = []
     for workers in (2, 3, 4):
-        for rate in RATES:
+        for rate in ("lan", "wan"):
             for p in ("1", "auto"):
                 for ssp in (0, 2):
                     points.append(GridPoint("ako", workers, rate, p, ssp))
-            points.append(GridPoint("ps", workers, rate, "-", 0))
+            for ssp in (0, 2):
+                points.append(GridPoint("ps", workers, rate, "-", ssp))
+        if workers == 3:
+            points += [GridPoint("ako", 3, "het", "1", 0), GridPoint("ako", 3, "het", "auto", 0),
+                       GridPoint("ps", 3, "het", "-", 0), GridPoint("ps", 3, "het", "-", 2)]
     return tuple(points)
 
 
@@ -161,11 +170,12 @@ def row_of(point: GridPoint, run: RunResult, predictions: dict[str, float],
            host_compute_s: float, wall_s: float) -> FidelityTcpRow:
     training = run.training_ranks or run.per_worker
     measured = [steady_round_time_s(r.round_end_s) for r in training]
-    bandwidth_bps = float(RATES[point.rate].removesuffix("mbps")) * 1e6
+    rates = RATES_BPS[point.rate]
+    bandwidth_bps = tuple(rates[i % len(rates)] for i in range(point.nodes))
     round_time_s = sum(measured) / len(measured)
     sent = [r.bytes_sent_per_worker_per_round or 0.0 for r in training]
-    utilisation = [8 * b / t / bandwidth_bps for b, t in zip(sent, measured, strict=True)
-                   if t > 0]
+    utilisation = [8 * b / t / bandwidth_bps[r.rank] for b, t, r
+                   in zip(sent, measured, training, strict=True) if t > 0]
     return FidelityTcpRow(
         name=point.name, scheme=point.scheme, workers=point.workers, nodes=point.nodes,
         rate=point.rate, bandwidth_bps=bandwidth_bps, p_configured=point.p,
@@ -302,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="use this host calibration instead of measuring one")
     parser.add_argument("--no-message-cost", action="store_true",
                         help="calibrate without akorun measure-messages (quicker; tests)")
-    parser.add_argument("--netns-rate", default=RATES["wan"],
+    parser.add_argument("--netns-rate", default="20mbps",
                         help="calibrate the goodput fraction on a tc-shaped veth pair at "
                              "this rate (default %(default)s; 'none' to skip)")
     parser.add_argument("--report", type=Path, default=ROOT / "docs" / "fidelity-tcp.md",

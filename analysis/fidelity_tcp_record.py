@@ -29,8 +29,9 @@ class FidelityTcpRow:
     scheme: str = field(metadata=meta("", "ako or ps (asynchronous, one server)"))
     workers: int = field(metadata=meta("", "training workers"))
     nodes: int = field(metadata=meta("", "ranks (a parameter server counts)"))
-    rate: str = field(metadata=meta("", "lan or wan"))
-    bandwidth_bps: float = field(metadata=meta("bit/s", "every node's uplink and downlink"))
+    rate: str = field(metadata=meta("", "lan, wan or het"))
+    bandwidth_bps: tuple[float, ...] = field(metadata=meta(
+        "bit/s", "each node's uplink and downlink"))
     p_configured: str = field(metadata=meta("", "1, auto, or - (ps)"))
     p_resolved: tuple[int, ...] = field(metadata=meta("", "each worker's p as the run "
                                                           "resolved it"))
@@ -53,7 +54,7 @@ class FidelityTcpRow:
     bytes_sent_per_round: float = field(metadata=meta(
         "B", "mean bytes a training rank sent per round"))
     uplink_utilisation: float = field(metadata=meta(
-        "fraction", "bytes sent per round x 8 / round time / uplink, mean of training "
+        "fraction", "bytes sent per round x 8 / round time / own uplink, mean of training "
                     "ranks (what TCP delivered of the shaped rate)"))
     wall_s: float = field(metadata=meta("s", "wall time of the launch"))
 

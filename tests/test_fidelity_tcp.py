@@ -25,7 +25,7 @@ def _row(name: str, scheme: str, ssp: int, rate: str, measured: float, host: flo
          run: float, maxmin: float) -> FidelityTcpRow:
     return FidelityTcpRow(
         name=name, scheme=scheme, workers=2, nodes=2 if scheme == "ako" else 3, rate=rate,
-        bandwidth_bps=20e6, p_configured="1" if scheme == "ako" else "-",
+        bandwidth_bps=(20e6,) * 3, p_configured="1" if scheme == "ako" else "-",
         p_resolved=(1, 1) if scheme == "ako" else (), ssp=ssp, rounds=30,
         measured_round_time_s=measured, host_calibrated_s=host, run_calibrated_s=run,
         maxmin_s=maxmin, run_compute_s=(0.010, 0.012), run_overhead_s=(0.001, 0.001),
@@ -37,7 +37,7 @@ def test_the_grid_spans_workers_rates_p_s_and_both_schemes():
     points = grid()
     assert len(points) >= 24 and len({p.name for p in points}) == len(points)
     assert {p.workers for p in points} == {2, 3, 4}
-    assert {p.rate for p in points} == {"lan", "wan"}
+    assert {p.rate for p in points} == {"lan", "wan", "het"}
     assert {p.p for p in points if p.scheme == "ako"} == {"1", "auto"}
     assert {p.ssp for p in points} == {0, 2}
     assert {p.scheme for p in points} == {"ako", "ps"}
