@@ -41,7 +41,7 @@ to the inputs of the max-min solver, and a per-message delay after it.
     do not share the links as separate fluid flows: at most
     `connections_per_pair` are in flight per ordered pair, the rest wait in
     order and start when one is answered (delivered, its software cost paid, and
-    the answer back after the reverse latency). The fluid model shares them
+    the answer back after half the pair's round trip). The fluid model shares them
     instead, which delays the oldest message, the one an SSP gate waits for,
     behind younger ones (measured on the netns testbed: an asynchronous
     parameter server at s = 2 predicted 77% too slow without it,
@@ -179,6 +179,12 @@ class TcpNetwork(FluidNetwork):
         self._ordered = params.one_message_per_connection
         self._in_flight = np.zeros((spec.n, spec.n), dtype=np.int64)
         self._waiting: dict[tuple[int, int], deque[_Queued]] = {}
+        self._queued = 0  # messages waiting, over all pairs
+        # the answer's way back: half the pair's round trip (the network's own latency and
+        # the host stack; spec.latency_s may also carry a software cost, paid already)
+        off_diagonal = self.rtt_s[~np.eye(spec.n, dtype=bool)] / 2
+        self._answer_s: float | None = float(off_diagonal[0]) if off_diagonal.size and (
+            off_diagonal == off_diagonal[0]).all() else None
 
     def send(self, src: int, dsts: np.ndarray | Sequence[int],
              size_bytes: int | float | np.ndarray, on_delivered: DeliveryCallback,
@@ -186,25 +192,35 @@ class TcpNetwork(FluidNetwork):
         if not self._ordered:
             self._start(src, dsts, size_bytes, on_delivered, token)
             return
-        dst = np.array(dsts, dtype=np.intp).reshape(-1)
-        sizes = np.broadcast_to(np.asarray(size_bytes, dtype=np.float64), dst.shape)
-        busy = self._in_flight[src, dst] >= self.params.connections_per_pair
-        for waiting_dst in np.flatnonzero(busy).tolist():
-            pair = (src, int(dst[waiting_dst]))
-            self._waiting.setdefault(pair, deque()).append(
-                _Queued(float(sizes[waiting_dst]), on_delivered, token))
+        dst = np.asarray(dsts, dtype=np.intp).reshape(-1)
+        row = self._in_flight[src]
+        busy = row[dst] >= self.params.connections_per_pair
         if busy.any():
+            sizes = np.broadcast_to(np.asarray(size_bytes, dtype=np.float64), dst.shape)
+            for waiting_dst in np.flatnonzero(busy).tolist():
+                pair = (src, int(dst[waiting_dst]))
+                self._waiting.setdefault(pair, deque()).append(
+                    _Queued(float(sizes[waiting_dst]), on_delivered, token))
+                self._queued += 1
             dst, sizes = dst[~busy], sizes[~busy]
-        if dst.size:
-            self._in_flight[src, dst] += 1
-            self._start(src, dst, sizes if sizes.size > 1 else float(sizes[0]),
-                        partial(self._answered, src, on_delivered), token)
+            if not dst.size:
+                return
+            size_bytes = sizes if sizes.size > 1 else float(sizes[0])
+        row[dst] += 1
+        self._start(src, dst, size_bytes, partial(self._answered, src, on_delivered), token)
 
     def _answered(self, src: int, on_delivered: DeliveryCallback, dests: np.ndarray,
                   token: object) -> None:
         """(e): deliver, then free each pair's connection when its answer is back."""
         on_delivered(dests, token)
-        back_s = self.spec.latency_s[dests, src]
+        if self._answer_s is not None:  # one figure for every pair
+            if self._answer_s > 0:
+                timeout = self.env.timeout(self._answer_s)
+                timeout.callbacks.append(partial(self._free, src, dests.copy()))
+            else:
+                self._free(src, dests)
+            return
+        back_s = self.rtt_s[src, dests] / 2
         for delay_s in np.unique(back_s).tolist():
             group = dests if back_s.size == 1 else dests[back_s == delay_s]
             if delay_s > 0:
@@ -214,11 +230,14 @@ class TcpNetwork(FluidNetwork):
                 self._free(src, group)
 
     def _free(self, src: int, dests: np.ndarray, _event: object = None) -> None:
+        self._in_flight[src, dests] -= 1
+        if not self._queued:
+            return
         for dst in dests.tolist():
-            self._in_flight[src, dst] -= 1
             queue = self._waiting.get((src, dst))
             if queue:
                 nxt = queue.popleft()
+                self._queued -= 1
                 self._in_flight[src, dst] += 1
                 self._start(src, (dst,), nxt.size_bytes,
                             partial(self._answered, src, nxt.on_delivered), nxt.token)
