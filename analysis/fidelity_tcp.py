@@ -47,7 +47,7 @@ from analysis.fidelity_tcp_record import (
     FidelityTcpRow,
     summarise,
 )
-from analysis.fidelity_tcp_report import markdown_report
+from analysis.fidelity_tcp_report import kept_analysis, markdown_report
 
 ROOT = Path(__file__).resolve().parent.parent
 DONE_FILE = "done.json"
@@ -367,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(text)
     args.report.parent.mkdir(parents=True, exist_ok=True)
-    args.report.write_text(markdown_report(record))
+    previous = args.report.read_text() if args.report.exists() else ""
+    args.report.write_text(markdown_report(record, kept_analysis(previous)))
     print(f"wrote {results / RECORD_FILE} and {args.report} ({len(rows)} configurations"
           f"{f', {failed} failed' if failed else ''})")
     return 1 if failed else 0

@@ -6,8 +6,9 @@ three predictions), the signed error of every configuration, the errors grouped
 by scheme, staleness bound, rate and cluster size, and the figures the analysis
 of the remaining error rests on (each run's compute per rank against akosim's
 own measurement, its per-message software cost, what TCP delivered of the
-shaped rate). `summary_table(record)` is the table the README carries. Pure:
-no I/O, no clock.
+shaped rate). `summary_table(record)` is the table the README carries. The analysis in
+prose is written by hand between two markers and kept when the report is
+regenerated (`kept_analysis`). Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from collections.abc import Callable, Sequence
 
 from analysis.fidelity_tcp_record import COLUMNS, FidelityTcpRecord, FidelityTcpRow, summarise
 
+ANALYSIS_BEGIN = "<!-- analysis:begin (written by hand, kept on regeneration) -->"
+ANALYSIS_END = "<!-- analysis:end -->"
 GOALS = {"host-calibrated": "MAPE <= 10%, tau >= 0.9", "run-calibrated": "MAPE <= 5%",
          "max-min": "(reference: no TCP, no calibration)"}
 
@@ -95,6 +98,16 @@ def grouped_table(rows: Sequence[FidelityTcpRow]) -> str:
     return "\n".join(lines)
 
 
+def kept_analysis(previous_report: str) -> str:
+    """The hand-written analysis between the markers of a previous report ('' if none)."""
+    start = previous_report.find(ANALYSIS_BEGIN)
+    end = previous_report.find(ANALYSIS_END)
+    if start < 0 or end < start:
+        return ""
+    text = previous_report[start + len(ANALYSIS_BEGIN):end].strip()
+    return "" if text.startswith("(not written yet") else text
+
+
 def markdown_report(record: FidelityTcpRecord, analysis: str = "") -> str:
     """The whole report; `analysis` is the prose written from these figures (kept
     apart so the generated tables can be regenerated under it)."""
@@ -131,8 +144,10 @@ def markdown_report(record: FidelityTcpRecord, analysis: str = "") -> str:
         summary_table(record),
         "",
     ]
-    if analysis:
-        parts += ["## Where the remaining error comes from", "", analysis.strip(), ""]
+    parts += ["## Where the remaining error comes from", "", ANALYSIS_BEGIN,
+              analysis.strip() or "(not written yet: the analysis is written from the tables "
+              "below, between these markers, and kept when the report is regenerated)",
+              ANALYSIS_END, ""]
     parts += [
         "## Errors by group",
         "",
@@ -151,4 +166,5 @@ def markdown_report(record: FidelityTcpRecord, analysis: str = "") -> str:
     return "\n".join(parts)
 
 
-__all__ = ["GOALS", "grouped_table", "markdown_report", "rows_table", "summary_table"]
+__all__ = ["ANALYSIS_BEGIN", "ANALYSIS_END", "GOALS", "grouped_table", "kept_analysis",
+           "markdown_report", "rows_table", "summary_table"]

@@ -18,7 +18,7 @@ from analysis.fidelity_tcp_record import (
     FidelityTcpRow,
     summarise,
 )
-from analysis.fidelity_tcp_report import markdown_report, summary_table
+from analysis.fidelity_tcp_report import kept_analysis, markdown_report, summary_table
 
 
 def _row(name: str, scheme: str, ssp: int, rate: str, measured: float, host: float,
@@ -67,6 +67,9 @@ def test_the_report_of_a_hand_made_record_has_every_column_error_and_group():
     assert "lan-2w-ps-s0" in text and "+25.0%" in text and "-10.0%" in text
     assert "| scheme | ps | 1 |" in text and "| s | 2 | 1 |" in text
     assert "The PS is predicted too slow." in text and "load average: 1.0" in text
+    regenerated = markdown_report(record, kept_analysis(text))
+    assert regenerated == text  # the hand-written analysis survives a regeneration
+    assert kept_analysis(markdown_report(record)) == ""
 
 
 @pytest.mark.netns
