@@ -11,6 +11,8 @@ What is taken from where, so that nothing is counted twice:
   with ``--compute measure`` akosim's own cached measurement of the run's
   workload on this host and no per-round overhead (a host-calibrated
   prediction: nothing timed by the run, only its configuration and resolved p);
+  on the testbed every rank ran on this host, so the step is stretched by
+  `colocation_factor` (training ranks over this host's cores, at least 1);
 - the network: the one the kernel realised when the run directory holds the
   testbed's ``testbed.json`` (akocore.testbed_record: each node's uplink, the
   per-pair caps, no latency, since this kernel's testbed ignores it), else the
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -220,6 +223,13 @@ def host_measured_compute_s(cfg: RunConfig) -> tuple[float, int, str]:
         f"{measured.provenance()} (akosim's own, not the run's)"
 
 
+def colocation_factor(training_ranks: int, cores: int) -> float:
+    """How much longer a gradient step takes when `training_ranks` processes that
+    compute at once share `cores` cores (processor sharing; 1 when each has a core).
+    An upper bound for a network-bound run, whose ranks seldom compute together."""
+    return max(1.0, training_ranks / max(cores, 1))
+
+
 def _loopback(cfg: RunConfig) -> bool:
     return bool(cfg.cluster.hosts) and all(h.startswith(LOOPBACK_PREFIXES)
                                            for h in cfg.cluster.hosts)
@@ -267,6 +277,13 @@ def predict_command(args: argparse.Namespace) -> int:
         compute_line = f"compute and per-round overhead measured by the run ({path})"
     else:
         host_compute_s, length, compute_line = host_measured_compute_s(cfg)
+        if testbed is not None:  # every rank ran on this host: they shared its cores
+            training = run.training_workers or len(run.training_ranks) or workers
+            factor = colocation_factor(training, os.cpu_count() or 1)
+            if factor > 1:
+                host_compute_s *= factor
+                compute_line += (f"; x {factor:.2f}: the testbed ran {training} training "
+                                 f"ranks on this host's {os.cpu_count()} cores")
         compute_s, overhead, jitter, software = (host_compute_s,) * workers, 0.0, 0.0, None
     run_measured_software = software is not None
     tcp: TcpParameters | None = None
@@ -325,6 +342,6 @@ def prediction_line(predicted_s: float, measured_s: float | None) -> str:
             f"{format_duration(measured_s)} ({100 * error:+.1f}%)")
 
 
-__all__ = ["COMPUTE_SOURCES", "DESCRIPTION", "EPILOG", "add_predict_arguments",
+__all__ = ["COMPUTE_SOURCES", "colocation_factor", "DESCRIPTION", "EPILOG", "add_predict_arguments",
            "host_measured_compute_s", "predict_command", "prediction_line", "read_run",
            "read_testbed", "testbed_network"]

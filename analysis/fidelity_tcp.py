@@ -18,7 +18,8 @@ time, and predicts each with ``akosim predict`` three ways:
   (akosim's own compute, no per-message cost: no host calibration is given and
   none is cached in RESULTS/cache).
 
-Resumable: a configuration whose folder holds ``done.json`` is not run again.
+Resumable: a configuration whose folder holds ``done.json`` is not run again
+(``--repredict`` predicts it again without running it, after a change to akosim).
 Writes RESULTS/fidelity-tcp.json (`FidelityTcpRecord`) and the markdown report
 (`--report`, default docs/fidelity-tcp.md). The measured round time is the
 mean steady-state round time of akocore.figures (warm-up rounds skipped).
@@ -200,27 +201,31 @@ class GridSettings:
     host_calibration: Path
     host_compute_s: float
     timeout_s: float
+    repredict: bool = False  # done configurations: predict again, keep the run
 
 
 def run_point(point: GridPoint, settings: GridSettings) -> FidelityTcpRow:
     """Launch one configuration on the testbed (unless done), predict it, keep its row."""
     folder = settings.results / point.name
     done = folder / DONE_FILE
-    if done.exists():
-        return record_from_json(FidelityTcpRow, json.loads((folder / ROW_FILE).read_text()))
-    folder.mkdir(parents=True, exist_ok=True)
-    log = folder / "run.log"
-    log.write_text("")
     env = child_env(settings.results / "cache")
     run_dir = folder / "run"
-    started = time.perf_counter()
-    _run(_python("akorun", "launch", "--testbed", "netns", "--testbed-latency", "ignore",
-                 *point.launch_flags(), "--workload", settings.workload, *TRAINING_FLAGS,
-                 "--rounds",
-                 str(settings.rounds), "--set", "train.eval_every=1000", "--out",
-                 str(run_dir), "--force", "--quiet", "--timeout",
-                 f"{settings.timeout_s:g}s"), env, log, settings.timeout_s + 60)
-    wall_s = time.perf_counter() - started
+    log = folder / "run.log"
+    if done.exists():
+        kept = record_from_json(FidelityTcpRow, json.loads((folder / ROW_FILE).read_text()))
+        if not settings.repredict:
+            return kept
+        wall_s = kept.wall_s  # the run stays; only the predictions are made again
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
+        log.write_text("")
+        started = time.perf_counter()
+        _run(_python("akorun", "launch", "--testbed", "netns", "--testbed-latency", "ignore",
+                     *point.launch_flags(), "--workload", settings.workload, *TRAINING_FLAGS,
+                     "--rounds", str(settings.rounds), "--set", "train.eval_every=1000",
+                     "--out", str(run_dir), "--force", "--quiet", "--timeout",
+                     f"{settings.timeout_s:g}s"), env, log, settings.timeout_s + 60)
+        wall_s = time.perf_counter() - started
     predictions = {}
     for column in COLUMNS:
         out = folder / f"predict-{column}.json"
@@ -232,8 +237,9 @@ def run_point(point: GridPoint, settings: GridSettings) -> FidelityTcpRow:
     row = row_of(point, read_run(run_dir / "result.json"), predictions,
                  settings.host_compute_s, wall_s)
     (folder / ROW_FILE).write_text(json.dumps(record_to_json(row), indent=1))
-    done.write_text(json.dumps({"config": point.name, "wall_s": wall_s,
-                                "uptime": uptime()}, indent=1))
+    if not done.exists():
+        done.write_text(json.dumps({"config": point.name, "wall_s": wall_s,
+                                    "uptime": uptime()}, indent=1))
     return row
 
 
@@ -321,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also copy the record here (e.g. docs/fidelity-tcp.json)")
     parser.add_argument("--report-only", action="store_true",
                         help="run nothing: rebuild the record and report from finished rows")
+    parser.add_argument("--repredict", action="store_true",
+                        help="launch nothing: predict the finished configurations again "
+                             "(after a change to akosim) and rebuild the record and report")
     args = parser.parse_args(argv)
     if args.rounds < 4:
         parser.error(f"--rounds: got {args.rounds}, expected >= 4 (warm-up is skipped)")
@@ -337,10 +346,10 @@ def main(argv: list[str] | None = None) -> int:
         given=args.host_calibration)
     compute_s = host_compute_s(results, args.workload)
     settings = GridSettings(results, args.workload, args.rounds, calibration, compute_s,
-                            args.timeout)
+                            args.timeout, repredict=args.repredict)
     rows, failed = [], 0
     for point in points:
-        if args.report_only:
+        if args.report_only or args.repredict:
             if (results / point.name / DONE_FILE).exists():
                 rows.append(run_point(point, settings))
             continue

@@ -209,3 +209,10 @@ def test_predict_with_compute_measure_takes_nothing_timed_from_the_run(run_dir: 
     with pytest.raises(SystemExit) as stop:
         main(["predict", str(run_dir), "--compute", "0.3s"])
     assert stop.value.code == 2
+
+
+def test_colocation_factor_is_ranks_over_cores_and_never_below_one():
+    assert predict.colocation_factor(4, 2) == 2.0
+    assert predict.colocation_factor(3, 2) == 1.5
+    assert predict.colocation_factor(2, 2) == 1.0
+    assert predict.colocation_factor(2, 8) == 1.0
