@@ -10,12 +10,13 @@ time, and predicts each with ``akosim predict`` three ways:
 - host-calibrated: the TCP-aware model with this host's calibration (``akosim
   calibrate``, made once at the start of the grid and kept in RESULTS) and
   akosim's own compute measurement of the workload (``--compute measure``,
-  cached in RESULTS/cache under the XLA threading akorun's ranks use): nothing
-  timed by the run being predicted;
+  cached in RESULTS/cache under the XLA threading akorun's ranks use), stretched
+  by akosim.predict.colocation_factor (the testbed's ranks share this host's
+  cores): nothing timed by the run being predicted;
 - run-calibrated: the TCP-aware model with the run's compute per rank, its
   per-round overhead and its per-message software cost (``message_software_s``);
 - max-min: the pure fluid model (``--network-model maxmin``), uncalibrated
-  (akosim's own compute, no per-message cost: no host calibration is given and
+  (akosim's own compute as above, no per-message cost: no host calibration is given and
   none is cached in RESULTS/cache).
 
 Resumable: a configuration whose folder holds ``done.json`` is not run again

@@ -131,11 +131,12 @@ def markdown_report(record: FidelityTcpRecord, analysis: str = "") -> str:
         "- **host-calibrated**: TCP-aware model, the host calibration made once before the "
         f"grid ({record.host_calibration_summary}), akosim's own compute measurement "
         f"({record.host_compute_s * 1e3:.2f} ms per step, single-threaded XLA as the ranks "
-        "run it): nothing timed by the run being predicted (its resolved p is "
-        "configuration, and is used);",
+        "run it, x training ranks / cores when they outnumber this host's cores): nothing "
+        "timed by the run being predicted (its resolved p is configuration, and is used);",
         "- **run-calibrated**: TCP-aware model with the run's compute and per-round "
         "overhead per rank and its `message_software_s`;",
-        "- **max-min**: the pure fluid model, akosim's own compute, no per-message cost.",
+        "- **max-min**: the pure fluid model, akosim's own compute as above, no per-message "
+        "cost.",
         "",
         f"Machine load: {load}.",
         "",
