@@ -75,8 +75,11 @@ class TcpParameters:
     base_rtt_s: float = field(default=0.0, metadata=meta(
         "s", "round trip of the host stack alone (loopback), added to 2 x latency", "akosim"))
     connections_per_pair: int = field(default=1, metadata=meta(
-        "connections", "pooled connections a sender keeps per peer (akorun: 1, one POST "
-        "at a time)", "akosim"))
+        "connections", "pooled connections a sender keeps per peer (akorun: 1)", "akosim"))
+    one_message_per_connection: bool = field(default=True, metadata=meta(
+        "", "a connection carries one message at a time, in order: a pair's next message "
+        "starts when the previous one is answered (akorun's sender); false: a pair's "
+        "messages share the links as separate flows", "akosim"))
     slow_start: bool = field(default=True, metadata=meta(
         "", "fresh connections pay the handshake and slow start (false: every connection "
         "is already at full window)", "akosim"))
@@ -122,7 +125,8 @@ class TcpParameters:
     @classmethod
     def ideal(cls) -> TcpParameters:
         """Every correction off: the TCP model then equals max-min exactly."""
-        return cls(header_bytes=0, ack_bytes=0, window_bytes=math.inf, slow_start=False)
+        return cls(header_bytes=0, ack_bytes=0, window_bytes=math.inf, slow_start=False,
+                   one_message_per_connection=False)
 
 
 @dataclass(frozen=True)

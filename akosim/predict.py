@@ -7,13 +7,22 @@ seconds per round and per-round overhead. predict simulates that run and prints
 the predicted steady round time beside the measured one.
 
 What is taken from where, so that nothing is counted twice:
-- compute and per-round overhead: the run's own ranks (not network time);
-- the network: the run's [network] settings, shared by the TCP-aware model
-  (akosim.tcpmodel, the default here: a real run is real TCP) or max-min;
+- compute and per-round overhead: the run's own ranks (not network time), or
+  with ``--compute measure`` akosim's own cached measurement of the run's
+  workload on this host and no per-round overhead (a host-calibrated
+  prediction: nothing timed by the run, only its configuration and resolved p);
+  on the testbed every rank ran on this host, so the step is stretched by
+  `colocation_factor` (training ranks over this host's cores, at least 1);
+- the network: the one the kernel realised when the run directory holds the
+  testbed's ``testbed.json`` (akocore.testbed_record: each node's uplink, the
+  per-pair caps, no latency, since this kernel's testbed ignores it), else the
+  run's [network] settings; shared by the TCP-aware model (akosim.tcpmodel, the
+  default here: a real run is real TCP) or max-min;
 - the per-message software cost: each rank's ``message_software_s`` (measured
-  by akorun without network time) when the result has it, else the host
-  calibration's (``akosim calibrate``). Never ``message_overhead_s``: on a real
-  network it contains the network time, which the model adds itself.
+  by akorun without network time) when the result has it (and compute comes
+  from the run), else the host calibration's (``akosim calibrate``). Never
+  ``message_overhead_s``: on a real network it contains the network time, which
+  the model adds itself.
 
 Flags that restate the run are accepted; one that contradicts it (``--workers
 8`` for a 3-rank run) is a user error, as is a run directory without a result.
@@ -23,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -38,7 +48,10 @@ from akocore.config import (
     resolve_args,
 )
 from akocore.host_calibration import TcpParameters
+from akocore.jsonrecord import RecordError
 from akocore.results import Calibration, RunResult, read_result
+from akocore.settings.schema import NetworkConfig
+from akocore.testbed_record import TESTBED_RECORD_FILE, TestbedRecord
 from akocore.units import format_duration
 from akosim.calibration import run_message_software_s
 from akosim.host_calibration_io import tcp_parameters
@@ -51,10 +64,13 @@ examples:
   akosim predict runs/ako-3w               the run's result.json, TCP-aware model
   akosim predict runs/ako-3w --network-model maxmin --out prediction.json
   akosim predict runs/ako-3w --host-calibration host.json
+  akosim predict runs/ako-3w --compute measure   host-calibrated: no timing from the run
 """
 LOOPBACK_PREFIXES = ("127.", "localhost", "[::1]", "::1")
 # keys that are about the simulation, not the run: never a contradiction
 SIMULATION_KEYS = frozenset({"network.model"})
+MEASURE_STEPS = 30  # gradient steps timed by --compute measure, as akosim's own (akosim.cli)
+COMPUTE_SOURCES = ("run", "measure")
 
 
 def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,6 +81,11 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
     add("--host-calibration", metavar="FILE.json",
         help="the TCP model's parameters from this `akosim calibrate --out` file (default: "
              "this host's cached calibration, else documented defaults)")
+    add("--compute", metavar="run|measure", default="run",
+        help="compute per round from the run's ranks (default), or 'measure': akosim's own "
+             "cached measurement of the run's workload on this host, with the per-message "
+             "cost from the host calibration (a host-calibrated prediction: nothing timed "
+             "by the run is used)")
     add("--out", metavar="FILE.json", help="write the prediction (a plan record) as JSON")
 
 
@@ -134,6 +155,81 @@ def measured_rounds(run: RunResult) -> int:
     return rounds
 
 
+def read_testbed(run_dir: Path) -> TestbedRecord | None:
+    """The run's testbed.json (what the real-network testbed configured), or None when the
+    run had none; UsageError (one line) when the file is there but not readable."""
+    import json
+
+    path = run_dir / TESTBED_RECORD_FILE
+    if not path.is_file():
+        return None
+    try:
+        return TestbedRecord.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, RecordError) as error:
+        raise UsageError(f"predict: {path} is not a testbed record ({error})") from None
+
+
+def testbed_network(record: TestbedRecord, configured: NetworkConfig,
+                    nodes: int) -> tuple[NetworkConfig, list[str]]:
+    """The network the testbed realised, as akosim's settings, and notes on what akosim
+    cannot express: each node's uplink ceiling, each pair class's ceiling (already
+    min(pair cap, uplink)), no latency (the testbed ignored it: `latency_ignored_s`)."""
+    by_rank = {node.rank: node for node in record.nodes}
+    if sorted(by_rank) != list(range(nodes)):
+        raise UsageError(f"predict: the testbed record has ranks {sorted(by_rank)}, the run "
+                         f"{nodes} nodes")
+    uplinks = tuple(by_rank[rank].uplink_bps for rank in range(nodes))
+    pairs = [q for q in record.queues if q.direction == "pair"]
+    matrix: tuple[tuple[float, ...], ...] | None = None
+    if pairs:
+        caps = [[math.inf] * nodes for _ in range(nodes)]
+        for queue in pairs:
+            assert queue.peer is not None  # a pair class names its destination
+            caps[queue.rank][queue.peer] = queue.ceil_bps
+        matrix = tuple(tuple(row) for row in caps)
+    notes: list[str] = []
+    if not record.downlink_shaped:
+        notes.append("the testbed left downlinks unshaped; akosim's NICs are symmetric, "
+                     "so downlinks are modelled at the uplink rates")
+    elif any(by_rank[r].downlink_bps not in (None, by_rank[r].uplink_bps)
+             for r in range(nodes)):
+        notes.append("a testbed downlink differs from its uplink; akosim models "
+                     "downlinks at the uplink rates")
+    if record.latency_ignored_s > 0:
+        notes.append(f"configured latency {format_duration(record.latency_ignored_s)} "
+                     f"not realised by the testbed: predicted with none")
+    network = replace(configured, bandwidth_bps=uplinks, link_bandwidth_bps=(),
+                      link_bandwidth_matrix_bps=matrix, latency_s=(0.0,),
+                      latency_matrix_s=None)
+    return network, notes
+
+
+def host_measured_compute_s(cfg: RunConfig) -> tuple[float, int, str]:
+    """akosim's own cached measurement of the run's workload, batch and optimizer on this
+    host (measured now when not cached): seconds per step, gradient elements, provenance."""
+    from akosim.compute import measure_compute_s
+    from akosim.compute_cache import key_for, measured_compute
+    from akosim.runspec import load_workload
+
+    train = cfg.train
+    key = key_for(train.workload, train.batch_size, train.optimizer)
+
+    def measure() -> tuple[float, int]:
+        workload = load_workload(cfg)
+        return measure_compute_s(workload, steps=MEASURE_STEPS), workload.param_count
+
+    measured = measured_compute(key, measure, steps=MEASURE_STEPS)
+    return measured.record.compute_s, measured.record.param_count, \
+        f"{measured.provenance()} (akosim's own, not the run's)"
+
+
+def colocation_factor(training_ranks: int, cores: int) -> float:
+    """How much longer a gradient step takes when `training_ranks` processes that
+    compute at once share `cores` cores (processor sharing; 1 when each has a core).
+    An upper bound for a network-bound run, whose ranks seldom compute together."""
+    return max(1.0, training_ranks / max(cores, 1))
+
+
 def _loopback(cfg: RunConfig) -> bool:
     return bool(cfg.cluster.hosts) and all(h.startswith(LOOPBACK_PREFIXES)
                                            for h in cfg.cluster.hosts)
@@ -147,6 +243,9 @@ def predict_command(args: argparse.Namespace) -> int:
     from akosim.scenario import Setup
 
     path = result_path(args.run_dir)
+    if args.compute not in COMPUTE_SOURCES:
+        raise UsageError(f"predict: --compute: got {args.compute!r}, expected "
+                         f"{' or '.join(COMPUTE_SOURCES)} (the run's compute or akosim's own)")
     run = read_run(path)
     configured = run_config(run, path)
     model = check_no_contradiction(args, configured, path)
@@ -154,22 +253,46 @@ def predict_command(args: argparse.Namespace) -> int:
     exchange = configured.exchange
     if run.scheme == "ako" and run.p_of:
         exchange = replace(exchange, p=tuple(run.p_of))
+    testbed = read_testbed(path.parent)
+    network = configured.network
+    testbed_notes: list[str] = []
+    if testbed is not None:
+        network, testbed_notes = testbed_network(testbed, network, configured.cluster.workers)
     cfg = replace(configured, exchange=replace(exchange, ssp=run.ssp),
                   train=replace(configured.train, rounds=rounds, duration_s=None,
                                 target_accuracy=None),
-                  network=replace(configured.network, model=model))
+                  network=replace(network, model=model))
     workers = cfg.cluster.workers
+    from_run = args.compute == "run"
     calibration = Calibration.from_run(run, source=str(path))
-    compute_s = calibration.compute_s(workers)
-    if not compute_s:
-        raise UsageError(f"predict: {path} lists no rank with a measured compute time")
-    overhead = calibration.overhead_s(workers) or 0.0
     gradient_bytes = next((r.model_bytes for r in run.per_worker if r.model_bytes), None)
-    length = gradient_bytes // 4 if gradient_bytes else load_workload(cfg).param_count
-    software = run_message_software_s(run, workers)
+    if from_run:
+        compute_s = calibration.compute_s(workers)
+        if not compute_s:
+            raise UsageError(f"predict: {path} lists no rank with a measured compute time")
+        overhead = calibration.overhead_s(workers) or 0.0
+        jitter = calibration.compute_jitter
+        length = gradient_bytes // 4 if gradient_bytes else load_workload(cfg).param_count
+        software = run_message_software_s(run, workers)
+        compute_line = f"compute and per-round overhead measured by the run ({path})"
+    else:
+        host_compute_s, length, compute_line = host_measured_compute_s(cfg)
+        if testbed is not None:  # every rank ran on this host: they shared its cores
+            training = run.training_workers or len(run.training_ranks) or workers
+            factor = colocation_factor(training, os.cpu_count() or 1)
+            if factor > 1:
+                host_compute_s *= factor
+                compute_line += (f"; x {factor:.2f}: the testbed ran {training} training "
+                                 f"ranks on this host's {os.cpu_count()} cores")
+        compute_s, overhead, jitter, software = (host_compute_s,) * workers, 0.0, 0.0, None
     run_measured_software = software is not None
     tcp: TcpParameters | None = None
-    sources = [f"compute and per-round overhead measured by the run ({path})"]
+    sources = [compute_line]
+    if testbed is not None:
+        sources.append(f"network: as the testbed realised it ({path.parent / TESTBED_RECORD_FILE})"
+                       + "".join(f"; {note}" for note in testbed_notes))
+    else:
+        sources.append("network: the run's configuration (no testbed.json)")
     if model == "tcp":
         source = tcp_parameters(args.host_calibration)
         tcp = source.params
@@ -183,7 +306,7 @@ def predict_command(args: argparse.Namespace) -> int:
         "the run's message_software_s" if run_measured_software
         else "the host calibration" if (tcp is not None and tcp.message_fixed_s) or software
         else "not measured (0)"))
-    setup = Setup(cfg, length, ComputeModel(0.0, jitter=calibration.compute_jitter,
+    setup = Setup(cfg, length, ComputeModel(0.0, jitter=jitter,
                                              per_worker_s=compute_s, overhead_s=overhead),
                   run.batch_size or cfg.train.batch_size, StopRule(rounds=rounds, drain=False),
                   message_overhead_s=software or (), compute_source="; ".join(sources), tcp=tcp)
@@ -195,7 +318,7 @@ def predict_command(args: argparse.Namespace) -> int:
           + f", {workers} nodes, {rounds} rounds, network model {model}")
     for line in sources:
         print(f"akosim: {line}")
-    if model == "tcp" and _loopback(cfg):
+    if model == "tcp" and testbed is None and _loopback(cfg):
         print("akosim: note: the run's ranks are on loopback, where akorun emulates the "
               "network in-process by default (a fluid model); --network-model maxmin "
               "predicts an emulated run")
@@ -219,5 +342,6 @@ def prediction_line(predicted_s: float, measured_s: float | None) -> str:
             f"{format_duration(measured_s)} ({100 * error:+.1f}%)")
 
 
-__all__ = ["DESCRIPTION", "EPILOG", "add_predict_arguments", "predict_command",
-           "prediction_line", "read_run"]
+__all__ = ["COMPUTE_SOURCES", "colocation_factor", "DESCRIPTION", "EPILOG", "add_predict_arguments",
+           "host_measured_compute_s", "predict_command", "prediction_line", "read_run",
+           "read_testbed", "testbed_network"]

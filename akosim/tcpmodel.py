@@ -35,9 +35,20 @@ to the inputs of the max-min solver, and a per-message delay after it.
     message instead: right for fresh connections, wrong for pooled ones.
 (d) Software. `message_cost_s(bytes)` (akorun's sealing, HTTP, verification
     and apply, measured by `akorun measure-messages` without network time).
+(e) One message per connection. A TCP connection is one ordered byte stream,
+    and akorun's sender keeps `connections_per_pair` (1) per peer and starts a
+    peer's next message when the previous one is answered. So a pair's messages
+    do not share the links as separate fluid flows: at most
+    `connections_per_pair` are in flight per ordered pair, the rest wait in
+    order and start when one is answered (delivered, its software cost paid, and
+    the answer back after half the pair's round trip). The fluid model shares them
+    instead, which delays the oldest message, the one an SSP gate waits for,
+    behind younger ones (measured on the netns testbed: an asynchronous
+    parameter server at s = 2 predicted 77% too slow without it,
+    docs/fidelity-tcp.md). Off in `TcpParameters.ideal()`.
 
 (a) and (b) are a transformation of the NetworkSpec (`effective_spec`); (c)
-and (d) delay each delivery by `TcpNetwork`, a FluidNetwork whose `send`
+and (d) delay each delivery by `TcpNetwork`, which also queues (e), a FluidNetwork whose `send`
 wraps the delivery callback: like LV08's latency, the delay uses no
 bandwidth. With `TcpParameters.ideal()` every correction is off and the model
 is max-min exactly (tests/test_tcpmodel.py checks it).
@@ -47,6 +58,7 @@ Units: rates in bits per second, sizes in bytes, times in seconds.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from functools import partial
 
@@ -114,6 +126,18 @@ def slow_start_extra_s(size_bytes: np.ndarray | float, rate_bps: np.ndarray | fl
     return np.where(ramps, np.maximum(extra, 0.0), 0.0)
 
 
+class _Queued:
+    """(e): a message waiting for its pair's connection."""
+
+    __slots__ = ("size_bytes", "on_delivered", "token")
+
+    def __init__(self, size_bytes: float, on_delivered: DeliveryCallback,
+                 token: object) -> None:
+        self.size_bytes = size_bytes
+        self.on_delivered = on_delivered
+        self.token = token
+
+
 class _Pending:
     """One send's per-receiver facts, kept until its messages arrive."""
 
@@ -151,10 +175,76 @@ class TcpNetwork(FluidNetwork):
         self._costly = params.message_fixed_s > 0 or params.message_per_byte_s > 0
         self._all_warm = not params.slow_start
         self._cold_pairs = spec.n * (spec.n - 1)  # pairs still below their pooled count
+        # (e): messages in flight per ordered pair, and those waiting for a connection
+        self._ordered = params.one_message_per_connection
+        self._in_flight = np.zeros((spec.n, spec.n), dtype=np.int64)
+        self._waiting: dict[tuple[int, int], deque[_Queued]] = {}
+        self._queued = 0  # messages waiting, over all pairs
+        # the answer's way back: half the pair's round trip (the network's own latency and
+        # the host stack; spec.latency_s may also carry a software cost, paid already)
+        off_diagonal = self.rtt_s[~np.eye(spec.n, dtype=bool)] / 2
+        self._answer_s: float | None = float(off_diagonal[0]) if off_diagonal.size and (
+            off_diagonal == off_diagonal[0]).all() else None
 
     def send(self, src: int, dsts: np.ndarray | Sequence[int],
              size_bytes: int | float | np.ndarray, on_delivered: DeliveryCallback,
              token: object = None) -> None:
+        if not self._ordered:
+            self._start(src, dsts, size_bytes, on_delivered, token)
+            return
+        dst = np.asarray(dsts, dtype=np.intp).reshape(-1)
+        row = self._in_flight[src]
+        busy = row[dst] >= self.params.connections_per_pair
+        if busy.any():
+            sizes = np.broadcast_to(np.asarray(size_bytes, dtype=np.float64), dst.shape)
+            for waiting_dst in np.flatnonzero(busy).tolist():
+                pair = (src, int(dst[waiting_dst]))
+                self._waiting.setdefault(pair, deque()).append(
+                    _Queued(float(sizes[waiting_dst]), on_delivered, token))
+                self._queued += 1
+            dst, sizes = dst[~busy], sizes[~busy]
+            if not dst.size:
+                return
+            size_bytes = sizes if sizes.size > 1 else float(sizes[0])
+        row[dst] += 1
+        self._start(src, dst, size_bytes, partial(self._answered, src, on_delivered), token)
+
+    def _answered(self, src: int, on_delivered: DeliveryCallback, dests: np.ndarray,
+                  token: object) -> None:
+        """(e): deliver, then free each pair's connection when its answer is back."""
+        on_delivered(dests, token)
+        if self._answer_s is not None:  # one figure for every pair
+            if self._answer_s > 0:
+                timeout = self.env.timeout(self._answer_s)
+                timeout.callbacks.append(partial(self._free, src, dests.copy()))
+            else:
+                self._free(src, dests)
+            return
+        back_s = self.rtt_s[src, dests] / 2
+        for delay_s in np.unique(back_s).tolist():
+            group = dests if back_s.size == 1 else dests[back_s == delay_s]
+            if delay_s > 0:
+                timeout = self.env.timeout(delay_s)
+                timeout.callbacks.append(partial(self._free, src, group.copy()))
+            else:
+                self._free(src, group)
+
+    def _free(self, src: int, dests: np.ndarray, _event: object = None) -> None:
+        self._in_flight[src, dests] -= 1
+        if not self._queued:
+            return
+        for dst in dests.tolist():
+            queue = self._waiting.get((src, dst))
+            if queue:
+                nxt = queue.popleft()
+                self._queued -= 1
+                self._in_flight[src, dst] += 1
+                self._start(src, (dst,), nxt.size_bytes,
+                            partial(self._answered, src, nxt.on_delivered), nxt.token)
+
+    def _start(self, src: int, dsts: np.ndarray | Sequence[int],
+               size_bytes: int | float | np.ndarray, on_delivered: DeliveryCallback,
+               token: object = None) -> None:
         if self._all_warm and not self._costly:
             super().send(src, dsts, size_bytes, on_delivered, token)
             return

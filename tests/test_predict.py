@@ -4,13 +4,18 @@ its refusals, and `--compute-from` taking the run's workload and batch."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from akocore import testbed_record as tb
+from akocore.cli_support import UsageError
 from akocore.results import PlanResult, read_result
+from akocore.settings.schema import NetworkConfig
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
+from akosim import predict
 from akosim.cli import main
 
 pytestmark = pytest.mark.timeout(240)
@@ -133,3 +138,81 @@ def test_compute_from_under_the_tcp_model_does_not_add_message_overhead_s(
             rows[name, model] = _round_line(capsys.readouterr().out)
     assert rows["plain", "tcp"] == rows["doctored", "tcp"]
     assert rows["plain", "maxmin"] != rows["doctored", "maxmin"]
+
+
+def _testbed(uplinks_bps: tuple[float, ...], *, pair_caps: dict[tuple[int, int], float],
+             downlink_shaped: bool = True, latency_ignored_s: float = 0.0) -> tb.TestbedRecord:
+    nodes = tuple(tb.TestbedNode(rank=r, namespace=f"ns{r}", device=f"v{r}", bridge_port=f"b{r}",
+                              address=f"10.9.0.{r + 1}", port=7000, uplink_bps=rate,
+                              downlink_bps=rate if downlink_shaped else None)
+                  for r, rate in enumerate(uplinks_bps))
+    queues = tuple(tb.ShapedQueue(rank=src, direction="pair", peer=dst, namespace=f"ns{src}",
+                               device=f"v{src}", classid=f"1:{10 + dst}", rate_bps=cap,
+                               ceil_bps=cap, burst_bytes=3000, queue_limit_bytes=131072)
+                   for (src, dst), cap in pair_caps.items())
+    return tb.TestbedRecord(testbed="netns", tag="akotb1", hub_namespace="hub", bridge="br0",
+                         subnet="10.9.0.0/24", mtu=1500, nodes=nodes, queues=queues,
+                         downlink_shaped=downlink_shaped, latency_policy="ignore",
+                         latency_ignored_s=latency_ignored_s, in_process_emulation=False,
+                         htb_quantum_bytes=1514, tcp_congestion_control="cubic",
+                         kernel="6", commands=())
+
+
+def test_testbed_network_is_the_realised_uplinks_pair_caps_and_no_latency():
+    configured = NetworkConfig(bandwidth_bps=(1e9,), link_bandwidth_bps=(40e6,),
+                               latency_s=(0.02,))
+    record = _testbed((1e9, 5e8, 1e9), pair_caps={(0, 1): 40e6, (1, 0): 40e6, (2, 0): 10e6},
+                      downlink_shaped=False, latency_ignored_s=0.02)
+    network, notes = predict.testbed_network(record, configured, 3)
+    assert network.uplink_bps(3).tolist() == [1e9, 5e8, 1e9]
+    links = network.link_bps_matrix(3)
+    assert links[0, 1] == 40e6 and links[1, 0] == 40e6 and links[2, 0] == 10e6
+    assert math.isinf(links[0, 2]) and math.isinf(links[1, 2])
+    assert network.latency_matrix(3).max() == 0.0
+    assert any("unshaped" in note for note in notes)
+    assert any("not realised" in note for note in notes)
+    with pytest.raises(UsageError):
+        predict.testbed_network(record, configured, 4)
+
+
+def test_predict_reads_the_testbed_record_beside_the_result(run_dir: Path, tmp_path: Path,
+                                                            capsys):
+    """The network the testbed realised (here 10 Mbit/s uplinks, not the run's 40) is
+    what predict simulates, and it says so."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "result.json").write_text((run_dir / "result.json").read_text())
+    record = _testbed((10e6, 10e6), pair_caps={})
+    (folder / tb.TESTBED_RECORD_FILE).write_text(json.dumps(record.to_json()))
+    out = tmp_path / "prediction.json"
+    assert main(["predict", str(folder), "--network-model", "maxmin", "--out", str(out)]) == 0
+    assert "as the testbed realised it" in capsys.readouterr().out
+    plan = read_result(json.loads(out.read_text()))
+    assert isinstance(plan, PlanResult)
+    assert plan.config["network"]["bandwidth"] == ["10Mbps", "10Mbps"]
+    main(["predict", str(run_dir), "--network-model", "maxmin"])
+    assert "the run's configuration (no testbed.json)" in capsys.readouterr().out
+    (folder / tb.TESTBED_RECORD_FILE).write_text("{}")
+    with pytest.raises(SystemExit) as stop:
+        main(["predict", str(folder)])
+    assert stop.value.code == 2
+
+
+def test_predict_with_compute_measure_takes_nothing_timed_from_the_run(run_dir: Path,
+                                                                       capsys):
+    """--compute measure: akosim's own measurement of the run's workload, the run's
+    message_software_s unused (host-calibrated)."""
+    assert main(["predict", str(run_dir), "--compute", "measure"]) == 0
+    printed = capsys.readouterr().out
+    assert "akosim's own, not the run's" in printed
+    assert "the run's message_software_s" not in printed
+    with pytest.raises(SystemExit) as stop:
+        main(["predict", str(run_dir), "--compute", "0.3s"])
+    assert stop.value.code == 2
+
+
+def test_colocation_factor_is_ranks_over_cores_and_never_below_one():
+    assert predict.colocation_factor(4, 2) == 2.0
+    assert predict.colocation_factor(3, 2) == 1.5
+    assert predict.colocation_factor(2, 2) == 1.0
+    assert predict.colocation_factor(2, 8) == 1.0

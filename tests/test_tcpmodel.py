@@ -147,7 +147,9 @@ def test_slow_start_extra_grows_with_latency_and_is_never_negative():
 
 def test_fresh_connection_pays_handshake_and_ramp_then_stays_warm():
     spec = NetworkSpec.uniform(2, 10e6, 0.05)  # RTT 100 ms
-    params = replace(TcpParameters(), header_bytes=0, ack_bytes=0, connections_per_pair=1)
+    # (e) off: the next message leaves on arrival, not when the answer is back
+    params = replace(TcpParameters(), header_bytes=0, ack_bytes=0, connections_per_pair=1,
+                     one_message_per_connection=False)
     size = 1e6
     first, second = one_message_s(spec, size, params, messages=2)
     fluid_s = size * 8 / 10e6 + 0.05
@@ -181,10 +183,55 @@ def test_slow_start_uses_the_rate_the_message_got():
 def test_software_cost_delays_every_message_by_fixed_plus_per_byte():
     spec = NetworkSpec.uniform(2, 10e6, 0.001)
     params = replace(WARM, header_bytes=0, ack_bytes=0, message_fixed_s=0.002,
-                     message_per_byte_s=1e-9)
+                     message_per_byte_s=1e-9, one_message_per_connection=False)
     arrivals = one_message_s(spec, 1e6, params, messages=3)
     each = 1e6 * 8 / 10e6 + 0.001 + 0.002 + 1e-3
     assert np.diff([0.0, *arrivals]) == pytest.approx([each] * 3, rel=1e-9)
+
+
+# ------------------------------------------------------------------ (e) one message per connection
+
+
+def _arrivals(net: FluidNetwork, env: simpy.Environment,
+              sends: list[tuple[int, list[int], float]]) -> dict[tuple[int, int], list[float]]:
+    """Arrival times per (src, dst) of `sends`, all handed to the network at time 0."""
+    arrivals: dict[tuple[int, int], list[float]] = {}
+    for src, dsts, size in sends:
+        def arrived(dests: np.ndarray, _token: object, src: int = src) -> None:
+            for dst in dests.tolist():
+                arrivals.setdefault((src, dst), []).append(float(env.now))
+        net.send(src, dsts, size, arrived)
+    env.run()
+    return arrivals
+
+
+def test_a_pairs_messages_cross_its_connection_one_at_a_time_in_order():
+    spec = NetworkSpec.uniform(3, 10e6, 0.0)
+    params = replace(WARM, header_bytes=0, ack_bytes=0)  # one connection per pair
+    env = simpy.Environment()
+    rtt = round_trip_s(spec.latency_s, params)
+    net = TcpNetwork(env, effective_spec(spec, params, rtt), params, rtt)
+    # two messages 0 -> 1 at once, and one 0 -> {1, 2} (multicast) behind them
+    got = _arrivals(net, env, [(0, [1], 1e6), (0, [1], 1e6), (0, [1, 2], 1e6)])
+    one_s = 1e6 * 8 / 10e6
+    # 0 -> 1 carries its three in turn; 0 -> 2 starts at once and shares 0's uplink
+    # with the first two 0 -> 1 messages: 0.8 s alone, 1.6 s at half the uplink
+    assert got[0, 1] == pytest.approx([2 * one_s, 3 * one_s, 4 * one_s], rel=1e-9)
+    assert got[0, 2] == pytest.approx([2 * one_s], rel=1e-9)
+    fluid = FluidNetwork(simpy.Environment(), spec)
+    shared = _arrivals(fluid, fluid.env, [(0, [1], 1e6), (0, [1], 1e6), (0, [1, 2], 1e6)])
+    assert shared[0, 1] == pytest.approx([4 * one_s] * 3, rel=1e-9)  # max-min: together
+
+
+def test_the_next_message_waits_for_the_answer_to_come_back():
+    spec = NetworkSpec.uniform(2, 10e6, 0.05)
+    params = replace(WARM, header_bytes=0, ack_bytes=0)
+    env = simpy.Environment()
+    rtt = round_trip_s(spec.latency_s, params)
+    net = TcpNetwork(env, effective_spec(spec, params, rtt), params, rtt)
+    got = _arrivals(net, env, [(0, [1], 1e6), (0, [1], 1e6)])
+    one_s = 1e6 * 8 / 10e6 + 0.05
+    assert got[0, 1] == pytest.approx([one_s, 2 * one_s + 0.05], rel=1e-9)
 
 
 # ------------------------------------------------------------------ the record

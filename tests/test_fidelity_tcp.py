@@ -1,0 +1,107 @@
+"""analysis.fidelity_tcp: one tiny configuration on the netns testbed end to end (needs
+root, `ip` and `tc`: skipped with the reason otherwise), and the report generator on a
+hand-made record (no root)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from akorun.testbed import netns
+from analysis.fidelity_tcp import DONE_FILE, RECORD_FILE, GridPoint, grid, main
+from analysis.fidelity_tcp_record import (
+    COLUMNS,
+    FidelityTcpRecord,
+    FidelityTcpRow,
+    summarise,
+)
+from analysis.fidelity_tcp_report import kept_analysis, markdown_report, summary_table
+
+
+def _row(name: str, scheme: str, ssp: int, rate: str, measured: float, host: float,
+         run: float, maxmin: float) -> FidelityTcpRow:
+    return FidelityTcpRow(
+        name=name, scheme=scheme, workers=2, nodes=2 if scheme == "ako" else 3, rate=rate,
+        bandwidth_bps=(20e6,) * 3, p_configured="1" if scheme == "ako" else "-",
+        p_resolved=(1, 1) if scheme == "ako" else (), ssp=ssp, rounds=30,
+        measured_round_time_s=measured, host_calibrated_s=host, run_calibrated_s=run,
+        maxmin_s=maxmin, run_compute_s=(0.010, 0.012), run_overhead_s=(0.001, 0.001),
+        host_compute_s=0.008, message_software_s=(0.002, 0.002),
+        bytes_sent_per_round=5e5, uplink_utilisation=0.9, wall_s=12.0)
+
+
+def test_the_grid_spans_workers_rates_p_s_and_both_schemes():
+    points = grid()
+    assert len(points) >= 24 and len({p.name for p in points}) == len(points)
+    assert {p.workers for p in points} == {2, 3, 4}
+    assert {p.rate for p in points} == {"lan", "wan", "het"}
+    assert {p.p for p in points if p.scheme == "ako"} == {"1", "auto"}
+    assert {p.ssp for p in points} == {0, 2}
+    assert {p.scheme for p in points} == {"ako", "ps"}
+    ps = GridPoint("ps", 3, "wan", "-", 0)
+    assert ps.nodes == 4 and "exchange.ps_mode=async" in ps.launch_flags()
+
+
+def test_the_report_of_a_hand_made_record_has_every_column_error_and_group():
+    rows = (_row("wan-2w-ako-p1-s0", "ako", 0, "wan", 0.20, 0.18, 0.21, 0.16),
+            _row("wan-2w-ako-p1-s2", "ako", 2, "wan", 0.10, 0.11, 0.10, 0.09),
+            _row("lan-2w-ps-s0", "ps", 0, "lan", 0.40, 0.50, 0.44, 0.52))
+    columns = tuple(summarise(rows, c) for c in COLUMNS)
+    host = columns[0]
+    assert host.column == "host-calibrated" and host.configurations == 3
+    assert math.isclose(host.mape, (0.1 + 0.1 + 0.25) / 3)
+    assert math.isclose(host.mean_signed_error, (-0.1 + 0.1 + 0.25) / 3)
+    record = FidelityTcpRecord(created="2026-11-23T16:00:00+00:00", workload="digits-cnn",
+                               rounds=30, host_calibration="host.json",
+                               host_calibration_summary="goodput fraction 0.95",
+                               host_compute_s=0.008, uptime=("load average: 1.0",) * 3,
+                               rows=rows, columns=columns)
+    again = FidelityTcpRecord.from_json(json.loads(json.dumps(record.to_json())))
+    assert again == record
+    text = markdown_report(record, analysis="The PS is predicted too slow.")
+    assert summary_table(record) in text
+    assert "| host-calibrated | 3 | 15.0% |" in text
+    assert "lan-2w-ps-s0" in text and "+25.0%" in text and "-10.0%" in text
+    assert "| scheme | ps | 1 |" in text and "| s | 2 | 1 |" in text
+    assert "The PS is predicted too slow." in text and "load average: 1.0" in text
+    regenerated = markdown_report(record, kept_analysis(text))
+    assert regenerated == text  # the hand-written analysis survives a regeneration
+    assert kept_analysis(markdown_report(record)) == ""
+
+
+@pytest.mark.netns
+@pytest.mark.timeout(600)
+def test_one_tiny_configuration_end_to_end(tmp_path: Path, capsys):
+    missing = netns.missing_requirements()
+    if missing:
+        pytest.skip(f"the netns testbed {missing}")
+    results = tmp_path / "results"
+    report = tmp_path / "report.md"
+    status = main(["--results", str(results), "--only", "wan-2w-ako-p1-s0", "--workload",
+                   "digits-mlp", "--rounds", "5", "--no-message-cost", "--netns-rate", "none",
+                   "--report", str(report), "--json", str(tmp_path / "copy.json")])
+    printed = capsys.readouterr().out
+    if status != 0 and "testbed: `" in printed:
+        pytest.skip(f"the kernel refused the testbed: {printed.strip()}")
+    assert status == 0, printed
+    folder = results / "wan-2w-ako-p1-s0"
+    assert (folder / DONE_FILE).exists() and (folder / "run" / "testbed.json").exists()
+    record = FidelityTcpRecord.from_json(json.loads((results / RECORD_FILE).read_text()))
+    (row,) = record.rows
+    assert row.rounds == 5 and row.p_resolved == (1, 1)
+    for column in COLUMNS:
+        assert row.prediction(column) > 0 and math.isfinite(row.prediction(column))
+    assert {c.column for c in record.columns} == set(COLUMNS)
+    assert (tmp_path / "copy.json").read_text() == (results / RECORD_FILE).read_text()
+    assert "wan-2w-ako-p1-s0" in report.read_text()
+    for column in COLUMNS:  # each prediction came from akosim predict, as the runner says
+        assert (folder / f"predict-{column}.json").exists()
+    # resumable: a second call runs nothing and writes the same row
+    assert main(["--results", str(results), "--only", "wan-2w-ako-p1-s0", "--workload",
+                 "digits-mlp", "--rounds", "5", "--no-message-cost", "--netns-rate", "none",
+                 "--report", str(report)]) == 0
+    again = FidelityTcpRecord.from_json(json.loads((results / RECORD_FILE).read_text()))
+    assert again.rows == record.rows
