@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import datetime
 import json
-import os
 import platform
 import sys
 import time
@@ -34,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from akocore.hostinfo import cpu_fingerprint
 from akocore.message_cost import MessageCost, MessageSample, fit_message_cost
 from akocore.messages import Kind, Partial
 from akorun.errors import UsageError
@@ -58,17 +58,7 @@ The file is an akocore.message_cost.MessageCost record (kind "message_cost");
 
 def host_fingerprint() -> str:
     """CPU model, logical cores, machine type and Python: what the cost rests on."""
-    model = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                if line.lower().startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return (f"{model or 'unknown CPU'} x{os.cpu_count() or 0} {platform.machine()} "
-            f"Python {platform.python_version()}")
+    return f"{cpu_fingerprint()} Python {platform.python_version()}"
 
 
 def _applying_sink() -> Any:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
+from akocore.hostinfo import cpu_fingerprint
 from akocore.results import ComputeMeasurement, RecordError
 
 CACHE_ENV = "AKO_CACHE_DIR"  # tests and users point the cache elsewhere with this
@@ -63,20 +63,6 @@ def cache_dir() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg) if xdg else Path.home() / ".cache"
     return base / CACHE_SUBDIR
-
-
-def cpu_fingerprint() -> str:
-    """CPU model, logical cores and machine type: what the gradient step's speed rests on."""
-    model = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                if line.lower().startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{model or 'unknown CPU'} x{os.cpu_count() or 0} {platform.machine()}"
 
 
 def jax_version() -> str:

@@ -24,9 +24,10 @@ from pathlib import Path
 
 from akocore.cli_support import UsageError
 from akocore.host_calibration import HostCalibration, TcpParameters
+from akocore.hostinfo import cpu_fingerprint
 from akocore.jsonrecord import RecordError
 from akocore.message_cost import MessageCost
-from akosim.compute_cache import cache_dir, cpu_fingerprint
+from akosim.compute_cache import cache_dir
 
 RECALIBRATE_HINT = "akosim calibrate to refresh"
 
