@@ -28,6 +28,10 @@ section gives the argument):
   that a peer holding it can forward it to k when its sender is lost and k
   can check it came, unchanged, from that sender (`Signer.endorse`,
   `RequestVerifier.endorsed`; akorun.runtime.relay).
+
+Over 500 lines because keys, sessions, seals and endorsements share one key
+schedule and one set of encodings: split apart, each half would re-derive or
+re-parse what the other makes, and a mismatch between them is a security bug.
 - Discovery, the first half of ``hello``: a hello sealed with the receiver
   nonce all zero asks a peer for its current nonce (the answer is bound to the
   asking request); it changes nothing on the server. The hello proper, and
