@@ -17,7 +17,7 @@ import pytest
 
 from analysis.matrix import CI_SUBSET, ROOT
 from analysis.readme_block import BEGIN_MARK, END_MARK, splice
-from analysis.records import accuracy_at, akorun_time_axis, time_to
+from analysis.records import Record, accuracy_at, akorun_time_axis, time_to
 from analysis.report import build_report
 
 BACKENDS = ("akosim", "akorun", "akosim-calibrated", "akosim-fullsize")
@@ -137,3 +137,27 @@ def test_the_new_columns_report_reads_a_results_folder_with_only_them(ci_results
                             str(tmp_path / "none"), "--out", str(tmp_path / "x")],
                            cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert empty.returncode == 2 and len(empty.stderr.strip().splitlines()) == 1
+
+
+def test_the_new_columns_fidelity_is_reported_per_scheme():
+    """analysis.new_schemes.per_scheme_fidelity: each new column's round-time MAPE from its own
+    pairs only (WAGMA 10% off, ADAG 50% off must not pool into one figure)."""
+    from analysis.matrix import all_experiments
+    from analysis.new_schemes import per_scheme_fidelity
+
+    records = {}
+    for exp in all_experiments():
+        if exp.scheme not in ("wagma", "adag") or exp.workers != 2:
+            continue
+        off = 1.1 if exp.scheme == "wagma" else 1.5
+        for backend, factor in (("akorun", 1.0), ("akosim", off), ("akosim-calibrated", off)):
+            records[(backend, exp.id)] = Record(
+                backend, exp.id, exp.network.name, exp.workers, exp.scheme,
+                round_time_s=0.1 * factor * (1 + len(exp.network.name) / 100),
+                bytes_per_round=1.0, compute_s=0.01, p_of=None)
+    table = per_scheme_fidelity(records)
+    rows = {tuple(c.strip() for c in line.strip("|").split("|")[:2]): line
+            for line in table.splitlines()[2:]}
+    assert set(rows) == {(s, c) for s in ("WAGMA", "ADAG") for c in ("uncalibrated", "calibrated")}
+    assert "| 10.0% |" in rows[("WAGMA", "calibrated")]
+    assert "| 50.0% |" in rows[("ADAG", "uncalibrated")]
