@@ -18,7 +18,7 @@
 - ``akorun.rounds_under_attack``: rounds per second of a 3-rank digits-mlp run
   with 100 slow or forged connections held on every rank (from before the
   join to the end: tests/test_security_live.Attacker) over the same run
-  without them, launched one after the other. Goal >= 0.80.
+  without them, clean and attacked in turn twice, the best of each. Goal >= 0.80.
 - ``akorun.compute_fraction``: with ample bandwidth (100 Gbit/s emulated),
   measured gradient-step seconds / steady wall seconds per round, mean over
   the workers of a 2-worker launch of digits-cnn (batch 128, a step of tens
@@ -292,13 +292,16 @@ def peak_rss() -> tuple[float, float, str]:
         f"step, message buffers, queues)")
 
 
-def rounds_under_attack(per_rank: int = 100, rounds: int = 300) -> tuple[float, str]:
-    """(attacked / clean rounds per second, note) of two otherwise equal 3-rank runs."""
+def rounds_under_attack(per_rank: int = 100, rounds: int = 300,
+                        pairs: int = 2) -> tuple[float, str]:
+    """(attacked / clean rounds per second, note) of otherwise equal 3-rank runs, clean
+    and attacked in turn `pairs` times, the best rate of each (a busy moment of the
+    shared machine then slows one run of a kind, not the whole figure)."""
     from akorun.testing import LocalCluster
     from tests.test_security_live import Attacker, tables
 
-    rates: dict[bool, float] = {}
-    for attacked in (False, True):
+    rates: dict[bool, float] = {False: 0.0, True: 0.0}
+    for attacked in (False, True) * pairs:
         with tempfile.TemporaryDirectory() as tmp, \
                 LocalCluster(Path(tmp), tables(rounds=rounds)) as cluster:
             addresses = [(h, int(p)) for h, p in
@@ -315,9 +318,10 @@ def rounds_under_attack(per_rank: int = 100, rounds: int = 300) -> tuple[float, 
             if codes != {0: 0, 1: 0, 2: 0}:
                 raise RuntimeError(f"a run failed (attacked: {attacked}):\n{cluster.logs()}")
             round_s = float(np.mean([cluster.result(r)["round_time_s"] for r in range(3)]))
-            rates[attacked] = 1.0 / round_s
+            rates[attacked] = max(rates[attacked], 1.0 / round_s)
     return rates[True] / rates[False], (
-        f"3-rank digits-mlp, {rounds} rounds, p=2, ssp=0: {rates[False]:.1f} rounds/s clean, "
+        f"3-rank digits-mlp, {rounds} rounds, p=2, ssp=0, best of {pairs} runs each, in turn: "
+        f"{rates[False]:.1f} rounds/s clean, "
         f"{rates[True]:.1f} rounds/s with {per_rank} slow or forged connections held on "
         f"every rank")
 
