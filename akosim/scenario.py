@@ -52,6 +52,9 @@ class Setup:
     compute_source: str = ""  # where compute came from, in words (printed, written to --out)
     # the TCP-aware model's parameters (akosim.tcpmodel); None = pure max-min
     tcp: TcpParameters | None = None
+    # TCP-aware model only: each node's messages leave its NIC first come, first sent
+    # (akosim.senderfifo); False = shared max-min fairly whenever they started
+    sender_fifo: bool = True
 
     @property
     def gradient_bytes(self) -> int:
@@ -199,7 +202,10 @@ def simulate(setup: Setup, variant: Variant, *, trace: bool = False,
     sim = Simulation(nodes, network, setup.compute, setup.stop, gradients=gradients,
                      trace=trace, on_round=on_round, coalesce_rel=setup.coalesce_rel)
     if setup.tcp is not None:
-        sim.net = TcpNetwork(sim.env, network, setup.tcp, rtt_s, setup.coalesce_rel)
+        from akosim.senderfifo import TcpSenderFifoNetwork
+
+        kind = TcpSenderFifoNetwork if setup.sender_fifo else TcpNetwork
+        sim.net = kind(sim.env, network, setup.tcp, rtt_s, setup.coalesce_rel)
     started = time.perf_counter()
     sim.run()
     wall_s = time.perf_counter() - started
