@@ -52,9 +52,6 @@ class Setup:
     compute_source: str = ""  # where compute came from, in words (printed, written to --out)
     # the TCP-aware model's parameters (akosim.tcpmodel); None = pure max-min
     tcp: TcpParameters | None = None
-    # TCP-aware model only: each node's messages leave its NIC first come, first sent
-    # (akosim.senderfifo); False = shared max-min fairly whenever they started
-    sender_fifo: bool = True
 
     @property
     def gradient_bytes(self) -> int:
@@ -204,7 +201,7 @@ def simulate(setup: Setup, variant: Variant, *, trace: bool = False,
     if setup.tcp is not None:
         from akosim.senderfifo import TcpSenderFifoNetwork
 
-        kind = TcpSenderFifoNetwork if setup.sender_fifo else TcpNetwork
+        kind = TcpSenderFifoNetwork if setup.tcp.sender_fifo else TcpNetwork
         sim.net = kind(sim.env, network, setup.tcp, rtt_s, setup.coalesce_rel)
     started = time.perf_counter()
     sim.run()

@@ -36,7 +36,7 @@ and delays run first, then this order).
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from functools import partial
 
@@ -45,11 +45,15 @@ import simpy
 
 from akocore.host_calibration import TcpParameters
 from akosim.fluid import COALESCE_REL
+from akosim.maxmin import max_min_rates
 from akosim.netspec import NetworkSpec
 from akosim.network import DeliveryCallback, FluidNetwork
 from akosim.tcpmodel import TcpNetwork
 
 __all__ = ["SenderFifoNetwork", "TcpSenderFifoNetwork"]
+
+# a sender's uplink counts as full when its messages' rates reach this close to it
+_FULL_REL = 1e-6
 
 
 class _Batch:
@@ -66,12 +70,13 @@ class _Batch:
 
 
 class SenderFifoNetwork(FluidNetwork):
-    """A FluidNetwork whose nodes send their batches one after another, in order."""
+    """A FluidNetwork whose nodes send their batches in order while their NIC is full."""
 
     def __init__(self, env: simpy.Environment, spec: NetworkSpec,
                  coalesce_rel: float = COALESCE_REL) -> None:
         super().__init__(env, spec, coalesce_rel=coalesce_rel)
         self._leaving = np.zeros(spec.n, dtype=np.int64)  # messages under way per sender
+        self._pairs: Counter[tuple[int, int]] = Counter()  # messages under way per pair
         self._backlog: dict[int, deque[_Batch]] = {}
         self.batches_held = 0  # batches that waited for their sender's earlier ones
 
@@ -81,7 +86,7 @@ class SenderFifoNetwork(FluidNetwork):
         dst = np.array(dsts, dtype=np.intp).reshape(-1)
         if not dst.size:
             return
-        if self._leaving[src] > 0:
+        if self._backlog.get(src) or (self._leaving[src] > 0 and self._uplink_full(src)):
             self._backlog.setdefault(src, deque()).append(
                 _Batch(dst, size_bytes, on_delivered, token))
             self.batches_held += 1
@@ -92,21 +97,53 @@ class SenderFifoNetwork(FluidNetwork):
     def batches_waiting(self) -> int:
         return sum(len(queue) for queue in self._backlog.values())
 
+    def _uplink_full(self, src: int) -> bool:
+        """Whether `src`'s messages under way fill its uplink: their max-min rates among
+        every message under way add up to its capacity (then a new one queues behind
+        them; otherwise they are held elsewhere and a new one leaves at once)."""
+        capacity_bps = float(self.spec.uplink_bps[src])
+        if not np.isfinite(capacity_bps):
+            return False
+        pairs = list(self._pairs)
+        counts = np.fromiter(self._pairs.values(), dtype=np.intp, count=len(pairs))
+        ends = np.array(pairs, dtype=np.intp).reshape(-1, 2)
+        senders = np.repeat(ends[:, 0], counts)
+        rates_bps = max_min_rates(senders, np.repeat(ends[:, 1], counts), self.spec)
+        return float(rates_bps[senders == src].sum()) >= capacity_bps * (1.0 - _FULL_REL)
+
     def _launch(self, src: int, dst: np.ndarray, size_bytes: int | float | np.ndarray,
                 on_delivered: DeliveryCallback, token: object) -> None:
         self._leaving[src] += dst.size
+        for d in dst.tolist():
+            self._pairs[(src, d)] += 1
         super().send(src, dst, size_bytes, partial(self._arrived_fifo, src, on_delivered),
                      token)
 
     def _arrived_fifo(self, src: int, on_delivered: DeliveryCallback, dests: np.ndarray,
                       token: object) -> None:
         self._leaving[src] -= dests.shape[0]
-        if self._leaving[src] == 0:
-            queue = self._backlog.get(src)
-            if queue:
-                nxt = queue.popleft()
-                self._launch(src, nxt.dsts, nxt.size_bytes, nxt.on_delivered, nxt.token)
+        for d in dests.tolist():
+            key = (src, d)
+            self._pairs[key] -= 1
+            if not self._pairs[key]:
+                del self._pairs[key]
+        if self._backlog:
+            self._release()
         on_delivered(dests, token)
+
+    def _release(self) -> None:
+        """Start the held batches whose sender's NIC is no longer full, in order."""
+        moved = True
+        while moved:
+            moved = False
+            for src in list(self._backlog):
+                queue = self._backlog[src]
+                while queue and (self._leaving[src] == 0 or not self._uplink_full(src)):
+                    nxt = queue.popleft()
+                    self._launch(src, nxt.dsts, nxt.size_bytes, nxt.on_delivered, nxt.token)
+                    moved = True
+                if not queue:
+                    del self._backlog[src]
 
 
 class TcpSenderFifoNetwork(TcpNetwork, SenderFifoNetwork):

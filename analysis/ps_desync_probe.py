@@ -12,7 +12,10 @@ bfifo leaves of 100 ms).
 
 Variants isolate the cause: `--server-queue per-worker` gives the server's
 uplink one htb leaf (and bfifo) per worker, so its answers to different
-workers are served round robin instead of from one shared drop-tail queue; `--cc` sets the TCP congestion control in every namespace.
+workers are served round robin instead of from one shared drop-tail queue;
+`--cc` sets the TCP congestion control in every namespace. `--share` instead
+measures how two messages share one queue (one sender to two receivers, and
+two senders to one), the second started an offset after the first.
 Prints one JSON record: per-worker round times, the phase gap between
 workers' answer arrivals, and how much of each round two answers overlapped.
 
@@ -309,7 +312,7 @@ def run_share(*, rate_bps: float, message_bytes: int, offsets_s: tuple[float, ..
         out_sched: list[list[object]] = []  # node 2 -> 0, 1
         in_sched: dict[int, list[list[object]]] = {0: [], 1: []}  # node 0/1 -> 2
         at = t0
-        for k in range(warm):
+        for _ in range(warm):
             for node in (0, 1):
                 out_sched.append([addr[node], PORT, at])
                 in_sched[node].append([addr[2], PORT, at + alone_s * 1.5])
@@ -365,9 +368,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--compute-ms", type=float, default=6.0)
     parser.add_argument("--server-queue", choices=("bfifo", "per-worker"), default="bfifo")
-    parser.add_argument("--cc", default="default", help="default | bbr | reno (those a namespace may set)")
+    parser.add_argument("--cc", default="default",
+                        help="default | bbr | reno (those a namespace may set)")
     parser.add_argument("--all", action="store_true",
-                        help="every variant: bfifo/per-worker x default (bbr here)/reno congestion control")
+                        help="every variant: bfifo or per-worker x default (bbr here) "
+                             "or reno congestion control")
     parser.add_argument("--share", action="store_true",
                         help="instead: how two messages share one queue, the second "
                              "--offsets-ms after the first")
