@@ -29,10 +29,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -140,11 +141,14 @@ class TwinResult:
     answer_gap_s: tuple[float, ...]  # per round: spread of the workers' answer arrivals
     overlap_fraction: float  # of answer time, the share while another answer was under way
     push_start_s: tuple[tuple[float, ...], ...]  # per worker, relative to the shared start
+    # packets dropped by the server's uplink qdiscs (its answers) and downlink (pushes)
+    server_drops: tuple[int, int] = (0, 0)
 
     def to_json(self) -> dict[str, object]:
         return {"label": self.label, "round_time_s": list(self.round_time_s),
                 "answer_gap_s": list(self.answer_gap_s),
                 "overlap_fraction": self.overlap_fraction,
+                "server_drops": list(self.server_drops),
                 "push_start_s": [list(x) for x in self.push_start_s]}
 
 
@@ -209,14 +213,24 @@ def run_twin(*, workers: int, rate_bps: float, message_bytes: int, rounds: int,
             out, _ = proc.communicate(timeout=rounds * 5.0 + 30)
             times.append(np.array(json.loads(out.strip().splitlines()[-1])))
         srv.wait(timeout=30)
+        drops = (_dropped(server.namespace, server.device),
+                 _dropped(server.hub_namespace, server.bridge_port))
     finally:
         for child in children:
             if child.poll() is None:
                 child.kill()
                 child.wait()
         testbed.down()
-    return summarise(f"{workers}w {rate_bps / 1e6:g} Mbit/s queue={server_queue} cc={cc}",
-                     times, start_at)
+    result = summarise(f"{workers}w {rate_bps / 1e6:g} Mbit/s queue={server_queue} cc={cc}",
+                       times, start_at)
+    return replace(result, server_drops=drops)
+
+
+def _dropped(namespace: str, device: str) -> int:
+    """Packets the qdiscs of `device` dropped (tc -s: every "dropped N" added up)."""
+    out = subprocess.run(("tc", "-n", namespace, "-s", "qdisc", "show", "dev", device),
+                         capture_output=True, text=True, check=True).stdout
+    return sum(int(m) for m in re.findall(r"dropped (\d+)", out))
 
 
 def summarise(label: str, times: list[np.ndarray], start_at: float) -> TwinResult:
@@ -413,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
               f"(per worker {', '.join(f'{1e3 * r:.1f}' for r in result.round_time_s)}); "
               f"answer spread round 0: {1e3 * gaps[0]:.1f} ms, median "
               f"{1e3 * np.median(gaps):.1f} ms; answers overlapping: "
-              f"{100 * result.overlap_fraction:.0f}%")
+              f"{100 * result.overlap_fraction:.0f}%; server drops (uplink, downlink): "
+              f"{result.server_drops}")
         records.append(result.to_json())
     if args.json:
         _write(args.json, records)
