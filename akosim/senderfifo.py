@@ -24,14 +24,18 @@ round, the fluid model 174 ms).
 
 `SenderFifoNetwork` is a `FluidNetwork` layer: one `send` call (a batch: the
 messages a node sends at one instant, which share its NIC fairly among
-themselves) starts at once when nothing the node sent earlier is still under
-way, else it waits until the node's earlier batches have all arrived, in the
-order they were sent. Only the order across batches changes; the fluid solver
-is untouched. The node's NIC is freed when its last message arrives, so on a
-link with latency L the sender idles L between queued batches (exact on the
-testbed, which has no latency; an upper bound otherwise). Combine it under the
-TCP-aware model with `TcpSenderFifoNetwork` (TcpNetwork's own per-pair queue
-and delays run first, then this order).
+themselves) waits while the node's earlier messages under way fill its uplink
+(their max-min rates among every message under way add up to its capacity),
+and starts once they no longer do (checked whenever a message arrives), in the
+order the batches were sent; a node
+whose earlier messages are held elsewhere (at a receiver's downlink shared with
+other senders) sends at once, so a FIFO never idles an uplink. Only the start
+of a batch changes; the fluid solver is untouched. The node's NIC is counted
+free when its last message arrives, so on a link with latency L a queued batch
+starts L late (exact on the testbed, which has no latency). Combine it under
+the TCP-aware model with `TcpSenderFifoNetwork` (TcpNetwork's per-pair queue
+and delays run first, then this order); `TcpParameters.sender_fifo` selects
+it (akosim.scenario).
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ class SenderFifoNetwork(FluidNetwork):
         super().__init__(env, spec, coalesce_rel=coalesce_rel)
         self._leaving = np.zeros(spec.n, dtype=np.int64)  # messages under way per sender
         self._pairs: Counter[tuple[int, int]] = Counter()  # messages under way per pair
+        self._incoming = np.zeros(spec.n, dtype=np.int64)  # messages under way per receiver
         self._backlog: dict[int, deque[_Batch]] = {}
         self.batches_held = 0  # batches that waited for their sender's earlier ones
 
@@ -101,9 +106,17 @@ class SenderFifoNetwork(FluidNetwork):
         """Whether `src`'s messages under way fill its uplink: their max-min rates among
         every message under way add up to its capacity (then a new one queues behind
         them; otherwise they are held elsewhere and a new one leaves at once)."""
-        capacity_bps = float(self.spec.uplink_bps[src])
+        spec = self.spec
+        capacity_bps = float(spec.uplink_bps[src])
         if not np.isfinite(capacity_bps):
             return False
+        mine = [(dst, count) for (sender, dst), count in self._pairs.items() if sender == src]
+        receivers = np.array([dst for dst, _ in mine], dtype=np.intp)
+        if all(self._incoming[dst] == count for dst, count in mine):
+            # src alone sends to its receivers: its flows are held by its uplink, each
+            # receiver's downlink and each pair's cap only (exact, no solve)
+            reach_bps = np.minimum(spec.downlink_bps[receivers], spec.link_bps[src, receivers])
+            return float(reach_bps.sum()) >= capacity_bps * (1.0 - _FULL_REL)
         pairs = list(self._pairs)
         counts = np.fromiter(self._pairs.values(), dtype=np.intp, count=len(pairs))
         ends = np.array(pairs, dtype=np.intp).reshape(-1, 2)
@@ -116,6 +129,7 @@ class SenderFifoNetwork(FluidNetwork):
         self._leaving[src] += dst.size
         for d in dst.tolist():
             self._pairs[(src, d)] += 1
+            self._incoming[d] += 1
         super().send(src, dst, size_bytes, partial(self._arrived_fifo, src, on_delivered),
                      token)
 
@@ -124,6 +138,7 @@ class SenderFifoNetwork(FluidNetwork):
         self._leaving[src] -= dests.shape[0]
         for d in dests.tolist():
             key = (src, d)
+            self._incoming[d] -= 1
             self._pairs[key] -= 1
             if not self._pairs[key]:
                 del self._pairs[key]
