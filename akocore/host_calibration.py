@@ -80,6 +80,9 @@ class TcpParameters:
         "", "a connection carries one message at a time, in order: a pair's next message "
         "starts when the previous one is answered (akorun's sender); false: a pair's "
         "messages share the links as separate flows", "akosim"))
+    sender_fifo: bool = field(default=True, metadata=meta(
+        "", "a node's messages leave its NIC first come, first sent (drop-tail queue; "
+        "akosim.senderfifo); false: shared max-min fairly whenever they started", "akosim"))
     slow_start: bool = field(default=True, metadata=meta(
         "", "fresh connections pay the handshake and slow start (false: every connection "
         "is already at full window)", "akosim"))
@@ -126,7 +129,7 @@ class TcpParameters:
     def ideal(cls) -> TcpParameters:
         """Every correction off: the TCP model then equals max-min exactly."""
         return cls(header_bytes=0, ack_bytes=0, window_bytes=math.inf, slow_start=False,
-                   one_message_per_connection=False)
+                   one_message_per_connection=False, sender_fifo=False)
 
 
 @dataclass(frozen=True)

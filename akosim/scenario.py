@@ -199,7 +199,10 @@ def simulate(setup: Setup, variant: Variant, *, trace: bool = False,
     sim = Simulation(nodes, network, setup.compute, setup.stop, gradients=gradients,
                      trace=trace, on_round=on_round, coalesce_rel=setup.coalesce_rel)
     if setup.tcp is not None:
-        sim.net = TcpNetwork(sim.env, network, setup.tcp, rtt_s, setup.coalesce_rel)
+        from akosim.senderfifo import TcpSenderFifoNetwork
+
+        kind = TcpSenderFifoNetwork if setup.tcp.sender_fifo else TcpNetwork
+        sim.net = kind(sim.env, network, setup.tcp, rtt_s, setup.coalesce_rel)
     started = time.perf_counter()
     sim.run()
     wall_s = time.perf_counter() - started

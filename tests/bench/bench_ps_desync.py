@@ -1,0 +1,66 @@
+"""What first come, first sent (akosim.senderfifo) costs the TCP-aware model.
+
+Times one akosim scenario with `TcpParameters.sender_fifo` on and off side by
+side in one process (CPU seconds, best of 3, interleaved): Ako with 16 workers
+and p = 4 (the tcpmodel benchmark's scenario, where a node's later messages
+often find its uplink full) and an asynchronous PS with 16 workers at s = 0
+(every answer of the server queues). Rerun on a quiet machine with
+
+    PYTHONPATH=. JAX_PLATFORMS=cpu python -m tests.bench --only ps_desync
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from akocore.config import RunConfig
+from akocore.host_calibration import TcpParameters
+from akocore.settings.schema import ClusterConfig, ExchangeConfig, NetworkConfig
+from akosim.compute import ComputeModel
+from akosim.engine import StopRule
+from akosim.scenario import Setup, Variant, ako_variant, simulate
+from tests.bench.common import Figure
+
+WORKERS = 16
+ROUNDS = 200
+
+
+def _cpu_s(scheme: str, fifo: bool) -> float:
+    exchange = (ExchangeConfig(scheme="ako", p=(4,)) if scheme == "ako" else
+                ExchangeConfig(scheme="ps", ssp=0.0, ps_mode="async"))
+    cfg = RunConfig(cluster=ClusterConfig(workers=WORKERS + (scheme == "ps")),
+                    network=NetworkConfig(bandwidth_bps=(40e6,), latency_s=(5e-3,)),
+                    exchange=exchange)
+    setup = Setup(cfg, 1_000_000, ComputeModel(0.05), 32, StopRule(rounds=ROUNDS, drain=False),
+                  tcp=replace(TcpParameters(), sender_fifo=fifo))
+    variant = ako_variant(setup) if scheme == "ako" else Variant("ps", ps_servers=1)
+    started = time.process_time()
+    simulate(setup, variant)
+    return time.process_time() - started
+
+
+def fifo_cost(scheme: str, repeats: int = 3) -> tuple[float, float, float]:
+    """(CPU s with it on / off, off s, on s), best of `repeats` each, interleaved."""
+    off_s = on_s = float("inf")
+    for _ in range(repeats):
+        off_s = min(off_s, _cpu_s(scheme, False))
+        on_s = min(on_s, _cpu_s(scheme, True))
+    return on_s / off_s, off_s, on_s
+
+
+def run() -> list[Figure]:
+    figures = []
+    for scheme in ("ako", "ps"):
+        ratio, off_s, on_s = fifo_cost(scheme)
+        figures.append(Figure(
+            f"ps_desync.sim_cpu_sender_fifo_over_fair_{scheme}", ratio, "ratio",
+            higher_is_better=False, goal=2.0,
+            note=f"fair {off_s:.3f} s, first come first sent {on_s:.3f} s CPU "
+                 f"({scheme} {WORKERS} workers, {ROUNDS} rounds)"))
+    return figures
+
+
+if __name__ == "__main__":
+    for figure in run():
+        print(figure)
