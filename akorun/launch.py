@@ -6,7 +6,11 @@ This module owns the single-machine run: it writes ``DIR/cluster.toml``
 shows one progress line (polling every rank's read-only ``/status``), waits
 for all, and merges ``DIR/result.json`` (akorun.results). Ctrl-C or SIGTERM
 stops the children gracefully: SIGTERM to each (they finish their round,
-flush and checkpoint), then SIGKILL after a grace period. The exit status is
+flush and checkpoint), then SIGKILL after a grace period (the log says so). A
+rank stopped before it joined exits 130 after telling the peers that are up
+that it leaves, so that none waits for it (akorun.runtime.join); while
+stopping, that exit (and a rank our SIGTERM ended before it could catch
+signals) counts as interrupted, not failed. The exit status is
 non-zero if any rank failed, and the message names it and shows the tail of
 its log.
 
