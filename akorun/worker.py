@@ -256,6 +256,15 @@ class Worker:
         plan = self.role.build_node(prepared.workload, prepared.optimizer, compute_s, p_of)
         self.keys.bind_wire_hash(wire_hash(self.cfg, prepared.params_sha256, plan.p_of))
 
+    def _write_unjoined_result(self) -> None:
+        """Stopped before the join ended: the result says so (no round); a failed write
+        is one log line (the stop is what the user asked for)."""
+        try:
+            self.results.write()
+        except OSError as error:
+            log.error("%s: results not written: %s", self.results.out_dir,
+                      error.strerror or error)
+
     def _suspended(self, peer: int) -> bool:
         node = self.role.node
         return node is not None and peer in node.suspended
@@ -373,7 +382,7 @@ class Worker:
                 except (Interrupted, RunError) as error:
                     await self.join.leave(control, str(error))  # so that no peer waits
                     if isinstance(error, Interrupted):
-                        self.results.write()  # no round: what it has, and why it stopped
+                        self._write_unjoined_result()
                     raise
             self.metrics.state = self.phase.name
             self._spawn(self.liveness.monitor(control))

@@ -109,11 +109,16 @@ class Finisher:
                           and (j in self.waiter.lost_peers
                                or (gone(j) and j not in self.liveness.left_peers)))
 
+        def stranded() -> bool:
+            """A peer this scheme needs left before it joined: no round can complete (we
+            are stopping: had we trained on, the gate would have lost it, see `lost`)."""
+            return any(not self.role.can_continue_without(j) for j in self.liveness.left_peers)
+
         def drained() -> bool:
             if not self.relay_idle():  # a lost peer's partials are being forwarded to us
                 return False
-            if self.role.trains and lost():  # its rounds cannot complete (a ps server
-                return True  # still drains: the live workers' finals need its answer)
+            if self.role.trains and (lost() or stranded()):  # its rounds cannot complete (a
+                return True  # ps server still drains: the live workers' finals need its answer)
             if peer_done is None:
                 return node.drained()
             return all(peer_done(j) or gone(j) for j in self.peers)
