@@ -24,6 +24,10 @@ optionally prefixed by ``RANK@`` to apply to one rank only:
   second time (it got our answer to its first: it knows we were up).
 - ``pause_before_round:R:PATH``: before starting round R, wait (without
   blocking the event loop) until the file PATH exists.
+- ``pause_in_join`` or ``pause_in_join:PATH``: hold this rank in its join,
+  before its own hellos, until a stop is requested (SIGTERM, Ctrl-C) or the
+  file PATH exists; its server answers the others' hellos meanwhile, so they
+  join and train while it is still starting.
 - ``sleep_per_round:S``: sleep S seconds after every round (a slow worker).
 
 Example: ``AKORUN_FAULT="2@kill_after_round:5;0@pause_before_round:20:/tmp/go"``.
@@ -53,6 +57,8 @@ class Faults:
     kill_in_join: bool = False
     pause_before_round: int | None = None
     pause_until_file: str | None = None
+    pause_in_join: bool = False
+    pause_in_join_file: str | None = None
     sleep_per_round_s: float = 0.0
 
     @property
@@ -61,7 +67,7 @@ class Faults:
                 or self.kill_before_round is not None or self.kill_mid_send is not None
                 or self.kill_mid_checkpoint is not None or self.kill_at_end
                 or self.kill_mid_multicast is not None or self.kill_in_join
-                or self.sleep_per_round_s > 0)
+                or self.pause_in_join or self.sleep_per_round_s > 0)
 
 
 def faults_for(rank: int, env: Mapping[str, str]) -> Faults:
@@ -89,6 +95,9 @@ def faults_for(rank: int, env: Mapping[str, str]) -> Faults:
                     raise ValueError("no file")
                 values["pause_before_round"] = int(round_text)
                 values["pause_until_file"] = path
+            elif name == "pause_in_join":
+                values["pause_in_join"] = True
+                values["pause_in_join_file"] = args or None
             elif name == "sleep_per_round":
                 values["sleep_per_round_s"] = float(args)
             else:

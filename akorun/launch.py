@@ -6,7 +6,11 @@ This module owns the single-machine run: it writes ``DIR/cluster.toml``
 shows one progress line (polling every rank's read-only ``/status``), waits
 for all, and merges ``DIR/result.json`` (akorun.results). Ctrl-C or SIGTERM
 stops the children gracefully: SIGTERM to each (they finish their round,
-flush and checkpoint), then SIGKILL after a grace period. The exit status is
+flush and checkpoint), then SIGKILL after a grace period (the log says so). A
+rank stopped before it joined exits 130 after telling the peers that are up
+that it leaves, so that none waits for it (akorun.runtime.join); while
+stopping, that exit (and a rank our SIGTERM ended before it could catch
+signals) counts as interrupted, not failed. The exit status is
 non-zero if any rank failed, and the message names it and shows the tail of
 its log.
 
@@ -38,13 +42,14 @@ import numpy as np
 from akocore.config import ResolvedSettings, RunConfig, config_to_dict
 from akocore.results import RankResult, RunResult
 from akorun.cluster import AkorunSettings, loopback_hosts, with_hosts, write_cluster_file
-from akorun.errors import Interrupted, RunError, UsageError
+from akorun.errors import EXIT_INTERRUPTED, Interrupted, RunError, UsageError
 from akorun.keys import restrict_new_files
 from akorun.results import merge_results, write_json
 from akorun.roles import role_of
 
 SINGLE_THREAD_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 LOG_TAIL_LINES = 15
+GRACE_RAN_OUT = "the kill grace ran out"  # launch's log line when it must SIGKILL ranks
 
 
 @dataclass(frozen=True)
@@ -159,6 +164,7 @@ class Launcher:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.stopping = False
         self.stop_signal_time_s: float | None = None
+        self.killed_after_grace = False  # the grace ran out: SIGKILL (said once in the log)
 
     @property
     def cluster_path(self) -> Path:
@@ -225,6 +231,11 @@ class Launcher:
                 self.terminate()
             if self.stopping and self.stop_signal_time_s is not None \
                     and now - self.stop_signal_time_s > options.kill_grace_s:
+                if not self.killed_after_grace:
+                    self.killed_after_grace = True
+                    running = [r for r, proc in enumerate(self.procs) if proc.poll() is None]
+                    sys.stderr.write(f"[launch] {GRACE_RAN_OUT} ({options.kill_grace_s:g} s "
+                                     f"after SIGTERM): SIGKILL to rank(s) {running}\n")
                 self.kill()
             if not options.quiet and now >= next_progress_s and not self.stopping:
                 statuses = [probe(rank, url) if proc.poll() is None
@@ -258,9 +269,13 @@ class Launcher:
         return merged
 
     def failures(self) -> list[tuple[int, int, str]]:
-        """(rank, exit status, tail of its log) of every rank that failed."""
+        """(rank, exit status, tail of its log) of every rank that failed. While stopping,
+        a rank that says it was interrupted (exit 130: stopped before it joined), or that
+        our SIGTERM ended before it could catch signals, stopped as asked: not a failure."""
         failed = []
         for rank, proc in enumerate(self.procs):
+            if self.stopping and proc.returncode in (EXIT_INTERRUPTED, -signal.SIGTERM):
+                continue
             if proc.returncode != 0:
                 log_path = self.options.out_dir / f"worker-{rank}.log"
                 failed.append((rank, proc.returncode, f"{log_path}:\n{_tail(log_path)}"))

@@ -42,7 +42,7 @@ from akocore.settings.registry import default_of
 from akorun.client import ControlClient, make_session
 from akorun.cluster import AkorunSettings, allowed_networks, split_host
 from akorun.control import ControlKind
-from akorun.errors import UsageError
+from akorun.errors import Interrupted, RunError, UsageError
 from akorun.faults import Faults
 from akorun.keys import RequestVerifier, RunKeys, Signer, restrict_new_files
 from akorun.metrics import Metrics
@@ -198,14 +198,15 @@ class Worker:
         identity = Identity(self.rank, self.run_id, self.config_hash,
                             self.prepared.params_sha256)
         hooks = fault_hooks(options.faults, outbox=self.outbox, gone=self._suspended,
-                            hard_stop=lambda: self.waiter.hard_stop)
+                            hard_stop=lambda: self.waiter.hard_stop,
+                            stop_requested=lambda: self.waiter.stop_reason is not None)
         self.join = Join(identity=identity, peers=self.peers, hosts=self.cfg.cluster.hosts,
                          compute_measured_s=self.prepared.compute_measured_s,
                          timeout_s=options.join_timeout_s, phase=self.phase,
                          waiter=self.waiter, liveness=self.liveness,
                          node_built=lambda: self.role.node is not None,
                          build_node=self._build_node, peer_timeout_s=options.peer_timeout_s,
-                         on_greeted=hooks.greeted)
+                         on_greeted=hooks.greeted, held=hooks.in_join)
         self.rejoin = Rejoin(identity=identity, peers=self.peers, role=self.role,
                              peer_timeout_s=options.peer_timeout_s, phase=self.phase,
                              waiter=self.waiter, liveness=self.liveness, outbox=self.outbox,
@@ -247,12 +248,22 @@ class Worker:
             ControlKind.SNAPSHOT: self.rejoin.on_snapshot,
             ControlKind.RESTART: self.rejoin.on_restart,
             ControlKind.RELAY: self.relay.on_relay,
+            ControlKind.LEAVE: self.join.on_leave,
         }, rank=self.rank, world=self.world)
 
     def _build_node(self, compute_s: float | None, p_of: Sequence[int] | None = None) -> None:
         prepared = self.prepared
         plan = self.role.build_node(prepared.workload, prepared.optimizer, compute_s, p_of)
         self.keys.bind_wire_hash(wire_hash(self.cfg, prepared.params_sha256, plan.p_of))
+
+    def _write_unjoined_result(self) -> None:
+        """Stopped before the join ended: the result says so (no round); a failed write
+        is one log line (the stop is what the user asked for)."""
+        try:
+            self.results.write()
+        except OSError as error:
+            log.error("%s: results not written: %s", self.results.out_dir,
+                      error.strerror or error)
 
     def _suspended(self, peer: int) -> bool:
         node = self.role.node
@@ -366,7 +377,13 @@ class Worker:
             if options.resume:
                 self.training.first_round = await self.rejoin.rejoin(control)
             else:
-                await self.join.join(control)
+                try:
+                    await self.join.join(control)
+                except (Interrupted, RunError) as error:
+                    await self.join.leave(control, str(error))  # so that no peer waits
+                    if isinstance(error, Interrupted):
+                        self._write_unjoined_result()
+                    raise
             self.metrics.state = self.phase.name
             self._spawn(self.liveness.monitor(control))
             if not options.quiet:

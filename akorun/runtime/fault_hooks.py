@@ -7,7 +7,9 @@ round, after a round once every peer acknowledged it, after a round once ONE
 peer acknowledged it (mid-send), after sending a round to one peer only
 (mid-multicast), inside a checkpoint write (its temp file
 written, not yet moved into place), after the last round or during the join
-(once a peer holds our answer to its hello), and sleeps after each round.
+(once a peer holds our answer to its hello), holds the rank in its join
+(before its own hellos) until a stop is requested or a file exists, and
+sleeps after each round.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ class FaultHooks(Protocol):
 
     def greeted(self, peer: int, times: int) -> None: ...
 
+    async def in_join(self) -> None: ...
+
 
 class NoFaults:
     """The production hooks: nothing happens."""
@@ -58,6 +62,9 @@ class NoFaults:
     def greeted(self, peer: int, times: int) -> None:
         return None
 
+    async def in_join(self) -> None:
+        return None
+
 
 def _kill_now(why: str) -> None:
     log.warning("test hook: SIGKILL %s", why)
@@ -70,11 +77,13 @@ class InjectedFaults:
     """The AKORUN_FAULT test hooks of one rank (keyed by rounds, not by sleeps)."""
 
     def __init__(self, faults: Faults, *, outbox: Outbox, gone: Callable[[int], bool],
-                 hard_stop: Callable[[], bool]) -> None:
+                 hard_stop: Callable[[], bool],
+                 stop_requested: Callable[[], bool] = lambda: False) -> None:
         self.faults = faults
         self.outbox = outbox
         self.gone = gone  # a suspended peer need not acknowledge before the kill
         self.hard_stop = hard_stop
+        self.stop_requested = stop_requested  # a first signal (ends pause_in_join)
         self.checkpoint_killed = False
         self.multicast_to: int | None = None  # kill_mid_multicast: the one destination
 
@@ -129,10 +138,22 @@ class InjectedFaults:
         if self.faults.kill_in_join and times >= 2:  # it holds our answer to its first
             _kill_now(f"during the join, at rank {peer}'s second hello")
 
+    async def in_join(self) -> None:
+        if not self.faults.pause_in_join:
+            return
+        until = self.faults.pause_in_join_file
+        log.warning("test hook: held in the join, before our hellos, until a stop is "
+                    "requested%s", f" or {until} exists" if until else "")
+        while not self.stop_requested() and not self.hard_stop() \
+                and not (until and os.path.exists(until)):
+            await asyncio.sleep(PAUSE_POLL_S)
+
 
 def fault_hooks(faults: Faults, *, outbox: Outbox, gone: Callable[[int], bool],
-                hard_stop: Callable[[], bool]) -> FaultHooks:
+                hard_stop: Callable[[], bool],
+                stop_requested: Callable[[], bool] = lambda: False) -> FaultHooks:
     """NoFaults unless `faults` asks for one."""
     if not faults.any:
         return NoFaults()
-    return InjectedFaults(faults, outbox=outbox, gone=gone, hard_stop=hard_stop)
+    return InjectedFaults(faults, outbox=outbox, gone=gone, hard_stop=hard_stop,
+                          stop_requested=stop_requested)

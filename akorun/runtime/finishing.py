@@ -7,6 +7,9 @@
     node.settle(); final checkpoint; final accuracy; results; "done" to peers;
     wait a grace period for the peers' "done"       (deadline: grace_s)
 
+A peer that left before it joined (it said ``leave``, runtime.join) sends
+nothing: no wait is for it, and it is not told ``done``.
+
 Deadlines. Drain and flush wait for a peer as long as it makes progress (the
 flush never for a peer that said ``done``: it has settled and takes nothing more); a
 peer that sent nothing new for `grace_s` (a dead or unreachable one, which
@@ -81,6 +84,8 @@ class Finisher:
         assert node is not None
 
         def gone(peer: int) -> bool:
+            if peer in liveness.left_peers:  # left before it joined: it sends nothing
+                return True
             if peer not in node.suspended:
                 return False
             last_new_s = max(started_s, liveness.last_new_s.get(peer, started_s))
@@ -98,15 +103,22 @@ class Finisher:
         peer_done = getattr(node, "peer_done", None)
 
         def lost() -> list[int]:
-            """Peers this scheme cannot go on without that are lost (ps, all-reduce)."""
+            """Peers this scheme cannot go on without that are lost (ps, all-reduce); one
+            that left before it joined is not (the gate lost it if the run needed it)."""
             return sorted(j for j in self.peers if not self.role.can_continue_without(j)
-                          and (j in self.waiter.lost_peers or gone(j)))
+                          and (j in self.waiter.lost_peers
+                               or (gone(j) and j not in self.liveness.left_peers)))
+
+        def stranded() -> bool:
+            """A peer this scheme needs left before it joined: no round can complete (we
+            are stopping: had we trained on, the gate would have lost it, see `lost`)."""
+            return any(not self.role.can_continue_without(j) for j in self.liveness.left_peers)
 
         def drained() -> bool:
             if not self.relay_idle():  # a lost peer's partials are being forwarded to us
                 return False
-            if self.role.trains and lost():  # its rounds cannot complete (a ps server
-                return True  # still drains: the live workers' finals need its answer)
+            if self.role.trains and (lost() or stranded()):  # its rounds cannot complete (a
+                return True  # ps server still drains: the live workers' finals need its answer)
             if peer_done is None:
                 return node.drained()
             return all(peer_done(j) or gone(j) for j in self.peers)
@@ -116,7 +128,7 @@ class Finisher:
         # (it is also exempt from the peer timeout, so it would never count as gone)
         await self.outbox.flush(lambda j: gone(j) or j in self.liveness.done_peers,
                                 lambda: self.waiter.hard_stop)
-        given_up = sorted(j for j in self.peers if gone(j))
+        given_up = sorted(j for j in self.peers if gone(j) and j not in self.liveness.left_peers)
         if given_up:
             log.warning("finished without peer(s) %s: silent past the peer timeout and "
                         "nothing new from them for %.1f s (the finish deadline)", given_up,

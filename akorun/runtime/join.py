@@ -8,7 +8,15 @@ third of the peer timeout to the ranks that answered: one that stops
 answering for longer than the peer timeout died during the join, and the
 join ends at once (RunError, exit 1, one line) instead of at the join
 timeout; a rank that never answered is waited for until the join timeout
-(it may just be slow to start). Every rank then plans with the MAX of all measured compute times,
+(it may just be slow to start). A rank whose join ends without a run (a
+signal: `Interrupted`; or a `RunError`) says ``leave`` to every peer that is
+up (it answered our hello or said hello to us), so that none waits for it:
+a peer still joining ends its join at once (`Interrupted` if it is stopping
+too, else `RunError`), and a peer already training takes it out of its gate
+for good (runtime.liveness `left`) and finishes without waiting for it
+(runtime.finishing). This is how a SIGTERM to `akorun launch` that lands
+while one rank still starts ends every rank within launch's kill grace.
+Every rank then plans with the MAX of all measured compute times,
 so all choose the same p, and builds its node. `greet` and `until` are the
 retrying calls the rejoin handshake uses too.
 
@@ -39,6 +47,7 @@ from akorun.runtime.waiting import Waiter
 log = logging.getLogger("akorun")
 
 GREET_TIMEOUT_S = 5.0
+LEAVE_TIMEOUT_S = 2.0
 RETRY_S = 0.2
 _WHAT = {"run_id": "run id", "config_hash": "config hash",
          "params_sha256": "initial-parameter hash"}
@@ -101,7 +110,8 @@ class Join:
                  waiter: Waiter, liveness: Liveness, node_built: Callable[[], bool],
                  build_node: Callable[[float | None], None],
                  peer_timeout_s: float = math.inf,
-                 on_greeted: Callable[[int, int], None] = lambda peer, times: None) -> None:
+                 on_greeted: Callable[[int, int], None] = lambda peer, times: None,
+                 held: Callable[[], Awaitable[None]] | None = None) -> None:
         self.identity = identity
         self.peers = list(peers)
         self.hosts = list(hosts)
@@ -114,7 +124,9 @@ class Join:
         self.build_node = build_node  # plan with this compute time and build the node
         self.peer_timeout_s = peer_timeout_s  # an answered peer silent this long: dead
         self.on_greeted = on_greeted  # (peer, how many hellos of it so far): a test hook
+        self.held = held  # awaited before our hellos: a test hook (pause_in_join)
         self.greeted: dict[int, int] = {}  # peer -> hellos of it answered here
+        self.answered: set[int] = set()  # peers that answered our hello
         self.peer_compute_s: dict[int, float] = {}
         self.error: str | None = None  # a peer of another run said hello: no start
 
@@ -125,6 +137,8 @@ class Join:
         payload = {**self.identity.payload(), "compute_s": self.compute_measured_s}
 
         answered_s: dict[int, float] = {}  # peer -> when it last answered a hello
+        if self.held is not None:
+            await self.held()
 
         async def hello(peer: int) -> dict[str, Any] | None:
             async def once() -> dict[str, Any] | None:
@@ -133,10 +147,12 @@ class Join:
                 if self.waiter.stop_reason is not None:
                     raise Interrupted(f"{self.waiter.stop_reason} (before every rank said "
                                       f"hello)")
+                self._unless_one_left()
                 return await greet(control, peer, ControlKind.HELLO, payload, "hello")
             answer = await until(deadline, once)
             if answer is not None:
                 answered_s[peer] = loop.time()
+                self.answered.add(peer)
             return answer
 
         answers = await self._hellos_unless_one_dies(
@@ -155,12 +171,49 @@ class Join:
                 raise RunError(error.reason) from None
             if isinstance(answer.get("compute_s"), int | float):
                 self.peer_compute_s[peer] = float(answer["compute_s"])
+        self._unless_one_left()
         compute_s = None
         if self.compute_measured_s is not None:
             compute_s = max([self.compute_measured_s, *self.peer_compute_s.values()])
         self.build_node(compute_s)
         self.liveness.heard_all()
         self.phase.to(Phase.RUNNING)
+
+    def _unless_one_left(self) -> None:
+        """RunError if a rank said it leaves before we joined (the run cannot start)."""
+        if self.liveness.left_peers:
+            peer, reason = min(self.liveness.left_peers.items())
+            raise RunError(f"rank {peer} at {self.hosts[peer]} left during the join ({reason}),"
+                           f" before every rank had joined; nothing trained")
+
+    async def leave(self, control: ControlClient, reason: str) -> None:
+        """Tell every peer that is up (it answered our hello or said hello to us) that we
+        leave before joining, so that none waits for us; unreachable ones are skipped."""
+        peers = sorted(self.answered | set(self.greeted))
+        if not peers:
+            return
+        payload = {**self.identity.payload(), "reason": reason[:200]}
+        answers = await asyncio.gather(*(control.call(j, ControlKind.LEAVE, payload,
+                                                      timeout_s=LEAVE_TIMEOUT_S)
+                                         for j in peers))
+        told = [j for j, answer in zip(peers, answers, strict=True) if answer.ok]
+        log.warning("leaving before the join ended: told rank(s) %s%s", told,
+                    f" (not reached: {sorted(set(peers) - set(told))})"
+                    if len(told) < len(peers) else "")
+
+    async def on_leave(self, sender: int, payload: dict[str, Any]) -> dict[str, Any]:
+        """`sender` leaves before it joined: the run goes on without it, or (if we are
+        still joining) our join ends (see the module docstring)."""
+        self.identity.check(sender, payload)
+        reason = str(payload.get("reason") or "no reason given")[:200]
+        if self.node_built():
+            log.warning("rank %d left before it joined (%s): going on without it, and the "
+                        "finish will not wait for it", sender, reason)
+        else:
+            log.warning("rank %d left during the join (%s)", sender, reason)
+        self.liveness.left(sender, reason)
+        self.waiter.wake_up()
+        return {"rank": self.identity.rank}
 
     @staticmethod
     async def _hellos_unless_one_dies(

@@ -6,7 +6,9 @@ acknowledged as applied, or a heartbeat it answered with the nonce we sent
 (answers are signed). A peer silent for longer than the peer timeout is
 suspended from the SSP gate and reported; it rejoins the gate as soon as it
 is heard again, unless it is between its rejoin-hello and its restart. Peers
-not heard for a third of the timeout are sent a heartbeat. A ``done`` counts
+not heard for a third of the timeout are sent a heartbeat. A peer that said
+it leaves before it joined (`left`: stopped while starting, runtime.join)
+sends nothing ever: it is out of the gate at once, for good. A ``done`` counts
 only once that peer's final message is held (`is_done`); only such a peer,
 which owes nothing more, is exempt from the timeout. Nothing ever waits
 forever on a dead peer.
@@ -56,6 +58,7 @@ class Liveness:
         self.last_heard: dict[int, float] = {}
         self.last_new_s: dict[int, float] = {}  # peer -> last time it sent a NEW message
         self.done_peers: set[int] = set()  # said done (see is_done)
+        self.left_peers: dict[int, str] = {}  # peer -> why it left before it joined
         self.rejoining_peers: dict[int, float] = {}  # peer -> time of its rejoin-hello
         self.started_s: float | None = None  # peers never heard count as heard then
         self._heartbeats: set[int] = set()
@@ -66,7 +69,8 @@ class Liveness:
         """`peer` is alive: a message accepted, a send acknowledged or a heartbeat answered."""
         self.last_heard[peer] = self.clock()
         node = self.node()
-        if node is not None and peer in node.suspended and not self.rejoining(peer):
+        if node is not None and peer in node.suspended and not self.rejoining(peer) \
+                and peer not in self.left_peers:
             node.resume_peer(peer)
             log.warning("peer %d speaks again: back in the SSP gate", peer)
             self.on_change()
@@ -110,6 +114,7 @@ class Liveness:
     def restarted(self, peer: int) -> None:
         self.rejoining_peers.pop(peer, None)
         self.done_peers.discard(peer)
+        self.left_peers.pop(peer, None)
         self.heard(peer)
         self.on_change()
 
@@ -126,6 +131,15 @@ class Liveness:
         self.on_lost(peer)
         self.on_change()
 
+    def left(self, peer: int, reason: str) -> None:
+        """`peer` leaves before it joined (it said so): out of the gate now, for good."""
+        self.left_peers.setdefault(peer, reason)
+        node = self.node()
+        if node is not None and peer not in node.suspended:
+            node.suspend_peer(peer)
+            self.notify_sender(peer)
+        self.on_change()
+
     def check(self, now: float) -> list[int]:
         """Suspend the peers silent past the timeout; the peers to send a heartbeat now."""
         node = self.node()
@@ -135,7 +149,7 @@ class Liveness:
             self.started_s = now
         due = []
         for peer in self.peers:
-            if self.is_done(peer):
+            if self.is_done(peer) or peer in self.left_peers:
                 continue
             silent_s = now - self.last_heard.get(peer, self.started_s)
             if peer not in node.suspended and silent_s > self.timeout_s:

@@ -135,12 +135,12 @@ class ResultBuilder:
         out = self.out_dir
         node = self.role.node
         record = self.result()
-        if out is None or node is None:
+        if out is None:
             self.last = checked_rank_result(record)
             return
         out.mkdir(parents=True, exist_ok=True)
         self.last = write_rank_result(out / f"worker-{self.rank}.json", record)
-        if node.params is not None:
+        if node is not None and node.params is not None:  # none before the join
             offset = self.role.params_offset()
             tmp = out / f".worker-{self.rank}.npz.tmp"
             try:
