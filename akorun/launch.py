@@ -336,8 +336,9 @@ def launch(cfg: RunConfig, settings: AkorunSettings, options: LaunchOptions, *,
         tails = "\n".join(tail for _, _, tail in failed)
         raise RunError(f"{names} failed; the end of their logs:\n{tails}")
     if launcher.stopping:
-        raise Interrupted("stopped before the end (signal or --timeout); the ranks finished "
-                          f"their round and wrote results to {options.out_dir / 'result.json'}")
+        raise Interrupted("stopped before the end (signal or --timeout); every rank stopped "
+                          "after its current round (a rank still starting, with 0 rounds) and "
+                          f"the results are in {options.out_dir / 'result.json'}")
     return merged
 
 
