@@ -138,14 +138,12 @@ class FluidNetwork:
     @property
     def uplink_busy_s(self) -> np.ndarray:
         """Per node: time its uplink carried at least one flow."""
-        self._integrate(float(self.env.now))
-        return self._counters.uplink_busy_s
+        return self._flows.nic_busy_s(float(self.env.now))[:self.spec.n]
 
     @property
     def downlink_busy_s(self) -> np.ndarray:
         """Per node: time its downlink carried at least one flow."""
-        self._integrate(float(self.env.now))
-        return self._counters.downlink_busy_s
+        return self._flows.nic_busy_s(float(self.env.now))[self.spec.n:]
 
     def utilisation(self, elapsed_s: float | None = None) -> NetworkUtilisation:
         """Bits carried by each uplink and downlink / (capacity * elapsed_s).
@@ -153,15 +151,14 @@ class FluidNetwork:
         `elapsed_s` defaults to the time since the network was created.
         """
         now = float(self.env.now)
-        self._integrate(now)
-        return self._counters.utilisation(now, elapsed_s)
+        return self._counters.utilisation(now, self._flows.nic_carried_bits(now), elapsed_s)
 
     def stats(self, elapsed_s: float | None = None) -> NetworkStats:
         """A snapshot of every counter (arrays are copies)."""
         now = float(self.env.now)
-        self._integrate(now)
         return self._counters.snapshot(
-            now, elapsed_s, rate_solves=self.rate_solves,
+            now, elapsed_s, carried_bits=self._flows.nic_carried_bits(now),
+            busy_s=self._flows.nic_busy_s(now), rate_solves=self.rate_solves,
             flow_completions=self.flow_completions, active_flows=self.active_flows)
 
     def rates_bps(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -169,10 +166,6 @@ class FluidNetwork:
         return self._flows.rates_bps()
 
     # ------------------------------------------------------------- machinery
-
-    def _integrate(self, now: float) -> None:
-        self._counters.integrate(now, self._flows.uplink_load_bps,
-                                 self._flows.downlink_load_bps)
 
     def _arm(self, at_s: float) -> None:
         """Make sure the network wakes up no later than `at_s`."""
@@ -195,7 +188,6 @@ class FluidNetwork:
             return
         self._wake = None
         self._wake_s = np.inf
-        self._integrate(now)
         deliveries, next_s = self._flows.advance(now)
         if next_s < np.inf:
             self._arm(next_s)
