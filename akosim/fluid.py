@@ -182,9 +182,13 @@ class FluidFlows:
         finished: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         need_solve = bool(self._pending)
         if self._src.size > self._dead:
-            done = self._early_s <= now_s + (_FINISH_REL * abs(now_s) + _FINISH_ABS_S)
-            if done.any():
-                finished, rates_changed = self._complete(done.nonzero()[0], now_s)
+            due_s = now_s + (_FINISH_REL * abs(now_s) + _FINISH_ABS_S)
+            done = (self._early_s <= due_s).nonzero()[0]
+            if done.shape[0] == 1:
+                finished, rates_changed = self._complete_one(int(done[0]), now_s)
+                need_solve = need_solve or rates_changed
+            elif done.shape[0]:
+                finished, rates_changed = self._complete(done, now_s)
                 need_solve = need_solve or rates_changed
         if need_solve:
             self._solve(now_s, local=self.incremental)
@@ -233,6 +237,43 @@ class FluidFlows:
         return self._src[live], self._dst[live], self._rate_bps[live]
 
     # ------------------------------------------------------------- machinery
+
+    def _complete_one(self, i: int, now_s: float) -> tuple[
+            tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], bool]:
+        """`_complete` for the one flow `i`, with scalar bookkeeping (the common case).
+        The arrays returned are views: flow arrays are replaced, never written, when
+        flows come and go (only rates, finish times and pins are written in place)."""
+        j = i + 1
+        src, dst = self._src[i:j], self._dst[i:j]
+        batch, size = self._batch[i:j], self._size_bytes[i:j]
+        tolerance_s = _FINISH_REL * abs(now_s) + _FINISH_ABS_S
+        early_s = float(self._finish_s[i]) - now_s
+        sent_bits = float(size[0]) * BITS_PER_BYTE
+        if early_s > tolerance_s:
+            sent_bits -= float(self._rate_bps[i]) * early_s
+        n = self._n
+        active, ended_bits = self._nic_active, self._nic_ended_bits
+        for nic in (int(src[0]), int(dst[0]) + n):
+            ended_bits[nic] += sent_bits
+            left = int(active[nic]) - 1
+            active[nic] = left
+            if left == 0:
+                self._nic_busy_s[nic] += now_s - self._nic_busy_since_s[nic]
+        self.flow_completions += 1
+        self._dead += 1
+        need_solve = False
+        if self._dead == self._src.shape[0]:
+            self._clear_flows()
+        else:
+            pinned = bool(self._pinned[i])
+            self._rate_bps[i] = 0.0
+            self._finish_s[i] = np.inf
+            self._early_s[i] = np.inf
+            if pinned:
+                self._pinned[i] = False
+                need_solve = True
+                self._freed = (src, dst)
+        return (src, dst, batch, size), need_solve
 
     def _complete(self, idx: np.ndarray, now_s: float) -> tuple[
             tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], bool]:
@@ -432,16 +473,6 @@ class FluidFlows:
         """Flows src[k] -> dst[k] ended at `now_s`, having carried sent_bits[k]."""
         n = self._n
         active, ended_bits = self._nic_active, self._nic_ended_bits
-        if src.shape[0] == 1:  # the common case: scalar bookkeeping
-            up, down, bits = int(src[0]), int(dst[0]) + n, float(sent_bits[0])
-            ended_bits[up] += bits
-            ended_bits[down] += bits
-            for nic in (up, down):
-                left = int(active[nic]) - 1
-                active[nic] = left
-                if left == 0:
-                    self._nic_busy_s[nic] += now_s - self._nic_busy_since_s[nic]
-            return
         ended_bits[:n] += np.bincount(src, weights=sent_bits, minlength=n)
         ended_bits[n:] += np.bincount(dst, weights=sent_bits, minlength=n)
         before = active.copy()
