@@ -148,14 +148,18 @@ class Simulation:
         return self.stop.duration_s is None or self.env.now < self.stop.duration_s
 
     def _wait_for(self, rank: int, ready: Callable[[], bool], round_: int | None = None):
-        """Wait until `ready()`; with `round_`, `ready` is the gate of that round
-        and the multicast gate watch says when to look again."""
+        """Wait until `ready()`, looking again at every message that arrives; with
+        `round_`, `ready` is the gate of that round, and once a look found it
+        still closed the multicast gate watch says when to look again (a gate
+        that the first messages open, as in lockstep rounds, costs no count)."""
+        looked = False
         while not ready():
             event = self.env.event()
             self._wake[rank] = event
             self._waiting[rank] = True
-            if round_ is not None:
+            if round_ is not None and looked:
                 self._multicast.watch(rank, round_)
+            looked = True
             yield event
 
     def _worker(self, rank: int):
@@ -233,8 +237,8 @@ class Simulation:
         else:
             waiting = dests[self._waiting[dests]]
             if waiting.shape[0]:
-                if in_order:
-                    watched = multicast.watched[waiting]
+                watched = multicast.watched[waiting]
+                if in_order and watched.any():
                     opened = multicast.opened_many(waiting[watched], msg.round)
                     waiting = np.concatenate([waiting[~watched], opened])
                 for dest in waiting.tolist():

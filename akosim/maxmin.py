@@ -30,7 +30,7 @@ _CHECK_REL = 1e-8
 _DENSE_PAIRS_MAX = 1 << 16
 # Up to this many free flows, a local update's first guess is computed in plain
 # Python (numpy's per-call cost dominates below it).
-_SMALL_SEED_FLOWS = 96
+_SMALL_SEED_FLOWS = 192
 
 
 def max_min_fill(
