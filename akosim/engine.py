@@ -4,8 +4,10 @@ One process per worker: wait at the scheme's SSP gate, compute for the
 ComputeModel's time, hand the gradient to the scheme, deliver its Send
 effects through the FluidNetwork. Messages arriving at a node go to the
 node's `receive` at their simulated arrival time, and wake the node if it is
-waiting. Server nodes (ps) only receive. The schemes are the very ones akorun
-drives: the simulator adds time, nothing else.
+waiting (an ako worker whose gate is still closed after a look is woken only
+when the last peer it waits for arrived: akosim.multicast's gate watch).
+Server nodes (ps) only receive. The schemes are the very ones akorun drives:
+the simulator adds time, nothing else.
 """
 
 from __future__ import annotations

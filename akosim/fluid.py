@@ -17,7 +17,9 @@ on the resources that changed (new flows' NICs, the saturated NICs of flows
 that ended), grown until the whole allocation is proved max-min fair
 (akosim.maxmin.max_min_update), unless that is over half of them. A message
 arrives `latency_s[i, j]` after its last byte left (bandwidth is used from the
-start of the flow).
+start of the flow). What each NIC carried and how long it was busy are kept as
+flows start and end (`nic_carried_bits`, `nic_busy_s`), so a wake-up that
+only retires flows touches the few NICs they used, not every NIC's load.
 
 Units: rates in bits per second, sizes in bytes, times in seconds.
 """
