@@ -3,7 +3,8 @@
 `FluidNetwork` owns the SimPy side only: it takes `send` calls at `env.now`,
 keeps one pending wake-up at the next event of the clock-free fluid model
 (akosim.fluid.FluidFlows), delivers each group of messages by one SimPy
-timeout after its latency and tells each batch's sender, and feeds the
+timeout after its latency (at once when that is zero: the wake-up runs last
+at its instant) and tells each batch's sender, and feeds the
 traffic counters (akosim.netstats). It uses SimPy's public API only
 (`env.timeout`, `env.peek`, `env.now`, event callbacks).
 
@@ -49,8 +50,8 @@ class FluidNetwork:
     they are delivered. One pending wake-up (re-armed whenever a send or a
     completion changes the next event) drives everything: no SimPy process per
     flow, no per-packet events. Every message whose transfer ends at one
-    wake-up and that shares a latency is delivered by one SimPy timeout,
-    whatever the number of batches.
+    wake-up and that shares a latency is delivered by one SimPy timeout (none
+    for zero latency), whatever the number of batches.
     """
 
     def __init__(self, env: simpy.Environment, spec: NetworkSpec,
@@ -193,13 +194,19 @@ class FluidNetwork:
             self._arm(next_s)
         for delivery in deliveries:
             self._counters.add_sent(delivery.src, delivery.size_bytes)
-            self._deliver_after(delivery)
+        # Nothing else is scheduled at this instant (see above), so messages that
+        # arrive now are handed over at once: in the order their timeouts would run.
+        for delivery in deliveries:
+            if delivery.latency_s == 0.0:
+                self._deliver(delivery)
+            else:
+                self._deliver_after(delivery)
 
     def _deliver_after(self, delivery: Delivery) -> None:
         timeout = self.env.timeout(delivery.latency_s)
         timeout.callbacks.append(partial(self._deliver, delivery))
 
-    def _deliver(self, delivery: Delivery, _event: simpy.Event) -> None:
+    def _deliver(self, delivery: Delivery, _event: simpy.Event | None = None) -> None:
         dst, batch = delivery.dst, delivery.batch
         self._counters.add_delivered(delivery.src, dst, delivery.size_bytes)
         if dst.shape[0] == 1 or batch[0] == batch[-1]:  # one batch (batch order)
