@@ -4,8 +4,10 @@ One process per worker: wait at the scheme's SSP gate, compute for the
 ComputeModel's time, hand the gradient to the scheme, deliver its Send
 effects through the FluidNetwork. Messages arriving at a node go to the
 node's `receive` at their simulated arrival time, and wake the node if it is
-waiting. Server nodes (ps) only receive. The schemes are the very ones akorun
-drives: the simulator adds time, nothing else.
+waiting (an ako worker whose gate is still closed after a look is woken only
+when the last peer it waits for arrived: akosim.multicast's gate watch).
+Server nodes (ps) only receive. The schemes are the very ones akorun drives:
+the simulator adds time, nothing else.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ class TraceEvent:
 class _InFlight:
     """A multicast on the network: its message and how many copies are still out."""
 
-    __slots__ = ("message", "src", "start_s", "copies", "remaining")
+    __slots__ = ("message", "src", "start_s", "copies", "remaining", "validated")
 
     def __init__(self, message: Partial, src: int, start_s: float, copies: int) -> None:
         self.message = message
@@ -77,6 +79,7 @@ class _InFlight:
         self.start_s = start_s
         self.copies = copies
         self.remaining = copies
+        self.validated = False
 
 
 @dataclass(frozen=True)
@@ -146,11 +149,19 @@ class Simulation:
             return False
         return self.stop.duration_s is None or self.env.now < self.stop.duration_s
 
-    def _wait_for(self, rank: int, ready: Callable[[], bool]):
+    def _wait_for(self, rank: int, ready: Callable[[], bool], round_: int | None = None):
+        """Wait until `ready()`, looking again at every message that arrives; with
+        `round_`, `ready` is the gate of that round, and once a look found it
+        still closed the multicast gate watch says when to look again (a gate
+        that the first messages open, as in lockstep rounds, costs no count)."""
+        looked = False
         while not ready():
             event = self.env.event()
             self._wake[rank] = event
             self._waiting[rank] = True
+            if round_ is not None and looked:
+                self._multicast.watch(rank, round_)
+            looked = True
             yield event
 
     def _worker(self, rank: int):
@@ -159,7 +170,7 @@ class Simulation:
         while self._more_rounds(round_):
             if not node.may_start(round_):
                 waited_from = env.now
-                yield from self._wait_for(rank, partial(node.may_start, round_))
+                yield from self._wait_for(rank, partial(node.may_start, round_), round_)
                 line.wait_s += env.now - waited_from
                 self._span(rank, "wait", waited_from, env.now, round=round_)
                 if not self._more_rounds(round_):
@@ -210,24 +221,43 @@ class Simulation:
     def _delivered(self, dests: np.ndarray, token: object) -> None:
         assert isinstance(token, _InFlight)
         msg = token.message
-        duplicates, effects = self._multicast.deliver(dests, msg)
-        self.deliveries += int(dests.size)
+        multicast = self._multicast
+        duplicates, effects, in_order = multicast.deliver_tracked(dests, msg,
+                                                                 validated=token.validated)
+        token.validated = True
+        count = dests.shape[0]
+        self.deliveries += count
         self.duplicates += duplicates
         for node, send in effects:
             self._dispatch(node, (send,))
-        waiting = dests.tolist() if dests.size == 1 else dests[self._waiting[dests]].tolist()
-        for dest in waiting:
+        if count == 1:
+            dest = int(dests[0])
             if not self._waiting[dest]:
-                continue
-            event = self._wake[dest]
-            self._wake[dest] = None
-            self._waiting[dest] = False
-            if event is not None and not event.triggered:
-                event.succeed()
+                pass
+            elif not (in_order and multicast.watched[dest]) or multicast.opened(dest, msg.round):
+                self._resume(dest)
+        else:
+            waiting = dests[self._waiting[dests]]
+            if waiting.shape[0]:
+                watched = multicast.watched[waiting]
+                if in_order and watched.any():
+                    opened = multicast.opened_many(waiting[watched], msg.round)
+                    waiting = np.concatenate([waiting[~watched], opened])
+                for dest in waiting.tolist():
+                    self._resume(dest)
         token.remaining -= len(dests)
         if token.remaining == 0 and self.trace is not None and token.src in self.timelines:
             self._span(token.src, "send", token.start_s, self.env.now, round=msg.round,
                        part=msg.part, bytes=msg.nbytes, peers=token.copies)
+
+    def _resume(self, dest: int) -> None:
+        """Wake waiting `dest` to look at its condition again."""
+        event = self._wake[dest]
+        self._wake[dest] = None
+        self._waiting[dest] = False
+        self._multicast.unwatch(dest)
+        if event is not None and not event.triggered:
+            event.succeed()
 
     def _span(self, rank: int, name: str, start_s: float, end_s: float, **args: object) -> None:
         if self.trace is not None:

@@ -17,7 +17,9 @@ on the resources that changed (new flows' NICs, the saturated NICs of flows
 that ended), grown until the whole allocation is proved max-min fair
 (akosim.maxmin.max_min_update), unless that is over half of them. A message
 arrives `latency_s[i, j]` after its last byte left (bandwidth is used from the
-start of the flow).
+start of the flow). What each NIC carried and how long it was busy are kept as
+flows start and end (`nic_carried_bits`, `nic_busy_s`), so a wake-up that
+only retires flows touches the few NICs they used, not every NIC's load.
 
 Units: rates in bits per second, sizes in bytes, times in seconds.
 """
@@ -130,6 +132,13 @@ class FluidFlows:
             np.empty(0, dtype=np.intp) if self._resources.any_pairs else None
         )
         self._clear_flows()
+        # NIC activity, uplinks [0, n) and downlinks [n, 2n): flows in flight on
+        # each (solved and not finished), the time each was busy until it last
+        # went idle, since when each busy one is busy, and the bits of ended flows.
+        self._nic_active = np.zeros(2 * n, dtype=np.int64)
+        self._nic_busy_s = np.zeros(2 * n)
+        self._nic_busy_since_s = np.zeros(2 * n)
+        self._nic_ended_bits = np.zeros(2 * n)
         self._pending: list[_Start] = []
         self._freed: tuple[np.ndarray, np.ndarray] = _NO_FLOWS
         self.rate_solves = 0
@@ -175,14 +184,16 @@ class FluidFlows:
         finished: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         need_solve = bool(self._pending)
         if self._src.size > self._dead:
-            done = self._early_s <= now_s + (_FINISH_REL * abs(now_s) + _FINISH_ABS_S)
-            if done.any():
-                finished, rates_changed = self._complete(np.flatnonzero(done))
+            due_s = now_s + (_FINISH_REL * abs(now_s) + _FINISH_ABS_S)
+            done = (self._early_s <= due_s).nonzero()[0]
+            if done.shape[0] == 1:
+                finished, rates_changed = self._complete_one(int(done[0]), now_s)
+                need_solve = need_solve or rates_changed
+            elif done.shape[0]:
+                finished, rates_changed = self._complete(done, now_s)
                 need_solve = need_solve or rates_changed
         if need_solve:
             self._solve(now_s, local=self.incremental)
-        elif finished is not None:
-            self._update_loads()
         next_s = float(self._finish_s.min()) if self._src.size > self._dead else np.inf
         deliveries = self._deliveries(*finished) if finished is not None else []
         return deliveries, next_s
@@ -194,13 +205,33 @@ class FluidFlows:
 
     @property
     def uplink_load_bps(self) -> np.ndarray:
-        """Per node: the sum of its outgoing rates since the last solve."""
-        return self._uplink_load_bps
+        """Per node: the sum of its outgoing rates (flows in flight)."""
+        return np.bincount(self._src, weights=self._rate_bps, minlength=self._n)
 
     @property
     def downlink_load_bps(self) -> np.ndarray:
-        """Per node: the sum of its incoming rates since the last solve."""
-        return self._downlink_load_bps
+        """Per node: the sum of its incoming rates (flows in flight)."""
+        return np.bincount(self._dst, weights=self._rate_bps, minlength=self._n)
+
+    def nic_busy_s(self, now_s: float) -> np.ndarray:
+        """Uplinks then downlinks (2n): time each carried at least one flow, up to `now_s`."""
+        busy_s = self._nic_busy_s.copy()
+        active = self._nic_active > 0
+        busy_s[active] += now_s - self._nic_busy_since_s[active]
+        return busy_s
+
+    def nic_carried_bits(self, now_s: float) -> np.ndarray:
+        """Uplinks then downlinks (2n): bits each carried up to `now_s` (what ended
+        flows sent before they ended, flows in flight up to `now_s` at their rates)."""
+        carried = self._nic_ended_bits.copy()
+        live = self._finish_s < np.inf
+        if live.any():
+            remaining_bits = self._rate_bps[live] * np.maximum(self._finish_s[live] - now_s, 0.0)
+            sent_bits = self._size_bytes[live] * BITS_PER_BYTE - remaining_bits
+            n = self._n
+            carried[:n] += np.bincount(self._src[live], weights=sent_bits, minlength=n)
+            carried[n:] += np.bincount(self._dst[live], weights=sent_bits, minlength=n)
+        return carried
 
     def rates_bps(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(src, dst, rate) of the flows in flight at the last rate solve."""
@@ -209,14 +240,57 @@ class FluidFlows:
 
     # ------------------------------------------------------------- machinery
 
-    def _complete(self, idx: np.ndarray) -> tuple[
+    def _complete_one(self, i: int, now_s: float) -> tuple[
             tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], bool]:
-        """Retire the flows `idx`: ((their src, dst, batch, size in batch order),
-        whether the remaining flows need a rate solve)."""
+        """`_complete` for the one flow `i`, with scalar bookkeeping (the common case).
+        The arrays returned are views: flow arrays are replaced, never written, when
+        flows come and go (only rates, finish times and pins are written in place)."""
+        j = i + 1
+        src, dst = self._src[i:j], self._dst[i:j]
+        batch, size = self._batch[i:j], self._size_bytes[i:j]
+        tolerance_s = _FINISH_REL * abs(now_s) + _FINISH_ABS_S
+        early_s = float(self._finish_s[i]) - now_s
+        sent_bits = float(size[0]) * BITS_PER_BYTE
+        if early_s > tolerance_s:
+            sent_bits -= float(self._rate_bps[i]) * early_s
+        n = self._n
+        active, ended_bits = self._nic_active, self._nic_ended_bits
+        for nic in (int(src[0]), int(dst[0]) + n):
+            ended_bits[nic] += sent_bits
+            left = int(active[nic]) - 1
+            active[nic] = left
+            if left == 0:
+                self._nic_busy_s[nic] += now_s - self._nic_busy_since_s[nic]
+        self.flow_completions += 1
+        self._dead += 1
+        need_solve = False
+        if self._dead == self._src.shape[0]:
+            self._clear_flows()
+        else:
+            pinned = bool(self._pinned[i])
+            self._rate_bps[i] = 0.0
+            self._finish_s[i] = np.inf
+            self._early_s[i] = np.inf
+            if pinned:
+                self._pinned[i] = False
+                need_solve = True
+                self._freed = (src, dst)
+        return (src, dst, batch, size), need_solve
+
+    def _complete(self, idx: np.ndarray, now_s: float) -> tuple[
+            tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], bool]:
+        """Retire the flows `idx` at `now_s`: ((their src, dst, batch, size in batch
+        order), whether the remaining flows need a rate solve)."""
         src, dst = self._src[idx], self._dst[idx]
         batch, size = self._batch[idx], self._size_bytes[idx]
         pinned_done = self._pinned[idx]
         count = int(idx.size)
+        # what the flows carried: all but what a coalesced early end left unsent
+        # (a flow ending at its finish time, up to rounding, counts whole)
+        early_s = self._finish_s[idx] - now_s
+        early_s[early_s <= _FINISH_REL * abs(now_s) + _FINISH_ABS_S] = 0.0
+        sent_bits = size * BITS_PER_BYTE - self._rate_bps[idx] * early_s
+        self._nics_idle(src, dst, sent_bits, now_s)
         self.flow_completions += count
         self._dead += count
         need_solve = False
@@ -271,8 +345,6 @@ class FluidFlows:
         # changes somebody's rate; completions of the others need no solve.
         self._pinned = np.empty(0, dtype=bool)
         self._dead = 0
-        self._uplink_load_bps: np.ndarray = np.zeros(self._n)
-        self._downlink_load_bps: np.ndarray = np.zeros(self._n)
         # Saturated shared uplinks [0, n) and downlinks [n, 2n) at the last solve.
         self._saturated_nics = np.zeros(2 * self._n, dtype=bool)
 
@@ -337,6 +409,7 @@ class FluidFlows:
                     ]
                 )
             self._size_bytes = np.concatenate([self._size_bytes, new_sizes])
+            self._nics_busy(self._src[old_count:], self._dst[old_count:], now)
             remaining_bytes = np.concatenate([remaining_bytes, new_sizes])
         if self._src.size == 0:
             self._clear_flows()
@@ -380,7 +453,6 @@ class FluidFlows:
         self._finish_s = now + remaining_bytes * BITS_PER_BYTE / rate_bps
         self._early_s = self._early(self._finish_s, self._size_bytes, rate_bps)
         self.rate_solves += 1
-        self._update_loads()
 
     def _early(self, finish_s: np.ndarray, size_bytes: np.ndarray,
                rate_bps: np.ndarray) -> np.ndarray:
@@ -389,7 +461,24 @@ class FluidFlows:
             return finish_s.copy()
         return finish_s - (self.coalesce_rel * BITS_PER_BYTE) * size_bytes / rate_bps
 
-    def _update_loads(self) -> None:
+    def _nics_busy(self, src: np.ndarray, dst: np.ndarray, now_s: float) -> None:
+        """Flows src[k] -> dst[k] are in flight from `now_s`."""
         n = self._n
-        self._uplink_load_bps = np.bincount(self._src, weights=self._rate_bps, minlength=n)
-        self._downlink_load_bps = np.bincount(self._dst, weights=self._rate_bps, minlength=n)
+        active = self._nic_active
+        before = active.copy()
+        active[:n] += np.bincount(src, minlength=n)
+        active[n:] += np.bincount(dst, minlength=n)
+        self._nic_busy_since_s[(before == 0) & (active > 0)] = now_s
+
+    def _nics_idle(self, src: np.ndarray, dst: np.ndarray, sent_bits: np.ndarray,
+                   now_s: float) -> None:
+        """Flows src[k] -> dst[k] ended at `now_s`, having carried sent_bits[k]."""
+        n = self._n
+        active, ended_bits = self._nic_active, self._nic_ended_bits
+        ended_bits[:n] += np.bincount(src, weights=sent_bits, minlength=n)
+        ended_bits[n:] += np.bincount(dst, weights=sent_bits, minlength=n)
+        before = active.copy()
+        active[:n] -= np.bincount(src, minlength=n)
+        active[n:] -= np.bincount(dst, minlength=n)
+        idle = (before > 0) & (active == 0)
+        self._nic_busy_s[idle] += now_s - self._nic_busy_since_s[idle]

@@ -12,6 +12,8 @@ Units: capacities and rates in bits per second.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from akosim.netspec import NetworkSpec
@@ -26,6 +28,9 @@ _CHECK_REL = 1e-8
 # Up to this many ordered pairs, per-pair caps are indexed densely; above it the
 # pairs in use are compacted at every solve (no n x n arrays per solve).
 _DENSE_PAIRS_MAX = 1 << 16
+# Up to this many free flows, a local update's first guess is computed in plain
+# Python (numpy's per-call cost dominates below it).
+_SMALL_SEED_FLOWS = 192
 
 
 def max_min_fill(
@@ -141,7 +146,7 @@ def max_min_update(
 
     def settled_flows(candidate_bps: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """(flows with a bottleneck, saturated resources), or None if infeasible."""
-        incidence_bps = np.tile(candidate_bps, k)
+        incidence_bps = _repeat_columns(candidate_bps, k)
         load_bps = np.bincount(incidence, weights=incidence_bps, minlength=n_resources)
         if (load_bps > ceiling_bps).any():
             return None
@@ -157,22 +162,22 @@ def max_min_update(
 
     while True:
         free = seed[incidence].reshape(k, n_flows).any(axis=0)
-        free_idx = np.flatnonzero(free)
+        free_idx = free.nonzero()[0]
         if free_idx.shape[0] > max_free:
             return None
         new_rate_bps = rate_bps.copy()
         if free_idx.shape[0]:
             fixed_bps = np.where(free, 0.0, rate_bps)
             residual_bps = capacity_bps - np.bincount(
-                incidence, weights=np.tile(fixed_bps, k), minlength=n_resources)
+                incidence, weights=_repeat_columns(fixed_bps, k), minlength=n_resources)
             np.maximum(residual_bps, 0.0, out=residual_bps)
             free_columns = [column[free_idx] for column in columns]
             free_cap_bps = None if flow_cap_bps is None else flow_cap_bps[free_idx]
             # First guess: each seed filled on its own, the free flows held to
             # their caps and to what their other resources leave. It is often
             # the answer (the proof says whether), at a fraction of a filling.
-            new_rate_bps[free_idx] = _seed_levels(free_columns, residual_bps, free_cap_bps,
-                                                  seed)
+            levels = _seed_levels_small if free_idx.shape[0] <= _SMALL_SEED_FLOWS else _seed_levels
+            new_rate_bps[free_idx] = levels(free_columns, residual_bps, free_cap_bps, seed)
             checked = settled_flows(new_rate_bps)
             if checked is not None and checked[0].all():
                 return new_rate_bps, checked[1] & (count_all > 1), int(free_idx.shape[0])
@@ -181,7 +186,8 @@ def max_min_update(
                 # caps binds nobody: leave it out (infinite), which shortens the
                 # filling.
                 demand_bps = np.bincount(np.concatenate(free_columns),
-                                         weights=np.tile(free_cap_bps, k), minlength=n_resources)
+                                         weights=_repeat_columns(free_cap_bps, k),
+                                         minlength=n_resources)
                 residual_bps[demand_bps <= residual_bps] = np.inf
             sub_rate_bps, _ = max_min_fill(free_columns, residual_bps, free_cap_bps)
             new_rate_bps[free_idx] = sub_rate_bps
@@ -200,6 +206,61 @@ def max_min_update(
         seed = grown
 
 
+def _repeat_columns(values: np.ndarray, k: int) -> np.ndarray:
+    """`values` once per resource column, as the incidence lists them (np.tile, cheaper)."""
+    return np.concatenate((values,) * k)
+
+
+def _seed_levels_small(columns: list[np.ndarray], residual_bps: np.ndarray,
+                       flow_cap_bps: np.ndarray | None, seed: np.ndarray) -> np.ndarray:
+    """`_seed_levels` in plain Python: for the few free flows of a local update,
+    where numpy's per-call cost would exceed the work. Same levels, summed
+    flow by flow (the proof of `max_min_update` checks them either way)."""
+    n_flows = columns[0].shape[0]
+    resources = [column.tolist() for column in columns]
+    on_seed = [seed[column].tolist() for column in columns]
+    residuals = [residual_bps[column].tolist() for column in columns]
+    held = [math.inf] * n_flows if flow_cap_bps is None else flow_cap_bps.tolist()
+    for is_seed, residual in zip(on_seed, residuals, strict=True):
+        for f in range(n_flows):
+            if not is_seed[f] and residual[f] < held[f]:
+                held[f] = residual[f]
+    caps_of: dict[int, list[float]] = {}
+    residual_of: dict[int, float] = {}
+    for column, is_seed, residual in zip(resources, on_seed, residuals, strict=True):
+        for f in range(n_flows):
+            if is_seed[f]:
+                resource = column[f]
+                group = caps_of.get(resource)
+                if group is None:
+                    caps_of[resource] = [held[f]]
+                    residual_of[resource] = residual[f]
+                else:
+                    group.append(held[f])
+    level_of: dict[int, float] = {}
+    for resource, caps in caps_of.items():
+        caps.sort()
+        left_bps = residual_of[resource]
+        uncapped = len(caps)
+        level = math.inf
+        for cap_bps in caps:
+            candidate_bps = left_bps / uncapped
+            if candidate_bps <= cap_bps:
+                level = candidate_bps
+                break
+            left_bps -= cap_bps
+            uncapped -= 1
+        level_of[resource] = level
+    rate = held
+    for column, is_seed in zip(resources, on_seed, strict=True):
+        for f in range(n_flows):
+            if is_seed[f]:
+                level = level_of[column[f]]
+                if level < rate[f]:
+                    rate[f] = level
+    return np.array(rate)
+
+
 def _seed_levels(columns: list[np.ndarray], residual_bps: np.ndarray,
                  flow_cap_bps: np.ndarray | None, seed: np.ndarray) -> np.ndarray:
     """Rates of flows that each cross a seed resource, if every seed were filled
@@ -214,7 +275,7 @@ def _seed_levels(columns: list[np.ndarray], residual_bps: np.ndarray,
         np.minimum(held_bps, np.where(is_seed, np.inf, residual_bps[column]), out=held_bps)
     mask = np.concatenate(on_seed)
     resource = np.concatenate(columns)[mask]
-    cap_bps = np.tile(held_bps, len(columns))[mask]
+    cap_bps = _repeat_columns(held_bps, len(columns))[mask]
     order = np.lexsort((cap_bps, resource))
     resource, cap_bps = resource[order], cap_bps[order]
     size = resource.shape[0]

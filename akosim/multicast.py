@@ -8,10 +8,21 @@ that update for all receivers with one vectorised assignment. Anything else
 (training mode, other schemes, final markers, out-of-order or duplicate
 messages) goes through each node's own `receive`, so the result is exactly
 what per-node delivery gives. akorun never needs this module.
+
+It also watches the SSP gates of waiting ako workers (`watch`, `opened`): a
+worker waiting to start round t needs r_j >= t - 1 - s of every peer; the
+watch counts the peers still below that and says when the last one crossed,
+so the engine resumes a waiting worker once, not at every message it gets.
+The count is kept only through in-order deliveries of the fast path, and only
+for nodes that know no final round and suspend nobody (anything else makes
+the engine re-check the gate itself), and the engine still asks the node's
+own `may_start` before it goes on: the watch decides when to look, never
+the answer.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -53,19 +64,40 @@ class MulticastDelivery:
                 assert isinstance(node, AkoWorker)
                 node.log.share_rows(matrix.rounds[node.rank], matrix.pending[node.rank])
             self.matrix = matrix
+        n = len(nodes)
+        # Per watched node: the round every peer must reach, and how many have not.
+        self.watched = np.zeros(n, dtype=bool)
+        self.need_round = np.zeros(n, dtype=np.int64)
+        self.blocking = np.zeros(n, dtype=np.int64)
 
     def deliver(self, dests: np.ndarray, msg: Partial) -> tuple[int, list[tuple[int, Send]]]:
         """Deliver `msg` to every node in `dests`: (duplicates, (node, effect)s)."""
+        duplicates, effects, _ = self.deliver_tracked(dests, msg)
+        return duplicates, effects
+
+    def deliver_tracked(self, dests: np.ndarray, msg: Partial, *,
+                        validated: bool = False) -> tuple[int, list[tuple[int, Send]], bool]:
+        """`deliver`, and whether it arrived in order everywhere through the shared matrix, as the
+        gate watch needs). `validated`: `msg` was validated at an earlier
+        delivery (every timing-only ako node validates a message alike)."""
         matrix = self.matrix
-        if matrix is not None and not msg.final and dests.size > 1:
-            first = self.nodes[int(dests[0])]
-            assert isinstance(first, AkoWorker)
-            first.validate(msg)
+        if matrix is not None and not msg.final:
+            if not validated:
+                first = self.nodes[int(dests[0])]
+                assert isinstance(first, AkoWorker)
+                first.validate(msg)
             sender = msg.sender
-            column = matrix.rounds[dests, sender]
-            if (column == msg.round - 1).all() and not matrix.pending[dests, sender].any():
-                matrix.rounds[dests, sender] = msg.round
-                return 0, []
+            if dests.shape[0] == 1:
+                dest = int(dests[0])
+                if (matrix.rounds[dest, sender] == msg.round - 1
+                        and not matrix.pending[dest, sender]):
+                    matrix.rounds[dest, sender] = msg.round
+                    return 0, [], True
+            else:
+                column = matrix.rounds[dests, sender]
+                if (column == msg.round - 1).all() and not matrix.pending[dests, sender].any():
+                    matrix.rounds[dests, sender] = msg.round
+                    return 0, [], True
         duplicates = 0
         effects: list[tuple[int, Send]] = []
         nodes = self.nodes
@@ -73,4 +105,44 @@ class MulticastDelivery:
             receipt = nodes[dest].receive(msg)
             duplicates += not receipt.accepted
             effects.extend((dest, effect) for effect in receipt.effects)
-        return duplicates, effects
+        return duplicates, effects, False
+
+    # ------------------------------------------------------------ gate watch
+
+    def watch(self, rank: int, round_: int) -> bool:
+        """Count the peers that hold `rank`'s start of `round_` back; False (no
+        watch) when the count cannot be kept exactly: not a shared-matrix ako
+        node, or one that knows a final round or suspends a peer."""
+        matrix = self.matrix
+        node = self.nodes[rank]
+        if (matrix is None or not isinstance(node, AkoWorker) or node.final_round
+                or node.suspended or math.isinf(node.staleness) or round_ <= 0):
+            self.watched[rank] = False
+            return False
+        need = math.ceil(round_ - 1 - node.staleness)
+        row = matrix.rounds[rank]
+        self.need_round[rank] = need
+        # every peer is in the gate (no finals, no suspensions); the diagonal is no peer
+        self.blocking[rank] = int(np.count_nonzero(row < need)) - int(row[rank] < need)
+        self.watched[rank] = True
+        return True
+
+    def unwatch(self, rank: int) -> None:
+        self.watched[rank] = False
+
+    def opened(self, dest: int, round_: int) -> bool:
+        """A message of `round_` reached watched `dest` in order: whether its
+        gate may now be open (the last peer it waited for crossed)."""
+        if self.need_round[dest] == round_:
+            left = int(self.blocking[dest]) - 1
+            self.blocking[dest] = left
+            return left <= 0
+        return False
+
+    def opened_many(self, dests: np.ndarray, round_: int) -> np.ndarray:
+        """`opened` for distinct watched `dests` at once: those that may be open."""
+        hit = dests[self.need_round[dests] == round_]
+        if hit.shape[0] == 0:
+            return hit
+        self.blocking[hit] -= 1
+        return hit[self.blocking[hit] <= 0]

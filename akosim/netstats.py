@@ -1,9 +1,10 @@
 """Traffic statistics of the simulated network: bytes and utilisation per node and link.
 
-`TrafficCounters` is fed by the SimPy adapter (akosim.network): the NIC loads
-between two rate solves (integrated over time into carried bits and busy
-time), the bytes of every flow whose transfer ended, and the bytes of every
-message delivered. It reads no clock: every call says what time it is.
+`TrafficCounters` is fed by the SimPy adapter (akosim.network): the bytes of
+every flow whose transfer ended and of every message delivered. What each NIC
+carried and how long it was busy come from the fluid model
+(akosim.fluid.FluidFlows keeps them as flows start and end) and are passed in
+when a snapshot is taken. It reads no clock: every call says what time it is.
 `NetworkStats` and `NetworkUtilisation` are the frozen snapshots reports use.
 
 Units: loads in bits per second, traffic in bytes (carried traffic is kept in
@@ -66,11 +67,6 @@ class TrafficCounters:
         self.spec = spec
         self._n = n
         self.start_s = start_s
-        self._integrated_to_s = start_s
-        self._uplink_bits = np.zeros(n)
-        self._downlink_bits = np.zeros(n)
-        self._uplink_busy_s = np.zeros(n)
-        self._downlink_busy_s = np.zeros(n)
         self._bytes_sent = np.zeros(n)
         self._bytes_received = np.zeros(n)
         self._link_bytes = np.zeros((n, n))
@@ -79,17 +75,6 @@ class TrafficCounters:
         self.messages_delivered = 0
 
     # ---------------------------------------------------------------- feeding
-
-    def integrate(self, now_s: float, uplink_load_bps: np.ndarray,
-                  downlink_load_bps: np.ndarray) -> None:
-        """The NICs carried these loads since the last call, until `now_s`."""
-        dt_s = now_s - self._integrated_to_s
-        if dt_s > 0:
-            self._uplink_bits += uplink_load_bps * dt_s
-            self._downlink_bits += downlink_load_bps * dt_s
-            self._uplink_busy_s += (uplink_load_bps > 0) * dt_s
-            self._downlink_busy_s += (downlink_load_bps > 0) * dt_s
-        self._integrated_to_s = now_s
 
     def add_sent(self, src: np.ndarray, size_bytes: np.ndarray) -> None:
         """Transfers from `src` of `size_bytes` each have ended."""
@@ -123,40 +108,38 @@ class TrafficCounters:
         self._flush_delivered()
         return self._link_bytes.copy()
 
-    @property
-    def uplink_busy_s(self) -> np.ndarray:
-        return self._uplink_busy_s.copy()
-
-    @property
-    def downlink_busy_s(self) -> np.ndarray:
-        return self._downlink_busy_s.copy()
-
-    def utilisation(self, now_s: float, elapsed_s: float | None = None) -> NetworkUtilisation:
-        """Bits carried by each uplink and downlink / (capacity * elapsed_s);
-        `elapsed_s` defaults to the time since `start_s`. Integrate first."""
+    def utilisation(self, now_s: float, carried_bits: np.ndarray,
+                    elapsed_s: float | None = None) -> NetworkUtilisation:
+        """Bits carried by each uplink and downlink (`carried_bits`: uplinks then
+        downlinks) / (capacity * elapsed_s); `elapsed_s` defaults to the time
+        since `start_s`."""
         if elapsed_s is None:
             elapsed_s = now_s - self.start_s
         if elapsed_s <= 0:
             zeros = np.zeros(self._n)
             return NetworkUtilisation(uplink=zeros, downlink=zeros.copy())
+        n = self._n
         return NetworkUtilisation(
-            uplink=self._uplink_bits / (self.spec.uplink_bps * elapsed_s),
-            downlink=self._downlink_bits / (self.spec.downlink_bps * elapsed_s),
+            uplink=carried_bits[:n] / (self.spec.uplink_bps * elapsed_s),
+            downlink=carried_bits[n:] / (self.spec.downlink_bps * elapsed_s),
         )
 
-    def snapshot(self, now_s: float, elapsed_s: float | None, *, rate_solves: int,
-                 flow_completions: int, active_flows: int) -> NetworkStats:
-        """Every counter at `now_s` (arrays are copies). Integrate first."""
+    def snapshot(self, now_s: float, elapsed_s: float | None, *, carried_bits: np.ndarray,
+                 busy_s: np.ndarray, rate_solves: int, flow_completions: int,
+                 active_flows: int) -> NetworkStats:
+        """Every counter at `now_s` (arrays are copies), with what the NICs carried
+        and how long they were busy (uplinks then downlinks, from the fluid model)."""
+        n = self._n
         return NetworkStats(
             elapsed_s=now_s - self.start_s if elapsed_s is None else float(elapsed_s),
             bytes_sent=self.bytes_sent,
             bytes_received=self.bytes_received,
             link_bytes=self.link_bytes,
-            uplink_carried_bytes=self._uplink_bits / BITS_PER_BYTE,
-            downlink_carried_bytes=self._downlink_bits / BITS_PER_BYTE,
-            uplink_busy_s=self._uplink_busy_s.copy(),
-            downlink_busy_s=self._downlink_busy_s.copy(),
-            utilisation=self.utilisation(now_s, elapsed_s),
+            uplink_carried_bytes=carried_bits[:n] / BITS_PER_BYTE,
+            downlink_carried_bytes=carried_bits[n:] / BITS_PER_BYTE,
+            uplink_busy_s=busy_s[:n].copy(),
+            downlink_busy_s=busy_s[n:].copy(),
+            utilisation=self.utilisation(now_s, carried_bits, elapsed_s),
             rate_solves=rate_solves,
             flow_completions=flow_completions,
             messages_delivered=self.messages_delivered,

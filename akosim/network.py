@@ -3,7 +3,8 @@
 `FluidNetwork` owns the SimPy side only: it takes `send` calls at `env.now`,
 keeps one pending wake-up at the next event of the clock-free fluid model
 (akosim.fluid.FluidFlows), delivers each group of messages by one SimPy
-timeout after its latency and tells each batch's sender, and feeds the
+timeout after its latency (at once when that is zero: the wake-up runs last
+at its instant) and tells each batch's sender, and feeds the
 traffic counters (akosim.netstats). It uses SimPy's public API only
 (`env.timeout`, `env.peek`, `env.now`, event callbacks).
 
@@ -49,8 +50,8 @@ class FluidNetwork:
     they are delivered. One pending wake-up (re-armed whenever a send or a
     completion changes the next event) drives everything: no SimPy process per
     flow, no per-packet events. Every message whose transfer ends at one
-    wake-up and that shares a latency is delivered by one SimPy timeout,
-    whatever the number of batches.
+    wake-up and that shares a latency is delivered by one SimPy timeout (none
+    for zero latency), whatever the number of batches.
     """
 
     def __init__(self, env: simpy.Environment, spec: NetworkSpec,
@@ -138,14 +139,12 @@ class FluidNetwork:
     @property
     def uplink_busy_s(self) -> np.ndarray:
         """Per node: time its uplink carried at least one flow."""
-        self._integrate(float(self.env.now))
-        return self._counters.uplink_busy_s
+        return self._flows.nic_busy_s(float(self.env.now))[:self.spec.n]
 
     @property
     def downlink_busy_s(self) -> np.ndarray:
         """Per node: time its downlink carried at least one flow."""
-        self._integrate(float(self.env.now))
-        return self._counters.downlink_busy_s
+        return self._flows.nic_busy_s(float(self.env.now))[self.spec.n:]
 
     def utilisation(self, elapsed_s: float | None = None) -> NetworkUtilisation:
         """Bits carried by each uplink and downlink / (capacity * elapsed_s).
@@ -153,15 +152,14 @@ class FluidNetwork:
         `elapsed_s` defaults to the time since the network was created.
         """
         now = float(self.env.now)
-        self._integrate(now)
-        return self._counters.utilisation(now, elapsed_s)
+        return self._counters.utilisation(now, self._flows.nic_carried_bits(now), elapsed_s)
 
     def stats(self, elapsed_s: float | None = None) -> NetworkStats:
         """A snapshot of every counter (arrays are copies)."""
         now = float(self.env.now)
-        self._integrate(now)
         return self._counters.snapshot(
-            now, elapsed_s, rate_solves=self.rate_solves,
+            now, elapsed_s, carried_bits=self._flows.nic_carried_bits(now),
+            busy_s=self._flows.nic_busy_s(now), rate_solves=self.rate_solves,
             flow_completions=self.flow_completions, active_flows=self.active_flows)
 
     def rates_bps(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -169,10 +167,6 @@ class FluidNetwork:
         return self._flows.rates_bps()
 
     # ------------------------------------------------------------- machinery
-
-    def _integrate(self, now: float) -> None:
-        self._counters.integrate(now, self._flows.uplink_load_bps,
-                                 self._flows.downlink_load_bps)
 
     def _arm(self, at_s: float) -> None:
         """Make sure the network wakes up no later than `at_s`."""
@@ -195,19 +189,24 @@ class FluidNetwork:
             return
         self._wake = None
         self._wake_s = np.inf
-        self._integrate(now)
         deliveries, next_s = self._flows.advance(now)
         if next_s < np.inf:
             self._arm(next_s)
         for delivery in deliveries:
             self._counters.add_sent(delivery.src, delivery.size_bytes)
-            self._deliver_after(delivery)
+        # Nothing else is scheduled at this instant (see above), so messages that
+        # arrive now are handed over at once: in the order their timeouts would run.
+        for delivery in deliveries:
+            if delivery.latency_s == 0.0:
+                self._deliver(delivery)
+            else:
+                self._deliver_after(delivery)
 
     def _deliver_after(self, delivery: Delivery) -> None:
         timeout = self.env.timeout(delivery.latency_s)
         timeout.callbacks.append(partial(self._deliver, delivery))
 
-    def _deliver(self, delivery: Delivery, _event: simpy.Event) -> None:
+    def _deliver(self, delivery: Delivery, _event: simpy.Event | None = None) -> None:
         dst, batch = delivery.dst, delivery.batch
         self._counters.add_delivered(delivery.src, dst, delivery.size_bytes)
         if dst.shape[0] == 1 or batch[0] == batch[-1]:  # one batch (batch order)

@@ -21,6 +21,10 @@ stop after the last round without draining (StopRule(drain=False)):
 Training mode: 16 workers really train the default workload (digits-mlp) until
 90% test accuracy (goal <= 60 s, workload build and compute measurement included).
 
+To compare this tree with another revision on one of these cases, side by
+side in one run (and check that round times agree): `python -m
+tests.bench.akosim_ab REV --case random|homog64|big1024`.
+
 Event throughput: network flow completions plus message deliveries per CPU
 second, as a ratio to the bare SimPy loop's events per
 second. A delivered multicast or a coalesced completion of many flows is one
