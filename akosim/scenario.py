@@ -200,6 +200,7 @@ def simulate(setup: Setup, variant: Variant, *, trace: bool = False,
                      trace=trace, on_round=on_round, coalesce_rel=setup.coalesce_rel)
     if setup.tcp is not None:
         sim.net = TcpNetwork(sim.env, network, setup.tcp, rtt_s, setup.coalesce_rel)
+        sim.compute = sim.net.with_cpu(sim.compute)  # message CPU of the ranks (tcpmodel f)
     started = time.perf_counter()
     sim.run()
     wall_s = time.perf_counter() - started

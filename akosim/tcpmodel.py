@@ -47,6 +47,25 @@ to the inputs of the max-min solver, and a per-message delay after it.
     parameter server at s = 2 predicted 77% too slow without it,
     docs/fidelity-tcp.md). Off in `TcpParameters.ideal()`.
 
+(f) Message CPU. With `message_cpu_serialised`, the software cost (d) is also
+    CPU time of the ranks: half charged to the sender as the message leaves,
+    half to each receiver as it arrives, and owed as per-round overhead by a
+    rank that was busy at that moment (akosim.rank_cpu), so a CPU-bound rank's
+    round is not shorter than its step plus its message handling. `TcpNetwork.
+    with_cpu(compute)` gives the simulation's compute model that ledger.
+
+(g) Sharing. Several TCP flows through one shaped drop-tail port lose packets
+    and back off unevenly, so together they carry less than one flow does
+    (measured on the netns testbed: uplinks carried 63-86% of the rate at 3-4
+    workers where the model kept 93%). `akosim calibrate --netns-rate` measures
+    `flow_sharing_efficiency`: what k flows, each moving one message per round
+    through one port shaped as the testbed shapes it, carry over one bulk flow.
+    A message that starts while k messages (itself included) leave its sender
+    or reach its receiver, k the larger, arrives later by its fluid transfer
+    time x (1 / efficiency(k) - 1): like LV08's corrections, a delay after the
+    solver that uses no bandwidth (with one message per connection (e), the
+    pair's next message waits for it all the same).
+
 (a) and (b) are a transformation of the NetworkSpec (`effective_spec`); (c)
 and (d) delay each delivery by `TcpNetwork`, which also queues (e), a FluidNetwork whose `send`
 wraps the delivery callback: like LV08's latency, the delay uses no
@@ -60,15 +79,18 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
 import simpy
 
 from akocore.host_calibration import TcpParameters
+from akosim.compute import ComputeModel
 from akosim.fluid import COALESCE_REL
 from akosim.netspec import NetworkSpec
 from akosim.network import DeliveryCallback, FluidNetwork
+from akosim.rank_cpu import RankCpu
 
 NETWORK_MODELS = ("tcp", "maxmin")
 BITS_PER_BYTE = 8
@@ -141,14 +163,15 @@ class _Queued:
 class _Pending:
     """One send's per-receiver facts, kept until its messages arrive."""
 
-    __slots__ = ("src", "start_s", "size_of", "fresh_of", "on_delivered")
+    __slots__ = ("src", "start_s", "size_of", "fresh_of", "sharing_of", "on_delivered")
 
     def __init__(self, src: int, start_s: float, size_of: np.ndarray, fresh_of: np.ndarray,
-                 on_delivered: DeliveryCallback) -> None:
+                 sharing_of: np.ndarray | None, on_delivered: DeliveryCallback) -> None:
         self.src = src
         self.start_s = start_s
         self.size_of = size_of
         self.fresh_of = fresh_of
+        self.sharing_of = sharing_of  # (g): each receiver's sharing efficiency, or None
         self.on_delivered = on_delivered
 
 
@@ -173,6 +196,13 @@ class TcpNetwork(FluidNetwork):
         self.rtt_s = np.array(rtt_s, dtype=np.float64)
         self._sent = np.zeros((spec.n, spec.n), dtype=np.int64)  # messages per pair so far
         self._costly = params.message_fixed_s > 0 or params.message_per_byte_s > 0
+        # (g): messages in the fluid network per sender and per receiver
+        self._sharing = any(e < 1 for e in params.flow_sharing_efficiency)
+        self._leaving = np.zeros(spec.n, dtype=np.int64)
+        self._arriving = np.zeros(spec.n, dtype=np.int64)
+        # (f): message handling as CPU of the ranks (None: a delay only)
+        self.cpu = RankCpu(env, spec.n) if self._costly and params.message_cpu_serialised \
+            else None
         self._all_warm = not params.slow_start
         self._cold_pairs = spec.n * (spec.n - 1)  # pairs still below their pooled count
         # (e): messages in flight per ordered pair, and those waiting for a connection
@@ -185,6 +215,10 @@ class TcpNetwork(FluidNetwork):
         off_diagonal = self.rtt_s[~np.eye(spec.n, dtype=bool)] / 2
         self._answer_s: float | None = float(off_diagonal[0]) if off_diagonal.size and (
             off_diagonal == off_diagonal[0]).all() else None
+
+    def with_cpu(self, compute: ComputeModel) -> ComputeModel:
+        """`compute` charged with this network's message CPU (f), or as it is."""
+        return compute if self.cpu is None else replace(compute, cpu=self.cpu)
 
     def send(self, src: int, dsts: np.ndarray | Sequence[int],
              size_bytes: int | float | np.ndarray, on_delivered: DeliveryCallback,
@@ -245,7 +279,7 @@ class TcpNetwork(FluidNetwork):
     def _start(self, src: int, dsts: np.ndarray | Sequence[int],
                size_bytes: int | float | np.ndarray, on_delivered: DeliveryCallback,
                token: object = None) -> None:
-        if self._all_warm and not self._costly:
+        if self._all_warm and not self._costly and not self._sharing:
             super().send(src, dsts, size_bytes, on_delivered, token)
             return
         dst = np.array(dsts, dtype=np.intp).reshape(-1)
@@ -263,14 +297,33 @@ class TcpNetwork(FluidNetwork):
                 self._all_warm = self._cold_pairs <= 0
             else:
                 fresh_of[dst] = True
-        pending = _Pending(src, float(self.env.now), size_of, fresh_of, on_delivered)
+        if self.cpu is not None:  # (f): the sender's half, as the messages leave
+            self.cpu.charge(np.array([src]), float(np.sum(
+                self.params.message_cost_s(size_of[dst]))) / 2)
+        sharing_of = None
+        if self._sharing:  # (g): flows on the sender's uplink and each receiver's downlink
+            self._leaving[src] += dst.size
+            self._arriving[dst] += 1
+            flows = np.maximum(self._leaving[src], self._arriving[dst])
+            sharing_of = np.ones(n)
+            sharing_of[dst] = [self.params.sharing_efficiency(int(k)) for k in flows]
+        pending = _Pending(src, float(self.env.now), size_of, fresh_of, sharing_of,
+                           on_delivered)
         super().send(src, dst, size_bytes, partial(self._arrived, pending), token)
 
     def _arrived(self, pending: _Pending, dests: np.ndarray, token: object) -> None:
         params, src = self.params, pending.src
         sizes = pending.size_of[dests]
         extra = params.message_fixed_s + params.message_per_byte_s * sizes
+        if self.cpu is not None:  # (f): each receiver's half, as it starts handling
+            self.cpu.charge(dests, extra / 2)
         fresh = pending.fresh_of[dests]
+        if pending.sharing_of is not None:  # (g): a shared port carries less
+            self._leaving[src] -= dests.size
+            self._arriving[dests] -= 1
+            transfer_s = np.maximum(float(self.env.now) - pending.start_s
+                                    - self.spec.latency_s[src, dests], 0.0)
+            extra = extra + transfer_s * (1.0 / pending.sharing_of[dests] - 1.0)
         if fresh.any():
             rtt = self.rtt_s[src, dests]
             latency = self.spec.latency_s[src, dests]

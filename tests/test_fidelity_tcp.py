@@ -58,7 +58,8 @@ def test_the_report_of_a_hand_made_record_has_every_column_error_and_group():
                                rounds=30, host_calibration="host.json",
                                host_calibration_summary="goodput fraction 0.95",
                                host_compute_s=0.008, uptime=("load average: 1.0",) * 3,
-                               rows=rows, columns=columns)
+                               rows=rows, columns=columns,
+                               colocated_compute=("compute 9.00 ms/step with 3 processes",))
     again = FidelityTcpRecord.from_json(json.loads(json.dumps(record.to_json())))
     assert again == record
     text = markdown_report(record, analysis="The PS is predicted too slow.")
@@ -67,6 +68,7 @@ def test_the_report_of_a_hand_made_record_has_every_column_error_and_group():
     assert "lan-2w-ps-s0" in text and "+25.0%" in text and "-10.0%" in text
     assert "| scheme | ps | 1 |" in text and "| s | 2 | 1 |" in text
     assert "The PS is predicted too slow." in text and "load average: 1.0" in text
+    assert "compute 9.00 ms/step with 3 processes" in text
     regenerated = markdown_report(record, kept_analysis(text))
     assert regenerated == text  # the hand-written analysis survives a regeneration
     assert kept_analysis(markdown_report(record)) == ""
