@@ -169,13 +169,14 @@ def _interleaved_step_s(workload: str, batch_size: int, processes: int, env: dic
             if child.poll() is None:
                 child.kill()
                 child.wait()
-    alone, together = [], []
+    alone_s: list[float] = []
+    together_s: list[float] = []
     for window, (_a, _b, all_step) in enumerate(plan):
         figures = [m[window] for m in means if m[window] is not None]
         if not figures:
             raise RuntimeError("a step process finished no step in a window")
-        (together if all_step else alone).append(sum(figures) / len(figures))
-    return statistics.median(alone), statistics.median(together)
+        (together_s if all_step else alone_s).append(sum(figures) / len(figures))
+    return statistics.median(alone_s), statistics.median(together_s)
 
 
 def measure_colocated(workload: str, batch_size: int, optimizer: str, processes: int, *,

@@ -175,9 +175,9 @@ def _shaped_pair(rate_bps: float, testbed_queues: bool) -> Iterator[tuple[str, s
             _run("ip", "-n", ns, "link", "set", dev, "up")
             _run("ip", "-n", ns, "link", "set", "lo", "up")
             if not testbed_queues:
-                burst = max(32 * 1024, int(rate_bps / 8 / 100))  # >= 10 ms at the rate
+                tbf_burst = max(32 * 1024, int(rate_bps / 8 / 100))  # >= 10 ms at the rate
                 _run("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", bits,
-                     "burst", str(burst), "latency", "100ms")
+                     "burst", str(tbf_burst), "latency", "100ms")
                 continue
             burst = f"{max(2 * 1514, math.ceil(rate_bps / 8 * 1e-3))}b"
             limit = str(max(128 * 1024, math.ceil(rate_bps / 8 * 0.1)))

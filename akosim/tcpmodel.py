@@ -60,9 +60,11 @@ to the inputs of the max-min solver, and a per-message delay after it.
     workers where the model kept 93%). `akosim calibrate --netns-rate` measures
     `flow_sharing_efficiency`: what k flows, each moving one message per round
     through one port shaped as the testbed shapes it, carry over one bulk flow.
-    A message that starts while k messages (itself included) leave its sender
-    or reach its receiver, k the larger, arrives later by its fluid transfer
-    time x (1 / efficiency(k) - 1): like LV08's corrections, a delay after the
+    A message arrives later by its fluid transfer time x (1 / efficiency(k) -
+    1), k the most messages that crossed its sender's uplink or its receiver's
+    downlink at once while it was on them (itself included; a peak over its
+    lifetime, so messages that start together are treated alike whatever
+    order they were handed in): like LV08's corrections, a delay after the
     solver that uses no bandwidth (with one message per connection (e), the
     pair's next message waits for it all the same).
 
@@ -163,15 +165,20 @@ class _Queued:
 class _Pending:
     """One send's per-receiver facts, kept until its messages arrive."""
 
-    __slots__ = ("src", "start_s", "size_of", "fresh_of", "sharing_of", "on_delivered")
+    __slots__ = ("src", "start_s", "size_of", "fresh_of", "peak_of", "remaining",
+                 "on_delivered")
 
     def __init__(self, src: int, start_s: float, size_of: np.ndarray, fresh_of: np.ndarray,
-                 sharing_of: np.ndarray | None, on_delivered: DeliveryCallback) -> None:
+                 peak_of: np.ndarray | None, remaining: int,
+                 on_delivered: DeliveryCallback) -> None:
         self.src = src
         self.start_s = start_s
         self.size_of = size_of
         self.fresh_of = fresh_of
-        self.sharing_of = sharing_of  # (g): each receiver's sharing efficiency, or None
+        # (g): per receiver, the most flows its sender's uplink or its downlink carried
+        # at once while this message crossed them (None: no sharing correction)
+        self.peak_of = peak_of
+        self.remaining = remaining  # receivers not reached yet
         self.on_delivered = on_delivered
 
 
@@ -200,6 +207,8 @@ class TcpNetwork(FluidNetwork):
         self._sharing = any(e < 1 for e in params.flow_sharing_efficiency)
         self._leaving = np.zeros(spec.n, dtype=np.int64)
         self._arriving = np.zeros(spec.n, dtype=np.int64)
+        self._on_uplink: list[set[_Pending]] = [set() for _ in range(spec.n)]
+        self._on_downlink: list[set[_Pending]] = [set() for _ in range(spec.n)]
         # (f): message handling as CPU of the ranks (None: a delay only)
         self.cpu = RankCpu(env, spec.n) if self._costly and params.message_cpu_serialised \
             else None
@@ -298,18 +307,50 @@ class TcpNetwork(FluidNetwork):
             else:
                 fresh_of[dst] = True
         if self.cpu is not None:  # (f): the sender's half, as the messages leave
+            params = self.params
             self.cpu.charge(np.array([src]), float(np.sum(
-                self.params.message_cost_s(size_of[dst]))) / 2)
-        sharing_of = None
-        if self._sharing:  # (g): flows on the sender's uplink and each receiver's downlink
-            self._leaving[src] += dst.size
-            self._arriving[dst] += 1
-            flows = np.maximum(self._leaving[src], self._arriving[dst])
-            sharing_of = np.ones(n)
-            sharing_of[dst] = [self.params.sharing_efficiency(int(k)) for k in flows]
-        pending = _Pending(src, float(self.env.now), size_of, fresh_of, sharing_of,
+                params.message_fixed_s + params.message_per_byte_s * size_of[dst])) / 2)
+        peak_of = np.zeros(n, dtype=np.int64) if self._sharing else None
+        pending = _Pending(src, float(self.env.now), size_of, fresh_of, peak_of, dst.size,
                            on_delivered)
+        if self._sharing:
+            self._share(pending, dst)
         super().send(src, dst, size_bytes, partial(self._arrived, pending), token)
+
+    def _share(self, pending: _Pending, dst: np.ndarray) -> None:
+        """(g): count `pending`'s flows on its sender's uplink and its receivers'
+        downlinks, and raise the peak of every message crossing them now."""
+        src = pending.src
+        self._leaving[src] += dst.size
+        self._arriving[dst] += 1
+        leaving = int(self._leaving[src])
+        for other in self._on_uplink[src]:
+            assert other.peak_of is not None
+            np.maximum(other.peak_of, leaving, out=other.peak_of, where=other.size_of > 0)
+        for d in dst.tolist():
+            arriving = int(self._arriving[d])
+            for other in self._on_downlink[d]:
+                assert other.peak_of is not None
+                other.peak_of[d] = max(int(other.peak_of[d]), arriving)
+            self._on_downlink[d].add(pending)
+        self._on_uplink[src].add(pending)
+        assert pending.peak_of is not None
+        pending.peak_of[dst] = np.maximum(leaving, self._arriving[dst])
+
+    def _unshare(self, pending: _Pending, dests: np.ndarray) -> np.ndarray:
+        """(g): `pending` reached `dests`: their flows leave the links; the efficiency
+        of the most flows each shared a link with."""
+        src = pending.src
+        self._leaving[src] -= dests.size
+        self._arriving[dests] -= 1
+        for d in dests.tolist():
+            self._on_downlink[d].discard(pending)
+        pending.remaining -= dests.size
+        if pending.remaining <= 0:
+            self._on_uplink[src].discard(pending)
+        assert pending.peak_of is not None
+        sharing = self.params.sharing_efficiency
+        return np.array([sharing(int(k)) for k in pending.peak_of[dests]])
 
     def _arrived(self, pending: _Pending, dests: np.ndarray, token: object) -> None:
         params, src = self.params, pending.src
@@ -318,12 +359,11 @@ class TcpNetwork(FluidNetwork):
         if self.cpu is not None:  # (f): each receiver's half, as it starts handling
             self.cpu.charge(dests, extra / 2)
         fresh = pending.fresh_of[dests]
-        if pending.sharing_of is not None:  # (g): a shared port carries less
-            self._leaving[src] -= dests.size
-            self._arriving[dests] -= 1
+        if pending.peak_of is not None:  # (g): a shared port carries less
+            efficiency = self._unshare(pending, dests)
             transfer_s = np.maximum(float(self.env.now) - pending.start_s
                                     - self.spec.latency_s[src, dests], 0.0)
-            extra = extra + transfer_s * (1.0 / pending.sharing_of[dests] - 1.0)
+            extra = extra + transfer_s * (1.0 / efficiency - 1.0)
         if fresh.any():
             rtt = self.rtt_s[src, dests]
             latency = self.spec.latency_s[src, dests]

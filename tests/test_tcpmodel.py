@@ -291,6 +291,18 @@ def test_sharing_efficiency_of_k_flows_delays_their_messages():
     assert alone[0, 1] == pytest.approx([0.8])
 
 
+def test_messages_that_share_a_link_are_delayed_alike_whatever_their_order():
+    """Two senders into node 2's downlink, handed in one after the other at time 0:
+    both crossed it with two flows, so both get efficiency(2), not only the second."""
+    spec = NetworkSpec.uniform(3, 10e6, 0.0)
+    params = replace(WARM, header_bytes=0, ack_bytes=0, flow_sharing_efficiency=(1.0, 0.5))
+    env = simpy.Environment()
+    rtt = round_trip_s(spec.latency_s, params)
+    net = TcpNetwork(env, effective_spec(spec, params, rtt), params, rtt)
+    got = _arrivals(net, env, [(0, [2], 1e6), (1, [2], 1e6)])
+    assert got[0, 2] == pytest.approx([3.2]) and got[1, 2] == pytest.approx([3.2])
+
+
 def test_sharing_efficiencies_must_be_fractions():
     with pytest.raises(ValueError, match="flow_sharing_efficiency"):
         TcpParameters(flow_sharing_efficiency=(1.0, 1.2))
