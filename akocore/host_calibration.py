@@ -93,8 +93,8 @@ class TcpParameters:
         "s/B", "software seconds per payload byte without network time", "akosim"))
     flow_sharing_efficiency: tuple[float, ...] = field(default=(), metadata=meta(
         "fraction", "what k flows through one shaped drop-tail port, each moving one "
-        "message per round, carry over one bulk flow, for k = 1, 2, ... (more flows: the "
-        "last; empty: 1, no loss from sharing)", "akosim"))
+        "message per round, carry over what one flow carries in the same pattern, for "
+        "k = 1, 2, ... (more flows: the last; empty: 1, no loss from sharing)", "akosim"))
     message_cpu_serialised: bool = field(default=True, metadata=meta(
         "", "the message software cost is also CPU time of the sending and receiving "
         "ranks, serialised with their steps while they are busy (akosim.rank_cpu); "

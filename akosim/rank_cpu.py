@@ -32,21 +32,25 @@ parameter server) is never busy and so never charged.
 
 from __future__ import annotations
 
-import numpy as np
+import math
+
 import simpy
 
 __all__ = ["RankCpu"]
 
 
 class RankCpu:
-    """The message CPU each rank owes its next round (seconds), per simulation."""
+    """The message CPU each rank owes its next round (seconds), per simulation.
+
+    Plain lists, not arrays: it is called once per message on the simulation's hot
+    path, with one rank or a handful, where numpy's per-call cost dominates."""
 
     def __init__(self, env: simpy.Environment, nodes: int) -> None:
         self.env = env
-        self._computing = np.zeros(nodes, dtype=bool)
-        self._busy_until_s = np.full(nodes, -np.inf)
-        self._owed_s = np.zeros(nodes)
-        self.charged_s = np.zeros(nodes)  # owed and paid, for reports and tests
+        self._computing = [False] * nodes
+        self._busy_until_s = [-math.inf] * nodes
+        self._owed_s = [0.0] * nodes
+        self.charged_s = [0.0] * nodes  # owed and paid, for reports and tests
 
     def begin_step(self, rank: int) -> None:
         """The rank starts a gradient step: message handling now competes with it."""
@@ -56,16 +60,18 @@ class RankCpu:
         """The rank's step ended: the message CPU it owes, paid now after its
         `overhead_s`; the rank stays busy until both are spent."""
         self._computing[rank] = False
-        owed = float(self._owed_s[rank])
+        owed = self._owed_s[rank]
         self._owed_s[rank] = 0.0
         self._busy_until_s[rank] = float(self.env.now) + overhead_s + owed
         return owed
 
-    def charge(self, ranks: np.ndarray, seconds: np.ndarray | float) -> None:
-        """`seconds` of message handling by each of `ranks` (distinct) now."""
-        ranks = np.asarray(ranks, dtype=np.intp).reshape(-1)
-        cost = np.broadcast_to(np.asarray(seconds, dtype=np.float64), ranks.shape)
-        busy = self._computing[ranks] | (self._busy_until_s[ranks] >= float(self.env.now))
-        if busy.any():
-            self._owed_s[ranks[busy]] += cost[busy]
-            self.charged_s[ranks[busy]] += cost[busy]
+    def charge(self, rank: int, seconds: float) -> None:
+        """`seconds` of message handling by `rank` now."""
+        if self._computing[rank] or self._busy_until_s[rank] >= self.env.now:
+            self._owed_s[rank] += seconds
+            self.charged_s[rank] += seconds
+
+    def charge_each(self, ranks: list[int], seconds: list[float]) -> None:
+        """`seconds[i]` of message handling by `ranks[i]` now."""
+        for rank, cost in zip(ranks, seconds, strict=True):
+            self.charge(rank, cost)

@@ -165,20 +165,19 @@ class _Queued:
 class _Pending:
     """One send's per-receiver facts, kept until its messages arrive."""
 
-    __slots__ = ("src", "start_s", "size_of", "fresh_of", "peak_of", "remaining",
+    __slots__ = ("src", "start_s", "size_of", "fresh_of", "peak_of", "up_at",
                  "on_delivered")
 
     def __init__(self, src: int, start_s: float, size_of: np.ndarray, fresh_of: np.ndarray,
-                 peak_of: np.ndarray | None, remaining: int,
-                 on_delivered: DeliveryCallback) -> None:
+                 peak_of: np.ndarray | None, on_delivered: DeliveryCallback) -> None:
         self.src = src
         self.start_s = start_s
         self.size_of = size_of
         self.fresh_of = fresh_of
-        # (g): per receiver, the most flows its sender's uplink or its downlink carried
-        # at once while this message crossed them (None: no sharing correction)
+        # (g): per receiver, where its downlink's history stood at this message's start,
+        # and the same for the sender's uplink (None: no sharing correction)
         self.peak_of = peak_of
-        self.remaining = remaining  # receivers not reached yet
+        self.up_at = 0
         self.on_delivered = on_delivered
 
 
@@ -207,8 +206,10 @@ class TcpNetwork(FluidNetwork):
         self._sharing = any(e < 1 for e in params.flow_sharing_efficiency)
         self._leaving = np.zeros(spec.n, dtype=np.int64)
         self._arriving = np.zeros(spec.n, dtype=np.int64)
-        self._on_uplink: list[set[_Pending]] = [set() for _ in range(spec.n)]
-        self._on_downlink: list[set[_Pending]] = [set() for _ in range(spec.n)]
+        self._up_history: list[list[int]] = [[] for _ in range(spec.n)]
+        self._down_history: list[list[int]] = [[] for _ in range(spec.n)]
+        # efficiency by number of flows (index 0 unused)
+        self._efficiency = [1.0, *params.flow_sharing_efficiency] if self._sharing else [1.0]
         # (f): message handling as CPU of the ranks (None: a delay only)
         self.cpu = RankCpu(env, spec.n) if self._costly and params.message_cpu_serialised \
             else None
@@ -308,62 +309,63 @@ class TcpNetwork(FluidNetwork):
                 fresh_of[dst] = True
         if self.cpu is not None:  # (f): the sender's half, as the messages leave
             params = self.params
-            self.cpu.charge(np.array([src]), float(np.sum(
-                params.message_fixed_s + params.message_per_byte_s * size_of[dst])) / 2)
+            self.cpu.charge(src, float(params.message_fixed_s * dst.size
+                                       + params.message_per_byte_s * size_of[dst].sum()) / 2)
         peak_of = np.zeros(n, dtype=np.int64) if self._sharing else None
-        pending = _Pending(src, float(self.env.now), size_of, fresh_of, peak_of, dst.size,
-                           on_delivered)
+        pending = _Pending(src, float(self.env.now), size_of, fresh_of, peak_of, on_delivered)
         if self._sharing:
             self._share(pending, dst)
         super().send(src, dst, size_bytes, partial(self._arrived, pending), token)
 
     def _share(self, pending: _Pending, dst: np.ndarray) -> None:
         """(g): count `pending`'s flows on its sender's uplink and its receivers'
-        downlinks, and raise the peak of every message crossing them now."""
+        downlinks; each link keeps the count it had at every start since it was last
+        idle, so a message's peak is the largest of those from its own start on."""
         src = pending.src
         self._leaving[src] += dst.size
         self._arriving[dst] += 1
-        leaving = int(self._leaving[src])
-        for other in self._on_uplink[src]:
-            assert other.peak_of is not None
-            np.maximum(other.peak_of, leaving, out=other.peak_of, where=other.size_of > 0)
+        up = self._up_history[src]
+        up.append(int(self._leaving[src]))
+        pending.up_at = len(up) - 1
+        assert pending.peak_of is not None  # here: the index of its start per downlink
         for d in dst.tolist():
-            arriving = int(self._arriving[d])
-            for other in self._on_downlink[d]:
-                assert other.peak_of is not None
-                other.peak_of[d] = max(int(other.peak_of[d]), arriving)
-            self._on_downlink[d].add(pending)
-        self._on_uplink[src].add(pending)
-        assert pending.peak_of is not None
-        pending.peak_of[dst] = np.maximum(leaving, self._arriving[dst])
+            down = self._down_history[d]
+            down.append(int(self._arriving[d]))
+            pending.peak_of[d] = len(down) - 1
 
-    def _unshare(self, pending: _Pending, dests: np.ndarray) -> np.ndarray:
-        """(g): `pending` reached `dests`: their flows leave the links; the efficiency
-        of the most flows each shared a link with."""
+    def _unshare(self, pending: _Pending, dests: np.ndarray) -> list[float]:
+        """(g): `pending` reached `dests`: the efficiency of the most flows each shared
+        a link with while it crossed it; their flows leave the links."""
         src = pending.src
-        self._leaving[src] -= dests.size
-        self._arriving[dests] -= 1
-        for d in dests.tolist():
-            self._on_downlink[d].discard(pending)
-        pending.remaining -= dests.size
-        if pending.remaining <= 0:
-            self._on_uplink[src].discard(pending)
         assert pending.peak_of is not None
-        sharing = self.params.sharing_efficiency
-        return np.array([sharing(int(k)) for k in pending.peak_of[dests]])
+        up_peak = max(self._up_history[src][pending.up_at:])
+        table, last = self._efficiency, len(self._efficiency) - 1
+        efficiency = []
+        for d in dests.tolist():
+            down = self._down_history[d]
+            flows = max(up_peak, max(down[int(pending.peak_of[d]):]))
+            efficiency.append(table[min(flows, last)])
+            self._arriving[d] -= 1
+            if not self._arriving[d]:
+                down.clear()  # idle: later messages start a new history
+        self._leaving[src] -= dests.size
+        if not self._leaving[src]:
+            self._up_history[src].clear()
+        return efficiency
 
     def _arrived(self, pending: _Pending, dests: np.ndarray, token: object) -> None:
         params, src = self.params, pending.src
         sizes = pending.size_of[dests]
         extra = params.message_fixed_s + params.message_per_byte_s * sizes
         if self.cpu is not None:  # (f): each receiver's half, as it starts handling
-            self.cpu.charge(dests, extra / 2)
+            self.cpu.charge_each(dests.tolist(), (extra / 2).tolist())
         fresh = pending.fresh_of[dests]
         if pending.peak_of is not None:  # (g): a shared port carries less
             efficiency = self._unshare(pending, dests)
-            transfer_s = np.maximum(float(self.env.now) - pending.start_s
-                                    - self.spec.latency_s[src, dests], 0.0)
-            extra = extra + transfer_s * (1.0 / efficiency - 1.0)
+            if min(efficiency) < 1.0:
+                transfer_s = np.maximum(float(self.env.now) - pending.start_s
+                                        - self.spec.latency_s[src, dests], 0.0)
+                extra = extra + transfer_s * (1.0 / np.array(efficiency) - 1.0)
         if fresh.any():
             rtt = self.rtt_s[src, dests]
             latency = self.spec.latency_s[src, dests]
@@ -374,8 +376,13 @@ class TcpNetwork(FluidNetwork):
                 sizes, rate, rtt, params.initial_window_bytes)
             extra = extra + np.where(fresh, ramp, 0.0)
         extra = np.broadcast_to(extra, dests.shape)
-        if not extra.any():
-            pending.on_delivered(dests, token)
+        first_s = float(extra[0])
+        if extra.size == 1 or (extra == first_s).all():  # one delay for every receiver
+            if first_s <= 0:
+                pending.on_delivered(dests, token)
+                return
+            timeout = self.env.timeout(first_s)
+            timeout.callbacks.append(partial(_hand_over, pending.on_delivered, dests, token))
             return
         for delay_s in np.unique(extra).tolist():
             group = dests if extra.size == 1 else dests[extra == delay_s]

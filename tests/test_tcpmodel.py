@@ -241,12 +241,12 @@ def test_the_next_message_waits_for_the_answer_to_come_back():
 def test_rank_cpu_charges_a_busy_rank_and_forgives_an_idle_one():
     env = simpy.Environment()
     cpu = RankCpu(env, 3)
-    cpu.charge(np.array([0, 1]), 0.004)  # nobody computes: handled while idle
-    assert cpu.charged_s.tolist() == [0.0, 0.0, 0.0]
+    cpu.charge_each([0, 1], [0.004, 0.004])  # nobody computes: handled while idle
+    assert cpu.charged_s == [0.0, 0.0, 0.0]
     cpu.begin_step(1)
-    cpu.charge(np.array([0, 1]), np.array([0.004, 0.003]))
+    cpu.charge_each([0, 1], [0.004, 0.003])
     assert cpu.settle(1, 0.001) == 0.003  # owed at the end of its step, then cleared
-    cpu.charge(np.array([1]), 0.002)  # during its overhead and the owed CPU: busy still
+    cpu.charge(1, 0.002)  # during its overhead and the owed CPU: busy still
     assert cpu.settle(1, 0.0) == 0.002 and cpu.settle(0, 0.0) == 0.0
 
 
