@@ -54,19 +54,24 @@ to the inputs of the max-min solver, and a per-message delay after it.
     round is not shorter than its step plus its message handling. `TcpNetwork.
     with_cpu(compute)` gives the simulation's compute model that ledger.
 
-(g) Sharing. Several TCP flows through one shaped drop-tail port lose packets
-    and back off unevenly, so together they carry less than one flow does
-    (measured on the netns testbed: uplinks carried 63-86% of the rate at 3-4
-    workers where the model kept 93%). `akosim calibrate --netns-rate` measures
-    `flow_sharing_efficiency`: what k flows, each moving one message per round
-    through one port shaped as the testbed shapes it, carry over one bulk flow.
-    A message arrives later by its fluid transfer time x (1 / efficiency(k) -
-    1), k the most messages that crossed its sender's uplink or its receiver's
-    downlink at once while it was on them (itself included; a peak over its
-    lifetime, so messages that start together are treated alike whatever
-    order they were handed in): like LV08's corrections, a delay after the
-    solver that uses no bandwidth (with one message per connection (e), the
-    pair's next message waits for it all the same).
+(g) Sharing. Several TCP flows that start at the same instant through one
+    shaped drop-tail port collide in its queue, lose packets and back off
+    unevenly, so together they carry less than one flow does (measured on the
+    netns testbed: uplinks carried 63-86% of the rate at 3-4 workers of Ako
+    p = 1 where the model kept 93%). `akosim calibrate --netns-rate` measures
+    `flow_sharing_efficiency`: what k flows, each sending one message at the
+    same instant every round through one port shaped as the testbed shapes it,
+    carry over what one flow carries. The flows that start together by
+    construction are one send's: a multicast to k peers leaves its sender's
+    uplink as k flows at once (akorun sends a round's partition to every peer
+    at once). Each of them arrives later by its fluid transfer time x
+    (1 / efficiency(k) - 1): like LV08's corrections, a delay after the solver
+    that uses no bandwidth (with one message per connection (e), the pair's
+    next message waits for it all the same). Flows that overlap only because
+    their senders happen to send at the same time (a parameter server's
+    workers in the model's lockstep) are not charged: whether they start
+    together is the model's timing, not the scheme's, and on the testbed the
+    asynchronous server's links showed no such loss.
 
 (a) and (b) are a transformation of the NetworkSpec (`effective_spec`); (c)
 and (d) delay each delivery by `TcpNetwork`, which also queues (e), a FluidNetwork whose `send`
@@ -165,19 +170,15 @@ class _Queued:
 class _Pending:
     """One send's per-receiver facts, kept until its messages arrive."""
 
-    __slots__ = ("src", "start_s", "size_of", "fresh_of", "peak_of", "up_at",
-                 "on_delivered")
+    __slots__ = ("src", "start_s", "size_of", "fresh_of", "efficiency", "on_delivered")
 
     def __init__(self, src: int, start_s: float, size_of: np.ndarray, fresh_of: np.ndarray,
-                 peak_of: np.ndarray | None, on_delivered: DeliveryCallback) -> None:
+                 efficiency: float, on_delivered: DeliveryCallback) -> None:
         self.src = src
         self.start_s = start_s
         self.size_of = size_of
         self.fresh_of = fresh_of
-        # (g): per receiver, where its downlink's history stood at this message's start,
-        # and the same for the sender's uplink (None: no sharing correction)
-        self.peak_of = peak_of
-        self.up_at = 0
+        self.efficiency = efficiency  # (g): of the flows this send started together
         self.on_delivered = on_delivered
 
 
@@ -202,14 +203,8 @@ class TcpNetwork(FluidNetwork):
         self.rtt_s = np.array(rtt_s, dtype=np.float64)
         self._sent = np.zeros((spec.n, spec.n), dtype=np.int64)  # messages per pair so far
         self._costly = params.message_fixed_s > 0 or params.message_per_byte_s > 0
-        # (g): messages in the fluid network per sender and per receiver
+        # (g): flows one send starts together on its sender's uplink lose goodput
         self._sharing = any(e < 1 for e in params.flow_sharing_efficiency)
-        self._leaving = np.zeros(spec.n, dtype=np.int64)
-        self._arriving = np.zeros(spec.n, dtype=np.int64)
-        self._up_history: list[list[int]] = [[] for _ in range(spec.n)]
-        self._down_history: list[list[int]] = [[] for _ in range(spec.n)]
-        # efficiency by number of flows (index 0 unused)
-        self._efficiency = [1.0, *params.flow_sharing_efficiency] if self._sharing else [1.0]
         # (f): message handling as CPU of the ranks (None: a delay only)
         self.cpu = RankCpu(env, spec.n) if self._costly and params.message_cpu_serialised \
             else None
@@ -311,47 +306,11 @@ class TcpNetwork(FluidNetwork):
             params = self.params
             self.cpu.charge(src, float(params.message_fixed_s * dst.size
                                        + params.message_per_byte_s * size_of[dst].sum()) / 2)
-        peak_of = np.zeros(n, dtype=np.int64) if self._sharing else None
-        pending = _Pending(src, float(self.env.now), size_of, fresh_of, peak_of, on_delivered)
-        if self._sharing:
-            self._share(pending, dst)
+        # (g): the flows this send starts at once through its sender's uplink
+        efficiency = self.params.sharing_efficiency(int(dst.size)) if self._sharing else 1.0
+        pending = _Pending(src, float(self.env.now), size_of, fresh_of, efficiency,
+                           on_delivered)
         super().send(src, dst, size_bytes, partial(self._arrived, pending), token)
-
-    def _share(self, pending: _Pending, dst: np.ndarray) -> None:
-        """(g): count `pending`'s flows on its sender's uplink and its receivers'
-        downlinks; each link keeps the count it had at every start since it was last
-        idle, so a message's peak is the largest of those from its own start on."""
-        src = pending.src
-        self._leaving[src] += dst.size
-        self._arriving[dst] += 1
-        up = self._up_history[src]
-        up.append(int(self._leaving[src]))
-        pending.up_at = len(up) - 1
-        assert pending.peak_of is not None  # here: the index of its start per downlink
-        for d in dst.tolist():
-            down = self._down_history[d]
-            down.append(int(self._arriving[d]))
-            pending.peak_of[d] = len(down) - 1
-
-    def _unshare(self, pending: _Pending, dests: np.ndarray) -> list[float]:
-        """(g): `pending` reached `dests`: the efficiency of the most flows each shared
-        a link with while it crossed it; their flows leave the links."""
-        src = pending.src
-        assert pending.peak_of is not None
-        up_peak = max(self._up_history[src][pending.up_at:])
-        table, last = self._efficiency, len(self._efficiency) - 1
-        efficiency = []
-        for d in dests.tolist():
-            down = self._down_history[d]
-            flows = max(up_peak, max(down[int(pending.peak_of[d]):]))
-            efficiency.append(table[min(flows, last)])
-            self._arriving[d] -= 1
-            if not self._arriving[d]:
-                down.clear()  # idle: later messages start a new history
-        self._leaving[src] -= dests.size
-        if not self._leaving[src]:
-            self._up_history[src].clear()
-        return efficiency
 
     def _arrived(self, pending: _Pending, dests: np.ndarray, token: object) -> None:
         params, src = self.params, pending.src
@@ -360,12 +319,10 @@ class TcpNetwork(FluidNetwork):
         if self.cpu is not None:  # (f): each receiver's half, as it starts handling
             self.cpu.charge_each(dests.tolist(), (extra / 2).tolist())
         fresh = pending.fresh_of[dests]
-        if pending.peak_of is not None:  # (g): a shared port carries less
-            efficiency = self._unshare(pending, dests)
-            if min(efficiency) < 1.0:
-                transfer_s = np.maximum(float(self.env.now) - pending.start_s
-                                        - self.spec.latency_s[src, dests], 0.0)
-                extra = extra + transfer_s * (1.0 / np.array(efficiency) - 1.0)
+        if pending.efficiency < 1.0:  # (g): flows started together carry less
+            transfer_s = np.maximum(float(self.env.now) - pending.start_s
+                                    - self.spec.latency_s[src, dests], 0.0)
+            extra = extra + transfer_s * (1.0 / pending.efficiency - 1.0)
         if fresh.any():
             rtt = self.rtt_s[src, dests]
             latency = self.spec.latency_s[src, dests]

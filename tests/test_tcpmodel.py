@@ -283,7 +283,7 @@ def test_sharing_efficiency_of_k_flows_delays_their_messages():
     env = simpy.Environment()
     rtt = round_trip_s(spec.latency_s, params)
     net = TcpNetwork(env, effective_spec(spec, params, rtt), params, rtt)
-    got = _arrivals(net, env, [(0, [1, 2], 1e6)])  # two flows on 0's uplink: 1.6 s fluid
+    got = _arrivals(net, env, [(0, [1, 2], 1e6)])  # one send, two flows: 1.6 s fluid
     assert got[0, 1] == pytest.approx([1.6 / 0.8]) and got[0, 2] == pytest.approx([2.0])
     env = simpy.Environment()
     net = TcpNetwork(env, effective_spec(spec, params, rtt), params, rtt)
@@ -291,16 +291,16 @@ def test_sharing_efficiency_of_k_flows_delays_their_messages():
     assert alone[0, 1] == pytest.approx([0.8])
 
 
-def test_messages_that_share_a_link_are_delayed_alike_whatever_their_order():
-    """Two senders into node 2's downlink, handed in one after the other at time 0:
-    both crossed it with two flows, so both get efficiency(2), not only the second."""
+def test_only_the_flows_one_send_starts_together_are_charged():
+    """Two senders into node 2's downlink at the same instant share it as the fluid
+    model shares it (1.6 s each): they start together only by the model's timing."""
     spec = NetworkSpec.uniform(3, 10e6, 0.0)
     params = replace(WARM, header_bytes=0, ack_bytes=0, flow_sharing_efficiency=(1.0, 0.5))
     env = simpy.Environment()
     rtt = round_trip_s(spec.latency_s, params)
     net = TcpNetwork(env, effective_spec(spec, params, rtt), params, rtt)
     got = _arrivals(net, env, [(0, [2], 1e6), (1, [2], 1e6)])
-    assert got[0, 2] == pytest.approx([3.2]) and got[1, 2] == pytest.approx([3.2])
+    assert got[0, 2] == pytest.approx([1.6]) and got[1, 2] == pytest.approx([1.6])
 
 
 def test_sharing_efficiencies_must_be_fractions():
