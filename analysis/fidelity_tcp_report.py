@@ -71,6 +71,8 @@ GROUPINGS: dict[str, Callable[[FidelityTcpRow], str]] = {
     "rate": lambda r: r.rate,
     "workers": lambda r: str(r.workers),
     "p": lambda r: r.p_configured,
+    "scheme/p/s": lambda r: (f"{r.scheme}-p{r.p_configured}" if r.scheme == "ako"
+                             else r.scheme) + f"-s{r.ssp}",
 }
 
 

@@ -5,6 +5,7 @@ hand-made record (no root)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import math
 from pathlib import Path
 
@@ -72,6 +73,25 @@ def test_the_report_of_a_hand_made_record_has_every_column_error_and_group():
     regenerated = markdown_report(record, kept_analysis(text))
     assert regenerated == text  # the hand-written analysis survives a regeneration
     assert kept_analysis(markdown_report(record)) == ""
+
+
+def test_two_records_compare_by_scheme_p_and_s():
+    from analysis.fidelity_tcp_compare import comparison_table
+
+    rows = (_row("wan-2w-ako-p1-s0", "ako", 0, "wan", 0.20, 0.18, 0.21, 0.16),
+            _row("lan-2w-ps-s0", "ps", 0, "lan", 0.40, 0.50, 0.44, 0.52))
+    record = FidelityTcpRecord(created="2026-11-23T16:00:00+00:00", workload="digits-cnn",
+                               rounds=30, host_calibration="host.json",
+                               host_calibration_summary="", host_compute_s=0.008,
+                               uptime=(), rows=rows,
+                               columns=tuple(summarise(rows, c) for c in COLUMNS))
+    better = replace(record, rows=(replace(rows[0], host_calibrated_s=0.20), rows[1]))
+    table = comparison_table([("before", record), ("after", better)])
+    lines = table.splitlines()
+    assert "before: host-calibrated" in lines[0] and "after: max-min" in lines[0]
+    assert lines[3].startswith("| ako-p1-s0 | 1 | 10.0% / - |")
+    assert "| 0.0% / - |" in lines[3]  # after: the Ako run is predicted exactly
+    assert lines[4].startswith("| ps-s0 | 1 | 25.0% / - |")
 
 
 @pytest.mark.netns
