@@ -23,7 +23,10 @@ What is taken from where, so that nothing is counted twice:
   by akorun without network time) when the result has it (and compute comes
   from the run), else the host calibration's (``akosim calibrate``). Never
   ``message_overhead_s``: on a real network it contains the network time, which
-  the model adds itself.
+  the model adds itself. The host's cost is also charged as CPU of the ranks
+  (akosim.rank_cpu, stretched by the co-located slowdown on a testbed); the
+  run's own stays a per-message delay, since the run's measured compute already
+  holds the time its message handling took from the steps.
 
 Flags that restate the run are accepted; one that contradicts it (``--workers
 8`` for a 3-rank run) is a user error, as is a run directory without a result.
