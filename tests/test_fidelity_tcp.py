@@ -5,8 +5,8 @@ hand-made record (no root)."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
