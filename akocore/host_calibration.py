@@ -95,10 +95,12 @@ class TcpParameters:
         "fraction", "what k flows through one shaped drop-tail port, each moving one "
         "message per round, carry over what one flow carries in the same pattern, for "
         "k = 1, 2, ... (more flows: the last; empty: 1, no loss from sharing)", "akosim"))
-    message_cpu_serialised: bool = field(default=True, metadata=meta(
+    message_cpu_serialised: bool = field(default=False, metadata=meta(
         "", "the message software cost is also CPU time of the sending and receiving "
-        "ranks, serialised with their steps while they are busy (akosim.rank_cpu); "
-        "false: only a delay on each message", "akosim"))
+        "ranks, serialised with their steps while they are busy (akosim.rank_cpu): "
+        "ranks that fill their host's cores, as on the netns testbed (akosim predict "
+        "sets it there); false: only a delay on each message (a free core handles "
+        "messages beside the step)", "akosim"))
 
     def __post_init__(self) -> None:
         for name in ("mss_bytes", "segments_per_ack", "initial_window_segments",
@@ -144,7 +146,7 @@ class TcpParameters:
     def ideal(cls) -> TcpParameters:
         """Every correction off: the TCP model then equals max-min exactly."""
         return cls(header_bytes=0, ack_bytes=0, window_bytes=math.inf, slow_start=False,
-                   one_message_per_connection=False, message_cpu_serialised=False)
+                   one_message_per_connection=False)
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,10 @@ What is taken from where, so that nothing is counted twice:
   with ``--compute measure`` akosim's own cached measurement of the run's
   workload on this host and no per-round overhead (a host-calibrated
   prediction: nothing timed by the run, only its configuration and resolved p);
-  on the testbed every rank ran on this host, so the step is the one measured
-  with as many processes stepping at once (`colocated_compute_s`), and the
-  host's per-message cost is stretched by the same measured slowdown;
+  on the testbed every rank ran on this host, so when the training ranks fill
+  its cores the step is the one measured with as many processes stepping at
+  once (`colocated_compute_s`), and the host's per-message cost is stretched by
+  the same measured slowdown and charged as the ranks' CPU;
 - the network: the one the kernel realised when the run directory holds the
   testbed's ``testbed.json`` (akocore.testbed_record: each node's uplink, the
   per-pair caps, no latency, since this kernel's testbed ignores it), else the
@@ -23,10 +24,10 @@ What is taken from where, so that nothing is counted twice:
   by akorun without network time) when the result has it (and compute comes
   from the run), else the host calibration's (``akosim calibrate``). Never
   ``message_overhead_s``: on a real network it contains the network time, which
-  the model adds itself. The host's cost is also charged as CPU of the ranks
-  (akosim.rank_cpu, stretched by the co-located slowdown on a testbed); the
-  run's own stays a per-message delay, since the run's measured compute already
-  holds the time its message handling took from the steps.
+  the model adds itself. On a testbed whose ranks fill the host's cores the
+  host's cost is also charged as CPU of the ranks (akosim.rank_cpu); the run's
+  own stays a per-message delay, since the run's measured compute already holds
+  the time its message handling took from the steps.
 
 Flags that restate the run are accepted; one that contradicts it (``--workers
 8`` for a 3-rank run) is a user error, as is a run directory without a result.
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -250,9 +252,11 @@ def colocated_compute_s(cfg: RunConfig, training_ranks: int) -> Colocation:
 
 def message_cpu_stretched(tcp: TcpParameters, slowdown: float) -> TcpParameters:
     """The host's per-message software cost (measured by one process alone) stretched
-    by the co-located ranks' measured slowdown: the handling shares the cores too."""
+    by the co-located ranks' measured slowdown, and charged as their CPU (they fill the
+    host's cores: the handling takes its time from the steps)."""
     return replace(tcp, message_fixed_s=tcp.message_fixed_s * slowdown,
-                   message_per_byte_s=tcp.message_per_byte_s * slowdown)
+                   message_per_byte_s=tcp.message_per_byte_s * slowdown,
+                   message_cpu_serialised=True)
 
 
 def _loopback(cfg: RunConfig) -> bool:
@@ -303,8 +307,9 @@ def predict_command(args: argparse.Namespace) -> int:
         compute_line = f"compute and per-round overhead measured by the run ({path})"
     else:
         host_compute_s, length, compute_line = host_measured_compute_s(cfg)
-        if testbed is not None:  # every rank ran on this host: they shared its cores
-            training = run.training_workers or len(run.training_ranks) or workers
+        training = run.training_workers or len(run.training_ranks) or workers
+        # every rank ran on this host and filled its cores: they shared them
+        if testbed is not None and training >= (os.cpu_count() or 1):
             colocation = colocated_compute_s(cfg, training)
             host_compute_s = colocation.compute_s
             compute_line = f"{colocation.provenance} (akosim's own, not the run's)"

@@ -266,7 +266,8 @@ def test_message_cpu_is_serialised_with_the_step_of_a_busy_rank():
     """Each round a rank sends one message and receives one while it computes: with a
     2 ms cost per message (1 ms each side) its round is the 10 ms step plus 2 ms; as a
     delay only, the step alone."""
-    costly = replace(WARM, message_fixed_s=0.002, measured_goodput_fraction=1.0)
+    costly = replace(WARM, message_fixed_s=0.002, measured_goodput_fraction=1.0,
+                     message_cpu_serialised=True)
     assert _cpu_bound_round_s(costly) == pytest.approx(0.012, rel=0.02)
     delay_only = replace(costly, message_cpu_serialised=False)
     assert _cpu_bound_round_s(delay_only) == pytest.approx(0.010, rel=0.02)
@@ -307,6 +308,7 @@ def test_sharing_efficiencies_must_be_fractions():
     with pytest.raises(ValueError, match="flow_sharing_efficiency"):
         TcpParameters(flow_sharing_efficiency=(1.0, 1.2))
     assert TcpParameters.ideal().flow_sharing_efficiency == ()
+    assert not TcpParameters().message_cpu_serialised  # a free core: a delay only
 
 
 # ------------------------------------------------------------------ the record
