@@ -94,6 +94,16 @@ class TcpParameters:
         "akosim"))
     message_per_byte_s: float = field(default=0.0, metadata=meta(
         "s/B", "software seconds per payload byte without network time", "akosim"))
+    flow_sharing_efficiency: tuple[float, ...] = field(default=(), metadata=meta(
+        "fraction", "what k flows through one shaped drop-tail port, each moving one "
+        "message per round, carry over what one flow carries in the same pattern, for "
+        "k = 1, 2, ... (more flows: the last; empty: 1, no loss from sharing)", "akosim"))
+    message_cpu_serialised: bool = field(default=False, metadata=meta(
+        "", "the message software cost is also CPU time of the sending and receiving "
+        "ranks, serialised with their steps while they are busy (akosim.rank_cpu): "
+        "ranks that fill their host's cores, as on the netns testbed (akosim predict "
+        "sets it there); false: only a delay on each message (a free core handles "
+        "messages beside the step)", "akosim"))
 
     def __post_init__(self) -> None:
         for name in ("mss_bytes", "segments_per_ack", "initial_window_segments",
@@ -105,6 +115,9 @@ class TcpParameters:
         for name in ("header_bytes", "ack_bytes", "handshake_rtts", "base_rtt_s",
                      "message_fixed_s", "message_per_byte_s"):
             _positive(name, float(getattr(self, name)), allow_zero=True)
+        if not all(0 < e <= 1 and math.isfinite(e) for e in self.flow_sharing_efficiency):
+            raise ValueError(f"flow_sharing_efficiency: expected fractions 0 < x <= 1, got "
+                             f"{self.flow_sharing_efficiency!r}")
         fraction = self.measured_goodput_fraction
         if fraction is not None and not 0 < fraction <= 1:
             raise ValueError(f"measured_goodput_fraction: expected 0 < x <= 1, got {fraction!r}")
@@ -116,6 +129,13 @@ class TcpParameters:
             return self.measured_goodput_fraction
         return wire_goodput_fraction(self.mss_bytes, self.header_bytes, self.ack_bytes,
                                      self.segments_per_ack)
+
+    def sharing_efficiency(self, flows: int) -> float:
+        """The fraction of the goodput `flows` concurrent flows on one link carry."""
+        table = self.flow_sharing_efficiency
+        if not table or flows < 1:
+            return 1.0
+        return table[min(flows, len(table)) - 1]
 
     @property
     def initial_window_bytes(self) -> float:

@@ -14,6 +14,10 @@ jitter; the engine spends it after the gradient and before the round's sends
 leave (where akorun spends most of it), as a span of its own, so
 ``compute_s`` stays the gradient time.
 
+`cpu` (an akosim.rank_cpu.RankCpu, one per simulation, set by the TCP-aware
+network when message handling is CPU of the ranks) marks each step's start and
+adds the message CPU a rank owes to its per-round overhead (`overhead_of`).
+
 `measure_compute_s` is `--compute measure`: it times the workload's gradient
 step with the wall clock (akocore takes the clock from here).
 """
@@ -28,6 +32,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from akocore.workload import Workload
+    from akosim.rank_cpu import RankCpu
 
 _BLOCK = 256
 
@@ -42,6 +47,7 @@ class ComputeModel:
     per_worker_s: tuple[float, ...] = ()  # measured times per worker (overrides compute_s)
     seed: int = 0
     overhead_s: float | tuple[float, ...] = 0.0  # per round; a tuple: per worker, in turn
+    cpu: RankCpu | None = field(default=None, compare=False, repr=False)  # per simulation
     _cache: dict[int, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -60,10 +66,15 @@ class ComputeModel:
             raise ValueError(f"round overhead must be >= 0 s, got {self.overhead_s}")
 
     def overhead_of(self, rank: int) -> float:
-        """Seconds per round worker `rank` spends outside the gradient (not jittered)."""
+        """Seconds per round worker `rank` spends outside the gradient (not jittered),
+        with `cpu`: called at the end of its step, plus the message CPU it owes."""
         if isinstance(self.overhead_s, tuple):
-            return float(self.overhead_s[rank % len(self.overhead_s)])
-        return float(self.overhead_s)
+            base = float(self.overhead_s[rank % len(self.overhead_s)])
+        else:
+            base = float(self.overhead_s)
+        if self.cpu is not None:
+            return base + self.cpu.settle(rank, base)
+        return base
 
     def base_s(self, rank: int) -> float:
         base = self.per_worker_s[rank % len(self.per_worker_s)] if self.per_worker_s \
@@ -78,6 +89,9 @@ class ComputeModel:
         return float(np.mean([self.base_s(i) for i in range(workers)]))
 
     def time_s(self, rank: int, round_: int) -> float:
+        """Seconds of worker `rank`'s step of `round_` (with `cpu`: called as it starts)."""
+        if self.cpu is not None:
+            self.cpu.begin_step(rank)
         base = self.base_s(rank)
         if self.jitter == 0 or base == 0:
             return base

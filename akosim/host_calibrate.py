@@ -17,9 +17,12 @@ Never from a run being predicted: everything here is a microbenchmark.
   available the cost is recorded as not measured (0).
 
 - With ``--netns-rate RATE`` (root): the goodput fraction of a tc-shaped veth
-  pair between two namespaces, both directions loaded (akosim.netns_probe).
-  Without it the fraction stays the documented frame arithmetic
-  (akocore.host_calibration.wire_goodput_fraction): loopback has no line rate.
+  pair between two namespaces, both directions loaded, and the flow sharing
+  efficiency of 1-4 connections through one port shaped as the netns testbed
+  shapes it, each moving one message per round (akosim.netns_probe). Without
+  it the fraction stays the documented frame arithmetic
+  (akocore.host_calibration.wire_goodput_fraction): loopback has no line rate,
+  and sharing costs nothing.
 """
 
 from __future__ import annotations
@@ -200,7 +203,8 @@ def akorun_message_cost(akorun: str | None) -> tuple[tuple[float, float] | None,
 def calibrate(*, message_cost: str | None = None, measure_messages: bool = True,
               repeats: int = 5, sizes: tuple[int, ...] = TRANSFER_SIZES_BYTES,
               bulk_bytes: int = BULK_BYTES, netns_rate_bps: float | None = None,
-              netns_seconds: float = 3.0) -> HostCalibration:
+              netns_seconds: float = 3.0, netns_passes: int | None = None,
+              netns_sharing_rounds: int | None = None) -> HostCalibration:
     """Measure this host and return the record (nothing written)."""
     rtt_s, bulk_bps, timings = measure_loopback(repeats, sizes=sizes, bulk_bytes=bulk_bytes)
     params = replace(TcpParameters(), base_rtt_s=rtt_s)
@@ -227,9 +231,10 @@ def calibrate(*, message_cost: str | None = None, measure_messages: bool = True,
         measured += ["message_fixed_s", "message_per_byte_s"]
     shaped_rate_bps = None
     if netns_rate_bps:
-        from akosim.netns_probe import measure_shaped_goodput
+        from akosim.netns_probe import measure_flow_sharing, measure_shaped_goodput
 
-        shaped = measure_shaped_goodput(netns_rate_bps, netns_seconds)
+        passes = {} if netns_passes is None else {"passes": netns_passes}
+        shaped = measure_shaped_goodput(netns_rate_bps, netns_seconds, **passes)
         shaped_rate_bps = shaped.rate_bps
         params = replace(params, measured_goodput_fraction=shaped.fraction)
         measured.append("measured_goodput_fraction")
@@ -237,9 +242,23 @@ def calibrate(*, message_cost: str | None = None, measure_messages: bool = True,
                      f"{netns_rate_bps / 1e6:g} Mbit/s veth pair between two namespaces, one "
                      f"connection each way at once ({100 * shaped.fractions[0]:.1f}% and "
                      f"{100 * shaped.fractions[1]:.1f}%)")
+        rounds = {} if netns_sharing_rounds is None else {"rounds": netns_sharing_rounds}
+        sharing = measure_flow_sharing(netns_rate_bps, **passes, **rounds)
+        params = replace(params, flow_sharing_efficiency=sharing.efficiencies)
+        measured.append("flow_sharing_efficiency")
+        notes.append(
+            "flow sharing: k = 1.." + str(len(sharing.efficiencies)) + " connections through "
+            f"one port shaped as the netns testbed does (htb, drop-tail bfifo of 100 ms), "
+            f"both ways, each moving {sharing.message_bytes // 1024} KiB per round "
+            f"({sharing.passes} passes of {sharing.rounds} rounds, medians) carried "
+            + ", ".join(f"{100 * c:.1f}%" for c in sharing.carried_fractions)
+            + " of the rate; over one flow's: "
+            + ", ".join(f"{e:.3f}" for e in sharing.efficiencies))
     else:
         notes.append("goodput fraction: from frame sizes (loopback has no line rate; "
                      "--netns-rate measures a shaped link)")
+        notes.append("flow sharing: not measured (--netns-rate measures it); no loss from "
+                     "sharing a link")
     return HostCalibration(
         tcp=params, host=host_fingerprint(),
         measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -258,7 +277,9 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
         help="do not run akorun measure-messages (the cost is recorded as not measured)")
     add("--netns-rate", metavar="RATE",
         help="also measure the goodput fraction on a veth pair between two network "
-             "namespaces shaped by tc tbf to RATE, e.g. 20mbps (needs root, ip and tc)")
+             "namespaces shaped by tc tbf to RATE, e.g. 20mbps, and the flow sharing "
+             "efficiency of 1-4 connections through one port shaped as the netns "
+             "testbed does (needs root, ip and tc)")
     add("--repeats", type=int, default=5, metavar="N",
         help="timed repeats per transfer (median; default 5)")
 

@@ -11,8 +11,10 @@ What is taken from where, so that nothing is counted twice:
   with ``--compute measure`` akosim's own cached measurement of the run's
   workload on this host and no per-round overhead (a host-calibrated
   prediction: nothing timed by the run, only its configuration and resolved p);
-  on the testbed every rank ran on this host, so the step is stretched by
-  `colocation_factor` (training ranks over this host's cores, at least 1);
+  on the testbed every rank ran on this host, so when the training ranks fill
+  its cores the step is the one measured with as many processes stepping at
+  once (`colocated_compute_s`), and the host's per-message cost is stretched by
+  the same measured slowdown and charged as the ranks' CPU;
 - the network: the one the kernel realised when the run directory holds the
   testbed's ``testbed.json`` (akocore.testbed_record: each node's uplink, the
   per-pair caps, no latency, since this kernel's testbed ignores it), else the
@@ -22,7 +24,10 @@ What is taken from where, so that nothing is counted twice:
   by akorun without network time) when the result has it (and compute comes
   from the run), else the host calibration's (``akosim calibrate``). Never
   ``message_overhead_s``: on a real network it contains the network time, which
-  the model adds itself.
+  the model adds itself. On a testbed whose ranks fill the host's cores the
+  host's cost is also charged as CPU of the ranks (akosim.rank_cpu); the run's
+  own stays a per-message delay, since the run's measured compute already holds
+  the time its message handling took from the steps.
 
 Flags that restate the run are accepted; one that contradicts it (``--workers
 8`` for a 3-rank run) is a user error, as is a run directory without a result.
@@ -33,7 +38,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from akocore.cli_support import UsageError
@@ -223,11 +228,35 @@ def host_measured_compute_s(cfg: RunConfig) -> tuple[float, int, str]:
         f"{measured.provenance()} (akosim's own, not the run's)"
 
 
-def colocation_factor(training_ranks: int, cores: int) -> float:
-    """How much longer a gradient step takes when `training_ranks` processes that
-    compute at once share `cores` cores (processor sharing; 1 when each has a core).
-    An upper bound for a network-bound run, whose ranks seldom compute together."""
-    return max(1.0, training_ranks / max(cores, 1))
+@dataclass(frozen=True)
+class Colocation:
+    """How the testbed's co-located ranks stretch akosim's single-process figures."""
+
+    compute_s: float  # the step with `ranks` processes stepping at once on this host
+    slowdown: float  # that over one process alone, measured side by side (>= 1)
+    provenance: str
+
+
+def colocated_compute_s(cfg: RunConfig, training_ranks: int) -> Colocation:
+    """The run's workload stepped by `training_ranks` processes at once on this host
+    (akosim.colocated_compute: measured once, cached beside the compute cache), as the
+    testbed ran every rank here; never timed by the run being predicted."""
+    from akosim.colocated_compute import colocated_compute
+
+    train = cfg.train
+    record, fresh = colocated_compute(train.workload, train.batch_size, train.optimizer,
+                                      training_ranks)
+    return Colocation(record.compute_s, record.slowdown,
+                      record.provenance() + ("" if fresh else ", cached"))
+
+
+def message_cpu_stretched(tcp: TcpParameters, slowdown: float) -> TcpParameters:
+    """The host's per-message software cost (measured by one process alone) stretched
+    by the co-located ranks' measured slowdown, and charged as their CPU (they fill the
+    host's cores: the handling takes its time from the steps)."""
+    return replace(tcp, message_fixed_s=tcp.message_fixed_s * slowdown,
+                   message_per_byte_s=tcp.message_per_byte_s * slowdown,
+                   message_cpu_serialised=True)
 
 
 def _loopback(cfg: RunConfig) -> bool:
@@ -264,6 +293,7 @@ def predict_command(args: argparse.Namespace) -> int:
                   network=replace(network, model=model))
     workers = cfg.cluster.workers
     from_run = args.compute == "run"
+    colocation: Colocation | None = None
     calibration = Calibration.from_run(run, source=str(path))
     gradient_bytes = next((r.model_bytes for r in run.per_worker if r.model_bytes), None)
     if from_run:
@@ -277,13 +307,12 @@ def predict_command(args: argparse.Namespace) -> int:
         compute_line = f"compute and per-round overhead measured by the run ({path})"
     else:
         host_compute_s, length, compute_line = host_measured_compute_s(cfg)
-        if testbed is not None:  # every rank ran on this host: they shared its cores
-            training = run.training_workers or len(run.training_ranks) or workers
-            factor = colocation_factor(training, os.cpu_count() or 1)
-            if factor > 1:
-                host_compute_s *= factor
-                compute_line += (f"; x {factor:.2f}: the testbed ran {training} training "
-                                 f"ranks on this host's {os.cpu_count()} cores")
+        training = run.training_workers or len(run.training_ranks) or workers
+        # every rank ran on this host and filled its cores: they shared them
+        if testbed is not None and training >= (os.cpu_count() or 1):
+            colocation = colocated_compute_s(cfg, training)
+            host_compute_s = colocation.compute_s
+            compute_line = f"{colocation.provenance} (akosim's own, not the run's)"
         compute_s, overhead, jitter, software = (host_compute_s,) * workers, 0.0, 0.0, None
     run_measured_software = software is not None
     tcp: TcpParameters | None = None
@@ -298,6 +327,10 @@ def predict_command(args: argparse.Namespace) -> int:
         tcp = source.params
         if software is not None:  # the run measured it: the host's figure would count twice
             tcp = replace(tcp, message_fixed_s=0.0, message_per_byte_s=0.0)
+        elif colocation is not None:
+            tcp = message_cpu_stretched(tcp, colocation.slowdown)
+            sources.append(f"per-message software cost x{colocation.slowdown:.2f} (the "
+                           f"co-located ranks' measured slowdown), charged as the ranks' CPU")
         sources.append(source.provenance)
     elif args.host_calibration or software is None:
         host = tcp_parameters(args.host_calibration).params
@@ -342,6 +375,6 @@ def prediction_line(predicted_s: float, measured_s: float | None) -> str:
             f"{format_duration(measured_s)} ({100 * error:+.1f}%)")
 
 
-__all__ = ["COMPUTE_SOURCES", "colocation_factor", "DESCRIPTION", "EPILOG", "add_predict_arguments",
-           "host_measured_compute_s", "predict_command", "prediction_line", "read_run",
-           "read_testbed", "testbed_network"]
+__all__ = ["COMPUTE_SOURCES", "Colocation", "DESCRIPTION", "EPILOG", "add_predict_arguments",
+           "colocated_compute_s", "host_measured_compute_s", "message_cpu_stretched",
+           "predict_command", "prediction_line", "read_run", "read_testbed", "testbed_network"]

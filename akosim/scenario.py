@@ -203,6 +203,7 @@ def simulate(setup: Setup, variant: Variant, *, trace: bool = False,
 
         kind = TcpSenderFifoNetwork if setup.tcp.sender_fifo else TcpNetwork
         sim.net = kind(sim.env, network, setup.tcp, rtt_s, setup.coalesce_rel)
+        sim.compute = sim.net.with_cpu(sim.compute)  # message CPU of the ranks (tcpmodel f)
     started = time.perf_counter()
     sim.run()
     wall_s = time.perf_counter() - started

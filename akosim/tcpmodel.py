@@ -47,6 +47,32 @@ to the inputs of the max-min solver, and a per-message delay after it.
     parameter server at s = 2 predicted 77% too slow without it,
     docs/fidelity-tcp.md). Off in `TcpParameters.ideal()`.
 
+(f) Message CPU. With `message_cpu_serialised`, the software cost (d) is also
+    CPU time of the ranks: half charged to the sender as the message leaves,
+    half to each receiver as it arrives, and owed as per-round overhead by a
+    rank that was busy at that moment (akosim.rank_cpu), so a CPU-bound rank's
+    round is not shorter than its step plus its message handling. `TcpNetwork.
+    with_cpu(compute)` gives the simulation's compute model that ledger.
+
+(g) Sharing. Several TCP flows that start at the same instant through one
+    shaped drop-tail port collide in its queue, lose packets and back off
+    unevenly, so together they carry less than one flow does (measured on the
+    netns testbed: uplinks carried 63-86% of the rate at 3-4 workers of Ako
+    p = 1 where the model kept 93%). `akosim calibrate --netns-rate` measures
+    `flow_sharing_efficiency`: what k flows, each sending one message at the
+    same instant every round through one port shaped as the testbed shapes it,
+    carry over what one flow carries. The flows that start together by
+    construction are one send's: a multicast to k peers leaves its sender's
+    uplink as k flows at once (akorun sends a round's partition to every peer
+    at once). Each of them arrives later by its fluid transfer time x
+    (1 / efficiency(k) - 1): like LV08's corrections, a delay after the solver
+    that uses no bandwidth (with one message per connection (e), the pair's
+    next message waits for it all the same). Flows that overlap only because
+    their senders happen to send at the same time (a parameter server's
+    workers in the model's lockstep) are not charged: whether they start
+    together is the model's timing, not the scheme's, and on the testbed the
+    asynchronous server's links showed no such loss.
+
 (a) and (b) are a transformation of the NetworkSpec (`effective_spec`); (c)
 and (d) delay each delivery by `TcpNetwork`, which also queues (e), a FluidNetwork whose `send`
 wraps the delivery callback: like LV08's latency, the delay uses no
@@ -60,15 +86,18 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
 import simpy
 
 from akocore.host_calibration import TcpParameters
+from akosim.compute import ComputeModel
 from akosim.fluid import COALESCE_REL
 from akosim.netspec import NetworkSpec
 from akosim.network import DeliveryCallback, FluidNetwork
+from akosim.rank_cpu import RankCpu
 
 NETWORK_MODELS = ("tcp", "maxmin")
 BITS_PER_BYTE = 8
@@ -141,14 +170,15 @@ class _Queued:
 class _Pending:
     """One send's per-receiver facts, kept until its messages arrive."""
 
-    __slots__ = ("src", "start_s", "size_of", "fresh_of", "on_delivered")
+    __slots__ = ("src", "start_s", "size_of", "fresh_of", "efficiency", "on_delivered")
 
     def __init__(self, src: int, start_s: float, size_of: np.ndarray, fresh_of: np.ndarray,
-                 on_delivered: DeliveryCallback) -> None:
+                 efficiency: float, on_delivered: DeliveryCallback) -> None:
         self.src = src
         self.start_s = start_s
         self.size_of = size_of
         self.fresh_of = fresh_of
+        self.efficiency = efficiency  # (g): of the flows this send started together
         self.on_delivered = on_delivered
 
 
@@ -173,6 +203,11 @@ class TcpNetwork(FluidNetwork):
         self.rtt_s = np.array(rtt_s, dtype=np.float64)
         self._sent = np.zeros((spec.n, spec.n), dtype=np.int64)  # messages per pair so far
         self._costly = params.message_fixed_s > 0 or params.message_per_byte_s > 0
+        # (g): flows one send starts together on its sender's uplink lose goodput
+        self._sharing = any(e < 1 for e in params.flow_sharing_efficiency)
+        # (f): message handling as CPU of the ranks (None: a delay only)
+        self.cpu = RankCpu(env, spec.n) if self._costly and params.message_cpu_serialised \
+            else None
         self._all_warm = not params.slow_start
         self._cold_pairs = spec.n * (spec.n - 1)  # pairs still below their pooled count
         # (e): messages in flight per ordered pair, and those waiting for a connection
@@ -185,6 +220,10 @@ class TcpNetwork(FluidNetwork):
         off_diagonal = self.rtt_s[~np.eye(spec.n, dtype=bool)] / 2
         self._answer_s: float | None = float(off_diagonal[0]) if off_diagonal.size and (
             off_diagonal == off_diagonal[0]).all() else None
+
+    def with_cpu(self, compute: ComputeModel) -> ComputeModel:
+        """`compute` charged with this network's message CPU (f), or as it is."""
+        return compute if self.cpu is None else replace(compute, cpu=self.cpu)
 
     def send(self, src: int, dsts: np.ndarray | Sequence[int],
              size_bytes: int | float | np.ndarray, on_delivered: DeliveryCallback,
@@ -245,7 +284,7 @@ class TcpNetwork(FluidNetwork):
     def _start(self, src: int, dsts: np.ndarray | Sequence[int],
                size_bytes: int | float | np.ndarray, on_delivered: DeliveryCallback,
                token: object = None) -> None:
-        if self._all_warm and not self._costly:
+        if self._all_warm and not self._costly and not self._sharing:
             super().send(src, dsts, size_bytes, on_delivered, token)
             return
         dst = np.array(dsts, dtype=np.intp).reshape(-1)
@@ -263,14 +302,27 @@ class TcpNetwork(FluidNetwork):
                 self._all_warm = self._cold_pairs <= 0
             else:
                 fresh_of[dst] = True
-        pending = _Pending(src, float(self.env.now), size_of, fresh_of, on_delivered)
+        if self.cpu is not None:  # (f): the sender's half, as the messages leave
+            params = self.params
+            self.cpu.charge(src, float(params.message_fixed_s * dst.size
+                                       + params.message_per_byte_s * size_of[dst].sum()) / 2)
+        # (g): the flows this send starts at once through its sender's uplink
+        efficiency = self.params.sharing_efficiency(int(dst.size)) if self._sharing else 1.0
+        pending = _Pending(src, float(self.env.now), size_of, fresh_of, efficiency,
+                           on_delivered)
         super().send(src, dst, size_bytes, partial(self._arrived, pending), token)
 
     def _arrived(self, pending: _Pending, dests: np.ndarray, token: object) -> None:
         params, src = self.params, pending.src
         sizes = pending.size_of[dests]
         extra = params.message_fixed_s + params.message_per_byte_s * sizes
+        if self.cpu is not None:  # (f): each receiver's half, as it starts handling
+            self.cpu.charge_each(dests.tolist(), (extra / 2).tolist())
         fresh = pending.fresh_of[dests]
+        if pending.efficiency < 1.0:  # (g): flows started together carry less
+            transfer_s = np.maximum(float(self.env.now) - pending.start_s
+                                    - self.spec.latency_s[src, dests], 0.0)
+            extra = extra + transfer_s * (1.0 / pending.efficiency - 1.0)
         if fresh.any():
             rtt = self.rtt_s[src, dests]
             latency = self.spec.latency_s[src, dests]
@@ -281,8 +333,13 @@ class TcpNetwork(FluidNetwork):
                 sizes, rate, rtt, params.initial_window_bytes)
             extra = extra + np.where(fresh, ramp, 0.0)
         extra = np.broadcast_to(extra, dests.shape)
-        if not extra.any():
-            pending.on_delivered(dests, token)
+        first_s = float(extra[0])
+        if extra.size == 1 or (extra == first_s).all():  # one delay for every receiver
+            if first_s <= 0:
+                pending.on_delivered(dests, token)
+                return
+            timeout = self.env.timeout(first_s)
+            timeout.callbacks.append(partial(_hand_over, pending.on_delivered, dests, token))
             return
         for delay_s in np.unique(extra).tolist():
             group = dests if extra.size == 1 else dests[extra == delay_s]

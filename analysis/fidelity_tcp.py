@@ -10,9 +10,11 @@ time, and predicts each with ``akosim predict`` three ways:
 - host-calibrated: the TCP-aware model with this host's calibration (``akosim
   calibrate``, made once at the start of the grid and kept in RESULTS) and
   akosim's own compute measurement of the workload (``--compute measure``,
-  cached in RESULTS/cache under the XLA threading akorun's ranks use), stretched
-  by akosim.predict.colocation_factor (the testbed's ranks share this host's
-  cores): nothing timed by the run being predicted;
+  cached in RESULTS/cache under the XLA threading akorun's ranks use), on the
+  testbed the step timed with as many processes at once as the run's training
+  ranks (akosim.colocated_compute, cached there too: the ranks share this host's
+  cores) and the host's message cost as the ranks' CPU: nothing timed by the run
+  being predicted;
 - run-calibrated: the TCP-aware model with the run's compute per rank, its
   per-round overhead and its per-message software cost (``message_software_s``);
 - max-min: the pure fluid model (``--network-model maxmin``), uncalibrated
@@ -291,13 +293,31 @@ def host_compute_s(results: Path, workload: str) -> float:
     return float(record.compute_s[0])
 
 
+def colocated_summaries(results: Path) -> tuple[str, ...]:
+    """One line per co-located step measurement cached in RESULTS/cache."""
+    from akocore.jsonrecord import RecordError
+    from akosim.colocated_compute import ColocatedCompute
+
+    lines = []
+    for path in sorted((results / "cache").glob("colocated-*.json")):
+        try:
+            record = ColocatedCompute.from_json(json.loads(path.read_text()))
+        except (OSError, ValueError, RecordError):
+            continue
+        lines.append((record.processes, record.provenance()))
+    return tuple(line for _, line in sorted(lines))
+
+
 def calibration_summary(path: Path) -> str:
     from akocore.host_calibration import HostCalibration
 
     record = HostCalibration.from_json(json.loads(path.read_text()))
     p = record.tcp
     fraction = "-" if p.measured_goodput_fraction is None else f"{p.measured_goodput_fraction:.3f}"
-    return (f"goodput fraction {fraction}, window {p.window_bytes:.0f} B, "
+    sharing = ("" if not p.flow_sharing_efficiency else "flow sharing efficiency "
+               + "/".join(f"{e:.3f}" for e in p.flow_sharing_efficiency)
+               + " for 1/2/3/4 flows, ")
+    return (f"goodput fraction {fraction}, {sharing}window {p.window_bytes:.0f} B, "
             f"base RTT {p.base_rtt_s * 1e6:.0f} us, message cost {p.message_fixed_s * 1e3:.2f} "
             f"ms + {p.message_per_byte_s * 1e9:.2f} ns/B; measured at {record.measured_at}")
 
@@ -371,7 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         rounds=args.rounds, host_calibration=str(calibration),
         host_calibration_summary=calibration_summary(calibration), host_compute_s=compute_s,
         uptime=uptimes, rows=tuple(rows),
-        columns=tuple(summarise(rows, c) for c in COLUMNS))
+        columns=tuple(summarise(rows, c) for c in COLUMNS),
+        colocated_compute=colocated_summaries(results))
     text = json.dumps(record.to_json(), indent=1)
     (results / RECORD_FILE).write_text(text)
     if args.json:

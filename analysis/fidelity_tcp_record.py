@@ -89,6 +89,9 @@ class FidelityTcpRecord:
     uptime: tuple[str, ...] = field(metadata=meta("", "`uptime` at each launch"))
     rows: tuple[FidelityTcpRow, ...] = field(metadata=meta("", "one per configuration"))
     columns: tuple[ColumnSummary, ...] = field(metadata=meta("", "one per prediction"))
+    colocated_compute: tuple[str, ...] = field(default=(), metadata=meta(
+        "", "akosim's step measured with k processes at once (akosim.colocated_compute), "
+        "one line per k the grid's predictions used"))
 
     def to_json(self) -> dict[str, Any]:
         return {"schema_version": FIDELITY_TCP_VERSION, "kind": "fidelity-tcp",

@@ -71,6 +71,8 @@ GROUPINGS: dict[str, Callable[[FidelityTcpRow], str]] = {
     "rate": lambda r: r.rate,
     "workers": lambda r: str(r.workers),
     "p": lambda r: r.p_configured,
+    "scheme/p/s": lambda r: (f"{r.scheme}-p{r.p_configured}" if r.scheme == "ako"
+                             else r.scheme) + f"-s{r.ssp}",
 }
 
 
@@ -130,14 +132,21 @@ def markdown_report(record: FidelityTcpRecord, analysis: str = "") -> str:
         "",
         "- **host-calibrated**: TCP-aware model, the host calibration made once before the "
         f"grid ({record.host_calibration_summary}), akosim's own compute measurement "
-        f"({record.host_compute_s * 1e3:.2f} ms per step, single-threaded XLA as the ranks "
-        "run it, x training ranks / cores when they outnumber this host's cores): nothing "
-        "timed by the run being predicted (its resolved p is configuration, and is used);",
+        f"({record.host_compute_s * 1e3:.2f} ms per step alone, single-threaded XLA as the "
+        "ranks run it; on the testbed, where every rank runs on this host, the step "
+        "measured with as many processes stepping at once as the run had training ranks, "
+        "and the host's per-message cost stretched by the same measured slowdown and "
+        "charged as the ranks' CPU): nothing timed by the run being predicted (its "
+        "resolved p is configuration, and is used);",
         "- **run-calibrated**: TCP-aware model with the run's compute and per-round "
         "overhead per rank and its `message_software_s`;",
         "- **max-min**: the pure fluid model, akosim's own compute as above, no per-message "
         "cost.",
         "",
+        *(["akosim's step with k processes at once (`akosim.colocated_compute`, measured "
+           "once and cached in the results folder): "
+           + "; ".join(record.colocated_compute) + ".", ""]
+          if record.colocated_compute else []),
         f"Machine load: {load}.",
         "",
         "## Summary",

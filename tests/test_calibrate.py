@@ -113,11 +113,17 @@ def test_netns_rate_measures_the_goodput_fraction_of_a_shaped_link(tmp_path: Pat
     if why is not None:
         pytest.skip(f"the namespace probe {why}")
     record = calibrate(measure_messages=False, repeats=1, sizes=(4096,), bulk_bytes=1 << 20,
-                       netns_rate_bps=20e6, netns_seconds=1.5)
+                       netns_rate_bps=20e6, netns_seconds=1.5, netns_passes=1,
+                       netns_sharing_rounds=2)
     fraction = record.tcp.measured_goodput_fraction
     assert fraction is not None and 0 < fraction <= 1  # payload can never beat the line
     assert record.tcp.bandwidth_factor == fraction and record.shaped_rate_bps == 20e6
     assert "measured_goodput_fraction" in record.measured
+    # 1-4 flows through one port shaped as the testbed does: one flow is the reference
+    sharing = record.tcp.flow_sharing_efficiency
+    assert len(sharing) == 4 and sharing[0] == 1.0 and all(0 < e <= 1 for e in sharing)
+    assert "flow_sharing_efficiency" in record.measured
+    assert any(note.startswith("flow sharing: k = 1..4") for note in record.notes)
 
 
 def test_netns_rate_needs_a_unit(tmp_path: Path, capsys):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -58,7 +59,8 @@ def test_the_report_of_a_hand_made_record_has_every_column_error_and_group():
                                rounds=30, host_calibration="host.json",
                                host_calibration_summary="goodput fraction 0.95",
                                host_compute_s=0.008, uptime=("load average: 1.0",) * 3,
-                               rows=rows, columns=columns)
+                               rows=rows, columns=columns,
+                               colocated_compute=("compute 9.00 ms/step with 3 processes",))
     again = FidelityTcpRecord.from_json(json.loads(json.dumps(record.to_json())))
     assert again == record
     text = markdown_report(record, analysis="The PS is predicted too slow.")
@@ -67,9 +69,29 @@ def test_the_report_of_a_hand_made_record_has_every_column_error_and_group():
     assert "lan-2w-ps-s0" in text and "+25.0%" in text and "-10.0%" in text
     assert "| scheme | ps | 1 |" in text and "| s | 2 | 1 |" in text
     assert "The PS is predicted too slow." in text and "load average: 1.0" in text
+    assert "compute 9.00 ms/step with 3 processes" in text
     regenerated = markdown_report(record, kept_analysis(text))
     assert regenerated == text  # the hand-written analysis survives a regeneration
     assert kept_analysis(markdown_report(record)) == ""
+
+
+def test_two_records_compare_by_scheme_p_and_s():
+    from analysis.fidelity_tcp_compare import comparison_table
+
+    rows = (_row("wan-2w-ako-p1-s0", "ako", 0, "wan", 0.20, 0.18, 0.21, 0.16),
+            _row("lan-2w-ps-s0", "ps", 0, "lan", 0.40, 0.50, 0.44, 0.52))
+    record = FidelityTcpRecord(created="2026-11-23T16:00:00+00:00", workload="digits-cnn",
+                               rounds=30, host_calibration="host.json",
+                               host_calibration_summary="", host_compute_s=0.008,
+                               uptime=(), rows=rows,
+                               columns=tuple(summarise(rows, c) for c in COLUMNS))
+    better = replace(record, rows=(replace(rows[0], host_calibrated_s=0.20), rows[1]))
+    table = comparison_table([("before", record), ("after", better)])
+    lines = table.splitlines()
+    assert "before: host-calibrated" in lines[0] and "after: max-min" in lines[0]
+    assert lines[3].startswith("| ako-p1-s0 | 1 | 10.0% / - |")
+    assert "| 0.0% / - |" in lines[3]  # after: the Ako run is predicted exactly
+    assert lines[4].startswith("| ps-s0 | 1 | 25.0% / - |")
 
 
 @pytest.mark.netns

@@ -6,17 +6,22 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from akocore import testbed_record as tb
 from akocore.cli_support import UsageError
+from akocore.host_calibration import TcpParameters
+from akocore.jsonrecord import RecordError
 from akocore.results import PlanResult, read_result
 from akocore.settings.schema import NetworkConfig
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
+from akosim import colocated_compute as colocated
 from akosim import predict
 from akosim.cli import main
+from akosim.colocated_compute import ColocatedCompute
 
 pytestmark = pytest.mark.timeout(240)
 ROUNDS = 6
@@ -211,8 +216,54 @@ def test_predict_with_compute_measure_takes_nothing_timed_from_the_run(run_dir: 
     assert stop.value.code == 2
 
 
-def test_colocation_factor_is_ranks_over_cores_and_never_below_one():
-    assert predict.colocation_factor(4, 2) == 2.0
-    assert predict.colocation_factor(3, 2) == 1.5
-    assert predict.colocation_factor(2, 2) == 1.0
-    assert predict.colocation_factor(2, 8) == 1.0
+def test_message_cpu_is_stretched_by_the_measured_slowdown():
+    host = TcpParameters(message_fixed_s=0.0004, message_per_byte_s=2e-9)
+    stretched = predict.message_cpu_stretched(host, 1.5)
+    assert stretched.message_fixed_s == pytest.approx(0.0006)
+    assert stretched.message_per_byte_s == pytest.approx(3e-9)
+    assert stretched.message_cpu_serialised and not host.message_cpu_serialised
+
+
+def _colocated(compute_s: float, single_s: float) -> ColocatedCompute:
+    return ColocatedCompute(workload="digits-mlp", batch_size=16, optimizer="sgd", cpu="cpu",
+                            jax_version="0", processes=3, cores=2, compute_s=compute_s,
+                            single_compute_s=single_s, window_s=2.0, repeats=3, xla_flags="",
+                            load_average=1.0, measured_at="2026-01-01T00:00:00+00:00")
+
+
+def test_colocated_record_round_trips_and_never_speeds_a_step_up():
+    record = _colocated(0.009, 0.006)
+    assert ColocatedCompute.from_json(record.to_json()) == record
+    assert record.slowdown == pytest.approx(1.5)
+    assert _colocated(0.004, 0.005).slowdown == 1.0  # a noisy "faster together" is 1
+    with pytest.raises(RecordError):
+        ColocatedCompute.from_json({**record.to_json(), "kind": "compute"})
+
+
+def test_colocated_compute_is_measured_once_then_cached(tmp_path: Path, monkeypatch):
+    calls = []
+
+    def fake(workload: str, batch_size: int, optimizer: str, processes: int):
+        calls.append(processes)
+        return replace(_colocated(0.009, 0.006), workload=workload, batch_size=batch_size,
+                       optimizer=optimizer, processes=processes,
+                       cpu=colocated.key_for(workload, batch_size, optimizer).cpu,
+                       jax_version=colocated.key_for(workload, batch_size, optimizer)
+                       .jax_version)
+
+    monkeypatch.setattr(colocated, "measure_colocated", fake)
+    first, fresh = colocated.colocated_compute("digits-mlp", 16, "sgd", 3, directory=tmp_path)
+    again, fresh_again = colocated.colocated_compute("digits-mlp", 16, "sgd", 3,
+                                                     directory=tmp_path)
+    assert (fresh, fresh_again, again, calls) == (True, False, first, [3])
+    colocated.colocated_compute("digits-mlp", 16, "sgd", 4, directory=tmp_path)
+    assert calls == [3, 4]  # another number of processes is another measurement
+
+
+def test_colocated_measurement_steps_k_processes_at_once():
+    record = colocated.measure_colocated("digits-mlp", 16, "sgd", 2, window_s=0.3, repeats=1)
+    assert record.processes == 2 and record.repeats == 1
+    assert record.compute_s > 0 and record.single_compute_s > 0 and record.slowdown >= 1
+    assert "2 processes stepping at once" in record.provenance()
+
+

@@ -20,6 +20,7 @@ from akosim.compute import ComputeModel
 from akosim.engine import StopRule
 from akosim.netspec import NetworkSpec
 from akosim.network import FluidNetwork
+from akosim.rank_cpu import RankCpu
 from akosim.scenario import Setup, Variant, ako_variant, simulate
 from akosim.tcpmodel import TcpNetwork, effective_spec, round_trip_s, slow_start_extra_s
 
@@ -232,6 +233,82 @@ def test_the_next_message_waits_for_the_answer_to_come_back():
     got = _arrivals(net, env, [(0, [1], 1e6), (0, [1], 1e6)])
     one_s = 1e6 * 8 / 10e6 + 0.05
     assert got[0, 1] == pytest.approx([one_s, 2 * one_s + 0.05], rel=1e-9)
+
+
+# ------------------------------------------------------------------ (f) message CPU
+
+
+def test_rank_cpu_charges_a_busy_rank_and_forgives_an_idle_one():
+    env = simpy.Environment()
+    cpu = RankCpu(env, 3)
+    cpu.charge_each([0, 1], [0.004, 0.004])  # nobody computes: handled while idle
+    assert cpu.charged_s == [0.0, 0.0, 0.0]
+    cpu.begin_step(1)
+    cpu.charge_each([0, 1], [0.004, 0.003])
+    assert cpu.settle(1, 0.001) == 0.003  # owed at the end of its step, then cleared
+    cpu.charge(1, 0.002)  # during its overhead and the owed CPU: busy still
+    assert cpu.settle(1, 0.0) == 0.002 and cpu.settle(0, 0.0) == 0.0
+
+
+def _cpu_bound_round_s(tcp: TcpParameters) -> float:
+    """Two Ako workers, p = 1, a fast network and a loose gate: the CPU decides."""
+    cfg = RunConfig(cluster=ClusterConfig(workers=2),
+                    network=NetworkConfig(bandwidth_bps=(10e9,), latency_s=(0.0,)),
+                    exchange=ExchangeConfig(p=(1,), ssp=50))
+    setup = Setup(cfg, 1000, ComputeModel(0.010), 16, StopRule(rounds=40, drain=False),
+                  tcp=tcp)
+    run = simulate(setup, ako_variant(setup))
+    assert run.round_time_s is not None
+    return run.round_time_s
+
+
+def test_message_cpu_is_serialised_with_the_step_of_a_busy_rank():
+    """Each round a rank sends one message and receives one while it computes: with a
+    2 ms cost per message (1 ms each side) its round is the 10 ms step plus 2 ms; as a
+    delay only, the step alone."""
+    costly = replace(WARM, message_fixed_s=0.002, measured_goodput_fraction=1.0,
+                     message_cpu_serialised=True)
+    assert _cpu_bound_round_s(costly) == pytest.approx(0.012, rel=0.02)
+    delay_only = replace(costly, message_cpu_serialised=False)
+    assert _cpu_bound_round_s(delay_only) == pytest.approx(0.010, rel=0.02)
+
+
+# ------------------------------------------------------------------ (g) flow sharing
+
+
+def test_sharing_efficiency_of_k_flows_delays_their_messages():
+    spec = NetworkSpec.uniform(3, 10e6, 0.0)
+    params = replace(WARM, header_bytes=0, ack_bytes=0,
+                     flow_sharing_efficiency=(1.0, 0.8))
+    assert params.sharing_efficiency(1) == 1.0 and params.sharing_efficiency(5) == 0.8
+    env = simpy.Environment()
+    rtt = round_trip_s(spec.latency_s, params)
+    net = TcpNetwork(env, effective_spec(spec, params, rtt), params, rtt)
+    got = _arrivals(net, env, [(0, [1, 2], 1e6)])  # one send, two flows: 1.6 s fluid
+    assert got[0, 1] == pytest.approx([1.6 / 0.8]) and got[0, 2] == pytest.approx([2.0])
+    env = simpy.Environment()
+    net = TcpNetwork(env, effective_spec(spec, params, rtt), params, rtt)
+    alone = _arrivals(net, env, [(0, [1], 1e6)])  # one flow: as the fluid model
+    assert alone[0, 1] == pytest.approx([0.8])
+
+
+def test_only_the_flows_one_send_starts_together_are_charged():
+    """Two senders into node 2's downlink at the same instant share it as the fluid
+    model shares it (1.6 s each): they start together only by the model's timing."""
+    spec = NetworkSpec.uniform(3, 10e6, 0.0)
+    params = replace(WARM, header_bytes=0, ack_bytes=0, flow_sharing_efficiency=(1.0, 0.5))
+    env = simpy.Environment()
+    rtt = round_trip_s(spec.latency_s, params)
+    net = TcpNetwork(env, effective_spec(spec, params, rtt), params, rtt)
+    got = _arrivals(net, env, [(0, [2], 1e6), (1, [2], 1e6)])
+    assert got[0, 2] == pytest.approx([1.6]) and got[1, 2] == pytest.approx([1.6])
+
+
+def test_sharing_efficiencies_must_be_fractions():
+    with pytest.raises(ValueError, match="flow_sharing_efficiency"):
+        TcpParameters(flow_sharing_efficiency=(1.0, 1.2))
+    assert TcpParameters.ideal().flow_sharing_efficiency == ()
+    assert not TcpParameters().message_cpu_serialised  # a free core: a delay only
 
 
 # ------------------------------------------------------------------ the record
