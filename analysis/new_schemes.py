@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 from pathlib import Path
 
 from analysis.fidelity import markdown
@@ -113,6 +114,8 @@ def per_scheme_fidelity(new: Records) -> str:
             if s.metric != "round time" or not s.pairs:
                 continue
             tau = f"{s.kendall_tau:.2f}" if len(s.pairs) > 1 else "-"
+            if math.isnan(s.kendall_tau):
+                tau = "undefined (every prediction equal)"
             lines.append(f"| {SCHEME_TITLES[scheme]} | {s.calibration} | {len(s.pairs)} | "
                          f"{100 * s.mape:.1f}% | {tau} |")
     return "\n".join(lines)
