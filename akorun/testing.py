@@ -30,6 +30,7 @@ from akorun.cluster import (
     AkorunSettings,
     loopback_hosts,
     new_settings,
+    read_cluster_file,
     with_hosts,
     write_cluster_file,
 )
@@ -72,6 +73,17 @@ def wait_for(condition: Callable[[], Any], timeout_s: float, what: str,
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
         time.sleep(poll_s)
+
+
+def launched_rank_status(cluster_file: Path, rank: int) -> dict[str, Any]:
+    """The ``/status`` of rank `rank` of a run `akorun launch` started from `cluster_file`,
+    or {} while it does not answer."""
+    hosts = read_cluster_file(cluster_file).config.cluster.hosts
+    try:
+        with urllib.request.urlopen(f"http://{hosts[rank]}/status", timeout=2) as reply:
+            return dict(json.loads(reply.read()))
+    except OSError:
+        return {}
 
 
 class LocalCluster:

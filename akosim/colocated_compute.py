@@ -28,7 +28,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -36,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from akocore.jsonrecord import RecordError, meta, record_from_json, record_to_json
-from akosim.compute_cache import CacheKey, cache_dir, key_for
+from akosim.compute_cache import CacheKey, cache_dir, key_for, store_json
 
 COLOCATED_VERSION = 1
 KIND = "colocated-compute"
@@ -238,13 +237,5 @@ def colocated_compute(workload: str, batch_size: int, optimizer: str, processes:
         if cached is not None:
             return cached, False
     record = measure_colocated(workload, batch_size, optimizer, processes)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(record.to_json(), handle, indent=1)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except OSError:
-        pass  # an unwritable cache measures again next time, never an error
+    store_json(path, record.to_json())  # an unwritable cache measures again next time
     return record, True

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from akocore.hostinfo import cpu_fingerprint
 from akocore.results import ComputeMeasurement, RecordError
@@ -90,18 +91,23 @@ def store(record: ComputeMeasurement, directory: Path | None = None) -> Path | N
     """Write `record` atomically; None (and no error) when the cache cannot be written."""
     key = CacheKey(record.workload, record.batch_size, record.optimizer, record.cpu,
                    record.jax_version)
-    folder = directory or cache_dir()
-    target = folder / key.file_name()
+    target = (directory or cache_dir()) / key.file_name()
+    return target if store_json(target, record.to_json()) else None
+
+
+def store_json(target: Path, payload: dict[str, Any]) -> bool:
+    """Write a cache entry atomically (temp file, then rename); False, never an error,
+    when the cache cannot be written (an unwritable cache measures again next time)."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=folder)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(record.to_json(), handle, indent=1)
+            json.dump(payload, handle, indent=1)
             handle.write("\n")
         os.replace(tmp, target)
     except OSError:
-        return None
-    return target
+        return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,14 @@ from akocore.messages import Kind, Partial
 from akocore.workload import build_workload
 from akorun import control, wire
 from akorun.roles import params_digest, wire_hash
-from akorun.testing import REPO_ROOT, LocalCluster, akorun_command, child_test_env, wait_for
+from akorun.testing import (
+    REPO_ROOT,
+    LocalCluster,
+    akorun_command,
+    child_test_env,
+    launched_rank_status,
+    wait_for,
+)
 from tests.peer import Peer
 
 pytestmark = pytest.mark.timeout(150)
@@ -291,7 +298,6 @@ def test_ctrl_c_stops_a_launch_gracefully_with_results_and_checkpoints(
         tmp_path: Path) -> None:
     import signal
 
-    from akorun.cluster import read_cluster_file
     from akorun.testing import wait_for
 
     out = tmp_path / "run"
@@ -302,15 +308,9 @@ def test_ctrl_c_stops_a_launch_gracefully_with_results_and_checkpoints(
     try:
         cluster_path = wait_for(lambda: (out / "cluster.toml").exists() and out / "cluster.toml",
                                 30, "the cluster file")
-        hosts = read_cluster_file(cluster_path).config.cluster.hosts
 
         def status(rank: int) -> dict[str, Any]:
-            import urllib.request
-            try:
-                with urllib.request.urlopen(f"http://{hosts[rank]}/status", timeout=2) as r:
-                    return dict(json.loads(r.read()))
-            except OSError:
-                return {}
+            return launched_rank_status(cluster_path, rank)
 
         wait_for(lambda: all(status(r).get("round", 0) >= 5 for r in range(3)), 60,
                  "every rank past round 5")

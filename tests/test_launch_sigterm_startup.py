@@ -26,7 +26,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +34,15 @@ import pytest
 from akocore.results import RunResult
 from akocore.testbed_record import TESTBED_RECORD_FILE
 from akocore.testbed_record import TestbedRecord as Record
-from akorun.cluster import read_cluster_file
 from akorun.launch import GRACE_RAN_OUT
 from akorun.testbed import netns
-from akorun.testing import REPO_ROOT, akorun_command, child_test_env, wait_for
+from akorun.testing import (
+    REPO_ROOT,
+    akorun_command,
+    child_test_env,
+    launched_rank_status,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -99,14 +103,9 @@ def test_a_sigterm_while_one_rank_starts_ends_every_rank_within_the_grace(
     try:
         cluster_path = wait_for(lambda: (out / "cluster.toml").exists() and out / "cluster.toml",
                                 60, "the cluster file")
-        hosts = read_cluster_file(cluster_path).config.cluster.hosts
 
         def status(rank: int) -> dict[str, Any]:
-            try:
-                with urllib.request.urlopen(f"http://{hosts[rank]}/status", timeout=2) as r:
-                    return dict(json.loads(r.read()))
-            except OSError:
-                return {}
+            return launched_rank_status(cluster_path, rank)
 
         def others_train_while_one_starts() -> bool:
             return status(STARTING_RANK).get("state") == "starting" and all(
