@@ -13,6 +13,7 @@ reported against the issue's goal (<= 3 s on the 2-core machine).
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,21 +48,32 @@ def _bare_simpy_s() -> float:
         for _ in range(1_000):
             env.process(proc(env))
         env.run()
-    return best_of(3, loop)
+    # CPU time, best of 5: the loop runs in this process, so other jobs' share of the
+    # cores does not count (its wall time swung 0.22-0.38 s between two quiet runs).
+    return best_of(5, loop, clock=time.process_time)
 
 
-def plan_figures(repeats: int = 2) -> list[Figure]:
+def plan_figures(repeats: int = 5) -> list[Figure]:
     """The design card's cached wall time, raw and over a bare SimPy loop's."""
     with tempfile.TemporaryDirectory(prefix="ako-bench-cache-") as cache_dir:
         _card_s(cache_dir)  # the first call measures compute and fills the cache
-        card_s = min(_card_s(cache_dir) for _ in range(repeats))
-    reference_s = _bare_simpy_s()
+        # each call paired with a reference measured right after it: the VM's speed
+        # drifts by a third within a minute, and a pair shares the moment
+        pairs = [(_card_s(cache_dir), _bare_simpy_s()) for _ in range(repeats)]
+    card_s = min(card for card, _ in pairs)
+    ratio = statistics.median(card / reference for card, reference in pairs)
+    reference_s = statistics.median(reference for _, reference in pairs)
     return [
-        Figure("plan.design_card_s", card_s, "s", higher_is_better=False, goal=GOAL_S,
-               note="akosim --workers 64 --bandwidth 40mbps --p auto, compute cached"),
-        Figure("plan.design_card_over_bare_simpy", card_s / reference_s, "ratio",
-               higher_is_better=False,
-               note="the card's wall time / a bare SimPy loop of 200k timeouts, same run"),
+        # One figure: the regression check is the ratio (a wall time in a fresh
+        # interpreter, imports included, swings by a third on a quiet machine, hence the
+        # wider tolerance); the issue's goal is on the raw seconds.
+        Figure("plan.design_card_over_bare_simpy", ratio, "x bare SimPy loop",
+               higher_is_better=False, goal=GOAL_S, absolute=card_s, absolute_unit="s",
+               tolerance=0.6,
+               note=f"akosim --workers 64 --bandwidth 40mbps --p auto, compute cached: the "
+                    f"median over {repeats} calls of each call's wall time over a bare SimPy "
+                    f"loop of 200k timeouts timed right after it (median {reference_s:.3f} "
+                    f"CPU s, each the best of 5); the goal on the fastest call"),
     ]
 
 
@@ -71,4 +83,5 @@ def run() -> list[Figure]:
 
 if __name__ == "__main__":
     for figure in plan_figures():
-        print(f"{figure.name} = {figure.value:.3g} {figure.unit} (goal {figure.goal})")
+        print(f"{figure.name} = {figure.value:.3g} {figure.unit}, {figure.absolute:.3g} s "
+              f"(goal {figure.goal} s)")
