@@ -60,9 +60,12 @@ BARE_PROCESSES = 1_000
 BARE_TIMEOUTS = 200
 BARE_EVENTS = BARE_PROCESSES * BARE_TIMEOUTS
 # A long simulation suffers more from other jobs on a shared 2-core machine than
-# the short reference does: a cost figure regresses beyond +60% (a real
-# regression of the solver or the engine costs 2x and more).
-COST_TOLERANCE = 0.6
+# the short reference does, and this VM's speed itself drifts: on an idle machine
+# the reference took 0.22 to 0.45 CPU s from one moment to the next (2026-11-23,
+# three quiet runs), moving a cost figure by up to +66% with the code unchanged.
+# A cost figure therefore regresses beyond +100%; the deliberate regression (a 1 ms
+# busy loop in the fluid wake-up) cost +171% to +595%.
+COST_TOLERANCE = 1.0
 
 
 def timing_setup(workers: int, rounds: int, *, bandwidth: str = "40mbps",
