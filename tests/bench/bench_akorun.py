@@ -64,6 +64,9 @@ WIRE_HASH = bytes(8)
 # Peak RSS of a process moves with the allocator and with what else runs: a
 # regression is a +50% jump, not the run-to-run noise.
 RSS_TOLERANCE = 0.5
+# akorun's part alone is a difference of two peaks: 175-311 MB in four runs of the same
+# tree on an idle machine (2026-11-23), so it regresses only past twice its baseline.
+RSS_DIFFERENCE_TOLERANCE = 1.0
 
 
 # ------------------------------------------------------------------ receivers (child process)
@@ -363,7 +366,7 @@ def run() -> list[Figure]:
         Figure("akorun.worker_peak_rss_mb", rss_mb, "MB", higher_is_better=False,
                tolerance=RSS_TOLERANCE, note=rss_note),
         Figure("akorun.worker_rss_over_bare_mb", akorun_mb, "MB", higher_is_better=False,
-               tolerance=RSS_TOLERANCE, note="the akorun part of the above"),
+               tolerance=RSS_DIFFERENCE_TOLERANCE, note="the akorun part of the above"),
     ]
 
 
