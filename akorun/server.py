@@ -28,6 +28,11 @@ Endpoints (all writes sealed per session and per sender, see akorun.keys):
 The server never unpickles anything and holds no unbounded buffers: body
 memory is bounded by max_concurrent_reads x the body cap.
 
+Past ~500 lines on purpose: the order of the checks above (seal, slot, header,
+body, each before anything is reserved for the next) is the defence against
+slow and forged senders, and reads best as one file; the pieces that stand alone
+(admission, keys, wire, routing) are already modules of their own.
+
 Each 200 to a partial adds its handling seconds, less the time spent awaiting
 its bytes and its emulated downlink hold, to the sender's
 ``software_receive_s`` (akorun.metrics): the receiving half of the rank's
