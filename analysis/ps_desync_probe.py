@@ -134,6 +134,16 @@ else:  # source BYTES SCHEDULE: [[host, port, start_at], ...], one connection pe
 """
 
 
+def _start_peer(names: TestbedNames, children: list[subprocess.Popen[str]], rank: int,
+                *args: str) -> subprocess.Popen[str]:
+    """Start the probe's peer script in rank's namespace; `children` keeps it for cleanup."""
+    child = subprocess.Popen(["ip", "netns", "exec", names.namespace(rank),
+                              sys.executable, "-c", _PEER, *args],
+                             stdout=subprocess.PIPE, text=True)
+    children.append(child)
+    return child
+
+
 @dataclass(frozen=True)
 class TwinResult:
     label: str
@@ -195,11 +205,7 @@ def run_twin(*, workers: int, rate_bps: float, message_bytes: int, rounds: int,
                     f"net.ipv4.tcp_congestion_control={cc}")
 
         def peer(rank: int, *args: str) -> subprocess.Popen[str]:
-            child = subprocess.Popen(["ip", "netns", "exec", names.namespace(rank),
-                                      sys.executable, "-c", _PEER, *args],
-                                     stdout=subprocess.PIPE, text=True)
-            children.append(child)
-            return child
+            return _start_peer(names, children, rank, *args)
 
         srv = peer(workers, "server", str(workers), str(message_bytes), str(PORT))
         assert srv.stdout is not None
@@ -306,11 +312,7 @@ def run_share(*, rate_bps: float, message_bytes: int, offsets_s: tuple[float, ..
                                    [names.node(r) for r in range(3)], downlink=True).commands)
 
         def peer(rank: int, *args: str) -> subprocess.Popen[str]:
-            child = subprocess.Popen(["ip", "netns", "exec", names.namespace(rank),
-                                      sys.executable, "-c", _PEER, *args],
-                                     stdout=subprocess.PIPE, text=True)
-            children.append(child)
-            return child
+            return _start_peer(names, children, rank, *args)
 
         addr = [names.node(r).address for r in range(3)]
         sinks = [peer(0, "sink", str(PORT), "1", str(message_bytes)),
