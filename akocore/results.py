@@ -28,6 +28,11 @@ metadata (unit, meaning, writer) generates docs/result-schema.md
 figures shared by all three live in akocore.figures. No I/O here: callers
 read and write the files.
 
+Past ~500 lines on purpose: these records are the one schema both backends and
+the analysis share, versioned together (one `SCHEMA_VERSION`, one pre-schema
+conversion, one generated docs/result-schema.md); split across modules, a
+change to one record could ship without its version bump or its documentation.
+
 This module is over 500 lines because the schema is its documentation: every
 field carries its unit, meaning and writer, and the legacy conversion sits
 beside the fields it converts to.
