@@ -70,9 +70,9 @@ def experiments(session: nox.Session) -> None:
     results = "results/experiments-ci" if "ci" in args else "results/experiments"
     session.run("python", "-m", "analysis.run", "--backend", "all", "--results", results,
                 *args, env=CACHE_ENV)
-    out = "docs/experiments" if results == "results/experiments" else f"{results}/report"
-    readme = ["--readme", "README.md"] if results == "results/experiments" else []
-    session.run("python", "-m", "analysis", "--results", results, "--out", out, *readme,
+    out = "docs/reports/experiments" if results == "results/experiments" else f"{results}/report"
+    page = ["--page", f"{out}/index.md"] if results == "results/experiments" else []
+    session.run("python", "-m", "analysis", "--results", results, "--out", out, *page,
                 env=CACHE_ENV)
 
 

@@ -22,7 +22,7 @@ any worker, ``p_of`` each worker's p). Every record's JSON carries
 another version and converts, once, the files written before there was a
 schema (no ``schema_version``: akorun's ``workers`` list, akosim's
 ``runs``, the experiment runner's calibration ``compute.json``). The field
-metadata (unit, meaning, writer) generates docs/result-schema.md
+metadata (unit, meaning, writer) generates docs/reference/result-schema.md
 (`schema_markdown`). `Figures` carries the steady-state summary of one rank
 (`rank_figures`) or one run (`merged_figures`) into those records; the derived
 figures shared by all three live in akocore.figures. No I/O here: callers
@@ -30,7 +30,7 @@ read and write the files.
 
 Past ~500 lines on purpose: these records are the one schema both backends and
 the analysis share, versioned together (one `SCHEMA_VERSION`, one pre-schema
-conversion, one generated docs/result-schema.md); split across modules, a
+conversion, one generated docs/reference/result-schema.md); split across modules, a
 change to one record could ship without its version bump or its documentation.
 
 This module is over 500 lines because the schema is its documentation: every
@@ -698,7 +698,7 @@ def _upgrade_plan(old: dict[str, Any]) -> dict[str, Any]:
 
 
 def schema_markdown() -> str:
-    """docs/result-schema.md: one table per record, one row per key."""
+    """docs/reference/result-schema.md: one table per record, one row per key."""
     out = ["# Result schema (generated from akocore/results.py; "
            "tests/test_result_schema.py checks it)", "",
            f"Every record's JSON carries `schema_version` ({SCHEMA_VERSION}) and `kind` "

@@ -12,7 +12,7 @@
   in rank order) and the spread between the final replicas;
 - `write_json`: atomic JSON writing.
 
-The keys, their units and meanings are akocore.results' (docs/result-schema.md);
+The keys, their units and meanings are akocore.results' (docs/reference/result-schema.md);
 records cross module borders, never dicts keyed by result names.
 """
 

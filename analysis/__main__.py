@@ -1,5 +1,5 @@
-"""python -m analysis [--results DIR] [--out DIR] [--readme README.md] [--force]
-python -m analysis new-schemes [--results DIR] [--out DIR] [--readme README.md]
+"""python -m analysis [--results DIR] [--out DIR] [--summary FILE] [--page PAGE] [--force]
+python -m analysis new-schemes [--results DIR] [--out DIR] [--baseline FILE] [--page PAGE]
 python -m analysis sweep DIR [--out FILE.png]
 
 
@@ -8,8 +8,10 @@ experiments themselves run with `python -m analysis.run` (or `nox -s experiments
 Paths are relative to the current directory. The report is not replaced by one
 made from fewer runs (exit status 2) unless --force. `new-schemes` writes only the
 page of the new columns (WAGMA, the Dist-TF scheme: analysis.new_schemes) from a
-results folder that may hold only them, and its README block; the seeds' report
-and block stay as they are. `sweep DIR` prints and plots
+results folder that may hold only them, and its block of PAGE; the seeds' report
+and block stay as they are. The report's pages live in the documentation site
+(docs/reports/experiments/, the generated blocks in its index.md); the records behind
+them in analysis/data/experiments-summary.json. `sweep DIR` prints and plots
 the best configuration per group of an `akosim sweep` folder (analysis.sweep_plot).
 """
 
@@ -19,6 +21,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from analysis.page_block import REPORT_DIR, REPORT_PAGE
 from analysis.report import FewerResults, build_report
 
 
@@ -34,21 +37,26 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, default=Path("results/experiments"),
                         help="the results folder (default results/experiments)")
-    parser.add_argument("--out", type=Path, default=Path("docs/experiments"),
-                        help="the report folder (default docs/experiments)")
+    parser.add_argument("--out", type=Path, default=REPORT_DIR,
+                        help=f"the report folder (default {REPORT_DIR})")
+    parser.add_argument("--summary", type=Path, default=None, metavar="FILE.json",
+                        help="where the report's records go (default "
+                             "analysis/data/experiments-summary.json for the default --out, "
+                             "else OUT/summary.json)")
     parser.add_argument("--no-plots", action="store_true", help="tables only")
-    parser.add_argument("--readme", type=Path, metavar="README.md",
-                        help="also fill this file's experiments block with the main tables")
+    parser.add_argument("--page", type=Path, metavar="PAGE.md",
+                        help=f"also fill this page's experiments block with the main tables "
+                             f"(the site's is {REPORT_PAGE})")
     parser.add_argument("--force", action="store_true",
                         help="replace the report even when fewer runs are found than it has")
     args = parser.parse_args(argv)
     try:
-        readme = build_report(args.results, args.out, plots=not args.no_plots,
-                              project_readme=args.readme, force=args.force)
+        tables = build_report(args.results, args.out, summary=args.summary,
+                              plots=not args.no_plots, page=args.page, force=args.force)
     except FewerResults as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
-    print(f"wrote {readme}")
+    print(f"wrote {tables}")
     return 0
 
 
@@ -60,17 +68,19 @@ def _new_schemes(argv: list[str]) -> int:
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, default=Path("results/experiments"))
-    parser.add_argument("--out", type=Path, default=Path("docs/experiments"))
+    parser.add_argument("--out", type=Path, default=REPORT_DIR)
     parser.add_argument("--baseline", type=Path, default=None, metavar="SUMMARY.json",
                         help="records of the PS and Ako columns when the results lack them "
-                             "(default OUT/summary.json, the committed report)")
+                             "(default analysis/data/experiments-summary.json, the committed "
+                             "report's, for the default --out; else OUT/summary.json)")
     parser.add_argument("--no-plots", action="store_true", help="tables only")
-    parser.add_argument("--readme", type=Path, metavar="README.md",
-                        help="also fill this file's new-schemes block")
+    parser.add_argument("--page", type=Path, metavar="PAGE.md",
+                        help=f"also fill this page's new-schemes block (the site's is "
+                             f"{REPORT_PAGE})")
     args = parser.parse_args(argv)
     try:
         page = build_new_schemes_report(args.results, args.out, baseline=args.baseline,
-                                        plots=not args.no_plots, project_readme=args.readme)
+                                        plots=not args.no_plots, page=args.page)
     except ValueError as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2

@@ -24,7 +24,7 @@ time, and predicts each with ``akosim predict`` three ways:
 Resumable: a configuration whose folder holds ``done.json`` is not run again
 (``--repredict`` predicts it again without running it, after a change to akosim).
 Writes RESULTS/fidelity-tcp.json (`FidelityTcpRecord`) and the markdown report
-(`--report`, default docs/fidelity-tcp.md). The measured round time is the
+(`--report`, default docs/reports/fidelity-tcp.md). The measured round time is the
 mean steady-state round time of akocore.figures (warm-up rounds skipped).
 """
 
@@ -342,10 +342,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--netns-rate", default="20mbps",
                         help="calibrate the goodput fraction on a tc-shaped veth pair at "
                              "this rate (default %(default)s; 'none' to skip)")
-    parser.add_argument("--report", type=Path, default=ROOT / "docs" / "fidelity-tcp.md",
-                        help="markdown report (default docs/fidelity-tcp.md)")
+    parser.add_argument("--report", type=Path,
+                        default=ROOT / "docs" / "reports" / "fidelity-tcp.md",
+                        help="markdown report (default docs/reports/fidelity-tcp.md)")
     parser.add_argument("--json", type=Path, default=None,
-                        help="also copy the record here (e.g. docs/fidelity-tcp.json)")
+                        help="also copy the record here (e.g. analysis/data/fidelity-tcp.json)")
     parser.add_argument("--report-only", action="store_true",
                         help="run nothing: rebuild the record and report from finished rows")
     parser.add_argument("--repredict", action="store_true",

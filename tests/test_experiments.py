@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from analysis.matrix import CI_SUBSET, ROOT
-from analysis.readme_block import BEGIN_MARK, END_MARK, splice
+from analysis.page_block import BEGIN_MARK, END_MARK, splice
 from analysis.records import Record, accuracy_at, akorun_time_axis, time_to
 from analysis.report import build_report
 
@@ -52,8 +52,9 @@ def test_the_ci_subset_runs_in_every_backend(ci_results):
 
 
 def test_the_report_has_the_rows_and_the_fidelity_pairs(ci_results, tmp_path):
-    readme = build_report(ci_results, tmp_path / "report")
-    text = readme.read_text()
+    tables = build_report(ci_results, tmp_path / "report")
+    assert tables.name == "tables.md"
+    text = tables.read_text()
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
     for config in CI_SUBSET:
         assert f"| {config} |" in text  # time to target and fidelity rows
@@ -64,17 +65,19 @@ def test_the_report_has_the_rows_and_the_fidelity_pairs(ci_results, tmp_path):
     assert {r["backend"] for r in summary["records"]} == set(BACKENDS)
 
 
-def test_the_report_fills_the_project_readmes_experiments_block(ci_results, tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# Project\nbefore\n{BEGIN_MARK}\nold tables\n{END_MARK}\nafter\n")
-    build_report(ci_results, tmp_path / "report", plots=False, project_readme=readme)
-    text = readme.read_text()
-    assert text.startswith(f"# Project\nbefore\n{BEGIN_MARK}\n") and text.endswith(
+def test_the_report_fills_the_report_pages_experiments_block(ci_results, tmp_path):
+    page = tmp_path / "report" / "index.md"
+    page.parent.mkdir()
+    page.write_text(f"# Study\nbefore\n{BEGIN_MARK}\nold tables\n{END_MARK}\nafter\n")
+    build_report(ci_results, tmp_path / "report", plots=False, page=page)
+    text = page.read_text()
+    assert text.startswith(f"# Study\nbefore\n{BEGIN_MARK}\n") and text.endswith(
         f"{END_MARK}\nafter\n")
     assert "old tables" not in text
     assert "| Uniform WAN | 2 |" in text and "Kendall's tau" in text
-    splice(readme, "new")  # idempotent: the markers stay
-    assert f"{BEGIN_MARK}\nnew\n{END_MARK}" in readme.read_text()
+    assert "[the full tables](tables.md)" in text  # links relative to the page
+    splice(page, "new")  # idempotent: the markers stay
+    assert f"{BEGIN_MARK}\nnew\n{END_MARK}" in page.read_text()
     unmarked = tmp_path / "plain.md"
     unmarked.write_text("# no markers\n")
     with pytest.raises(ValueError, match="experiments:begin"):
@@ -108,7 +111,7 @@ def test_time_axes_and_targets():
 def test_the_new_columns_report_reads_a_results_folder_with_only_them(ci_results, tmp_path):
     """analysis.new_schemes: one WAGMA akosim run in a folder of its own; the PS and
     Ako p=4 cells come from a committed report's summary.json (marked †); the seeds'
-    README block is left alone."""
+    block of the report page is left alone."""
     from analysis.new_schemes import NEW_BEGIN_MARK, NEW_END_MARK, build_new_schemes_report
 
     results = tmp_path / "new"
@@ -121,12 +124,13 @@ def test_the_new_columns_report_reads_a_results_folder_with_only_them(ci_results
     assert proc.returncode == 0, proc.stdout + proc.stderr
     committed = tmp_path / "report"
     build_report(ci_results, committed, plots=False)
-    readme = tmp_path / "README.md"
-    readme.write_text(f"{BEGIN_MARK}\nseeds\n{END_MARK}\n{NEW_BEGIN_MARK}\nold\n{NEW_END_MARK}\n")
-    page = build_new_schemes_report(results, committed, plots=False, project_readme=readme)
-    text = readme.read_text()
+    study = committed / "index.md"
+    study.write_text(f"{BEGIN_MARK}\nseeds\n{END_MARK}\n{NEW_BEGIN_MARK}\nold\n{NEW_END_MARK}\n")
+    page = build_new_schemes_report(results, committed, plots=False, page=study)
+    text = study.read_text()
     assert f"{BEGIN_MARK}\nseeds\n{END_MARK}" in text and "\nold\n" not in text
     assert "WAGMA and ADAG vs Ako and PS, measured 20" in text
+    assert "[the new columns' page](new-schemes.md)" in text
     row = next(line for line in text.splitlines() if line.startswith("| Uniform WAN | 2 |"))
     cells = [c.strip() for c in row.strip("|").split("|")][2:]
     assert len(cells) == 4 and "†" in cells[0] and "†" in cells[1]  # ps, ako-p4: committed

@@ -18,7 +18,7 @@ def inputs(n: int, up, down=None, **kw) -> PlanInputs:
 
 
 def test_seed_cnn_on_40mbps_with_4_workers_needs_p_35() -> None:
-    # ako.md 1.8: (n-1) * 17.05 MB * 8 / (40 Mbit/s * 0.3 s) = 34.1 -> 35
+    # docs/design/seeds.md (p auto): (n-1) * 17.05 MB * 8 / (40 Mbit/s * 0.3 s) = 34.1 -> 35
     result = plan(inputs(4, 40e6, gradient_bytes=17.05e6, compute_s=0.3, utilisation=1.0))
     assert result.p_of == (35,) * 4
     assert result.binding.startswith("uplink of worker 0")

@@ -182,10 +182,11 @@ def test_both_backends_take_the_per_step_seed_from_akocore() -> None:
 
 
 def test_the_schema_table_is_generated_from_the_records() -> None:
-    committed = (REPO / "docs" / "result-schema.md").read_text(encoding="utf-8")
+    committed = (REPO / "docs" / "reference" / "result-schema.md").read_text(encoding="utf-8")
     assert committed == schema_markdown(), (
-        "docs/result-schema.md is stale: regenerate it with python -c 'from akocore.results "
-        "import schema_markdown; open(\"docs/result-schema.md\", \"w\").write(schema_markdown())'")
+        "docs/reference/result-schema.md is stale: regenerate it with python -c 'from "
+        "akocore.results import schema_markdown; open(\"docs/reference/result-schema.md\", "
+        "\"w\").write(schema_markdown())'")
     for key in ("compute_s_per_round", "per_worker", "p_of", "schema_version"):
         assert f"`{key}`" in committed
 
@@ -239,23 +240,27 @@ def _analysis(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_analysis_refuses_to_replace_a_report_with_fewer_runs(tmp_path: Path) -> None:
-    report = tmp_path / "docs" / "experiments"
+    report = tmp_path / "docs" / "reports" / "experiments"
     report.mkdir(parents=True)
-    committed = REPO / "docs" / "experiments"
-    for name in ("summary.json", "README.md"):
+    committed = REPO / "docs" / "reports" / "experiments"
+    for name in ("tables.md", "index.md"):
         (report / name).write_bytes((committed / name).read_bytes())
-    readme = tmp_path / "README.md"
-    readme.write_bytes((REPO / "README.md").read_bytes())
-    before = {p: p.read_bytes() for p in (report / "summary.json", report / "README.md", readme)}
-    refused = _analysis(tmp_path, "--no-plots", "--readme", "README.md")  # no results/ here
+    summary = tmp_path / "analysis" / "data" / "experiments-summary.json"
+    summary.parent.mkdir(parents=True)
+    summary.write_bytes((REPO / "analysis" / "data" / "experiments-summary.json").read_bytes())
+    page = report / "index.md"
+    before = {p: p.read_bytes() for p in (summary, report / "tables.md", page)}
+    page_arg = "docs/reports/experiments/index.md"
+    refused = _analysis(tmp_path, "--no-plots", "--page", page_arg)  # no results/ here
     assert refused.returncode == 2
     assert len(refused.stderr.strip().splitlines()) == 1
     assert "0 runs, fewer than the 240" in refused.stderr and "--force" in refused.stderr
     assert {p: p.read_bytes() for p in before} == before  # nothing written
-    forced = _analysis(tmp_path, "--no-plots", "--readme", "README.md", "--force")
+    forced = _analysis(tmp_path, "--no-plots", "--page", page_arg, "--force")
     assert forced.returncode == 0, forced.stderr
-    assert "akosim 0/60" in readme.read_text()
-    assert json.loads((report / "summary.json").read_text())["missing"]["akosim"] == 60
+    assert "akosim 0/60" in page.read_text()
+    assert json.loads(summary.read_text())["missing"]["akosim"] == 60  # the default records
+    assert not (report / "summary.json").exists()  # no data file inside the site
 
 
 def test_analysis_runs_from_any_directory_with_explicit_paths(tmp_path: Path) -> None:
@@ -264,4 +269,5 @@ def test_analysis_runs_from_any_directory_with_explicit_paths(tmp_path: Path) ->
     done = _analysis(elsewhere, "--results", str(tmp_path / "none"), "--out",
                      str(tmp_path / "report"), "--no-plots")
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "report" / "README.md").exists()
+    assert (tmp_path / "report" / "tables.md").exists()
+    assert (tmp_path / "report" / "summary.json").exists()  # elsewhere: beside the report

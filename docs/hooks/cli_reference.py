@@ -1,0 +1,59 @@
+"""MkDocs hook: the command-line reference, generated from the argparse parsers.
+
+A page line `<!-- cli-help: akosim -->` (or `akorun`) becomes that tool's `--help` and
+the `--help` of each of its commands, as the installed code prints them, so the
+reference never drifts from the parsers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+MARKER = re.compile(r"^<!-- cli-help: (akosim|akorun) -->$", re.MULTILINE)
+WIDTH = "100"
+
+
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _help(parser: argparse.ArgumentParser) -> str:
+    before = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = WIDTH
+    try:
+        return parser.format_help().rstrip()
+    finally:
+        if before is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = before
+
+
+def cli_markdown(tool: str) -> str:
+    """`tool`'s help and each command's, as Markdown sections."""
+    parser = importlib.import_module(f"{tool}.cli").build_parser()
+    parts = [f"```text\n{_help(parser)}\n```\n"]
+    for name, command in _commands(parser).items():
+        parts.append(f"### {tool} {name}\n\n```text\n{_help(command)}\n```\n")
+    return "\n".join(parts)
+
+
+def on_config(config: Any) -> Any:
+    """Import the tools from the checkout the site is built from."""
+    root = str(Path(config.config_file_path).resolve().parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    return config
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    return MARKER.sub(lambda match: cli_markdown(match.group(1)), markdown)
