@@ -1,4 +1,4 @@
-"""nox sessions: tests (the CI gate), lint, bench, ns3 (cross-check; none run by tests)."""
+"""nox sessions: tests (the CI gate), lint, docs, bench, experiments, ns3 (none run by tests)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,19 @@ def lint(session: nox.Session) -> None:
     session.install("-e", ".[lint]")
     session.run("ruff", "check", "akocore", "akosim", "akorun", "tests", "analysis", "noxfile.py")
     session.run("mypy", "akocore", "akosim", "akorun", "analysis")
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """Build the documentation site (mkdocs.yml) into site/, strictly: a broken link fails.
+
+    `nox -s docs -- serve` previews it instead (mkdocs serve).
+    """
+    session.install("-e", ".[docs]")
+    if session.posargs[:1] == ["serve"]:
+        session.run("mkdocs", "serve", *session.posargs[1:], env=CACHE_ENV)
+        return
+    session.run("mkdocs", "build", "--strict", *session.posargs, env=CACHE_ENV)
 
 
 @nox.session(python=PYTHON)
