@@ -1,6 +1,6 @@
 """Who may speak to whom, in which session: every key of a rank and every seal it makes or checks.
 
-This module owns authentication, both directions (the README's Security
+This module owns authentication, both directions (docs/guide/security.md
 section gives the argument):
 
 - Pairwise keys: ``pair(i, j) = HKDF-SHA256(cluster secret, salt = run id,

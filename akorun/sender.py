@@ -32,7 +32,7 @@ often as needed:
   analysis/tcp_connections.py) the two connections split each link unevenly
   and late, and round times alternate slow/fast: one connection gave
   rounds 11-31 % shorter and a coefficient of variation 2-4.5x smaller in every
-  configuration (figures in README "Running with akorun"). What one
+  configuration (figures in docs/guide/testbed.md). What one
   connection costs is one receiver turnaround (verify, apply, answer: about
   a millisecond, `akorun measure-messages`) per message between bodies.
   The receivers' delivery logs do not rely on order either way.

@@ -1,7 +1,7 @@
 """In-process emulated links: serialised bandwidth, per-message latency, incast.
 
 This module owns the shaping akorun applies when it emulates a network on one
-machine (realmode.md section 4 D): portable, unprivileged and deterministic,
+machine (docs/design/link-emulation.md): portable, unprivileged and deterministic,
 unlike tc/netem. It emulates what akosim models: a byte crosses its sender's
 uplink, the link's cap (if any) and its receiver's downlink; a message is
 delivered `latency_s` after its last byte.

@@ -46,7 +46,7 @@ Checks and the HTTP status a server answers with (`Status`):
 
 `decode` runs all of these in that order on a message held whole in memory.
 (Version 1 carried an HMAC-SHA256 over one cluster-wide secret here instead of
-the digest; see the README's Security section for why it changed.)
+the digest; see docs/guide/security.md for why it changed.)
 """
 
 from __future__ import annotations

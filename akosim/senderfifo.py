@@ -6,7 +6,7 @@ connection's bytes to the NIC's queue as fast as its window allows, and on a
 drop-tail (FIFO) queue the bytes that entered first leave first, so a message
 sent while another from the same node is still leaving mostly waits behind it.
 Measured on the netns testbed (`python -m analysis.ps_desync_probe --share`,
-docs/ps-desync.md): two 0.5 MB messages from one node to two others, the second
+docs/design/ps-desync.md): two 0.5 MB messages from one node to two others, the second
 started 20 ms after the first, were served strictly in order (the first done
 in its alone time, 40 ms); started 0-10 ms apart, the first took 62-65% of the
 NIC while both were under way (fair: 50%). Messages from two different nodes

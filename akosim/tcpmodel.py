@@ -2,7 +2,7 @@
 
 akosim's fluid network (akosim.fluid, akosim.maxmin) shares every NIC max-min
 fairly and instantly and charges each message its one-way latency once. Peer
-simulators and real kernel TCP take longer (research/fidelity.md: SimGrid's
+simulators and real kernel TCP take longer (docs/design/fidelity-references.md: SimGrid's
 TCP-calibrated LV08 model 8% at 0.1 ms and 27% at 20 ms, ns-3 15% and 28%).
 This module adds those effects without touching the solver, in the spirit of
 SimGrid's LV08 model (docs/source/Models.rst of simgrid/simgrid): corrections
@@ -45,7 +45,7 @@ to the inputs of the max-min solver, and a per-message delay after it.
     instead, which delays the oldest message, the one an SSP gate waits for,
     behind younger ones (measured on the netns testbed: an asynchronous
     parameter server at s = 2 predicted 77% too slow without it,
-    docs/fidelity-tcp.md). Off in `TcpParameters.ideal()`.
+    docs/reports/fidelity-tcp.md). Off in `TcpParameters.ideal()`.
 
 (f) Message CPU. With `message_cpu_serialised`, the software cost (d) is also
     CPU time of the ranks: half charged to the sender as the message leaves,

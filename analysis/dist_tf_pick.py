@@ -10,7 +10,7 @@ budget per candidate (a quarter of the matrix's budget, `PICK_BUDGET_S`).
 Simulated time does not depend on the machine's load, so this can run on a
 busy machine, but each run costs several CPU-minutes. The choice
 (`analysis.matrix.DIST_TF`) and the figures that finished are in
-analysis/SCALING.md.
+docs/reports/experiments/scaling.md.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ workers' answer arrivals, and how much of each round two answers overlapped.
 
 Needs root, `ip` and `tc`; every name carries this process's id, and the
 namespaces are deleted in a finally block. One command reruns the evidence
-of docs/ps-desync.md: ``sudo python -m analysis.ps_desync_probe --all``.
+of docs/design/ps-desync.md: ``sudo python -m analysis.ps_desync_probe --all``.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ creates carries this process's id and is deleted on exit. Run it on a quiet mach
     sudo env PYTHONPATH=$PWD JAX_PLATFORMS=cpu python -m analysis.tcp_connections \\
         --out tcp_connections.jsonl --rounds 40
 
-The figures it printed when the default was chosen are in README "Running with akorun".
+The figures it printed when the default was chosen are in docs/guide/testbed.md.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ fetches) the servers still end at theta0 minus every update the workers'
 optimizers applied, divided by lambda for ADAG, under random delivery orders,
 delays and duplicates; and a fetch replaces the replica's parameters but keeps
 its optimizer state. The collapse itself is unbounded staleness (see
-analysis/adag_staleness.py and the README's ADAG notes).
+analysis/adag_staleness.py and the ADAG notes of docs/reports/experiments/index.md).
 """
 
 from __future__ import annotations

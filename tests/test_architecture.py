@@ -1,4 +1,4 @@
-"""The house rules of DESIGN.md, read from the source: no import cycles, akocore stays pure.
+"""The house rules of docs/design/, read from the source: no import cycles, akocore stays pure.
 
 Imports are read with `ast` (nothing is imported), at module level and inside
 functions alike, except under ``if TYPE_CHECKING:``. A cycle counts whatever

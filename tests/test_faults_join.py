@@ -4,7 +4,7 @@ A rank that never answers a hello is waited for until the join timeout (it
 may be slow to start); a rank that answered and then stops answering for
 longer than the peer timeout died during the join, and the others end at
 once instead of at the join timeout. Either way nothing is trained and no
-result is written (README, "Failure behaviour"). The handshake is tested
+result is written (docs/guide/failure.md). The handshake is tested
 with a scripted control client; one loopback run checks what the user sees.
 """
 

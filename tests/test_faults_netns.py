@@ -344,7 +344,7 @@ def test_a_rank_paused_with_unbounded_staleness_finishes_alone_without_hanging(
     """s = inf: rank 1 is stopped (SIGSTOP) at round 15; 0 and 2 never wait for it,
     finish, wait the finish grace and give it up; resumed after that, rank 1 finishes
     its rounds alone and exits 0 (no hang). 0 and 2 end equal; rank 1 misses what
-    they sent after they left (the README says so), so it is not compared."""
+    they sent after they left (docs/guide/failure.md says so), so it is not compared."""
     run = Run(net, tmp_path, FAULT_AT_ROUND + 40, exchange={"p": 3, "ssp": "inf"})
     try:
         run.wait_round(1, FAULT_AT_ROUND)

@@ -1,7 +1,7 @@
 """A rank of the parameter-server or all-reduce scheme killed mid-run: every survivor ends.
 
 These schemes cannot rejoin (`--resume` is for ako) and a dead rank's shard or ring
-step is lost, so their replicas may differ (README, "Failure behaviour"). What is
+step is lost, so their replicas may differ (docs/guide/failure.md). What is
 promised is that the run still ends: no survivor hangs; every survivor stops with
 exit 1 (the run could not complete) and writes its result, stop reason "lost_peer",
 naming the peer it lost.

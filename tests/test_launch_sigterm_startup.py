@@ -3,7 +3,7 @@
 The fault hook ``2@pause_in_join`` holds rank 2 in its join (before its own
 hellos) until it is asked to stop; its server answers the others' hellos, so
 ranks 0 and 1 join and train while rank 2 still shows "starting". SIGTERM then
-goes to launch. Expected (README "Failure behaviour"): every rank ends within
+goes to launch. Expected (docs/guide/failure.md): every rank ends within
 launch's kill grace (launch never needs its SIGKILL: its log says so when it
 does, and a killed rank would make it exit 1), every rank writes its result
 marked as stopped by SIGTERM (rank 2 with no round), ranks 0 and 1 end equal,

@@ -55,7 +55,8 @@ def paused_at(cluster: LocalCluster, round_: int) -> bool:
 
 def test_every_message_recorded_in_an_earlier_run_is_refused_by_the_next(
         tmp_path: Path) -> None:
-    """Run 1 and run 2 start from the same cluster file (the README's workflow). Messages
+    """Run 1 and run 2 start from the same cluster file (the workflow of
+    docs/guide/several-hosts.md). Messages
     of every kind sealed by rank 1 in run 1 are sent again to rank 0 in run 2: each is
     refused (421: sealed for run 1's instance of rank 0), nothing acts on them, and run 2
     ends every round with equal replicas."""

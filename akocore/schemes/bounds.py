@@ -1,4 +1,4 @@
-"""Each scheme's staleness bound, defined once (akosim's tables, the README's Schemes table).
+"""Each scheme's staleness bound, defined once (akosim's tables, docs/guide/schemes.md).
 
 The bound is the most rounds of the other workers' updates a worker's
 parameters can miss when it computes a gradient:

@@ -172,7 +172,7 @@ KEYS: tuple[Key, ...] = (
     _run("exchange", "scheme", "scheme",
          "ako (partial all-to-all) | ps (parameter servers) | allreduce (ring) | wagma "
          "(group model averaging), or a named scheme: easgd hogwild downpour adag sdag "
-         "sync-sgd sync-sgd-lr-per-worker (settings of ps, see README Schemes)",
+         "sync-sgd sync-sgd-lr-per-worker (settings of ps; see the guide's Exchange schemes)",
          flag="--scheme", choices=SCHEME_NAMES,
          flag_help="exchange: ako (partial all-to-all), ps (parameter servers), allreduce "
                    "(ring), wagma (group model averaging), or a named scheme that stands for "

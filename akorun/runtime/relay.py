@@ -57,7 +57,7 @@ Every survivor pulls from every other, so after the pulls each survivor holds
 the union of what any survivor held of the lost rank: up to the last round any
 survivor held, each of its partials applied exactly once everywhere. What the
 lost rank never sent to anyone is lost for everyone alike. ako only: the ps
-and all-reduce schemes stop on a lost peer (README, "Failure behaviour").
+and all-reduce schemes stop on a lost peer (docs/guide/failure.md).
 """
 
 from __future__ import annotations

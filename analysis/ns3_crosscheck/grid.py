@@ -1,7 +1,7 @@
 """Which patterns the cross-check runs, and running one grid into a record.
 
-`GRIDS["default"]` is the committed run (about 5 CPU minutes: research/
-fidelity.md's all-to-all grid, 54 cases, plus Ako and parameter-server
+`GRIDS["default"]` is the committed run (about 5 CPU minutes: the
+all-to-all grid of docs/design/fidelity-references.md, 54 cases, plus Ako and parameter-server
 rounds at 10 and 100 Mbit/s); `"full"` adds 40 Mbit/s to Ako and the PS;
 `"quick"` leaves out the all-to-all's largest cases (n = 8 with 8 MB
 messages, about 2 CPU minutes); `"tiny"` is one small case per family.

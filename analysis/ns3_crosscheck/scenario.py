@@ -7,7 +7,7 @@ has arrived at its sender, or at `gap_s` when it waits for none. That one rule
 expresses the three patterns:
 
 - `all_to_all`: every host sends `message_bytes` to every other host at t = 0
-  (one round; research/fidelity.md's peer-simulator check).
+  (one round; docs/design/fidelity-references.md's peer-simulator check).
 - `ako_rounds`: each of n workers sends one partition (gradient_bytes / p) to
   each of its n - 1 peers per round; with staleness 0 a worker sends its round
   t + 1 partitions `compute_s` after it has received all of round t's.

@@ -1,6 +1,6 @@
 """The TCP-aware flow model beside max-min: what it changes, and what it costs.
 
-`all_to_all_ratios()` simulates research/fidelity.md's pattern (n hosts on one
+`all_to_all_ratios()` simulates docs/design/fidelity-references.md's pattern (n hosts on one
 switch, each sends M bytes to every other at once, the round ends at the last
 arrival) with both models for n in {3, 4, 8}, R in {10, 40, 100} Mbit/s, M in
 {0.5, 2, 8} MB at 0.1 ms and 20 ms, and reports the median and range of
