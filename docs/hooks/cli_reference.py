@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 MARKER = re.compile(r"^<!-- cli-help: (akosim|akorun) -->$", re.MULTILINE)
-WIDTH = "100"
+WIDTH = "90"  # columns of help text: what a code block of the Material theme shows
 
 
 def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
