@@ -148,7 +148,7 @@ def test_files_without_schema_version_are_converted_once() -> None:
 def test_the_committed_report_summary_still_loads() -> None:
     from analysis.report import runs_in_report
 
-    assert runs_in_report(REPO / "docs" / "experiments") == 240
+    assert runs_in_report(REPO / "analysis" / "data" / "experiments-summary.json") == 240
 
 
 # ---------------------------------------------------------------------- shared figures
