@@ -9,6 +9,7 @@ extra installs them).
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 INSTALL_AND_PLAN = "pip install . && akosim --workers 64 --bandwidth 40mbps --p auto"
 INSTALL_AND_TEST = "pip install nox && nox -s tests"
+ISSUE_NUMBER = re.compile(r"\bissues? #?\d+|#\d{2,}\b", re.IGNORECASE)
 
 
 def _mkdocs_or_skip() -> None:
@@ -51,6 +53,13 @@ def test_the_readme_is_short_and_holds_the_two_commands() -> None:
     assert INSTALL_AND_PLAN in text and INSTALL_AND_TEST in text
 
 
+def test_user_facing_pages_speak_of_the_product_not_of_issue_numbers() -> None:
+    pages = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+    found = [f"{page.relative_to(ROOT)}: {match.group(0)}" for page in pages
+             for match in ISSUE_NUMBER.finditer(page.read_text(encoding="utf-8"))]
+    assert not found, found
+
+
 def test_the_ci_script_runs_the_readmes_test_command() -> None:
     assert INSTALL_AND_TEST in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
 
@@ -62,6 +71,7 @@ def test_the_site_builds_strictly_with_generated_cli_and_api_pages(tmp_path: Pat
     assert built.returncode == 0, built.stdout + built.stderr
     cli = (site / "reference" / "cli" / "index.html").read_text(encoding="utf-8")
     assert "usage: akosim" in cli and "usage: akorun" in cli and "--bandwidth" in cli
+    assert not ISSUE_NUMBER.search(cli)  # the generated help too
     api = (site / "reference" / "api" / "index.html").read_text(encoding="utf-8")
     assert "akocore.results.RunResult" in api and "akocore.workload" in api
     data = [p for p in site.rglob("*") if p.suffix in {".json", ".jsonl"}
