@@ -44,10 +44,5 @@ def test_akosim_sweep_prints_it_and_analysis_plots_it(tmp_path: Path, capsys) ->
 
     assert analysis_main(["sweep", str(out)]) == 0
     assert "ako p=" in capsys.readouterr().out
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        assert not (out / "sweep.png").exists()
-    else:
-        assert (out / "sweep.png").stat().st_size > 0
+    assert (out / "sweep.png").stat().st_size > 0  # without matplotlib: tests/test_sweep_plot
     assert analysis_main(["sweep", str(tmp_path / "missing")]) == 2
