@@ -18,7 +18,8 @@ def _best(workers: str, bandwidth: str, p: int, stale: float, scheme: str = "ako
           ssp: float = 2.0) -> BestRow:
     return BestRow(group=(("workers", workers), ("bandwidth", bandwidth)), scheme=scheme,
                    p=p, ssp=ssp, round_time_s=0.5, samples_per_s=100.0 * int(workers),
-                   nic_utilisation=0.5, staleness_bound_rounds=stale, bottleneck="uplink",
+                   nic_utilisation=0.5, busiest_nic_utilisation=0.6,
+                   staleness_bound_rounds=stale, bottleneck="uplink",
                    candidates=4)
 
 
