@@ -224,7 +224,9 @@ def build_parser() -> ArgumentParser:
                     "exchanging gradient partitions over HTTP with stale-synchronous gating.",
         epilog="examples:\n  akorun launch --workers 3 --rounds 100 --out runs/demo\n"
                "  akorun init --workers 3 --out cluster.toml && "
-               "akorun worker --rank 0 --config cluster.toml\n\n"
+               "akorun worker --rank 0 --config cluster.toml --out runs/demo\n"
+               "  akorun merge runs/demo      (the run's result.json from its ranks' "
+               "records)\n\n"
                "every command also takes the " + _shared_flags_help(),
         formatter_class=_FORMATTER)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
