@@ -5,13 +5,19 @@ reported as ONE line on stderr, ``PROG: error: what was wrong``, and exit
 status 2 (`EXIT_USAGE`), never a traceback. `UsageError` carries such a
 mistake from deep inside a command to its entry point; `OneLineParser` is the
 argparse parser whose own errors look the same; `fail` prints and exits.
+
+`OneLineParser` takes flags only whole (no prefix matching: ``--worker 8`` is
+refused, not read as ``--workers 8``), on every subcommand too, and an unknown
+flag gets a did-you-mean line from the flags of the (sub)command that was given.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
-from typing import NoReturn
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 EXIT_USAGE = 2
 
@@ -31,9 +37,54 @@ def fail(message: str, prog: str) -> NoReturn:
     raise SystemExit(EXIT_USAGE)
 
 
+_FLAG_OWNER = "_one_line_flag_owner"  # namespace key: the deepest (sub)command parsed
+
+
+def did_you_mean(unknown: Sequence[str], known: Sequence[str]) -> str:
+    """``did you mean --bandwidth?`` for the first unknown flag close to a known one, or ""."""
+    for token in unknown:
+        if not token.startswith("-"):
+            continue
+        flag = token.split("=", 1)[0]
+        close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+        if close:
+            return f"did you mean {close[0]}?"
+    return ""
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse whose usage errors are one line, ``PROG: error: ... (see PROG --help)``,
-    and exit 2, like every other mistake."""
+    and exit 2, like every other mistake; flags are taken only whole (``allow_abbrev``
+    is off here and on every subparser, which are of this class too), and an unknown
+    flag gets a did-you-mean suggestion."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None,
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if not hasattr(parsed, _FLAG_OWNER):  # a subcommand's parser has set it already
+            setattr(parsed, _FLAG_OWNER, self)
+        return parsed, extras
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        parsed, extras = self.parse_known_args(args, namespace)
+        owner = getattr(parsed, _FLAG_OWNER, self)
+        delattr(parsed, _FLAG_OWNER)
+        if extras:
+            message = f"unrecognized arguments: {' '.join(extras)}"
+            hint = did_you_mean(extras, owner.known_flags())
+            (owner if isinstance(owner, OneLineParser) else self).error(
+                f"{message}; {hint}" if hint else message)
+        return parsed
+
+    def known_flags(self) -> list[str]:
+        """The long flags this parser takes (its subcommands' not included)."""
+        return sorted(flag for flag in self._option_string_actions if flag.startswith("--"))
 
     def error(self, message: str) -> NoReturn:
         fail(f"{message} (see {self.prog} --help)", self.prog)

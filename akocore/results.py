@@ -293,6 +293,11 @@ class RunResult:
         "s", "wall seconds the simulation took", "akosim"))
     events: Mapping[str, Any] = field(default_factory=dict, metadata=meta(
         "", "simulator event counts (rate solves, messages, ...)", "akosim"))
+    partial: bool = field(default=False, metadata=meta(
+        "", "some ranks left no record: the figures are of the others (`missing_ranks`)",
+        "akorun"))
+    missing_ranks: tuple[int, ...] = field(default=(), metadata=meta(
+        "", "ranks that left no record (their `per_worker` entries say `failed`)", "akorun"))
     per_worker: tuple[RankResult, ...] = field(default=(), metadata=meta(
         "", "one RankResult per rank (akorun: every rank; akosim: the training workers)"))
     per_link: tuple[LinkResult, ...] = field(default=(), metadata=meta(

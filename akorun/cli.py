@@ -1,4 +1,4 @@
-"""The `akorun` command line: init, worker, ps, launch, measure-messages.
+"""The `akorun` command line: init, worker, ps, launch, merge, measure-messages.
 
 This module owns argument parsing and exit statuses, nothing else: each
 subcommand turns its flags into the dataclasses of the module that does the
@@ -58,8 +58,16 @@ from akorun.errors import (
 )
 from akorun.faults import faults_for
 from akorun.keys import rank_key_file, write_rank_key_files
-from akorun.launch import LaunchOptions, check_run_directory, launch, worker_flags
+from akorun.launch import (
+    LAUNCHER_PID_ENV,
+    LaunchOptions,
+    check_run_directory,
+    launch,
+    summary_table,
+    worker_flags,
+)
 from akorun.roles import check_role
+from akorun.run_merge import merge_ranks, rank_records, records_complete
 from akorun.testbed.runner import TESTBEDS, TestbedOptions, launch_on_testbed
 from akorun.worker import TLSOptions, Worker, WorkerOptions, summary_line
 
@@ -88,7 +96,10 @@ examples:
   torchrun-style: RANK=1 WORLD_SIZE=4 akorun worker --config cluster.toml
   akorun worker --rank 2 --config cluster.toml --resume --checkpoint-dir runs/a/checkpoints
 
-Writes OUT/worker-R.json (result) and OUT/worker-R.npz (final params).
+Writes OUT/worker-R.json (result) and OUT/worker-R.npz (final params). Started by hand
+(not by `akorun launch`), each rank at its end merges OUT/result.json when OUT holds every
+rank's record of this run (a directory all hosts share): the last rank to finish writes it.
+Otherwise run `akorun merge OUT` once the records are together.
 Serves GET /metrics (Prometheus) and GET /status (JSON), read-only and unauthenticated.
 Shared flags given here override the cluster file and must be the same on every rank
 (the hello handshake refuses a rank whose config differs).
@@ -122,6 +133,22 @@ queue limits, addresses and tc commands the testbed applied). The testbed needs
 root, `ip` and `tc`; its namespaces are deleted when the run ends, fails or is
 stopped.
 Ctrl-C stops the ranks gracefully (SIGTERM, then SIGKILL after --kill-grace).
+The ranks die with the launcher: if it is killed (even SIGKILL), each gets SIGTERM,
+finishes its round and writes its record; `akorun merge OUT` then writes OUT/result.json.
+"""
+
+MERGE_EPILOG = """\
+examples:
+  akorun merge runs/by-hand
+      after `akorun init` and `akorun worker --rank R --out runs/by-hand` on each host
+      (a shared directory, or every host's worker-R.json and worker-R.npz copied into it)
+  akorun merge runs/three
+      a run whose launcher was killed: its ranks wrote their records as they stopped
+
+Writes RUN_DIR/result.json, the same record `akorun launch` writes, which
+`akosim predict RUN_DIR` reads. Ranks with no record are merged as failed and the
+result is marked partial ("partial": true, "missing_ranks": [...]); the exit status
+is 0 unless there is nothing to merge (2).
 """
 
 
@@ -197,7 +224,9 @@ def build_parser() -> ArgumentParser:
                     "exchanging gradient partitions over HTTP with stale-synchronous gating.",
         epilog="examples:\n  akorun launch --workers 3 --rounds 100 --out runs/demo\n"
                "  akorun init --workers 3 --out cluster.toml && "
-               "akorun worker --rank 0 --config cluster.toml\n\n"
+               "akorun worker --rank 0 --config cluster.toml --out runs/demo\n"
+               "  akorun merge runs/demo      (the run's result.json from its ranks' "
+               "records)\n\n"
                "every command also takes the " + _shared_flags_help(),
         formatter_class=_FORMATTER)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -262,6 +291,15 @@ def build_parser() -> ArgumentParser:
     _add_runtime_flags(run, Tool.AKORUN_LAUNCH)
     add_shared_arguments(run, Tool.AKORUN_LAUNCH)
     run.set_defaults(handler=cmd_launch)
+    merge = commands.add_parser("merge", help="write a run's result.json from its ranks' "
+                                              "records",
+                                description="Merge the ranks' OUT/worker-R.json and "
+                                            "OUT/worker-R.npz into OUT/result.json.",
+                                epilog=MERGE_EPILOG, formatter_class=_FORMATTER)
+    merge.add_argument("run_dir", metavar="RUN_DIR",
+                       help="the directory holding the ranks' records (their --out)")
+    merge.add_argument("--quiet", action="store_true", help="no summary table")
+    merge.set_defaults(handler=cmd_merge)
     # measure-messages: its own module (akorun.message_bench) owns flags and handler
     message_bench.add_parser(commands, _FORMATTER)
     return parser
@@ -363,6 +401,46 @@ def cmd_worker(args: argparse.Namespace) -> int:
     asyncio.run(worker.run())
     if out is not None and not args.quiet:
         sys.stderr.write(summary_line(worker.rank_result) + "\n")
+    if out is not None and LAUNCHER_PID_ENV not in os.environ:
+        _merge_if_complete(out, settings.run_id, cfg.cluster.workers, quiet=args.quiet)
+    return 0
+
+
+def _merge_if_complete(out: Path, run_id: str, workers: int, *, quiet: bool) -> None:
+    """A rank started by hand, at its end: OUT/result.json when OUT holds every rank's
+    record of this run, else one line saying how to make it later."""
+    if not records_complete(out, run_id, workers):
+        if not quiet:
+            try:
+                held = rank_records(out)
+            except UsageError:
+                held = {}
+            waiting = [r for r in range(workers) if r not in held
+                       or held[r].details.get("run_id") != run_id]
+            sys.stderr.write(f"result.json: not yet, {out} has no record of rank(s) "
+                             f"{', '.join(map(str, waiting))}; the last rank to finish here "
+                             f"writes it, or run `akorun merge {out}` once they are together\n")
+        return
+    try:
+        outcome = merge_ranks(out, run_id=run_id)
+    except (UsageError, OSError) as error:
+        sys.stderr.write(f"result.json: not written ({one_line(error)}); run "
+                         f"`akorun merge {out}`\n")
+        return
+    if not quiet:
+        sys.stderr.write(f"wrote {outcome.path} (every rank's record of this run)\n")
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    outcome = merge_ranks(Path(args.run_dir))
+    if not args.quiet:
+        sys.stderr.write(summary_table(outcome.result) + "\n")
+    if outcome.missing_ranks:
+        sys.stderr.write(f"wrote {outcome.path}: partial, rank(s) "
+                         f"{', '.join(map(str, outcome.missing_ranks))} left no record in "
+                         f"{args.run_dir}\n")
+    else:
+        sys.stderr.write(f"wrote {outcome.path}: every rank's record\n")
     return 0
 
 

@@ -4,7 +4,7 @@ This module owns the single-machine run: it writes ``DIR/cluster.toml``
 (loopback, free ports, a fresh run id and secret), starts one
 ``python -m akorun worker|ps`` per rank with its output in ``DIR/worker-R.log``,
 shows one progress line (polling every rank's read-only ``/status``), waits
-for all, and merges ``DIR/result.json`` (akorun.results). Ctrl-C or SIGTERM
+for all, and merges ``DIR/result.json`` (akorun.run_merge). Ctrl-C or SIGTERM
 stops the children gracefully: SIGTERM to each (they finish their round,
 flush and checkpoint), then SIGKILL after a grace period (the log says so). A
 rank stopped before it joined exits 130 after telling the peers that are up
@@ -13,6 +13,14 @@ stopping, that exit (and a rank our SIGTERM ended before it could catch
 signals) counts as interrupted, not failed. The exit status is
 non-zero if any rank failed, and the message names it and shows the tail of
 its log.
+
+The ranks die with the launcher: they share one process group of their own
+(``kill -- -PGID`` stops them all; the terminal's Ctrl-C reaches only the
+launcher, which stops them as above), and each asks Linux for SIGTERM when the
+launcher dies (prctl PR_SET_PDEATHSIG, set between fork and exec), so even a
+SIGKILLed launcher leaves no rank running: each finishes its round, writes its
+record and exits, and ``akorun merge DIR`` makes the result from those records.
+The ranks see ``AKORUN_LAUNCHER_PID`` and leave the merge to the launcher.
 
 Where the ranks run is a `Placement`: loopback by default; the real-network
 testbed (akorun.testbed) gives each rank a host in its own network namespace,
@@ -25,6 +33,7 @@ processes do not oversubscribe the cores.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -33,23 +42,23 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from akocore.config import ResolvedSettings, RunConfig, config_to_dict
-from akocore.results import RankResult, RunResult
+from akocore.config import ResolvedSettings, RunConfig
+from akocore.results import RunResult
 from akorun.cluster import AkorunSettings, loopback_hosts, with_hosts, write_cluster_file
 from akorun.errors import EXIT_INTERRUPTED, Interrupted, RunError, UsageError
 from akorun.keys import restrict_new_files
-from akorun.results import merge_results, write_json
 from akorun.roles import role_of
+from akorun.run_merge import merge_ranks
 
 SINGLE_THREAD_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 LOG_TAIL_LINES = 15
 GRACE_RAN_OUT = "the kill grace ran out"  # launch's log line when it must SIGKILL ranks
+LAUNCHER_PID_ENV = "AKORUN_LAUNCHER_PID"  # set in every rank launch starts: it merges
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclass(frozen=True)
@@ -143,6 +152,31 @@ def _progress_line(cfg: RunConfig, statuses: list[dict[str, Any] | None]) -> str
     return line
 
 
+def _libc_prctl() -> Callable[..., int] | None:
+    """libc's prctl on Linux (looked up before any fork), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
+
+
+def dies_with_parent(parent_pid: int) -> Callable[[], None]:
+    """A Popen preexec_fn: the child gets SIGTERM when its parent (`parent_pid`) dies,
+    and SIGTERM at once when the parent died before the child could ask (no-op off Linux)."""
+    prctl = _libc_prctl()
+
+    def preexec() -> None:
+        if prctl is None:
+            return
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent_pid:  # the parent is gone already
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     try:
         text = path.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -162,6 +196,7 @@ class Launcher:
         self.settings = settings
         self.resolved = resolved  # where each setting came from (the cluster file says so)
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.process_group: int | None = None  # the ranks' (rank 0's pid)
         self.stopping = False
         self.stop_signal_time_s: float | None = None
         self.killed_after_grace = False  # the grace ran out: SIGKILL (said once in the log)
@@ -177,15 +212,30 @@ class Launcher:
         write_cluster_file(self.cluster_path, self.cfg, self.settings, resolved=self.resolved)
         n = self.cfg.cluster.workers
         env = child_env(n, self.options.env)
+        env[LAUNCHER_PID_ENV] = str(os.getpid())
+        preexec = dies_with_parent(os.getpid())
         for rank in range(n):
             command = [*self.placement.prefix(rank), sys.executable, "-m", "akorun",
                        role_of(self.cfg, rank), "--rank", str(rank), "--config",
                        str(self.cluster_path), "--out", str(out),
                        *self.options.worker_args]
             with open(out / f"worker-{rank}.log", "wb") as log_file:
-                self.procs.append(subprocess.Popen(command, stdout=log_file,
-                                                   stderr=subprocess.STDOUT, env=env,
-                                                   start_new_session=True))
+                self.procs.append(self._popen(command, log_file, env, preexec))
+            if self.process_group is None:
+                self.process_group = self.procs[0].pid
+
+    def _popen(self, command: list[str], log_file: Any, env: dict[str, str],
+               preexec: Callable[[], None]) -> subprocess.Popen[bytes]:
+        """One rank in the ranks' process group (a new one for rank 0: not the terminal's
+        foreground group, so Ctrl-C reaches the launcher only), dying with the launcher."""
+        try:
+            return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file,
+                                    stderr=subprocess.STDOUT, env=env, preexec_fn=preexec,
+                                    process_group=self.process_group or 0)
+        except PermissionError:  # the group is gone (its ranks all exited): a new one
+            return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file,
+                                    stderr=subprocess.STDOUT, env=env, preexec_fn=preexec,
+                                    process_group=0)
 
     def _on_signal(self, signum: int, frame: object) -> None:
         if not self.stopping:
@@ -246,27 +296,11 @@ class Launcher:
                 next_progress_s = now + options.progress_every_s
 
     def merge(self) -> RunResult:
-        out = self.options.out_dir
-        ranks: list[RankResult] = []
-        replicas: list[np.ndarray] = []
-        for rank in range(self.cfg.cluster.workers):
-            path = out / f"worker-{rank}.json"
-            code = self.procs[rank].returncode
-            if path.exists():
-                result = RankResult.from_json(json.loads(path.read_text(encoding="utf-8")),
-                                              path.name)
-                ranks.append(replace(result, exit_code=code))
-                npz = out / f"worker-{rank}.npz"
-                if result.role == "worker" and npz.exists():
-                    with np.load(npz) as data:
-                        replicas.append(np.array(data["params"]))
-            else:
-                ranks.append(RankResult(rank, role_of(self.cfg, rank), exit_code=code,
-                                        failed=True))
-        merged = merge_results(config_to_dict(self.cfg), ranks, replicas,
-                               batch_size=self.cfg.train.batch_size, run_id=self.settings.run_id)
-        write_json(out / "result.json", merged.to_json())
-        return merged
+        """OUT/result.json from the ranks' records of this run and their exit statuses
+        (a rank with no record is merged as failed, the result marked partial)."""
+        codes = {rank: proc.returncode for rank, proc in enumerate(self.procs)}
+        return merge_ranks(self.options.out_dir, config=self.cfg, run_id=self.settings.run_id,
+                           exit_codes=codes, allow_empty=True).result
 
     def failures(self) -> list[tuple[int, int, str]]:
         """(rank, exit status, tail of its log) of every rank that failed. While stopping,

@@ -1,6 +1,9 @@
 """Human tables and result files for simulated runs.
 
-`format_table` prints the side-by-side comparison a user reads first;
+`format_table` prints the side-by-side comparison a user reads first (its NIC
+column gives two figures, the mean use of the training workers' uplinks and the
+busiest NIC of any node, servers included, which is the one the bottleneck
+column names when a NIC is the bottleneck);
 `plan_result` turns the simulated configurations into the akocore.results
 records (`PlanResult`: config echoed, one `RunResult` per configuration in
 `runs`, with `per_worker` and `per_link`), the file ``--out`` writes;
@@ -29,16 +32,26 @@ def _stale(value: float) -> str:
     return "inf" if math.isinf(value) else f"{value:g}"
 
 
+NIC_HEADER = "NIC use: workers / busiest"
+
+
+def nic_use(run: SimRun) -> str:
+    """``84% / 84%``: the training workers' mean uplink use, then the busiest NIC's
+    (any node's uplink or downlink, parameter servers included)."""
+    busiest = max(run.max_uplink_utilisation, run.max_downlink_utilisation)
+    return f"{100 * run.nic_utilisation:.0f}% / {100 * busiest:.0f}%"
+
+
 def format_table(runs: list[SimRun], *, training: bool = False) -> str:
-    headers = ["configuration", "round time", "samples/s", "sent/worker/round", "NIC use",
-               "staleness", "bottleneck"]
+    headers = ["configuration", "round time", "samples/s", "sent/worker/round",
+               NIC_HEADER, "staleness", "bottleneck"]
     if training:
         headers[1:1] = ["time to target", "final acc"]
     rows = []
     for run in runs:
         row = [run.label, format_duration(run.round_time_s), f"{run.samples_per_s:,.1f}",
                format_size(run.bytes_sent_per_worker_per_round),
-               f"{100 * run.nic_utilisation:.0f}%",
+               nic_use(run),
                f"<= {_stale(run.staleness_bound_rounds)} rounds", run.bottleneck]
         if training:
             ttt = "not reached" if run.time_to_target_s is None else format_duration(

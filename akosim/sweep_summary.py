@@ -32,7 +32,8 @@ class BestRow:
     ssp: float
     round_time_s: float
     samples_per_s: float
-    nic_utilisation: float
+    nic_utilisation: float  # the training workers' mean uplink use
+    busiest_nic_utilisation: float  # any node's uplink or downlink, servers included
     staleness_bound_rounds: float
     bottleneck: str
     candidates: int  # rows in the group
@@ -58,6 +59,13 @@ def read_rows(sweep_dir: Path) -> list[SweepRow]:
             for point in sweep.points for run in point.runs]
 
 
+def _busiest(run: RunResult) -> float:
+    """The busiest NIC's use (uplinks and downlinks of every node), nan when unknown."""
+    known = [u for u in (run.max_uplink_utilisation, run.max_downlink_utilisation)
+             if u is not None]
+    return max(known) if known else math.nan
+
+
 def best_per_group(rows: list[SweepRow]) -> list[BestRow]:
     """The row with the most samples/s in each group, groups in order of appearance."""
     groups: dict[tuple[tuple[str, str], ...], list[RunResult]] = {}
@@ -75,6 +83,7 @@ def best_per_group(rows: list[SweepRow]) -> list[BestRow]:
             group=group, scheme=top.scheme, p=top.p, ssp=top.ssp,
             round_time_s=_finite(top.round_time_s), samples_per_s=_finite(top.samples_per_s),
             nic_utilisation=_finite(top.nic_utilisation),
+            busiest_nic_utilisation=_busiest(top),
             staleness_bound_rounds=_finite(top.staleness_bound_rounds),
             bottleneck=top.bottleneck or "", candidates=len(members)))
     return best
@@ -100,15 +109,16 @@ def format_summary(best: list[BestRow]) -> str:
     if not best:
         return "no finished points to summarise"
     keys = [key for key, _ in best[0].group]
-    headers = [*keys, "best", "round time", "samples/s", "NIC use", "staleness", "of",
-               "bottleneck"]
+    headers = [*keys, "best", "round time", "samples/s", "NIC use: workers / busiest",
+               "staleness", "of", "bottleneck"]
     rows = []
     for row in best:
         choice = f"{row.scheme} p={row.p} s={_rounds(row.ssp)}" if row.scheme == "ako" \
             else row.scheme
         rows.append([*(_value(key, value) for key, value in row.group), choice,
                      format_duration(row.round_time_s), f"{row.samples_per_s:,.1f}",
-                     f"{100 * row.nic_utilisation:.0f}%",
+                     f"{100 * row.nic_utilisation:.0f}% / "
+                     f"{100 * row.busiest_nic_utilisation:.0f}%",
                      f"<= {_rounds(row.staleness_bound_rounds)} rounds",
                      str(row.candidates), row.bottleneck])
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]

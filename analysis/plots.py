@@ -1,13 +1,15 @@
 """Records -> accuracy-against-time plots, one PNG per network (needs matplotlib).
 
 `plot_networks` imports matplotlib when called, so the rest of the report
-works without it (build_report catches the ImportError and says so).
+works without it (build_report catches the ImportError and says so); the
+error it raises (akocore.extras.MissingExtra) names the extra that installs it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from akocore.extras import require
 from analysis.matrix import (
     ALL_SCHEMES,
     NETWORKS,
@@ -30,8 +32,7 @@ def plot_networks(records: dict[tuple[str, str], Record], out: Path, *,
                   schemes: tuple[str, ...] = SCHEMES, prefix: str = "accuracy") -> list[Path]:
     """One PNG per network, OUT/<prefix>-<network>.png: accuracy against time of the
     `schemes` columns, a panel per worker count."""
-    import matplotlib
-
+    matplotlib = require("matplotlib", "plot", "the accuracy plots")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

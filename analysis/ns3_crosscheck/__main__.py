@@ -19,6 +19,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from akocore.extras import install_command
 from analysis.ns3_crosscheck.akosim_run import MODELS, register_model
 from analysis.ns3_crosscheck.ns3_run import DEFAULT_TCP
 from analysis.ns3_crosscheck.record import CaseResult, RecordError, read_record, write_record
@@ -105,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.grid not in GRIDS:
         return _fail(f"unknown grid {args.grid!r}; known: {', '.join(sorted(GRIDS))}")
     if not ns3_available():
-        return _fail("the ns-3 bindings are not installed (pip install '.[ns3]' or nox -s ns3)")
+        return _fail("the ns-3 cross-check needs the ns-3 bindings, in the optional extra "
+                     f"'ns3': {install_command('ns3')} (or nox -s ns3)")
 
     def progress(case: CaseResult) -> None:
         print(f"  {case.name}: ns-3 / {models[0]} = {case.ratio(models[0]):.3f} "
