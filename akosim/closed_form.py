@@ -8,10 +8,10 @@ arithmetic instead of tens of thousands of simulated events:
 
 * ring all-reduce, n nodes, chunks of the gradient cut as `partition_bounds`
   cuts them: each link i -> i+1 is alone on its sender's uplink and its
-  receiver's downlink, so the ring is n independent queues; a max-plus
-  recursion gives every send's time (exact while a worker's sends never
-  overlap, i.e. the chunks are even or latency hides the difference) and a
-  small event loop over the n queues handles the overlapping case exactly;
+  receiver's downlink and carries its messages in order (the ring's
+  neighbour stream), so the ring is n independent FIFO queues and a max-plus
+  recursion gives every send's time (`ring_round_ends`, on any NICs, caps and
+  latencies: tests/test_ring_uneven.py checks the simulation against it);
 * parameter server, k servers, W = n - k workers: push then pull, each
   phase as long as its busiest resource (a worker's uplink carries the
   whole gradient, a server's downlink W copies of its shard, a pair's cap one
@@ -26,8 +26,6 @@ PS (SDAG), traces, training) returns None and is simulated.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
 import time
 from dataclasses import dataclass
@@ -38,6 +36,7 @@ from akocore.figures import steady_round_time_s
 from akocore.messages import FLOAT_BYTES
 from akocore.partition import partition_bounds
 from akocore.units import format_bandwidth
+from akosim.netspec import NetworkSpec
 from akosim.scenario import Setup, SimRun, Variant, WorkerReport, network_spec
 
 
@@ -100,20 +99,83 @@ def _chunk_bytes(length: int, parts: int) -> np.ndarray:
     return np.diff(partition_bounds(length, parts)).astype(float) * FLOAT_BYTES
 
 
-def _ring(setup: Setup, variant: Variant, u: Uniform) -> SimRun:
-    """Ring all-reduce: worker i sends step s of round r once it has dispatched round r
-    and processed step s-1 from i-1; each link i -> i+1 is alone on i's uplink and
-    i+1's downlink, so it is a processor-sharing queue of its own at rate
-    min(up, down, cap), a message arriving `latency` after its last byte. The fast
-    max-plus recursion is exact while a worker's sends never overlap; when they do
-    (uneven chunks), the per-link event loop is."""
-    n, rounds = setup.nodes, u.rounds
-    chunks = _chunk_bytes(setup.length, n)
+def ring_step_sizes(length: int, n: int) -> np.ndarray:
+    """sizes[s, i]: bytes node i sends at ring step s (2(n-1) steps), as
+    akocore.schemes.allreduce cuts them."""
+    chunks = _chunk_bytes(length, n)
     ranks = np.arange(n)
-    sizes = np.array([chunks[(ranks - s) % n] if s < n - 1
-                      else chunks[(ranks + 1 - (s - (n - 1))) % n] for s in range(2 * (n - 1))])
+    return np.array([chunks[(ranks - s) % n] if s < n - 1
+                     else chunks[(ranks + 1 - (s - (n - 1))) % n] for s in range(2 * (n - 1))])
+
+
+def ring_links(spec: NetworkSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(rate_bps[i], latency_s[i]) of each ring link i -> i+1: alone on i's uplink and
+    i+1's downlink, it runs at min(up_i, down_i+1, cap_i,i+1)."""
+    n = spec.n
+    ranks = np.arange(n)
+    following = (ranks + 1) % n
+    rate_bps = np.minimum(np.minimum(spec.uplink_bps, spec.downlink_bps[following]),
+                          spec.link_bps[ranks, following])
+    return rate_bps.astype(float), spec.latency_s[ranks, following].astype(float)
+
+
+def ring_round_ends(sizes: np.ndarray, rate_bps: np.ndarray, latency_s: np.ndarray,
+                    lead_s: np.ndarray, rounds: int) -> np.ndarray:
+    """dispatch[r, i]: when worker i ends round r (hands its gradient to the ring).
+
+    The step-by-step closed form of ring all-reduce on any NICs, per-pair caps and
+    latencies: link i -> i+1 carries one message at a time at rate_bps[i] (its
+    in-order stream), a message arriving latency_s[i] after its last byte left.
+    Worker i sends step 0 of round r at its dispatch (round r-1's ring complete
+    there, then lead_s[i] of compute and overhead) and step s + 1 once step s has
+    arrived from i - 1, each no earlier than its previous message left. With no
+    latency every step waits for the slowest link, so a round's ring takes the
+    sum over its steps of each step's slowest chunk time.
+    """
+    return _ring_timing(sizes, rate_bps, latency_s, lead_s, rounds)[0]
+
+
+RingTiming = tuple[np.ndarray, float, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _ring_timing(sizes: np.ndarray, rate_bps: np.ndarray, latency_s: np.ndarray,
+                 lead_s: np.ndarray, rounds: int) -> RingTiming:
+    """(dispatch[r, i], window, bytes carried by each uplink, bytes of ended transfers
+    per sender, bytes delivered per receiver) over the window (start to the first
+    worker's last dispatch), by the max-plus recursion of `ring_round_ends`."""
+    steps, n = sizes.shape
+    tx = sizes * 8 / rate_bps
+    begin = np.empty((rounds, steps, n))
+    dispatch = np.empty((rounds, n))
+    ready = np.zeros(n)  # when each worker may start its next round
+    link_free = np.zeros(n)
+    for r in range(rounds):
+        dispatch[r] = ready + lead_s
+        send = dispatch[r]
+        for s in range(steps):
+            send = np.maximum(send, link_free)
+            begin[r, s] = send
+            link_free = send + tx[s]
+            arrival = np.roll(link_free + latency_s, 1)  # i+1 receives from i
+            if s < steps - 1:
+                send = np.maximum(dispatch[r], arrival)
+            else:
+                ready = arrival
+    window = float(dispatch[-1].min())
+    ends = begin + tx
+    carried = (np.clip(window - begin, 0.0, tx) * rate_bps / 8).sum(axis=(0, 1))
+    finished = np.where(ends <= window, sizes, 0.0).sum(axis=(0, 1))
+    delivered = np.roll(np.where(ends + latency_s <= window, sizes, 0.0).sum(axis=(0, 1)), 1)
+    return dispatch, window, carried, finished, delivered
+
+
+def _ring(setup: Setup, variant: Variant, u: Uniform) -> SimRun:
+    """Ring all-reduce on a homogeneous cluster: `ring_round_ends` and its counters."""
+    n, rounds = setup.nodes, u.rounds
+    sizes = ring_step_sizes(setup.length, n)
     rate = min(u.up_bps, u.down_bps, u.cap_bps)
-    timing = _ring_recursion(sizes, rate, u) or _ring_events(sizes, rate, u)
+    timing = _ring_timing(sizes, np.full(n, rate), np.full(n, u.latency_s),
+                          np.full(n, u.compute_s + u.overhead_s), rounds)
     dispatch, window, carried, finished, delivered = timing
     # every round's bytes (the simulation's timeline counter may miss part of the last
     # round's forwarded chunks; the steady figure per round is this one)
@@ -124,135 +186,6 @@ def _ring(setup: Setup, variant: Variant, u: Uniform) -> SimRun:
     return _report(setup, variant, u, window, n, round_times=round_times, waits=waits,
                    counted=counted, carried_up=carried, carried_down=np.roll(carried, 1),
                    finished=finished, delivered=delivered, links=links)
-
-
-RingTiming = tuple[np.ndarray, float, np.ndarray, np.ndarray, np.ndarray]
-
-
-def _ring_recursion(sizes: np.ndarray, rate: float, u: Uniform) -> RingTiming | None:
-    """(dispatch[r, i], window, bytes carried by each uplink, bytes of ended transfers
-    per sender, bytes delivered per receiver) over the window; None on an overlap."""
-    steps, n = sizes.shape
-    rounds = u.rounds
-    tx = sizes * 8 / rate
-    begin = np.empty((rounds, steps, n))
-    dispatch = np.empty((rounds, n))
-    ready = np.zeros(n)  # when each worker may start its next round
-    uplink_free = np.zeros(n)
-    for r in range(rounds):
-        dispatch[r] = ready + u.compute_s + u.overhead_s
-        send = dispatch[r]
-        for s in range(steps):
-            if np.any(send < uplink_free):
-                return None
-            begin[r, s] = send
-            uplink_free = send + tx[s]
-            arrival = np.roll(uplink_free + u.latency_s, 1)  # i+1 receives from i
-            if s < steps - 1:
-                send = np.maximum(dispatch[r], arrival)
-            else:
-                ready = arrival
-    window = float(dispatch[-1].min())  # the first worker's last dispatch
-    ends = begin + tx
-    carried = (np.clip(window - begin, 0.0, tx) * rate / 8).sum(axis=(0, 1))
-    finished = np.where(ends <= window, sizes, 0.0).sum(axis=(0, 1))
-    delivered = np.roll(np.where(ends + u.latency_s <= window, sizes, 0.0).sum(axis=(0, 1)), 1)
-    return dispatch, window, carried, finished, delivered
-
-
-def _ring_events(sizes: np.ndarray, rate: float, u: Uniform) -> RingTiming:
-    """The same figures by an event loop over the n independent link queues (exact when
-    a worker's sends overlap and share its link)."""
-    steps, n = sizes.shape
-    rounds, lead_s = u.rounds, u.compute_s + u.overhead_s
-    size_of: list[list[float]] = sizes.tolist()  # plain floats: the loop reads them often
-    events: list[tuple[float, int, str, int, int, int]] = []
-    order = itertools.count()
-    flows: list[dict[int, float]] = [{} for _ in range(n)]  # link i: flow id -> bits left
-    flow_of: dict[int, tuple[int, int, float]] = {}  # flow id -> (round, step, bytes)
-    link_t, version = [0.0] * n, [0] * n
-    round_of, dispatched, processed = [0] * n, [False] * n, [-1] * n
-    held: list[set[tuple[int, int]]] = [set() for _ in range(n)]
-    dispatch = np.full((rounds, n), np.nan)
-    sent_bits, ended, arrived = [0.0] * n, [0.0] * n, [0.0] * n
-    snapshot: RingTiming | None = None
-
-    def push(t: float, kind: str, node: int, a: int = 0, b: int = 0) -> None:
-        heapq.heappush(events, (t, next(order), kind, node, a, b))
-
-    def advance(i: int, t: float) -> None:
-        if flows[i]:
-            used = (t - link_t[i]) * rate / len(flows[i])
-            for fid in flows[i]:
-                flows[i][fid] -= used
-        link_t[i] = t
-
-    def reschedule(i: int, t: float) -> None:
-        version[i] += 1
-        if flows[i]:
-            push(t + min(flows[i].values()) * len(flows[i]) / rate, "done", i, version[i])
-
-    def send(i: int, r: int, s: int, t: float) -> None:
-        advance(i, t)
-        fid = next(order)
-        size = size_of[s][i]
-        flows[i][fid] = size * 8
-        flow_of[fid] = (r, s, size)
-        sent_bits[i] += size * 8
-        reschedule(i, t)
-
-    def process(j: int, t: float) -> None:
-        while dispatched[j] and (round_of[j], processed[j] + 1) in held[j]:
-            r, s = round_of[j], processed[j] + 1
-            held[j].remove((r, s))
-            processed[j] = s
-            if s < steps - 1:
-                send(j, r, s + 1, t)
-            else:  # the ring of round r is complete here
-                round_of[j], dispatched[j], processed[j] = r + 1, False, -1
-                if r + 1 < rounds:
-                    push(t + lead_s, "dispatch", j, r + 1)
-
-    def arrive(j: int, r: int, s: int, t: float) -> None:
-        arrived[j] += size_of[s][(j - 1) % n]
-        held[j].add((r, s))
-        process(j, t)
-
-    for i in range(n):
-        push(lead_s, "dispatch", i, 0)
-    while events:
-        t, _, kind, node, a, b = heapq.heappop(events)
-        if kind == "dispatch":
-            if a == rounds - 1 and snapshot is None:  # the window ends: take the counters
-                for i in range(n):
-                    advance(i, t)
-                left = np.array([sum(f.values()) for f in flows])
-                snapshot = (dispatch, t, (np.array(sent_bits) - left) / 8, np.array(ended),
-                            np.array(arrived))
-            dispatch[a, node] = t
-            dispatched[node] = True
-            send(node, a, 0, t)
-            process(node, t)
-        elif kind == "done":
-            if a != version[node]:
-                continue
-            advance(node, t)
-            # the flow this event was scheduled for ends now (and any within rounding of it)
-            lowest = min(flows[node].values())
-            tolerance = lowest + 1e-9 * max(abs(lowest), max(flows[node].values()), 1.0)
-            for fid in [f for f, bits in flows[node].items() if bits <= tolerance]:
-                del flows[node][fid]
-                r, s, size = flow_of.pop(fid)
-                ended[node] += size
-                if u.latency_s > 0:
-                    push(t + u.latency_s, "arrive", (node + 1) % n, r, s)
-                else:  # arrives now: no need to queue it
-                    arrive((node + 1) % n, r, s, t)
-            reschedule(node, t)
-        else:
-            arrive(node, a, b, t)
-    assert snapshot is not None
-    return snapshot
 
 
 def _ps(setup: Setup, variant: Variant, u: Uniform) -> SimRun:

@@ -28,6 +28,7 @@ from akosim.multicast import MulticastDelivery
 from akosim.netspec import NetworkSpec
 from akosim.netstats import NetworkStats
 from akosim.network import FluidNetwork
+from akosim.pairstream import PairStreams
 
 
 class GradientSource(Protocol):
@@ -129,6 +130,8 @@ class Simulation:
     # ------------------------------------------------------------------ running
 
     def run(self, until_s: float | None = None) -> None:
+        ordered = any(node.in_order_sends for node in self.nodes)
+        self._streams = PairStreams(self.net) if ordered else self.net
         for rank in self.workers:
             self.env.process(self._worker(rank))
         self.env.run(until=until_s)
@@ -216,7 +219,8 @@ class Simulation:
             if line is not None and not self.nodes[src].finished:
                 line.bytes_sent += msg.nbytes * len(send.dests)
             token = _InFlight(msg, src, self.env.now, len(send.dests))
-            self.net.send(src, send.dests, msg.nbytes, self._delivered, token)
+            net = self._streams if self.nodes[src].in_order_sends else self.net
+            net.send(src, send.dests, msg.nbytes, self._delivered, token)
 
     def _delivered(self, dests: np.ndarray, token: object) -> None:
         assert isinstance(token, _InFlight)

@@ -65,8 +65,14 @@ class FluidNetwork:
         self._next_batch = 0
         self._wake: simpy.Event | None = None
         self._wake_s = np.inf
+        self._transfer_listeners: list[Callable[[np.ndarray, np.ndarray], None]] = []
 
     # ------------------------------------------------------------------ API
+
+    def on_transfer_end(self, listener: Callable[[np.ndarray, np.ndarray], None]) -> None:
+        """Call `listener(src, dst)` (aligned arrays) whenever transfers end (their last
+        byte left; they arrive after their latency), before their deliveries."""
+        self._transfer_listeners.append(listener)
 
     def send(
         self,
@@ -194,6 +200,9 @@ class FluidNetwork:
             self._arm(next_s)
         for delivery in deliveries:
             self._counters.add_sent(delivery.src, delivery.size_bytes)
+        for listener in self._transfer_listeners:
+            for delivery in deliveries:
+                listener(delivery.src, delivery.dst)
         # Nothing else is scheduled at this instant (see above), so messages that
         # arrive now are handed over at once: in the order their timeouts would run.
         for delivery in deliveries:
