@@ -1,7 +1,7 @@
 """What `akosim calibrate` measured on one host: the TCP-aware flow model's parameters.
 
 `TcpParameters` are the parameters of akosim's TCP-aware network model
-(akosim.tcpmodel documents what each one does): the wire framing that makes
+(akosim.network.tcpmodel documents what each one does): the wire framing that makes
 goodput a fraction of the line rate, the largest window (the window/RTT
 bound), the initial congestion window and handshake (the slow-start cost of a
 fresh connection), how many pooled connections akorun keeps per peer, and the
@@ -82,7 +82,7 @@ class TcpParameters:
         "messages share the links as separate flows", "akosim"))
     sender_fifo: bool = field(default=True, metadata=meta(
         "", "a node's messages leave its NIC first come, first sent (drop-tail queue; "
-        "akosim.senderfifo); false: shared max-min fairly whenever they started", "akosim"))
+        "akosim.network.senderfifo); false: shared max-min fairly whenever they started", "akosim"))
     slow_start: bool = field(default=True, metadata=meta(
         "", "fresh connections pay the handshake and slow start (false: every connection "
         "is already at full window)", "akosim"))

@@ -287,7 +287,7 @@ def _message_overhead(args: argparse.Namespace, nodes: int, *,
 
 def _setup(args: argparse.Namespace, cfg: RunConfig, *, training: bool):
     from akosim.engine import StopRule
-    from akosim.fluid import COALESCE_REL
+    from akosim.network.fluid import COALESCE_REL
     from akosim.scenario import Setup
 
     cache: dict[str, Any] = {}

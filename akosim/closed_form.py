@@ -36,7 +36,7 @@ from akocore.figures import steady_round_time_s
 from akocore.messages import FLOAT_BYTES
 from akocore.partition import partition_bounds
 from akocore.units import format_bandwidth
-from akosim.netspec import NetworkSpec
+from akosim.network.netspec import NetworkSpec
 from akosim.scenario import Setup, SimRun, Variant, WorkerReport, network_spec
 
 

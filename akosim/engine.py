@@ -23,12 +23,12 @@ import simpy
 from akocore.messages import Partial, Send
 from akocore.schemes import SchemeNode
 from akosim.compute import ComputeModel
-from akosim.fluid import COALESCE_REL
 from akosim.multicast import MulticastDelivery
-from akosim.netspec import NetworkSpec
-from akosim.netstats import NetworkStats
-from akosim.network import FluidNetwork
-from akosim.pairstream import PairStreams
+from akosim.network.fluid import COALESCE_REL
+from akosim.network.fluidnet import FluidNetwork
+from akosim.network.netspec import NetworkSpec
+from akosim.network.netstats import NetworkStats
+from akosim.network.pairstream import PairStreams
 
 
 class GradientSource(Protocol):

@@ -18,7 +18,7 @@ What is taken from where, so that nothing is counted twice:
 - the network: the one the kernel realised when the run directory holds the
   testbed's ``testbed.json`` (akocore.testbed_record: each node's uplink, the
   per-pair caps, no latency, since this kernel's testbed ignores it), else the
-  run's [network] settings; shared by the TCP-aware model (akosim.tcpmodel, the
+  run's [network] settings; shared by the TCP-aware model (akosim.network.tcpmodel, the
   default here: a real run is real TCP) or max-min;
 - the per-message software cost: each rank's ``message_software_s`` (measured
   by akorun without network time) when the result has it (and compute comes

@@ -30,9 +30,9 @@ from akocore.units import format_bandwidth
 from akocore.workload import Workload
 from akosim.compute import ComputeModel
 from akosim.engine import Simulation, StopRule, TraceEvent
-from akosim.fluid import COALESCE_REL
-from akosim.netspec import NetworkSpec
-from akosim.netstats import NetworkUtilisation
+from akosim.network.fluid import COALESCE_REL
+from akosim.network.netspec import NetworkSpec
+from akosim.network.netstats import NetworkUtilisation
 from akosim.training import AccuracyTracker, BatchedGradients, Evaluation
 
 
@@ -45,12 +45,12 @@ class Setup:
     compute: ComputeModel
     batch_size: int
     stop: StopRule
-    coalesce_rel: float = COALESCE_REL  # see akosim.fluid: finish within this of a message
+    coalesce_rel: float = COALESCE_REL  # see akosim.network.fluid: finish within this of a message
     # per sending node: seconds a message costs beyond the wire (software stack), added
     # to the latency of each of its links; empty = none (`akosim --message-overhead`)
     message_overhead_s: tuple[float, ...] = ()
     compute_source: str = ""  # where compute came from, in words (printed, written to --out)
-    # the TCP-aware model's parameters (akosim.tcpmodel); None = pure max-min
+    # the TCP-aware model's parameters (akosim.network.tcpmodel); None = pure max-min
     tcp: TcpParameters | None = None
 
     @property
@@ -192,14 +192,14 @@ def simulate(setup: Setup, variant: Variant, *, trace: bool = False,
 
     network = network_spec(config, setup.message_overhead_s)
     if setup.tcp is not None:  # TCP-aware: goodput and window caps, per-message delays
-        from akosim.tcpmodel import TcpNetwork, effective_spec, round_trip_s
+        from akosim.network.tcpmodel import TcpNetwork, effective_spec, round_trip_s
 
         rtt_s = round_trip_s(network_arrays(config).latency_s, setup.tcp)
         network = effective_spec(network, setup.tcp, rtt_s)
     sim = Simulation(nodes, network, setup.compute, setup.stop, gradients=gradients,
                      trace=trace, on_round=on_round, coalesce_rel=setup.coalesce_rel)
     if setup.tcp is not None:
-        from akosim.senderfifo import TcpSenderFifoNetwork
+        from akosim.network.senderfifo import TcpSenderFifoNetwork
 
         kind = TcpSenderFifoNetwork if setup.tcp.sender_fifo else TcpNetwork
         sim.net = kind(sim.env, network, setup.tcp, rtt_s, setup.coalesce_rel)

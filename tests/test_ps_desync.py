@@ -1,4 +1,4 @@
-"""First come, first sent (akosim.senderfifo) and the asynchronous PS it desynchronises.
+"""First come, first sent (akosim.network.senderfifo) and the asynchronous PS it desynchronises.
 
 Hand-computed cases on one 80 Mbit/s network (1 MB = 0.1 s alone), the TCP-aware
 model with it on and off, and the pure parts of analysis.ps_desync_probe.
@@ -17,11 +17,11 @@ from akocore.host_calibration import HostCalibration, TcpParameters
 from akocore.settings.schema import ClusterConfig, ExchangeConfig, NetworkConfig
 from akosim.compute import ComputeModel
 from akosim.engine import StopRule
-from akosim.netspec import NetworkSpec
-from akosim.network import FluidNetwork
+from akosim.network.fluidnet import FluidNetwork
+from akosim.network.netspec import NetworkSpec
+from akosim.network.senderfifo import SenderFifoNetwork, TcpSenderFifoNetwork
+from akosim.network.tcpmodel import TcpNetwork, effective_spec, round_trip_s
 from akosim.scenario import Setup, Variant, simulate
-from akosim.senderfifo import SenderFifoNetwork, TcpSenderFifoNetwork
-from akosim.tcpmodel import TcpNetwork, effective_spec, round_trip_s
 from analysis.ps_desync_probe import leader_share, summarise
 
 RATE_BPS = 80e6

@@ -20,7 +20,7 @@ from akocore.schemes import build_nodes
 from akosim.closed_form import ring_links, ring_round_ends, ring_step_sizes
 from akosim.compute import ComputeModel
 from akosim.engine import Simulation, StopRule
-from akosim.netspec import NetworkSpec
+from akosim.network.netspec import NetworkSpec
 
 MBPS = 1e6
 

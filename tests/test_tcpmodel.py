@@ -1,4 +1,4 @@
-"""The TCP-aware flow model (akosim.tcpmodel): max-min when its corrections are off,
+"""The TCP-aware flow model (akosim.network.tcpmodel): max-min when its corrections are off,
 and its goodput, window, slow-start and software terms on hand-computed cases."""
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from akocore.jsonrecord import RecordError
 from akocore.settings.schema import ClusterConfig, ExchangeConfig, NetworkConfig
 from akosim.compute import ComputeModel
 from akosim.engine import StopRule
-from akosim.netspec import NetworkSpec
-from akosim.network import FluidNetwork
+from akosim.network.fluidnet import FluidNetwork
+from akosim.network.netspec import NetworkSpec
+from akosim.network.tcpmodel import TcpNetwork, effective_spec, round_trip_s, slow_start_extra_s
 from akosim.rank_cpu import RankCpu
 from akosim.scenario import Setup, Variant, ako_variant, simulate
-from akosim.tcpmodel import TcpNetwork, effective_spec, round_trip_s, slow_start_extra_s
 
 WARM = replace(TcpParameters(), slow_start=False)  # goodput and window only
 

@@ -1,4 +1,4 @@
-"""What first come, first sent (akosim.senderfifo) costs the TCP-aware model.
+"""What first come, first sent (akosim.network.senderfifo) costs the TCP-aware model.
 
 Times one akosim scenario with `TcpParameters.sender_fifo` on and off side by
 side in one process (CPU seconds, best of 3, interleaved): Ako with 16 workers

@@ -22,9 +22,9 @@ import numpy as np
 import simpy
 
 from akocore.host_calibration import TcpParameters
-from akosim.netspec import NetworkSpec
-from akosim.network import FluidNetwork
-from akosim.tcpmodel import TcpNetwork, effective_spec, round_trip_s
+from akosim.network.fluidnet import FluidNetwork
+from akosim.network.netspec import NetworkSpec
+from akosim.network.tcpmodel import TcpNetwork, effective_spec, round_trip_s
 from tests.bench.common import Figure
 
 MB = 1e6

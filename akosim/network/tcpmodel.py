@@ -1,6 +1,6 @@
 """The TCP-aware flow model: what real TCP adds to the max-min fluid network.
 
-akosim's fluid network (akosim.fluid, akosim.maxmin) shares every NIC max-min
+akosim's fluid network (akosim.network.fluid, akosim.network.maxmin) shares every NIC max-min
 fairly and instantly and charges each message its one-way latency once. Peer
 simulators and real kernel TCP take longer (research/fidelity.md: SimGrid's
 TCP-calibrated LV08 model 8% at 0.1 ms and 27% at 20 ms, ns-3 15% and 28%).
@@ -94,9 +94,9 @@ import simpy
 
 from akocore.host_calibration import TcpParameters
 from akosim.compute import ComputeModel
-from akosim.fluid import COALESCE_REL
-from akosim.netspec import NetworkSpec
-from akosim.network import DeliveryCallback, FluidNetwork
+from akosim.network.fluid import COALESCE_REL
+from akosim.network.fluidnet import DeliveryCallback, FluidNetwork
+from akosim.network.netspec import NetworkSpec
 from akosim.rank_cpu import RankCpu
 
 NETWORK_MODELS = ("tcp", "maxmin")

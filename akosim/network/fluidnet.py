@@ -1,19 +1,19 @@
-"""The simulated network on a SimPy clock: a thin adapter over akosim.fluid.
+"""The simulated network on a SimPy clock: a thin adapter over akosim.network.fluid.
 
 `FluidNetwork` owns the SimPy side only: it takes `send` calls at `env.now`,
 keeps one pending wake-up at the next event of the clock-free fluid model
-(akosim.fluid.FluidFlows), delivers each group of messages by one SimPy
+(akosim.network.fluid.FluidFlows), delivers each group of messages by one SimPy
 timeout after its latency (at once when that is zero: the wake-up runs last
 at its instant) and tells each batch's sender, and feeds the
-traffic counters (akosim.netstats). It uses SimPy's public API only
+traffic counters (akosim.network.netstats). It uses SimPy's public API only
 (`env.timeout`, `env.peek`, `env.now`, event callbacks).
 
 Every send made at one instant joins one rate solve: the wake-up runs only
 once nothing else is scheduled at its instant (it defers itself by a
 zero-delay timeout while `env.peek()` still shows the same instant).
 
-Related modules: akosim.netspec (what the network is), akosim.maxmin (the
-sharing rule), akosim.fluid (flows and rates), akosim.netstats (counters).
+Related modules: akosim.network.netspec (what the network is), akosim.network.maxmin (the
+sharing rule), akosim.network.fluid (flows and rates), akosim.network.netstats (counters).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import simpy
 
-from akosim.fluid import COALESCE_REL, Delivery, FluidFlows, check_send
-from akosim.netspec import NetworkSpec
-from akosim.netstats import NetworkStats, NetworkUtilisation, TrafficCounters
+from akosim.network.fluid import COALESCE_REL, Delivery, FluidFlows, check_send
+from akosim.network.netspec import NetworkSpec
+from akosim.network.netstats import NetworkStats, NetworkUtilisation, TrafficCounters
 
 DeliveryCallback = Callable[[np.ndarray, Any], None]
 

@@ -10,7 +10,7 @@ first one, which the next node waits for, arrives as late as the last
 (a ring with half its NICs upgraded was 1.6x slower than with none).
 
 `PairStreams` is a layer over a network that has `send` and `on_transfer_end`
-(akosim.network.FluidNetwork): it passes a send through for every receiver
+(akosim.network.fluidnet.FluidNetwork): it passes a send through for every receiver
 whose stream is free and holds the others, in order, until their stream's
 earlier message has left. Messages of zero bytes use no bandwidth and pass
 at once, as in the layer below.
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from akosim.network import DeliveryCallback, FluidNetwork
+from akosim.network.fluidnet import DeliveryCallback, FluidNetwork
 
 __all__ = ["PairStreams"]
 

@@ -48,11 +48,11 @@ import numpy as np
 import simpy
 
 from akocore.host_calibration import TcpParameters
-from akosim.fluid import COALESCE_REL
-from akosim.maxmin import max_min_rates
-from akosim.netspec import NetworkSpec
-from akosim.network import DeliveryCallback, FluidNetwork
-from akosim.tcpmodel import TcpNetwork
+from akosim.network.fluid import COALESCE_REL
+from akosim.network.fluidnet import DeliveryCallback, FluidNetwork
+from akosim.network.maxmin import max_min_rates
+from akosim.network.netspec import NetworkSpec
+from akosim.network.tcpmodel import TcpNetwork
 
 __all__ = ["SenderFifoNetwork", "TcpSenderFifoNetwork"]
 
@@ -162,7 +162,7 @@ class SenderFifoNetwork(FluidNetwork):
 
 
 class TcpSenderFifoNetwork(TcpNetwork, SenderFifoNetwork):
-    """The TCP-aware network (akosim.tcpmodel) whose senders also keep first come,
+    """The TCP-aware network (akosim.network.tcpmodel) whose senders also keep first come,
     first sent: TcpNetwork's transfers go through SenderFifoNetwork.send (the next
     class in this one's method order), so its goodput, window, slow start, software
     cost and per-pair queue all hold, and each node's batches leave in order."""
