@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+import simpy
 
 from akocore.config import RunConfig
 from akocore.figures import steady_round_time_s
@@ -31,6 +32,7 @@ from akocore.workload import Workload
 from akosim.compute import ComputeModel
 from akosim.engine import Simulation, StopRule, TraceEvent
 from akosim.network.fluid import COALESCE_REL
+from akosim.network.netmodel import build_network_model
 from akosim.network.netspec import NetworkSpec
 from akosim.network.netstats import NetworkUtilisation
 from akosim.training import AccuracyTracker, BatchedGradients, Evaluation
@@ -190,20 +192,13 @@ def simulate(setup: Setup, variant: Variant, *, trace: bool = False,
             if tracker.evaluate(params, rounds_done, now_s):
                 sim.request_stop()
 
-    network = network_spec(config, setup.message_overhead_s)
-    if setup.tcp is not None:  # TCP-aware: goodput and window caps, per-message delays
-        from akosim.network.tcpmodel import TcpNetwork, effective_spec, round_trip_s
-
-        rtt_s = round_trip_s(network_arrays(config).latency_s, setup.tcp)
-        network = effective_spec(network, setup.tcp, rtt_s)
+    env = simpy.Environment()
+    network = build_network_model(
+        env, network_spec(config, setup.message_overhead_s),
+        model="maxmin" if setup.tcp is None else "tcp", tcp=setup.tcp,
+        rtt_latency_s=network_arrays(config).latency_s, coalesce_rel=setup.coalesce_rel)
     sim = Simulation(nodes, network, setup.compute, setup.stop, gradients=gradients,
-                     trace=trace, on_round=on_round, coalesce_rel=setup.coalesce_rel)
-    if setup.tcp is not None:
-        from akosim.network.senderfifo import TcpSenderFifoNetwork
-
-        kind = TcpSenderFifoNetwork if setup.tcp.sender_fifo else TcpNetwork
-        sim.net = kind(sim.env, network, setup.tcp, rtt_s, setup.coalesce_rel)
-        sim.compute = sim.net.with_cpu(sim.compute)  # message CPU of the ranks (tcpmodel f)
+                     trace=trace, on_round=on_round)
     started = time.perf_counter()
     sim.run()
     wall_s = time.perf_counter() - started

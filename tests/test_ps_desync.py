@@ -6,6 +6,7 @@ model with it on and off, and the pure parts of analysis.ps_desync_probe.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -18,9 +19,11 @@ from akocore.settings.schema import ClusterConfig, ExchangeConfig, NetworkConfig
 from akosim.compute import ComputeModel
 from akosim.engine import StopRule
 from akosim.network.fluidnet import FluidNetwork
+from akosim.network.layer import NetworkModel
+from akosim.network.netmodel import tcp_layers
 from akosim.network.netspec import NetworkSpec
-from akosim.network.senderfifo import SenderFifoNetwork, TcpSenderFifoNetwork
-from akosim.network.tcpmodel import TcpNetwork, effective_spec, round_trip_s
+from akosim.network.senderfifo import SenderFifo
+from akosim.network.tcpmodel import effective_spec, round_trip_s
 from akosim.scenario import Setup, Variant, simulate
 from analysis.ps_desync_probe import leader_share, summarise
 
@@ -29,8 +32,13 @@ MB = 1e6
 ALONE_S = MB * 8 / RATE_BPS  # 0.1 s
 
 
-def arrivals(net_kind: type[FluidNetwork], sends: list[tuple[float, int, list[int]]],
-             n: int = 3) -> dict[tuple[int, int], float]:
+def SenderFifoNetwork(env: simpy.Environment, spec: NetworkSpec) -> SenderFifo:  # noqa: N802
+    """First come, first sent over the fluid network."""
+    return SenderFifo(FluidNetwork(env, spec))
+
+
+def arrivals(net_kind: Callable[[simpy.Environment, NetworkSpec], NetworkModel],
+             sends: list[tuple[float, int, list[int]]], n: int = 3) -> dict[tuple[int, int], float]:
     """Send 1 MB from src to each of dsts at each given time; arrival time per (src, dst)."""
     env = simpy.Environment()
     net = net_kind(env, NetworkSpec.uniform(n, RATE_BPS, 0.0))
@@ -108,9 +116,9 @@ def test_the_tcp_model_keeps_its_own_terms_under_first_come_first_sent():
     rtt = round_trip_s(spec.latency_s, params)
     eff = effective_spec(spec, params, rtt)
     done = {}
-    for kind in (TcpNetwork, TcpSenderFifoNetwork):
+    for fifo in (False, True):
         env = simpy.Environment()
-        net = kind(env, eff, params, rtt)
+        net = tcp_layers(FluidNetwork(env, eff), params, rtt, sender_fifo=fifo)
         times: list[float] = []
 
         def later(net=net, env=env, times=times):
@@ -120,10 +128,10 @@ def test_the_tcp_model_keeps_its_own_terms_under_first_come_first_sent():
         net.send(2, [0], MB, lambda _d, _t, env=env, times=times: times.append(float(env.now)))
         env.process(later())
         env.run()
-        done[kind] = sorted(times)
+        done[fifo] = sorted(times)
     alone_s = MB * 8 / (RATE_BPS * params.bandwidth_factor)
-    assert done[TcpSenderFifoNetwork] == pytest.approx([alone_s, 2 * alone_s])
-    assert done[TcpNetwork] == pytest.approx([2 * alone_s - 0.02, 2 * alone_s])
+    assert done[True] == pytest.approx([alone_s, 2 * alone_s])
+    assert done[False] == pytest.approx([2 * alone_s - 0.02, 2 * alone_s])
 
 
 def test_ideal_parameters_turn_it_off_and_old_calibrations_keep_it_on():

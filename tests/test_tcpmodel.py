@@ -19,12 +19,20 @@ from akocore.settings.schema import ClusterConfig, ExchangeConfig, NetworkConfig
 from akosim.compute import ComputeModel
 from akosim.engine import StopRule
 from akosim.network.fluidnet import FluidNetwork
+from akosim.network.layer import NetworkModel
+from akosim.network.netmodel import tcp_layers
 from akosim.network.netspec import NetworkSpec
-from akosim.network.tcpmodel import TcpNetwork, effective_spec, round_trip_s, slow_start_extra_s
+from akosim.network.tcpmodel import effective_spec, round_trip_s, slow_start_extra_s
 from akosim.rank_cpu import RankCpu
 from akosim.scenario import Setup, Variant, ako_variant, simulate
 
 WARM = replace(TcpParameters(), slow_start=False)  # goodput and window only
+
+
+def _tcp_network(env: simpy.Environment, spec: NetworkSpec, params: TcpParameters,
+                 rtt_s: np.ndarray) -> NetworkModel:
+    """The TCP layers (without first come, first sent) over a fluid network on `spec`."""
+    return tcp_layers(FluidNetwork(env, spec), params, rtt_s, sender_fifo=False)
 
 
 def one_message_s(spec: NetworkSpec, size_bytes: float, params: TcpParameters | None,
@@ -35,7 +43,7 @@ def one_message_s(spec: NetworkSpec, size_bytes: float, params: TcpParameters | 
         net: FluidNetwork = FluidNetwork(env, spec)
     else:
         rtt = round_trip_s(spec.latency_s, params)
-        net = TcpNetwork(env, effective_spec(spec, params, rtt), params, rtt)
+        net = _tcp_network(env, effective_spec(spec, params, rtt), params, rtt)
     arrivals: list[float] = []
 
     def arrived(_dests: np.ndarray, _token: object) -> None:
@@ -168,7 +176,7 @@ def test_slow_start_uses_the_rate_the_message_got():
     params = replace(TcpParameters(), header_bytes=0, ack_bytes=0, handshake_rtts=0.0)
     env = simpy.Environment()
     rtt = round_trip_s(spec.latency_s, params)
-    net = TcpNetwork(env, effective_spec(spec, params, rtt), params, rtt)
+    net = _tcp_network(env, effective_spec(spec, params, rtt), params, rtt)
     arrivals: list[float] = []
     for src in (0, 1):
         net.send(src, [2], 1e6, lambda _d, _t: arrivals.append(float(env.now)))
@@ -211,7 +219,7 @@ def test_a_pairs_messages_cross_its_connection_one_at_a_time_in_order():
     params = replace(WARM, header_bytes=0, ack_bytes=0)  # one connection per pair
     env = simpy.Environment()
     rtt = round_trip_s(spec.latency_s, params)
-    net = TcpNetwork(env, effective_spec(spec, params, rtt), params, rtt)
+    net = _tcp_network(env, effective_spec(spec, params, rtt), params, rtt)
     # two messages 0 -> 1 at once, and one 0 -> {1, 2} (multicast) behind them
     got = _arrivals(net, env, [(0, [1], 1e6), (0, [1], 1e6), (0, [1, 2], 1e6)])
     one_s = 1e6 * 8 / 10e6
@@ -229,7 +237,7 @@ def test_the_next_message_waits_for_the_answer_to_come_back():
     params = replace(WARM, header_bytes=0, ack_bytes=0)
     env = simpy.Environment()
     rtt = round_trip_s(spec.latency_s, params)
-    net = TcpNetwork(env, effective_spec(spec, params, rtt), params, rtt)
+    net = _tcp_network(env, effective_spec(spec, params, rtt), params, rtt)
     got = _arrivals(net, env, [(0, [1], 1e6), (0, [1], 1e6)])
     one_s = 1e6 * 8 / 10e6 + 0.05
     assert got[0, 1] == pytest.approx([one_s, 2 * one_s + 0.05], rel=1e-9)
@@ -283,11 +291,11 @@ def test_sharing_efficiency_of_k_flows_delays_their_messages():
     assert params.sharing_efficiency(1) == 1.0 and params.sharing_efficiency(5) == 0.8
     env = simpy.Environment()
     rtt = round_trip_s(spec.latency_s, params)
-    net = TcpNetwork(env, effective_spec(spec, params, rtt), params, rtt)
+    net = _tcp_network(env, effective_spec(spec, params, rtt), params, rtt)
     got = _arrivals(net, env, [(0, [1, 2], 1e6)])  # one send, two flows: 1.6 s fluid
     assert got[0, 1] == pytest.approx([1.6 / 0.8]) and got[0, 2] == pytest.approx([2.0])
     env = simpy.Environment()
-    net = TcpNetwork(env, effective_spec(spec, params, rtt), params, rtt)
+    net = _tcp_network(env, effective_spec(spec, params, rtt), params, rtt)
     alone = _arrivals(net, env, [(0, [1], 1e6)])  # one flow: as the fluid model
     assert alone[0, 1] == pytest.approx([0.8])
 
@@ -299,7 +307,7 @@ def test_only_the_flows_one_send_starts_together_are_charged():
     params = replace(WARM, header_bytes=0, ack_bytes=0, flow_sharing_efficiency=(1.0, 0.5))
     env = simpy.Environment()
     rtt = round_trip_s(spec.latency_s, params)
-    net = TcpNetwork(env, effective_spec(spec, params, rtt), params, rtt)
+    net = _tcp_network(env, effective_spec(spec, params, rtt), params, rtt)
     got = _arrivals(net, env, [(0, [2], 1e6), (1, [2], 1e6)])
     assert got[0, 2] == pytest.approx([1.6]) and got[1, 2] == pytest.approx([1.6])
 

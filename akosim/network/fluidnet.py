@@ -1,6 +1,7 @@
 """The simulated network on a SimPy clock: a thin adapter over akosim.network.fluid.
 
-`FluidNetwork` owns the SimPy side only: it takes `send` calls at `env.now`,
+`FluidNetwork` is the max-min network model (akosim.network.layer.NetworkModel)
+every other model is layered on. It owns the SimPy side only: it takes `send` calls at `env.now`,
 keeps one pending wake-up at the next event of the clock-free fluid model
 (akosim.network.fluid.FluidFlows), delivers each group of messages by one SimPy
 timeout after its latency (at once when that is zero: the wake-up runs last
@@ -18,18 +19,19 @@ sharing rule), akosim.network.fluid (flows and rates), akosim.network.netstats (
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
-from typing import Any
 
 import numpy as np
 import simpy
 
+from akosim.compute import ComputeModel
 from akosim.network.fluid import COALESCE_REL, Delivery, FluidFlows, check_send
+from akosim.network.layer import DeliveryCallback, TransferListener
 from akosim.network.netspec import NetworkSpec
 from akosim.network.netstats import NetworkStats, NetworkUtilisation, TrafficCounters
 
-DeliveryCallback = Callable[[np.ndarray, Any], None]
+__all__ = ["DeliveryCallback", "FluidNetwork"]
 
 
 class _Batch:
@@ -65,11 +67,11 @@ class FluidNetwork:
         self._next_batch = 0
         self._wake: simpy.Event | None = None
         self._wake_s = np.inf
-        self._transfer_listeners: list[Callable[[np.ndarray, np.ndarray], None]] = []
+        self._transfer_listeners: list[TransferListener] = []
 
     # ------------------------------------------------------------------ API
 
-    def on_transfer_end(self, listener: Callable[[np.ndarray, np.ndarray], None]) -> None:
+    def on_transfer_end(self, listener: TransferListener) -> None:
         """Call `listener(src, dst)` (aligned arrays) whenever transfers end (their last
         byte left; they arrive after their latency), before their deliveries."""
         self._transfer_listeners.append(listener)
@@ -104,6 +106,10 @@ class FluidNetwork:
             now = float(self.env.now)
             if now < self._wake_s:
                 self._arm(now)
+
+    def with_cpu(self, compute: ComputeModel) -> ComputeModel:
+        """The fluid model costs the ranks no CPU: `compute` as it is."""
+        return compute
 
     @property
     def rate_solves(self) -> int:

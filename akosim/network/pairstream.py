@@ -9,8 +9,9 @@ that receives faster than it can forward starts every step at once and the
 first one, which the next node waits for, arrives as late as the last
 (a ring with half its NICs upgraded was 1.6x slower than with none).
 
-`PairStreams` is a layer over a network that has `send` and `on_transfer_end`
-(akosim.network.fluidnet.FluidNetwork): it passes a send through for every receiver
+`PairStreams` is a layer (akosim.network.layer.NetworkLayer) that the engine
+puts over its network model for the nodes that declare `in_order_sends`: it
+passes a send through for every receiver
 whose stream is free and holds the others, in order, until their stream's
 earlier message has left. Messages of zero bytes use no bandwidth and pass
 at once, as in the layer below.
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from akosim.network.fluidnet import DeliveryCallback, FluidNetwork
+from akosim.network.layer import DeliveryCallback, NetworkLayer, NetworkModel
 
 __all__ = ["PairStreams"]
 
@@ -40,12 +41,12 @@ class _Held:
         self.token = token
 
 
-class PairStreams:
+class PairStreams(NetworkLayer):
     """Holds each message until the earlier messages of its ordered pair have left."""
 
-    def __init__(self, inner: FluidNetwork) -> None:
-        self.inner = inner
-        n = inner.spec.n
+    def __init__(self, inner: NetworkModel) -> None:
+        super().__init__(inner)
+        n = self.spec.n
         self._busy = np.zeros((n, n), dtype=np.int64)  # messages leaving per pair (0 or 1)
         self._held: dict[tuple[int, int], deque[_Held]] = {}
         self.messages_held = 0  # messages that waited for their stream
@@ -88,6 +89,3 @@ class PairStreams:
                     del self._held[(i, j)]
                 self._busy[i, j] += 1
                 self.inner.send(i, (j,), nxt.size_bytes, nxt.on_delivered, nxt.token)
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.inner, name)

@@ -39,7 +39,7 @@ def ns3_matched_tcp(env: simpy.Environment, spec: NetworkSpec) -> MessageNetwork
     IPv4 20 + TCP 32 bytes, one connection per pair opened with the first message (its
     handshake and slow start paid), no host stack time and no software cost."""
     from akocore.host_calibration import TcpParameters
-    from akosim.network.tcpmodel import tcp_network
+    from akosim.network.netmodel import tcp_network
 
     params = TcpParameters(window_bytes=float(DEFAULT_TCP.buffer_bytes),
                            mss_bytes=DEFAULT_TCP.segment_bytes, header_bytes=54,

@@ -23,8 +23,10 @@ import simpy
 
 from akocore.host_calibration import TcpParameters
 from akosim.network.fluidnet import FluidNetwork
+from akosim.network.layer import NetworkModel
+from akosim.network.netmodel import tcp_layers
 from akosim.network.netspec import NetworkSpec
-from akosim.network.tcpmodel import TcpNetwork, effective_spec, round_trip_s
+from akosim.network.tcpmodel import effective_spec, round_trip_s
 from tests.bench.common import Figure
 
 MB = 1e6
@@ -36,6 +38,12 @@ REFERENCES = {0.1e-3: {"simgrid_lv08": 1.08, "ns3": 1.15},
               20e-3: {"simgrid_lv08": 1.27, "ns3": 1.28}}
 
 
+def _tcp_network(env: simpy.Environment, spec: NetworkSpec, params: TcpParameters,
+                 rtt_s: np.ndarray) -> NetworkModel:
+    """The TCP layers (without first come, first sent) over a fluid network on `spec`."""
+    return tcp_layers(FluidNetwork(env, spec), params, rtt_s, sender_fifo=False)
+
+
 def all_to_all_round_s(n: int, rate_bps: float, size_bytes: float, latency_s: float,
                        tcp: TcpParameters | None) -> float:
     """Seconds until every host has every other host's message (one round)."""
@@ -45,7 +53,7 @@ def all_to_all_round_s(n: int, rate_bps: float, size_bytes: float, latency_s: fl
         net: FluidNetwork = FluidNetwork(env, spec)
     else:
         rtt_s = round_trip_s(spec.latency_s, tcp)
-        net = TcpNetwork(env, effective_spec(spec, tcp, rtt_s), tcp, rtt_s)
+        net = _tcp_network(env, effective_spec(spec, tcp, rtt_s), tcp, rtt_s)
     last = [0.0]
 
     def arrived(_dests: np.ndarray, _token: object) -> None:
