@@ -35,6 +35,7 @@ import numpy as np
 from akocore.figures import steady_round_time_s
 from akocore.messages import FLOAT_BYTES
 from akocore.partition import partition_bounds
+from akocore.settings.normalise import network_layers
 from akocore.units import format_bandwidth
 from akosim.network.netspec import NetworkSpec
 from akosim.scenario import Setup, SimRun, Variant, WorkerReport, network_spec
@@ -76,8 +77,8 @@ def closed_form_run(setup: Setup, variant: Variant, *, trace: bool = False,
     """The run of `variant` without simulating it, or None where it must be simulated
     (a trace or training needs the events, the TCP model its per-message delays;
     `_simulate_options` only matter then)."""
-    if trace or workload is not None or setup.tcp is not None:
-        return None
+    if trace or workload is not None or network_layers(setup.network_model_name):
+        return None  # only the max-min fluid network alone has these closed forms
     shared = uniform(setup)
     if shared is None:
         return None

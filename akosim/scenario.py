@@ -52,8 +52,19 @@ class Setup:
     # to the latency of each of its links; empty = none (`akosim --message-overhead`)
     message_overhead_s: tuple[float, ...] = ()
     compute_source: str = ""  # where compute came from, in words (printed, written to --out)
-    # the TCP-aware model's parameters (akosim.network.tcpmodel); None = pure max-min
+    # the numbers of the TCP layers (akosim.network.tcpmodel); None = defaults if the
+    # network model has them
     tcp: TcpParameters | None = None
+    # the network model (akosim.network.netmodel): a preset or LAYER+LAYER...; None =
+    # "tcp" when `tcp` is given, else "maxmin"
+    network_model: str | None = None
+
+    @property
+    def network_model_name(self) -> str:
+        """The network model this setup simulates."""
+        if self.network_model is not None:
+            return self.network_model
+        return "maxmin" if self.tcp is None else "tcp"
 
     @property
     def gradient_bytes(self) -> int:
@@ -195,7 +206,7 @@ def simulate(setup: Setup, variant: Variant, *, trace: bool = False,
     env = simpy.Environment()
     network = build_network_model(
         env, network_spec(config, setup.message_overhead_s),
-        model="maxmin" if setup.tcp is None else "tcp", tcp=setup.tcp,
+        model=setup.network_model_name, tcp=setup.tcp,
         rtt_latency_s=network_arrays(config).latency_s, coalesce_rel=setup.coalesce_rel)
     sim = Simulation(nodes, network, setup.compute, setup.stop, gradients=gradients,
                      trace=trace, on_round=on_round)

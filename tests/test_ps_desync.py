@@ -7,7 +7,6 @@ model with it on and off, and the pure parts of analysis.ps_desync_probe.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ import simpy
 
 from akocore.config import RunConfig
 from akocore.host_calibration import HostCalibration, TcpParameters
+from akocore.settings.normalise import network_layers
 from akocore.settings.schema import ClusterConfig, ExchangeConfig, NetworkConfig
 from akosim.compute import ComputeModel
 from akosim.engine import StopRule
@@ -111,14 +111,15 @@ def test_queued_batches_leave_in_the_order_they_were_sent():
 
 
 def test_the_tcp_model_keeps_its_own_terms_under_first_come_first_sent():
-    params = replace(TcpParameters(), slow_start=False)
+    params = TcpParameters()  # no slow start: the layers below
     spec = NetworkSpec.uniform(3, RATE_BPS, 0.0)
     rtt = round_trip_s(spec.latency_s, params)
     eff = effective_spec(spec, params, rtt)
     done = {}
     for fifo in (False, True):
         env = simpy.Environment()
-        net = tcp_layers(FluidNetwork(env, eff), params, rtt, sender_fifo=fifo)
+        layers = ("tcp-core", "one-per-connection") + (("fifo",) if fifo else ())
+        net = tcp_layers(FluidNetwork(env, eff), params, rtt, layers)
         times: list[float] = []
 
         def later(net=net, env=env, times=times):
@@ -134,20 +135,22 @@ def test_the_tcp_model_keeps_its_own_terms_under_first_come_first_sent():
     assert done[False] == pytest.approx([2 * alone_s - 0.02, 2 * alone_s])
 
 
-def test_ideal_parameters_turn_it_off_and_old_calibrations_keep_it_on():
-    assert TcpParameters.ideal().sender_fifo is False
+def test_the_tcp_preset_has_it_and_old_calibrations_with_the_switch_still_read():
+    assert "fifo" in network_layers("tcp") and "fifo" not in network_layers("maxmin")
     record = HostCalibration(tcp=TcpParameters(), host="h", measured_at="2026-01-01").to_json()
-    record["tcp"].pop("sender_fifo")
-    assert HostCalibration.from_json(record).tcp.sender_fifo is True
+    record["tcp"]["sender_fifo"] = False  # a file of before the layers
+    record["measured"] = ["sender_fifo", "base_rtt_s"]
+    old = HostCalibration.from_json(record)
+    assert old.tcp == TcpParameters() and old.measured == ("base_rtt_s",)
 
 
 def _ps_round_s(fifo: bool) -> float:
     cfg = RunConfig(cluster=ClusterConfig(workers=3),
                     network=NetworkConfig(bandwidth_bps=(RATE_BPS,)),
                     exchange=ExchangeConfig(scheme="ps", ssp=0.0, ps_mode="async"))
-    params = replace(TcpParameters.ideal(), sender_fifo=fifo)
     setup = Setup(cfg, 250_000, ComputeModel(0.01), 16, StopRule(rounds=30, drain=False),
-                  tcp=params)  # 250k float32 = 1 MB
+                  tcp=TcpParameters.ideal(),
+                  network_model="tcp-core+fifo" if fifo else "tcp-core")  # 1 MB gradient
     return simulate(setup, Variant("ps", ps_servers=1)).round_time_s
 
 

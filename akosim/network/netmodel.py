@@ -1,35 +1,39 @@
 """Network models by name (`--network-model`), and the one way to build one.
 
 A model is a stack of layers (akosim.network.layer) over the max-min fluid
-network (akosim.network.fluidnet):
+network (akosim.network.fluidnet), named by a preset or written out as
+LAYER+LAYER+... (the names and the presets are akocore.settings.normalise's
+NETWORK_LAYERS and NETWORK_PRESETS, which the settings check before anything is
+simulated):
 
-- ``maxmin``: the fluid network alone: every NIC and pair cap shared max-min
-  fairly among the messages under way, each message arriving its latency
-  after its last byte left;
-- ``tcp``: the TCP-aware model (akosim.network.tcpmodel) on the fluid network
-  of the effective capacities (goodput, window): first come, first sent
-  (akosim.network.senderfifo) when the parameters ask for it, then the TCP
-  corrections (slow start, software cost, message CPU, sharing loss), then
-  one message per connection (the per-pair queue) when they ask for it.
+- ``maxmin`` (no layer): every NIC and pair cap shared max-min fairly among the
+  messages under way, each message arriving its latency after its last byte;
+- ``fifo``: a node's messages leave its NIC first come, first sent
+  (akosim.network.senderfifo); it sits right on the fluid network;
+- ``tcp-core``: the fluid network runs on the effective capacities (goodput, window)
+  and deliveries arrive later by the software cost and the sharing loss
+  (akosim.network.tcpmodel.TcpCorrections), which with ``slow-start`` also
+  charges fresh connections their handshake and slow start (pooled: a pair's
+  first messages; ``fresh-connections``: every message) and with
+  ``message-cpu`` charges the software cost to the ranks' CPUs;
+- ``one-per-connection``: a pair's next message waits for the previous one's
+  answer (akosim.network.tcpmodel.ConnectionQueue), outermost;
+- the preset ``tcp`` is tcp-core+slow-start+one-per-connection+fifo.
 
-The names are akocore.settings.normalise.NETWORK_MODELS (the settings check
-them before anything is simulated); this module maps each to its stack and
-refuses at import a name without one.
-
+The numbers the layers use are a TcpParameters record (measured by `akosim
+calibrate` or the defaults); which behaviours a run has is this choice alone.
 `build_network_model` is what every entry point calls (akosim.scenario today);
-`tcp_layers` stacks the TCP layers on a fluid network someone else built (the
-layer tests, the ns-3 cross-check).
+`tcp_layers` stacks the layers on a fluid network someone else built (the layer
+tests, the ns-3 cross-check).
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import numpy as np
 import simpy
 
 from akocore.host_calibration import TcpParameters
-from akocore.settings.normalise import NETWORK_MODELS
+from akocore.settings.normalise import NETWORK_LAYERS, NETWORK_MODELS, network_layers
 from akosim.network.fluid import COALESCE_REL
 from akosim.network.fluidnet import FluidNetwork
 from akosim.network.layer import NetworkModel
@@ -37,64 +41,50 @@ from akosim.network.netspec import NetworkSpec
 from akosim.network.senderfifo import SenderFifo
 from akosim.network.tcpmodel import ConnectionQueue, TcpCorrections, effective_spec, round_trip_s
 
-__all__ = ["NETWORK_MODELS", "build_network_model", "tcp_layers", "tcp_network"]
+__all__ = ["NETWORK_LAYERS", "NETWORK_MODELS", "build_network_model", "tcp_layers", "tcp_network"]
 
 
-def tcp_layers(fluid: NetworkModel, params: TcpParameters, rtt_s: np.ndarray, *,
-               sender_fifo: bool) -> NetworkModel:
-    """The TCP layers over `fluid` (built on the effective spec): first come, first
-    sent if `sender_fifo`, the corrections, one message per connection if the
-    parameters ask for it; outermost last."""
-    net: NetworkModel = SenderFifo(fluid) if sender_fifo else fluid
-    net = TcpCorrections(net, params, rtt_s)
-    if params.one_message_per_connection:
+def tcp_layers(fluid: NetworkModel, params: TcpParameters, rtt_s: np.ndarray,
+               layers: tuple[str, ...]) -> NetworkModel:
+    """The layers of `layers` (network_layers' order) over `fluid`, innermost first;
+    `fluid` runs on the effective spec when `layers` has tcp-core."""
+    net: NetworkModel = SenderFifo(fluid) if "fifo" in layers else fluid
+    if "tcp-core" in layers:
+        fresh = "fresh-connections" in layers
+        net = TcpCorrections(net, params, rtt_s, slow_start=fresh or "slow-start" in layers,
+                             pooled=not fresh, message_cpu="message-cpu" in layers)
+    if "one-per-connection" in layers:
         net = ConnectionQueue(net, params, rtt_s)
     return net
 
 
 def tcp_network(env: simpy.Environment, spec: NetworkSpec, params: TcpParameters,
                 coalesce_rel: float = COALESCE_REL, *,
-                sender_fifo: bool = False) -> NetworkModel:
-    """The TCP-aware network for the nominal `spec` (its latencies give the round
-    trips): (a) and (b) applied to its capacities, the layers above."""
+                model: str = "tcp-core+slow-start+one-per-connection") -> NetworkModel:
+    """The network model `model` with TCP layers for the nominal `spec` (its
+    latencies give the round trips)."""
     rtt_s = round_trip_s(spec.latency_s, params)
     fluid = FluidNetwork(env, effective_spec(spec, params, rtt_s), coalesce_rel)
-    return tcp_layers(fluid, params, rtt_s, sender_fifo=sender_fifo)
-
-
-def _maxmin(env: simpy.Environment, spec: NetworkSpec, tcp: TcpParameters | None,
-            rtt_latency_s: np.ndarray | None, coalesce_rel: float) -> NetworkModel:
-    return FluidNetwork(env, spec, coalesce_rel=coalesce_rel)
-
-
-def _tcp(env: simpy.Environment, spec: NetworkSpec, tcp: TcpParameters | None,
-         rtt_latency_s: np.ndarray | None, coalesce_rel: float) -> NetworkModel:
-    params = tcp if tcp is not None else TcpParameters()
-    rtt_s = round_trip_s(spec.latency_s if rtt_latency_s is None else rtt_latency_s, params)
-    fluid = FluidNetwork(env, effective_spec(spec, params, rtt_s), coalesce_rel=coalesce_rel)
-    return tcp_layers(fluid, params, rtt_s, sender_fifo=params.sender_fifo)
-
-
-_Builder = Callable[[simpy.Environment, NetworkSpec, TcpParameters | None, np.ndarray | None,
-                     float], NetworkModel]
-_BUILDERS: dict[str, _Builder] = {"maxmin": _maxmin, "tcp": _tcp}
-if set(_BUILDERS) != set(NETWORK_MODELS):  # one list of names, checked where both meet
-    raise ImportError(f"network models {sorted(NETWORK_MODELS)} (settings) and "
-                      f"{sorted(_BUILDERS)} (akosim.network.netmodel) differ")
+    return tcp_layers(fluid, params, rtt_s, network_layers(model))
 
 
 def build_network_model(env: simpy.Environment, spec: NetworkSpec, *, model: str = "maxmin",
                         tcp: TcpParameters | None = None,
                         rtt_latency_s: np.ndarray | None = None,
                         coalesce_rel: float = COALESCE_REL) -> NetworkModel:
-    """The network model `model` (one of NETWORK_MODELS) for `spec` on the clock `env`.
+    """The network model `model` (a preset of NETWORK_MODELS or LAYER+LAYER...) for
+    `spec` on the clock `env`.
 
-    `tcp`: the TCP-aware model's parameters (defaults if None; only ``tcp`` reads
-    them); `rtt_latency_s`: the one-way latencies its round trips are made of, when
+    `tcp`: the numbers the TCP layers use (defaults if None; unused without them);
+    `rtt_latency_s`: the one-way latencies their round trips are made of, when
     `spec.latency_s` also carries a per-message software cost (default: spec's);
-    `coalesce_rel`: see akosim.network.fluid.
+    `coalesce_rel`: see akosim.network.fluid. ValueError for an unknown model.
     """
-    builder = _BUILDERS.get(model)
-    if builder is None:
-        raise ValueError(f"network model {model!r}: expected one of {', '.join(NETWORK_MODELS)}")
-    return builder(env, spec, tcp, rtt_latency_s, coalesce_rel)
+    layers = network_layers(model)
+    if "tcp-core" not in layers:
+        return tcp_layers(FluidNetwork(env, spec, coalesce_rel=coalesce_rel),
+                          TcpParameters(), np.zeros((spec.n, spec.n)), layers)
+    params = tcp if tcp is not None else TcpParameters()
+    rtt_s = round_trip_s(spec.latency_s if rtt_latency_s is None else rtt_latency_s, params)
+    fluid = FluidNetwork(env, effective_spec(spec, params, rtt_s), coalesce_rel=coalesce_rel)
+    return tcp_layers(fluid, params, rtt_s, layers)

@@ -29,7 +29,8 @@ to the inputs of the max-min solver, and a per-message delay after it.
     what those rounds carried at the fluid rate. The rate is the one the fluid
     model gave the message (its bytes over its transfer time), so contention
     shortens the ramp as it does in TCP. akorun pools `connections_per_pair`
-    connections per peer (`pooled`), so only each pair's first messages pay;
+    connections per peer (layer slow-start), so only each pair's first messages pay
+    (layer fresh-connections: every message pays);
     research found that disabling slow-start-after-idle changes nothing, so a
     warm connection never ramps again. LV08 charges 13.01 x latency on every
     message instead: right for fresh connections, wrong for pooled ones.
@@ -45,9 +46,9 @@ to the inputs of the max-min solver, and a per-message delay after it.
     instead, which delays the oldest message, the one an SSP gate waits for,
     behind younger ones (measured on the netns testbed: an asynchronous
     parameter server at s = 2 predicted 77% too slow without it,
-    docs/fidelity-tcp.md). Off in `TcpParameters.ideal()`.
+    docs/fidelity-tcp.md). The layer one-per-connection.
 
-(f) Message CPU. With `message_cpu_serialised`, the software cost (d) is also
+(f) Message CPU. With the layer message-cpu, the software cost (d) is also
     CPU time of the ranks: half charged to the sender as the message leaves,
     half to each receiver as it arrives, and owed as per-round overhead by a
     rank that was busy at that moment (akosim.rank_cpu), so a CPU-bound rank's
@@ -77,8 +78,9 @@ to the inputs of the max-min solver, and a per-message delay after it.
 (d), (f) and (g) are the layer `TcpCorrections`, whose `send` wraps the
 delivery callback (like LV08's latency, the delay uses no bandwidth); (e) is
 the layer `ConnectionQueue` above it (akosim.network.layer; the stack is
-built by akosim.network.netmodel). With `TcpParameters.ideal()` every
-correction is off and the model is max-min exactly (tests/test_tcpmodel.py checks it).
+built by akosim.network.netmodel). With `TcpParameters.ideal()` and the
+tcp-core layer alone every correction is off and the model is max-min exactly
+(tests/test_tcpmodel.py checks it).
 
 Units: rates in bits per second, sizes in bytes, times in seconds.
 """
@@ -261,8 +263,10 @@ class ConnectionQueue(NetworkLayer):
 
 
 class TcpCorrections(NetworkLayer):
-    """Deliveries of the inner (effective-spec) model arrive later by (c), (d) and (g),
-    and with `message_cpu_serialised` (f) the ranks pay the software cost as CPU.
+    """Deliveries of the inner (effective-spec) model arrive later by (d) and (g), with
+    `slow_start` by (c) (`pooled`: a pair's first `connections_per_pair` messages pay
+    it; otherwise every one), and with `message_cpu` (f) the ranks pay the software
+    cost as CPU.
 
     The inner model runs on the effective spec (effective_spec); `rtt_s` are the
     network's round trips. Each message's extra delay is computed when the inner
@@ -271,19 +275,20 @@ class TcpCorrections(NetworkLayer):
     same delay stay one group.
     """
 
-    def __init__(self, inner: NetworkModel, params: TcpParameters, rtt_s: np.ndarray) -> None:
+    def __init__(self, inner: NetworkModel, params: TcpParameters, rtt_s: np.ndarray, *,
+                 slow_start: bool, pooled: bool, message_cpu: bool) -> None:
         super().__init__(inner)
         n = self.spec.n
         self.params = params
         self.rtt_s = np.array(rtt_s, dtype=np.float64)
+        self.pooled = pooled
         self._sent = np.zeros((n, n), dtype=np.int64)  # messages per pair so far
         self._costly = params.message_fixed_s > 0 or params.message_per_byte_s > 0
         # (g): flows one send starts together on its sender's uplink lose goodput
         self._sharing = any(e < 1 for e in params.flow_sharing_efficiency)
         # (f): message handling as CPU of the ranks (None: a delay only)
-        self.cpu = RankCpu(self.env, n) if self._costly and params.message_cpu_serialised \
-            else None
-        self._all_warm = not params.slow_start
+        self.cpu = RankCpu(self.env, n) if self._costly and message_cpu else None
+        self._all_warm = not slow_start
         self._cold_pairs = n * (n - 1)  # pairs still below their pooled count
 
     def with_cpu(self, compute: ComputeModel) -> ComputeModel:
@@ -303,7 +308,7 @@ class TcpCorrections(NetworkLayer):
         fresh_of = np.zeros(n, dtype=bool)
         if not self._all_warm:
             params = self.params
-            if params.pooled:
+            if self.pooled:
                 row = self._sent[src]
                 fresh_of[dst] = row[dst] < params.connections_per_pair
                 row[dst] += 1
