@@ -4,7 +4,8 @@ Times one akosim scenario with first come, first sent (the network model's fifo
 layer) on and off side by side in one process (CPU seconds, best of 3,
 interleaved): Ako with 16 workers and p = 4 (the tcpmodel benchmark's
 scenario, where a node's later messages often find its uplink full) and an
-asynchronous PS with 16 workers at s = 0 (every answer of the server queues). Rerun on a quiet machine with
+asynchronous PS with 16 workers at s = 0 (every answer of the server queues).
+Rerun on a quiet machine with
 
     PYTHONPATH=. JAX_PLATFORMS=cpu python -m tests.bench --only ps_desync
 """
