@@ -15,7 +15,9 @@ arithmetic instead of tens of thousands of simulated events:
 * parameter server, k servers, W = n - k workers: push then pull, each
   phase as long as its busiest resource (a worker's uplink carries the
   whole gradient, a server's downlink W copies of its shard, a pair's cap one
-  shard): compute + overhead + 2 latency + push + pull.
+  shard): compute + overhead + 2 latency + push + pull; on any cluster with
+  one server, `sync_ps_round_ends` (each phase one shared NIC filled max-min;
+  tests/test_ring_uneven.py checks it).
 
 The traffic counters mirror akosim.scenario's report over the same window
 (start to the first worker's last dispatch). tests/test_closed_form.py checks
@@ -168,6 +170,85 @@ def _ring_timing(sizes: np.ndarray, rate_bps: np.ndarray, latency_s: np.ndarray,
     finished = np.where(ends <= window, sizes, 0.0).sum(axis=(0, 1))
     delivered = np.roll(np.where(ends + latency_s <= window, sizes, 0.0).sum(axis=(0, 1)), 1)
     return dispatch, window, carried, finished, delivered
+
+
+def _water_fill(caps_bps: np.ndarray, capacity_bps: float) -> np.ndarray:
+    """Max-min rates of flows with their own caps through one shared resource."""
+    rates = np.empty_like(caps_bps)
+    left, count = capacity_bps, caps_bps.shape[0]
+    order = np.argsort(caps_bps, kind="stable")
+    for k, i in enumerate(order.tolist()):
+        share = left / (count - k)
+        if caps_bps[i] <= share:
+            rates[i] = caps_bps[i]
+            left -= caps_bps[i]
+        else:
+            rates[order[k:]] = share
+            break
+    return rates
+
+
+def _shared_ends(start_s: np.ndarray, size_bits: float, caps_bps: np.ndarray,
+                 capacity_bps: float) -> np.ndarray:
+    """When each flow ends: flow i of `size_bits` starts at start_s[i], runs at no more
+    than caps_bps[i] and shares one resource of `capacity_bps` max-min fairly with the
+    others under way (flows ending within 1e-9 of the first end with it, as in
+    akosim.network.fluid)."""
+    count = start_s.shape[0]
+    ends = np.full(count, np.inf)
+    left = np.full(count, float(size_bits))
+    active = np.zeros(count, dtype=bool)
+    waiting = sorted(range(count), key=lambda i: start_s[i])
+    now = float(start_s[waiting[0]])
+    while waiting or active.any():
+        while waiting and start_s[waiting[0]] <= now:
+            active[waiting.pop(0)] = True
+        flows = np.flatnonzero(active)
+        rates = _water_fill(caps_bps[flows], capacity_bps) if flows.size else flows
+        finish = now + left[flows] / rates if flows.size else np.empty(0)
+        arrival = float(start_s[waiting[0]]) if waiting else np.inf
+        first = float(finish.min()) if flows.size else np.inf
+        if arrival < first:
+            left[flows] -= rates * (arrival - now)
+            now = arrival
+            continue
+        due = first + (1e-9 * abs(first) + 1e-12)
+        done = finish <= due
+        left[flows] -= rates * (first - now)
+        now = first
+        ends[flows[done]] = now
+        active[flows[done]] = False
+    return ends
+
+
+def sync_ps_round_ends(spec: NetworkSpec, length: int, lead_s: np.ndarray,
+                       rounds: int) -> np.ndarray:
+    """dispatch[r, w]: when worker w ends round r, synchronous ps with one server.
+
+    The step-by-step closed form on any NICs, per-pair caps and latencies: the
+    server is the last node, workers 0..n-2. A round's push: each worker sends the
+    whole gradient at its dispatch, its flow held by its uplink and pair cap and
+    sharing the server's downlink max-min with the pushes under way; the server
+    answers once every push has arrived (transfer, then the pair's latency), all
+    at once, the answers sharing its uplink, each held by the worker's downlink and
+    pair cap; a worker dispatches its next round lead_s[w] (compute and overhead)
+    after its answer arrived.
+    """
+    n = spec.n
+    workers, server = n - 1, n - 1
+    ranks = np.arange(workers)
+    size_bits = float(length * FLOAT_BYTES * 8)
+    push_cap = np.minimum(spec.uplink_bps[:workers], spec.link_bps[ranks, server])
+    pull_cap = np.minimum(spec.downlink_bps[:workers], spec.link_bps[server, ranks])
+    dispatch = np.empty((rounds, workers))
+    dispatch[0] = lead_s[:workers]
+    for r in range(rounds - 1):
+        pushed = _shared_ends(dispatch[r], size_bits, push_cap, float(spec.downlink_bps[server]))
+        answer_s = float((pushed + spec.latency_s[ranks, server]).max())
+        pulled = _shared_ends(np.full(workers, answer_s), size_bits, pull_cap,
+                              float(spec.uplink_bps[server]))
+        dispatch[r + 1] = pulled + spec.latency_s[server, ranks] + lead_s[:workers]
+    return dispatch
 
 
 def _ring(setup: Setup, variant: Variant, u: Uniform) -> SimRun:

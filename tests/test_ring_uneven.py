@@ -1,9 +1,12 @@
-"""Ring all-reduce on uneven clusters: the simulation equals its step-by-step closed form.
+"""Baselines on uneven clusters: the simulation equals their step-by-step closed forms.
 
 Random heterogeneous clusters (NIC up and down speeds, per-pair caps, latencies,
 per-worker compute, uneven chunks): every worker's round ends in the simulation
-(akosim.engine at exact precision) equal akosim.closed_form.ring_round_ends to a
-relative 1e-9, and raising any one capacity never makes any round end later.
+(akosim.engine at exact precision) equal akosim.closed_form.ring_round_ends (ring
+all-reduce) and sync_ps_round_ends (synchronous ps, one server) to a relative
+1e-9, and raising any one capacity never makes a ring round end later. (Under
+max-min sharing that last property does not hold for ps or Ako: a faster receiver
+can take a shared uplink from the others; docs/reference/network-models.md.)
 """
 
 from __future__ import annotations
@@ -17,7 +20,12 @@ from hypothesis import strategies as st
 from akocore.config import config_from_dict
 from akocore.resolve import scheme_spec
 from akocore.schemes import build_nodes
-from akosim.closed_form import ring_links, ring_round_ends, ring_step_sizes
+from akosim.closed_form import (
+    ring_links,
+    ring_round_ends,
+    ring_step_sizes,
+    sync_ps_round_ends,
+)
 from akosim.compute import ComputeModel
 from akosim.engine import Simulation, StopRule
 from akosim.network.netspec import NetworkSpec
@@ -114,3 +122,32 @@ def test_upgrading_half_the_nics_never_slows_the_ring() -> None:
     interleaved = last_round_end([1000.0, 50.0] * 4)
     assert half <= slow * (1 + 1e-9)
     assert interleaved <= slow * (1 + 1e-9)
+
+
+def _simulate_sync_ps(spec: NetworkSpec, length: int, compute: ComputeModel,
+                      rounds: int) -> np.ndarray:
+    """round_end_s[r, w] of synchronous ps with one server (the last node), simulated."""
+    config = config_from_dict({
+        "cluster": {"workers": spec.n},
+        "exchange": {"scheme": "ps", "ps_servers": 1, "ps_mode": "sync", "ssp": 0},
+        "train": {"workload": "synthetic-cnn", "batch_size": 32, "rounds": rounds}})
+    nodes = build_nodes(scheme_spec(config, (1,)), length, None, None)
+    sim = Simulation(nodes, spec, compute, StopRule(rounds=rounds, drain=False),
+                     coalesce_rel=0.0)
+    sim.run()
+    return np.array([sim.timelines[rank].round_end_s for rank in sorted(sim.timelines)]).T
+
+
+@settings(max_examples=40, deadline=None)
+@given(clusters())
+def test_the_simulated_sync_ps_with_one_server_equals_its_closed_form(cluster) -> None:
+    spec, length, compute, rounds = cluster
+    if spec.n < 3:
+        spec = NetworkSpec(np.append(spec.uplink_bps, 50 * MBPS),
+                           np.append(spec.downlink_bps, 50 * MBPS),
+                           np.pad(spec.link_bps, ((0, 1), (0, 1)), constant_values=math.inf),
+                           np.pad(spec.latency_s, ((0, 1), (0, 1))))
+    got = _simulate_sync_ps(spec, length, compute, rounds)
+    lead_s = np.array([compute.base_s(i) + compute.overhead_of(i) for i in range(spec.n)])
+    want = sync_ps_round_ends(spec, length, lead_s, rounds)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=0)
