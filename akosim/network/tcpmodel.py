@@ -52,8 +52,9 @@ to the inputs of the max-min solver, and a per-message delay after it.
     CPU time of the ranks: half charged to the sender as the message leaves,
     half to each receiver as it arrives, and owed as per-round overhead by a
     rank that was busy at that moment (akosim.rank_cpu), so a CPU-bound rank's
-    round is not shorter than its step plus its message handling. `TcpNetwork.
-    with_cpu(compute)` gives the simulation's compute model that ledger.
+    round is not shorter than its step plus its message handling. The
+    layer's `with_cpu(compute)` (the NetworkModel hook the engine calls) gives
+    the simulation's compute model that ledger.
 
 (g) Sharing. Several TCP flows that start at the same instant through one
     shaped drop-tail port collide in its queue, lose packets and back off
