@@ -1,7 +1,9 @@
 """What `akosim calibrate` measured on one host: the TCP-aware flow model's parameters.
 
-`TcpParameters` are the parameters of akosim's TCP-aware network model
-(akosim.tcpmodel documents what each one does): the wire framing that makes
+`TcpParameters` are the measured numbers of akosim's TCP-aware network model
+(akosim.network.tcpmodel documents what each one does; which of its behaviours
+a run has is the network model's layer choice, `--network-model`, not part of
+this record): the wire framing that makes
 goodput a fraction of the line rate, the largest window (the window/RTT
 bound), the initial congestion window and handshake (the slow-start cost of a
 fresh connection), how many pooled connections akorun keeps per peer, and the
@@ -27,6 +29,9 @@ from akocore.jsonrecord import RecordError, meta, record_from_json, record_to_js
 
 HOST_CALIBRATION_VERSION = 1
 KIND = "host-calibration"
+# fields older files have: behaviour switches, now layers of akosim's network model
+LEGACY_SWITCHES = frozenset({"one_message_per_connection", "sender_fifo", "slow_start",
+                             "pooled", "message_cpu_serialised"})
 
 __all__ = ["HOST_CALIBRATION_VERSION", "HostCalibration", "TcpParameters", "TransferTiming",
            "wire_goodput_fraction"]
@@ -76,19 +81,6 @@ class TcpParameters:
         "s", "round trip of the host stack alone (loopback), added to 2 x latency", "akosim"))
     connections_per_pair: int = field(default=1, metadata=meta(
         "connections", "pooled connections a sender keeps per peer (akorun: 1)", "akosim"))
-    one_message_per_connection: bool = field(default=True, metadata=meta(
-        "", "a connection carries one message at a time, in order: a pair's next message "
-        "starts when the previous one is answered (akorun's sender); false: a pair's "
-        "messages share the links as separate flows", "akosim"))
-    sender_fifo: bool = field(default=True, metadata=meta(
-        "", "a node's messages leave its NIC first come, first sent (drop-tail queue; "
-        "akosim.senderfifo); false: shared max-min fairly whenever they started", "akosim"))
-    slow_start: bool = field(default=True, metadata=meta(
-        "", "fresh connections pay the handshake and slow start (false: every connection "
-        "is already at full window)", "akosim"))
-    pooled: bool = field(default=True, metadata=meta(
-        "", "connections stay open: only each pair's first messages ramp up (false: "
-        "every message opens a fresh connection)", "akosim"))
     message_fixed_s: float = field(default=0.0, metadata=meta(
         "s", "software seconds per message without network time (akorun measure-messages)",
         "akosim"))
@@ -98,12 +90,6 @@ class TcpParameters:
         "fraction", "what k flows through one shaped drop-tail port, each moving one "
         "message per round, carry over what one flow carries in the same pattern, for "
         "k = 1, 2, ... (more flows: the last; empty: 1, no loss from sharing)", "akosim"))
-    message_cpu_serialised: bool = field(default=False, metadata=meta(
-        "", "the message software cost is also CPU time of the sending and receiving "
-        "ranks, serialised with their steps while they are busy (akosim.rank_cpu): "
-        "ranks that fill their host's cores, as on the netns testbed (akosim predict "
-        "sets it there); false: only a delay on each message (a free core handles "
-        "messages beside the step)", "akosim"))
 
     def __post_init__(self) -> None:
         for name in ("mss_bytes", "segments_per_ack", "initial_window_segments",
@@ -147,9 +133,9 @@ class TcpParameters:
 
     @classmethod
     def ideal(cls) -> TcpParameters:
-        """Every correction off: the TCP model then equals max-min exactly."""
-        return cls(header_bytes=0, ack_bytes=0, window_bytes=math.inf, slow_start=False,
-                   one_message_per_connection=False, sender_fifo=False)
+        """No framing, no window bound: the tcp-core layer alone (network model
+        "tcp-core") then equals max-min exactly."""
+        return cls(header_bytes=0, ack_bytes=0, window_bytes=math.inf)
 
 
 @dataclass(frozen=True)
@@ -204,8 +190,14 @@ class HostCalibration:
                               f"{HOST_CALIBRATION_VERSION}, the file has {version!r}")
         if data.get("kind") != KIND:
             raise RecordError(f"kind: expected {KIND!r}, got {data.get('kind')!r}")
-        return record_from_json(cls, {k: v for k, v in data.items()
-                                      if k not in ("schema_version", "kind")})
+        record = {k: v for k, v in data.items() if k not in ("schema_version", "kind")}
+        tcp = record.get("tcp")
+        if isinstance(tcp, dict):  # files of before the network model's layers: their
+            # behaviour switches are the model's layer choice now (--network-model)
+            record["tcp"] = {k: v for k, v in tcp.items() if k not in LEGACY_SWITCHES}
+            if isinstance(record.get("measured"), list):
+                record["measured"] = [m for m in record["measured"] if m not in LEGACY_SWITCHES]
+        return record_from_json(cls, record)
 
     def provenance(self) -> str:
         """One line a user reads: what the TCP model uses and where it came from."""

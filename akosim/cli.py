@@ -33,6 +33,7 @@ from akocore.config import (
     config_to_dict,
     resolve_args,
 )
+from akocore.settings.normalise import network_layers
 from akocore.units import format_duration, format_size
 from akosim.calibration import (  # noqa: F401 (rank_overhead_s: re-exported)
     compute_from_result,
@@ -287,7 +288,7 @@ def _message_overhead(args: argparse.Namespace, nodes: int, *,
 
 def _setup(args: argparse.Namespace, cfg: RunConfig, *, training: bool):
     from akosim.engine import StopRule
-    from akosim.fluid import COALESCE_REL
+    from akosim.network.fluid import COALESCE_REL
     from akosim.scenario import Setup
 
     cache: dict[str, Any] = {}
@@ -331,7 +332,7 @@ def _setup(args: argparse.Namespace, cfg: RunConfig, *, training: bool):
         raise UsageError(f"--coalesce: got {args.coalesce}, expected a fraction 0 <= x < 0.5, "
                          f"e.g. 0.01")
     tcp = None
-    real_network = cfg.network.model == "tcp"
+    real_network = "tcp-core" in network_layers(cfg.network.model)
     message_overhead = _message_overhead(args, cfg.cluster.workers, real_network=real_network)
     if real_network:
         from akosim.host_calibration_io import tcp_parameters
@@ -342,9 +343,11 @@ def _setup(args: argparse.Namespace, cfg: RunConfig, *, training: bool):
         if message_overhead:  # given or the run's own: the host's figure would count twice
             tcp = replace(tcp, message_fixed_s=0.0, message_per_byte_s=0.0)
     elif args.host_calibration:
-        raise UsageError("--host-calibration is for --network-model tcp")
+        raise UsageError("--host-calibration is for a network model with the tcp layer "
+                         "(--network-model tcp)")
     setup = Setup(cfg, length, compute, cfg.train.batch_size, stop, coalesce_rel=coalesce,
-                  message_overhead_s=message_overhead, compute_source=source, tcp=tcp)
+                  message_overhead_s=message_overhead, compute_source=source, tcp=tcp,
+                  network_model=cfg.network.model)
     return setup, (workload() if training else None)
 
 

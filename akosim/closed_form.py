@@ -8,14 +8,16 @@ arithmetic instead of tens of thousands of simulated events:
 
 * ring all-reduce, n nodes, chunks of the gradient cut as `partition_bounds`
   cuts them: each link i -> i+1 is alone on its sender's uplink and its
-  receiver's downlink, so the ring is n independent queues; a max-plus
-  recursion gives every send's time (exact while a worker's sends never
-  overlap, i.e. the chunks are even or latency hides the difference) and a
-  small event loop over the n queues handles the overlapping case exactly;
+  receiver's downlink and carries its messages in order (the ring's
+  neighbour stream), so the ring is n independent FIFO queues and a max-plus
+  recursion gives every send's time (`ring_round_ends`, on any NICs, caps and
+  latencies: tests/test_ring_uneven.py checks the simulation against it);
 * parameter server, k servers, W = n - k workers: push then pull, each
   phase as long as its busiest resource (a worker's uplink carries the
   whole gradient, a server's downlink W copies of its shard, a pair's cap one
-  shard): compute + overhead + 2 latency + push + pull.
+  shard): compute + overhead + 2 latency + push + pull; on any cluster with
+  one server, `sync_ps_round_ends` (each phase one shared NIC filled max-min;
+  tests/test_ring_uneven.py checks it).
 
 The traffic counters mirror akosim.scenario's report over the same window
 (start to the first worker's last dispatch). tests/test_closed_form.py checks
@@ -26,8 +28,6 @@ PS (SDAG), traces, training) returns None and is simulated.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
 import time
 from dataclasses import dataclass
@@ -37,7 +37,9 @@ import numpy as np
 from akocore.figures import steady_round_time_s
 from akocore.messages import FLOAT_BYTES
 from akocore.partition import partition_bounds
+from akocore.settings.normalise import network_layers
 from akocore.units import format_bandwidth
+from akosim.network.netspec import NetworkSpec
 from akosim.scenario import Setup, SimRun, Variant, WorkerReport, network_spec
 
 
@@ -77,8 +79,8 @@ def closed_form_run(setup: Setup, variant: Variant, *, trace: bool = False,
     """The run of `variant` without simulating it, or None where it must be simulated
     (a trace or training needs the events, the TCP model its per-message delays;
     `_simulate_options` only matter then)."""
-    if trace or workload is not None or setup.tcp is not None:
-        return None
+    if trace or workload is not None or network_layers(setup.network_model_name):
+        return None  # only the max-min fluid network alone has these closed forms
     shared = uniform(setup)
     if shared is None:
         return None
@@ -100,20 +102,162 @@ def _chunk_bytes(length: int, parts: int) -> np.ndarray:
     return np.diff(partition_bounds(length, parts)).astype(float) * FLOAT_BYTES
 
 
-def _ring(setup: Setup, variant: Variant, u: Uniform) -> SimRun:
-    """Ring all-reduce: worker i sends step s of round r once it has dispatched round r
-    and processed step s-1 from i-1; each link i -> i+1 is alone on i's uplink and
-    i+1's downlink, so it is a processor-sharing queue of its own at rate
-    min(up, down, cap), a message arriving `latency` after its last byte. The fast
-    max-plus recursion is exact while a worker's sends never overlap; when they do
-    (uneven chunks), the per-link event loop is."""
-    n, rounds = setup.nodes, u.rounds
-    chunks = _chunk_bytes(setup.length, n)
+def ring_step_sizes(length: int, n: int) -> np.ndarray:
+    """sizes[s, i]: bytes node i sends at ring step s (2(n-1) steps), as
+    akocore.schemes.allreduce cuts them."""
+    chunks = _chunk_bytes(length, n)
     ranks = np.arange(n)
-    sizes = np.array([chunks[(ranks - s) % n] if s < n - 1
-                      else chunks[(ranks + 1 - (s - (n - 1))) % n] for s in range(2 * (n - 1))])
+    return np.array([chunks[(ranks - s) % n] if s < n - 1
+                     else chunks[(ranks + 1 - (s - (n - 1))) % n] for s in range(2 * (n - 1))])
+
+
+def ring_links(spec: NetworkSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(rate_bps[i], latency_s[i]) of each ring link i -> i+1: alone on i's uplink and
+    i+1's downlink, it runs at min(up_i, down_i+1, cap_i,i+1)."""
+    n = spec.n
+    ranks = np.arange(n)
+    following = (ranks + 1) % n
+    rate_bps = np.minimum(np.minimum(spec.uplink_bps, spec.downlink_bps[following]),
+                          spec.link_bps[ranks, following])
+    return rate_bps.astype(float), spec.latency_s[ranks, following].astype(float)
+
+
+def ring_round_ends(sizes: np.ndarray, rate_bps: np.ndarray, latency_s: np.ndarray,
+                    lead_s: np.ndarray, rounds: int) -> np.ndarray:
+    """dispatch[r, i]: when worker i ends round r (hands its gradient to the ring).
+
+    The step-by-step closed form of ring all-reduce on any NICs, per-pair caps and
+    latencies: link i -> i+1 carries one message at a time at rate_bps[i] (its
+    in-order stream), a message arriving latency_s[i] after its last byte left.
+    Worker i sends step 0 of round r at its dispatch (round r-1's ring complete
+    there, then lead_s[i] of compute and overhead) and step s + 1 once step s has
+    arrived from i - 1, each no earlier than its previous message left. With no
+    latency every step waits for the slowest link, so a round's ring takes the
+    sum over its steps of each step's slowest chunk time.
+    """
+    return _ring_timing(sizes, rate_bps, latency_s, lead_s, rounds)[0]
+
+
+RingTiming = tuple[np.ndarray, float, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _ring_timing(sizes: np.ndarray, rate_bps: np.ndarray, latency_s: np.ndarray,
+                 lead_s: np.ndarray, rounds: int) -> RingTiming:
+    """(dispatch[r, i], window, bytes carried by each uplink, bytes of ended transfers
+    per sender, bytes delivered per receiver) over the window (start to the first
+    worker's last dispatch), by the max-plus recursion of `ring_round_ends`."""
+    steps, n = sizes.shape
+    tx = sizes * 8 / rate_bps
+    begin = np.empty((rounds, steps, n))
+    dispatch = np.empty((rounds, n))
+    ready = np.zeros(n)  # when each worker may start its next round
+    link_free = np.zeros(n)
+    for r in range(rounds):
+        dispatch[r] = ready + lead_s
+        send = dispatch[r]
+        for s in range(steps):
+            send = np.maximum(send, link_free)
+            begin[r, s] = send
+            link_free = send + tx[s]
+            arrival = np.roll(link_free + latency_s, 1)  # i+1 receives from i
+            if s < steps - 1:
+                send = np.maximum(dispatch[r], arrival)
+            else:
+                ready = arrival
+    window = float(dispatch[-1].min())
+    ends = begin + tx
+    carried = (np.clip(window - begin, 0.0, tx) * rate_bps / 8).sum(axis=(0, 1))
+    finished = np.where(ends <= window, sizes, 0.0).sum(axis=(0, 1))
+    delivered = np.roll(np.where(ends + latency_s <= window, sizes, 0.0).sum(axis=(0, 1)), 1)
+    return dispatch, window, carried, finished, delivered
+
+
+def _water_fill(caps_bps: np.ndarray, capacity_bps: float) -> np.ndarray:
+    """Max-min rates of flows with their own caps through one shared resource."""
+    rates = np.empty_like(caps_bps)
+    left, count = capacity_bps, caps_bps.shape[0]
+    order = np.argsort(caps_bps, kind="stable")
+    for k, i in enumerate(order.tolist()):
+        share = left / (count - k)
+        if caps_bps[i] <= share:
+            rates[i] = caps_bps[i]
+            left -= caps_bps[i]
+        else:
+            rates[order[k:]] = share
+            break
+    return rates
+
+
+def _shared_ends(start_s: np.ndarray, size_bits: float, caps_bps: np.ndarray,
+                 capacity_bps: float) -> np.ndarray:
+    """When each flow ends: flow i of `size_bits` starts at start_s[i], runs at no more
+    than caps_bps[i] and shares one resource of `capacity_bps` max-min fairly with the
+    others under way (flows ending within 1e-9 of the first end with it, as in
+    akosim.network.fluid)."""
+    count = start_s.shape[0]
+    ends = np.full(count, np.inf)
+    left = np.full(count, float(size_bits))
+    active = np.zeros(count, dtype=bool)
+    waiting = sorted(range(count), key=lambda i: start_s[i])
+    now = float(start_s[waiting[0]])
+    while waiting or active.any():
+        while waiting and start_s[waiting[0]] <= now:
+            active[waiting.pop(0)] = True
+        flows = np.flatnonzero(active)
+        rates = _water_fill(caps_bps[flows], capacity_bps) if flows.size else flows
+        finish = now + left[flows] / rates if flows.size else np.empty(0)
+        arrival = float(start_s[waiting[0]]) if waiting else np.inf
+        first = float(finish.min()) if flows.size else np.inf
+        if arrival < first:
+            left[flows] -= rates * (arrival - now)
+            now = arrival
+            continue
+        due = first + (1e-9 * abs(first) + 1e-12)
+        done = finish <= due
+        left[flows] -= rates * (first - now)
+        now = first
+        ends[flows[done]] = now
+        active[flows[done]] = False
+    return ends
+
+
+def sync_ps_round_ends(spec: NetworkSpec, length: int, lead_s: np.ndarray,
+                       rounds: int) -> np.ndarray:
+    """dispatch[r, w]: when worker w ends round r, synchronous ps with one server.
+
+    The step-by-step closed form on any NICs, per-pair caps and latencies: the
+    server is the last node, workers 0..n-2. A round's push: each worker sends the
+    whole gradient at its dispatch, its flow held by its uplink and pair cap and
+    sharing the server's downlink max-min with the pushes under way; the server
+    answers once every push has arrived (transfer, then the pair's latency), all
+    at once, the answers sharing its uplink, each held by the worker's downlink and
+    pair cap; a worker dispatches its next round lead_s[w] (compute and overhead)
+    after its answer arrived.
+    """
+    n = spec.n
+    workers, server = n - 1, n - 1
+    ranks = np.arange(workers)
+    size_bits = float(length * FLOAT_BYTES * 8)
+    push_cap = np.minimum(spec.uplink_bps[:workers], spec.link_bps[ranks, server])
+    pull_cap = np.minimum(spec.downlink_bps[:workers], spec.link_bps[server, ranks])
+    dispatch = np.empty((rounds, workers))
+    dispatch[0] = lead_s[:workers]
+    for r in range(rounds - 1):
+        pushed = _shared_ends(dispatch[r], size_bits, push_cap, float(spec.downlink_bps[server]))
+        answer_s = float((pushed + spec.latency_s[ranks, server]).max())
+        pulled = _shared_ends(np.full(workers, answer_s), size_bits, pull_cap,
+                              float(spec.uplink_bps[server]))
+        dispatch[r + 1] = pulled + spec.latency_s[server, ranks] + lead_s[:workers]
+    return dispatch
+
+
+def _ring(setup: Setup, variant: Variant, u: Uniform) -> SimRun:
+    """Ring all-reduce on a homogeneous cluster: `ring_round_ends` and its counters."""
+    n, rounds = setup.nodes, u.rounds
+    sizes = ring_step_sizes(setup.length, n)
     rate = min(u.up_bps, u.down_bps, u.cap_bps)
-    timing = _ring_recursion(sizes, rate, u) or _ring_events(sizes, rate, u)
+    timing = _ring_timing(sizes, np.full(n, rate), np.full(n, u.latency_s),
+                          np.full(n, u.compute_s + u.overhead_s), rounds)
     dispatch, window, carried, finished, delivered = timing
     # every round's bytes (the simulation's timeline counter may miss part of the last
     # round's forwarded chunks; the steady figure per round is this one)
@@ -124,135 +268,6 @@ def _ring(setup: Setup, variant: Variant, u: Uniform) -> SimRun:
     return _report(setup, variant, u, window, n, round_times=round_times, waits=waits,
                    counted=counted, carried_up=carried, carried_down=np.roll(carried, 1),
                    finished=finished, delivered=delivered, links=links)
-
-
-RingTiming = tuple[np.ndarray, float, np.ndarray, np.ndarray, np.ndarray]
-
-
-def _ring_recursion(sizes: np.ndarray, rate: float, u: Uniform) -> RingTiming | None:
-    """(dispatch[r, i], window, bytes carried by each uplink, bytes of ended transfers
-    per sender, bytes delivered per receiver) over the window; None on an overlap."""
-    steps, n = sizes.shape
-    rounds = u.rounds
-    tx = sizes * 8 / rate
-    begin = np.empty((rounds, steps, n))
-    dispatch = np.empty((rounds, n))
-    ready = np.zeros(n)  # when each worker may start its next round
-    uplink_free = np.zeros(n)
-    for r in range(rounds):
-        dispatch[r] = ready + u.compute_s + u.overhead_s
-        send = dispatch[r]
-        for s in range(steps):
-            if np.any(send < uplink_free):
-                return None
-            begin[r, s] = send
-            uplink_free = send + tx[s]
-            arrival = np.roll(uplink_free + u.latency_s, 1)  # i+1 receives from i
-            if s < steps - 1:
-                send = np.maximum(dispatch[r], arrival)
-            else:
-                ready = arrival
-    window = float(dispatch[-1].min())  # the first worker's last dispatch
-    ends = begin + tx
-    carried = (np.clip(window - begin, 0.0, tx) * rate / 8).sum(axis=(0, 1))
-    finished = np.where(ends <= window, sizes, 0.0).sum(axis=(0, 1))
-    delivered = np.roll(np.where(ends + u.latency_s <= window, sizes, 0.0).sum(axis=(0, 1)), 1)
-    return dispatch, window, carried, finished, delivered
-
-
-def _ring_events(sizes: np.ndarray, rate: float, u: Uniform) -> RingTiming:
-    """The same figures by an event loop over the n independent link queues (exact when
-    a worker's sends overlap and share its link)."""
-    steps, n = sizes.shape
-    rounds, lead_s = u.rounds, u.compute_s + u.overhead_s
-    size_of: list[list[float]] = sizes.tolist()  # plain floats: the loop reads them often
-    events: list[tuple[float, int, str, int, int, int]] = []
-    order = itertools.count()
-    flows: list[dict[int, float]] = [{} for _ in range(n)]  # link i: flow id -> bits left
-    flow_of: dict[int, tuple[int, int, float]] = {}  # flow id -> (round, step, bytes)
-    link_t, version = [0.0] * n, [0] * n
-    round_of, dispatched, processed = [0] * n, [False] * n, [-1] * n
-    held: list[set[tuple[int, int]]] = [set() for _ in range(n)]
-    dispatch = np.full((rounds, n), np.nan)
-    sent_bits, ended, arrived = [0.0] * n, [0.0] * n, [0.0] * n
-    snapshot: RingTiming | None = None
-
-    def push(t: float, kind: str, node: int, a: int = 0, b: int = 0) -> None:
-        heapq.heappush(events, (t, next(order), kind, node, a, b))
-
-    def advance(i: int, t: float) -> None:
-        if flows[i]:
-            used = (t - link_t[i]) * rate / len(flows[i])
-            for fid in flows[i]:
-                flows[i][fid] -= used
-        link_t[i] = t
-
-    def reschedule(i: int, t: float) -> None:
-        version[i] += 1
-        if flows[i]:
-            push(t + min(flows[i].values()) * len(flows[i]) / rate, "done", i, version[i])
-
-    def send(i: int, r: int, s: int, t: float) -> None:
-        advance(i, t)
-        fid = next(order)
-        size = size_of[s][i]
-        flows[i][fid] = size * 8
-        flow_of[fid] = (r, s, size)
-        sent_bits[i] += size * 8
-        reschedule(i, t)
-
-    def process(j: int, t: float) -> None:
-        while dispatched[j] and (round_of[j], processed[j] + 1) in held[j]:
-            r, s = round_of[j], processed[j] + 1
-            held[j].remove((r, s))
-            processed[j] = s
-            if s < steps - 1:
-                send(j, r, s + 1, t)
-            else:  # the ring of round r is complete here
-                round_of[j], dispatched[j], processed[j] = r + 1, False, -1
-                if r + 1 < rounds:
-                    push(t + lead_s, "dispatch", j, r + 1)
-
-    def arrive(j: int, r: int, s: int, t: float) -> None:
-        arrived[j] += size_of[s][(j - 1) % n]
-        held[j].add((r, s))
-        process(j, t)
-
-    for i in range(n):
-        push(lead_s, "dispatch", i, 0)
-    while events:
-        t, _, kind, node, a, b = heapq.heappop(events)
-        if kind == "dispatch":
-            if a == rounds - 1 and snapshot is None:  # the window ends: take the counters
-                for i in range(n):
-                    advance(i, t)
-                left = np.array([sum(f.values()) for f in flows])
-                snapshot = (dispatch, t, (np.array(sent_bits) - left) / 8, np.array(ended),
-                            np.array(arrived))
-            dispatch[a, node] = t
-            dispatched[node] = True
-            send(node, a, 0, t)
-            process(node, t)
-        elif kind == "done":
-            if a != version[node]:
-                continue
-            advance(node, t)
-            # the flow this event was scheduled for ends now (and any within rounding of it)
-            lowest = min(flows[node].values())
-            tolerance = lowest + 1e-9 * max(abs(lowest), max(flows[node].values()), 1.0)
-            for fid in [f for f, bits in flows[node].items() if bits <= tolerance]:
-                del flows[node][fid]
-                r, s, size = flow_of.pop(fid)
-                ended[node] += size
-                if u.latency_s > 0:
-                    push(t + u.latency_s, "arrive", (node + 1) % n, r, s)
-                else:  # arrives now: no need to queue it
-                    arrive((node + 1) % n, r, s, t)
-            reschedule(node, t)
-        else:
-            arrive(node, a, b, t)
-    assert snapshot is not None
-    return snapshot
 
 
 def _ps(setup: Setup, variant: Variant, u: Uniform) -> SimRun:

@@ -1,8 +1,10 @@
-"""SimPy processes that drive akocore scheme nodes over the fluid network.
+"""SimPy processes that drive akocore scheme nodes over a simulated network.
 
 One process per worker: wait at the scheme's SSP gate, compute for the
 ComputeModel's time, hand the gradient to the scheme, deliver its Send
-effects through the FluidNetwork. Messages arriving at a node go to the
+effects through the network model it was given (akosim.network.layer.
+NetworkModel; a node that declares `in_order_sends` sends through
+akosim.network.pairstream). Messages arriving at a node go to the
 node's `receive` at their simulated arrival time, and wake the node if it is
 waiting (an ako worker whose gate is still closed after a look is woken only
 when the last peer it waits for arrived: akosim.multicast's gate watch).
@@ -23,11 +25,13 @@ import simpy
 from akocore.messages import Partial, Send
 from akocore.schemes import SchemeNode
 from akosim.compute import ComputeModel
-from akosim.fluid import COALESCE_REL
 from akosim.multicast import MulticastDelivery
-from akosim.netspec import NetworkSpec
-from akosim.netstats import NetworkStats
-from akosim.network import FluidNetwork
+from akosim.network.fluid import COALESCE_REL
+from akosim.network.layer import NetworkModel
+from akosim.network.netmodel import build_network_model
+from akosim.network.netspec import NetworkSpec
+from akosim.network.netstats import NetworkStats
+from akosim.network.pairstream import PairStreams
 
 
 class GradientSource(Protocol):
@@ -100,18 +104,29 @@ class StopRule:
 class Simulation:
     """Wire nodes, network and compute into one SimPy environment and run it."""
 
-    def __init__(self, nodes: list[SchemeNode], network: NetworkSpec, compute: ComputeModel,
-                 stop: StopRule, *, gradients: GradientSource | None = None,
-                 trace: bool = False,
+    def __init__(self, nodes: list[SchemeNode], network: NetworkSpec | NetworkModel,
+                 compute: ComputeModel, stop: StopRule, *,
+                 gradients: GradientSource | None = None, trace: bool = False,
                  on_round: Callable[[int, int, float], None] | None = None,
                  coalesce_rel: float = COALESCE_REL) -> None:
-        if network.n != len(nodes):
-            raise ValueError(f"the network has {network.n} nodes, the scheme {len(nodes)}")
-        self.env = simpy.Environment()
-        self.net = FluidNetwork(self.env, network, coalesce_rel=coalesce_rel)
+        """`network`: a network model built on its own SimPy environment (this
+        simulation runs on that clock; akosim.network.netmodel.build_network_model),
+        or a NetworkSpec for the max-min model (`coalesce_rel` is then its precision).
+        `compute` is charged with the model's message CPU if it has any."""
+        if isinstance(network, NetworkSpec):
+            network = build_network_model(simpy.Environment(), network,
+                                          coalesce_rel=coalesce_rel)
+        if network.spec.n != len(nodes):
+            raise ValueError(f"the network has {network.spec.n} nodes, "
+                             f"the scheme {len(nodes)}")
+        self.env = network.env
+        self.net = network
+        # a ring's neighbour channel is one in-order stream (akosim.network.pairstream)
+        ordered = any(node.in_order_sends for node in nodes)
+        self._streams: NetworkModel = PairStreams(network) if ordered else network
         self.nodes = nodes
         self._multicast = MulticastDelivery(nodes)
-        self.compute = compute
+        self.compute = network.with_cpu(compute)
         self.stop = stop
         self.gradients = gradients
         self.on_round = on_round
@@ -216,7 +231,8 @@ class Simulation:
             if line is not None and not self.nodes[src].finished:
                 line.bytes_sent += msg.nbytes * len(send.dests)
             token = _InFlight(msg, src, self.env.now, len(send.dests))
-            self.net.send(src, send.dests, msg.nbytes, self._delivered, token)
+            net = self._streams if self.nodes[src].in_order_sends else self.net
+            net.send(src, send.dests, msg.nbytes, self._delivered, token)
 
     def _delivered(self, dests: np.ndarray, token: object) -> None:
         assert isinstance(token, _InFlight)

@@ -18,7 +18,7 @@ What is taken from where, so that nothing is counted twice:
 - the network: the one the kernel realised when the run directory holds the
   testbed's ``testbed.json`` (akocore.testbed_record: each node's uplink, the
   per-pair caps, no latency, since this kernel's testbed ignores it), else the
-  run's [network] settings; shared by the TCP-aware model (akosim.tcpmodel, the
+  run's [network] settings; shared by the TCP-aware model (akosim.network.tcpmodel, the
   default here: a real run is real TCP) or max-min;
 - the per-message software cost: each rank's ``message_software_s`` (measured
   by akorun without network time) when the result has it (and compute comes
@@ -55,6 +55,7 @@ from akocore.config import (
 from akocore.host_calibration import TcpParameters
 from akocore.jsonrecord import RecordError
 from akocore.results import Calibration, RunResult, read_result
+from akocore.settings.normalise import network_layers
 from akocore.settings.schema import NetworkConfig
 from akocore.testbed_record import TESTBED_RECORD_FILE, TestbedRecord
 from akocore.units import format_duration
@@ -252,11 +253,19 @@ def colocated_compute_s(cfg: RunConfig, training_ranks: int) -> Colocation:
 
 def message_cpu_stretched(tcp: TcpParameters, slowdown: float) -> TcpParameters:
     """The host's per-message software cost (measured by one process alone) stretched
-    by the co-located ranks' measured slowdown, and charged as their CPU (they fill the
-    host's cores: the handling takes its time from the steps)."""
+    by the co-located ranks' measured slowdown (charged as their CPU by the network
+    model's message-cpu layer: they fill the host's cores, the handling takes its time
+    from the steps)."""
     return replace(tcp, message_fixed_s=tcp.message_fixed_s * slowdown,
-                   message_per_byte_s=tcp.message_per_byte_s * slowdown,
-                   message_cpu_serialised=True)
+                   message_per_byte_s=tcp.message_per_byte_s * slowdown)
+
+
+def with_message_cpu(model: str) -> str:
+    """Network model `model` with the message-cpu layer (it has the tcp layer)."""
+    layers = network_layers(model)
+    if "message-cpu" in layers:
+        return model
+    return "+".join(network_layers("+".join((*layers, "message-cpu"))))
 
 
 def _loopback(cfg: RunConfig) -> bool:
@@ -322,13 +331,14 @@ def predict_command(args: argparse.Namespace) -> int:
                        + "".join(f"; {note}" for note in testbed_notes))
     else:
         sources.append("network: the run's configuration (no testbed.json)")
-    if model == "tcp":
+    if "tcp-core" in network_layers(model):
         source = tcp_parameters(args.host_calibration)
         tcp = source.params
         if software is not None:  # the run measured it: the host's figure would count twice
             tcp = replace(tcp, message_fixed_s=0.0, message_per_byte_s=0.0)
         elif colocation is not None:
             tcp = message_cpu_stretched(tcp, colocation.slowdown)
+            model = with_message_cpu(model)
             sources.append(f"per-message software cost x{colocation.slowdown:.2f} (the "
                            f"co-located ranks' measured slowdown), charged as the ranks' CPU")
         sources.append(source.provenance)
@@ -342,7 +352,8 @@ def predict_command(args: argparse.Namespace) -> int:
     setup = Setup(cfg, length, ComputeModel(0.0, jitter=jitter,
                                              per_worker_s=compute_s, overhead_s=overhead),
                   run.batch_size or cfg.train.batch_size, StopRule(rounds=rounds, drain=False),
-                  message_overhead_s=software or (), compute_source="; ".join(sources), tcp=tcp)
+                  message_overhead_s=software or (), compute_source="; ".join(sources), tcp=tcp,
+                  network_model=model)
     runs = configured_runs(setup)
     predicted = runs[0].round_time_s
     measured = run.round_time_s
@@ -351,7 +362,7 @@ def predict_command(args: argparse.Namespace) -> int:
           + f", {workers} nodes, {rounds} rounds, network model {model}")
     for line in sources:
         print(f"akosim: {line}")
-    if model == "tcp" and testbed is None and _loopback(cfg):
+    if "tcp-core" in network_layers(model) and testbed is None and _loopback(cfg):
         print("akosim: note: the run's ranks are on loopback, where akorun emulates the "
               "network in-process by default (a fluid model); --network-model maxmin "
               "predicts an emulated run")
@@ -377,4 +388,5 @@ def prediction_line(predicted_s: float, measured_s: float | None) -> str:
 
 __all__ = ["COMPUTE_SOURCES", "Colocation", "DESCRIPTION", "EPILOG", "add_predict_arguments",
            "colocated_compute_s", "host_measured_compute_s", "message_cpu_stretched",
+           "with_message_cpu",
            "predict_command", "prediction_line", "read_run", "read_testbed", "testbed_network"]

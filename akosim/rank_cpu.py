@@ -8,7 +8,7 @@ GIL while it computes, so with a free core the two overlap. On the netns
 testbed they do not: every rank is a process on one host whose cores are all
 taken by the ranks' steps (as many processes as cores or more), so a second
 of message handling is a second of CPU the rank's own step or a co-located
-rank's step does not get. The per-message delay of akosim.tcpmodel (d) models
+rank's step does not get. The per-message delay of akosim.network.tcpmodel (d) models
 when a message becomes usable; `RankCpu` models what the handling costs the
 rank's rounds:
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+import simpy
 
 from akocore.config import RunConfig
 from akocore.figures import steady_round_time_s
@@ -30,9 +31,10 @@ from akocore.units import format_bandwidth
 from akocore.workload import Workload
 from akosim.compute import ComputeModel
 from akosim.engine import Simulation, StopRule, TraceEvent
-from akosim.fluid import COALESCE_REL
-from akosim.netspec import NetworkSpec
-from akosim.netstats import NetworkUtilisation
+from akosim.network.fluid import COALESCE_REL
+from akosim.network.netmodel import build_network_model
+from akosim.network.netspec import NetworkSpec
+from akosim.network.netstats import NetworkUtilisation
 from akosim.training import AccuracyTracker, BatchedGradients, Evaluation
 
 
@@ -45,13 +47,24 @@ class Setup:
     compute: ComputeModel
     batch_size: int
     stop: StopRule
-    coalesce_rel: float = COALESCE_REL  # see akosim.fluid: finish within this of a message
+    coalesce_rel: float = COALESCE_REL  # see akosim.network.fluid: finish within this of a message
     # per sending node: seconds a message costs beyond the wire (software stack), added
     # to the latency of each of its links; empty = none (`akosim --message-overhead`)
     message_overhead_s: tuple[float, ...] = ()
     compute_source: str = ""  # where compute came from, in words (printed, written to --out)
-    # the TCP-aware model's parameters (akosim.tcpmodel); None = pure max-min
+    # the numbers of the TCP layers (akosim.network.tcpmodel); None = defaults if the
+    # network model has them
     tcp: TcpParameters | None = None
+    # the network model (akosim.network.netmodel): a preset or LAYER+LAYER...; None =
+    # "tcp" when `tcp` is given, else "maxmin"
+    network_model: str | None = None
+
+    @property
+    def network_model_name(self) -> str:
+        """The network model this setup simulates."""
+        if self.network_model is not None:
+            return self.network_model
+        return "maxmin" if self.tcp is None else "tcp"
 
     @property
     def gradient_bytes(self) -> int:
@@ -190,20 +203,13 @@ def simulate(setup: Setup, variant: Variant, *, trace: bool = False,
             if tracker.evaluate(params, rounds_done, now_s):
                 sim.request_stop()
 
-    network = network_spec(config, setup.message_overhead_s)
-    if setup.tcp is not None:  # TCP-aware: goodput and window caps, per-message delays
-        from akosim.tcpmodel import TcpNetwork, effective_spec, round_trip_s
-
-        rtt_s = round_trip_s(network_arrays(config).latency_s, setup.tcp)
-        network = effective_spec(network, setup.tcp, rtt_s)
+    env = simpy.Environment()
+    network = build_network_model(
+        env, network_spec(config, setup.message_overhead_s),
+        model=setup.network_model_name, tcp=setup.tcp,
+        rtt_latency_s=network_arrays(config).latency_s, coalesce_rel=setup.coalesce_rel)
     sim = Simulation(nodes, network, setup.compute, setup.stop, gradients=gradients,
-                     trace=trace, on_round=on_round, coalesce_rel=setup.coalesce_rel)
-    if setup.tcp is not None:
-        from akosim.senderfifo import TcpSenderFifoNetwork
-
-        kind = TcpSenderFifoNetwork if setup.tcp.sender_fifo else TcpNetwork
-        sim.net = kind(sim.env, network, setup.tcp, rtt_s, setup.coalesce_rel)
-        sim.compute = sim.net.with_cpu(sim.compute)  # message CPU of the ranks (tcpmodel f)
+                     trace=trace, on_round=on_round)
     started = time.perf_counter()
     sim.run()
     wall_s = time.perf_counter() - started

@@ -53,6 +53,7 @@ from akocore.config import (
     resolve,
     set_layer,
 )
+from akocore.settings.normalise import network_layers
 from akocore.units import format_duration
 from akosim.runspec import (
     TIMING_DEFAULTS,
@@ -302,12 +303,12 @@ def run_point(task: dict[str, Any]) -> tuple[str, float]:
     config = config_from_dict(task["config"])
     stop = StopRule(rounds=config.train.rounds, duration_s=config.train.duration_s, drain=False)
     tcp = None
-    if config.network.model == "tcp":  # this host's cached calibration, else defaults
+    if "tcp-core" in network_layers(config.network.model):  # the host's calibration, else defaults
         from akosim.host_calibration_io import tcp_parameters
 
         tcp = tcp_parameters().params
     setup = Setup(config, task["length"], ComputeModel(task["compute_s"]),
-                  config.train.batch_size, stop, tcp=tcp)
+                  config.train.batch_size, stop, tcp=tcp, network_model=config.network.model)
     config_record = task["config"]
     if task.get("choose_ssp"):
         from akosim.advice import with_overlap_ssp

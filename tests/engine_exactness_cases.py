@@ -1,6 +1,6 @@
 """Small simulations whose every round end is pinned: the exactness check of akosim's speed work.
 
-Each case runs the engine (akosim.engine.Simulation over akosim.network) on a
+Each case runs the engine (akosim.engine.Simulation over akosim.network.fluidnet) on a
 few workers and returns every worker's round end times, in simulated seconds.
 tests/data/engine_round_ends.json holds the values the engine gave before its
 event path and solver were made faster; tests/test_engine_speed_exact.py

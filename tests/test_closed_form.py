@@ -2,8 +2,8 @@
 
 Every case runs `scenario.simulate` at exact precision (coalesce_rel=0) and
 `closed_form.closed_form_run` side by side: ring all-reduce with even chunks
-(the max-plus recursion), with uneven chunks and no latency (sends overlap:
-the per-link event loop), the synchronous parameter server with every
+and uneven chunks (the max-plus recursion; a worker's overlapping sends queue
+on its link), the synchronous parameter server with every
 candidate server count, with and without per-pair caps, latency and a
 per-round overhead. Heterogeneous clusters, jitter, traces and async ps are
 left to the simulation.
@@ -85,20 +85,16 @@ def test_closed_form_equals_the_simulation(case: dict) -> None:
             assert mine.uplink_utilisation == pytest.approx(theirs.uplink_utilisation, rel=1e-9)
 
 
-def test_overlapping_sends_take_the_event_loop_and_even_chunks_the_recursion(
-        monkeypatch) -> None:
-    calls: list[str] = []
-    recursion, events = closed_form._ring_recursion, closed_form._ring_events
-    monkeypatch.setattr(closed_form, "_ring_recursion",
-                        lambda *a: calls.append("recursion") or recursion(*a))
-    monkeypatch.setattr(closed_form, "_ring_events",
-                        lambda *a: calls.append("events") or events(*a))
-    ring = Variant("allreduce", label="ring")
-    assert closed_form_run(_setup(4, 4000), ring) is not None
-    assert calls == ["recursion"]
-    calls.clear()
-    assert closed_form_run(_setup(3, 1000), ring) is not None
-    assert calls == ["recursion", "events"]
+def test_a_workers_overlapping_ring_sends_queue_on_its_link() -> None:
+    # 3 nodes, 1000 elements: chunks 334, 333, 333; no latency. Node 0 gets its step-0
+    # chunk (333 elements) before its own 334-element step 0 has left: step 1 waits.
+    sizes = closed_form.ring_step_sizes(1000, 3)
+    rate = np.full(3, 8e6)
+    dispatch = closed_form.ring_round_ends(sizes, rate, np.zeros(3), np.full(3, 0.01), 2)
+    step_s = sizes * 8 / 8e6
+    # node 1's ring: steps start back to back on every link, the slowest of each step
+    ring_s = sum(float(step_s[s].max()) for s in range(4))
+    assert dispatch[1, 1] == pytest.approx(0.01 + ring_s + 0.01, rel=1e-12)
 
 
 @pytest.mark.parametrize("setup", [

@@ -1,6 +1,6 @@
 """The fast paths behind akosim's heterogeneous-network speed: each gives what the slow way gives.
 
-* NIC accounting (akosim.fluid keeps carried bits and busy time as flows start
+* NIC accounting (akosim.network.fluid keeps carried bits and busy time as flows start
   and end) equals integrating every NIC's load between wake-ups, coalesced
   early ends included.
 * The multicast gate watch (akosim.multicast) counts exactly the peers an ako
@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from akocore.schemes import SchemeSpec, build_nodes
 from akosim.multicast import MulticastDelivery
-from akosim.netspec import NetworkSpec
-from akosim.network import FluidNetwork
+from akosim.network.fluidnet import FluidNetwork
+from akosim.network.netspec import NetworkSpec
 
 MBPS = 1e6
 

@@ -1,5 +1,5 @@
-"""Tests for akosim.fluid (the clock-free flow model, driven by hand with advance())
-and for the SimPy adapter's behaviour at one instant (akosim.network)."""
+"""Tests for akosim.network.fluid (the clock-free flow model, driven by hand with advance())
+and for the SimPy adapter's behaviour at one instant (akosim.network.fluidnet)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import simpy
 
-from akosim.fluid import FluidFlows, check_send
-from akosim.netspec import NetworkSpec
-from akosim.network import FluidNetwork
+from akosim.network.fluid import FluidFlows, check_send
+from akosim.network.fluidnet import FluidNetwork
+from akosim.network.netspec import NetworkSpec
 
 MBPS = 1e6
 

@@ -1,5 +1,5 @@
-"""The incremental max-min update (akosim.maxmin.max_min_update) and the fluid
-model that uses it (akosim.fluid) give the rates a from-scratch solve gives.
+"""The incremental max-min update (akosim.network.maxmin.max_min_update) and the fluid
+model that uses it (akosim.network.fluid) give the rates a from-scratch solve gives.
 
 Property tests: random networks (NIC capacities, per-pair caps that bind or
 not), random sequences of flow starts and ends; and whole fluid runs, driven
@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from akosim.fluid import FluidFlows, check_send
-from akosim.maxmin import ResourceIndex, max_min_fill, max_min_rates, max_min_update
-from akosim.netspec import NetworkSpec
+from akosim.network.fluid import FluidFlows, check_send
+from akosim.network.maxmin import ResourceIndex, max_min_fill, max_min_rates, max_min_update
+from akosim.network.netspec import NetworkSpec
 
 MBPS = 1e6
 RATE_REL = 1e-7  # the filling groups shares within 1e-9; chains of levels add a little
@@ -193,7 +193,7 @@ def test_whole_simulations_under_random_pair_caps_keep_their_round_times(seed, m
     # same round ends with the incremental update as with solves from scratch.
     from functools import partial
 
-    import akosim.network
+    import akosim.network.fluidnet
     from akocore.config import config_from_dict
     from akosim.compute import ComputeModel
     from akosim.engine import StopRule
@@ -219,6 +219,6 @@ def test_whole_simulations_under_random_pair_caps_keep_their_round_times(seed, m
                 *(worker.bytes_received for worker in run.per_worker)]
 
     incremental = round_ends()
-    monkeypatch.setattr(akosim.network, "FluidFlows",
-                        partial(akosim.network.FluidFlows, incremental=False))
+    monkeypatch.setattr(akosim.network.fluidnet, "FluidFlows",
+                        partial(akosim.network.fluidnet.FluidFlows, incremental=False))
     np.testing.assert_allclose(incremental, round_ends(), rtol=1e-9)

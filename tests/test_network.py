@@ -15,10 +15,10 @@ import simpy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import akosim.maxmin as maxmin_module
-from akosim.maxmin import max_min_rates
-from akosim.netspec import NetworkSpec
-from akosim.network import FluidNetwork
+import akosim.network.maxmin as maxmin_module
+from akosim.network.fluidnet import FluidNetwork
+from akosim.network.maxmin import max_min_rates
+from akosim.network.netspec import NetworkSpec
 
 MBPS = 1e6
 GBPS = 1e9

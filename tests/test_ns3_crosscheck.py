@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from akosim.netspec import NetworkSpec
-from akosim.network import FluidNetwork
+from akosim.network.fluidnet import FluidNetwork
+from akosim.network.netspec import NetworkSpec
 from analysis.ns3_crosscheck.__main__ import main
 from analysis.ns3_crosscheck.akosim_run import MODELS, register_model, run_akosim
 from analysis.ns3_crosscheck.ns3_run import ns3_available

@@ -221,7 +221,9 @@ def test_message_cpu_is_stretched_by_the_measured_slowdown():
     stretched = predict.message_cpu_stretched(host, 1.5)
     assert stretched.message_fixed_s == pytest.approx(0.0006)
     assert stretched.message_per_byte_s == pytest.approx(3e-9)
-    assert stretched.message_cpu_serialised and not host.message_cpu_serialised
+    assert predict.with_message_cpu("tcp") == (
+        "tcp-core+slow-start+one-per-connection+message-cpu+fifo")
+    assert predict.with_message_cpu("tcp-core+message-cpu") == "tcp-core+message-cpu"
 
 
 def _colocated(compute_s: float, single_s: float) -> ColocatedCompute:

@@ -1,4 +1,4 @@
-"""First come, first sent (akosim.senderfifo) and the asynchronous PS it desynchronises.
+"""First come, first sent (akosim.network.senderfifo) and the asynchronous PS it desynchronises.
 
 Hand-computed cases on one 80 Mbit/s network (1 MB = 0.1 s alone), the TCP-aware
 model with it on and off, and the pure parts of analysis.ps_desync_probe.
@@ -6,7 +6,7 @@ model with it on and off, and the pure parts of analysis.ps_desync_probe.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -14,14 +14,17 @@ import simpy
 
 from akocore.config import RunConfig
 from akocore.host_calibration import HostCalibration, TcpParameters
+from akocore.settings.normalise import network_layers
 from akocore.settings.schema import ClusterConfig, ExchangeConfig, NetworkConfig
 from akosim.compute import ComputeModel
 from akosim.engine import StopRule
-from akosim.netspec import NetworkSpec
-from akosim.network import FluidNetwork
+from akosim.network.fluidnet import FluidNetwork
+from akosim.network.layer import NetworkModel
+from akosim.network.netmodel import tcp_layers
+from akosim.network.netspec import NetworkSpec
+from akosim.network.senderfifo import SenderFifo
+from akosim.network.tcpmodel import effective_spec, round_trip_s
 from akosim.scenario import Setup, Variant, simulate
-from akosim.senderfifo import SenderFifoNetwork, TcpSenderFifoNetwork
-from akosim.tcpmodel import TcpNetwork, effective_spec, round_trip_s
 from analysis.ps_desync_probe import leader_share, summarise
 
 RATE_BPS = 80e6
@@ -29,8 +32,13 @@ MB = 1e6
 ALONE_S = MB * 8 / RATE_BPS  # 0.1 s
 
 
-def arrivals(net_kind: type[FluidNetwork], sends: list[tuple[float, int, list[int]]],
-             n: int = 3) -> dict[tuple[int, int], float]:
+def SenderFifoNetwork(env: simpy.Environment, spec: NetworkSpec) -> SenderFifo:  # noqa: N802
+    """First come, first sent over the fluid network."""
+    return SenderFifo(FluidNetwork(env, spec))
+
+
+def arrivals(net_kind: Callable[[simpy.Environment, NetworkSpec], NetworkModel],
+             sends: list[tuple[float, int, list[int]]], n: int = 3) -> dict[tuple[int, int], float]:
     """Send 1 MB from src to each of dsts at each given time; arrival time per (src, dst)."""
     env = simpy.Environment()
     net = net_kind(env, NetworkSpec.uniform(n, RATE_BPS, 0.0))
@@ -103,14 +111,15 @@ def test_queued_batches_leave_in_the_order_they_were_sent():
 
 
 def test_the_tcp_model_keeps_its_own_terms_under_first_come_first_sent():
-    params = replace(TcpParameters(), slow_start=False)
+    params = TcpParameters()  # no slow start: the layers below
     spec = NetworkSpec.uniform(3, RATE_BPS, 0.0)
     rtt = round_trip_s(spec.latency_s, params)
     eff = effective_spec(spec, params, rtt)
     done = {}
-    for kind in (TcpNetwork, TcpSenderFifoNetwork):
+    for fifo in (False, True):
         env = simpy.Environment()
-        net = kind(env, eff, params, rtt)
+        layers = ("tcp-core", "one-per-connection") + (("fifo",) if fifo else ())
+        net = tcp_layers(FluidNetwork(env, eff), params, rtt, layers)
         times: list[float] = []
 
         def later(net=net, env=env, times=times):
@@ -120,26 +129,28 @@ def test_the_tcp_model_keeps_its_own_terms_under_first_come_first_sent():
         net.send(2, [0], MB, lambda _d, _t, env=env, times=times: times.append(float(env.now)))
         env.process(later())
         env.run()
-        done[kind] = sorted(times)
+        done[fifo] = sorted(times)
     alone_s = MB * 8 / (RATE_BPS * params.bandwidth_factor)
-    assert done[TcpSenderFifoNetwork] == pytest.approx([alone_s, 2 * alone_s])
-    assert done[TcpNetwork] == pytest.approx([2 * alone_s - 0.02, 2 * alone_s])
+    assert done[True] == pytest.approx([alone_s, 2 * alone_s])
+    assert done[False] == pytest.approx([2 * alone_s - 0.02, 2 * alone_s])
 
 
-def test_ideal_parameters_turn_it_off_and_old_calibrations_keep_it_on():
-    assert TcpParameters.ideal().sender_fifo is False
+def test_the_tcp_preset_has_it_and_old_calibrations_with_the_switch_still_read():
+    assert "fifo" in network_layers("tcp") and "fifo" not in network_layers("maxmin")
     record = HostCalibration(tcp=TcpParameters(), host="h", measured_at="2026-01-01").to_json()
-    record["tcp"].pop("sender_fifo")
-    assert HostCalibration.from_json(record).tcp.sender_fifo is True
+    record["tcp"]["sender_fifo"] = False  # a file of before the layers
+    record["measured"] = ["sender_fifo", "base_rtt_s"]
+    old = HostCalibration.from_json(record)
+    assert old.tcp == TcpParameters() and old.measured == ("base_rtt_s",)
 
 
 def _ps_round_s(fifo: bool) -> float:
     cfg = RunConfig(cluster=ClusterConfig(workers=3),
                     network=NetworkConfig(bandwidth_bps=(RATE_BPS,)),
                     exchange=ExchangeConfig(scheme="ps", ssp=0.0, ps_mode="async"))
-    params = replace(TcpParameters.ideal(), sender_fifo=fifo)
     setup = Setup(cfg, 250_000, ComputeModel(0.01), 16, StopRule(rounds=30, drain=False),
-                  tcp=params)  # 250k float32 = 1 MB
+                  tcp=TcpParameters.ideal(),
+                  network_model="tcp-core+fifo" if fifo else "tcp-core")  # 1 MB gradient
     return simulate(setup, Variant("ps", ps_servers=1)).round_time_s
 
 

@@ -1,4 +1,4 @@
-"""The TCP-aware flow model (akosim.tcpmodel): max-min when its corrections are off,
+"""The TCP-aware flow model (akosim.network.tcpmodel): max-min when its corrections are off,
 and its goodput, window, slow-start and software terms on hand-computed cases."""
 
 from __future__ import annotations
@@ -15,27 +15,38 @@ from hypothesis import strategies as st
 from akocore.config import RunConfig
 from akocore.host_calibration import HostCalibration, TcpParameters, wire_goodput_fraction
 from akocore.jsonrecord import RecordError
+from akocore.settings.normalise import network_layers
 from akocore.settings.schema import ClusterConfig, ExchangeConfig, NetworkConfig
 from akosim.compute import ComputeModel
 from akosim.engine import StopRule
-from akosim.netspec import NetworkSpec
-from akosim.network import FluidNetwork
+from akosim.network.fluidnet import FluidNetwork
+from akosim.network.layer import NetworkModel
+from akosim.network.netmodel import tcp_layers
+from akosim.network.netspec import NetworkSpec
+from akosim.network.tcpmodel import effective_spec, round_trip_s, slow_start_extra_s
 from akosim.rank_cpu import RankCpu
 from akosim.scenario import Setup, Variant, ako_variant, simulate
-from akosim.tcpmodel import TcpNetwork, effective_spec, round_trip_s, slow_start_extra_s
 
-WARM = replace(TcpParameters(), slow_start=False)  # goodput and window only
+WARM = TcpParameters()  # with WARM_MODEL (no slow start): goodput and window only
+WARM_MODEL = "tcp-core+one-per-connection"
+DIRECT = "tcp-core+slow-start+one-per-connection"  # the TCP layers, not first come first sent
+
+
+def _tcp_network(env: simpy.Environment, spec: NetworkSpec, params: TcpParameters,
+                 rtt_s: np.ndarray, model: str = DIRECT) -> NetworkModel:
+    """The layers of `model` over a fluid network on `spec` (the effective spec)."""
+    return tcp_layers(FluidNetwork(env, spec), params, rtt_s, network_layers(model))
 
 
 def one_message_s(spec: NetworkSpec, size_bytes: float, params: TcpParameters | None,
-                  messages: int = 1) -> list[float]:
+                  messages: int = 1, model: str = DIRECT) -> list[float]:
     """Arrival time of each of `messages` sent 0 -> 1 one after the other."""
     env = simpy.Environment()
     if params is None:
         net: FluidNetwork = FluidNetwork(env, spec)
     else:
         rtt = round_trip_s(spec.latency_s, params)
-        net = TcpNetwork(env, effective_spec(spec, params, rtt), params, rtt)
+        net = _tcp_network(env, effective_spec(spec, params, rtt), params, rtt, model)
     arrivals: list[float] = []
 
     def arrived(_dests: np.ndarray, _token: object) -> None:
@@ -51,9 +62,10 @@ def one_message_s(spec: NetworkSpec, size_bytes: float, params: TcpParameters | 
 # ------------------------------------------------------------------ max-min when off
 
 
-def _run(cfg: RunConfig, tcp: TcpParameters | None, p: tuple[int, ...], scheme: str):
+def _run(cfg: RunConfig, tcp: TcpParameters | None, p: tuple[int, ...], scheme: str,
+         model: str | None = None):
     setup = Setup(cfg, 60_000, ComputeModel(0.01, speed_factors=(1.0, 1.5)), 16,
-                  StopRule(rounds=6, drain=False), tcp=tcp)
+                  StopRule(rounds=6, drain=False), tcp=tcp, network_model=model)
     variant = ako_variant(setup, p=p) if scheme == "ako" else Variant(scheme, ps_servers=1)
     return simulate(setup, variant)
 
@@ -68,7 +80,7 @@ def test_tcp_model_with_every_correction_off_is_max_min(workers, rates, latency,
                     network=NetworkConfig(bandwidth_bps=tuple(rates), latency_s=(latency,)),
                     exchange=ExchangeConfig(scheme=scheme, p=(p,)))
     plain = _run(cfg, None, (p,), scheme)
-    ideal = _run(cfg, TcpParameters.ideal(), (p,), scheme)
+    ideal = _run(cfg, TcpParameters.ideal(), (p,), scheme, "tcp-core")  # that layer alone
     assert ideal.round_time_s == plain.round_time_s
     assert ideal.simulated_s == plain.simulated_s
     assert ideal.bytes_sent_per_worker_per_round == plain.bytes_sent_per_worker_per_round
@@ -99,7 +111,7 @@ def test_goodput_slows_a_transfer_by_exactly_the_factor():
     size = 2e6
     factor = TcpParameters().bandwidth_factor
     (plain,) = one_message_s(spec, size, None)
-    (tcp,) = one_message_s(spec, size, WARM)
+    (tcp,) = one_message_s(spec, size, WARM, model=WARM_MODEL)
     assert plain == pytest.approx(size * 8 / 10e6 + 0.001, rel=1e-9)
     assert tcp == pytest.approx(size * 8 / (10e6 * factor) + 0.001, rel=1e-9)
 
@@ -112,7 +124,7 @@ def test_window_bounds_a_long_fat_pair_to_window_over_rtt():
     params = replace(WARM, window_bytes=2**20, header_bytes=0, ack_bytes=0)
     cap_bps = 2**20 * 8 / 0.1  # 83.9 Mbit/s, far below 1 Gbit/s
     assert effective_spec(spec, params).link_bps[0, 1] == pytest.approx(cap_bps)
-    (tcp,) = one_message_s(spec, 10e6, params)
+    (tcp,) = one_message_s(spec, 10e6, params, model=WARM_MODEL)
     assert tcp == pytest.approx(10e6 * 8 / cap_bps + 0.05, rel=1e-9)
 
 
@@ -149,16 +161,15 @@ def test_slow_start_extra_grows_with_latency_and_is_never_negative():
 def test_fresh_connection_pays_handshake_and_ramp_then_stays_warm():
     spec = NetworkSpec.uniform(2, 10e6, 0.05)  # RTT 100 ms
     # (e) off: the next message leaves on arrival, not when the answer is back
-    params = replace(TcpParameters(), header_bytes=0, ack_bytes=0, connections_per_pair=1,
-                     one_message_per_connection=False)
+    params = replace(TcpParameters(), header_bytes=0, ack_bytes=0, connections_per_pair=1)
     size = 1e6
-    first, second = one_message_s(spec, size, params, messages=2)
+    first, second = one_message_s(spec, size, params, messages=2, model="tcp-core+slow-start")
     fluid_s = size * 8 / 10e6 + 0.05
     ramp = 0.1 + (0.4 - 0.17376)  # one SYN round trip + the case above
     assert first == pytest.approx(fluid_s + ramp, rel=1e-9)
     assert second - first == pytest.approx(fluid_s, rel=1e-9)  # warm: no ramp again
-    unpooled = replace(params, pooled=False)
-    first, second = one_message_s(spec, size, unpooled, messages=2)
+    first, second = one_message_s(spec, size, params, messages=2,
+                                  model="tcp-core+fresh-connections")
     assert second - first == pytest.approx(fluid_s + ramp, rel=1e-9)
 
 
@@ -168,7 +179,7 @@ def test_slow_start_uses_the_rate_the_message_got():
     params = replace(TcpParameters(), header_bytes=0, ack_bytes=0, handshake_rtts=0.0)
     env = simpy.Environment()
     rtt = round_trip_s(spec.latency_s, params)
-    net = TcpNetwork(env, effective_spec(spec, params, rtt), params, rtt)
+    net = _tcp_network(env, effective_spec(spec, params, rtt), params, rtt)
     arrivals: list[float] = []
     for src in (0, 1):
         net.send(src, [2], 1e6, lambda _d, _t: arrivals.append(float(env.now)))
@@ -184,8 +195,8 @@ def test_slow_start_uses_the_rate_the_message_got():
 def test_software_cost_delays_every_message_by_fixed_plus_per_byte():
     spec = NetworkSpec.uniform(2, 10e6, 0.001)
     params = replace(WARM, header_bytes=0, ack_bytes=0, message_fixed_s=0.002,
-                     message_per_byte_s=1e-9, one_message_per_connection=False)
-    arrivals = one_message_s(spec, 1e6, params, messages=3)
+                     message_per_byte_s=1e-9)
+    arrivals = one_message_s(spec, 1e6, params, messages=3, model="tcp-core")
     each = 1e6 * 8 / 10e6 + 0.001 + 0.002 + 1e-3
     assert np.diff([0.0, *arrivals]) == pytest.approx([each] * 3, rel=1e-9)
 
@@ -211,7 +222,8 @@ def test_a_pairs_messages_cross_its_connection_one_at_a_time_in_order():
     params = replace(WARM, header_bytes=0, ack_bytes=0)  # one connection per pair
     env = simpy.Environment()
     rtt = round_trip_s(spec.latency_s, params)
-    net = TcpNetwork(env, effective_spec(spec, params, rtt), params, rtt)
+    net = _tcp_network(env, effective_spec(spec, params, rtt), params, rtt,
+                       WARM_MODEL)
     # two messages 0 -> 1 at once, and one 0 -> {1, 2} (multicast) behind them
     got = _arrivals(net, env, [(0, [1], 1e6), (0, [1], 1e6), (0, [1, 2], 1e6)])
     one_s = 1e6 * 8 / 10e6
@@ -229,7 +241,8 @@ def test_the_next_message_waits_for_the_answer_to_come_back():
     params = replace(WARM, header_bytes=0, ack_bytes=0)
     env = simpy.Environment()
     rtt = round_trip_s(spec.latency_s, params)
-    net = TcpNetwork(env, effective_spec(spec, params, rtt), params, rtt)
+    net = _tcp_network(env, effective_spec(spec, params, rtt), params, rtt,
+                       WARM_MODEL)
     got = _arrivals(net, env, [(0, [1], 1e6), (0, [1], 1e6)])
     one_s = 1e6 * 8 / 10e6 + 0.05
     assert got[0, 1] == pytest.approx([one_s, 2 * one_s + 0.05], rel=1e-9)
@@ -250,13 +263,13 @@ def test_rank_cpu_charges_a_busy_rank_and_forgives_an_idle_one():
     assert cpu.settle(1, 0.0) == 0.002 and cpu.settle(0, 0.0) == 0.0
 
 
-def _cpu_bound_round_s(tcp: TcpParameters) -> float:
+def _cpu_bound_round_s(tcp: TcpParameters, model: str) -> float:
     """Two Ako workers, p = 1, a fast network and a loose gate: the CPU decides."""
     cfg = RunConfig(cluster=ClusterConfig(workers=2),
                     network=NetworkConfig(bandwidth_bps=(10e9,), latency_s=(0.0,)),
                     exchange=ExchangeConfig(p=(1,), ssp=50))
     setup = Setup(cfg, 1000, ComputeModel(0.010), 16, StopRule(rounds=40, drain=False),
-                  tcp=tcp)
+                  tcp=tcp, network_model=model)
     run = simulate(setup, ako_variant(setup))
     assert run.round_time_s is not None
     return run.round_time_s
@@ -266,11 +279,10 @@ def test_message_cpu_is_serialised_with_the_step_of_a_busy_rank():
     """Each round a rank sends one message and receives one while it computes: with a
     2 ms cost per message (1 ms each side) its round is the 10 ms step plus 2 ms; as a
     delay only, the step alone."""
-    costly = replace(WARM, message_fixed_s=0.002, measured_goodput_fraction=1.0,
-                     message_cpu_serialised=True)
-    assert _cpu_bound_round_s(costly) == pytest.approx(0.012, rel=0.02)
-    delay_only = replace(costly, message_cpu_serialised=False)
-    assert _cpu_bound_round_s(delay_only) == pytest.approx(0.010, rel=0.02)
+    costly = replace(WARM, message_fixed_s=0.002, measured_goodput_fraction=1.0)
+    model = WARM_MODEL + "+fifo"
+    assert _cpu_bound_round_s(costly, model + "+message-cpu") == pytest.approx(0.012, rel=0.02)
+    assert _cpu_bound_round_s(costly, model) == pytest.approx(0.010, rel=0.02)
 
 
 # ------------------------------------------------------------------ (g) flow sharing
@@ -283,11 +295,13 @@ def test_sharing_efficiency_of_k_flows_delays_their_messages():
     assert params.sharing_efficiency(1) == 1.0 and params.sharing_efficiency(5) == 0.8
     env = simpy.Environment()
     rtt = round_trip_s(spec.latency_s, params)
-    net = TcpNetwork(env, effective_spec(spec, params, rtt), params, rtt)
+    net = _tcp_network(env, effective_spec(spec, params, rtt), params, rtt,
+                       WARM_MODEL)
     got = _arrivals(net, env, [(0, [1, 2], 1e6)])  # one send, two flows: 1.6 s fluid
     assert got[0, 1] == pytest.approx([1.6 / 0.8]) and got[0, 2] == pytest.approx([2.0])
     env = simpy.Environment()
-    net = TcpNetwork(env, effective_spec(spec, params, rtt), params, rtt)
+    net = _tcp_network(env, effective_spec(spec, params, rtt), params, rtt,
+                       WARM_MODEL)
     alone = _arrivals(net, env, [(0, [1], 1e6)])  # one flow: as the fluid model
     assert alone[0, 1] == pytest.approx([0.8])
 
@@ -299,7 +313,8 @@ def test_only_the_flows_one_send_starts_together_are_charged():
     params = replace(WARM, header_bytes=0, ack_bytes=0, flow_sharing_efficiency=(1.0, 0.5))
     env = simpy.Environment()
     rtt = round_trip_s(spec.latency_s, params)
-    net = TcpNetwork(env, effective_spec(spec, params, rtt), params, rtt)
+    net = _tcp_network(env, effective_spec(spec, params, rtt), params, rtt,
+                       WARM_MODEL)
     got = _arrivals(net, env, [(0, [2], 1e6), (1, [2], 1e6)])
     assert got[0, 2] == pytest.approx([1.6]) and got[1, 2] == pytest.approx([1.6])
 
@@ -308,7 +323,7 @@ def test_sharing_efficiencies_must_be_fractions():
     with pytest.raises(ValueError, match="flow_sharing_efficiency"):
         TcpParameters(flow_sharing_efficiency=(1.0, 1.2))
     assert TcpParameters.ideal().flow_sharing_efficiency == ()
-    assert not TcpParameters().message_cpu_serialised  # a free core: a delay only
+    assert "message-cpu" not in network_layers("tcp")  # a free core: a delay only
 
 
 # ------------------------------------------------------------------ the record

@@ -18,7 +18,11 @@ class AllReduceWorker(SchemeNode):
     step s worker i sends its complete chunk (i + 1 - s) mod n to i + 1, which
     overwrites. Messages carry `part` = step (0..n-2 reduce, n-1..2n-3 gather).
     Rounds are lockstep: round t + 1 starts when round t's ring is complete.
+    The channel to the next node is one in-order stream (as in gloo and NCCL):
+    step s + 1 leaves after step s has left, never beside it.
     """
+
+    in_order_sends = True
 
     def __init__(self, rank: int, workers: int, length: int, *, replica: Replica,
                  reduce: str = "mean") -> None:

@@ -63,6 +63,9 @@ class SchemeNode(ABC):
 
     rank: int
     is_worker: bool = True
+    # True: this node's messages to one peer form one in-order stream (a ring's
+    # neighbour channel): each leaves after the previous one to that peer has left
+    in_order_sends: bool = False
     length: int
 
     def __init__(self, rank: int, length: int, replica: Replica) -> None:

@@ -30,7 +30,54 @@ SCHEDULES = ("staggered", "aligned")
 REDUCTIONS = ("mean", "sum")
 PS_MODES = ("sync", "async", "elastic")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
-NETWORK_MODELS = ("maxmin", "tcp")  # akosim: pure max-min fluid or the TCP-aware model
+# akosim's network models: a stack of layers over the max-min fluid network, named
+# by a preset or written out as LAYER+LAYER+... (akosim.network.netmodel builds them)
+NETWORK_LAYERS = (
+    "tcp-core",  # TCP's goodput and window caps, software cost, sharing loss
+    "slow-start",  # fresh connections pay the handshake and slow start (pooled: once a pair)
+    "fresh-connections",  # every message opens a fresh connection (with slow-start)
+    "one-per-connection",  # a pair's next message waits for the previous one's answer
+    "message-cpu",  # the software cost is also CPU time of the ranks
+    "fifo",  # a node's messages leave its NIC first come, first sent
+)
+_NEEDS_TCP = frozenset(NETWORK_LAYERS) - {"tcp-core", "fifo"}
+NETWORK_PRESETS: dict[str, tuple[str, ...]] = {
+    "maxmin": (),
+    "tcp": ("tcp-core", "slow-start", "one-per-connection", "fifo"),
+}
+NETWORK_MODELS = tuple(NETWORK_PRESETS)
+
+
+def network_layers(model: str) -> tuple[str, ...]:
+    """The layers of network model `model` (a preset, or layers joined by "+", "maxmin"
+    allowed as the first: the fluid network itself); ValueError saying what is allowed."""
+    if model in NETWORK_PRESETS:
+        return NETWORK_PRESETS[model]
+    names = [name.strip() for name in model.split("+")]
+    if names and names[0] == "maxmin":
+        names = names[1:]
+    allowed = (f"expected {', '.join(NETWORK_MODELS)}, or layers joined by '+' from "
+               f"{', '.join(NETWORK_LAYERS)}")
+    unknown = [name for name in names if name not in NETWORK_LAYERS]
+    if not names or unknown:
+        raise ValueError(f"network model {model!r}: {allowed}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"network model {model!r}: a layer appears twice")
+    if "tcp-core" not in names and _NEEDS_TCP & set(names):
+        raise ValueError(f"network model {model!r}: {', '.join(sorted(_NEEDS_TCP & set(names)))}"
+                         f" work only over the tcp-core layer")
+    return tuple(name for name in NETWORK_LAYERS if name in names)
+
+
+def as_network_model(key: str, value: object) -> str:
+    """A network model name (`network_layers` accepts it), as given."""
+    if not isinstance(value, str):
+        raise bad_value(key, value, "a network model name, e.g. " + " or ".join(NETWORK_MODELS))
+    try:
+        network_layers(value)
+    except ValueError as error:
+        raise ConfigError(f"{key}: {error}", key) from None
+    return value
 EMULATE_MODES = ("auto", "on", "off")  # akorun: shape sends in-process (auto = loopback only)
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from akocore.schemes.named import SCHEME_NAMES
 from akocore.settings.normalise import (
     EMULATE_MODES,
+    NETWORK_LAYERS,
     NETWORK_MODELS,
     OPTIMIZERS,
     SCHEDULES,
@@ -163,11 +164,15 @@ KEYS: tuple[Key, ...] = (
          dump=lambda m: matrix_to_text(m, duration_exact_text), unit="ms"),
     _run("network", "model", "model",
          "akosim: maxmin (pure max-min fluid) | tcp (TCP-aware: goodput, window/RTT, "
-         "slow start, per-message software cost)",
-         flag="--network-model", choices=NETWORK_MODELS, tools=frozenset({Tool.AKOSIM}),
-         flag_help="how akosim shares the network: maxmin (the fluid ideal, what akorun's "
-                   "in-process emulation does; default for plan and train) or tcp "
-                   "(TCP-aware, host-calibrated; default for akosim predict)"),
+         "slow start, per-message software cost, one message per connection, first come "
+         "first sent) | layers joined by '+' from " + " ".join(NETWORK_LAYERS),
+         flag="--network-model", metavar="MODEL", tools=frozenset({Tool.AKOSIM}),
+         flag_help="how akosim shares the network: " + " or ".join(NETWORK_MODELS)
+                   + " (maxmin: the fluid ideal, what akorun's in-process emulation does; "
+                   "default for plan and train; tcp: TCP-aware, host-calibrated; default "
+                   "for akosim predict), or a stack of layers joined by '+', e.g. "
+                   "tcp-core+slow-start+one-per-connection (tcp without first come, first "
+                   "sent); layers: " + ", ".join(NETWORK_LAYERS)),
     # ------------------------------------------------------------------ exchange
     _run("exchange", "scheme", "scheme",
          "ako (partial all-to-all) | ps (parameter servers) | allreduce (ring) | wagma "

@@ -29,7 +29,6 @@ import numpy as np
 from akocore.settings.normalise import (
     EMULATE_MODES,
     HOST_RE,
-    NETWORK_MODELS,
     OPTIMIZERS,
     PS_MODES,
     REDUCTIONS,
@@ -41,6 +40,7 @@ from akocore.settings.normalise import (
     as_float,
     as_int,
     as_items,
+    as_network_model,
     as_p,
     as_ssp,
     bad_value,
@@ -114,11 +114,11 @@ class NetworkConfig:
     latency_s: tuple[float, ...] = (0.0,)
     link_bandwidth_matrix_bps: tuple[tuple[float, ...], ...] | None = None
     latency_matrix_s: tuple[tuple[float, ...], ...] | None = None
-    # akosim only: how the simulated network shares (maxmin, or the TCP-aware model)
+    # akosim only: how the simulated network shares: maxmin, tcp, or LAYER+LAYER...
     model: str = "maxmin"
 
     def __post_init__(self) -> None:
-        set_field(self, "model", as_choice("network.model", self.model, NETWORK_MODELS))
+        set_field(self, "model", as_network_model("network.model", self.model))
         set_field(self, "bandwidth_bps", bandwidths("network.bandwidth", self.bandwidth_bps, False))
         set_field(
             self,

@@ -3,7 +3,7 @@
 `run_akosim(pattern, model)` plays the pattern's message graph on a SimPy
 clock over a network built by the named model and returns each message's
 arrival time. A model is a factory `(env, NetworkSpec) -> network` whose
-network has `FluidNetwork.send`'s signature; `"maxmin"` (akosim.network's
+network has `FluidNetwork.send`'s signature; `"maxmin"` (akosim.network.fluidnet's
 pure max-min fluid model) is built in. Another model (for example the
 TCP-aware one) joins by name with `register_model(name, factory)` and is then
 run by `python -m analysis.ns3_crosscheck run --model NAME`.
@@ -17,14 +17,14 @@ from typing import Any, Protocol
 import numpy as np
 import simpy
 
-from akosim.netspec import NetworkSpec
-from akosim.network import FluidNetwork
+from akosim.network.fluidnet import FluidNetwork
+from akosim.network.netspec import NetworkSpec
 from analysis.ns3_crosscheck.ns3_run import DEFAULT_TCP
 from analysis.ns3_crosscheck.scenario import Pattern
 
 
 class MessageNetwork(Protocol):
-    """What the runner needs of a network: akosim.network.FluidNetwork.send."""
+    """What the runner needs of a network: akosim.network.fluidnet.FluidNetwork.send."""
 
     def send(self, src: int, dsts: np.ndarray | Sequence[int],
              size_bytes: int | float | np.ndarray,
@@ -34,12 +34,12 @@ class MessageNetwork(Protocol):
 NetworkFactory = Callable[[simpy.Environment, NetworkSpec], MessageNetwork]
 
 def ns3_matched_tcp(env: simpy.Environment, spec: NetworkSpec) -> MessageNetwork:
-    """akosim's TCP-aware model (akosim.tcpmodel) with the TCP settings the ns-3 runs
+    """akosim's TCP-aware model (akosim.network.tcpmodel) with the TCP settings the ns-3 runs
     use: the window is ns-3's 128 KiB socket buffer, a point-to-point frame adds PPP 2 +
     IPv4 20 + TCP 32 bytes, one connection per pair opened with the first message (its
     handshake and slow start paid), no host stack time and no software cost."""
     from akocore.host_calibration import TcpParameters
-    from akosim.tcpmodel import tcp_network
+    from akosim.network.netmodel import tcp_network
 
     params = TcpParameters(window_bytes=float(DEFAULT_TCP.buffer_bytes),
                            mss_bytes=DEFAULT_TCP.segment_bytes, header_bytes=54,

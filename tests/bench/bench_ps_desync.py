@@ -1,10 +1,11 @@
-"""What first come, first sent (akosim.senderfifo) costs the TCP-aware model.
+"""What first come, first sent (akosim.network.senderfifo) costs the TCP-aware model.
 
-Times one akosim scenario with `TcpParameters.sender_fifo` on and off side by
-side in one process (CPU seconds, best of 3, interleaved): Ako with 16 workers
-and p = 4 (the tcpmodel benchmark's scenario, where a node's later messages
-often find its uplink full) and an asynchronous PS with 16 workers at s = 0
-(every answer of the server queues). Rerun on a quiet machine with
+Times one akosim scenario with first come, first sent (the network model's fifo
+layer) on and off side by side in one process (CPU seconds, best of 3,
+interleaved): Ako with 16 workers and p = 4 (the tcpmodel benchmark's
+scenario, where a node's later messages often find its uplink full) and an
+asynchronous PS with 16 workers at s = 0 (every answer of the server queues).
+Rerun on a quiet machine with
 
     PYTHONPATH=. JAX_PLATFORMS=cpu python -m tests.bench --only ps_desync
 """
@@ -12,7 +13,6 @@ often find its uplink full) and an asynchronous PS with 16 workers at s = 0
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 from akocore.config import RunConfig
 from akocore.host_calibration import TcpParameters
@@ -33,7 +33,8 @@ def _cpu_s(scheme: str, fifo: bool) -> float:
                     network=NetworkConfig(bandwidth_bps=(40e6,), latency_s=(5e-3,)),
                     exchange=exchange)
     setup = Setup(cfg, 1_000_000, ComputeModel(0.05), 32, StopRule(rounds=ROUNDS, drain=False),
-                  tcp=replace(TcpParameters(), sender_fifo=fifo))
+                  tcp=TcpParameters(),
+                  network_model="tcp" if fifo else "tcp-core+slow-start+one-per-connection")
     variant = ako_variant(setup) if scheme == "ako" else Variant("ps", ps_servers=1)
     started = time.process_time()
     simulate(setup, variant)

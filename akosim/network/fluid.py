@@ -4,7 +4,7 @@
 `start` queues the flows of one message batch (zero-byte messages come back at
 once as deliveries: they use no bandwidth); `advance(now_s)` retires the flows
 whose transfer has ended by `now_s`, brings in the queued starts, recomputes
-the max-min fair rates (akosim.maxmin) if anything changed, and returns the
+the max-min fair rates (akosim.network.maxmin) if anything changed, and returns the
 deliveries that follow and the time of the next completion. Between two calls
 every flow drains at a constant rate, so the cost of a simulation grows with
 the number of distinct rate changes, not with the number of bytes.
@@ -15,7 +15,7 @@ duration of the earliest one finish together; a completion that frees no
 saturated shared resource needs no solve; a solve re-solves only the flows
 on the resources that changed (new flows' NICs, the saturated NICs of flows
 that ended), grown until the whole allocation is proved max-min fair
-(akosim.maxmin.max_min_update), unless that is over half of them. A message
+(akosim.network.maxmin.max_min_update), unless that is over half of them. A message
 arrives `latency_s[i, j]` after its last byte left (bandwidth is used from the
 start of the flow). What each NIC carried and how long it was busy are kept as
 flows start and end (`nic_carried_bits`, `nic_busy_s`), so a wake-up that
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from akosim.maxmin import ResourceIndex, check_nodes, max_min_fill, max_min_update
-from akosim.netspec import NetworkSpec
+from akosim.network.maxmin import ResourceIndex, check_nodes, max_min_fill, max_min_update
+from akosim.network.netspec import NetworkSpec
 
 BITS_PER_BYTE = 8
 # Flows whose finish times lie within this of the earliest one finish together.
@@ -112,7 +112,7 @@ class FluidFlows:
                  incremental: bool = True) -> None:
         self.spec = spec
         self.coalesce_rel = coalesce_rel
-        # Re-solve only the flows around a change (akosim.maxmin.max_min_update);
+        # Re-solve only the flows around a change (akosim.network.maxmin.max_min_update);
         # False: every solve from scratch (the reference the tests compare with).
         self.incremental = incremental
         n = spec.n
@@ -363,7 +363,7 @@ class FluidFlows:
     def _solve(self, now: float, local: bool = False) -> None:
         """Bring in pending flows and recompute rates: every rate, or with `local`
         only those of the flows around what started or ended (proved max-min
-        fair as a whole by akosim.maxmin.max_min_update)."""
+        fair as a whole by akosim.network.maxmin.max_min_update)."""
         if self._dead:
             self._compact()
         old_count = self._src.size
@@ -420,7 +420,7 @@ class FluidFlows:
         self._freed = _NO_FLOWS
         flow_count = self._src.size
         if local and flow_count > _LOCAL_SOLVE_MIN_FLOWS:
-            # Re-solve the flows around what started or ended (akosim.maxmin
+            # Re-solve the flows around what started or ended (akosim.network.maxmin
             # proves the result max-min fair as a whole).
             n = self._n
             seed = np.zeros(capacity_bps.shape[0], dtype=bool)

@@ -1,35 +1,37 @@
-"""The simulated network on a SimPy clock: a thin adapter over akosim.fluid.
+"""The simulated network on a SimPy clock: a thin adapter over akosim.network.fluid.
 
-`FluidNetwork` owns the SimPy side only: it takes `send` calls at `env.now`,
+`FluidNetwork` is the max-min network model (akosim.network.layer.NetworkModel)
+every other model is layered on. It owns the SimPy side only: it takes `send` calls at `env.now`,
 keeps one pending wake-up at the next event of the clock-free fluid model
-(akosim.fluid.FluidFlows), delivers each group of messages by one SimPy
+(akosim.network.fluid.FluidFlows), delivers each group of messages by one SimPy
 timeout after its latency (at once when that is zero: the wake-up runs last
 at its instant) and tells each batch's sender, and feeds the
-traffic counters (akosim.netstats). It uses SimPy's public API only
+traffic counters (akosim.network.netstats). It uses SimPy's public API only
 (`env.timeout`, `env.peek`, `env.now`, event callbacks).
 
 Every send made at one instant joins one rate solve: the wake-up runs only
 once nothing else is scheduled at its instant (it defers itself by a
 zero-delay timeout while `env.peek()` still shows the same instant).
 
-Related modules: akosim.netspec (what the network is), akosim.maxmin (the
-sharing rule), akosim.fluid (flows and rates), akosim.netstats (counters).
+Related modules: akosim.network.netspec (what the network is), akosim.network.maxmin (the
+sharing rule), akosim.network.fluid (flows and rates), akosim.network.netstats (counters).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
-from typing import Any
 
 import numpy as np
 import simpy
 
-from akosim.fluid import COALESCE_REL, Delivery, FluidFlows, check_send
-from akosim.netspec import NetworkSpec
-from akosim.netstats import NetworkStats, NetworkUtilisation, TrafficCounters
+from akosim.compute import ComputeModel
+from akosim.network.fluid import COALESCE_REL, Delivery, FluidFlows, check_send
+from akosim.network.layer import DeliveryCallback, TransferListener
+from akosim.network.netspec import NetworkSpec
+from akosim.network.netstats import NetworkStats, NetworkUtilisation, TrafficCounters
 
-DeliveryCallback = Callable[[np.ndarray, Any], None]
+__all__ = ["DeliveryCallback", "FluidNetwork"]
 
 
 class _Batch:
@@ -65,8 +67,14 @@ class FluidNetwork:
         self._next_batch = 0
         self._wake: simpy.Event | None = None
         self._wake_s = np.inf
+        self._transfer_listeners: list[TransferListener] = []
 
     # ------------------------------------------------------------------ API
+
+    def on_transfer_end(self, listener: TransferListener) -> None:
+        """Call `listener(src, dst)` (aligned arrays) whenever transfers end (their last
+        byte left; they arrive after their latency), before their deliveries."""
+        self._transfer_listeners.append(listener)
 
     def send(
         self,
@@ -98,6 +106,10 @@ class FluidNetwork:
             now = float(self.env.now)
             if now < self._wake_s:
                 self._arm(now)
+
+    def with_cpu(self, compute: ComputeModel) -> ComputeModel:
+        """The fluid model costs the ranks no CPU: `compute` as it is."""
+        return compute
 
     @property
     def rate_solves(self) -> int:
@@ -194,6 +206,9 @@ class FluidNetwork:
             self._arm(next_s)
         for delivery in deliveries:
             self._counters.add_sent(delivery.src, delivery.size_bytes)
+        for listener in self._transfer_listeners:
+            for delivery in deliveries:
+                listener(delivery.src, delivery.dst)
         # Nothing else is scheduled at this instant (see above), so messages that
         # arrive now are handed over at once: in the order their timeouts would run.
         for delivery in deliveries:

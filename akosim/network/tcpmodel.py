@@ -1,6 +1,6 @@
 """The TCP-aware flow model: what real TCP adds to the max-min fluid network.
 
-akosim's fluid network (akosim.fluid, akosim.maxmin) shares every NIC max-min
+akosim's fluid network (akosim.network.fluid, akosim.network.maxmin) shares every NIC max-min
 fairly and instantly and charges each message its one-way latency once. Peer
 simulators and real kernel TCP take longer (docs/design/fidelity-references.md: SimGrid's
 TCP-calibrated LV08 model 8% at 0.1 ms and 27% at 20 ms, ns-3 15% and 28%).
@@ -29,7 +29,8 @@ to the inputs of the max-min solver, and a per-message delay after it.
     what those rounds carried at the fluid rate. The rate is the one the fluid
     model gave the message (its bytes over its transfer time), so contention
     shortens the ramp as it does in TCP. akorun pools `connections_per_pair`
-    connections per peer (`pooled`), so only each pair's first messages pay;
+    connections per peer (layer slow-start), so only each pair's first messages pay
+    (layer fresh-connections: every message pays);
     research found that disabling slow-start-after-idle changes nothing, so a
     warm connection never ramps again. LV08 charges 13.01 x latency on every
     message instead: right for fresh connections, wrong for pooled ones.
@@ -45,14 +46,15 @@ to the inputs of the max-min solver, and a per-message delay after it.
     instead, which delays the oldest message, the one an SSP gate waits for,
     behind younger ones (measured on the netns testbed: an asynchronous
     parameter server at s = 2 predicted 77% too slow without it,
-    docs/reports/fidelity-tcp.md). Off in `TcpParameters.ideal()`.
+    docs/reports/fidelity-tcp.md). The layer one-per-connection.
 
-(f) Message CPU. With `message_cpu_serialised`, the software cost (d) is also
+(f) Message CPU. With the layer message-cpu, the software cost (d) is also
     CPU time of the ranks: half charged to the sender as the message leaves,
     half to each receiver as it arrives, and owed as per-round overhead by a
     rank that was busy at that moment (akosim.rank_cpu), so a CPU-bound rank's
-    round is not shorter than its step plus its message handling. `TcpNetwork.
-    with_cpu(compute)` gives the simulation's compute model that ledger.
+    round is not shorter than its step plus its message handling. The
+    layer's `with_cpu(compute)` (the NetworkModel hook the engine calls) gives
+    the simulation's compute model that ledger.
 
 (g) Sharing. Several TCP flows that start at the same instant through one
     shaped drop-tail port collide in its queue, lose packets and back off
@@ -73,11 +75,13 @@ to the inputs of the max-min solver, and a per-message delay after it.
     together is the model's timing, not the scheme's, and on the testbed the
     asynchronous server's links showed no such loss.
 
-(a) and (b) are a transformation of the NetworkSpec (`effective_spec`); (c)
-and (d) delay each delivery by `TcpNetwork`, which also queues (e), a FluidNetwork whose `send`
-wraps the delivery callback: like LV08's latency, the delay uses no
-bandwidth. With `TcpParameters.ideal()` every correction is off and the model
-is max-min exactly (tests/test_tcpmodel.py checks it).
+(a) and (b) are a transformation of the NetworkSpec (`effective_spec`); (c),
+(d), (f) and (g) are the layer `TcpCorrections`, whose `send` wraps the
+delivery callback (like LV08's latency, the delay uses no bandwidth); (e) is
+the layer `ConnectionQueue` above it (akosim.network.layer; the stack is
+built by akosim.network.netmodel). With `TcpParameters.ideal()` and the
+tcp-core layer alone every correction is off and the model is max-min exactly
+(tests/test_tcpmodel.py checks it).
 
 Units: rates in bits per second, sizes in bytes, times in seconds.
 """
@@ -94,16 +98,14 @@ import simpy
 
 from akocore.host_calibration import TcpParameters
 from akosim.compute import ComputeModel
-from akosim.fluid import COALESCE_REL
-from akosim.netspec import NetworkSpec
-from akosim.network import DeliveryCallback, FluidNetwork
+from akosim.network.layer import DeliveryCallback, NetworkLayer, NetworkModel
+from akosim.network.netspec import NetworkSpec
 from akosim.rank_cpu import RankCpu
 
-NETWORK_MODELS = ("tcp", "maxmin")
 BITS_PER_BYTE = 8
 
-__all__ = ["NETWORK_MODELS", "TcpNetwork", "effective_spec", "round_trip_s",
-           "slow_start_extra_s", "tcp_network"]
+__all__ = ["ConnectionQueue", "TcpCorrections", "effective_spec", "round_trip_s",
+           "slow_start_extra_s"]
 
 
 def round_trip_s(latency_s: np.ndarray, params: TcpParameters) -> np.ndarray:
@@ -187,50 +189,28 @@ def _hand_over(on_delivered: DeliveryCallback, dests: np.ndarray, token: object,
     on_delivered(dests, token)
 
 
-class TcpNetwork(FluidNetwork):
-    """A FluidNetwork on the effective spec whose deliveries arrive later by (c) and (d).
+class ConnectionQueue(NetworkLayer):
+    """(e): at most `connections_per_pair` messages in flight per ordered pair; the
+    others wait in order and start when one is answered (delivered, then the answer
+    back after half the pair's round trip `rtt_s`)."""
 
-    `spec` is the effective one (effective_spec); `rtt_s` the network's round trips.
-    Each message's extra delay is computed when the fluid model delivers it: its
-    software cost, and on a fresh connection the handshake and slow start at the rate
-    the message got. Messages of one delivery with the same delay stay one group.
-    """
-
-    def __init__(self, env: simpy.Environment, spec: NetworkSpec, params: TcpParameters,
-                 rtt_s: np.ndarray, coalesce_rel: float = COALESCE_REL) -> None:
-        super().__init__(env, spec, coalesce_rel=coalesce_rel)
+    def __init__(self, inner: NetworkModel, params: TcpParameters, rtt_s: np.ndarray) -> None:
+        super().__init__(inner)
+        n = self.spec.n
         self.params = params
         self.rtt_s = np.array(rtt_s, dtype=np.float64)
-        self._sent = np.zeros((spec.n, spec.n), dtype=np.int64)  # messages per pair so far
-        self._costly = params.message_fixed_s > 0 or params.message_per_byte_s > 0
-        # (g): flows one send starts together on its sender's uplink lose goodput
-        self._sharing = any(e < 1 for e in params.flow_sharing_efficiency)
-        # (f): message handling as CPU of the ranks (None: a delay only)
-        self.cpu = RankCpu(env, spec.n) if self._costly and params.message_cpu_serialised \
-            else None
-        self._all_warm = not params.slow_start
-        self._cold_pairs = spec.n * (spec.n - 1)  # pairs still below their pooled count
-        # (e): messages in flight per ordered pair, and those waiting for a connection
-        self._ordered = params.one_message_per_connection
-        self._in_flight = np.zeros((spec.n, spec.n), dtype=np.int64)
+        self._in_flight = np.zeros((n, n), dtype=np.int64)
         self._waiting: dict[tuple[int, int], deque[_Queued]] = {}
         self._queued = 0  # messages waiting, over all pairs
         # the answer's way back: half the pair's round trip (the network's own latency and
         # the host stack; spec.latency_s may also carry a software cost, paid already)
-        off_diagonal = self.rtt_s[~np.eye(spec.n, dtype=bool)] / 2
+        off_diagonal = self.rtt_s[~np.eye(n, dtype=bool)] / 2
         self._answer_s: float | None = float(off_diagonal[0]) if off_diagonal.size and (
             off_diagonal == off_diagonal[0]).all() else None
-
-    def with_cpu(self, compute: ComputeModel) -> ComputeModel:
-        """`compute` charged with this network's message CPU (f), or as it is."""
-        return compute if self.cpu is None else replace(compute, cpu=self.cpu)
 
     def send(self, src: int, dsts: np.ndarray | Sequence[int],
              size_bytes: int | float | np.ndarray, on_delivered: DeliveryCallback,
              token: object = None) -> None:
-        if not self._ordered:
-            self._start(src, dsts, size_bytes, on_delivered, token)
-            return
         dst = np.asarray(dsts, dtype=np.intp).reshape(-1)
         row = self._in_flight[src]
         busy = row[dst] >= self.params.connections_per_pair
@@ -246,11 +226,12 @@ class TcpNetwork(FluidNetwork):
                 return
             size_bytes = sizes if sizes.size > 1 else float(sizes[0])
         row[dst] += 1
-        self._start(src, dst, size_bytes, partial(self._answered, src, on_delivered), token)
+        self.inner.send(src, dst, size_bytes, partial(self._answered, src, on_delivered),
+                        token)
 
     def _answered(self, src: int, on_delivered: DeliveryCallback, dests: np.ndarray,
                   token: object) -> None:
-        """(e): deliver, then free each pair's connection when its answer is back."""
+        """Deliver, then free each pair's connection when its answer is back."""
         on_delivered(dests, token)
         if self._answer_s is not None:  # one figure for every pair
             if self._answer_s > 0:
@@ -278,14 +259,48 @@ class TcpNetwork(FluidNetwork):
                 nxt = queue.popleft()
                 self._queued -= 1
                 self._in_flight[src, dst] += 1
-                self._start(src, (dst,), nxt.size_bytes,
-                            partial(self._answered, src, nxt.on_delivered), nxt.token)
+                self.inner.send(src, (dst,), nxt.size_bytes,
+                                partial(self._answered, src, nxt.on_delivered), nxt.token)
 
-    def _start(self, src: int, dsts: np.ndarray | Sequence[int],
-               size_bytes: int | float | np.ndarray, on_delivered: DeliveryCallback,
-               token: object = None) -> None:
+
+class TcpCorrections(NetworkLayer):
+    """Deliveries of the inner (effective-spec) model arrive later by (d) and (g), with
+    `slow_start` by (c) (`pooled`: a pair's first `connections_per_pair` messages pay
+    it; otherwise every one), and with `message_cpu` (f) the ranks pay the software
+    cost as CPU.
+
+    The inner model runs on the effective spec (effective_spec); `rtt_s` are the
+    network's round trips. Each message's extra delay is computed when the inner
+    model delivers it: its software cost, and on a fresh connection the handshake
+    and slow start at the rate the message got. Messages of one delivery with the
+    same delay stay one group.
+    """
+
+    def __init__(self, inner: NetworkModel, params: TcpParameters, rtt_s: np.ndarray, *,
+                 slow_start: bool, pooled: bool, message_cpu: bool) -> None:
+        super().__init__(inner)
+        n = self.spec.n
+        self.params = params
+        self.rtt_s = np.array(rtt_s, dtype=np.float64)
+        self.pooled = pooled
+        self._sent = np.zeros((n, n), dtype=np.int64)  # messages per pair so far
+        self._costly = params.message_fixed_s > 0 or params.message_per_byte_s > 0
+        # (g): flows one send starts together on its sender's uplink lose goodput
+        self._sharing = any(e < 1 for e in params.flow_sharing_efficiency)
+        # (f): message handling as CPU of the ranks (None: a delay only)
+        self.cpu = RankCpu(self.env, n) if self._costly and message_cpu else None
+        self._all_warm = not slow_start
+        self._cold_pairs = n * (n - 1)  # pairs still below their pooled count
+
+    def with_cpu(self, compute: ComputeModel) -> ComputeModel:
+        """`compute` charged with this network's message CPU (f), or as it is."""
+        return compute if self.cpu is None else replace(compute, cpu=self.cpu)
+
+    def send(self, src: int, dsts: np.ndarray | Sequence[int],
+             size_bytes: int | float | np.ndarray, on_delivered: DeliveryCallback,
+             token: object = None) -> None:
         if self._all_warm and not self._costly and not self._sharing:
-            super().send(src, dsts, size_bytes, on_delivered, token)
+            self.inner.send(src, dsts, size_bytes, on_delivered, token)
             return
         dst = np.array(dsts, dtype=np.intp).reshape(-1)
         n = self.spec.n
@@ -294,7 +309,7 @@ class TcpNetwork(FluidNetwork):
         fresh_of = np.zeros(n, dtype=bool)
         if not self._all_warm:
             params = self.params
-            if params.pooled:
+            if self.pooled:
                 row = self._sent[src]
                 fresh_of[dst] = row[dst] < params.connections_per_pair
                 row[dst] += 1
@@ -310,7 +325,7 @@ class TcpNetwork(FluidNetwork):
         efficiency = self.params.sharing_efficiency(int(dst.size)) if self._sharing else 1.0
         pending = _Pending(src, float(self.env.now), size_of, fresh_of, efficiency,
                            on_delivered)
-        super().send(src, dst, size_bytes, partial(self._arrived, pending), token)
+        self.inner.send(src, dst, size_bytes, partial(self._arrived, pending), token)
 
     def _arrived(self, pending: _Pending, dests: np.ndarray, token: object) -> None:
         params, src = self.params, pending.src
@@ -345,11 +360,3 @@ class TcpNetwork(FluidNetwork):
             group = dests if extra.size == 1 else dests[extra == delay_s]
             timeout = self.env.timeout(delay_s)
             timeout.callbacks.append(partial(_hand_over, pending.on_delivered, group, token))
-
-
-def tcp_network(env: simpy.Environment, spec: NetworkSpec, params: TcpParameters,
-                coalesce_rel: float = COALESCE_REL) -> TcpNetwork:
-    """The TCP-aware network for the nominal `spec`: (a) and (b) applied to its
-    capacities, (c) and (d) on its deliveries; the one way to build it from a spec."""
-    rtt_s = round_trip_s(spec.latency_s, params)
-    return TcpNetwork(env, effective_spec(spec, params, rtt_s), params, rtt_s, coalesce_rel)

@@ -1,9 +1,9 @@
 """Traffic statistics of the simulated network: bytes and utilisation per node and link.
 
-`TrafficCounters` is fed by the SimPy adapter (akosim.network): the bytes of
+`TrafficCounters` is fed by the SimPy adapter (akosim.network.fluidnet): the bytes of
 every flow whose transfer ended and of every message delivered. What each NIC
 carried and how long it was busy come from the fluid model
-(akosim.fluid.FluidFlows keeps them as flows start and end) and are passed in
+(akosim.network.fluid.FluidFlows keeps them as flows start and end) and are passed in
 when a snapshot is taken. It reads no clock: every call says what time it is.
 `NetworkStats` and `NetworkUtilisation` are the frozen snapshots reports use.
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from akosim.netspec import NetworkSpec
+from akosim.network.netspec import NetworkSpec
 
 BITS_PER_BYTE = 8
 # Delivered-traffic logs are folded into the counters after this many entries.

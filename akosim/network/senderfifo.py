@@ -22,7 +22,8 @@ other, the first computes and pushes while the second still receives, and the
 workers settle half a cycle apart (akorun on the testbed: lan-2w-ps-s0 93 ms a
 round, the fluid model 174 ms).
 
-`SenderFifoNetwork` is a `FluidNetwork` layer: one `send` call (a batch: the
+`SenderFifo` is a layer (akosim.network.layer.NetworkLayer) over a network model
+whose bottom is the fluid one: one `send` call (a batch: the
 messages a node sends at one instant, which share its NIC fairly among
 themselves) waits while the node's earlier messages under way fill its uplink
 (their max-min rates among every message under way add up to its capacity),
@@ -32,10 +33,9 @@ whose earlier messages are held elsewhere (at a receiver's downlink shared with
 other senders) sends at once, so a FIFO never idles an uplink. Only the start
 of a batch changes; the fluid solver is untouched. The node's NIC is counted
 free when its last message arrives, so on a link with latency L a queued batch
-starts L late (exact on the testbed, which has no latency). Combine it under
-the TCP-aware model with `TcpSenderFifoNetwork` (TcpNetwork's per-pair queue
-and delays run first, then this order); `TcpParameters.sender_fifo` selects
-it (akosim.scenario).
+starts L late (exact on the testbed, which has no latency). Under the TCP-aware model it sits
+below the TCP layers (their per-pair queue and delays run first, then this
+order); akosim.network.netmodel stacks it.
 """
 
 from __future__ import annotations
@@ -45,16 +45,11 @@ from collections.abc import Sequence
 from functools import partial
 
 import numpy as np
-import simpy
 
-from akocore.host_calibration import TcpParameters
-from akosim.fluid import COALESCE_REL
-from akosim.maxmin import max_min_rates
-from akosim.netspec import NetworkSpec
-from akosim.network import DeliveryCallback, FluidNetwork
-from akosim.tcpmodel import TcpNetwork
+from akosim.network.layer import DeliveryCallback, NetworkLayer, NetworkModel
+from akosim.network.maxmin import max_min_rates
 
-__all__ = ["SenderFifoNetwork", "TcpSenderFifoNetwork"]
+__all__ = ["SenderFifo"]
 
 # a sender's uplink counts as full when its messages' rates reach this close to it
 _FULL_REL = 1e-6
@@ -73,12 +68,12 @@ class _Batch:
         self.token = token
 
 
-class SenderFifoNetwork(FluidNetwork):
-    """A FluidNetwork whose nodes send their batches in order while their NIC is full."""
+class SenderFifo(NetworkLayer):
+    """Nodes send their batches in order while their NIC is full."""
 
-    def __init__(self, env: simpy.Environment, spec: NetworkSpec,
-                 coalesce_rel: float = COALESCE_REL) -> None:
-        super().__init__(env, spec, coalesce_rel=coalesce_rel)
+    def __init__(self, inner: NetworkModel) -> None:
+        super().__init__(inner)
+        spec = self.spec
         self._leaving = np.zeros(spec.n, dtype=np.int64)  # messages under way per sender
         self._pairs: Counter[tuple[int, int]] = Counter()  # messages under way per pair
         self._incoming = np.zeros(spec.n, dtype=np.int64)  # messages under way per receiver
@@ -130,8 +125,8 @@ class SenderFifoNetwork(FluidNetwork):
         for d in dst.tolist():
             self._pairs[(src, d)] += 1
             self._incoming[d] += 1
-        super().send(src, dst, size_bytes, partial(self._arrived_fifo, src, on_delivered),
-                     token)
+        self.inner.send(src, dst, size_bytes, partial(self._arrived_fifo, src, on_delivered),
+                        token)
 
     def _arrived_fifo(self, src: int, on_delivered: DeliveryCallback, dests: np.ndarray,
                       token: object) -> None:
@@ -159,14 +154,3 @@ class SenderFifoNetwork(FluidNetwork):
                     moved = True
                 if not queue:
                     del self._backlog[src]
-
-
-class TcpSenderFifoNetwork(TcpNetwork, SenderFifoNetwork):
-    """The TCP-aware network (akosim.tcpmodel) whose senders also keep first come,
-    first sent: TcpNetwork's transfers go through SenderFifoNetwork.send (the next
-    class in this one's method order), so its goodput, window, slow start, software
-    cost and per-pair queue all hold, and each node's batches leave in order."""
-
-    def __init__(self, env: simpy.Environment, spec: NetworkSpec, params: TcpParameters,
-                 rtt_s: np.ndarray, coalesce_rel: float = COALESCE_REL) -> None:
-        super().__init__(env, spec, params, rtt_s, coalesce_rel)

@@ -5,7 +5,7 @@ A flow i -> j crosses three resources (uplink i, downlink j, link (i, j));
 concurrent flows get the max-min fair rates found by progressive filling
 (water-filling). `max_min_rates` is the reference entry point;
 `ResourceIndex` and `max_min_fill` are the vectorised pieces the fluid model
-(akosim.fluid) calls on every rate solve.
+(akosim.network.fluid) calls on every rate solve.
 
 Units: capacities and rates in bits per second.
 """
@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from akosim.netspec import NetworkSpec
+from akosim.network.netspec import NetworkSpec
 
 # Two bottleneck shares within this relative distance are one level of the
 # progressive filling; a resource whose leftover capacity is within it of zero
