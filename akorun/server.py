@@ -65,6 +65,7 @@ from akocore.messages import Partial
 from akocore.schemes import SchemeError
 from akorun import control
 from akorun.admission import Admission, BufferPool, Refusal
+from akorun.answers import ANSWER_TEXT_MAX_CHARS, DAMAGED
 from akorun.control import CONTROL_BODY_MAX_BYTES, ControlError, ControlKind
 from akorun.errors import UsageError
 from akorun.keys import AUTH_HEADER, RELAY_HEADER, SESSION_PATH, Opened, RequestVerifier, ack_body
@@ -97,6 +98,11 @@ READ_BUFFER_BYTES = 1 << 20  # body bytes buffered before the socket is paused (
 _REASONS = {Status.MALFORMED: "malformed", Status.BAD_SIGNATURE: "bad_signature",
             Status.WRONG_RUN: "wrong_run", Status.TOO_LARGE: "too_large",
             Status.INBOX_FULL: "inbox_full", Status.STALE_SESSION: "stale_session"}
+
+
+class DamagedInTransit(Exception):
+    """A sealed request's header or body is not what its seal commits to (altered or cut
+    on the way): answered 400 ``damaged``, tagged, which tells the sender to send again."""
 
 
 async def _read_body_inline(content: StreamReader, values: np.ndarray,
@@ -382,18 +388,26 @@ class Server:
             if guard is not None:
                 guard.request_ended()
 
-    def _reject(self, status: int, reason: str, detail: str) -> web.Response:
+    def _reject(self, status: int, reason: str, detail: str,
+                opened: Opened | None = None) -> web.Response:
+        """A refusal; once the request's seal is open (`opened`), its answer is tagged
+        like a 200 (bound to the request, its status and its body), so that the sender
+        can tell it from one forged on the path: only a tagged refusal is final."""
         self.host.metrics.rejected[reason] += 1
         if status != 503:
             log.warning("refused a request with %d %s: %s", status, reason, detail)
-        return web.Response(status=status, text=f"{reason}: {detail}\n")
+        body = f"{reason}: {detail}"[:ANSWER_TEXT_MAX_CHARS].encode("utf-8", "replace") + b"\n"
+        headers = {} if opened is None else {
+            AUTH_HEADER: self.host.verifier.seal_answer(opened, status, body)}
+        return web.Response(status=status, body=body, content_type="text/plain",
+                            headers=headers)
 
-    def _refuse(self, refusal: Refusal) -> web.Response:
-        return self._reject(refusal.status, refusal.reason, refusal.detail)
+    def _refuse(self, refusal: Refusal, opened: Opened | None = None) -> web.Response:
+        return self._reject(refusal.status, refusal.reason, refusal.detail, opened)
 
-    def _refuse_error(self, error: WireError) -> web.Response:
+    def _refuse_error(self, error: WireError, opened: Opened | None = None) -> web.Response:
         return self._reject(int(error.status), _REASONS.get(error.status, "malformed"),
-                            error.reason)
+                            error.reason, opened)
 
     # ---------------------------------------------------------------- partials
 
@@ -411,21 +425,25 @@ class Server:
             return self._refuse_error(error)
         refusal = self.admission.slot_refusal(opened.sender)
         if refusal is not None:
-            return self._refuse(refusal)
+            return self._refuse(refusal, opened)
         try:
             with self.admission.slot(opened.sender):
                 return await self._read_partial(request, length, opened, start_s)
+        except DamagedInTransit as error:
+            return self._reject(400, DAMAGED, str(error), opened)
         except WireError as error:
-            return self._refuse_error(error)
+            return self._refuse_error(error, opened)
         except TimeoutError:
-            return self._reject(503, "too_slow", "header or body slower than the minimum rate")
+            return self._reject(503, "too_slow", "header or body slower than the minimum rate",
+                                opened)
         except asyncio.IncompleteReadError as error:
-            return self._reject(400, "malformed", f"body ended after {len(error.partial)} "
-                                                  f"bytes")
+            return self._reject(400, DAMAGED, f"body ended after {len(error.partial)} bytes",
+                                opened)
         except (SchemeError, KeyError) as error:
-            return self._reject(400, "malformed", f"scheme refused the message: {error}")
+            return self._reject(400, "malformed", f"scheme refused the message: {error}",
+                                opened)
         except NonFiniteValues as error:  # recorded as zeros by the host (akorun.validation)
-            return self._reject(error.status, error.reason, str(error))
+            return self._reject(error.status, error.reason, str(error), opened)
 
     async def _read_partial(self, request: web.Request, length: int, opened: Opened,
                             start_s: float) -> web.Response:
@@ -437,7 +455,10 @@ class Server:
         waits = ByteWaits()
         head = await waits.wait(asyncio.wait_for(content.readexactly(HEADER_SIZE),
                                                  self.admission.header_deadline_s))
-        host.verifier.check_digest(opened, head)
+        try:
+            host.verifier.check_digest(opened, head)
+        except WireError as error:
+            raise DamagedInTransit(f"header: {error.reason}") from None
         header = decode_header(head, max_body_bytes=host.max_body_bytes(),
                                body_nbytes=length - HEADER_SIZE)
         if header.sender != opened.sender:
@@ -451,8 +472,11 @@ class Server:
             reading = self._read_body_in_lane(content, values, hasher, nbytes, waits)
         else:
             reading = _read_body_inline(content, values, hasher, nbytes, waits)
-        await asyncio.wait_for(reading, self.admission.body_deadline_s(nbytes))
-        hasher.check(header.digest)
+        try:
+            await asyncio.wait_for(reading, self.admission.body_deadline_s(nbytes))
+            hasher.check(header.digest)
+        except WireError as error:  # short, long or not the body the header commits to
+            raise DamagedInTransit(f"body: {error.reason}") from None
         partial = to_partial(header, values)
         if partial.values is None:  # an empty marker (final, PULL) still carries its values
             partial = dataclasses.replace(partial, values=values)
@@ -524,16 +548,20 @@ class Server:
         verifier = self.host.verifier
         try:
             opened = verifier.open(request.headers.get(AUTH_HEADER), path, control=True)
+        except WireError as error:
+            return self._refuse_error(error)
+        try:
             body = await asyncio.wait_for(request.read(), self.admission.body_deadline_s(
                 CONTROL_BODY_MAX_BYTES))
             verifier.check_digest(opened, body)
         except WireError as error:
-            return self._refuse_error(error)
+            return self._reject(400, DAMAGED, f"{path}: {error.reason}", opened)
         except web.HTTPRequestEntityTooLarge:
             return self._reject(413, "too_large", f"control body over "
-                                                  f"{CONTROL_BODY_MAX_BYTES} bytes")
+                                                  f"{CONTROL_BODY_MAX_BYTES} bytes", opened)
         except TimeoutError:
-            return self._reject(503, "too_slow", f"{path}: body slower than the minimum rate")
+            return self._reject(503, "too_slow", f"{path}: body slower than the minimum rate",
+                                opened)
         if opened.seal.discovery:  # the first half of a hello: who am I now
             assert path == SESSION_PATH
             return self._sealed(opened, control.dumps({
@@ -542,13 +570,17 @@ class Server:
         try:
             payload = control.loads(body)
         except (ValueError, UnicodeDecodeError) as error:
-            return self._reject(400, "malformed", f"{path}: body is not a JSON object: {error}")
+            return self._reject(400, "malformed", f"{path}: body is not a JSON object: {error}",
+                                opened)
         try:
             result = await self.host.control_table.dispatch(kind, payload, opened.sender)
         except ControlError as error:
-            if error.status == 503:
-                return web.Response(status=503, text=f"{error.reason}\n")
-            return self._reject(error.status, "refused", f"{path}: {error.reason}")
+            if error.status == 503:  # not yet: the caller asks again (not counted, not logged)
+                body = f"{error.reason}"[:ANSWER_TEXT_MAX_CHARS].encode("utf-8", "replace")
+                return web.Response(status=503, body=body + b"\n", content_type="text/plain",
+                                    headers={AUTH_HEADER: verifier.seal_answer(
+                                        opened, 503, body + b"\n")})
+            return self._reject(error.status, "refused", f"{path}: {error.reason}", opened)
         if isinstance(result, bytes):
             return self._sealed(opened, result, "application/octet-stream")
         return self._sealed(opened, control.dumps(result), "application/json")

@@ -39,7 +39,7 @@ from akocore.config import RunConfig, config_hash
 from akocore.messages import Partial
 from akocore.results import RankResult
 from akocore.settings.registry import default_of
-from akorun.client import ControlClient, make_session
+from akorun.client import ControlClient, binary_answer_cap, make_session
 from akorun.cluster import AkorunSettings, allowed_networks, split_host
 from akorun.control import ControlKind
 from akorun.errors import Interrupted, RunError, UsageError
@@ -357,6 +357,7 @@ class Worker:
         session: aiohttp.ClientSession = make_session(peers=len(self.peers))
         client_ssl = options.tls.client_context()
         control = ControlClient(session, self.signer, self.base_urls, ssl_context=client_ssl)
+        control.binary_answer_max_bytes = binary_answer_cap(self.prepared.workload.gradient_bytes)
         self.evaluator.control = control
         self.relay.control = control
         server = Server(self, max_concurrent_reads=max(4, 3 * len(self.peers)))
@@ -395,6 +396,11 @@ class Worker:
             await self.finisher.finish(control)
             log.info("done: %d rounds, stop: %s", len(self.training.times.end_s),
                      self.waiter.stop_reason)
+            refused = self.metrics.refused_for_good
+            if refused:
+                raise RunError(f"{sum(refused.values())} message(s) refused for good by peer(s) "
+                               f"{sorted(refused)} (an authenticated refusal, in the log and "
+                               f"the result's refused_for_good): replicas are not equal")
         finally:
             for task in self._tasks:
                 task.cancel()
