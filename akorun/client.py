@@ -27,13 +27,13 @@ from typing import Any
 import aiohttp
 
 from akorun import control
-from akorun.control import ControlKind
 from akorun.answers import (
     CONTROL_ANSWER_MAX_BYTES,
     PARTIAL_ANSWER_MAX_BYTES,
     AnswerTooLarge,
     read_bounded,
 )
+from akorun.control import ControlKind
 from akorun.keys import AUTH_HEADER, SESSION_PATH, STALE_SESSION, Signer, digest
 
 log = logging.getLogger("akorun")
