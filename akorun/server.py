@@ -459,8 +459,10 @@ class Server:
             host.verifier.check_digest(opened, head)
         except WireError as error:
             raise DamagedInTransit(f"header: {error.reason}") from None
-        header = decode_header(head, max_body_bytes=host.max_body_bytes(),
-                               body_nbytes=length - HEADER_SIZE)
+        header = decode_header(head, max_body_bytes=host.max_body_bytes())
+        if header.body_nbytes != length - HEADER_SIZE:  # Content-Length changed on the way
+            raise DamagedInTransit(f"header says {header.body_nbytes} body bytes, the request "
+                                   f"has {length - HEADER_SIZE}")
         if header.sender != opened.sender:
             raise WireError(f"header says sender {header.sender}, the seal is rank "
                             f"{opened.sender}'s", Status.BAD_SIGNATURE)

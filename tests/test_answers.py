@@ -1,0 +1,301 @@
+"""Answers nobody on the path can abuse: forged refusals are not final, bodies are bounded.
+
+A small asyncio TCP proxy on 127.0.0.1 stands between a sender (akorun.sender,
+akorun.client) and a real akorun.server.Server: it forwards requests and answers,
+except the ones it is told to answer itself, as an attacker on the path (or a broken
+middlebox) would: a forged ``HTTP/1.1 400`` to a partial, or an answer that declares
+512 MiB. These tests pin that the message is not lost (it arrives exactly once), that
+the forged answer is never taken as the peer's refusal, and that an oversized answer
+is refused before it is read (the proxy cannot push more than socket buffers hold).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from akocore.messages import Kind, Partial
+from akorun import wire
+from akorun.answers import (
+    CONTROL_ANSWER_MAX_BYTES,
+    DAMAGED,
+    Verdict,
+    verdict,
+)
+from akorun.client import ControlClient, make_session
+from akorun.cluster import free_ports
+from akorun.control import ControlKind
+from akorun.keys import PARTIAL_PATH, PartialSealer
+from akorun.metrics import PeerCounters
+from akorun.sender import Outgoing, PeerSender, RetryPolicy
+from akorun.server import Server
+from akorun.testing import SinkHost
+
+pytestmark = pytest.mark.timeout(120)
+
+SECRET = b"answers test secret, 32 bytes!!!"
+RUN = uuid.uuid4().bytes
+WIRE_HASH = bytes.fromhex("8899aabbccddeeff")
+FAST = RetryPolicy(first_delay_s=0.001, max_delay_s=0.02)
+HUGE_BYTES = 512 << 20
+
+Forge = Callable[[int, bytes], bytes | None]  # (request number, request head) -> own answer
+
+
+def message(round_: int, length: int = 256) -> Outgoing:
+    values = np.full(length, round_ + 0.25, dtype=np.float32)
+    partial = Partial(Kind.GRAD, 0, round_, 0, 1, 0, length, values)
+    return Outgoing(wire.encode_bytes(partial, run_id=RUN, config_hash=WIRE_HASH), Kind.GRAD,
+                    round_, 0)
+
+
+class Proxy:
+    """Forwards HTTP/1.1 requests with a Content-Length to `upstream`; request number n
+    (from 0) is answered by `forge(n, head)` instead when that returns bytes (then the
+    connection is closed). `huge` requests get a 503 declaring `HUGE_BYTES`, streamed
+    until the client goes away; `pushed` counts what the client let through."""
+
+    def __init__(self, upstream_port: int, forge: Forge, *, huge: set[int] | None = None):
+        self.upstream_port = upstream_port
+        self.forge = forge
+        self.huge = huge or set()
+        self.requests = 0
+        self.forged = 0
+        self.pushed = 0
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        (port,) = free_ports(1)
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", port)
+        return port
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        try:
+            while True:
+                head, body = await _read_message(reader)
+                if head is None:
+                    return
+                number = self.requests
+                self.requests += 1
+                if number in self.huge:
+                    await self._push_huge(writer)
+                    return
+                own = self.forge(number, head)
+                if own is not None:
+                    self.forged += 1
+                    writer.write(own)
+                    await writer.drain()
+                    return
+                if upstream is None:
+                    upstream = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+                upstream[1].write(head + body)
+                await upstream[1].drain()
+                answer_head, answer_body = await _read_message(upstream[0])
+                if answer_head is None:
+                    return
+                writer.write(answer_head + answer_body)
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            writer.close()
+            if upstream is not None:
+                upstream[1].close()
+
+    async def _push_huge(self, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
+                     b"Content-Length: %d\r\n\r\n" % HUGE_BYTES)
+        chunk = bytes(1 << 20)
+        try:
+            while self.pushed < HUGE_BYTES:
+                writer.write(chunk)
+                await asyncio.wait_for(writer.drain(), 2.0)
+                self.pushed += len(chunk)
+        except (ConnectionError, TimeoutError):
+            return
+
+
+async def _read_message(reader: asyncio.StreamReader) -> tuple[bytes | None, bytes]:
+    """One HTTP message (head, body) with a Content-Length; (None, b"") at EOF."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError:
+        return None, b""
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    return head, await reader.readexactly(length)
+
+
+def forged_answer(status: int, text: bytes) -> bytes:
+    return (b"HTTP/1.1 %d Refused\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
+            b"Connection: close\r\n\r\n%s" % (status, len(text), text))
+
+
+async def through_proxy(host: SinkHost, proxy_of: Callable[[int], Proxy],
+                        body: Callable[[str, Any, Proxy], Awaitable[Any]]) -> Any:
+    """Run `body(proxy_url, session, proxy)` against a live server for `host`."""
+    (port,) = free_ports(1)
+    server = Server(host, max_concurrent_reads=4)
+    await server.start("127.0.0.1", port)
+    proxy = proxy_of(port)
+    proxy_port = await proxy.start()
+    session = make_session(peers=1)
+    try:
+        return await body(f"http://127.0.0.1:{proxy_port}", session, proxy)
+    finally:
+        await session.close()
+        await proxy.close()
+        await server.close()
+
+
+def sender_through(url: str, session: Any, host: SinkHost) -> PeerSender:
+    return PeerSender(1, url + PARTIAL_PATH, session, counters=PeerCounters(), policy=FAST,
+                      sealer=PartialSealer(host.peer_signer(0), PARTIAL_PATH))
+
+
+def is_partial(head: bytes) -> bool:
+    return head.startswith(b"POST " + PARTIAL_PATH.encode())
+
+
+@pytest.mark.parametrize("status", [400, 401, 409, 413, 422])
+def test_a_refusal_forged_on_the_path_is_not_final_and_the_message_arrives_once(
+        status: int) -> None:
+    """The proxy answers the second partial itself with a refusal of `status`: the sender
+    does not drop it (no tag bound to its request), sends it again, and every message
+    arrives exactly once; nothing is recorded as refused for good."""
+    host = SinkHost(SECRET, RUN, WIRE_HASH)
+    partials = iter(range(1000))
+
+    def forge(number: int, head: bytes) -> bytes | None:
+        if is_partial(head) and next(partials) == 1:
+            return forged_answer(status, b"malformed: forged by the path\n")
+        return None
+
+    async def body(url: str, session: Any, proxy: Proxy) -> PeerSender:
+        sender = sender_through(url, session, host)
+        sender.start()
+        for round_ in range(4):
+            await sender.put(message(round_))
+        await asyncio.wait_for(sender.wait(lambda: sender.idle), 30)
+        await sender.stop()
+        assert proxy.forged == 1
+        return sender
+
+    sender = asyncio.run(through_proxy(host, lambda port: Proxy(port, forge), body))
+    assert sorted(key for _, _, key in host.arrivals) == [(0, r, 0) for r in range(4)]
+    assert sender.counters.refused_for_good == 0 and not sender.counters.send_dropped
+    assert sender.counters.unauthentic_answers == 1
+    assert sender.counters.messages_sent == 4 and sender.acked_round == 3
+
+
+def test_a_forged_200_is_not_an_acknowledgement() -> None:
+    host = SinkHost(SECRET, RUN, WIRE_HASH)
+
+    def forge(number: int, head: bytes) -> bytes | None:
+        if number == 0:
+            text = b'{"duplicate": false}'
+            return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                    b"%d\r\nX-Ako-Duplicate: 0\r\nConnection: close\r\n\r\n%s"
+                    % (len(text), text))
+        return None
+
+    async def body(url: str, session: Any, proxy: Proxy) -> PeerSender:
+        sender = sender_through(url, session, host)
+        sender.start()
+        await sender.put(message(0))
+        await asyncio.wait_for(sender.wait(lambda: sender.idle), 30)
+        await sender.stop()
+        return sender
+
+    sender = asyncio.run(through_proxy(host, lambda port: Proxy(port, forge), body))
+    assert [key for _, _, key in host.arrivals] == [(0, 0, 0)]
+    assert sender.counters.unauthentic_answers == 1
+
+
+def test_an_answer_declaring_512_mib_is_not_read_and_the_message_still_arrives() -> None:
+    """Three 512 MiB 503 answers (the proxy's own) to one partial: none is read (the
+    sender closes the connection at the header; the proxy gets no further than socket
+    buffers hold), the message stays owed and arrives once after them."""
+    host = SinkHost(SECRET, RUN, WIRE_HASH)
+    proxies: list[Proxy] = []
+
+    def make(port: int) -> Proxy:
+        proxies.append(Proxy(port, lambda number, head: None, huge={0, 1, 2}))
+        return proxies[0]
+
+    async def body(url: str, session: Any, proxy: Proxy) -> PeerSender:
+        sender = sender_through(url, session, host)
+        sender.start()
+        await sender.put(message(0))
+        await asyncio.wait_for(sender.wait(lambda: sender.idle), 60)
+        await sender.stop()
+        await asyncio.sleep(0.1)  # the proxy's pushes see the closed connections
+        return sender
+
+    sender = asyncio.run(through_proxy(host, make, body))
+    assert [key for _, _, key in host.arrivals] == [(0, 0, 0)]
+    assert sender.counters.unauthentic_answers == 3
+    assert proxies[0].pushed < 64 << 20, proxies[0].pushed  # not 3 x 512 MiB
+
+
+def test_a_control_answer_over_its_cap_is_not_read() -> None:
+    """A control answer declaring 512 MiB (a 503 from the path) and a 200 past the JSON
+    cap are both refused unread: the call fails (status 0), it does not grow memory."""
+    host = SinkHost(SECRET, RUN, WIRE_HASH)
+
+    async def body(url: str, session: Any, proxy: Proxy) -> list[Any]:
+        client = ControlClient(session, host.peer_signer(0), [url, url])
+        first = await client.call(1, ControlKind.HEARTBEAT, {"rank": 0})
+        second = await client.call(1, ControlKind.HEARTBEAT, {"rank": 0})
+        await asyncio.sleep(0.1)
+        return [first, second, proxy.pushed]
+
+    def forge(number: int, head: bytes) -> bytes | None:
+        if number == 1:
+            return (b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n"
+                    % (CONTROL_ANSWER_MAX_BYTES + 1)) + bytes(1 << 16)
+        return None
+
+    first, second, pushed = asyncio.run(through_proxy(
+        host, lambda port: Proxy(port, forge, huge={0}), body))
+    assert first.status == 0 and "cap" in first.error
+    assert second.status == 0 and "cap" in second.error
+    assert pushed < 64 << 20
+
+
+def test_a_tagged_refusal_of_a_control_request_is_authentic_and_a_forged_one_is_not() -> None:
+    host = SinkHost(SECRET, RUN, WIRE_HASH)
+
+    def forge(number: int, head: bytes) -> bytes | None:
+        return forged_answer(409, b"refused: forged\n") if number == 1 else None
+
+    async def body(url: str, session: Any, proxy: Proxy) -> list[Any]:
+        client = ControlClient(session, host.peer_signer(0), [url, url])
+        real = await client.call(1, ControlKind.STOP, {"rank": 0, "round": 1})
+        forged = await client.call(1, ControlKind.STOP, {"rank": 0, "round": 1})
+        return [real, forged]
+
+    real, forged = asyncio.run(through_proxy(host, lambda port: Proxy(port, forge), body))
+    assert real.status == 409 and real.authentic  # SinkHost refuses STOP, tagged
+    assert forged.status == 409 and not forged.authentic
+
+
+def test_the_verdict_on_answers() -> None:
+    assert verdict(400, b"malformed: x\n", True) is Verdict.REFUSED
+    assert verdict(400, DAMAGED.encode() + b": body cut\n", True) is Verdict.RETRY
+    assert verdict(400, b"malformed: x\n", False) is Verdict.RETRY
+    assert verdict(503, b"inbox_full: x\n", True) is Verdict.RETRY
+    assert verdict(409, b"wrong_run: x\n", True) is Verdict.REFUSED
