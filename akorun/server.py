@@ -12,10 +12,15 @@ Endpoints (all writes sealed per session and per sender, see akorun.keys):
   it: 401 otherwise) and check it (400 malformed or another sender than the
   sealed one, 413 over the cap, 409 another run) before any body byte is read.
   The body is streamed, within a minimum rate, into a pooled float32 buffer
-  while a `BodyHasher` checks it against the header's digest (401); then the
+  while a `BodyHasher` checks it against the header's digest; then the
   partial goes straight to the host's scheme node (a `SchemeError` -> 400; a
-  duplicate -> 200 with ``X-Ako-Duplicate: 1``). The 200 carries a tag bound
-  to the request. A 503 means the sender keeps the bytes and retries.
+  duplicate -> 200 with ``X-Ako-Duplicate: 1``). A header or body that is not
+  what the seal commits to (altered or cut on the way, or a Content-Length
+  changed) is answered 400 ``damaged``: the sender sends it again. Every
+  answer given once the seal is open, whatever its status, carries a tag
+  bound to the request, its status and its body (akorun.answers: the sender
+  acts only on tagged answers). A 503 means the sender keeps the bytes and
+  retries.
 - ``POST /v1/<kind>`` for every route of the host's `ControlTable`
   (akorun.routing): sealed JSON control messages (401 unsealed, forged or
   replayed, 421 stale session, 400 not a JSON object, 413 over 64 KiB); the
