@@ -396,6 +396,9 @@ class Worker:
             await self.finisher.finish(control)
             log.info("done: %d rounds, stop: %s", len(self.training.times.end_s),
                      self.waiter.stop_reason)
+            if self.relay.disagreements:
+                raise RunError("; ".join(self.relay.disagreements[origin]
+                                         for origin in sorted(self.relay.disagreements)))
             refused = self.metrics.refused_for_good
             if refused:
                 raise RunError(f"{sum(refused.values())} message(s) refused for good by peer(s) "

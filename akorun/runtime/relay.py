@@ -72,6 +72,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import blake3
 import numpy as np
 
 from akocore.messages import Partial
@@ -86,6 +87,7 @@ log = logging.getLogger("akorun")
 
 RELAY_KEEP_GRADIENTS = 2  # per peer, keep its last 2 * p messages: two full gradients
 PULL_RETRY_S = 0.2
+AGREEMENT_PASSES = 8  # passes of pulls a lost origin's agreement makes at most
 
 
 @dataclass(frozen=True)
@@ -125,11 +127,39 @@ class RelayStore:
         return min(item.partial.round for item in queue) if queue else None
 
 
-def pack_messages(origin: int, items: Sequence[tuple[HeldPartial, bytes]]) -> bytes:
-    """[u32 json length][json][wire messages...]: the answer of a ``relay`` request."""
-    head = control.dumps({"origin": origin, "messages": [
+Record = tuple[int, tuple[tuple[int, int], ...]]  # (contiguous round, sorted pending parts)
+
+
+def record_of(node: AkoWorker, origin: int) -> Record:
+    """This rank's set of `origin`'s rounds, as comparable data: its delivery record."""
+    contiguous, pending = node.log.export()[origin]
+    return contiguous, tuple(sorted((int(r), int(p)) for r, parts in pending.items()
+                                    for p in parts))
+
+
+def record_digest(record: Record) -> str:
+    """A short digest of a set of rounds (what survivors compare, and what a log names)."""
+    return blake3.blake3(control.dumps({"record": [record[0], list(record[1])]})
+                         ).hexdigest()[:16]
+
+
+def record_covers(big: Record, small: Record) -> bool:
+    """Every round (and part) held in `small` is held in `big`."""
+    big_pending = set(big[1])
+    return small[0] <= big[0] and all(r <= big[0] or (r, part) in big_pending
+                                      for r, part in small[1])
+
+
+def pack_messages(origin: int, items: Sequence[tuple[HeldPartial, bytes]],
+                  record: Record | None = None) -> bytes:
+    """[u32 json length][json][wire messages...]: the answer of a ``relay`` request, with
+    the holder's own `record` of `origin` (what it holds, forwarded or not)."""
+    meta: dict[str, Any] = {"origin": origin, "messages": [
         [item.origin_nonce.hex(), base64.b64encode(item.endorsements).decode("ascii"),
-         len(data)] for item, data in items]})
+         len(data)] for item, data in items]}
+    if record is not None:
+        meta["record"] = [record[0], [list(pair) for pair in record[1]]]
+    head = control.dumps(meta)
     return b"".join([struct.pack("<I", len(head)), head, *(data for _, data in items)])
 
 
@@ -158,6 +188,20 @@ def unpack_messages(body: bytes) -> tuple[int, list[tuple[bytes, bytes, bytes]]]
     return origin, out
 
 
+def unpack_record(body: bytes) -> Record | None:
+    """The holder's record carried by a relay answer (None if it carries none or is
+    malformed)."""
+    try:
+        (head_len,) = struct.unpack_from("<I", body)
+        raw = control.loads(body[4:4 + head_len]).get("record")
+        if raw is None:
+            return None
+        contiguous, pending = raw
+        return int(contiguous), tuple(sorted((int(r), int(part)) for r, part in pending))
+    except (struct.error, ValueError, TypeError, UnicodeDecodeError):
+        return None
+
+
 class Relay:
     """Keeps peers' partials, pulls a lost peer's missing ones from the survivors, serves
     the pulls of others (control ``relay``)."""
@@ -184,6 +228,11 @@ class Relay:
         self._forwarded: dict[tuple[int, int, int], np.ndarray] = {}  # taken via a survivor
         self._incoming: dict[tuple[int, int, int], bytes] = {}
         self._pulls: set[asyncio.Task[int]] = set()
+        self._lost_pulls: set[int] = set()  # origins with an agreement task under way
+        self._again: set[int] = set()  # ... asked for again while it ran
+        # lost origin -> the one line saying survivors ended holding different rounds of it
+        self.disagreements: dict[int, str] = {}
+        self.agreed: dict[tuple[int, int], str] = {}  # (origin, holder) -> digest agreed on
 
     def _ako(self) -> AkoWorker | None:
         node = self.node()
@@ -217,12 +266,38 @@ class Relay:
     # ---------------------------------------------------------------- pull
 
     def peer_lost(self, origin: int) -> None:
-        """`origin` was suspended: pull what the other survivors hold of it (a task)."""
+        """`origin` was suspended (or this rank's set of its rounds changed since, or a
+        survivor showed it holds more): pull what the other survivors hold of it and agree
+        with them on it (one task per origin; asked again while it runs, it makes one more
+        pass when done)."""
         if self._ako() is None or self.control is None:
             return
-        task = asyncio.get_running_loop().create_task(self.pull(origin, while_lost=True))
+        if origin in self._lost_pulls:
+            self._again.add(origin)
+            return
+        task = asyncio.get_running_loop().create_task(self._agree(origin))
+        self._lost_pulls.add(origin)
         self._pulls.add(task)
-        task.add_done_callback(self._pulls.discard)
+
+        def done(finished: asyncio.Task[int]) -> None:
+            self._pulls.discard(finished)
+            self._lost_pulls.discard(origin)
+        task.add_done_callback(done)
+
+    async def _agree(self, origin: int) -> int:
+        """Passes of `pull(origin, while_lost=True)` until one ends with this rank's set of
+        `origin`'s rounds unchanged during it (every holder saw the final set)."""
+        taken = 0
+        for _ in range(AGREEMENT_PASSES):
+            node = self._ako()
+            if node is None:
+                break
+            before = record_of(node, origin)
+            self._again.discard(origin)
+            taken += await self.pull(origin, while_lost=True)
+            if record_of(node, origin) == before and origin not in self._again:
+                break
+        return taken
 
     def idle(self) -> bool:
         """No pull under way (the finish settles only then)."""
@@ -233,7 +308,8 @@ class Relay:
         """Ask every other peer for `origin`'s messages this rank lacks (those before
         `before_round` only, if given); the number taken. Gives up on a holder that does
         not answer within `patience_s` (default 2 T + 1 s) and, `while_lost`, as soon as
-        `origin` is no longer suspended here (it speaks again)."""
+        `origin` is no longer suspended here (it speaks again); `while_lost`, it also waits
+        until each holder's record of `origin` equals this rank's (`_pull_from`)."""
         node = self._ako()
         client = self.control
         if node is None or client is None:
@@ -252,27 +328,65 @@ class Relay:
     async def _pull_from(self, client: ControlClient, holder: int, origin: int,
                          before_round: int | None, patience_s: float,
                          while_lost: bool) -> int:
+        """Pull from `holder` until it answers; after a loss (`while_lost`), go on until
+        its record of `origin` (carried by its answer) equals this rank's: it withheld
+        rounds it holds (pull again), or lacks some this rank holds (it pulls them from
+        here; ask again to see it has). `patience_s` without any change in either record
+        ends the wait: unequal records then are a disagreement (`disagreements`)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + patience_s
+        taken = 0
+        seen: tuple[Record, Record | None] | None = None
         while True:
             node = self._ako()
             if node is None or holder in node.suspended:
-                return 0
+                return taken
             if while_lost and origin not in node.suspended:
-                return 0  # it speaks again: it delivers its rounds itself
+                return taken  # it speaks again: it delivers its rounds itself
             contiguous, pending = node.log.export()[origin]
             payload = {"rank": self.rank, "origin": origin, "contiguous": contiguous,
                        "pending": [[r, p] for r, parts in pending.items() for p in parts],
                        "before_round": before_round}
             answer = await client.call(holder, ControlKind.RELAY, payload, binary=True,
                                         timeout_s=max(1.0, patience_s))
+            theirs: Record | None = None
             if answer.ok:
-                return self._take(holder, origin, answer.body, before_round)
-            if answer.status in (400, 401, 404, 409) or loop.time() > deadline:
+                taken += self._take(holder, origin, answer.body, before_round)
+                theirs = unpack_record(answer.body)
+                if not while_lost or theirs is None:
+                    return taken
+                mine = record_of(node, origin)
+                if mine == theirs:
+                    self.agreed[(origin, holder)] = record_digest(mine)
+                    return taken
+                if (mine, theirs) != seen:  # progress on either side: wait on
+                    seen = (mine, theirs)
+                    deadline = loop.time() + patience_s
+            elif answer.authentic and answer.status in (400, 401, 404, 409):
                 log.warning("repair: rank %d forwarded nothing of lost rank %d (%s %s)",
                             holder, origin, answer.status, answer.error)
-                return 0
+                return taken
+            if loop.time() > deadline:
+                if theirs is None and seen is None:
+                    log.warning("repair: rank %d forwarded nothing of lost rank %d (%s %s)",
+                                holder, origin, answer.status, answer.error)
+                    return taken
+                assert seen is not None
+                self._disagree(origin, holder, *seen)
+                return taken
             await asyncio.sleep(PULL_RETRY_S)
+
+    def _disagree(self, origin: int, holder: int, mine: Record, theirs: Record) -> None:
+        """This rank and `holder` hold different sets of lost `origin`'s rounds, for good."""
+        lacking = "this rank lacks rounds it holds" if not record_covers(mine, theirs) \
+            else "it lacks rounds this rank holds"
+        line = (f"survivors disagree on lost rank {origin}'s rounds: rank {self.rank} holds "
+                f"through {mine[0]} (+{len(mine[1])} more, digest {record_digest(mine)}), "
+                f"rank {holder} through {theirs[0]} (+{len(theirs[1])} more, digest "
+                f"{record_digest(theirs)}); {lacking} and the repair could not close the gap: "
+                f"replicas are not equal")
+        self.disagreements.setdefault(origin, line)
+        log.error("repair: %s", line)
 
     def _take(self, holder: int, origin: int, body: bytes, before_round: int | None) -> int:
         try:
@@ -396,6 +510,11 @@ class Relay:
             raise ControlError(400, f"relay: origin {origin} is not a third rank")
         if not self._lost_here(origin, before_round):
             raise ControlError(503, f"rank {origin} is not lost here")
+        node = self._ako()
+        if before_round is None and node is not None and origin in node.suspended:
+            asker: Record = (contiguous, tuple(sorted(pending)))
+            if not record_covers(record_of(node, origin), asker):
+                self.peer_lost(origin)  # the asker holds rounds this rank lacks: pull them
         items = [item for item in self.store.missing_for(origin, contiguous, pending)
                  if before_round is None or item.partial.round < before_round]
         oldest = self.store.oldest_round(origin)
@@ -409,7 +528,8 @@ class Relay:
             log.warning("repair: forwarding %d partial(s) of rank %d to rank %d (rounds %s)",
                         len(encoded), origin, sender,
                         [item.partial.round for item, _ in encoded])
-        return pack_messages(origin, encoded)
+        record = record_of(node, origin) if node is not None else None
+        return pack_messages(origin, encoded, record)
 
 
 def _with_values(partial: Partial, values: np.ndarray | None) -> Partial:
