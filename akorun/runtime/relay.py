@@ -233,6 +233,8 @@ class Relay:
         # lost origin -> the one line saying survivors ended holding different rounds of it
         self.disagreements: dict[int, str] = {}
         self.agreed: dict[tuple[int, int], str] = {}  # (origin, holder) -> digest agreed on
+        # (origin, holder) -> (this rank's record, the holder's) when a pull gave up unequal
+        self._unequal: dict[tuple[int, int], tuple[Record, Record]] = {}
 
     def _ako(self) -> AkoWorker | None:
         node = self.node()
@@ -297,6 +299,11 @@ class Relay:
             taken += await self.pull(origin, while_lost=True)
             if record_of(node, origin) == before and origin not in self._again:
                 break
+        node = self._ako()
+        for (lost, holder), (mine, theirs) in sorted(self._unequal.items()):
+            if lost == origin and node is not None and origin in node.suspended \
+                    and holder not in node.suspended:
+                self._disagree(origin, holder, mine, theirs)
         return taken
 
     def idle(self) -> bool:
@@ -358,6 +365,7 @@ class Relay:
                 mine = record_of(node, origin)
                 if mine == theirs:
                     self.agreed[(origin, holder)] = record_digest(mine)
+                    self._unequal.pop((origin, holder), None)
                     return taken
                 if (mine, theirs) != seen:  # progress on either side: wait on
                     seen = (mine, theirs)
@@ -372,7 +380,7 @@ class Relay:
                                 holder, origin, answer.status, answer.error)
                     return taken
                 assert seen is not None
-                self._disagree(origin, holder, *seen)
+                self._unequal[(origin, holder)] = seen  # final if the last pass ends so
                 return taken
             await asyncio.sleep(PULL_RETRY_S)
 
