@@ -64,7 +64,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import numpy as np
-from aiohttp import StreamReader, web
+from aiohttp import StreamReader, http_exceptions, web
 
 from akocore.messages import Partial
 from akocore.schemes import SchemeError
@@ -103,6 +103,41 @@ READ_BUFFER_BYTES = 1 << 20  # body bytes buffered before the socket is paused (
 _REASONS = {Status.MALFORMED: "malformed", Status.BAD_SIGNATURE: "bad_signature",
             Status.WRONG_RUN: "wrong_run", Status.TOO_LARGE: "too_large",
             Status.INBOX_FULL: "inbox_full", Status.STALE_SESSION: "stale_session"}
+
+
+CONNECTIONS_PER_RANK = 8  # open connections the server holds per rank of the run (min 64)
+_QUIET_ERRORS: tuple[type[BaseException], ...] = (
+    ConnectionError, asyncio.IncompleteReadError, TimeoutError, ssl.SSLError,
+    http_exceptions.HttpProcessingError)
+_LOUD_FIRST = 5  # connection errors logged one line each; then one line per 100
+
+
+class ConnectionLog:
+    """What aiohttp's connection handler logs through (its ``logger``): a peer that resets
+    its connection or sends a malformed request (a storm of them, or noise on the port)
+    is one counted line, never a traceback; any other exception keeps its traceback
+    (a bug here)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def debug(self, *args: Any, **kwargs: Any) -> None:
+        log.debug(*args, **kwargs)
+
+    def warning(self, *args: Any, **kwargs: Any) -> None:
+        log.warning(*args, **kwargs)
+
+    def exception(self, message: str, *args: Any, exc_info: Any = True,
+                  **kwargs: Any) -> None:
+        error = exc_info if isinstance(exc_info, BaseException) else None
+        if not isinstance(error, _QUIET_ERRORS):
+            log.error(message, *args, exc_info=exc_info, **kwargs)
+            return
+        self.metrics.rejected["bad_connection"] += 1
+        count = self.metrics.rejected["bad_connection"]
+        if count <= _LOUD_FIRST or count % 100 == 0:
+            log.warning("connection dropped (%d so far): %s: %s", count, type(error).__name__,
+                        str(error).splitlines()[0][:200] if str(error) else "")
 
 
 class DamagedInTransit(Exception):
@@ -254,6 +289,10 @@ class _Guard(asyncio.Protocol):
             self.owner.host.metrics.rejected["not_allowed"] += 1
             transport.abort()
             return
+        if len(self.owner.guards) >= self.owner.max_connections:  # bounded memory: each
+            self.owner.host.metrics.rejected["too_many_connections"] += 1  # holds buffers
+            transport.abort()
+            return
         assert self.owner.runner is not None and self.owner.runner.server is not None
         self.inner = self.owner.runner.server()
         self.owner.guards[self.inner] = self
@@ -322,6 +361,7 @@ class Server:
         self.allow: AllowList = ()
         self.header_deadline_s = HEADER_DEADLINE_S
         self.guards: dict[asyncio.Protocol, _Guard] = {}
+        self.max_connections = max(64, CONNECTIONS_PER_RANK * host.world)
         self._listener: asyncio.Server | None = None
         self.app.router.add_post("/v1/partial", self.partial)
         for route in host.control_table.routes:
@@ -344,7 +384,8 @@ class Server:
         self.header_deadline_s = header_deadline_s
         self.runner = web.AppRunner(self.app, handle_signals=False, access_log=None,
                                     keepalive_timeout=KEEPALIVE_TIMEOUT_S, shutdown_timeout=2.0,
-                                    read_bufsize=READ_BUFFER_BYTES)
+                                    read_bufsize=READ_BUFFER_BYTES,
+                                    logger=ConnectionLog(self.host.metrics))
         await self.runner.setup()
         try:
             self._listener = await asyncio.get_running_loop().create_server(

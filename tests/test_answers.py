@@ -299,3 +299,78 @@ def test_the_verdict_on_answers() -> None:
     assert verdict(400, b"malformed: x\n", False) is Verdict.RETRY
     assert verdict(503, b"inbox_full: x\n", True) is Verdict.RETRY
     assert verdict(409, b"wrong_run: x\n", True) is Verdict.REFUSED
+
+
+def test_a_storm_of_broken_connections_logs_one_line_each_no_traceback_and_stays_bounded(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """300 connections at once: a third send a request line over aiohttp's limit
+    (LineTooLong), a third start a partial and reset the connection mid-body, a third
+    just connect and reset. The server logs no traceback, never holds more connections
+    than its cap, and a real sender's message still arrives afterwards."""
+    import logging
+    import socket
+    import struct
+
+    host = SinkHost(SECRET, RUN, WIRE_HASH)
+    caplog.set_level(logging.DEBUG)
+
+    async def body(url: str, session: Any) -> tuple[int, int, PeerSender]:
+        port = int(url.rsplit(":", 1)[1])
+        loop = asyncio.get_running_loop()
+        most = 0
+
+        async def one(kind: int) -> None:
+            sock = socket.socket()
+            sock.setblocking(False)
+            try:
+                await loop.sock_connect(sock, ("127.0.0.1", port))
+                if kind == 0:
+                    await loop.sock_sendall(sock, b"GET /" + b"a" * 20000 + b" HTTP/1.1\r\n\r\n")
+                elif kind == 1:
+                    await loop.sock_sendall(
+                        sock, b"POST /v1/partial HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                              b"100000\r\n\r\n" + bytes(5000))
+                await asyncio.sleep(0.05)
+            except OSError:
+                pass
+            finally:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                sock.close()  # an RST
+
+        async def watch() -> None:
+            nonlocal most
+            while True:
+                most = max(most, len(server.guards))
+                await asyncio.sleep(0.001)
+
+        watcher = asyncio.create_task(watch())
+        await asyncio.gather(*(one(i % 3) for i in range(300)))
+        await asyncio.sleep(0.3)
+        watcher.cancel()
+        sender = PeerSender(1, url + PARTIAL_PATH, session, counters=PeerCounters(),
+                            policy=FAST, sealer=PartialSealer(host.peer_signer(0), PARTIAL_PATH))
+        sender.start()
+        await sender.put(message(0))
+        await asyncio.wait_for(sender.wait(lambda: sender.idle), 30)
+        await sender.stop()
+        return most, server.max_connections, sender
+
+    (port,) = free_ports(1)
+    server = Server(host, max_concurrent_reads=4)
+
+    async def main() -> tuple[int, int, PeerSender]:
+        await server.start("127.0.0.1", port)
+        session = make_session(peers=1)
+        try:
+            return await body(f"http://127.0.0.1:{port}", session)
+        finally:
+            await session.close()
+            await server.close()
+
+    most, cap, _ = asyncio.run(main())
+    assert [key for _, _, key in host.arrivals] == [(0, 0, 0)]
+    assert most <= cap
+    assert not [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
+    assert host.metrics.rejected["bad_connection"] >= 1
+    lines = [r for r in caplog.records if "connection dropped" in r.getMessage()]
+    assert len(lines) <= 5 + 300 // 100
