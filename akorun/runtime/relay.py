@@ -50,14 +50,30 @@ So akorun does (a):
   per partition, then zero-valued ones); where this rank already took one of
   those rounds forwarded, the duplicate's difference from the forwarded copy
   is added once (`duplicate`), so the total stays exact either way.
+- Agree: every relay answer also carries the holder's own record of the lost
+  rank (its delivery record: contiguous round and pending parts). After a loss
+  a survivor pulls from each holder again until the holder's record equals its
+  own: a holder that holds more but forwarded nothing (it got the round late,
+  or withholds it) is asked again; one that holds less is pulling from here
+  (a pull whose asker shows more than the holder makes the holder pull too).
+  When this rank's record changes during a pass, it makes another pass, so
+  every survivor sees the final set. A gap still open when nothing changed
+  for 2 T + 1 s is a disagreement: one line in the log, in the result
+  (``relay_disagreements``) and the run exits non-zero -- never an exit 0
+  with survivors holding different rounds.
 - Finish: a rank does not settle while a pull is under way (the Finisher asks
   `idle`); each pull gives up on a holder after the peer timeout.
 
-Every survivor pulls from every other, so after the pulls each survivor holds
-the union of what any survivor held of the lost rank: up to the last round any
-survivor held, each of its partials applied exactly once everywhere. What the
+Every survivor pulls from every other until their records agree, so after the
+pulls each survivor holds the union of what any survivor held of the lost rank:
+up to the last round any survivor held, each of its partials applied exactly
+once everywhere (or the run fails loudly, see Agree). What the
 lost rank never sent to anyone is lost for everyone alike. ako only: the ps
 and all-reduce schemes stop on a lost peer (README, "Failure behaviour").
+
+Past ~500 lines on purpose: keeping, pulling, checking endorsements and agreeing
+on records share one store, one answer format and one record of the lost rank;
+split apart, each piece would re-parse what another makes.
 """
 
 from __future__ import annotations
@@ -343,7 +359,7 @@ class Relay:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + patience_s
         taken = 0
-        seen: tuple[Record, Record | None] | None = None
+        seen: tuple[Record, Record] | None = None
         while True:
             node = self._ako()
             if node is None or holder in node.suspended:
