@@ -436,3 +436,25 @@ def test_a_run_with_a_refusal_forged_in_front_of_a_rank_ends_with_equal_replicas
         for rank in (1, 2):
             np.testing.assert_allclose(replicas[rank], replicas[0], rtol=1e-5, atol=1e-6,
                                        err_msg=f"replica {rank} differs from replica 0")
+
+
+def test_a_run_whose_messages_are_refused_for_good_exits_non_zero_and_says_so(
+        tmp_path: Path) -> None:
+    """lr = 1e30 makes the gradients non-finite within a few rounds: every receiver refuses
+    those partials with a tagged 422 (recorded as zeros there), so the replicas cannot be
+    equal. Each rank finishes, writes `refused_for_good` in its result and exits 1 with
+    one line saying so, instead of exiting 0."""
+    from akorun.testing import LocalCluster
+
+    tables = {"cluster": {"workers": 3}, "exchange": {"p": 1, "ssp": 0},
+              "train": {"workload": "digits-mlp", "optimizer": "sgd", "lr": 1e30,
+                        "rounds": 8, "eval_every": 1000}}
+    with LocalCluster(tmp_path, tables) as cluster:
+        cluster.start_all("--quiet")
+        codes = cluster.wait_all(150)
+        assert codes == {0: 1, 1: 1, 2: 1}, cluster.logs()
+        for rank in range(3):
+            result = cluster.result(rank)
+            assert sum(result["refused_for_good"].values()) >= 1, result["refused_for_good"]
+            assert "refused for good by peer(s)" in cluster.log(rank)
+            assert "Traceback" not in cluster.log(rank)
