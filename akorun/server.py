@@ -105,7 +105,10 @@ _REASONS = {Status.MALFORMED: "malformed", Status.BAD_SIGNATURE: "bad_signature"
             Status.INBOX_FULL: "inbox_full", Status.STALE_SESSION: "stale_session"}
 
 
-CONNECTIONS_PER_RANK = 8  # open connections the server holds per rank of the run (min 64)
+# open connections a server holds (each may buffer up to 2 x READ_BUFFER_BYTES): past
+# this, the oldest never authenticated one is closed for a new one (a member's are kept)
+CONNECTIONS_PER_RANK = 32
+MIN_CONNECTIONS = 256
 _QUIET_ERRORS: tuple[type[BaseException], ...] = (
     ConnectionError, asyncio.IncompleteReadError, TimeoutError, ssl.SSLError,
     http_exceptions.HttpProcessingError)
@@ -280,6 +283,7 @@ class _Guard(asyncio.Protocol):
         self.inner: asyncio.Protocol | None = None
         self.transport: asyncio.Transport | None = None
         self.in_request = False
+        self.trusted = False  # a request on it passed its seal (a member's connection)
         self.deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -289,8 +293,9 @@ class _Guard(asyncio.Protocol):
             self.owner.host.metrics.rejected["not_allowed"] += 1
             transport.abort()
             return
-        if len(self.owner.guards) >= self.owner.max_connections:  # bounded memory: each
-            self.owner.host.metrics.rejected["too_many_connections"] += 1  # holds buffers
+        if len(self.owner.guards) >= self.owner.max_connections and \
+                not self.owner.evict_untrusted():  # bounded memory: each holds buffers
+            self.owner.host.metrics.rejected["too_many_connections"] += 1
             transport.abort()
             return
         assert self.owner.runner is not None and self.owner.runner.server is not None
@@ -361,7 +366,7 @@ class Server:
         self.allow: AllowList = ()
         self.header_deadline_s = HEADER_DEADLINE_S
         self.guards: dict[asyncio.Protocol, _Guard] = {}
-        self.max_connections = max(64, CONNECTIONS_PER_RANK * host.world)
+        self.max_connections = max(MIN_CONNECTIONS, CONNECTIONS_PER_RANK * host.world)
         self._listener: asyncio.Server | None = None
         self.app.router.add_post("/v1/partial", self.partial)
         for route in host.control_table.routes:
@@ -401,6 +406,22 @@ class Server:
             raise UsageError(f"cannot listen on {listen_host}:{port} (rank {self.host.rank}): "
                              f"{error.strerror or error}; check cluster.hosts or --listen") \
                 from None
+
+    def evict_untrusted(self) -> bool:
+        """Close the oldest connection on which no request has passed its seal; False if
+        every open connection is a member's."""
+        for inner, guard in self.guards.items():  # oldest first (insertion order)
+            if not guard.trusted and guard.transport is not None:
+                self.host.metrics.rejected["evicted_connection"] += 1
+                del self.guards[inner]  # counted out now; its connection_lost comes later
+                guard.transport.abort()
+                return True
+        return False
+
+    def _trust(self, request: web.Request) -> None:
+        guard = self.guards.get(request.protocol)
+        if guard is not None:
+            guard.trusted = True
 
     async def close(self) -> None:
         listener, self._listener = self._listener, None
@@ -469,6 +490,7 @@ class Server:
                                              control=False)
         except WireError as error:
             return self._refuse_error(error)
+        self._trust(request)
         refusal = self.admission.slot_refusal(opened.sender)
         if refusal is not None:
             return self._refuse(refusal, opened)
@@ -598,6 +620,7 @@ class Server:
             opened = verifier.open(request.headers.get(AUTH_HEADER), path, control=True)
         except WireError as error:
             return self._refuse_error(error)
+        self._trust(request)
         try:
             body = await asyncio.wait_for(request.read(), self.admission.body_deadline_s(
                 CONTROL_BODY_MAX_BYTES))
