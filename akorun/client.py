@@ -128,6 +128,7 @@ class ControlClient:
                 self.base_urls[rank] + path, data=body, headers=headers,
                 timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=CONNECT_TIMEOUT_S),
                 ssl=self.ssl_context if self.ssl_context is not None else True,
+                allow_redirects=False,  # a redirect is an untagged answer, not a new address
             ) as response:
                 status = response.status
                 given = response.headers.get(AUTH_HEADER)

@@ -461,7 +461,8 @@ class PeerSender:
         self.counters.software_send_s += time.perf_counter() - seal_start_s
         try:
             async with self.session.post(self.url, data=message.data, headers=headers,
-                                         ssl=self.ssl) as response:  # type: ignore[arg-type]
+                                         ssl=self.ssl,  # type: ignore[arg-type]
+                                         allow_redirects=False) as response:
                 status = response.status
                 duplicate = response.headers.get(DUPLICATE_HEADER) == "1"
                 ack = response.headers.get(AUTH_HEADER)

@@ -146,8 +146,9 @@ async def _read_message(reader: asyncio.StreamReader) -> tuple[bytes | None, byt
 
 
 def forged_answer(status: int, text: bytes) -> bytes:
+    location = b"Location: http://127.0.0.1:9/v1/partial\r\n" if 300 <= status < 400 else b""
     return (b"HTTP/1.1 %d Refused\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
-            b"Connection: close\r\n\r\n%s" % (status, len(text), text))
+            b"%sConnection: close\r\n\r\n%s" % (status, len(text), location, text))
 
 
 async def through_proxy(host: SinkHost, proxy_of: Callable[[int], Proxy],
@@ -176,7 +177,7 @@ def is_partial(head: bytes) -> bool:
     return head.startswith(b"POST " + PARTIAL_PATH.encode())
 
 
-@pytest.mark.parametrize("status", [400, 401, 409, 413, 422])
+@pytest.mark.parametrize("status", [307, 400, 401, 409, 413, 422])
 def test_a_refusal_forged_on_the_path_is_not_final_and_the_message_arrives_once(
         status: int) -> None:
     """The proxy answers the second partial itself with a refusal of `status`: the sender
