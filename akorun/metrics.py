@@ -254,6 +254,12 @@ def render_prometheus(metrics: Metrics, gauges: Mapping[str, Any]) -> str:
     w.family("akorun_send_dropped_total", "counter", "Messages given up, by peer and reason.",
              [({"peer": str(rank), "reason": reason}, float(count))
               for rank, c in peers for reason, count in sorted(c.send_dropped.items())])
+    w.family("akorun_refused_for_good_total", "counter",
+             "Messages a peer refused with an authenticated final answer.",
+             per_peer("refused_for_good"))
+    w.family("akorun_unauthentic_answers_total", "counter",
+             "Answers without a tag bound to their request (not trusted, sent again).",
+             per_peer("unauthentic_answers"))
     w.family("akorun_duplicates_total", "counter", "Duplicate messages acknowledged and dropped.",
              [({}, metrics.duplicates_dropped)])
     w.family("akorun_rejected_total", "counter", "Incoming requests refused, by reason.",
