@@ -50,7 +50,7 @@ from akorun.roles import wire_hash
 from akorun.routing import ControlTable
 from akorun.runtime.checkpoints import CheckpointWriter
 from akorun.runtime.evaluation import Evaluator
-from akorun.runtime.fault_hooks import fault_hooks
+from akorun.runtime.fault_hooks import fault_hooks, relay_answer_hook
 from akorun.runtime.finishing import Finisher
 from akorun.runtime.join import Identity, Join
 from akorun.runtime.liveness import Liveness
@@ -162,6 +162,7 @@ class Worker:
                            peer_timeout_s=options.peer_timeout_s, deliver=self._on_relayed,
                            lost_here=lambda peer: self._suspended(peer)
                            or self.liveness.rejoining(peer))
+        self.relay.before_answer = relay_answer_hook(options.faults)
         self.liveness = Liveness(
             rank=self.rank, peers=self.peers, timeout_s=options.peer_timeout_s,
             node=lambda: self.role.node, clock=_loop_time, metrics=self.metrics,

@@ -335,3 +335,39 @@ def test_a_round_no_survivor_will_forward_fails_the_survivors_loudly() -> None:
         line = relays[rank].disagreements.get(LOST, "")
         assert "survivors disagree on lost rank 3's rounds" in line, relays[rank].disagreements
         assert "rank 0 through 30" in line
+
+
+def test_four_ranks_with_key_files_agree_when_a_holder_withholds_from_one_and_is_late_to_another(
+        tmp_path: Path) -> None:
+    """4 ranks, each with only its own key file. Rank 3 sends round 12 to rank 0 only and
+    dies; rank 0 answers rank 2's relay pulls with nothing and rank 1's 2 s late. Rank 1
+    gets round 12 late, its next pull shows rank 2 it holds more, rank 2 pulls it from
+    rank 1: the survivors exit 0 with equal replicas (they ended 4.0e-3 apart when a pull
+    was asked once)."""
+    import dataclasses
+
+    from akorun.keys import rank_key_file, write_rank_key_files
+
+    kill_round = 12
+    settings = new_settings(peer_timeout_s=3.0)
+    key_dir = tmp_path / "keys"
+    write_rank_key_files(key_dir, settings.secret_bytes, settings.run_id_bytes, 4)
+    tables4 = {"cluster": {"workers": 4}, "exchange": {"p": 2, "ssp": 1},
+               "train": {"workload": "digits-mlp", "optimizer": "sgd", "lr": 0.1,
+                         "rounds": 24, "eval_every": 1000}}
+    faults = f"3@kill_mid_multicast:{kill_round};0@relay_withhold:2;0@relay_late:1:2"
+    with LocalCluster(tmp_path, tables4,
+                      settings=dataclasses.replace(settings, secret=None)) as cluster:
+        for rank in range(4):
+            cluster.start(rank, "--quiet", "--keys", str(rank_key_file(key_dir, rank)),
+                          env={"AKORUN_FAULT": faults})
+        codes = cluster.wait_all(150)
+        assert codes == {0: 0, 1: 0, 2: 0, 3: -signal.SIGKILL}, cluster.logs()
+        assert "relay pull with nothing" in cluster.log(0), cluster.logs()
+        results = {rank: cluster.result(rank) for rank in range(3)}
+        for rank in range(3):
+            assert results[rank]["held_through"]["3"] == kill_round, results[rank]
+            assert not results[rank]["relay_disagreements"]
+        for rank in (1, 2):
+            np.testing.assert_allclose(cluster.params(rank), cluster.params(0), rtol=RTOL,
+                                       atol=RTOL * 0.1)

@@ -84,7 +84,7 @@ import binascii
 import logging
 import struct
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -243,8 +243,12 @@ class Relay:
         self.reconciled = 0  # duplicates of forwarded partials whose difference was taken
         self._forwarded: dict[tuple[int, int, int], np.ndarray] = {}  # taken via a survivor
         self._incoming: dict[tuple[int, int, int], bytes] = {}
+        # a fault hook awaited before answering a pull from a rank: False = answer with no
+        # messages (akorun.runtime.fault_hooks.relay_answer_hook; None outside fault tests)
+        self.before_answer: Callable[[int], Awaitable[bool]] | None = None
         self._pulls: set[asyncio.Task[int]] = set()
         self._lost_pulls: set[int] = set()  # origins with an agreement task under way
+        self._pulling: set[tuple[int, int]] = set()  # (origin, holder) pulls under way
         self._again: set[int] = set()  # ... asked for again while it ran
         # lost origin -> the one line saying survivors ended holding different rounds of it
         self.disagreements: dict[int, str] = {}
@@ -306,21 +310,48 @@ class Relay:
         """Passes of `pull(origin, while_lost=True)` until one ends with this rank's set of
         `origin`'s rounds unchanged during it (every holder saw the final set)."""
         taken = 0
-        for _ in range(AGREEMENT_PASSES):
-            node = self._ako()
-            if node is None:
-                break
-            before = record_of(node, origin)
-            self._again.discard(origin)
-            taken += await self.pull(origin, while_lost=True)
-            if record_of(node, origin) == before and origin not in self._again:
-                break
+        try:
+            for _ in range(AGREEMENT_PASSES):
+                node = self._ako()
+                if node is None:
+                    break
+                before = record_of(node, origin)
+                self._again.discard(origin)
+                taken += await self.pull(origin, while_lost=True)
+                if record_of(node, origin) == before and origin not in self._again:
+                    break
+        finally:
+            self._lost_pulls.discard(origin)
+        self._finalize(origin)
+        return taken
+
+    def _pull_more(self, origin: int, holder: int) -> None:
+        """`holder` showed it holds rounds of lost `origin` this rank lacks: pull from it now
+        (beside a running agreement), or start an agreement."""
+        client = self.control
+        if client is None or (origin, holder) in self._pulling:
+            return  # a pull from it is under way: it sees the new record
+        if origin not in self._lost_pulls:
+            self.peer_lost(origin)
+            return
+
+        async def pull_more() -> int:
+            taken = await self._pull_from(client, holder, origin, None,
+                                          2 * self.peer_timeout_s + 1.0, True)
+            if origin not in self._lost_pulls:
+                self._finalize(origin)
+            return taken
+        task = asyncio.get_running_loop().create_task(pull_more())
+        self._pulls.add(task)
+        task.add_done_callback(self._pulls.discard)
+
+    def _finalize(self, origin: int) -> None:
+        """Report the holders still unequal on lost `origin` once no pull from them runs."""
         node = self._ako()
         for (lost, holder), (mine, theirs) in sorted(self._unequal.items()):
-            if lost == origin and node is not None and origin in node.suspended \
-                    and holder not in node.suspended:
+            if lost == origin and (origin, holder) not in self._pulling and node is not None \
+                    and origin in node.suspended and holder not in node.suspended:
                 self._disagree(origin, holder, mine, theirs)
-        return taken
 
     def idle(self) -> bool:
         """No pull under way (the finish settles only then)."""
@@ -356,6 +387,16 @@ class Relay:
         rounds it holds (pull again), or lacks some this rank holds (it pulls them from
         here; ask again to see it has). `patience_s` without any change in either record
         ends the wait: unequal records then are a disagreement (`disagreements`)."""
+        self._pulling.add((origin, holder))
+        try:
+            return await self._pull_loop(client, holder, origin, before_round, patience_s,
+                                         while_lost)
+        finally:
+            self._pulling.discard((origin, holder))
+
+    async def _pull_loop(self, client: ControlClient, holder: int, origin: int,
+                         before_round: int | None, patience_s: float,
+                         while_lost: bool) -> int:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + patience_s
         taken = 0
@@ -538,9 +579,11 @@ class Relay:
         if before_round is None and node is not None and origin in node.suspended:
             asker: Record = (contiguous, tuple(sorted(pending)))
             if not record_covers(record_of(node, origin), asker):
-                self.peer_lost(origin)  # the asker holds rounds this rank lacks: pull them
-        items = [item for item in self.store.missing_for(origin, contiguous, pending)
-                 if before_round is None or item.partial.round < before_round]
+                self._pull_more(origin, sender)  # the asker holds rounds this rank lacks
+        withhold = self.before_answer is not None and not await self.before_answer(sender)
+        items = [] if withhold else [
+            item for item in self.store.missing_for(origin, contiguous, pending)
+            if before_round is None or item.partial.round < before_round]
         oldest = self.store.oldest_round(origin)
         if oldest is not None and contiguous + 1 < oldest:
             log.warning("repair: rank %d lacks rank %d's rounds from %d, this rank keeps "
