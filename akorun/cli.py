@@ -39,12 +39,14 @@ from akorun.cluster import (
     DEFAULT_BASE_PORT,
     AkorunSettings,
     check_distinct_endpoints,
+    check_writable_directory,
     hosts_from_text,
     loopback_hosts,
     new_settings,
     resolve_rank,
     settings_of,
     should_emulate,
+    warn_if_readable_by_others,
     with_hosts,
     write_cluster_file,
 )
@@ -363,7 +365,10 @@ def worker_settings(args: argparse.Namespace) -> tuple[ResolvedSettings, AkorunS
     if args.config is None:
         raise UsageError("--config FILE is required: the cluster file written by `akorun init`")
     resolved = resolve_args(args)
-    return resolved, settings_of(resolved, args.config)
+    settings = settings_of(resolved, args.config)
+    if settings.secret is not None:
+        warn_if_readable_by_others(args.config, "the cluster file (it holds the run's secret)")
+    return resolved, settings
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -378,6 +383,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     role = check_role(cfg, rank, args.role)
     settings.rank_keys(rank, cfg.cluster.workers)  # a missing or foreign key file: exit 2 now
     out = Path(args.out) if args.out else None
+    if out is not None:
+        check_writable_directory(out, "--out")  # before training, not after it
     checkpoint_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else (
         out / "checkpoints" if out else None)
     if args.resume and checkpoint_dir is None:

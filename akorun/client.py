@@ -8,7 +8,10 @@ current nonce is not known yet, or that answers 421 (this rank sealed for an
 earlier instance of it), is first asked for its nonce with a discovery hello
 (`discover`), then the request goes again, once. It never raises on network
 trouble: an unreachable peer is an answer with status 0, so callers decide
-whether to retry (hello, restart) or give up (done, heartbeat). `make_session`
+whether to retry (hello, restart) or give up (done, heartbeat). Every answer's body
+is bounded before it is read (akorun.answers: 4 KiB for a refusal, 1 MiB for a JSON
+answer, `binary_answer_cap` for a relay's partials or a snapshot) and its tag checked;
+`ControlAnswer.authentic` says whether a refusal was tagged for this request. `make_session`
 builds the one session a process uses: explicit timeouts (never aiohttp's 300 s
 default), `limit_per_host=3` (one partial in flight per peer, akorun.sender, plus
 control requests and a spare for aiohttp's retry on a dead keep-alive connection).
@@ -24,6 +27,12 @@ from typing import Any
 import aiohttp
 
 from akorun import control
+from akorun.answers import (
+    CONTROL_ANSWER_MAX_BYTES,
+    PARTIAL_ANSWER_MAX_BYTES,
+    AnswerTooLarge,
+    read_bounded,
+)
 from akorun.control import ControlKind
 from akorun.keys import AUTH_HEADER, SESSION_PATH, STALE_SESSION, Signer, digest
 
@@ -31,6 +40,14 @@ log = logging.getLogger("akorun")
 
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 120.0
+DEFAULT_BINARY_ANSWER_MAX_BYTES = 64 << 20  # until the worker knows its model's size
+
+
+def binary_answer_cap(gradient_bytes: int) -> int:
+    """The largest binary control answer a rank reads: a relay answer holds at most two
+    full gradients of a lost peer (akorun.runtime.relay), a rejoin snapshot the parameters
+    and one correction vector, each plus headers; four gradients and 1 MiB cover both."""
+    return 4 * gradient_bytes + (1 << 20)
 
 
 def make_session(*, peers: int) -> aiohttp.ClientSession:
@@ -50,6 +67,7 @@ class ControlAnswer:
     payload: dict[str, Any] | None = None
     body: bytes = b""
     error: str = ""
+    authentic: bool = False  # tagged by the peer for this request (akorun.answers)
 
     @property
     def ok(self) -> bool:
@@ -65,6 +83,9 @@ class ControlClient:
         self.signer = signer
         self.base_urls = base_urls
         self.ssl_context = ssl_context
+        # the largest binary answer read (a relay's partials, a rejoin snapshot); the
+        # worker sets it from the model's size once the workload exists
+        self.binary_answer_max_bytes = DEFAULT_BINARY_ANSWER_MAX_BYTES
 
     async def call(self, rank: int, kind: ControlKind, payload: dict[str, Any], *,
                    timeout_s: float = 10.0, binary: bool = False) -> ControlAnswer:
@@ -107,22 +128,29 @@ class ControlClient:
                 self.base_urls[rank] + path, data=body, headers=headers,
                 timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=CONNECT_TIMEOUT_S),
                 ssl=self.ssl_context if self.ssl_context is not None else True,
+                allow_redirects=False,  # a redirect is an untagged answer, not a new address
             ) as response:
-                answer = await response.read()
                 status = response.status
                 given = response.headers.get(AUTH_HEADER)
+                cap = PARTIAL_ANSWER_MAX_BYTES if status != 200 else \
+                    self.binary_answer_max_bytes if binary else CONTROL_ANSWER_MAX_BYTES
+                answer = await read_bounded(response, cap)
+        except AnswerTooLarge as error:
+            log.warning("rank %d's answer to %s was not read: %s", rank, path, error)
+            return ControlAnswer(0, error=str(error))
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             return ControlAnswer(0, error=f"{type(error).__name__}: {error}")
+        authentic = self.signer.answer_is_authentic(seal, status, answer, given)
         if status != 200:
-            return ControlAnswer(status, body=answer,
+            return ControlAnswer(status, body=answer, authentic=authentic,
                                  error=answer[:300].decode("utf-8", "replace").strip())
-        if not self.signer.answer_is_authentic(seal, 200, answer, given):
+        if not authentic:
             log.error("rank %d answered %s without a tag bound to our request: ignored", rank,
                       path)
             return ControlAnswer(401, error="answer not bound to our request in this session")
         if binary:
-            return ControlAnswer(200, body=answer)
+            return ControlAnswer(200, body=answer, authentic=True)
         try:
-            return ControlAnswer(200, payload=control.loads(answer))
+            return ControlAnswer(200, payload=control.loads(answer), authentic=True)
         except (ValueError, UnicodeDecodeError) as error:
             return ControlAnswer(400, error=f"answer is not a JSON object: {error}")

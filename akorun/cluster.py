@@ -37,6 +37,8 @@ import math
 import os
 import secrets
 import socket
+import sys
+import tempfile
 import tomllib
 import uuid
 from collections.abc import Mapping
@@ -102,6 +104,7 @@ class AkorunSettings(AkorunConfig):
         if self.keys is None:
             return RankKeys.from_secret(self.secret_bytes, self.run_id_bytes, rank, world)
         path = self.keys.replace("{rank}", str(rank))
+        warn_if_readable_by_others(path, "this rank's key file")
         try:
             keys = read_rank_keys(path)
         except ValueError as error:
@@ -176,7 +179,29 @@ def read_cluster_file(path: str | Path) -> ClusterFile:
         section, _, name = given.key.partition(".")
         if section != AKORUN_TABLE:
             tables.setdefault(section, {})[name] = given.value
-    return ClusterFile(Path(path), resolved.config, settings_of(resolved, str(path)), tables)
+    settings = settings_of(resolved, str(path))
+    if settings.secret is not None:
+        warn_if_readable_by_others(path, "the cluster file (it holds the run's secret)")
+    return ClusterFile(Path(path), resolved.config, settings, tables)
+
+
+_WARNED: set[str] = set()
+
+
+def warn_if_readable_by_others(path: str | Path, what: str) -> bool:
+    """One line on stderr (once per file) if `path`, a secret, may be read by other users
+    (its group or everyone); True if it warned. A file that cannot be examined is left to
+    whoever reads it next."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    if not mode & 0o044 or str(path) in _WARNED:
+        return False
+    _WARNED.add(str(path))
+    sys.stderr.write(f"akorun: warning: {path}: {what} is readable by others (mode "
+                     f"{mode & 0o777:04o}); `chmod 600 {path}`\n")
+    return True
 
 
 def config_over(base: RunConfig, tables: Mapping[str, Any], args: argparse.Namespace) -> RunConfig:
@@ -404,12 +429,19 @@ def _env_int(env: Mapping[str, str], name: str) -> int:
 
 
 def resolve_rank(flag_rank: int | None, env: Mapping[str, str], world: int) -> int:
-    """This process's rank of `world`: --rank, AKORUN_RANK, RANK, SLURM_PROCID in that order.
+    """This process's rank of `world`: --rank, AKORUN_RANK, RANK, SLURM_PROCID in that order;
+    RANK and SLURM_PROCID that disagree (with neither of the first two given) are refused.
 
     A world size given by the environment (AKORUN_WORLD_SIZE, WORLD_SIZE,
     SLURM_NTASKS) must equal the cluster file's `world`.
     """
     size_name: str | None
+    if flag_rank is None and "AKORUN_RANK" not in env:
+        given = {name: env[name].strip() for name in ("RANK", "SLURM_PROCID") if name in env}
+        if len(set(given.values())) > 1:
+            said = " and ".join(f"{name}={value}" for name, value in given.items())
+            raise UsageError(f"conflicting rank variables: {said}; pass --rank R or set "
+                             f"AKORUN_RANK to say which rank this process is")
     if flag_rank is not None:
         rank, source, size_name = flag_rank, "--rank", None
     elif "AKORUN_RANK" in env:
@@ -431,3 +463,15 @@ def resolve_rank(flag_rank: int | None, env: Mapping[str, str], world: int) -> i
         raise UsageError(f"{source} {rank} is out of range: the cluster file has {world} ranks "
                          f"(0..{world - 1})")
     return rank
+
+
+def check_writable_directory(directory: Path, flag: str) -> None:
+    """Make `directory` (and its parents) and write a scratch file in it; UsageError (one
+    line naming `flag`) if that fails, so that a run never trains to lose its results."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".akorun-write-check-"):
+            pass
+    except OSError as error:
+        raise UsageError(f"{flag} {directory}: cannot write there ({error.strerror or error}); "
+                         f"give a directory this user can write") from None

@@ -29,6 +29,9 @@ optionally prefixed by ``RANK@`` to apply to one rank only:
   file PATH exists; its server answers the others' hellos meanwhile, so they
   join and train while it is still starting.
 - ``sleep_per_round:S``: sleep S seconds after every round (a slow worker).
+- ``relay_withhold:J``: answer rank J's relay pulls (runtime.relay) with no
+  messages, whatever this rank holds (its record stays honest).
+- ``relay_late:J:S``: answer rank J's relay pulls S seconds late.
 
 Example: ``AKORUN_FAULT="2@kill_after_round:5;0@pause_before_round:20:/tmp/go"``.
 This module parses them; akorun.runtime.fault_hooks carries them out.
@@ -60,6 +63,8 @@ class Faults:
     pause_in_join: bool = False
     pause_in_join_file: str | None = None
     sleep_per_round_s: float = 0.0
+    relay_withhold: int | None = None  # a rank whose relay pulls get nothing from this one
+    relay_late: tuple[int, float] | None = None  # (rank, seconds) its relay pulls wait
 
     @property
     def any(self) -> bool:
@@ -67,7 +72,8 @@ class Faults:
                 or self.kill_before_round is not None or self.kill_mid_send is not None
                 or self.kill_mid_checkpoint is not None or self.kill_at_end
                 or self.kill_mid_multicast is not None or self.kill_in_join
-                or self.pause_in_join or self.sleep_per_round_s > 0)
+                or self.pause_in_join or self.sleep_per_round_s > 0
+                or self.relay_withhold is not None or self.relay_late is not None)
 
 
 def faults_for(rank: int, env: Mapping[str, str]) -> Faults:
@@ -100,6 +106,11 @@ def faults_for(rank: int, env: Mapping[str, str]) -> Faults:
                 values["pause_in_join_file"] = args or None
             elif name == "sleep_per_round":
                 values["sleep_per_round_s"] = float(args)
+            elif name == "relay_withhold":
+                values["relay_withhold"] = int(args)
+            elif name == "relay_late":
+                rank_text, _, seconds = args.partition(":")
+                values["relay_late"] = (int(rank_text), float(seconds))
             else:
                 raise ValueError(f"unknown fault {name!r}")
         except ValueError as error:

@@ -507,6 +507,11 @@ class PartialSealer:
         """The 200 came from the instance the partial was sealed for, about this request."""
         return self.signer.answer_is_authentic(seal, 200, ack_body(duplicate), given)
 
+    def answered(self, seal: Seal, status: int, body: bytes, given: str | None) -> bool:
+        """A non-200 answer (its `status` and `body`) came from the instance the partial
+        was sealed for, about this request (akorun.answers: only then is it acted on)."""
+        return self.signer.answer_is_authentic(seal, status, body, given)
+
 
 def ack_body(duplicate: bool) -> bytes:
     """What a partial's authenticated acknowledgement asserts: taken, or a duplicate."""

@@ -43,6 +43,8 @@ class PeerCounters:
     software_receive_s: float = 0.0  # handling this peer's partials, byte waits excluded
     software_received: int = 0  # partials from this peer counted in software_receive_s
     send_dropped: Counter[str] = field(default_factory=Counter)  # reason -> messages
+    refused_for_good: int = 0  # messages this peer refused with a tagged final answer
+    unauthentic_answers: int = 0  # answers not tagged for their request (not acted on)
 
 
 @dataclass
@@ -70,6 +72,12 @@ class Metrics:
         if counters is None:
             counters = self.peers[rank] = PeerCounters()
         return counters
+
+    @property
+    def refused_for_good(self) -> dict[int, int]:
+        """Per peer: messages it refused with a tagged final answer (never delivered)."""
+        return {rank: c.refused_for_good for rank, c in sorted(self.peers.items())
+                if c.refused_for_good}
 
     @property
     def bytes_sent(self) -> int:
@@ -145,6 +153,8 @@ class Metrics:
                 "mean_software_receive_s": c.software_receive_s / c.software_received
                 if c.software_received else None,
                 "send_dropped": dict(c.send_dropped),
+                "refused_for_good": c.refused_for_good,
+                "unauthentic_answers": c.unauthentic_answers,
             }
             for rank, c in sorted(self.peers.items())
         }
@@ -244,6 +254,12 @@ def render_prometheus(metrics: Metrics, gauges: Mapping[str, Any]) -> str:
     w.family("akorun_send_dropped_total", "counter", "Messages given up, by peer and reason.",
              [({"peer": str(rank), "reason": reason}, float(count))
               for rank, c in peers for reason, count in sorted(c.send_dropped.items())])
+    w.family("akorun_refused_for_good_total", "counter",
+             "Messages a peer refused with an authenticated final answer.",
+             per_peer("refused_for_good"))
+    w.family("akorun_unauthentic_answers_total", "counter",
+             "Answers without a tag bound to their request (not trusted, sent again).",
+             per_peer("unauthentic_answers"))
     w.family("akorun_duplicates_total", "counter", "Duplicate messages acknowledged and dropped.",
              [({}, metrics.duplicates_dropped)])
     w.family("akorun_rejected_total", "counter", "Incoming requests refused, by reason.",

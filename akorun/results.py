@@ -108,6 +108,11 @@ class RankDiagnostics:
     relay_refused: int = 0  # forwarded partials refused (endorsement or wire check failed)
     held_through: Mapping[str, int] = field(default_factory=dict)  # ako: per peer, the
     # round through which all its rounds are held (its delivery record's contiguous round)
+    refused_for_good: Mapping[str, int] = field(default_factory=dict)  # per peer: messages
+    # it refused with an authenticated final answer: never delivered, replicas not equal
+    unauthentic_answers: int = 0  # answers without a tag bound to their request (retried)
+    relay_disagreements: Mapping[str, str] = field(default_factory=dict)  # per lost rank:
+    # survivors ended holding different sets of its rounds (one line each; the run failed)
 
     def as_details(self) -> dict[str, Any]:
         """The RankResult's `details`."""

@@ -36,9 +36,15 @@ often as needed:
   connection costs is one receiver turnaround (verify, apply, answer: about
   a millisecond, `akorun measure-messages`) per message between bodies.
   The receivers' delivery logs do not rely on order either way.
-  Connection errors, timeouts, 5xx, 503 and 421 (stale session) keep it owed and retry
-  with capped exponential backoff and jitter; 400/401/409/413 (and other
-  4xx) mean a bug or an attack: logged loudly and dropped.
+  Every answer is judged by akorun.answers before the lane acts on it: its body
+  is read only up to a small cap, and only an answer tagged by the peer for
+  this very request counts. Connection errors, timeouts, untagged answers of
+  any status (forged on the path, or refused before the seal was read), 5xx,
+  503, 421 (stale session) and a tagged 400 ``damaged`` (bytes altered on the
+  way) keep it owed and retry with capped exponential backoff and jitter. A
+  tagged 400/401/409/413/422 is the peer refusing the message itself (a bug or
+  a misconfiguration): logged loudly, counted in ``refused_for_good``, and the
+  rank exits non-zero at its end (its replicas cannot be equal).
 - Bodies are whole `bytes` with an explicit Content-Length (replayable: aiohttp
   silently retries once on a dead pooled connection, and the receiver's
   idempotency by (sender, round, part) makes that safe). On an emulated
@@ -72,6 +78,13 @@ import numpy as np
 
 from akocore.messages import Kind, Partial
 from akocore.settings.registry import default_of
+from akorun.answers import (
+    PARTIAL_ANSWER_MAX_BYTES,
+    AnswerTooLarge,
+    Verdict,
+    read_bounded,
+    verdict,
+)
 from akorun.keys import AUTH_HEADER, RELAY_HEADER, STALE_SESSION, PartialSealer
 from akorun.metrics import PeerCounters, timed_call
 from akorun.shaping import LinkShaper
@@ -88,7 +101,8 @@ DEFAULT_QUEUE_MESSAGES: int = default_of("akorun.queue_messages")  # the registr
 DEFAULT_WINDOW = 1  # POSTs in flight to one peer: one, so one connection carries a peer's
 # messages in order and round t+1 never competes with round t (see the module docstring)
 WINDOW_ENV = "AKORUN_SEND_WINDOW"  # a benchmark's override of DEFAULT_WINDOW (1 or 2)
-_FATAL_STATUSES = {400: "malformed", 401: "bad_signature", 409: "wrong_run", 413: "too_large"}
+_FATAL_STATUSES = {400: "malformed", 401: "bad_signature", 409: "wrong_run", 413: "too_large",
+                   422: "non_finite"}
 
 
 def configured_window(environ: Mapping[str, str] = os.environ) -> int:
@@ -447,30 +461,53 @@ class PeerSender:
         self.counters.software_send_s += time.perf_counter() - seal_start_s
         try:
             async with self.session.post(self.url, data=message.data, headers=headers,
-                                         ssl=self.ssl) as response:  # type: ignore[arg-type]
+                                         ssl=self.ssl,  # type: ignore[arg-type]
+                                         allow_redirects=False) as response:
                 status = response.status
-                text = await response.read() if status != 200 else b""
                 duplicate = response.headers.get(DUPLICATE_HEADER) == "1"
                 ack = response.headers.get(AUTH_HEADER)
                 self._downlink_wait_s[id(message)] = seconds_header(
                     response.headers.get(DOWNLINK_WAIT_HEADER))
+                text = b"" if status == 200 else \
+                    await read_bounded(response, PARTIAL_ANSWER_MAX_BYTES)
+        except AnswerTooLarge as error:
+            self._unauthentic(message, f"a {status} answer: {error}")
+            return Outcome.RETRY
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             log.debug("send to %d (round %d) failed: %s", self.dest, message.round, error)
             return Outcome.RETRY
+        check_start_s = time.perf_counter()
+        if seal is None or self.sealer is None:
+            authentic = True  # an unsealed test lane: the status alone decides
+        elif status == 200:
+            authentic = self.sealer.acknowledged(seal, duplicate, ack)
+        else:
+            authentic = self.sealer.answered(seal, status, text, ack)
+        self.counters.software_send_s += time.perf_counter() - check_start_s
         if status == 200:
-            check_start_s = time.perf_counter()
-            authentic = seal is None or self.sealer is None \
-                or self.sealer.acknowledged(seal, duplicate, ack)
-            self.counters.software_send_s += time.perf_counter() - check_start_s
             if not authentic:
-                log.error("peer %d's 200 is not bound to our request: sending again", self.dest)
+                self._unauthentic(message, "a 200 not bound to our request")
                 return Outcome.RETRY
             return Outcome.DUPLICATE if duplicate else Outcome.DELIVERED
-        if status >= 500 or status in (429, STALE_SESSION):
+        if verdict(status, text, authentic) is Verdict.RETRY:
+            if not authentic and status not in (503, STALE_SESSION):  # those come untagged
+                # when the peer is not ready or restarted; any other is a forgery or a bug
+                self._unauthentic(message, f"a {status} without a tag bound to our request")
             return Outcome.RETRY
         reason = _FATAL_STATUSES.get(status, f"http_{status}")
         self.counters.send_dropped[reason] += 1
-        log.error("peer %d REFUSED our %s round %d part %d with %d %s: %s -- dropped "
-                  "(a bug or a misconfigured peer)", self.dest, message.kind.name, message.round,
-                  message.part, status, reason, text[:300].decode("utf-8", "replace").strip())
+        self.counters.refused_for_good += 1
+        log.error("peer %d REFUSED our %s round %d part %d with %d %s: %s -- it cannot be "
+                  "delivered: the replicas will differ and this rank will exit non-zero",
+                  self.dest, message.kind.name, message.round, message.part, status, reason,
+                  text[:300].decode("utf-8", "replace").strip())
         return Outcome.REJECTED
+
+    def _unauthentic(self, message: Outgoing, what: str) -> None:
+        """An answer not to be trusted: the message stays owed (logged at 1, 2, 4, ... times)."""
+        self.counters.unauthentic_answers += 1
+        count = self.counters.unauthentic_answers
+        if count & (count - 1) == 0:
+            log.warning("peer %d answered our round %d part %d with %s (%d such answer(s) so "
+                        "far): not trusted, sending again", self.dest, message.round,
+                        message.part, what, count)

@@ -12,10 +12,15 @@ Endpoints (all writes sealed per session and per sender, see akorun.keys):
   it: 401 otherwise) and check it (400 malformed or another sender than the
   sealed one, 413 over the cap, 409 another run) before any body byte is read.
   The body is streamed, within a minimum rate, into a pooled float32 buffer
-  while a `BodyHasher` checks it against the header's digest (401); then the
+  while a `BodyHasher` checks it against the header's digest; then the
   partial goes straight to the host's scheme node (a `SchemeError` -> 400; a
-  duplicate -> 200 with ``X-Ako-Duplicate: 1``). The 200 carries a tag bound
-  to the request. A 503 means the sender keeps the bytes and retries.
+  duplicate -> 200 with ``X-Ako-Duplicate: 1``). A header or body that is not
+  what the seal commits to (altered or cut on the way, or a Content-Length
+  changed) is answered 400 ``damaged``: the sender sends it again. Every
+  answer given once the seal is open, whatever its status, carries a tag
+  bound to the request, its status and its body (akorun.answers: the sender
+  acts only on tagged answers). A 503 means the sender keeps the bytes and
+  retries.
 - ``POST /v1/<kind>`` for every route of the host's `ControlTable`
   (akorun.routing): sealed JSON control messages (401 unsealed, forged or
   replayed, 421 stale session, 400 not a JSON object, 413 over 64 KiB); the
@@ -59,12 +64,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import numpy as np
-from aiohttp import StreamReader, web
+from aiohttp import StreamReader, http_exceptions, web
 
 from akocore.messages import Partial
 from akocore.schemes import SchemeError
 from akorun import control
 from akorun.admission import Admission, BufferPool, Refusal
+from akorun.answers import ANSWER_TEXT_MAX_CHARS, DAMAGED
 from akorun.control import CONTROL_BODY_MAX_BYTES, ControlError, ControlKind
 from akorun.errors import UsageError
 from akorun.keys import AUTH_HEADER, RELAY_HEADER, SESSION_PATH, Opened, RequestVerifier, ack_body
@@ -97,6 +103,49 @@ READ_BUFFER_BYTES = 1 << 20  # body bytes buffered before the socket is paused (
 _REASONS = {Status.MALFORMED: "malformed", Status.BAD_SIGNATURE: "bad_signature",
             Status.WRONG_RUN: "wrong_run", Status.TOO_LARGE: "too_large",
             Status.INBOX_FULL: "inbox_full", Status.STALE_SESSION: "stale_session"}
+
+
+# open connections a server holds (each may buffer up to 2 x READ_BUFFER_BYTES): past
+# this, the oldest never authenticated one is closed for a new one (a member's are kept)
+CONNECTIONS_PER_RANK = 32
+MIN_CONNECTIONS = 256
+_QUIET_ERRORS: tuple[type[BaseException], ...] = (
+    ConnectionError, asyncio.IncompleteReadError, TimeoutError, ssl.SSLError,
+    http_exceptions.HttpProcessingError)
+_LOUD_FIRST = 5  # connection errors logged one line each; then one line per 100
+
+
+class ConnectionLog:
+    """What aiohttp's connection handler logs through (its ``logger``): a peer that resets
+    its connection or sends a malformed request (a storm of them, or noise on the port)
+    is one counted line, never a traceback; any other exception keeps its traceback
+    (a bug here)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def debug(self, *args: Any, **kwargs: Any) -> None:
+        log.debug(*args, **kwargs)
+
+    def warning(self, *args: Any, **kwargs: Any) -> None:
+        log.warning(*args, **kwargs)
+
+    def exception(self, message: str, *args: Any, exc_info: Any = True,
+                  **kwargs: Any) -> None:
+        error = exc_info if isinstance(exc_info, BaseException) else None
+        if not isinstance(error, _QUIET_ERRORS):
+            log.error(message, *args, exc_info=exc_info, **kwargs)
+            return
+        self.metrics.rejected["bad_connection"] += 1
+        count = self.metrics.rejected["bad_connection"]
+        if count <= _LOUD_FIRST or count % 100 == 0:
+            log.warning("connection dropped (%d so far): %s: %s", count, type(error).__name__,
+                        str(error).splitlines()[0][:200] if str(error) else "")
+
+
+class DamagedInTransit(Exception):
+    """A sealed request's header or body is not what its seal commits to (altered or cut
+    on the way): answered 400 ``damaged``, tagged, which tells the sender to send again."""
 
 
 async def _read_body_inline(content: StreamReader, values: np.ndarray,
@@ -234,6 +283,7 @@ class _Guard(asyncio.Protocol):
         self.inner: asyncio.Protocol | None = None
         self.transport: asyncio.Transport | None = None
         self.in_request = False
+        self.trusted = False  # a request on it passed its seal (a member's connection)
         self.deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -241,6 +291,11 @@ class _Guard(asyncio.Protocol):
         self.transport = transport
         if not peer_allowed(self.owner.allow, transport.get_extra_info("peername")):
             self.owner.host.metrics.rejected["not_allowed"] += 1
+            transport.abort()
+            return
+        if len(self.owner.guards) >= self.owner.max_connections and \
+                not self.owner.evict_untrusted():  # bounded memory: each holds buffers
+            self.owner.host.metrics.rejected["too_many_connections"] += 1
             transport.abort()
             return
         assert self.owner.runner is not None and self.owner.runner.server is not None
@@ -311,6 +366,7 @@ class Server:
         self.allow: AllowList = ()
         self.header_deadline_s = HEADER_DEADLINE_S
         self.guards: dict[asyncio.Protocol, _Guard] = {}
+        self.max_connections = max(MIN_CONNECTIONS, CONNECTIONS_PER_RANK * host.world)
         self._listener: asyncio.Server | None = None
         self.app.router.add_post("/v1/partial", self.partial)
         for route in host.control_table.routes:
@@ -333,7 +389,8 @@ class Server:
         self.header_deadline_s = header_deadline_s
         self.runner = web.AppRunner(self.app, handle_signals=False, access_log=None,
                                     keepalive_timeout=KEEPALIVE_TIMEOUT_S, shutdown_timeout=2.0,
-                                    read_bufsize=READ_BUFFER_BYTES)
+                                    read_bufsize=READ_BUFFER_BYTES,
+                                    logger=ConnectionLog(self.host.metrics))
         await self.runner.setup()
         try:
             self._listener = await asyncio.get_running_loop().create_server(
@@ -349,6 +406,22 @@ class Server:
             raise UsageError(f"cannot listen on {listen_host}:{port} (rank {self.host.rank}): "
                              f"{error.strerror or error}; check cluster.hosts or --listen") \
                 from None
+
+    def evict_untrusted(self) -> bool:
+        """Close the oldest connection on which no request has passed its seal; False if
+        every open connection is a member's."""
+        for inner, guard in self.guards.items():  # oldest first (insertion order)
+            if not guard.trusted and guard.transport is not None:
+                self.host.metrics.rejected["evicted_connection"] += 1
+                del self.guards[inner]  # counted out now; its connection_lost comes later
+                guard.transport.abort()
+                return True
+        return False
+
+    def _trust(self, request: web.Request) -> None:
+        guard = self.guards.get(request.protocol)
+        if guard is not None:
+            guard.trusted = True
 
     async def close(self) -> None:
         listener, self._listener = self._listener, None
@@ -382,18 +455,26 @@ class Server:
             if guard is not None:
                 guard.request_ended()
 
-    def _reject(self, status: int, reason: str, detail: str) -> web.Response:
+    def _reject(self, status: int, reason: str, detail: str,
+                opened: Opened | None = None) -> web.Response:
+        """A refusal; once the request's seal is open (`opened`), its answer is tagged
+        like a 200 (bound to the request, its status and its body), so that the sender
+        can tell it from one forged on the path: only a tagged refusal is final."""
         self.host.metrics.rejected[reason] += 1
         if status != 503:
             log.warning("refused a request with %d %s: %s", status, reason, detail)
-        return web.Response(status=status, text=f"{reason}: {detail}\n")
+        body = f"{reason}: {detail}"[:ANSWER_TEXT_MAX_CHARS].encode("utf-8", "replace") + b"\n"
+        headers = {} if opened is None else {
+            AUTH_HEADER: self.host.verifier.seal_answer(opened, status, body)}
+        return web.Response(status=status, body=body, content_type="text/plain",
+                            headers=headers)
 
-    def _refuse(self, refusal: Refusal) -> web.Response:
-        return self._reject(refusal.status, refusal.reason, refusal.detail)
+    def _refuse(self, refusal: Refusal, opened: Opened | None = None) -> web.Response:
+        return self._reject(refusal.status, refusal.reason, refusal.detail, opened)
 
-    def _refuse_error(self, error: WireError) -> web.Response:
+    def _refuse_error(self, error: WireError, opened: Opened | None = None) -> web.Response:
         return self._reject(int(error.status), _REASONS.get(error.status, "malformed"),
-                            error.reason)
+                            error.reason, opened)
 
     # ---------------------------------------------------------------- partials
 
@@ -409,23 +490,28 @@ class Server:
                                              control=False)
         except WireError as error:
             return self._refuse_error(error)
+        self._trust(request)
         refusal = self.admission.slot_refusal(opened.sender)
         if refusal is not None:
-            return self._refuse(refusal)
+            return self._refuse(refusal, opened)
         try:
             with self.admission.slot(opened.sender):
                 return await self._read_partial(request, length, opened, start_s)
+        except DamagedInTransit as error:
+            return self._reject(400, DAMAGED, str(error), opened)
         except WireError as error:
-            return self._refuse_error(error)
+            return self._refuse_error(error, opened)
         except TimeoutError:
-            return self._reject(503, "too_slow", "header or body slower than the minimum rate")
+            return self._reject(503, "too_slow", "header or body slower than the minimum rate",
+                                opened)
         except asyncio.IncompleteReadError as error:
-            return self._reject(400, "malformed", f"body ended after {len(error.partial)} "
-                                                  f"bytes")
+            return self._reject(400, DAMAGED, f"body ended after {len(error.partial)} bytes",
+                                opened)
         except (SchemeError, KeyError) as error:
-            return self._reject(400, "malformed", f"scheme refused the message: {error}")
+            return self._reject(400, "malformed", f"scheme refused the message: {error}",
+                                opened)
         except NonFiniteValues as error:  # recorded as zeros by the host (akorun.validation)
-            return self._reject(error.status, error.reason, str(error))
+            return self._reject(error.status, error.reason, str(error), opened)
 
     async def _read_partial(self, request: web.Request, length: int, opened: Opened,
                             start_s: float) -> web.Response:
@@ -437,9 +523,14 @@ class Server:
         waits = ByteWaits()
         head = await waits.wait(asyncio.wait_for(content.readexactly(HEADER_SIZE),
                                                  self.admission.header_deadline_s))
-        host.verifier.check_digest(opened, head)
-        header = decode_header(head, max_body_bytes=host.max_body_bytes(),
-                               body_nbytes=length - HEADER_SIZE)
+        try:
+            host.verifier.check_digest(opened, head)
+        except WireError as error:
+            raise DamagedInTransit(f"header: {error.reason}") from None
+        header = decode_header(head, max_body_bytes=host.max_body_bytes())
+        if header.body_nbytes != length - HEADER_SIZE:  # Content-Length changed on the way
+            raise DamagedInTransit(f"header says {header.body_nbytes} body bytes, the request "
+                                   f"has {length - HEADER_SIZE}")
         if header.sender != opened.sender:
             raise WireError(f"header says sender {header.sender}, the seal is rank "
                             f"{opened.sender}'s", Status.BAD_SIGNATURE)
@@ -451,8 +542,11 @@ class Server:
             reading = self._read_body_in_lane(content, values, hasher, nbytes, waits)
         else:
             reading = _read_body_inline(content, values, hasher, nbytes, waits)
-        await asyncio.wait_for(reading, self.admission.body_deadline_s(nbytes))
-        hasher.check(header.digest)
+        try:
+            await asyncio.wait_for(reading, self.admission.body_deadline_s(nbytes))
+            hasher.check(header.digest)
+        except WireError as error:  # short, long or not the body the header commits to
+            raise DamagedInTransit(f"body: {error.reason}") from None
         partial = to_partial(header, values)
         if partial.values is None:  # an empty marker (final, PULL) still carries its values
             partial = dataclasses.replace(partial, values=values)
@@ -524,16 +618,21 @@ class Server:
         verifier = self.host.verifier
         try:
             opened = verifier.open(request.headers.get(AUTH_HEADER), path, control=True)
+        except WireError as error:
+            return self._refuse_error(error)
+        self._trust(request)
+        try:
             body = await asyncio.wait_for(request.read(), self.admission.body_deadline_s(
                 CONTROL_BODY_MAX_BYTES))
             verifier.check_digest(opened, body)
         except WireError as error:
-            return self._refuse_error(error)
+            return self._reject(400, DAMAGED, f"{path}: {error.reason}", opened)
         except web.HTTPRequestEntityTooLarge:
             return self._reject(413, "too_large", f"control body over "
-                                                  f"{CONTROL_BODY_MAX_BYTES} bytes")
+                                                  f"{CONTROL_BODY_MAX_BYTES} bytes", opened)
         except TimeoutError:
-            return self._reject(503, "too_slow", f"{path}: body slower than the minimum rate")
+            return self._reject(503, "too_slow", f"{path}: body slower than the minimum rate",
+                                opened)
         if opened.seal.discovery:  # the first half of a hello: who am I now
             assert path == SESSION_PATH
             return self._sealed(opened, control.dumps({
@@ -542,13 +641,17 @@ class Server:
         try:
             payload = control.loads(body)
         except (ValueError, UnicodeDecodeError) as error:
-            return self._reject(400, "malformed", f"{path}: body is not a JSON object: {error}")
+            return self._reject(400, "malformed", f"{path}: body is not a JSON object: {error}",
+                                opened)
         try:
             result = await self.host.control_table.dispatch(kind, payload, opened.sender)
         except ControlError as error:
-            if error.status == 503:
-                return web.Response(status=503, text=f"{error.reason}\n")
-            return self._reject(error.status, "refused", f"{path}: {error.reason}")
+            if error.status == 503:  # not yet: the caller asks again (not counted, not logged)
+                body = f"{error.reason}"[:ANSWER_TEXT_MAX_CHARS].encode("utf-8", "replace")
+                return web.Response(status=503, body=body + b"\n", content_type="text/plain",
+                                    headers={AUTH_HEADER: verifier.seal_answer(
+                                        opened, 503, body + b"\n")})
+            return self._reject(error.status, "refused", f"{path}: {error.reason}", opened)
         if isinstance(result, bytes):
             return self._sealed(opened, result, "application/octet-stream")
         return self._sealed(opened, control.dumps(result), "application/json")

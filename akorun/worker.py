@@ -39,7 +39,7 @@ from akocore.config import RunConfig, config_hash
 from akocore.messages import Partial
 from akocore.results import RankResult
 from akocore.settings.registry import default_of
-from akorun.client import ControlClient, make_session
+from akorun.client import ControlClient, binary_answer_cap, make_session
 from akorun.cluster import AkorunSettings, allowed_networks, split_host
 from akorun.control import ControlKind
 from akorun.errors import Interrupted, RunError, UsageError
@@ -50,7 +50,7 @@ from akorun.roles import wire_hash
 from akorun.routing import ControlTable
 from akorun.runtime.checkpoints import CheckpointWriter
 from akorun.runtime.evaluation import Evaluator
-from akorun.runtime.fault_hooks import fault_hooks
+from akorun.runtime.fault_hooks import fault_hooks, relay_answer_hook
 from akorun.runtime.finishing import Finisher
 from akorun.runtime.join import Identity, Join
 from akorun.runtime.liveness import Liveness
@@ -162,6 +162,7 @@ class Worker:
                            peer_timeout_s=options.peer_timeout_s, deliver=self._on_relayed,
                            lost_here=lambda peer: self._suspended(peer)
                            or self.liveness.rejoining(peer))
+        self.relay.before_answer = relay_answer_hook(options.faults)
         self.liveness = Liveness(
             rank=self.rank, peers=self.peers, timeout_s=options.peer_timeout_s,
             node=lambda: self.role.node, clock=_loop_time, metrics=self.metrics,
@@ -357,6 +358,7 @@ class Worker:
         session: aiohttp.ClientSession = make_session(peers=len(self.peers))
         client_ssl = options.tls.client_context()
         control = ControlClient(session, self.signer, self.base_urls, ssl_context=client_ssl)
+        control.binary_answer_max_bytes = binary_answer_cap(self.prepared.workload.gradient_bytes)
         self.evaluator.control = control
         self.relay.control = control
         server = Server(self, max_concurrent_reads=max(4, 3 * len(self.peers)))
@@ -395,6 +397,14 @@ class Worker:
             await self.finisher.finish(control)
             log.info("done: %d rounds, stop: %s", len(self.training.times.end_s),
                      self.waiter.stop_reason)
+            if self.relay.disagreements:
+                raise RunError("; ".join(self.relay.disagreements[origin]
+                                         for origin in sorted(self.relay.disagreements)))
+            refused = self.metrics.refused_for_good
+            if refused:
+                raise RunError(f"{sum(refused.values())} message(s) refused for good by peer(s) "
+                               f"{sorted(refused)} (an authenticated refusal, in the log and "
+                               f"the result's refused_for_good): replicas are not equal")
         finally:
             for task in self._tasks:
                 task.cancel()

@@ -26,6 +26,7 @@ from akorun.cluster import (
     new_settings,
     read_cluster_file,
     resolve_rank,
+    warn_if_readable_by_others,
     write_cluster_file,
 )
 from akorun.errors import UsageError
@@ -142,6 +143,34 @@ def test_a_world_size_that_disagrees_with_the_cluster_file_is_refused(
     assert_usage_error(result, "WORLD_SIZE=5", "3 ranks")
 
 
+def test_conflicting_rank_variables_exit_2_with_one_line(cluster_file: Path) -> None:
+    result = akorun("worker", "--config", str(cluster_file),
+                    env={"RANK": "0", "SLURM_PROCID": "1"})
+    assert_usage_error(result, "RANK=0", "SLURM_PROCID=1", "--rank")
+
+
+def test_an_unwritable_out_is_refused_before_training(cluster_file: Path,
+                                                       tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory\n")
+    result = akorun("worker", "--rank", "0", "--config", str(cluster_file), "--quiet",
+                    "--out", str(blocker / "run"))
+    assert_usage_error(result, "--out", "cannot write there")
+
+
+def test_a_secret_file_readable_by_others_gets_one_warning_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    private, shared = tmp_path / "private.keys", tmp_path / "shared.keys"
+    for path, mode in ((private, 0o600), (shared, 0o644)):
+        path.write_text("{}\n")
+        path.chmod(mode)
+    assert not warn_if_readable_by_others(private, "a key file")
+    assert warn_if_readable_by_others(shared, "a key file")
+    assert not warn_if_readable_by_others(shared, "a key file")  # once per file
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and str(shared) in lines[0] and "0644" in lines[0], lines
+
+
 def test_a_port_in_use_exits_2_naming_the_port(cluster_file: Path) -> None:
     cluster = read_cluster_file(cluster_file)
     host, port = cluster.config.cluster.hosts[0].rsplit(":", 1)
@@ -159,7 +188,10 @@ def test_a_port_in_use_exits_2_naming_the_port(cluster_file: Path) -> None:
 def test_rank_comes_from_the_flag_then_akorun_then_torchrun_then_slurm() -> None:
     assert resolve_rank(1, {"AKORUN_RANK": "2", "RANK": "0"}, 3) == 1
     assert resolve_rank(None, {"AKORUN_RANK": "2", "RANK": "0"}, 3) == 2
-    assert resolve_rank(None, {"RANK": "0", "WORLD_SIZE": "3", "SLURM_PROCID": "2"}, 3) == 0
+    assert resolve_rank(None, {"RANK": "2", "WORLD_SIZE": "3", "SLURM_PROCID": "2"}, 3) == 2
+    with pytest.raises(UsageError, match="conflicting rank variables: RANK=0 and SLURM_PROCID=2"):
+        resolve_rank(None, {"RANK": "0", "WORLD_SIZE": "3", "SLURM_PROCID": "2"}, 3)
+    assert resolve_rank(None, {"AKORUN_RANK": "1", "RANK": "0", "SLURM_PROCID": "2"}, 3) == 1
     assert resolve_rank(None, {"SLURM_PROCID": "2", "SLURM_NTASKS": "3"}, 3) == 2
     with pytest.raises(UsageError, match="SLURM_NTASKS=4"):
         resolve_rank(None, {"SLURM_PROCID": "2", "SLURM_NTASKS": "4"}, 3)

@@ -166,7 +166,8 @@ def test_bad_requests_are_refused_and_change_nothing(tmp_path: Path, theta0: np.
         assert after["stop_reason"] is None
         rejected = after["metrics"]["rejected"]
         assert rejected["bad_signature"] == 3 and rejected["wrong_run"] == 1
-        assert rejected["too_large"] == 1 and rejected["malformed"] == 2
+        assert rejected["too_large"] == 1 and rejected["malformed"] == 1
+        assert rejected["damaged"] == 1  # the short body: told to send it again
         assert after["metrics"]["duplicates_dropped"] >= 1
 
         go.touch()

@@ -21,6 +21,7 @@ import pytest
 
 from akocore.messages import Kind, Partial
 from akorun import control, wire
+from akorun.answers import Verdict, verdict
 from akorun.cluster import free_ports
 from akorun.keys import AUTH_HEADER, PARTIAL_PATH, PartialSealer, Signer, digest
 from akorun.metrics import PeerCounters
@@ -118,22 +119,19 @@ def test_a_receiver_that_is_not_ready_gets_the_message_again_until_it_takes_it()
     assert host.metrics.rejected["not_ready"] == 3
 
 
-@pytest.mark.parametrize("kind, status", [("secret", "bad_signature"), ("run", "wrong_run"),
-                                          ("cap", "too_large")])
-def test_a_refused_message_is_dropped_not_retried(kind: str, status: str) -> None:
+@pytest.mark.parametrize("kind, status", [("run", "wrong_run"), ("cap", "too_large")])
+def test_a_tagged_refusal_is_final_and_recorded_as_refused_for_good(kind: str,
+                                                                     status: str) -> None:
+    """The receiver itself (its answer tagged for our request) refuses the message: it is
+    not sent again, and the sender records it as refused for good."""
     host = SinkHost(SECRET, RUN, WIRE_HASH, max_body_bytes=100 if kind == "cap" else 1 << 24)
-    message = {"secret": encoded(0), "run": encoded(0, run=uuid.uuid4().bytes),
-               "cap": encoded(0)}[kind]
+    message = {"run": encoded(0, run=uuid.uuid4().bytes), "cap": encoded(0)}[kind]
 
     async def body(url: str, session: Any) -> PeerSender:
         sender = sender_to(url, session)
-        if kind == "secret":  # sealed with another cluster file's keys
-            sender.sealer = PartialSealer(signer_for(host, secret=b"another secret entirely"),
-                                          PARTIAL_PATH)
         sender.start()
         await sender.put(message)
         await sender.wait(lambda: sender.idle)
-        sender.sealer = PartialSealer(signer_for(host), PARTIAL_PATH)
         await sender.put(encoded(1, 10))  # the queue goes on after a refusal
         await asyncio.wait_for(sender.wait(lambda: sender.idle), 10)
         await sender.stop()
@@ -142,8 +140,35 @@ def test_a_refused_message_is_dropped_not_retried(kind: str, status: str) -> Non
     sender = asyncio.run(serving(host, body))
     assert sender.counters.retries == 0
     assert sender.counters.send_dropped[status] == 1
+    assert sender.counters.refused_for_good == 1
     assert host.metrics.rejected[status] == 1
     assert [key for _, _, key in host.arrivals] == [(0, 1, 0)]
+
+
+def test_a_refusal_before_the_seal_is_read_is_untagged_so_the_message_stays_owed() -> None:
+    """Sealed with another cluster file's keys, the message is refused (401) before the
+    receiver can tag its answer: the sender cannot tell that from a forgery on the path,
+    so it sends the message again (never drops it); with the right keys it arrives."""
+    host = SinkHost(SECRET, RUN, WIRE_HASH)
+
+    async def body(url: str, session: Any) -> PeerSender:
+        sender = sender_to(url, session)
+        sender.sealer = PartialSealer(signer_for(host, secret=b"another secret entirely"),
+                                      PARTIAL_PATH)
+        sender.start()
+        await sender.put(encoded(0))
+        await asyncio.wait_for(sender.wait(lambda: sender.counters.retries >= 3), 10)
+        assert sender.depth == 1  # still owed
+        sender.sealer = PartialSealer(signer_for(host), PARTIAL_PATH)
+        await asyncio.wait_for(sender.wait(lambda: sender.idle), 10)
+        await sender.stop()
+        return sender
+
+    sender = asyncio.run(serving(host, body))
+    assert sender.counters.refused_for_good == 0 and not sender.counters.send_dropped
+    assert sender.counters.unauthentic_answers >= 3
+    assert host.metrics.rejected["bad_signature"] >= 3
+    assert [key for _, _, key in host.arrivals] == [(0, 0, 0)]
 
 
 def test_a_full_queue_waits_for_room_unless_the_peer_is_suspended() -> None:
@@ -462,7 +487,10 @@ def test_large_bodies_arrive_intact_through_the_hashing_lanes() -> None:
 
 
 @pytest.mark.parametrize("where", ["header", "digest", "first", "middle", "last"])
-def test_a_large_message_altered_after_sealing_is_refused_with_401(where: str) -> None:
+def test_a_large_message_altered_after_sealing_is_refused_as_damaged_and_owed(where: str
+                                                                               ) -> None:
+    """Bytes altered on the way (after the seal was made): the receiver refuses them with a
+    tagged 400 ``damaged``, which the sender takes as "send it again", not as final."""
     host = RecordingHost(SECRET, RUN, WIRE_HASH)
     length = 1 << 20
     values = np.arange(length, dtype=np.float32)
@@ -477,6 +505,10 @@ def test_a_large_message_altered_after_sealing_is_refused_with_401(where: str) -
         async with session.post(url + PARTIAL_PATH, data=bytes(data),
                                 headers={AUTH_HEADER: seal.text()}) as response:
             status = response.status
+            text = await response.read()
+            tagged = PartialSealer(signer_for(host), PARTIAL_PATH).answered(
+                seal, status, text, response.headers.get(AUTH_HEADER))
+        assert tagged and verdict(status, text, tagged) is Verdict.RETRY
         sender = sender_to(url, session)
         sender.start()
         await sender.put(encoded(1, 10))  # the connection and the lanes go on
@@ -485,6 +517,6 @@ def test_a_large_message_altered_after_sealing_is_refused_with_401(where: str) -
         return status, sender
 
     status, sender = asyncio.run(serving(host, body))
-    assert status == 401
-    assert host.metrics.rejected["bad_signature"] == 1
+    assert status == 400
+    assert host.metrics.rejected["damaged"] == 1
     assert sorted(host.values) == [1]

@@ -177,7 +177,7 @@ def test_a_holder_forwards_only_a_peer_it_lost_too_and_the_asker_checks_each_mes
     holder.lost_here = lambda peer: True
     body = asyncio.run(holder.on_relay(1, ask))
     assert holder.served == 1
-    assert asyncio.run(holder.on_relay(1, {**ask, "contiguous": 5})) == pack_messages(2, [])
+    assert unpack_messages(asyncio.run(holder.on_relay(1, {**ask, "contiguous": 5}))) == (2, [])
     taken: list[Partial] = []
     asker = _relay_at(keys[1], lost=True, delivered=taken)
     assert asker._take(0, 2, body, None) == 1
@@ -213,3 +213,161 @@ def test_a_folded_resend_that_meets_a_forwarded_round_adds_only_the_difference()
     node.receive(round_5)
     asker.duplicate(round_5)  # a second arrival: nothing more
     assert np.array_equal(node.inbox, round_5.values + round_6) and asker.reconciled == 1
+
+
+# --------------------------------------------------------------------------- agreement
+
+LOST = 3  # the rank lost in the agreement tests below (of 4)
+
+
+class _RoutedClient:
+    """A ControlClient of rank `rank` whose calls go straight to the other ranks' relays
+    (`answer`, a test's stand-in for rank 0's `on_relay`, if given)."""
+
+    def __init__(self, rank: int, relays: dict[int, Relay],
+                 answer: Any = None) -> None:
+        self.rank = rank
+        self.relays = relays
+        self.answer = answer
+
+    async def call(self, rank: int, kind: Any, payload: dict[str, Any], **_: Any) -> Any:
+        from akorun.client import ControlAnswer
+
+        handler = self.relays[rank].on_relay
+        if rank == 0 and self.answer is not None:
+            handler = self.answer
+        try:
+            return ControlAnswer(200, body=await handler(self.rank, payload), authentic=True)
+        except ControlError as error:
+            return ControlAnswer(error.status, error=error.reason, authentic=True)
+
+
+def _survivors(rounds: int = 31) -> tuple[dict[int, AkoWorker], dict[int, Relay],
+                                          list[tuple[Partial, bytes, bytes]]]:
+    """Ranks 0, 1, 2 of 4, each holding rank 3's rounds through 29 (the last one kept in
+    their relay stores); rank 3's round 30 reaches rank 0 only. Rank 3 is suspended."""
+    keys = [RunKeys.from_secret(SECRET, RUN, rank, 4, WIRE_HASH) for rank in range(4)]
+    for me in keys:
+        for other in keys:
+            if other is not me:
+                me.sessions.learn(other.rank, other.sessions.nonce)
+    origin = Signer(keys[LOST])
+    rng = np.random.default_rng(3)
+    sent = []
+    for round_ in range(rounds):
+        partial = Partial(Kind.GRAD, LOST, round_, 0, 1, 0, 6,
+                          rng.standard_normal(6).astype(np.float32))
+        data = origin.encode(partial)
+        sent.append((partial, data, origin.endorse(data[:HEADER_SIZE])))
+    nodes: dict[int, AkoWorker] = {}
+    relays: dict[int, Relay] = {}
+    for rank in range(3):
+        node = AkoWorker(rank, 4, 6, (1, 1, 1, 1),
+                         replica=Replica(np.zeros(6, np.float32), PlainSGD(1)), staleness=0)
+        node.log.skip_to(LOST, rounds - 3)
+        node.suspend_peer(LOST)
+        relay = Relay(rank=rank, peers=[j for j in range(4) if j != rank],
+                      node=lambda node=node: node, signer=Signer(keys[rank]),
+                      verifier=RequestVerifier(keys[rank], world=4), peer_timeout_s=0.2,
+                      deliver=lambda partial, node=node: node.receive(partial).accepted)
+        for partial, _, endorsements in sent[rounds - 2:] if rank == 0 else sent[rounds - 2:-1]:
+            assert node.receive(partial).accepted
+            relay.note_endorsements(partial.key, base64.b64encode(endorsements).decode())
+            relay.accepted(partial)
+        nodes[rank], relays[rank] = node, relay
+    return nodes, relays, sent
+
+
+async def _agree(relays: dict[int, Relay], answer: Any = None) -> None:
+    for rank, relay in relays.items():
+        relay.control = _RoutedClient(rank, relays, answer)  # type: ignore[assignment]
+    for relay in relays.values():
+        relay.peer_lost(LOST)
+    while not all(relay.idle() for relay in relays.values()):
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("lying", [False, True])
+def test_survivors_agree_when_a_holder_answers_one_with_nothing_and_another_late(
+        lying: bool) -> None:
+    """Rank 0 alone holds lost rank 3's round 30: it answers rank 2's pulls with nothing
+    (its record saying so, or `lying` without round 30) and rank 1's late. Rank 1's set of
+    rank 3's rounds then grows; it shows rank 2 (its next pull carries its record), rank 2
+    pulls round 30 from rank 1, and the honest survivors end with the same rounds and
+    equal inboxes. Rank 0's lie does not go unnoticed: rank 2 reports it (the run fails)."""
+    nodes, relays, sent = _survivors()
+    honest = relays[0].on_relay
+
+    async def withholding(sender: int, payload: dict[str, Any]) -> bytes:
+        if sender == 2:
+            from akorun.runtime.relay import record_of
+            contiguous, pending = record_of(nodes[0], LOST)
+            return pack_messages(LOST, [], (contiguous - lying, pending))
+        await asyncio.sleep(0.5)
+        return await honest(sender, payload)
+
+    asyncio.run(_agree(relays, withholding))
+    from akorun.runtime.relay import record_of
+    assert record_of(nodes[1], LOST) == record_of(nodes[2], LOST) == (30, ())
+    assert nodes[1].inbox is not None and nodes[2].inbox is not None
+    np.testing.assert_array_equal(nodes[1].inbox, nodes[2].inbox)
+    np.testing.assert_allclose(nodes[2].inbox, sum(p.values for p, _, _ in sent[-2:]),
+                               rtol=1e-6)
+    assert not relays[1].disagreements
+    if lying:
+        assert "rank 0 through 29" in relays[2].disagreements[LOST]
+    else:
+        assert not relays[2].disagreements
+
+
+def test_a_round_no_survivor_will_forward_fails_the_survivors_loudly() -> None:
+    """Rank 0 holds lost rank 3's round 30 (its record says so) but forwards it to nobody:
+    ranks 1 and 2 cannot close the gap and each records the disagreement (the worker
+    then fails the run with that line) instead of ending silently unequal."""
+    nodes, relays, _ = _survivors()
+
+    async def withholding(sender: int, payload: dict[str, Any]) -> bytes:
+        from akorun.runtime.relay import record_of
+        return pack_messages(LOST, [], record_of(nodes[0], LOST))
+
+    asyncio.run(_agree(relays, withholding))
+    for rank in (1, 2):
+        line = relays[rank].disagreements.get(LOST, "")
+        assert "survivors disagree on lost rank 3's rounds" in line, relays[rank].disagreements
+        assert "rank 0 through 30" in line
+
+
+def test_four_ranks_with_key_files_agree_when_a_holder_withholds_from_one_and_is_late_to_another(
+        tmp_path: Path) -> None:
+    """4 ranks, each with only its own key file. Rank 3 sends round 12 to rank 0 only and
+    dies; rank 0 answers rank 2's relay pulls with nothing and rank 1's 2 s late. Rank 1
+    gets round 12 late, its next pull shows rank 2 it holds more, rank 2 pulls it from
+    rank 1: the survivors exit 0 with equal replicas (they ended 4.0e-3 apart when a pull
+    was asked once)."""
+    import dataclasses
+
+    from akorun.keys import rank_key_file, write_rank_key_files
+
+    kill_round = 12
+    settings = new_settings(peer_timeout_s=3.0)
+    key_dir = tmp_path / "keys"
+    write_rank_key_files(key_dir, settings.secret_bytes, settings.run_id_bytes, 4)
+    tables4 = {"cluster": {"workers": 4}, "exchange": {"p": 2, "ssp": 1},
+               "train": {"workload": "digits-mlp", "optimizer": "sgd", "lr": 0.1,
+                         "rounds": 24, "eval_every": 1000}}
+    faults = f"3@kill_mid_multicast:{kill_round};0@relay_withhold:2;0@relay_late:1:2"
+    with LocalCluster(tmp_path, tables4,
+                      settings=dataclasses.replace(settings, secret=None)) as cluster:
+        for rank in range(4):
+            cluster.start(rank, "--quiet", "--keys", str(rank_key_file(key_dir, rank)),
+                          env={"AKORUN_FAULT": faults})
+        codes = cluster.wait_all(150)
+        assert codes == {0: 0, 1: 0, 2: 0, 3: -signal.SIGKILL}, cluster.logs()
+        assert "relay pull with nothing" in cluster.log(0), cluster.logs()
+        results = {rank: cluster.result(rank) for rank in range(3)}
+        for rank in range(3):
+            assert results[rank]["held_through"]["3"] == kill_round, results[rank]
+            assert not results[rank]["relay_disagreements"]
+        for rank in (1, 2):
+            np.testing.assert_allclose(cluster.params(rank), cluster.params(0), rtol=RTOL,
+                                       atol=RTOL * 0.1)

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -157,3 +157,22 @@ def fault_hooks(faults: Faults, *, outbox: Outbox, gone: Callable[[int], bool],
         return NoFaults()
     return InjectedFaults(faults, outbox=outbox, gone=gone, hard_stop=hard_stop,
                           stop_requested=stop_requested)
+
+
+def relay_answer_hook(faults: Faults) -> Callable[[int], Awaitable[bool]] | None:
+    """The relay's hook before it answers a pull from a rank (akorun.runtime.relay): waits
+    ``relay_late`` seconds for its rank, and says False (answer with no messages) for the
+    ``relay_withhold`` rank; None when neither fault is asked for."""
+    if faults.relay_withhold is None and faults.relay_late is None:
+        return None
+
+    async def before_answer(asker: int) -> bool:
+        if faults.relay_late is not None and asker == faults.relay_late[0]:
+            log.warning("fault: answering rank %d's relay pull %.1f s late", asker,
+                        faults.relay_late[1])
+            await asyncio.sleep(faults.relay_late[1])
+        if asker == faults.relay_withhold:
+            log.warning("fault: answering rank %d's relay pull with nothing", asker)
+            return False
+        return True
+    return before_answer

@@ -50,14 +50,30 @@ So akorun does (a):
   per partition, then zero-valued ones); where this rank already took one of
   those rounds forwarded, the duplicate's difference from the forwarded copy
   is added once (`duplicate`), so the total stays exact either way.
+- Agree: every relay answer also carries the holder's own record of the lost
+  rank (its delivery record: contiguous round and pending parts). After a loss
+  a survivor pulls from each holder again until the holder's record equals its
+  own: a holder that holds more but forwarded nothing (it got the round late,
+  or withholds it) is asked again; one that holds less is pulling from here
+  (a pull whose asker shows more than the holder makes the holder pull too).
+  When this rank's record changes during a pass, it makes another pass, so
+  every survivor sees the final set. A gap still open when nothing changed
+  for 2 T + 1 s is a disagreement: one line in the log, in the result
+  (``relay_disagreements``) and the run exits non-zero -- never an exit 0
+  with survivors holding different rounds.
 - Finish: a rank does not settle while a pull is under way (the Finisher asks
   `idle`); each pull gives up on a holder after the peer timeout.
 
-Every survivor pulls from every other, so after the pulls each survivor holds
-the union of what any survivor held of the lost rank: up to the last round any
-survivor held, each of its partials applied exactly once everywhere. What the
+Every survivor pulls from every other until their records agree, so after the
+pulls each survivor holds the union of what any survivor held of the lost rank:
+up to the last round any survivor held, each of its partials applied exactly
+once everywhere (or the run fails loudly, see Agree). What the
 lost rank never sent to anyone is lost for everyone alike. ako only: the ps
 and all-reduce schemes stop on a lost peer (docs/guide/failure.md).
+
+Past ~500 lines on purpose: keeping, pulling, checking endorsements and agreeing
+on records share one store, one answer format and one record of the lost rank;
+split apart, each piece would re-parse what another makes.
 """
 
 from __future__ import annotations
@@ -68,10 +84,11 @@ import binascii
 import logging
 import struct
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import blake3
 import numpy as np
 
 from akocore.messages import Partial
@@ -86,6 +103,7 @@ log = logging.getLogger("akorun")
 
 RELAY_KEEP_GRADIENTS = 2  # per peer, keep its last 2 * p messages: two full gradients
 PULL_RETRY_S = 0.2
+AGREEMENT_PASSES = 8  # passes of pulls a lost origin's agreement makes at most
 
 
 @dataclass(frozen=True)
@@ -125,11 +143,39 @@ class RelayStore:
         return min(item.partial.round for item in queue) if queue else None
 
 
-def pack_messages(origin: int, items: Sequence[tuple[HeldPartial, bytes]]) -> bytes:
-    """[u32 json length][json][wire messages...]: the answer of a ``relay`` request."""
-    head = control.dumps({"origin": origin, "messages": [
+Record = tuple[int, tuple[tuple[int, int], ...]]  # (contiguous round, sorted pending parts)
+
+
+def record_of(node: AkoWorker, origin: int) -> Record:
+    """This rank's set of `origin`'s rounds, as comparable data: its delivery record."""
+    contiguous, pending = node.log.export()[origin]
+    return contiguous, tuple(sorted((int(r), int(p)) for r, parts in pending.items()
+                                    for p in parts))
+
+
+def record_digest(record: Record) -> str:
+    """A short digest of a set of rounds (what survivors compare, and what a log names)."""
+    return blake3.blake3(control.dumps({"record": [record[0], list(record[1])]})
+                         ).hexdigest()[:16]
+
+
+def record_covers(big: Record, small: Record) -> bool:
+    """Every round (and part) held in `small` is held in `big`."""
+    big_pending = set(big[1])
+    return small[0] <= big[0] and all(r <= big[0] or (r, part) in big_pending
+                                      for r, part in small[1])
+
+
+def pack_messages(origin: int, items: Sequence[tuple[HeldPartial, bytes]],
+                  record: Record | None = None) -> bytes:
+    """[u32 json length][json][wire messages...]: the answer of a ``relay`` request, with
+    the holder's own `record` of `origin` (what it holds, forwarded or not)."""
+    meta: dict[str, Any] = {"origin": origin, "messages": [
         [item.origin_nonce.hex(), base64.b64encode(item.endorsements).decode("ascii"),
-         len(data)] for item, data in items]})
+         len(data)] for item, data in items]}
+    if record is not None:
+        meta["record"] = [record[0], [list(pair) for pair in record[1]]]
+    head = control.dumps(meta)
     return b"".join([struct.pack("<I", len(head)), head, *(data for _, data in items)])
 
 
@@ -158,6 +204,20 @@ def unpack_messages(body: bytes) -> tuple[int, list[tuple[bytes, bytes, bytes]]]
     return origin, out
 
 
+def unpack_record(body: bytes) -> Record | None:
+    """The holder's record carried by a relay answer (None if it carries none or is
+    malformed)."""
+    try:
+        (head_len,) = struct.unpack_from("<I", body)
+        raw = control.loads(body[4:4 + head_len]).get("record")
+        if raw is None:
+            return None
+        contiguous, pending = raw
+        return int(contiguous), tuple(sorted((int(r), int(part)) for r, part in pending))
+    except (struct.error, ValueError, TypeError, UnicodeDecodeError):
+        return None
+
+
 class Relay:
     """Keeps peers' partials, pulls a lost peer's missing ones from the survivors, serves
     the pulls of others (control ``relay``)."""
@@ -183,7 +243,18 @@ class Relay:
         self.reconciled = 0  # duplicates of forwarded partials whose difference was taken
         self._forwarded: dict[tuple[int, int, int], np.ndarray] = {}  # taken via a survivor
         self._incoming: dict[tuple[int, int, int], bytes] = {}
+        # a fault hook awaited before answering a pull from a rank: False = answer with no
+        # messages (akorun.runtime.fault_hooks.relay_answer_hook; None outside fault tests)
+        self.before_answer: Callable[[int], Awaitable[bool]] | None = None
         self._pulls: set[asyncio.Task[int]] = set()
+        self._lost_pulls: set[int] = set()  # origins with an agreement task under way
+        self._pulling: set[tuple[int, int]] = set()  # (origin, holder) pulls under way
+        self._again: set[int] = set()  # ... asked for again while it ran
+        # lost origin -> the one line saying survivors ended holding different rounds of it
+        self.disagreements: dict[int, str] = {}
+        self.agreed: dict[tuple[int, int], str] = {}  # (origin, holder) -> digest agreed on
+        # (origin, holder) -> (this rank's record, the holder's) when a pull gave up unequal
+        self._unequal: dict[tuple[int, int], tuple[Record, Record]] = {}
 
     def _ako(self) -> AkoWorker | None:
         node = self.node()
@@ -217,12 +288,70 @@ class Relay:
     # ---------------------------------------------------------------- pull
 
     def peer_lost(self, origin: int) -> None:
-        """`origin` was suspended: pull what the other survivors hold of it (a task)."""
+        """`origin` was suspended (or this rank's set of its rounds changed since, or a
+        survivor showed it holds more): pull what the other survivors hold of it and agree
+        with them on it (one task per origin; asked again while it runs, it makes one more
+        pass when done)."""
         if self._ako() is None or self.control is None:
             return
-        task = asyncio.get_running_loop().create_task(self.pull(origin, while_lost=True))
+        if origin in self._lost_pulls:
+            self._again.add(origin)
+            return
+        task = asyncio.get_running_loop().create_task(self._agree(origin))
+        self._lost_pulls.add(origin)
+        self._pulls.add(task)
+
+        def done(finished: asyncio.Task[int]) -> None:
+            self._pulls.discard(finished)
+            self._lost_pulls.discard(origin)
+        task.add_done_callback(done)
+
+    async def _agree(self, origin: int) -> int:
+        """Passes of `pull(origin, while_lost=True)` until one ends with this rank's set of
+        `origin`'s rounds unchanged during it (every holder saw the final set)."""
+        taken = 0
+        try:
+            for _ in range(AGREEMENT_PASSES):
+                node = self._ako()
+                if node is None:
+                    break
+                before = record_of(node, origin)
+                self._again.discard(origin)
+                taken += await self.pull(origin, while_lost=True)
+                if record_of(node, origin) == before and origin not in self._again:
+                    break
+        finally:
+            self._lost_pulls.discard(origin)
+        self._finalize(origin)
+        return taken
+
+    def _pull_more(self, origin: int, holder: int) -> None:
+        """`holder` showed it holds rounds of lost `origin` this rank lacks: pull from it now
+        (beside a running agreement), or start an agreement."""
+        client = self.control
+        if client is None or (origin, holder) in self._pulling:
+            return  # a pull from it is under way: it sees the new record
+        if origin not in self._lost_pulls:
+            self.peer_lost(origin)
+            return
+
+        async def pull_more() -> int:
+            taken = await self._pull_from(client, holder, origin, None,
+                                          2 * self.peer_timeout_s + 1.0, True)
+            if origin not in self._lost_pulls:
+                self._finalize(origin)
+            return taken
+        task = asyncio.get_running_loop().create_task(pull_more())
         self._pulls.add(task)
         task.add_done_callback(self._pulls.discard)
+
+    def _finalize(self, origin: int) -> None:
+        """Report the holders still unequal on lost `origin` once no pull from them runs."""
+        node = self._ako()
+        for (lost, holder), (mine, theirs) in sorted(self._unequal.items()):
+            if lost == origin and (origin, holder) not in self._pulling and node is not None \
+                    and origin in node.suspended and holder not in node.suspended:
+                self._disagree(origin, holder, mine, theirs)
 
     def idle(self) -> bool:
         """No pull under way (the finish settles only then)."""
@@ -233,7 +362,8 @@ class Relay:
         """Ask every other peer for `origin`'s messages this rank lacks (those before
         `before_round` only, if given); the number taken. Gives up on a holder that does
         not answer within `patience_s` (default 2 T + 1 s) and, `while_lost`, as soon as
-        `origin` is no longer suspended here (it speaks again)."""
+        `origin` is no longer suspended here (it speaks again); `while_lost`, it also waits
+        until each holder's record of `origin` equals this rank's (`_pull_from`)."""
         node = self._ako()
         client = self.control
         if node is None or client is None:
@@ -252,27 +382,76 @@ class Relay:
     async def _pull_from(self, client: ControlClient, holder: int, origin: int,
                          before_round: int | None, patience_s: float,
                          while_lost: bool) -> int:
+        """Pull from `holder` until it answers; after a loss (`while_lost`), go on until
+        its record of `origin` (carried by its answer) equals this rank's: it withheld
+        rounds it holds (pull again), or lacks some this rank holds (it pulls them from
+        here; ask again to see it has). `patience_s` without any change in either record
+        ends the wait: unequal records then are a disagreement (`disagreements`)."""
+        self._pulling.add((origin, holder))
+        try:
+            return await self._pull_loop(client, holder, origin, before_round, patience_s,
+                                         while_lost)
+        finally:
+            self._pulling.discard((origin, holder))
+
+    async def _pull_loop(self, client: ControlClient, holder: int, origin: int,
+                         before_round: int | None, patience_s: float,
+                         while_lost: bool) -> int:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + patience_s
+        taken = 0
+        seen: tuple[Record, Record] | None = None
         while True:
             node = self._ako()
             if node is None or holder in node.suspended:
-                return 0
+                return taken
             if while_lost and origin not in node.suspended:
-                return 0  # it speaks again: it delivers its rounds itself
+                return taken  # it speaks again: it delivers its rounds itself
             contiguous, pending = node.log.export()[origin]
             payload = {"rank": self.rank, "origin": origin, "contiguous": contiguous,
                        "pending": [[r, p] for r, parts in pending.items() for p in parts],
                        "before_round": before_round}
             answer = await client.call(holder, ControlKind.RELAY, payload, binary=True,
                                         timeout_s=max(1.0, patience_s))
+            theirs: Record | None = None
             if answer.ok:
-                return self._take(holder, origin, answer.body, before_round)
-            if answer.status in (400, 401, 404, 409) or loop.time() > deadline:
+                taken += self._take(holder, origin, answer.body, before_round)
+                theirs = unpack_record(answer.body)
+                if not while_lost or theirs is None:
+                    return taken
+                mine = record_of(node, origin)
+                if mine == theirs:
+                    self.agreed[(origin, holder)] = record_digest(mine)
+                    self._unequal.pop((origin, holder), None)
+                    return taken
+                if (mine, theirs) != seen:  # progress on either side: wait on
+                    seen = (mine, theirs)
+                    deadline = loop.time() + patience_s
+            elif answer.authentic and answer.status in (400, 401, 404, 409):
                 log.warning("repair: rank %d forwarded nothing of lost rank %d (%s %s)",
                             holder, origin, answer.status, answer.error)
-                return 0
+                return taken
+            if loop.time() > deadline:
+                if theirs is None and seen is None:
+                    log.warning("repair: rank %d forwarded nothing of lost rank %d (%s %s)",
+                                holder, origin, answer.status, answer.error)
+                    return taken
+                assert seen is not None
+                self._unequal[(origin, holder)] = seen  # final if the last pass ends so
+                return taken
             await asyncio.sleep(PULL_RETRY_S)
+
+    def _disagree(self, origin: int, holder: int, mine: Record, theirs: Record) -> None:
+        """This rank and `holder` hold different sets of lost `origin`'s rounds, for good."""
+        lacking = "this rank lacks rounds it holds" if not record_covers(mine, theirs) \
+            else "it lacks rounds this rank holds"
+        line = (f"survivors disagree on lost rank {origin}'s rounds: rank {self.rank} holds "
+                f"through {mine[0]} (+{len(mine[1])} more, digest {record_digest(mine)}), "
+                f"rank {holder} through {theirs[0]} (+{len(theirs[1])} more, digest "
+                f"{record_digest(theirs)}); {lacking} and the repair could not close the gap: "
+                f"replicas are not equal")
+        self.disagreements.setdefault(origin, line)
+        log.error("repair: %s", line)
 
     def _take(self, holder: int, origin: int, body: bytes, before_round: int | None) -> int:
         try:
@@ -396,8 +575,15 @@ class Relay:
             raise ControlError(400, f"relay: origin {origin} is not a third rank")
         if not self._lost_here(origin, before_round):
             raise ControlError(503, f"rank {origin} is not lost here")
-        items = [item for item in self.store.missing_for(origin, contiguous, pending)
-                 if before_round is None or item.partial.round < before_round]
+        node = self._ako()
+        if before_round is None and node is not None and origin in node.suspended:
+            asker: Record = (contiguous, tuple(sorted(pending)))
+            if not record_covers(record_of(node, origin), asker):
+                self._pull_more(origin, sender)  # the asker holds rounds this rank lacks
+        withhold = self.before_answer is not None and not await self.before_answer(sender)
+        items = [] if withhold else [
+            item for item in self.store.missing_for(origin, contiguous, pending)
+            if before_round is None or item.partial.round < before_round]
         oldest = self.store.oldest_round(origin)
         if oldest is not None and contiguous + 1 < oldest:
             log.warning("repair: rank %d lacks rank %d's rounds from %d, this rank keeps "
@@ -409,7 +595,8 @@ class Relay:
             log.warning("repair: forwarding %d partial(s) of rank %d to rank %d (rounds %s)",
                         len(encoded), origin, sender,
                         [item.partial.round for item, _ in encoded])
-        return pack_messages(origin, encoded)
+        record = record_of(node, origin) if node is not None else None
+        return pack_messages(origin, encoded, record)
 
 
 def _with_values(partial: Partial, values: np.ndarray | None) -> Partial:
