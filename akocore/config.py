@@ -10,6 +10,8 @@ working. Precedence, lowest first: built-in defaults < ``--config`` file <
 
 from __future__ import annotations
 
+from akocore.schemes.ps_family import PS_MODES
+from akocore.schemes.registry import SCHEMES
 from akocore.settings.cli_flags import (
     add_akorun_arguments,
     add_shared_arguments,
@@ -21,10 +23,8 @@ from akocore.settings.layers import Given, Layer, Origin, ResolvedSettings, reso
 from akocore.settings.normalise import (
     EMULATE_MODES,
     OPTIMIZERS,
-    PS_MODES,
     REDUCTIONS,
     SCHEDULES,
-    SCHEMES,
     ConfigError,
 )
 from akocore.settings.registry import Tool

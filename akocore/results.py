@@ -62,6 +62,7 @@ from akocore.jsonrecord import (
     schema_rows,
 )
 from akocore.message_cost import MessageCost, MessageSample
+from akocore.schemes.registry import is_partitioned
 
 SCHEMA_VERSION = 1
 
@@ -452,7 +453,8 @@ class Calibration:
             RankCalibration(r.rank, r.role, c, o, m)
             for r, c, o, m in zip(ranks, compute or none, overhead or none, message or none,
                                   strict=True)),
-            p_of=run.p_of if run.scheme == "ako" else (), compute_jitter=run_compute_jitter(run))
+            p_of=run.p_of if is_partitioned(run.scheme) else (),
+            compute_jitter=run_compute_jitter(run))
 
     def _spread(self, values: Sequence[float | None], nodes: int) -> tuple[float, ...] | None:
         known = fill_missing(values) if values else None

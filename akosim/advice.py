@@ -20,6 +20,7 @@ import numpy as np
 
 from akocore.planner import Plan, PlanInputs, overlap_ssp, ways_out
 from akocore.resolve import network_arrays, resolve_plan
+from akocore.schemes.registry import is_partitioned
 from akocore.units import format_duration
 from akosim.scenario import Setup, SimRun
 
@@ -70,7 +71,7 @@ def explain(setup: Setup, runs: list[SimRun], *, ssp_chosen: bool,
             max_staleness_rounds: float = MAX_STALENESS_ROUNDS) -> Explanation | None:
     """The one line (and the ways out when propagation is too slow) for the first Ako run
     whose p the planner chose; None when there is none (a given p, or no Ako run)."""
-    ako = next((run for run in runs if run.scheme == "ako"), None)
+    ako = next((run for run in runs if is_partitioned(run.scheme)), None)
     if ako is None:
         return None
     plan = chosen_plan(setup)
@@ -90,7 +91,7 @@ def explain(setup: Setup, runs: list[SimRun], *, ssp_chosen: bool,
         ways = ways_out(plan_inputs(setup), replace(plan, staleness=ako.ssp),
                         max_staleness_rounds, setup.batch_size)
         advice += [f"  - {way.text}" for way in ways]
-        others = [run for run in runs if run.scheme != "ako"]
+        others = [run for run in runs if not is_partitioned(run.scheme)]
         if others:
             best = max(others, key=lambda run: run.samples_per_s)
             ratio = best.samples_per_s / ako.samples_per_s

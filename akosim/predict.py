@@ -55,6 +55,7 @@ from akocore.config import (
 from akocore.host_calibration import TcpParameters
 from akocore.jsonrecord import RecordError
 from akocore.results import Calibration, RunResult, read_result
+from akocore.schemes.registry import is_partitioned
 from akocore.settings.schema import NetworkConfig
 from akocore.testbed_record import TESTBED_RECORD_FILE, TestbedRecord
 from akocore.units import format_duration
@@ -280,7 +281,7 @@ def predict_command(args: argparse.Namespace) -> int:
     model = check_no_contradiction(args, configured, path)
     rounds = measured_rounds(run)
     exchange = configured.exchange
-    if run.scheme == "ako" and run.p_of:
+    if is_partitioned(run.scheme) and run.p_of:
         exchange = replace(exchange, p=tuple(run.p_of))
     testbed = read_testbed(path.parent)
     network = configured.network

@@ -25,7 +25,7 @@ from akocore.messages import FLOAT_BYTES
 from akocore.planner import Plan
 from akocore.resolve import network_arrays, resolve_plan, scheme_spec
 from akocore.schemes import build_nodes
-from akocore.schemes.bounds import staleness_bound_rounds
+from akocore.schemes.registry import has_servers, staleness_bound_rounds
 from akocore.units import format_bandwidth
 from akocore.workload import Workload
 from akosim.compute import ComputeModel
@@ -249,7 +249,7 @@ def _report(setup: Setup, variant: Variant, training_workers: int, sim: Simulati
         label=variant.label or variant.scheme, scheme=variant.scheme, p=max(variant.p_of),
         p_of=list(variant.p_of), p_reason=variant.p_reason, ssp=variant.ssp,
         workers=setup.nodes, training_workers=training_workers,
-        ps_servers=variant.ps_servers if variant.scheme == "ps" else 0,
+        ps_servers=variant.ps_servers if has_servers(variant.scheme) else 0,
         round_time_s=round_time,
         samples_per_s=training_workers * setup.batch_size / round_time if round_time > 0
         else math.inf,

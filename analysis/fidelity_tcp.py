@@ -45,6 +45,7 @@ from pathlib import Path
 from akocore.figures import steady_round_time_s
 from akocore.jsonrecord import record_from_json, record_to_json
 from akocore.results import PlanResult, RunResult, read_result
+from akocore.schemes.registry import has_servers, is_partitioned
 from analysis.fidelity_tcp_record import (
     COLUMNS,
     FidelityTcpRecord,
@@ -83,18 +84,18 @@ class GridPoint:
 
     @property
     def name(self) -> str:
-        exchange = f"ako-p{self.p}" if self.scheme == "ako" else "ps"
+        exchange = f"ako-p{self.p}" if is_partitioned(self.scheme) else "ps"
         return f"{self.rate}-{self.workers}w-{exchange}-s{self.ssp}"
 
     @property
     def nodes(self) -> int:
-        return self.workers + (1 if self.scheme == "ps" else 0)
+        return self.workers + (1 if has_servers(self.scheme) else 0)
 
     def launch_flags(self) -> list[str]:
         rates = ",".join(f"{bps / 1e6:g}mbps" for bps in RATES_BPS[self.rate])
         flags = ["--workers", str(self.nodes), "--bandwidth", rates,
                  "--scheme", self.scheme, "--ssp", str(self.ssp)]
-        if self.scheme == "ako":
+        if is_partitioned(self.scheme):
             flags += ["--p", self.p]
         else:
             flags += ["--set", "exchange.ps_mode=async", "--set", "exchange.ps_servers=1"]

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from akocore.results import RecordError
+from akocore.schemes.registry import is_partitioned
 from akosim.sweep_summary import BestRow, best_per_group, format_summary, read_rows
 
 
@@ -32,7 +33,7 @@ def plot(best: list[BestRow], path: Path) -> Path | None:
         values = dict(row.group)
         x = float(values.get("workers", "nan") or "nan")
         name = ", ".join(f"{k} {v}" for k, v in row.group if k != "workers") or "all"
-        label = f"p={row.p}" if row.scheme == "ako" else row.scheme
+        label = f"p={row.p}" if is_partitioned(row.scheme) else row.scheme
         lines.setdefault(name, []).append((x, row.samples_per_s, label))
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for name, points in lines.items():

@@ -24,11 +24,9 @@ from akocore.units import (
     refuse_bare_number,
 )
 
-SCHEMES = ("ako", "ps", "allreduce", "wagma")
 P_AUTO_MODES = ("auto", "auto-per-worker")
 SCHEDULES = ("staggered", "aligned")
 REDUCTIONS = ("mean", "sum")
-PS_MODES = ("sync", "async", "elastic")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
 NETWORK_MODELS = ("maxmin", "tcp")  # akosim: pure max-min fluid or the TCP-aware model
 EMULATE_MODES = ("auto", "on", "off")  # akorun: shape sends in-process (auto = loopback only)

@@ -26,15 +26,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from akocore.schemes.ps_family import PS_MODES
+from akocore.schemes.registry import SCHEMES
 from akocore.settings.normalise import (
     EMULATE_MODES,
     HOST_RE,
     NETWORK_MODELS,
     OPTIMIZERS,
-    PS_MODES,
     REDUCTIONS,
     SCHEDULES,
-    SCHEMES,
     ConfigError,
     as_choice,
     as_duration,
