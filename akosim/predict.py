@@ -75,7 +75,6 @@ examples:
 LOOPBACK_PREFIXES = ("127.", "localhost", "[::1]", "::1")
 # keys that are about the simulation, not the run: never a contradiction
 SIMULATION_KEYS = frozenset({"network.model"})
-MEASURE_STEPS = 30  # gradient steps timed by --compute measure, as akosim's own (akosim.cli)
 COMPUTE_SOURCES = ("run", "measure")
 
 
@@ -213,18 +212,9 @@ def testbed_network(record: TestbedRecord, configured: NetworkConfig,
 def host_measured_compute_s(cfg: RunConfig) -> tuple[float, int, str]:
     """akosim's own cached measurement of the run's workload, batch and optimizer on this
     host (measured now when not cached): seconds per step, gradient elements, provenance."""
-    from akosim.compute import measure_compute_s
-    from akosim.compute_cache import key_for, measured_compute
-    from akosim.runspec import load_workload
+    from akosim.plan.setup import measured_compute
 
-    train = cfg.train
-    key = key_for(train.workload, train.batch_size, train.optimizer)
-
-    def measure() -> tuple[float, int]:
-        workload = load_workload(cfg)
-        return measure_compute_s(workload, steps=MEASURE_STEPS), workload.param_count
-
-    measured = measured_compute(key, measure, steps=MEASURE_STEPS)
+    measured = measured_compute(cfg, announce=False)
     return measured.record.compute_s, measured.record.param_count, \
         f"{measured.provenance()} (akosim's own, not the run's)"
 
@@ -266,11 +256,9 @@ def _loopback(cfg: RunConfig) -> bool:
 
 
 def predict_command(args: argparse.Namespace) -> int:
-    from akosim.compute import ComputeModel
-    from akosim.engine import StopRule
+    from akosim.plan.setup import build_setup, fixed_compute, stop_rule, tcp_parameters_for
     from akosim.report import format_table, json_safe, plan_result, write_json
     from akosim.runspec import configured_runs, load_workload
-    from akosim.scenario import Setup
 
     path = result_path(args.run_dir)
     if args.compute not in COMPUTE_SOURCES:
@@ -323,16 +311,16 @@ def predict_command(args: argparse.Namespace) -> int:
                        + "".join(f"; {note}" for note in testbed_notes))
     else:
         sources.append("network: the run's configuration (no testbed.json)")
-    if model == "tcp":
-        source = tcp_parameters(args.host_calibration)
-        tcp = source.params
-        if software is not None:  # the run measured it: the host's figure would count twice
-            tcp = replace(tcp, message_fixed_s=0.0, message_per_byte_s=0.0)
-        elif colocation is not None:
+    choice = tcp_parameters_for(cfg, args.host_calibration,
+                                # the run measured it: the host's figure would count twice
+                                without_message_cost=software is not None)
+    if choice is not None:
+        tcp = choice.params
+        if software is None and colocation is not None:
             tcp = message_cpu_stretched(tcp, colocation.slowdown)
             sources.append(f"per-message software cost x{colocation.slowdown:.2f} (the "
                            f"co-located ranks' measured slowdown), charged as the ranks' CPU")
-        sources.append(source.provenance)
+        sources.append(choice.provenance)
     elif args.host_calibration or software is None:
         host = tcp_parameters(args.host_calibration).params
         software = software or ((host.message_fixed_s,) if host.message_fixed_s else None)
@@ -340,10 +328,13 @@ def predict_command(args: argparse.Namespace) -> int:
         "the run's message_software_s" if run_measured_software
         else "the host calibration" if (tcp is not None and tcp.message_fixed_s) or software
         else "not measured (0)"))
-    setup = Setup(cfg, length, ComputeModel(0.0, jitter=jitter,
-                                             per_worker_s=compute_s, overhead_s=overhead),
-                  run.batch_size or cfg.train.batch_size, StopRule(rounds=rounds, drain=False),
-                  message_overhead_s=software or (), compute_source="; ".join(sources), tcp=tcp)
+    setup = build_setup(cfg, length=length,
+                        compute=fixed_compute(tuple(compute_s), jitter=jitter,
+                                              overhead_s=overhead),
+                        stop=stop_rule(cfg),  # the run's rounds, no drain
+                        batch_size=run.batch_size or cfg.train.batch_size,
+                        message_overhead_s=software or (), compute_source="; ".join(sources),
+                        tcp=tcp)
     runs = configured_runs(setup)
     predicted = runs[0].round_time_s
     measured = run.round_time_s

@@ -10,7 +10,7 @@ layer; `resolve_args` stacks defaults < ``--config`` < ``--set`` < flags.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from akocore.settings.layers import (
@@ -99,9 +99,11 @@ def flag_layer(args: argparse.Namespace, keys: Iterable[Key] = KEYS) -> list[Giv
 
 
 def resolve_args(args: argparse.Namespace, defaults: RunConfig | None = None, *,
-                 defaults_origin: Origin = DEFAULT_ORIGIN) -> ResolvedSettings:
-    """defaults (built-ins if None) < --config < --set items < flags, with origins."""
-    givens: list[Given] = []
+                 defaults_origin: Origin = DEFAULT_ORIGIN,
+                 below: Sequence[Given] = ()) -> ResolvedSettings:
+    """defaults (built-ins if None) < `below` (values a command adopts, e.g. from a run it
+    calibrates with) < --config < --set items < flags, with origins."""
+    givens: list[Given] = list(below)
     config_path = getattr(args, "config", None)
     if config_path is not None:
         givens += file_layer(config_path)
