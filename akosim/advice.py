@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from akocore.planner import Plan, PlanInputs, overlap_ssp, ways_out
-from akocore.resolve import network_arrays, resolve_plan
+from akocore.resolve import network_arrays
 from akocore.schemes.registry import is_partitioned
 from akocore.units import format_duration
 from akosim.scenario import Setup, SimRun
@@ -40,8 +40,8 @@ def plan_inputs(setup: Setup) -> PlanInputs:
 
 
 def chosen_plan(setup: Setup) -> Plan:
-    return resolve_plan(setup.config, gradient_bytes=setup.gradient_bytes, length=setup.length,
-                        compute_s=tuple(setup.compute.base_s(i) for i in range(setup.nodes)))
+    """The planner's answer for the configured p (the setup's, resolved once)."""
+    return setup.configured_plan()
 
 
 def with_overlap_ssp(setup: Setup) -> Setup:
@@ -50,9 +50,11 @@ def with_overlap_ssp(setup: Setup) -> Setup:
     off_diagonal = arrays.latency_s[~np.eye(setup.nodes, dtype=bool)]
     latency_s = float(off_diagonal.max()) if off_diagonal.size else 0.0
     latency_s += max(setup.message_overhead_s, default=0.0)
-    ssp = overlap_ssp(plan_inputs(setup), chosen_plan(setup).p_of, latency_s)
+    plan = chosen_plan(setup)
+    ssp = overlap_ssp(plan_inputs(setup), plan.p_of, latency_s)
     exchange = replace(setup.config.exchange, ssp=float(ssp))
-    return replace(setup, config=replace(setup.config, exchange=exchange))
+    return replace(setup, config=replace(setup.config, exchange=exchange),
+                   plan=replace(plan, staleness=float(ssp)))
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,16 @@ class Setup:
     compute_source: str = ""  # where compute came from, in words (printed, written to --out)
     # the TCP-aware model's parameters (akosim.tcpmodel); None = pure max-min
     tcp: TcpParameters | None = None
+    # the planner's answer for the configured p, resolved once (akosim.plan); None: not yet
+    plan: Plan | None = None
+
+    def configured_plan(self) -> Plan:
+        """The planner's answer for the configured p (resolved now if not yet)."""
+        if self.plan is not None:
+            return self.plan
+        return resolve_plan(self.config, gradient_bytes=self.gradient_bytes,
+                            length=self.length,
+                            compute_s=tuple(self.compute.base_s(i) for i in range(self.nodes)))
 
     @property
     def gradient_bytes(self) -> int:
@@ -143,9 +153,9 @@ def ako_variant(setup: Setup, p: str | tuple[int, ...] | None = None,
     config = setup.config
     if p is not None:
         config = replace(config, exchange=replace(config.exchange, p=p))
-    workers = setup.nodes
-    plan: Plan = resolve_plan(config, gradient_bytes=setup.gradient_bytes, length=setup.length,
-                              compute_s=tuple(setup.compute.base_s(i) for i in range(workers)))
+        plan = replace(setup, config=config, plan=None).configured_plan()
+    else:
+        plan = setup.configured_plan()
     given = config.exchange.p
     name = given if isinstance(given, str) else "given"
     text = f"ako p={plan.p}" if len(set(plan.p_of)) == 1 else \

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from akocore.config import ResolvedSettings
-from akosim.plan.setup import SimulationOptions, chooses_ssp_with_p, simulation_setup
+from akocore.schemes.registry import scheme_named
+from akosim.plan.setup import SimulationOptions, chooses_ssp_with_p, simulation_setup, with_plan
 
 if TYPE_CHECKING:
     from akosim.runspec import ProgressFactory
@@ -38,6 +39,8 @@ def run_setup(setup: Setup, *, choose_ssp: bool, compare: bool, training: bool =
     from akosim.compare import compare_all
     from akosim.runspec import configured_runs
 
+    if compare or scheme_named(setup.config.exchange.scheme).partitioned:
+        setup = with_plan(setup)  # p resolved once for the choice of s, the runs, the advice
     if choose_ssp:  # p and s together: the smallest s that lets sending overlap compute
         from akosim.advice import with_overlap_ssp
 

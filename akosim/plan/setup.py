@@ -14,7 +14,8 @@ once:
   config asks for that model (akosim.host_calibration_io), else None;
 - `chooses_ssp_with_p`: the rule that lets akosim choose s together with p
   (a partitioned scheme, timing only, and no layer set exchange.ssp);
-- `build_setup`: the only constructor of akosim.scenario.Setup;
+- `build_setup`: the only constructor of akosim.scenario.Setup; `with_plan`
+  resolves p once for the setup (the choice of s, the runs, the advice);
 - `simulation_setup`: the whole path from a resolved config and the options
   to a setup (and the workload when the workers really train).
 """
@@ -282,3 +283,11 @@ def simulation_setup(cfg: RunConfig, options: SimulationOptions, *, training: bo
                         coalesce_rel=options.coalesce, message_overhead_s=overhead,
                         compute_source=source, tcp=tcp)
     return setup, (workload() if training else None)
+
+
+def with_plan(setup: Setup) -> Setup:
+    """`setup` with the planner's answer for its configured p, resolved once here; the
+    choice of s, the runs and the advice read it from the setup."""
+    if setup.plan is not None:
+        return setup
+    return replace(setup, plan=setup.configured_plan())
