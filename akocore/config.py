@@ -19,6 +19,7 @@ from akocore.settings.cli_flags import (
     flag_layer,
     resolve_args,
 )
+from akocore.settings.key_registry import Tool
 from akocore.settings.layers import Given, Layer, Origin, ResolvedSettings, resolve
 from akocore.settings.normalise import (
     EMULATE_MODES,
@@ -27,7 +28,6 @@ from akocore.settings.normalise import (
     SCHEDULES,
     ConfigError,
 )
-from akocore.settings.registry import Tool
 from akocore.settings.schema import (
     AkorunConfig,
     ClusterConfig,

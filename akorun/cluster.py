@@ -57,8 +57,8 @@ from akocore.config import (
     resolve,
     set_layer,
 )
+from akocore.settings.key_registry import SECTIONS
 from akocore.settings.layers import layer_of
-from akocore.settings.registry import SECTIONS
 from akocore.settings.schema import ALLOW_HOSTS
 from akorun.errors import UsageError
 from akorun.keys import RankKeys, read_rank_keys

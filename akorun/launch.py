@@ -4,7 +4,7 @@ This module owns the single-machine run: it writes ``DIR/cluster.toml``
 (loopback, free ports, a fresh run id and secret), starts one
 ``python -m akorun worker|ps`` per rank with its output in ``DIR/worker-R.log``,
 shows one progress line (polling every rank's read-only ``/status``), waits
-for all, and merges ``DIR/result.json`` (akorun.results). Ctrl-C or SIGTERM
+for all, and merges ``DIR/result.json`` (akorun.result_files). Ctrl-C or SIGTERM
 stops the children gracefully: SIGTERM to each (they finish their round,
 flush and checkpoint), then SIGKILL after a grace period (the log says so). A
 rank stopped before it joined exits 130 after telling the peers that are up
@@ -44,8 +44,8 @@ from akocore.results import RankResult, RunResult
 from akorun.cluster import AkorunSettings, loopback_hosts, with_hosts, write_cluster_file
 from akorun.errors import EXIT_INTERRUPTED, Interrupted, RunError, UsageError
 from akorun.keys import restrict_new_files
-from akorun.results import merge_results, write_json
-from akorun.roles import role_of
+from akorun.node_plan import role_of
+from akorun.result_files import merge_results, write_json
 
 SINGLE_THREAD_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 LOG_TAIL_LINES = 15

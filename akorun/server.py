@@ -66,6 +66,7 @@ from akocore.schemes import SchemeError
 from akorun import control
 from akorun.admission import Admission, BufferPool, Refusal
 from akorun.control import CONTROL_BODY_MAX_BYTES, ControlError, ControlKind
+from akorun.emulated_links import DownlinkShaper
 from akorun.errors import UsageError
 from akorun.keys import AUTH_HEADER, RELAY_HEADER, SESSION_PATH, Opened, RequestVerifier, ack_body
 from akorun.metrics import PROMETHEUS_CONTENT_TYPE, ByteWaits, Metrics
@@ -76,7 +77,6 @@ from akorun.sender import (
     WIRE_TIME_HEADER,
     seconds_header,
 )
-from akorun.shaping import DownlinkShaper
 from akorun.validation import NonFiniteValues
 from akorun.wire import (
     HEADER_SIZE,

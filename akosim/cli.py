@@ -250,7 +250,7 @@ def run_plan(args: argparse.Namespace, *, training: bool = False) -> int:
 def _finish(args: argparse.Namespace, cfg: RunConfig, setup, runs, training: bool, *,
             ssp_chosen: bool = False) -> int:
     from akosim.advice import MAX_STALENESS_ROUNDS, explain
-    from akosim.report import format_table, json_safe, plan_result, write_json
+    from akosim.result_tables import format_table, json_safe, plan_result, write_json
     from akosim.trace import write_trace
 
     compute = setup.compute

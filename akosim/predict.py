@@ -141,7 +141,7 @@ def check_no_contradiction(args: argparse.Namespace, cfg: RunConfig, where: Path
             continue
         section, field_name = key.split(".", 1)
         given = resolved.value(key)
-        from akocore.settings.registry import BY_DOTTED
+        from akocore.settings.key_registry import BY_DOTTED
 
         ran = getattr(getattr(base, section), BY_DOTTED[key].field)
         if given != ran:
@@ -257,7 +257,7 @@ def _loopback(cfg: RunConfig) -> bool:
 
 def predict_command(args: argparse.Namespace) -> int:
     from akosim.plan.setup import build_setup, fixed_compute, stop_rule, tcp_parameters_for
-    from akosim.report import format_table, json_safe, plan_result, write_json
+    from akosim.result_tables import format_table, json_safe, plan_result, write_json
     from akosim.runspec import configured_runs, load_workload
 
     path = result_path(args.run_dir)

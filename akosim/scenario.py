@@ -33,7 +33,7 @@ from akosim.engine import Simulation, StopRule, TraceEvent
 from akosim.fluid import COALESCE_REL
 from akosim.netspec import NetworkSpec
 from akosim.netstats import NetworkUtilisation
-from akosim.training import AccuracyTracker, BatchedGradients, Evaluation
+from akosim.sim_training import AccuracyTracker, BatchedGradients, Evaluation
 
 
 @dataclass(frozen=True)

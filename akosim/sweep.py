@@ -295,7 +295,7 @@ def run_point(task: dict[str, Any]) -> tuple[str, float]:
     (the point's file then holds the config with the chosen s).
     """
     from akosim.plan.setup import build_setup, fixed_compute, stop_rule, tcp_parameters_for
-    from akosim.report import json_safe, run_result, write_json
+    from akosim.result_tables import json_safe, run_result, write_json
 
     started = time.perf_counter()
     config = config_from_dict(task["config"])

@@ -38,8 +38,8 @@ from akocore.config import (
     resolve_args,
     set_layer,
 )
+from akocore.settings.key_registry import KEYS, RUN_SECTIONS, SECTION_TYPES, Key
 from akocore.settings.layers import layer_of
-from akocore.settings.registry import KEYS, RUN_SECTIONS, SECTION_TYPES, Key
 
 FULL_TOML = """
 [cluster]

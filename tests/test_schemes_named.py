@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from akocore.schemes.registry import SCHEMES
 from akocore.schemes.named import CORE_SCHEMES, NAMED_SCHEMES, SCHEME_NAMES, expansion
+from akocore.schemes.registry import SCHEMES
 from akocore.settings.layers import Given, Layer, resolve
 from akocore.settings.toml_io import file_layer
 

@@ -13,6 +13,14 @@ import argparse
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from akocore.settings.key_registry import (
+    KEYS,
+    RUN_SECTIONS,
+    FlagKind,
+    Key,
+    Tool,
+    flag_keys,
+)
 from akocore.settings.layers import (
     DEFAULT_ORIGIN,
     Given,
@@ -20,14 +28,6 @@ from akocore.settings.layers import (
     Origin,
     ResolvedSettings,
     resolve,
-)
-from akocore.settings.registry import (
-    KEYS,
-    RUN_SECTIONS,
-    FlagKind,
-    Key,
-    Tool,
-    flag_keys,
 )
 from akocore.settings.schema import RunConfig
 from akocore.settings.toml_io import file_layer, parse_set_value, set_layer

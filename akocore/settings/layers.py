@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from akocore.schemes.named import expansion
+from akocore.settings.key_registry import BY_DOTTED, RUN_SECTIONS, SECTIONS, Key
 from akocore.settings.normalise import ConfigError, is_unset, require_unit, show
-from akocore.settings.registry import BY_DOTTED, RUN_SECTIONS, SECTIONS, Key
 from akocore.settings.schema import AkorunConfig, RunConfig
 
 STOP_KEYS = ("train.duration", "train.target_accuracy")

@@ -6,7 +6,7 @@ whose answer depends on the scheme or the role: what to check and compile
 before the join, whether the rank trains, whether it can rejoin or donate a
 rejoin snapshot, what its checkpoint and /status carry, where its parameters
 start in the full vector, and whether one signal stops it at once. The rest of
-the runtime asks the role instead of checking the scheme. (akorun.roles holds
+the runtime asks the role instead of checking the scheme. (akorun.node_plan holds
 the config-level helpers these build on: role_of, plan_node, make_node.)
 """
 
@@ -23,10 +23,10 @@ from akocore.config import RunConfig, replace_in
 from akocore.optim import FlatOptimizer
 from akocore.schemes import REGISTRY, AkoWorker, PSLayout, PSServer, SchemeNode
 from akocore.workload import Workload
-from akorun.checkpoint import Checkpoint
+from akorun.checkpoint_file import Checkpoint
 from akorun.control import ControlError
 from akorun.errors import RunError, UsageError
-from akorun.roles import (
+from akorun.node_plan import (
     NodePlan,
     make_node,
     params_digest,

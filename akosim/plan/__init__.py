@@ -6,10 +6,10 @@ simulation setup, used by every entry point (plan, train, sweep, predict, the an
   measurement through the per-machine cache, the TCP parameters, the rule that
   chooses s with p, `build_setup` (the only constructor of a scenario setup) and
   `simulation_setup`, from resolved settings to a setup.
-- akosim.plan.run: `run_setup` / `run_plan_for`, the runs a command asks for.
+- akosim.plan.execute: `run_setup` / `plan_runs`, the runs a command asks for.
 """
 
-from akosim.plan.run import PlannedRuns, plan_runs, run_setup
+from akosim.plan.execute import PlannedRuns, plan_runs, run_setup
 from akosim.plan.setup import (
     MEASURE_STEPS,
     SimulationOptions,

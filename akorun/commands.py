@@ -59,7 +59,7 @@ from akorun.errors import (
 from akorun.faults import faults_for
 from akorun.keys import rank_key_file, write_rank_key_files
 from akorun.launch import LaunchOptions, check_run_directory, launch, worker_flags
-from akorun.roles import check_role
+from akorun.node_plan import check_role
 from akorun.testbed.runner import TESTBEDS, TestbedOptions, launch_on_testbed
 from akorun.worker import TLSOptions, Worker, WorkerOptions, summary_line
 
