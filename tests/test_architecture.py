@@ -193,3 +193,165 @@ def test_akocore_changes_global_jax_settings_only_in_its_one_explicit_edge():
         assert not [name for name in at_import if name.startswith("jax.config")], module
         if module != "akocore.process_setup":
             assert "jax.config.update" not in text, module
+
+
+# ------------------------------------------------------------ schemes are objects
+
+
+def _scheme_names() -> set[str]:
+    from akocore.schemes.named import SCHEME_NAMES
+
+    return set(SCHEME_NAMES)
+
+
+# Modules allowed to compare a value with a scheme's name: the schemes package (each
+# scheme's own module and the registry). analysis.matrix's "scheme" is an experiment
+# column id ("ps", "ako-p1", "ako-pauto", ...), a study's naming, not a dispatch on
+# the exchange scheme.
+SCHEME_NAME_COMPARISONS_ALLOWED = ("akocore.schemes", "analysis.matrix")
+
+
+def _names_a_scheme(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Name) and node.id.endswith("scheme")) or (
+        isinstance(node, ast.Attribute) and node.attr.endswith("scheme"))
+
+
+def _scheme_literals(node: ast.expr, names: set[str]) -> bool:
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str) and node.value in names
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return any(_scheme_literals(item, names) for item in node.elts)
+    return False
+
+
+def scheme_name_comparisons(tree: ast.AST, names: set[str]) -> list[int]:
+    """Lines that compare something called *scheme with a scheme's name
+    (``scheme == "ps"``, ``cfg.exchange.scheme in ("ako", "ps")``, ``"ps" != scheme``)."""
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left, *node.comparators]
+        for left, op, right in zip(operands, node.ops, operands[1:], strict=False):
+            if not isinstance(op, ast.Eq | ast.NotEq | ast.In | ast.NotIn):
+                continue
+            if (_names_a_scheme(left) and _scheme_literals(right, names)) or (
+                    _names_a_scheme(right) and _scheme_literals(left, names)):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_the_scheme_comparison_finder_finds_the_forms_it_forbids():
+    names = {"ako", "ps"}
+    source = ('a = cfg.exchange.scheme == "ps"\nb = scheme in ("ako", "x")\n'
+              'c = "ps" != run.scheme\nd = init_scheme == "tf.ako"\ne = scheme == other\n')
+    assert scheme_name_comparisons(ast.parse(source), names) == [1, 2, 3]
+
+
+def test_no_module_compares_a_scheme_with_a_name_outside_the_scheme_registry():
+    """Shells ask the scheme object (akocore.schemes.registry), not its name."""
+    names = _scheme_names()
+    offenders = []
+    for module, path in project_modules().items():
+        if module.startswith(SCHEME_NAME_COMPARISONS_ALLOWED):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        offenders += [f"{path.relative_to(ROOT)}:{line}"
+                      for line in scheme_name_comparisons(tree, names)]
+    assert offenders == []
+
+
+def test_every_scheme_is_one_object_with_its_hooks():
+    from akocore.schemes import REGISTRY, Scheme
+
+    assert set(REGISTRY) == {"ako", "ps", "allreduce", "wagma"}
+    for name, scheme in REGISTRY.items():
+        assert isinstance(scheme, Scheme) and scheme.name == name
+        assert type(scheme).build is not Scheme.build, f"{name} builds no nodes"
+
+
+# ------------------------------------------------------------ one application layer
+
+APPLICATION_LAYER = "akosim.plan"
+# constructors of a simulation's pieces: only the application layer calls them (and the
+# simulation itself, inside akosim.scenario)
+SETUP_CONSTRUCTORS = {"Setup": APPLICATION_LAYER, "StopRule": APPLICATION_LAYER,
+                      "ComputeModel": APPLICATION_LAYER, "Simulation": "akosim.scenario"}
+
+
+def _called_name(call: ast.Call) -> str:
+    func = call.func
+    return func.id if isinstance(func, ast.Name) else (
+        func.attr if isinstance(func, ast.Attribute) else "")
+
+
+def test_only_the_application_layer_builds_a_simulation_setup():
+    offenders = []
+    for module, path in project_modules().items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            home = SETUP_CONSTRUCTORS.get(_called_name(node))
+            if home is not None and not (module == home or module.startswith(home + ".")):
+                offenders.append(f"{module}:{node.lineno} calls {_called_name(node)}")
+    assert offenders == []
+
+
+@pytest.mark.parametrize("entry_point", ["akosim.cli", "akosim.sweep", "akosim.predict",
+                                         "analysis.akosim_calls"])
+def test_every_entry_point_uses_the_application_layer(entry_point):
+    graph = import_graph()
+    assert any(t == APPLICATION_LAYER or t.startswith(APPLICATION_LAYER + ".")
+               for t in graph[entry_point]), f"{entry_point} does not use {APPLICATION_LAYER}"
+
+
+def _runs_akosim_executable(call: ast.Call) -> bool:
+    func = call.func
+    if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
+            and func.value.id == "subprocess"):
+        return False
+    if not call.args or not isinstance(call.args[0], ast.List | ast.Tuple):
+        return False
+    words = [e.value for e in call.args[0].elts[:3] if isinstance(e, ast.Constant)]
+    return "akosim" in words
+
+
+def test_no_module_runs_akosim_as_a_subprocess():
+    offenders = []
+    for module, path in project_modules().items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        offenders += [f"{module}:{node.lineno}" for node in ast.walk(tree)
+                      if isinstance(node, ast.Call) and _runs_akosim_executable(node)]
+    assert offenders == []
+
+
+# ------------------------------------------------------------ modules and names
+
+LONG_MODULE_LINES = 500
+
+
+def test_a_module_past_500_lines_says_why_in_its_docstring():
+    import re
+
+    offenders = []
+    for module, path in project_modules().items():
+        text = path.read_text(encoding="utf-8")
+        if text.count("\n") <= LONG_MODULE_LINES:
+            continue
+        doc = ast.get_docstring(ast.parse(text)) or ""
+        if not re.search(r"(past|over) ~?500 lines", doc, re.IGNORECASE):
+            offenders.append(module)
+    assert offenders == []
+
+
+def test_no_two_modules_share_a_file_name():
+    """A module's file name says what it is: no twins in different packages (entry
+    points __init__ and __main__ aside)."""
+    seen: dict[str, list[str]] = {}
+    for module, path in project_modules().items():
+        if path.name in ("__init__.py", "__main__.py"):
+            continue
+        seen.setdefault(path.name, []).append(module)
+    twins = {name: modules for name, modules in seen.items() if len(modules) > 1}
+    assert twins == {}
