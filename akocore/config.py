@@ -14,6 +14,7 @@ from akocore.schemes.ps_family import PS_MODES
 from akocore.schemes.registry import SCHEMES
 from akocore.settings.cli_flags import (
     add_akorun_arguments,
+    add_akosim_argument,
     add_shared_arguments,
     config_from_args,
     flag_layer,
@@ -30,6 +31,7 @@ from akocore.settings.normalise import (
 )
 from akocore.settings.schema import (
     AkorunConfig,
+    AkosimConfig,
     ClusterConfig,
     ExchangeConfig,
     NetworkConfig,
@@ -57,6 +59,7 @@ __all__ = [
     "SCHEDULES",
     "SCHEMES",
     "AkorunConfig",
+    "AkosimConfig",
     "ClusterConfig",
     "ConfigError",
     "ExchangeConfig",
@@ -69,6 +72,7 @@ __all__ = [
     "Tool",
     "TrainConfig",
     "add_akorun_arguments",
+    "add_akosim_argument",
     "add_shared_arguments",
     "apply_overrides",
     "config_from_args",

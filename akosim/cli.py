@@ -28,10 +28,12 @@ from akocore.config import (
     ResolvedSettings,
     RunConfig,
     Tool,
+    add_akosim_argument,
     add_shared_arguments,
     config_to_dict,
     resolve_args,
 )
+from akocore.settings.key_registry import RUN_SECTIONS
 from akocore.units import format_duration, format_size
 from akosim.calibration import (  # noqa: F401 (rank_overhead_s: re-exported)
     compute_from_result,
@@ -95,11 +97,7 @@ def _add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     add = group.add_argument
     add("--gradient-size", metavar="SIZE",
         help="gradient bytes per worker, e.g. 17MB or 4MiB (default: from --workload)")
-    add("--compute", metavar="DURATION|measure|remeasure", default="measure",
-        help="compute time per round, e.g. 0.3s or 250ms; 'measure' times the real "
-             "--workload gradient step on this machine once and caches it (default; "
-             "$AKO_CACHE_DIR, $XDG_CACHE_HOME/ako-toolkit or ~/.cache/ako-toolkit); "
-             "'remeasure' times it again and refreshes the cache")
+    add_akosim_argument(group, "compute")
     add("--compute-from", metavar="RESULT.json",
         help="take each worker's measured compute time (and its per-round overhead and "
              "per-message overhead, when the file has them) from an akorun result file")
@@ -107,10 +105,7 @@ def _add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         help="per-round time each worker spends outside the gradient (dispatch, inbox, "
              "optimizer, event loop), spent before the round's sends leave, e.g. 3ms "
              "(default 0, or what --compute-from's result measured)")
-    add("--message-overhead", metavar="DURATION",
-        help="per-message time beyond the wire (software stack: HTTP, verification, "
-             "apply), added to every link's latency, e.g. 2ms (default 0, or what "
-             "--compute-from's result measured)")
+    add_akosim_argument(group, "message_overhead")
     add("--compute-jitter", type=float, default=0.0, metavar="FRACTION",
         help="relative standard deviation of each round's compute time, e.g. 0.1")
     add("--speeds", metavar="F1,F2,...",
@@ -118,11 +113,7 @@ def _add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     add("--stragglers", metavar="RANKS", help="ranks slowed by --straggler-factor, e.g. 3,7")
     add("--straggler-factor", type=float, default=4.0, metavar="X",
         help="compute time multiplier of the stragglers (default 4)")
-    add("--coalesce", type=float, default=None, metavar="FRACTION",
-        help="messages whose remaining transfer is within this fraction of their own "
-             "duration finish together (default 1e-4); 0.01-0.03 makes networks where "
-             "every link has its own rate much faster to simulate, each message at most "
-             "1-3%% early")
+    add_akosim_argument(group, "coalesce")
     add("--max-staleness", type=int, default=None, metavar="ROUNDS",
         help="the most rounds a gradient may take to reach every peer (p - 1 + s) before "
              "the plan says it is too stale and lists the cheapest ways out (default "
@@ -233,7 +224,7 @@ def run_plan(args: argparse.Namespace, *, training: bool = False) -> int:
 
     resolved = resolve_settings(args, training=training)
     if args.show_config:
-        print("\n".join(resolved.describe()))
+        print("\n".join(resolved.describe((*RUN_SECTIONS, "akosim"))))
         return 0
     if training:
         from akocore.process_setup import enable_compilation_cache
@@ -241,7 +232,7 @@ def run_plan(args: argparse.Namespace, *, training: bool = False) -> int:
         cache = Path.home() / ".cache" / "akosim" / "jax"
         enable_compilation_cache(str(cache))
     factory = progress_factory(not args.quiet and sys.stderr.isatty())
-    planned = plan_runs(resolved, SimulationOptions.from_args(args), training=training,
+    planned = plan_runs(resolved, SimulationOptions.from_args(args, resolved), training=training,
                         trace=bool(args.trace), factory=factory)
     return _finish(args, planned.setup.config, planned.setup, planned.runs, training,
                    ssp_chosen=planned.ssp_chosen)

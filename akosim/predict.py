@@ -86,7 +86,7 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
     add("--host-calibration", metavar="FILE.json",
         help="the TCP model's parameters from this `akosim calibrate --out` file (default: "
              "this host's cached calibration, else documented defaults)")
-    add("--compute", metavar="run|measure", default="run",
+    add("--compute", metavar="run|measure", default="run", dest="compute_source",
         help="compute per round from the run's ranks (default), or 'measure': akosim's own "
              "cached measurement of the run's workload on this host, with the per-message "
              "cost from the host calibration (a host-calibrated prediction: nothing timed "
@@ -261,8 +261,8 @@ def predict_command(args: argparse.Namespace) -> int:
     from akosim.runspec import configured_runs, load_workload
 
     path = result_path(args.run_dir)
-    if args.compute not in COMPUTE_SOURCES:
-        raise UsageError(f"predict: --compute: got {args.compute!r}, expected "
+    if args.compute_source not in COMPUTE_SOURCES:
+        raise UsageError(f"predict: --compute: got {args.compute_source!r}, expected "
                          f"{' or '.join(COMPUTE_SOURCES)} (the run's compute or akosim's own)")
     run = read_run(path)
     configured = run_config(run, path)
@@ -281,7 +281,7 @@ def predict_command(args: argparse.Namespace) -> int:
                                 target_accuracy=None),
                   network=replace(network, model=model))
     workers = cfg.cluster.workers
-    from_run = args.compute == "run"
+    from_run = args.compute_source == "run"
     colocation: Colocation | None = None
     calibration = Calibration.from_run(run, source=str(path))
     gradient_bytes = next((r.model_bytes for r in run.per_worker if r.model_bytes), None)

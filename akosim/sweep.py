@@ -54,7 +54,7 @@ from akocore.config import (
     set_layer,
 )
 from akocore.units import format_duration
-from akosim.plan.setup import chooses_ssp_with_p
+from akosim.plan.setup import chooses_ssp_with_p, compute_setting
 from akosim.runspec import (
     TIMING_DEFAULTS,
     USER_ERRORS,
@@ -62,7 +62,6 @@ from akosim.runspec import (
     configured_runs,
     gradient_length_of_size,
     load_workload,
-    parse_duration_flag,
 )
 from akosim.sweepfiles import POINT_FORMAT, SweepPoint, collect
 
@@ -147,10 +146,11 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     add("--set", metavar="SECTION.KEY=VALUE", action="append", dest="set",
         help="override one config value for every point, repeatable, e.g. "
              "--set network.link_bandwidth=40,20,10mbps")
-    add("--compute", metavar="DURATION|measure", default="measure",
+    add("--compute", metavar="DURATION|measure|remeasure", default="measure",
         help="compute seconds per round, e.g. 0.3s; 'measure' takes the --workload's "
              "gradient step on this machine from the compute cache the plan command uses "
-             "(measured once and cached when absent), for every point (default)")
+             "(measured once and cached when absent), for every point (default); "
+             "'remeasure' times it again and refreshes the cache")
     add("--gradient-size", metavar="SIZE",
         help="gradient bytes per worker, e.g. 17MB (default: the --workload's)")
     add("--rounds", metavar="N", help="simulated rounds per point (default 30)")
@@ -232,13 +232,8 @@ def sim_settings(args: argparse.Namespace) -> dict[str, Any]:
         settings["gradient_length"] = gradient_length_of_size(args.gradient_size)
     else:
         settings["gradient_length"] = "workload"
-    if args.compute.strip() == "measure":
-        settings["compute_s"] = "measure"
-    else:
-        compute_s = parse_duration_flag("--compute", args.compute)
-        if compute_s < 0:
-            raise UsageError(f"--compute: got {args.compute}, expected a duration >= 0")
-        settings["compute_s"] = compute_s
+    compute = compute_setting(args.compute)  # seconds, "measure" or "remeasure"
+    settings["compute_s"] = "measure" if isinstance(compute, str) else compute
     return settings
 
 
@@ -344,7 +339,8 @@ def _measured(config: RunConfig, cache: dict[str, Any]):
 
     if "measured" not in cache:
         cache["measured"] = measured_compute(
-            config, load=lambda: _cached_workload(config, cache))
+            config, load=lambda: _cached_workload(config, cache),
+            refresh=cache.get("remeasure", False))
     return cache["measured"]
 
 
@@ -428,6 +424,7 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs: got {args.jobs}, expected a number of processes >= 1")
     settings = sim_settings(args)
+    cache: dict[str, Any] = {"remeasure": args.compute.strip() == "remeasure"}
     points = expand_grid(args, settings)
     mine = shard_of(points, shard)
     out = Path(args.out)
@@ -435,7 +432,6 @@ def _sweep(args: argparse.Namespace) -> int:
     todo = [p for p in mine if not (points_dir / f"{p.id}.json").exists()]
     skipped = len(mine) - len(todo)
     jobs = min(args.jobs or os.cpu_count() or 1, max(len(todo), 1))
-    cache: dict[str, Any] = {}
     length = 0
     if todo:
         length = _gradient_length(todo[0].config, settings, cache)

@@ -2,7 +2,8 @@
 
 `add_shared_arguments` gives a parser ``--config``, ``--set`` and one flag
 per run setting the registry offers its `Tool`; `add_akorun_arguments` adds
-the ``[akorun]`` settings' flags (peer timeout, join timeout, ...). Every
+the ``[akorun]`` settings' flags (peer timeout, join timeout, ...) and
+`add_akosim_argument` one ``[akosim]`` setting's flag (``--compute``). Every
 generated flag defaults to None, so only flags actually given form the FLAG
 layer; `resolve_args` stacks defaults < ``--config`` < ``--set`` < flags.
 """
@@ -16,6 +17,7 @@ from typing import Any
 from akocore.settings.key_registry import (
     KEYS,
     RUN_SECTIONS,
+    SECTIONS,
     FlagKind,
     Key,
     Tool,
@@ -80,6 +82,12 @@ def add_akorun_arguments(group: Any, tool: Tool) -> None:
     """Add the flags of the [akorun] settings `tool` takes to `group`."""
     for key in flag_keys(tool, "akorun"):
         add_key_flag(group, key)
+
+
+def add_akosim_argument(group: Any, name: str) -> None:
+    """Add the flag of one [akosim] setting (``--compute``, ``--message-overhead``,
+    ``--coalesce``) to `group`, where the command lists it among its own flags."""
+    add_key_flag(group, SECTIONS["akosim"][name])
 
 
 def _flag_value(key: Key, value: Any) -> Any:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from akocore.cli_support import UsageError
-from akocore.config import ResolvedSettings, RunConfig
+from akocore.config import AkosimConfig, ResolvedSettings, RunConfig
 from akocore.host_calibration import TcpParameters
 from akocore.schemes.registry import scheme_named
 from akocore.units import format_duration
@@ -55,26 +55,43 @@ TRAINING_ROUNDS_CAP = 10_000  # akosim train without rounds or duration: bounded
 class SimulationOptions:
     """What akosim takes beside the run settings, as the command line gives it."""
 
-    compute: str = "measure"  # a duration ("0.3s"), "measure" or "remeasure"
+    # the [akosim] settings (resolved and checked by the key registry, akocore.settings)
+    compute: float | str = "measure"  # seconds per round, "measure" or "remeasure"
+    message_overhead_s: float | None = None  # None: 0, or what --compute-from's run measured
+    coalesce: float | None = None  # None: akosim.fluid.COALESCE_REL
+    # the command's own flags
     compute_from: str | None = None  # an akorun result: its measured compute and overheads
     round_overhead: str | None = None  # a duration
-    message_overhead: str | None = None  # a duration
     compute_jitter: float = 0.0
     speeds: str | None = None  # "1,1,2"
     stragglers: str | None = None  # "3,7"
     straggler_factor: float = 4.0
-    coalesce: float | None = None  # None: akosim.fluid.COALESCE_REL
     gradient_size: str | None = None  # "17MB"; None: the workload's
     host_calibration: str | None = None  # an `akosim calibrate --out` file
 
     @classmethod
-    def from_args(cls, args: Any) -> SimulationOptions:
-        """The options of an argparse namespace (a flag a command lacks keeps its default)."""
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)
-                      if getattr(args, f.name, None) is not None})
+    def from_args(cls, args: Any, resolved: ResolvedSettings | None = None,
+                  ) -> SimulationOptions:
+        """The options of resolved settings' [akosim] section and the command's own flags
+        in an argparse namespace (a flag a command lacks keeps its default)."""
+        akosim = resolved.akosim if resolved is not None else AkosimConfig()
+        shared = {"compute": akosim.compute, "message_overhead_s": akosim.message_overhead_s,
+                  "coalesce": akosim.coalesce}
+        own = {f.name: getattr(args, f.name) for f in fields(cls)
+               if f.name not in shared and getattr(args, f.name, None) is not None}
+        return cls(**shared, **own)
 
 
 # ------------------------------------------------------------------ compute
+
+
+def compute_setting(text: str) -> float | str:
+    """``--compute TEXT`` read as the [akosim] compute setting (the key registry's check,
+    the same as plan's): seconds per round, "measure" or "remeasure"."""
+    from akocore.config import Given, Layer, resolve
+
+    given = Given("akosim.compute", text, Layer.FLAG, "by --compute")
+    return resolve([given]).akosim.compute
 
 
 def measured_compute(cfg: RunConfig, *, load: Callable[[], Workload] | None = None,
@@ -154,12 +171,8 @@ def message_overhead_s(options: SimulationOptions, nodes: int, *,
     """--message-overhead, else what --compute-from's run measured: under the max-min
     model (an emulated run) its message_overhead_s; under the TCP model (a real
     network, whose time message_overhead_s contains) only message_software_s."""
-    if options.message_overhead is not None:
-        value = parse_duration_flag("--message-overhead", options.message_overhead)
-        if value < 0:
-            raise UsageError(f"--message-overhead: got {options.message_overhead}, "
-                             f"expected >= 0")
-        return (value,)
+    if options.message_overhead_s is not None:
+        return (options.message_overhead_s,)
     if options.compute_from:
         if real_network:
             return message_software_from_result(options.compute_from, nodes) or ()
@@ -252,7 +265,8 @@ def simulation_setup(cfg: RunConfig, options: SimulationOptions, *, training: bo
         compute_s, param_count = measured.record.compute_s, measured.record.param_count
         source = measured.provenance()
     else:
-        compute_s = parse_duration_flag("--compute", options.compute)
+        assert isinstance(options.compute, float)  # checked by the [akosim] section
+        compute_s = options.compute
         source = f"compute {format_duration(compute_s)}/round given"
     if training:
         length = workload().param_count
@@ -264,9 +278,6 @@ def simulation_setup(cfg: RunConfig, options: SimulationOptions, *, training: bo
         length = workload().param_count
     compute = compute_model(options, cfg.cluster.workers, compute_s)
     stop = stop_rule(cfg, training=training)
-    if options.coalesce is not None and not 0 <= options.coalesce < 0.5:
-        raise UsageError(f"--coalesce: got {options.coalesce}, expected a fraction "
-                         f"0 <= x < 0.5, e.g. 0.01")
     real_network = cfg.network.model == "tcp"
     overhead = message_overhead_s(options, cfg.cluster.workers, real_network=real_network)
     tcp = None
