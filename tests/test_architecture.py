@@ -261,13 +261,21 @@ def test_no_module_compares_a_scheme_with_a_name_outside_the_scheme_registry():
     assert offenders == []
 
 
-def test_every_scheme_is_one_object_with_its_hooks():
-    from akocore.schemes import REGISTRY, Scheme
+def test_every_scheme_is_one_object_that_builds_its_own_nodes():
+    from akocore.config import ExchangeConfig
+    from akocore.schemes import REGISTRY, Scheme, SchemeSpec, build_nodes
 
     assert set(REGISTRY) == {"ako", "ps", "allreduce", "wagma"}
     for name, scheme in REGISTRY.items():
         assert isinstance(scheme, Scheme) and scheme.name == name
-        assert type(scheme).build is not Scheme.build, f"{name} builds no nodes"
+        spec = SchemeSpec(scheme=name, workers=4, ps_servers=1)
+        nodes = build_nodes(spec, 40, None, None)
+        assert [node.rank for node in nodes] == [0, 1, 2, 3]
+        assert sum(node.is_worker for node in nodes) == spec.training_workers \
+            == 4 - (1 if scheme.has_servers else 0)
+        exchange = ExchangeConfig(scheme=name)
+        assert scheme.staleness_bound(exchange, p_max=3, ssp=1.0) >= 0
+        assert isinstance(scheme.variant_label(exchange), str)
 
 
 # ------------------------------------------------------------ one application layer

@@ -9,6 +9,7 @@ neither this module nor its callers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -40,6 +41,9 @@ class SchemeSpec:
     local_steps: bool = False  # ps: workers step locally (async DOWNPOUR/ADAG, sync SDAG)
     push_average: bool = False  # ps local steps: push update / push_every (ADAG, SAGN)
     worker_lr_scale: tuple[float, ...] = ()  # ps: learning-rate factors, worker i: [i % len]
+    # the scheme's own exchange keys that are not fields above, (name, value) in the order
+    # of its `keys` (akocore.resolve.scheme_spec fills them): a new scheme's knobs
+    options: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         scheme_named(self.scheme)  # ValueError naming the known schemes
@@ -62,6 +66,10 @@ class SchemeSpec:
     def training_workers(self) -> int:
         """Nodes that compute gradients (all but the servers of a scheme that has them)."""
         return self.workers - self.kind.servers(self.ps_servers)
+
+    def option(self, name: str, default: Any = None) -> Any:
+        """The value of the scheme's own exchange key `name` (see `options`)."""
+        return dict(self.options).get(name, default)
 
     def p_list(self) -> tuple[int, ...]:
         if len(self.p_of) == 1:
