@@ -80,7 +80,8 @@ def configured_runs(setup: Setup, *, factory: ProgressFactory | None = None,
         if exchange.ps_servers == "best":
             from akosim.compare import best_ps
 
-            best, tried = best_ps(setup, ssp=ssp, factory=factory, **kwargs)
+            best, tried = best_ps(setup, ssp=ssp, factory=factory, name=scheme.name,
+                                  **kwargs)
             best.label = f"{scheme.name} {best.ps_servers} server(s), best of {len(tried)}"
             return [best]
         servers = int(exchange.ps_servers)

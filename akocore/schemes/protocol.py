@@ -16,7 +16,8 @@ capability of that object, so that no other module compares scheme names:
   planner chooses p, and s with it), `has_servers` (the last ranks are
   servers that do not train), `needs_every_rank` (a lost rank stops the
   run), `rejoinable` (akorun's ``--resume`` and rejoin snapshots),
-  `pattern` (the communication pattern, for closed forms).
+  `pattern` (the communication pattern, for closed forms), `compared` (in
+  akosim's side-by-side comparison of every scheme).
 
 Adding a scheme is one module (its node classes and a `Scheme` subclass
 instance) and one entry in the registry. `Scheme` is a base class whose
@@ -52,6 +53,7 @@ class Scheme:
     has_servers: ClassVar[bool] = False  # the last exchange.ps_servers ranks do not train
     needs_every_rank: ClassVar[bool] = False  # a lost rank stops the run
     rejoinable: ClassVar[bool] = False  # a rank can rejoin (--resume) and donate snapshots
+    compared: ClassVar[bool] = True  # a run of it is in akosim's side-by-side comparison
 
     def check_spec(self, spec: SchemeSpec) -> None:
         """ValueError when `spec` cannot run this scheme (the shared checks are done)."""

@@ -224,6 +224,7 @@ class WagmaScheme(Scheme):
     summary = "wait-avoiding group model averaging, a global average every tau rounds"
     keys = ("group_size", "global_every")
     pattern = "groups"
+    compared = False  # a model-averaging scheme: chosen by name, not in the comparison
 
     def build(self, spec: SchemeSpec, length: int, params0: np.ndarray | None,
               replica: ReplicaOf) -> list[SchemeNode]:
