@@ -205,10 +205,8 @@ def _scheme_names() -> set[str]:
 
 
 # Modules allowed to compare a value with a scheme's name: the schemes package (each
-# scheme's own module and the registry). analysis.matrix's "scheme" is an experiment
-# column id ("ps", "ako-p1", "ako-pauto", ...), a study's naming, not a dispatch on
-# the exchange scheme.
-SCHEME_NAME_COMPARISONS_ALLOWED = ("akocore.schemes", "analysis.matrix")
+# scheme's own module and the registry).
+SCHEME_NAME_COMPARISONS_ALLOWED = ("akocore.schemes",)
 
 
 def _names_a_scheme(node: ast.expr) -> bool:
