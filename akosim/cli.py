@@ -218,13 +218,26 @@ def resolve_settings(args: argparse.Namespace, *, training: bool) -> ResolvedSet
     return resolved
 
 
+def describe_settings(resolved: ResolvedSettings, *, training: bool) -> list[str]:
+    """--show-config: every run and [akosim] setting with its origin, as the plan runs it
+    (an s the plan chooses with p says so instead of showing the default it replaces)."""
+    from akosim.plan import chooses_ssp_with_p
+
+    lines = resolved.describe((*RUN_SECTIONS, "akosim"))
+    if chooses_ssp_with_p(resolved, training=training):
+        lines = [("exchange.ssp = chosen with p when the plan runs (the smallest s that lets "
+                  "sending overlap compute; give --ssp to fix it)")
+                 if line.startswith("exchange.ssp = ") else line for line in lines]
+    return lines
+
+
 def run_plan(args: argparse.Namespace, *, training: bool = False) -> int:
     """akosim plan / train: simulate the configured scheme, or compare them all."""
     from akosim.plan import SimulationOptions, plan_runs
 
     resolved = resolve_settings(args, training=training)
     if args.show_config:
-        print("\n".join(resolved.describe((*RUN_SECTIONS, "akosim"))))
+        print("\n".join(describe_settings(resolved, training=training)))
         return 0
     if training:
         from akocore.process_setup import enable_compilation_cache
