@@ -75,11 +75,11 @@ class SimulationOptions:
         """The options of resolved settings' [akosim] section and the command's own flags
         in an argparse namespace (a flag a command lacks keeps its default)."""
         akosim = resolved.akosim if resolved is not None else AkosimConfig()
-        shared = {"compute": akosim.compute, "message_overhead_s": akosim.message_overhead_s,
-                  "coalesce": akosim.coalesce}
-        own = {f.name: getattr(args, f.name) for f in fields(cls)
-               if f.name not in shared and getattr(args, f.name, None) is not None}
-        return cls(**shared, **own)
+        shared = ("compute", "message_overhead_s", "coalesce")
+        own: dict[str, Any] = {f.name: getattr(args, f.name) for f in fields(cls)
+                               if f.name not in shared and getattr(args, f.name, None) is not None}
+        return cls(compute=akosim.compute, message_overhead_s=akosim.message_overhead_s,
+                   coalesce=akosim.coalesce, **own)
 
 
 # ------------------------------------------------------------------ compute
