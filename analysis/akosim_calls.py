@@ -16,6 +16,7 @@ import multiprocessing
 import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,18 +28,32 @@ def _set_environment(env: Mapping[str, str]) -> None:
 
 
 def in_fresh_interpreter(function: Callable[..., T], *args: Any,
-                         env: Mapping[str, str] | None = None) -> T:
-    """`function(*args)` in a spawned interpreter whose environment has `env` added."""
+                         env: Mapping[str, str] | None = None,
+                         timeout_s: float | None = None) -> T:
+    """`function(*args)` in a spawned interpreter whose environment has `env` added;
+    TimeoutError (the interpreter stopped) when it takes longer than `timeout_s`."""
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_set_environment,
-                             initargs=(dict(env or {}),)) as pool:
-        return pool.submit(function, *args).result()
+    pool = ProcessPoolExecutor(max_workers=1, mp_context=context,
+                               initializer=_set_environment, initargs=(dict(env or {}),))
+    try:
+        result = pool.submit(function, *args).result(timeout=timeout_s)
+    except FutureTimeout:
+        for process in list(getattr(pool, "_processes", {}).values()):
+            process.terminate()  # the interpreter this call started
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise TimeoutError(f"{getattr(function, '__name__', 'call')} took longer than "
+                           f"{timeout_s:g} s") from None
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return result
 
 
-def _akosim_main(argv: list[str], log: str) -> int:
+def _akosim_main(argv: list[str], log: str, mode: str) -> int:
     from akosim.cli import main
 
-    with open(log, "w", encoding="utf-8") as handle, contextlib.redirect_stdout(handle), \
+    with open(log, mode, encoding="utf-8") as handle, contextlib.redirect_stdout(handle), \
             contextlib.redirect_stderr(handle):
         try:
             return int(main(argv))
@@ -47,11 +62,13 @@ def _akosim_main(argv: list[str], log: str) -> int:
 
 
 def call_akosim(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-                log: Path | None = None) -> int:
-    """`akosim ARGV...` as a call of akosim.cli.main (its output to `log`, or discarded);
-    the exit status."""
+                log: Path | None = None, append: bool = False,
+                timeout_s: float | None = None) -> int:
+    """`akosim ARGV...` as a call of akosim.cli.main (its output to `log`, appended with
+    `append`, or discarded); the exit status. TimeoutError past `timeout_s`."""
     target = str(log) if log is not None else os.devnull
-    return in_fresh_interpreter(_akosim_main, list(argv), target, env=env)
+    return in_fresh_interpreter(_akosim_main, list(argv), target, "a" if append else "w",
+                                env=env, timeout_s=timeout_s)
 
 
 def _measured_compute_s(config_path: str) -> float:

@@ -150,6 +150,22 @@ def _run(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float) -> No
                            f"(see {log})")
 
 
+def _akosim(args: list[str], env: dict[str, str], log: Path, timeout_s: float) -> None:
+    """`akosim ARGS...` as a call of akosim's entry point in a fresh interpreter with
+    `env` (analysis.akosim_calls), its output appended to `log`."""
+    from analysis.akosim_calls import call_akosim
+
+    with open(log, "a") as out:
+        out.write("$ akosim " + " ".join(args) + "\n")
+    try:
+        code = call_akosim(args, env=env, log=log, append=True, timeout_s=timeout_s)
+    except TimeoutError as error:
+        raise RuntimeError(f"akosim {args[0]}: {error} (see {log})") from None
+    if code != 0:
+        tail = log.read_text().strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"akosim {args[0]} exited {code}: {tail[0]} (see {log})")
+
+
 def _python(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
@@ -235,8 +251,8 @@ def run_point(point: GridPoint, settings: GridSettings) -> FidelityTcpRow:
         out = folder / f"predict-{column}.json"
         calibration = [] if column == "max-min" else [
             "--host-calibration", str(settings.host_calibration)]
-        _run(_python("akosim", "predict", str(run_dir), *calibration, *PREDICT_FLAGS[column],
-                     "--out", str(out)), env, log, 600)
+        _akosim(["predict", str(run_dir), *calibration, *PREDICT_FLAGS[column],
+                 "--out", str(out)], env, log, 600)
         predictions[column] = read_prediction(out)
     row = row_of(point, read_run(run_dir / "result.json"), predictions,
                  settings.host_compute_s, wall_s)
@@ -277,17 +293,16 @@ def host_calibration(results: Path, *, message_cost: bool, netns_rate: str | Non
         flags.append("--no-message-cost")
     if netns_rate:
         flags += ["--netns-rate", netns_rate]
-    _run(_python("akosim", "calibrate", *flags, "--out", str(path)), env, log, 900)
+    _akosim(["calibrate", *flags, "--out", str(path)], env, log, 900)
     return path
 
 
 def host_compute_s(results: Path, workload: str) -> float:
     """akosim's own compute measurement of `workload` (cached in RESULTS/cache)."""
     out = results / "compute-measure.json"
-    _run(_python("akosim", "--workers", "2", "--workload", workload, *TRAINING_FLAGS,
-                 "--scheme", "ako",
-                 "--compute", "measure", "--rounds", "1", "--quiet", "--out", str(out)),
-         child_env(results / "cache"), results / "calibrate.log", 900)
+    _akosim(["--workers", "2", "--workload", workload, *TRAINING_FLAGS, "--scheme", "ako",
+             "--compute", "measure", "--rounds", "1", "--quiet", "--out", str(out)],
+            child_env(results / "cache"), results / "calibrate.log", 900)
     record = read_result(json.loads(out.read_text()))
     if not isinstance(record, PlanResult) or not record.compute_s:
         raise ValueError(f"{out}: no compute measurement")

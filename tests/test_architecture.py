@@ -8,6 +8,7 @@ the level at which its imports sit: a lazy import that hides a cycle is still on
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -313,6 +314,12 @@ def test_every_entry_point_uses_the_application_layer(entry_point):
 
 
 def _runs_akosim_executable(call: ast.Call) -> bool:
+    """subprocess.X(["akosim", ...]) or ([sys.executable, "-m", "akosim", ...]), or a helper
+    that builds such a command from "akosim" as its first argument."""
+    first = call.args[0] if call.args else None
+    launcher = re.search(r"python|run|popen|exec|call|command", _called_name(call), re.I)
+    if launcher and isinstance(first, ast.Constant) and first.value == "akosim":
+        return True
     func = call.func
     if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
             and func.value.id == "subprocess"):
@@ -338,8 +345,6 @@ LONG_MODULE_LINES = 500
 
 
 def test_a_module_past_500_lines_says_why_in_its_docstring():
-    import re
-
     offenders = []
     for module, path in project_modules().items():
         text = path.read_text(encoding="utf-8")
