@@ -366,3 +366,39 @@ def test_no_two_modules_share_a_file_name():
         seen.setdefault(path.name, []).append(module)
     twins = {name: modules for name, modules in seen.items() if len(modules) > 1}
     assert twins == {}
+
+
+def test_a_new_scheme_is_one_module_and_one_registry_entry(monkeypatch, capsys):
+    """A scheme written against the protocol runs in akosim with nothing else changed:
+    the settings accept its name, the plan simulates it, the tables name it."""
+    from types import MappingProxyType
+
+    from akocore.schemes import Scheme, SchemeError, SchemeNode, registry
+    from akosim.cli import main
+
+    class SoloWorker(SchemeNode):  # trains alone: nothing is exchanged
+        def local_step(self, round_, grad):
+            self._check_round(round_)
+            self._check_grad(grad)
+            if grad is not None:
+                self.replica.apply(grad)
+            self.next_round += 1
+            return []
+
+        def receive(self, msg):
+            raise SchemeError("solo workers exchange nothing")
+
+    class SoloScheme(Scheme):
+        name = "solo"
+        summary = "every worker trains alone"
+
+        def build(self, spec, length, params0, replica):
+            return [SoloWorker(i, length, replica(i, params0)) for i in range(spec.workers)]
+
+    monkeypatch.setattr(registry, "REGISTRY",
+                        MappingProxyType({**registry.REGISTRY, "solo": SoloScheme()}))
+    assert main(["--set", "exchange.scheme=solo", "--workers", "3", "--gradient-size", "40KB",
+                 "--compute", "10ms", "--rounds", "5", "--quiet"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("solo"))
+    assert "10 ms" in row and " 0 B" in row  # compute alone, nothing sent

@@ -28,13 +28,18 @@ REGISTRY: Mapping[str, Scheme] = MappingProxyType({scheme.name: scheme for schem
 SCHEMES: tuple[str, ...] = tuple(REGISTRY)  # every value of exchange.scheme, in this order
 
 
+def scheme_names() -> tuple[str, ...]:
+    """Every value exchange.scheme takes, read from the registry when asked."""
+    return tuple(REGISTRY)
+
+
 def scheme_named(name: str) -> Scheme:
     """The scheme called `name`; ValueError naming the known ones otherwise."""
     try:
         return REGISTRY[name]
     except KeyError:
-        raise ValueError(f"scheme: got {name!r}, expected one of {', '.join(SCHEMES)}") \
-            from None
+        raise ValueError(f"scheme: got {name!r}, expected one of "
+                         f"{', '.join(scheme_names())}") from None
 
 
 def staleness_bound_rounds(scheme: str, exchange: ExchangeConfig, *, p_max: int,

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from akocore.schemes.ps_family import PS_MODES
-from akocore.schemes.registry import SCHEMES
+from akocore.schemes.registry import scheme_names
 from akocore.settings.normalise import (
     EMULATE_MODES,
     HOST_RE,
@@ -230,7 +230,7 @@ class ExchangeConfig:
 
     def __post_init__(self) -> None:
         self._check_scheme_knobs()
-        set_field(self, "scheme", as_choice("exchange.scheme", self.scheme, SCHEMES))
+        set_field(self, "scheme", as_choice("exchange.scheme", self.scheme, scheme_names()))
         set_field(self, "p", as_p("exchange.p", self.p))
         set_field(self, "ssp", as_ssp("exchange.ssp", self.ssp))
         set_field(self, "schedule", as_choice("exchange.schedule", self.schedule, SCHEDULES))
