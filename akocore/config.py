@@ -10,26 +10,28 @@ working. Precedence, lowest first: built-in defaults < ``--config`` file <
 
 from __future__ import annotations
 
+from akocore.schemes.ps_family import PS_MODES
+from akocore.schemes.registry import SCHEMES
 from akocore.settings.cli_flags import (
     add_akorun_arguments,
+    add_akosim_argument,
     add_shared_arguments,
     config_from_args,
     flag_layer,
     resolve_args,
 )
+from akocore.settings.key_registry import Tool
 from akocore.settings.layers import Given, Layer, Origin, ResolvedSettings, resolve
 from akocore.settings.normalise import (
     EMULATE_MODES,
     OPTIMIZERS,
-    PS_MODES,
     REDUCTIONS,
     SCHEDULES,
-    SCHEMES,
     ConfigError,
 )
-from akocore.settings.registry import Tool
 from akocore.settings.schema import (
     AkorunConfig,
+    AkosimConfig,
     ClusterConfig,
     ExchangeConfig,
     NetworkConfig,
@@ -57,6 +59,7 @@ __all__ = [
     "SCHEDULES",
     "SCHEMES",
     "AkorunConfig",
+    "AkosimConfig",
     "ClusterConfig",
     "ConfigError",
     "ExchangeConfig",
@@ -69,6 +72,7 @@ __all__ = [
     "Tool",
     "TrainConfig",
     "add_akorun_arguments",
+    "add_akosim_argument",
     "add_shared_arguments",
     "apply_overrides",
     "config_from_args",

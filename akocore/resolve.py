@@ -9,14 +9,15 @@ same config.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 from akocore.config import RunConfig
 from akocore.partition import PartitionError, check_p
 from akocore.planner import Plan, PlanInputs, plan
-from akocore.schemes import SchemeSpec
+from akocore.schemes import SchemeSpec, scheme_named
+from akocore.settings.key_registry import key_of
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,16 @@ def resolve_plan(cfg: RunConfig, *, gradient_bytes: float, length: int,
 
 def scheme_spec(cfg: RunConfig, p_of: tuple[int, ...] = (1,), *,
                 ps_servers: int | None = None) -> SchemeSpec:
+    """The nodes' description of `cfg`. Every exchange key the scheme declares
+    (`Scheme.keys`) that is not a SchemeSpec field reaches its builder in
+    `SchemeSpec.options`, so a scheme with knobs of its own needs no field here."""
     exchange = cfg.exchange
     servers = ps_servers if ps_servers is not None else (
         exchange.ps_servers if isinstance(exchange.ps_servers, int) else 1)
+    spec_fields = {item.name for item in fields(SchemeSpec)}
+    options = tuple((name, getattr(exchange, key_of(f"exchange.{name}").field))
+                    for name in scheme_named(exchange.scheme).keys
+                    if key_of(f"exchange.{name}").field not in spec_fields)
     return SchemeSpec(scheme=exchange.scheme, workers=cfg.cluster.workers, p_of=p_of,
                       staleness=exchange.ssp, schedule=exchange.schedule,
                       reduce=exchange.reduce, ps_servers=servers, ps_mode=exchange.ps_mode,
@@ -74,4 +82,4 @@ def scheme_spec(cfg: RunConfig, p_of: tuple[int, ...] = (1,), *,
                       group_size=exchange.group_size, global_every=exchange.global_every,
                       elastic_alpha=exchange.elastic_alpha, local_steps=exchange.local_steps,
                       push_average=exchange.push_average,
-                      worker_lr_scale=exchange.worker_lr_scale)
+                      worker_lr_scale=exchange.worker_lr_scale, options=options)

@@ -62,6 +62,7 @@ from akocore.jsonrecord import (
     schema_rows,
 )
 from akocore.message_cost import MessageCost, MessageSample
+from akocore.schemes.registry import is_partitioned
 
 SCHEMA_VERSION = 1
 
@@ -182,7 +183,7 @@ class RankResult:
     mean_lag_rounds: float | None = field(default=None, metadata=meta(
         "rounds", "mean lag behind the freshest peer", "akosim"))
     details: Mapping[str, Any] = field(default_factory=dict, metadata=meta(
-        "", "akorun's other per-rank diagnostics (akorun.results.RankDiagnostics), written "
+        "", "akorun's other per-rank diagnostics (akorun.result_files.RankDiagnostics), written "
             "beside the keys above (peers, retries, warmup_s, params_sha256, ...); "
             "free-form, not compared", "akorun"))
 
@@ -457,7 +458,8 @@ class Calibration:
             RankCalibration(r.rank, r.role, c, o, m)
             for r, c, o, m in zip(ranks, compute or none, overhead or none, message or none,
                                   strict=True)),
-            p_of=run.p_of if run.scheme == "ako" else (), compute_jitter=run_compute_jitter(run))
+            p_of=run.p_of if is_partitioned(run.scheme) else (),
+            compute_jitter=run_compute_jitter(run))
 
     def _spread(self, values: Sequence[float | None], nodes: int) -> tuple[float, ...] | None:
         known = fill_missing(values) if values else None

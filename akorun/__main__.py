@@ -2,6 +2,6 @@
 
 import sys
 
-from akorun.cli import main
+from akorun.commands import main
 
 sys.exit(main())

@@ -59,8 +59,8 @@ from akocore.config import (
     resolve,
     set_layer,
 )
+from akocore.settings.key_registry import RUN_SECTIONS, SECTIONS
 from akocore.settings.layers import layer_of
-from akocore.settings.registry import SECTIONS
 from akocore.settings.schema import ALLOW_HOSTS
 from akorun.errors import UsageError
 from akorun.keys import RankKeys, read_rank_keys
@@ -256,7 +256,8 @@ def render_cluster_file(cfg: RunConfig, settings: AkorunSettings,
            "# Start rank R with:  akorun worker --rank R --config THIS_FILE --keys rank-R.keys"]),
         "# Keys written as comments keep their built-in default.",
     ]
-    for section, keys in SECTIONS.items():
+    for section in (*RUN_SECTIONS, AKORUN_TABLE):  # the run and akorun's own settings
+        keys = SECTIONS[section]
         holder = settings if section == AKORUN_TABLE else getattr(cfg, section)
         lines.append("")
         lines.append(f"[{section}]")

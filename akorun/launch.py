@@ -51,7 +51,7 @@ from akocore.results import RunResult
 from akorun.cluster import AkorunSettings, loopback_hosts, with_hosts, write_cluster_file
 from akorun.errors import EXIT_INTERRUPTED, Interrupted, RunError, UsageError
 from akorun.keys import restrict_new_files
-from akorun.roles import role_of
+from akorun.node_plan import role_of
 from akorun.run_merge import merge_ranks
 
 SINGLE_THREAD_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"

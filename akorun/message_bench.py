@@ -165,7 +165,7 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def add_parser(commands: Any, formatter_class: Any) -> None:
-    """The ``measure-messages`` subcommand, under `commands` (akorun.cli)."""
+    """The ``measure-messages`` subcommand, under `commands` (akorun.commands)."""
     sub = commands.add_parser(
         "measure-messages", help="measure akorun's per-message software cost on loopback",
         description="Time messages of several sizes through akorun's real sender and "

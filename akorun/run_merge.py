@@ -4,7 +4,7 @@ Every rank writes ``OUT/worker-R.json`` (its RankResult, which carries the run
 id and the configuration in its details) and ``OUT/worker-R.npz`` (its final
 parameters). `merge_ranks` reads those of one run from a directory and writes
 the run's ``OUT/result.json`` in the schema `akorun launch` writes
-(akocore.results.RunResult, assembled by akorun.results.merge_results): the
+(akocore.results.RunResult, assembled by akorun.result_files.merge_results): the
 launcher calls it with the exit statuses it saw; `merge_run` is the same from
 the files alone, for a run whose ranks were started by hand (with a shared
 ``--out`` directory, or their records copied into one).
@@ -27,8 +27,8 @@ import numpy as np
 from akocore.config import ConfigError, RunConfig, config_from_dict, config_to_dict
 from akocore.results import RankResult, RecordError, RunResult
 from akorun.errors import UsageError
-from akorun.results import merge_results, write_json
-from akorun.roles import role_of
+from akorun.node_plan import role_of
+from akorun.result_files import merge_results, write_json
 
 __all__ = ["MergeOutcome", "merge_ranks", "merge_run", "rank_records", "records_complete"]
 

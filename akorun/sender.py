@@ -77,7 +77,7 @@ import aiohttp
 import numpy as np
 
 from akocore.messages import Kind, Partial
-from akocore.settings.registry import default_of
+from akocore.settings.key_registry import default_of
 from akorun.answers import (
     PARTIAL_ANSWER_MAX_BYTES,
     AnswerTooLarge,
@@ -85,9 +85,9 @@ from akorun.answers import (
     read_bounded,
     verdict,
 )
+from akorun.emulated_links import LinkShaper
 from akorun.keys import AUTH_HEADER, RELAY_HEADER, STALE_SESSION, PartialSealer
 from akorun.metrics import PeerCounters, timed_call
-from akorun.shaping import LinkShaper
 
 log = logging.getLogger("akorun")
 

@@ -72,6 +72,7 @@ from akorun import control
 from akorun.admission import Admission, BufferPool, Refusal
 from akorun.answers import ANSWER_TEXT_MAX_CHARS, DAMAGED
 from akorun.control import CONTROL_BODY_MAX_BYTES, ControlError, ControlKind
+from akorun.emulated_links import DownlinkShaper
 from akorun.errors import UsageError
 from akorun.keys import AUTH_HEADER, RELAY_HEADER, SESSION_PATH, Opened, RequestVerifier, ack_body
 from akorun.metrics import PROMETHEUS_CONTENT_TYPE, ByteWaits, Metrics
@@ -82,7 +83,6 @@ from akorun.sender import (
     WIRE_TIME_HEADER,
     seconds_header,
 )
-from akorun.shaping import DownlinkShaper
 from akorun.validation import NonFiniteValues
 from akorun.wire import (
     HEADER_SIZE,

@@ -38,7 +38,7 @@ from akorun.control import ControlError, ControlKind
 from akorun.keys import RequestVerifier, RunKeys, Signer
 from akorun.launch import SINGLE_THREAD_XLA_FLAGS, child_env
 from akorun.metrics import Metrics, render_prometheus
-from akorun.roles import role_of
+from akorun.node_plan import role_of
 from akorun.routing import ControlAnswerBody, ControlTable
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

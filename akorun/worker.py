@@ -38,15 +38,16 @@ import aiohttp
 from akocore.config import RunConfig, config_hash
 from akocore.messages import Partial
 from akocore.results import RankResult
-from akocore.settings.registry import default_of
+from akocore.settings.key_registry import default_of
 from akorun.client import ControlClient, binary_answer_cap, make_session
 from akorun.cluster import AkorunSettings, allowed_networks, split_host
 from akorun.control import ControlKind
+from akorun.emulated_links import DownlinkShaper
 from akorun.errors import Interrupted, RunError, UsageError
 from akorun.faults import Faults
 from akorun.keys import RequestVerifier, RunKeys, Signer, restrict_new_files
 from akorun.metrics import Metrics
-from akorun.roles import wire_hash
+from akorun.node_plan import wire_hash
 from akorun.routing import ControlTable
 from akorun.runtime.checkpoints import CheckpointWriter
 from akorun.runtime.evaluation import Evaluator
@@ -57,16 +58,15 @@ from akorun.runtime.liveness import Liveness
 from akorun.runtime.outbox import Outbox, emulated_links
 from akorun.runtime.phase import Phase, PhaseMachine
 from akorun.runtime.prepare import Prepared, prepare
+from akorun.runtime.rank_result import ResultBuilder
 from akorun.runtime.rejoin import Rejoin
 from akorun.runtime.relay import Relay
 from akorun.runtime.reporting import Reporter
-from akorun.runtime.results import ResultBuilder
 from akorun.runtime.roles import role_for
 from akorun.runtime.training import TrainingLoop
 from akorun.runtime.waiting import GATE_STALL_TIMEOUTS, Waiter
 from akorun.sender import DEFAULT_QUEUE_MESSAGES
 from akorun.server import Server
-from akorun.shaping import DownlinkShaper
 from akorun.validation import refuse_non_finite
 
 log = logging.getLogger("akorun")

@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from akocore.planner import Plan, PlanInputs, overlap_ssp, ways_out
-from akocore.resolve import network_arrays, resolve_plan
+from akocore.resolve import network_arrays
+from akocore.schemes.registry import is_partitioned
 from akocore.units import format_duration
 from akosim.scenario import Setup, SimRun
 
@@ -39,8 +40,8 @@ def plan_inputs(setup: Setup) -> PlanInputs:
 
 
 def chosen_plan(setup: Setup) -> Plan:
-    return resolve_plan(setup.config, gradient_bytes=setup.gradient_bytes, length=setup.length,
-                        compute_s=tuple(setup.compute.base_s(i) for i in range(setup.nodes)))
+    """The planner's answer for the configured p (the setup's, resolved once)."""
+    return setup.configured_plan()
 
 
 def with_overlap_ssp(setup: Setup) -> Setup:
@@ -49,9 +50,11 @@ def with_overlap_ssp(setup: Setup) -> Setup:
     off_diagonal = arrays.latency_s[~np.eye(setup.nodes, dtype=bool)]
     latency_s = float(off_diagonal.max()) if off_diagonal.size else 0.0
     latency_s += max(setup.message_overhead_s, default=0.0)
-    ssp = overlap_ssp(plan_inputs(setup), chosen_plan(setup).p_of, latency_s)
+    plan = chosen_plan(setup)
+    ssp = overlap_ssp(plan_inputs(setup), plan.p_of, latency_s)
     exchange = replace(setup.config.exchange, ssp=float(ssp))
-    return replace(setup, config=replace(setup.config, exchange=exchange))
+    return replace(setup, config=replace(setup.config, exchange=exchange),
+                   plan=replace(plan, staleness=float(ssp)))
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ def explain(setup: Setup, runs: list[SimRun], *, ssp_chosen: bool,
             max_staleness_rounds: float = MAX_STALENESS_ROUNDS) -> Explanation | None:
     """The one line (and the ways out when propagation is too slow) for the first Ako run
     whose p the planner chose; None when there is none (a given p, or no Ako run)."""
-    ako = next((run for run in runs if run.scheme == "ako"), None)
+    ako = next((run for run in runs if is_partitioned(run.scheme)), None)
     if ako is None:
         return None
     plan = chosen_plan(setup)
@@ -90,7 +93,7 @@ def explain(setup: Setup, runs: list[SimRun], *, ssp_chosen: bool,
         ways = ways_out(plan_inputs(setup), replace(plan, staleness=ako.ssp),
                         max_staleness_rounds, setup.batch_size)
         advice += [f"  - {way.text}" for way in ways]
-        others = [run for run in runs if run.scheme != "ako"]
+        others = [run for run in runs if not is_partitioned(run.scheme)]
         if others:
             best = max(others, key=lambda run: run.samples_per_s)
             ratio = best.samples_per_s / ako.samples_per_s

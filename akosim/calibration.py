@@ -6,21 +6,22 @@ calibrated run); files written before the schema are read too
 (akocore.results.read_result). Per-rank values are spread over the simulated
 nodes in turn, ranks without a value having the others' mean
 (akocore.figures.fill_missing). A run's result also names its workload, batch,
-optimizer and data: `adopt_run_training` makes the simulated gradient the run's
-(or refuses a layer that gives another one).
+optimizer and data: `run_training_layer` gives them as a settings layer just
+above the command's defaults, so the simulated gradient is the run's and
+--show-config says so, and `check_run_training` refuses a layer that gives
+another one.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
-from akocore.config import ResolvedSettings, RunConfig
+from akocore.config import Given, Layer, ResolvedSettings, RunConfig
 from akocore.figures import fill_missing, tile
 from akocore.results import Calibration, RecordError, RunResult, rank_overhead_s, read_result
 
-__all__ = ["CalibrationError", "adopt_run_training", "compute_from_result",
+__all__ = ["CalibrationError", "check_run_training", "run_training_layer", "compute_from_result",
            "message_overhead_from_result", "message_software_from_result",
            "overhead_from_result", "rank_overhead_s", "read_calibration",
            "run_message_software_s"]
@@ -118,14 +119,26 @@ def run_config_of(path: str | Path) -> RunConfig | None:
         return None
 
 
-def adopt_run_training(resolved: ResolvedSettings, path: str | Path) -> RunConfig:
-    """The resolved config with the workload, batch, optimizer and data of the run whose
-    compute time --compute-from takes; CalibrationError when a layer gave another one
-    (the measured compute time would belong to a different gradient)."""
-    cfg = resolved.config
+def run_training_layer(path: str | Path) -> list[Given]:
+    """The workload, batch, optimizer and data of the run whose compute time --compute-from
+    takes, as a settings layer just above the command's defaults (any other layer that
+    gives one must give the same: `check_run_training`); [] for a calibration file."""
     ran = run_config_of(path)
     if ran is None:
-        return cfg
+        return []
+    source = f"as the run in {path} (--compute-from)"
+    return [Given(dotted, getattr(ran.train, dotted.split(".", 1)[1]), Layer.DEFAULT, source)
+            for dotted in RUN_TRAINING_KEYS]
+
+
+def check_run_training(resolved: ResolvedSettings, path: str | Path) -> None:
+    """CalibrationError when a layer gave another workload, batch, optimizer or data than
+    the run --compute-from names (the measured compute time would belong to a different
+    gradient)."""
+    ran = run_config_of(path)
+    if ran is None:
+        return
+    cfg = resolved.config
     for dotted in RUN_TRAINING_KEYS:
         name = dotted.split(".", 1)[1]
         given, used = getattr(cfg.train, name), getattr(ran.train, name)
@@ -133,5 +146,3 @@ def adopt_run_training(resolved: ResolvedSettings, path: str | Path) -> RunConfi
             raise CalibrationError(f"--compute-from: {path} ran {name} {used!r}, but "
                                    f"{given!r} is given {resolved.origin(dotted)}; drop it "
                                    f"or use a run of that {name}")
-    return replace(cfg, train=replace(cfg.train, **{k.split(".", 1)[1]: getattr(
-        ran.train, k.split(".", 1)[1]) for k in RUN_TRAINING_KEYS}))

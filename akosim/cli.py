@@ -18,22 +18,22 @@ import argparse
 import math
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from akocore.cli_support import OneLineParser, UsageError, fail
 from akocore.config import (
+    Given,
     Layer,
     Origin,
     ResolvedSettings,
     RunConfig,
     Tool,
+    add_akosim_argument,
     add_shared_arguments,
     config_to_dict,
     resolve_args,
 )
-from akocore.settings.normalise import network_layers
+from akocore.settings.key_registry import RUN_SECTIONS
 from akocore.units import format_duration, format_size
 from akosim.calibration import (  # noqa: F401 (rank_overhead_s: re-exported)
     compute_from_result,
@@ -46,17 +46,12 @@ from akosim.runspec import (
     TIMING_DEFAULTS,
     TRAIN_DEFAULTS,
     USER_ERRORS,
-    check_fits,
-    configured_runs,
-    gradient_length_of_size,
     load_workload,
-    parse_duration_flag,
 )
 
 __all__ = ["TIMING_DEFAULTS", "TRAIN_DEFAULTS", "USER_ERRORS", "OneLineParser", "UsageError",
            "build_parser", "fail", "load_workload", "main"]
 
-MEASURE_STEPS = 30  # --compute measure: median of this many gradient steps (after warm-up)
 COMMANDS = ("plan", "train", "sweep", "calibrate", "predict")
 
 EPILOG_RUN = """\
@@ -102,11 +97,7 @@ def _add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     add = group.add_argument
     add("--gradient-size", metavar="SIZE",
         help="gradient bytes per worker, e.g. 17MB or 4MiB (default: from --workload)")
-    add("--compute", metavar="DURATION|measure|remeasure", default="measure",
-        help="compute time per round, e.g. 0.3s or 250ms; 'measure' times the real "
-             "--workload gradient step on this machine once and caches it (default; "
-             "$AKO_CACHE_DIR, $XDG_CACHE_HOME/ako-toolkit or ~/.cache/ako-toolkit); "
-             "'remeasure' times it again and refreshes the cache")
+    add_akosim_argument(group, "compute")
     add("--compute-from", metavar="RESULT.json",
         help="take each worker's measured compute time (and its per-round overhead and "
              "per-message overhead, when the file has them) from an akorun result file")
@@ -114,10 +105,7 @@ def _add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         help="per-round time each worker spends outside the gradient (dispatch, inbox, "
              "optimizer, event loop), spent before the round's sends leave, e.g. 3ms "
              "(default 0, or what --compute-from's result measured)")
-    add("--message-overhead", metavar="DURATION",
-        help="per-message time beyond the wire (software stack: HTTP, verification, "
-             "apply), added to every link's latency, e.g. 2ms (default 0, or what "
-             "--compute-from's result measured)")
+    add_akosim_argument(group, "message_overhead")
     add("--compute-jitter", type=float, default=0.0, metavar="FRACTION",
         help="relative standard deviation of each round's compute time, e.g. 0.1")
     add("--speeds", metavar="F1,F2,...",
@@ -125,11 +113,7 @@ def _add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     add("--stragglers", metavar="RANKS", help="ranks slowed by --straggler-factor, e.g. 3,7")
     add("--straggler-factor", type=float, default=4.0, metavar="X",
         help="compute time multiplier of the stragglers (default 4)")
-    add("--coalesce", type=float, default=None, metavar="FRACTION",
-        help="messages whose remaining transfer is within this fraction of their own "
-             "duration finish together (default 1e-4); 0.01-0.03 makes networks where "
-             "every link has its own rate much faster to simulate, each message at most "
-             "1-3%% early")
+    add_akosim_argument(group, "coalesce")
     add("--max-staleness", type=int, default=None, metavar="ROUNDS",
         help="the most rounds a gradient may take to reach every peer (p - 1 + s) before "
              "the plan says it is too stale and lists the cheapest ways out (default "
@@ -213,197 +197,64 @@ def progress_factory(enabled: bool) -> Callable[[str, int], Callable[[int], None
     return make
 
 
-def _measured_compute(args: argparse.Namespace, cfg: RunConfig, workload_factory):
-    """`--compute measure` (cached per machine) or `remeasure`: the cache's Measured."""
-    from akosim.compute import measure_compute_s
-    from akosim.compute_cache import key_for, measured_compute
-
-    train = cfg.train
-    key = key_for(train.workload, train.batch_size, train.optimizer)
-
-    def measure() -> tuple[float, int]:
-        print(f"akosim: measuring one gradient step of {train.workload} (batch "
-              f"{train.batch_size}) on this machine, {MEASURE_STEPS} steps; the result is "
-              f"cached for later calls...", file=sys.stderr, flush=True)
-        workload = workload_factory()
-        return measure_compute_s(workload, steps=MEASURE_STEPS), workload.param_count
-
-    return measured_compute(key, measure, steps=MEASURE_STEPS,
-                            refresh=args.compute == "remeasure")
-
-
-def _compute_model(args: argparse.Namespace, workers: int, compute_s: float):
-    from akosim.compute import ComputeModel
-
-    per_worker: tuple[float, ...] = ()
-    overhead: float | tuple[float, ...] = 0.0
-    if args.compute_from:
-        per_worker = compute_from_result(args.compute_from, workers)
-        overhead = overhead_from_result(args.compute_from, workers) or 0.0
-    if getattr(args, "round_overhead", None) is not None:
-        overhead = parse_duration_flag("--round-overhead", args.round_overhead)
-        if overhead < 0:
-            raise UsageError(f"--round-overhead: got {args.round_overhead}, expected >= 0")
-    speeds = _floats(args.speeds, "--speeds") if args.speeds else ()
-    stragglers = tuple(int(x) for x in _floats(args.stragglers, "--stragglers")) \
-        if args.stragglers else ()
-    for rank in stragglers:
-        if not 0 <= rank < workers:
-            raise UsageError(f"--stragglers: rank {rank} is not a worker (0..{workers - 1})")
-    if args.compute_jitter < 0:
-        raise UsageError(f"--compute-jitter: got {args.compute_jitter}, expected >= 0")
-    try:
-        return ComputeModel(compute_s, speeds, args.compute_jitter, stragglers,
-                            args.straggler_factor, per_worker, overhead_s=overhead)
-    except ValueError as error:
-        raise UsageError(str(error)) from None
-
-
-def _floats(text: str, flag: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise UsageError(f"{flag}: got {text!r}, expected numbers separated by commas") \
-            from None
-
-
-def _message_overhead(args: argparse.Namespace, nodes: int, *,
-                      real_network: bool = False) -> tuple[float, ...]:
-    """--message-overhead, else what --compute-from's run measured: under the max-min
-    model (an emulated run) its message_overhead_s; under the TCP model (a real
-    network, whose time message_overhead_s contains) only message_software_s."""
-    if getattr(args, "message_overhead", None) is not None:
-        value = parse_duration_flag("--message-overhead", args.message_overhead)
-        if value < 0:
-            raise UsageError(f"--message-overhead: got {args.message_overhead}, expected >= 0")
-        return (value,)
-    if getattr(args, "compute_from", None):
-        if real_network:
-            return message_software_from_result(args.compute_from, nodes) or ()
-        return message_overhead_from_result(args.compute_from, nodes)
-    return ()
-
-
-
-
-def _setup(args: argparse.Namespace, cfg: RunConfig, *, training: bool):
-    from akosim.engine import StopRule
-    from akosim.network.fluid import COALESCE_REL
-    from akosim.scenario import Setup
-
-    cache: dict[str, Any] = {}
-
-    def workload():
-        if "w" not in cache:
-            cache["w"] = load_workload(cfg)
-        return cache["w"]
-
-    if training and args.gradient_size:
-        raise UsageError("--gradient-size is for timing-only runs; akosim train takes "
-                         "the gradient of --workload")
-    if not training and cfg.train.target_accuracy is not None:
-        raise UsageError("--target-accuracy needs training mode: akosim train "
-                         "--target-accuracy ...")
-    compute_s, source, param_count = 0.0, "", None
-    if args.compute_from:
-        source = f"compute measured by akorun ({args.compute_from})"
-    elif args.compute in ("measure", "remeasure"):
-        measured = _measured_compute(args, cfg, workload)
-        compute_s, param_count = measured.record.compute_s, measured.record.param_count
-        source = measured.provenance()
-    else:
-        compute_s = parse_duration_flag("--compute", args.compute)
-        source = f"compute {format_duration(compute_s)}/round given"
-    if training:
-        length = workload().param_count
-    elif args.gradient_size:
-        length = gradient_length_of_size(args.gradient_size)
-    elif param_count is not None:
-        length = param_count  # cached with the measurement: no need to build the model
-    else:
-        length = workload().param_count
-    compute = _compute_model(args, cfg.cluster.workers, compute_s)
-    rounds = cfg.train.rounds
-    if training and rounds is None and cfg.train.duration_s is None:
-        rounds = 10_000  # bounded by the target accuracy
-    stop = StopRule(rounds=rounds, duration_s=cfg.train.duration_s, drain=training)
-    coalesce = COALESCE_REL if args.coalesce is None else args.coalesce
-    if not 0 <= coalesce < 0.5:
-        raise UsageError(f"--coalesce: got {args.coalesce}, expected a fraction 0 <= x < 0.5, "
-                         f"e.g. 0.01")
-    tcp = None
-    real_network = "tcp-core" in network_layers(cfg.network.model)
-    message_overhead = _message_overhead(args, cfg.cluster.workers, real_network=real_network)
-    if real_network:
-        from akosim.host_calibration_io import tcp_parameters
-
-        tcp_source = tcp_parameters(args.host_calibration)
-        tcp = tcp_source.params
-        print(f"akosim: {tcp_source.provenance}")
-        if message_overhead:  # given or the run's own: the host's figure would count twice
-            tcp = replace(tcp, message_fixed_s=0.0, message_per_byte_s=0.0)
-    elif args.host_calibration:
-        raise UsageError("--host-calibration is for a network model with the tcp layer "
-                         "(--network-model tcp)")
-    setup = Setup(cfg, length, compute, cfg.train.batch_size, stop, coalesce_rel=coalesce,
-                  message_overhead_s=message_overhead, compute_source=source, tcp=tcp,
-                  network_model=cfg.network.model)
-    return setup, (workload() if training else None)
-
-
 # -------------------------------------------------------------------- commands
 
 
 def resolve_settings(args: argparse.Namespace, *, training: bool) -> ResolvedSettings:
-    """The command's defaults < --config < --set < flags, each value with its origin."""
+    """The command's defaults < the run --compute-from names (its workload, batch, optimizer
+    and data) < --config < --set < flags, each value with its origin."""
     defaults = TRAIN_DEFAULTS if training else TIMING_DEFAULTS
     name = "akosim train" if training else "akosim plan"
-    return resolve_args(args, defaults, defaults_origin=Origin(Layer.DEFAULT, f"{name} default"))
+    adopted: list[Given] = []
+    if getattr(args, "compute_from", None):  # the run's gradient and batch go with its compute
+        from akosim.calibration import check_run_training, run_training_layer
+
+        adopted = run_training_layer(args.compute_from)
+    resolved = resolve_args(args, defaults, defaults_origin=Origin(Layer.DEFAULT,
+                                                                   f"{name} default"),
+                            below=adopted)
+    if adopted:
+        check_run_training(resolved, args.compute_from)
+    return resolved
+
+
+def describe_settings(resolved: ResolvedSettings, *, training: bool) -> list[str]:
+    """--show-config: every run and [akosim] setting with its origin, as the plan runs it
+    (an s the plan chooses with p says so instead of showing the default it replaces)."""
+    from akosim.plan import chooses_ssp_with_p
+
+    lines = resolved.describe((*RUN_SECTIONS, "akosim"))
+    if chooses_ssp_with_p(resolved, training=training):
+        lines = [("exchange.ssp = chosen with p when the plan runs (the smallest s that lets "
+                  "sending overlap compute; give --ssp to fix it)")
+                 if line.startswith("exchange.ssp = ") else line for line in lines]
+    return lines
 
 
 def run_plan(args: argparse.Namespace, *, training: bool = False) -> int:
     """akosim plan / train: simulate the configured scheme, or compare them all."""
-    from akosim.compare import compare_all
+    from akosim.plan import SimulationOptions, plan_runs
 
     resolved = resolve_settings(args, training=training)
-    cfg = resolved.config
-    if args.compute_from:  # the run's gradient and batch go with its compute time
-        from akosim.calibration import adopt_run_training
-
-        cfg = adopt_run_training(resolved, args.compute_from)
     if args.show_config:
-        print("\n".join(resolved.describe()))
+        print("\n".join(describe_settings(resolved, training=training)))
         return 0
     if training:
         from akocore.process_setup import enable_compilation_cache
 
         cache = Path.home() / ".cache" / "akosim" / "jax"
         enable_compilation_cache(str(cache))
-    setup, workload = _setup(args, cfg, training=training)
-    check_fits(cfg, setup.length)
     factory = progress_factory(not args.quiet and sys.stderr.isatty())
-    kwargs: dict[str, Any] = dict(trace=bool(args.trace))
-    if training:
-        kwargs.update(workload=workload, eval_every=cfg.train.eval_every,
-                      target_accuracy=cfg.train.target_accuracy)
-    choose_ssp = not training and not resolved.given("exchange.ssp") and \
-        (cfg.exchange.scheme == "ako" or not resolved.given("exchange.scheme"))
-    if choose_ssp:  # p and s together: the smallest s that lets sending overlap compute
-        from akosim.advice import with_overlap_ssp
-
-        setup = with_overlap_ssp(setup)
-        cfg = setup.config
-    if resolved.given("exchange.scheme"):  # a scheme chosen by any layer: that one only
-        runs = configured_runs(setup, factory=factory, **kwargs)
-    else:
-        runs = compare_all(setup, factory=factory, **kwargs)
-    return _finish(args, cfg, setup, runs, training, ssp_chosen=choose_ssp)
+    planned = plan_runs(resolved, SimulationOptions.from_args(args, resolved), training=training,
+                        trace=bool(args.trace), factory=factory)
+    return _finish(args, planned.setup.config, planned.setup, planned.runs, training,
+                   ssp_chosen=planned.ssp_chosen)
 
 
 def _finish(args: argparse.Namespace, cfg: RunConfig, setup, runs, training: bool, *,
             ssp_chosen: bool = False) -> int:
     from akosim.advice import MAX_STALENESS_ROUNDS, explain
-    from akosim.report import format_table, json_safe, plan_result, write_json
+    from akosim.result_tables import format_table, json_safe, plan_result, write_json
     from akosim.trace import write_trace
 
     compute = setup.compute

@@ -37,6 +37,7 @@ import numpy as np
 from akocore.figures import steady_round_time_s
 from akocore.messages import FLOAT_BYTES
 from akocore.partition import partition_bounds
+from akocore.schemes.registry import has_servers, scheme_named
 from akocore.settings.normalise import network_layers
 from akocore.units import format_bandwidth
 from akosim.network.netspec import NetworkSpec
@@ -85,9 +86,10 @@ def closed_form_run(setup: Setup, variant: Variant, *, trace: bool = False,
     if shared is None:
         return None
     started = time.perf_counter()
-    if variant.scheme == "allreduce":
+    pattern = scheme_named(variant.scheme).pattern
+    if pattern == "ring":
         run = _ring(setup, variant, shared)
-    elif (variant.scheme == "ps" and setup.config.exchange.ps_mode == "sync"
+    elif (pattern == "servers" and setup.config.exchange.ps_mode == "sync"
           and not setup.config.exchange.local_steps  # SDAG exchanges every lambda rounds
           and variant.ssp == 0 and 1 <= variant.ps_servers < setup.nodes):
         run = _ps(setup, variant, shared)
@@ -323,7 +325,7 @@ def _report(setup: Setup, variant: Variant, u: Uniform, window: float, workers: 
         label=variant.label or variant.scheme, scheme=variant.scheme, p=1, p_of=[1],
         p_reason=variant.p_reason, ssp=variant.ssp, workers=setup.nodes,
         training_workers=workers,
-        ps_servers=variant.ps_servers if variant.scheme == "ps" else 0,
+        ps_servers=variant.ps_servers if has_servers(variant.scheme) else 0,
         round_time_s=round_s, samples_per_s=workers * setup.batch_size / round_s,
         bytes_sent_per_worker_per_round=float(counted[:workers].sum()) / (workers * rounds),
         compute_s_per_round=u.compute_s,

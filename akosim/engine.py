@@ -35,7 +35,7 @@ from akosim.network.pairstream import PairStreams
 
 
 class GradientSource(Protocol):
-    """Real gradients for training mode (akosim.training); timing-only has none."""
+    """Real gradients for training mode (akosim.sim_training); timing-only has none."""
 
     def begin(self, rank: int, round_: int, params: np.ndarray) -> None: ...
 

@@ -55,6 +55,7 @@ from akocore.config import (
 from akocore.host_calibration import TcpParameters
 from akocore.jsonrecord import RecordError
 from akocore.results import Calibration, RunResult, read_result
+from akocore.schemes.registry import is_partitioned
 from akocore.settings.normalise import network_layers
 from akocore.settings.schema import NetworkConfig
 from akocore.testbed_record import TESTBED_RECORD_FILE, TestbedRecord
@@ -75,7 +76,6 @@ examples:
 LOOPBACK_PREFIXES = ("127.", "localhost", "[::1]", "::1")
 # keys that are about the simulation, not the run: never a contradiction
 SIMULATION_KEYS = frozenset({"network.model"})
-MEASURE_STEPS = 30  # gradient steps timed by --compute measure, as akosim's own (akosim.cli)
 COMPUTE_SOURCES = ("run", "measure")
 
 
@@ -87,7 +87,7 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
     add("--host-calibration", metavar="FILE.json",
         help="the TCP model's parameters from this `akosim calibrate --out` file (default: "
              "this host's cached calibration, else documented defaults)")
-    add("--compute", metavar="run|measure", default="run",
+    add("--compute", metavar="run|measure", default="run", dest="compute_source",
         help="compute per round from the run's ranks (default), or 'measure': akosim's own "
              "cached measurement of the run's workload on this host, with the per-message "
              "cost from the host calibration (a host-calibrated prediction: nothing timed "
@@ -142,7 +142,7 @@ def check_no_contradiction(args: argparse.Namespace, cfg: RunConfig, where: Path
             continue
         section, field_name = key.split(".", 1)
         given = resolved.value(key)
-        from akocore.settings.registry import BY_DOTTED
+        from akocore.settings.key_registry import BY_DOTTED
 
         ran = getattr(getattr(base, section), BY_DOTTED[key].field)
         if given != ran:
@@ -213,18 +213,9 @@ def testbed_network(record: TestbedRecord, configured: NetworkConfig,
 def host_measured_compute_s(cfg: RunConfig) -> tuple[float, int, str]:
     """akosim's own cached measurement of the run's workload, batch and optimizer on this
     host (measured now when not cached): seconds per step, gradient elements, provenance."""
-    from akosim.compute import measure_compute_s
-    from akosim.compute_cache import key_for, measured_compute
-    from akosim.runspec import load_workload
+    from akosim.plan.setup import measured_compute
 
-    train = cfg.train
-    key = key_for(train.workload, train.batch_size, train.optimizer)
-
-    def measure() -> tuple[float, int]:
-        workload = load_workload(cfg)
-        return measure_compute_s(workload, steps=MEASURE_STEPS), workload.param_count
-
-    measured = measured_compute(key, measure, steps=MEASURE_STEPS)
+    measured = measured_compute(cfg, announce=False)
     return measured.record.compute_s, measured.record.param_count, \
         f"{measured.provenance()} (akosim's own, not the run's)"
 
@@ -274,22 +265,20 @@ def _loopback(cfg: RunConfig) -> bool:
 
 
 def predict_command(args: argparse.Namespace) -> int:
-    from akosim.compute import ComputeModel
-    from akosim.engine import StopRule
-    from akosim.report import format_table, json_safe, plan_result, write_json
+    from akosim.plan.setup import build_setup, fixed_compute, stop_rule, tcp_parameters_for
+    from akosim.result_tables import format_table, json_safe, plan_result, write_json
     from akosim.runspec import configured_runs, load_workload
-    from akosim.scenario import Setup
 
     path = result_path(args.run_dir)
-    if args.compute not in COMPUTE_SOURCES:
-        raise UsageError(f"predict: --compute: got {args.compute!r}, expected "
+    if args.compute_source not in COMPUTE_SOURCES:
+        raise UsageError(f"predict: --compute: got {args.compute_source!r}, expected "
                          f"{' or '.join(COMPUTE_SOURCES)} (the run's compute or akosim's own)")
     run = read_run(path)
     configured = run_config(run, path)
     model = check_no_contradiction(args, configured, path)
     rounds = measured_rounds(run)
     exchange = configured.exchange
-    if run.scheme == "ako" and run.p_of:
+    if is_partitioned(run.scheme) and run.p_of:
         exchange = replace(exchange, p=tuple(run.p_of))
     testbed = read_testbed(path.parent)
     network = configured.network
@@ -301,7 +290,7 @@ def predict_command(args: argparse.Namespace) -> int:
                                 target_accuracy=None),
                   network=replace(network, model=model))
     workers = cfg.cluster.workers
-    from_run = args.compute == "run"
+    from_run = args.compute_source == "run"
     colocation: Colocation | None = None
     calibration = Calibration.from_run(run, source=str(path))
     gradient_bytes = next((r.model_bytes for r in run.per_worker if r.model_bytes), None)
@@ -331,17 +320,17 @@ def predict_command(args: argparse.Namespace) -> int:
                        + "".join(f"; {note}" for note in testbed_notes))
     else:
         sources.append("network: the run's configuration (no testbed.json)")
-    if "tcp-core" in network_layers(model):
-        source = tcp_parameters(args.host_calibration)
-        tcp = source.params
-        if software is not None:  # the run measured it: the host's figure would count twice
-            tcp = replace(tcp, message_fixed_s=0.0, message_per_byte_s=0.0)
-        elif colocation is not None:
+    choice = tcp_parameters_for(cfg, args.host_calibration,
+                                # the run measured it: the host's figure would count twice
+                                without_message_cost=software is not None)
+    if choice is not None:
+        tcp = choice.params
+        if software is None and colocation is not None:
             tcp = message_cpu_stretched(tcp, colocation.slowdown)
             model = with_message_cpu(model)
             sources.append(f"per-message software cost x{colocation.slowdown:.2f} (the "
                            f"co-located ranks' measured slowdown), charged as the ranks' CPU")
-        sources.append(source.provenance)
+        sources.append(choice.provenance)
     elif args.host_calibration or software is None:
         host = tcp_parameters(args.host_calibration).params
         software = software or ((host.message_fixed_s,) if host.message_fixed_s else None)
@@ -349,11 +338,13 @@ def predict_command(args: argparse.Namespace) -> int:
         "the run's message_software_s" if run_measured_software
         else "the host calibration" if (tcp is not None and tcp.message_fixed_s) or software
         else "not measured (0)"))
-    setup = Setup(cfg, length, ComputeModel(0.0, jitter=jitter,
-                                             per_worker_s=compute_s, overhead_s=overhead),
-                  run.batch_size or cfg.train.batch_size, StopRule(rounds=rounds, drain=False),
-                  message_overhead_s=software or (), compute_source="; ".join(sources), tcp=tcp,
-                  network_model=model)
+    setup = build_setup(cfg, length=length,
+                        compute=fixed_compute(tuple(compute_s), jitter=jitter,
+                                              overhead_s=overhead),
+                        stop=stop_rule(cfg),  # the run's rounds, no drain
+                        batch_size=run.batch_size or cfg.train.batch_size,
+                        message_overhead_s=software or (), compute_source="; ".join(sources),
+                        tcp=tcp, network_model=model)
     runs = configured_runs(setup)
     predicted = runs[0].round_time_s
     measured = run.round_time_s

@@ -70,27 +70,29 @@ def check_fits(cfg: RunConfig, length: int) -> None:
 def configured_runs(setup: Setup, *, factory: ProgressFactory | None = None,
                     **kwargs: Any) -> list[SimRun]:
     """The one run of the configured scheme (ps with servers "best": the best of them)."""
-    from akocore.schemes.labels import scheme_label
+    from akocore.schemes.registry import scheme_named
     from akosim.scenario import Variant, ako_variant
 
     exchange = setup.config.exchange
-    if exchange.scheme == "ps":
-        ssp = exchange.ssp if exchange.ps_mode != "sync" else 0.0
+    scheme = scheme_named(exchange.scheme)
+    if scheme.has_servers:
+        ssp = scheme.effective_ssp(exchange)
         if exchange.ps_servers == "best":
             from akosim.compare import best_ps
 
-            best, tried = best_ps(setup, ssp=ssp, factory=factory, **kwargs)
-            best.label = f"ps {best.ps_servers} server(s), best of {len(tried)}"
+            best, tried = best_ps(setup, ssp=ssp, factory=factory, name=scheme.name,
+                                  **kwargs)
+            best.label = f"{scheme.name} {best.ps_servers} server(s), best of {len(tried)}"
             return [best]
         servers = int(exchange.ps_servers)
-        mode = scheme_label(exchange)
-        variant = Variant("ps", ps_servers=servers, ssp=ssp,
-                          label=f"ps {servers} server(s)" + (f", {mode}" if mode else ""))
-    elif exchange.scheme == "ako":
+        mode = scheme.label(exchange)
+        variant = Variant(scheme.name, ps_servers=servers, ssp=ssp,
+                          label=f"{scheme.name} {servers} server(s)" + (f", {mode}" if mode
+                                                                         else ""))
+    elif scheme.partitioned:
         variant = ako_variant(setup)
     else:
-        variant = Variant(exchange.scheme, label="ring allreduce" if exchange.scheme ==
-                          "allreduce" else f"{exchange.scheme} {scheme_label(exchange)}")
+        variant = Variant(scheme.name, label=scheme.variant_label(exchange))
     from akosim.compare import run_variant
 
     return [run_variant(setup, variant, factory=factory, **kwargs)]

@@ -26,7 +26,7 @@ from akocore.messages import FLOAT_BYTES
 from akocore.planner import Plan
 from akocore.resolve import network_arrays, resolve_plan, scheme_spec
 from akocore.schemes import build_nodes
-from akocore.schemes.bounds import staleness_bound_rounds
+from akocore.schemes.registry import has_servers, staleness_bound_rounds
 from akocore.units import format_bandwidth
 from akocore.workload import Workload
 from akosim.compute import ComputeModel
@@ -35,7 +35,7 @@ from akosim.network.fluid import COALESCE_REL
 from akosim.network.netmodel import build_network_model
 from akosim.network.netspec import NetworkSpec
 from akosim.network.netstats import NetworkUtilisation
-from akosim.training import AccuracyTracker, BatchedGradients, Evaluation
+from akosim.sim_training import AccuracyTracker, BatchedGradients, Evaluation
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,17 @@ class Setup:
         if self.network_model is not None:
             return self.network_model
         return "maxmin" if self.tcp is None else "tcp"
+
+    # the planner's answer for the configured p, resolved once (akosim.plan); None: not yet
+    plan: Plan | None = None
+
+    def configured_plan(self) -> Plan:
+        """The planner's answer for the configured p (resolved now if not yet)."""
+        if self.plan is not None:
+            return self.plan
+        return resolve_plan(self.config, gradient_bytes=self.gradient_bytes,
+                            length=self.length,
+                            compute_s=tuple(self.compute.base_s(i) for i in range(self.nodes)))
 
     @property
     def gradient_bytes(self) -> int:
@@ -156,9 +167,9 @@ def ako_variant(setup: Setup, p: str | tuple[int, ...] | None = None,
     config = setup.config
     if p is not None:
         config = replace(config, exchange=replace(config.exchange, p=p))
-    workers = setup.nodes
-    plan: Plan = resolve_plan(config, gradient_bytes=setup.gradient_bytes, length=setup.length,
-                              compute_s=tuple(setup.compute.base_s(i) for i in range(workers)))
+        plan = replace(setup, config=config, plan=None).configured_plan()
+    else:
+        plan = setup.configured_plan()
     given = config.exchange.p
     name = given if isinstance(given, str) else "given"
     text = f"ako p={plan.p}" if len(set(plan.p_of)) == 1 else \
@@ -255,7 +266,7 @@ def _report(setup: Setup, variant: Variant, training_workers: int, sim: Simulati
         label=variant.label or variant.scheme, scheme=variant.scheme, p=max(variant.p_of),
         p_of=list(variant.p_of), p_reason=variant.p_reason, ssp=variant.ssp,
         workers=setup.nodes, training_workers=training_workers,
-        ps_servers=variant.ps_servers if variant.scheme == "ps" else 0,
+        ps_servers=variant.ps_servers if has_servers(variant.scheme) else 0,
         round_time_s=round_time,
         samples_per_s=training_workers * setup.batch_size / round_time if round_time > 0
         else math.inf,

@@ -53,8 +53,8 @@ from akocore.config import (
     resolve,
     set_layer,
 )
-from akocore.settings.normalise import network_layers
 from akocore.units import format_duration
+from akosim.plan.setup import chooses_ssp_with_p, compute_setting
 from akosim.runspec import (
     TIMING_DEFAULTS,
     USER_ERRORS,
@@ -62,7 +62,6 @@ from akosim.runspec import (
     configured_runs,
     gradient_length_of_size,
     load_workload,
-    parse_duration_flag,
 )
 from akosim.sweepfiles import POINT_FORMAT, SweepPoint, collect
 
@@ -147,10 +146,11 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     add("--set", metavar="SECTION.KEY=VALUE", action="append", dest="set",
         help="override one config value for every point, repeatable, e.g. "
              "--set network.link_bandwidth=40,20,10mbps")
-    add("--compute", metavar="DURATION|measure", default="measure",
-        help="compute seconds per round, e.g. 0.3s; 'measure' times the --workload "
-             "gradient step once on this machine, for every point (default; a resumed "
-             "sweep measures again, so give a duration for numbers comparable across runs)")
+    add("--compute", metavar="DURATION|measure|remeasure", default="measure",
+        help="compute seconds per round, e.g. 0.3s; 'measure' takes the --workload's "
+             "gradient step on this machine from the compute cache the plan command uses "
+             "(measured once and cached when absent), for every point (default); "
+             "'remeasure' times it again and refreshes the cache")
     add("--gradient-size", metavar="SIZE",
         help="gradient bytes per worker, e.g. 17MB (default: the --workload's)")
     add("--rounds", metavar="N", help="simulated rounds per point (default 30)")
@@ -232,13 +232,8 @@ def sim_settings(args: argparse.Namespace) -> dict[str, Any]:
         settings["gradient_length"] = gradient_length_of_size(args.gradient_size)
     else:
         settings["gradient_length"] = "workload"
-    if args.compute.strip() == "measure":
-        settings["compute_s"] = "measure"
-    else:
-        compute_s = parse_duration_flag("--compute", args.compute)
-        if compute_s < 0:
-            raise UsageError(f"--compute: got {args.compute}, expected a duration >= 0")
-        settings["compute_s"] = compute_s
+    compute = compute_setting(args.compute)  # seconds, "measure" or "remeasure"
+    settings["compute_s"] = "measure" if isinstance(compute, str) else compute
     return settings
 
 
@@ -268,7 +263,7 @@ def expand_grid(args: argparse.Namespace, settings: dict[str, Any]) -> list[Poin
         if identity in seen:
             continue
         seen.add(identity)
-        choose_ssp = config.exchange.scheme == "ako" and not resolved.given("exchange.ssp")
+        choose_ssp = chooses_ssp_with_p(resolved)
         points.append(Point(len(points), values, config, identity, choose_ssp))
     return points
 
@@ -294,21 +289,14 @@ def run_point(task: dict[str, Any]) -> tuple[str, float]:
     the simulation settings, the output folder and whether to choose s with p
     (the point's file then holds the config with the chosen s).
     """
-    from akosim.compute import ComputeModel
-    from akosim.engine import StopRule
-    from akosim.report import json_safe, run_result, write_json
-    from akosim.scenario import Setup
+    from akosim.plan.setup import build_setup, fixed_compute, stop_rule, tcp_parameters_for
+    from akosim.result_tables import json_safe, run_result, write_json
 
     started = time.perf_counter()
     config = config_from_dict(task["config"])
-    stop = StopRule(rounds=config.train.rounds, duration_s=config.train.duration_s, drain=False)
-    tcp = None
-    if "tcp-core" in network_layers(config.network.model):  # the host's calibration, else defaults
-        from akosim.host_calibration_io import tcp_parameters
-
-        tcp = tcp_parameters().params
-    setup = Setup(config, task["length"], ComputeModel(task["compute_s"]),
-                  config.train.batch_size, stop, tcp=tcp, network_model=config.network.model)
+    tcp = tcp_parameters_for(config)  # this host's cached calibration, else defaults
+    setup = build_setup(config, length=task["length"], compute=fixed_compute(task["compute_s"]),
+                        stop=stop_rule(config), tcp=None if tcp is None else tcp.params)
     config_record = task["config"]
     if task.get("choose_ssp"):
         from akosim.advice import with_overlap_ssp
@@ -339,19 +327,31 @@ def _cached_workload(config: RunConfig, cache: dict[str, Any]):
 def _gradient_length(config: RunConfig, settings: dict[str, Any], cache: dict[str, Any]) -> int:
     if settings["gradient_length"] != "workload":
         return int(settings["gradient_length"])
+    if settings["compute_s"] == "measure":  # the cache holds it beside the compute time
+        return int(_measured(config, cache).record.param_count)
     return int(_cached_workload(config, cache).param_count)
 
 
-def _compute_s(config: RunConfig, settings: dict[str, Any], cache: dict[str, Any]) -> float:
-    """The compute seconds per round of every point (measured once here if asked)."""
-    from akosim.compute import measure_compute_s
+def _measured(config: RunConfig, cache: dict[str, Any]):
+    """The workload's gradient step on this machine, from the compute cache the plan
+    command uses (measured and cached once when absent)."""
+    from akosim.plan.setup import measured_compute
 
+    if "measured" not in cache:
+        cache["measured"] = measured_compute(
+            config, load=lambda: _cached_workload(config, cache),
+            refresh=cache.get("remeasure", False))
+    return cache["measured"]
+
+
+def _compute_s(config: RunConfig, settings: dict[str, Any], cache: dict[str, Any]) -> float:
+    """The compute seconds per round of every point (from the compute cache if measured)."""
     if settings["compute_s"] != "measure":
         return float(settings["compute_s"])
-    compute_s = measure_compute_s(_cached_workload(config, cache))
-    print(f"akosim sweep: measured compute {format_duration(compute_s)} per round "
-          f"({config.train.workload}, batch {config.train.batch_size})")
-    return float(compute_s)
+    measured = _measured(config, cache)
+    print(f"akosim sweep: {measured.provenance()} ({config.train.workload}, batch "
+          f"{config.train.batch_size})")
+    return float(measured.record.compute_s)
 
 
 def _run_all(tasks: list[dict[str, Any]], jobs: int, progress: bool) -> list[str]:
@@ -424,6 +424,7 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs: got {args.jobs}, expected a number of processes >= 1")
     settings = sim_settings(args)
+    cache: dict[str, Any] = {"remeasure": args.compute.strip() == "remeasure"}
     points = expand_grid(args, settings)
     mine = shard_of(points, shard)
     out = Path(args.out)
@@ -431,7 +432,6 @@ def _sweep(args: argparse.Namespace) -> int:
     todo = [p for p in mine if not (points_dir / f"{p.id}.json").exists()]
     skipped = len(mine) - len(todo)
     jobs = min(args.jobs or os.cpu_count() or 1, max(len(todo), 1))
-    cache: dict[str, Any] = {}
     length = 0
     if todo:
         length = _gradient_length(todo[0].config, settings, cache)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from akocore.results import RunResult
+from akocore.schemes.registry import is_partitioned
 from akocore.units import format_bandwidth, format_duration
 from akosim.sweepfiles import read_sweep
 
@@ -113,7 +114,7 @@ def format_summary(best: list[BestRow]) -> str:
                "staleness", "of", "bottleneck"]
     rows = []
     for row in best:
-        choice = f"{row.scheme} p={row.p} s={_rounds(row.ssp)}" if row.scheme == "ako" \
+        choice = f"{row.scheme} p={row.p} s={_rounds(row.ssp)}" if is_partitioned(row.scheme) \
             else row.scheme
         rows.append([*(_value(key, value) for key, value in row.group), choice,
                      format_duration(row.round_time_s), f"{row.samples_per_s:,.1f}",

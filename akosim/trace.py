@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from akosim.engine import TraceEvent
-from akosim.report import write_json
+from akosim.result_tables import write_json
 from akosim.scenario import SimRun
 
 _COLOURS = {"compute": "good", "wait": "terrible", "send": "rail_load"}

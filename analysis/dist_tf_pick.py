@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from akocore.results import PlanResult, read_result
+from analysis.akosim_calls import call_akosim
 from analysis.matrix import (
     DIST_TF_CANDIDATES,
     NETWORK_BY_NAME,
-    ROOT,
     SCALING,
     TARGET_ACCURACY,
     Experiment,
@@ -54,9 +53,11 @@ def _run(results: Path, exp: Experiment, compute_s: float) -> tuple[Experiment, 
         config.parent.mkdir(parents=True, exist_ok=True)
         out.parent.mkdir(parents=True, exist_ok=True)
         config.write_text(config_text(exp))
-        subprocess.run(["akosim", "train", "--config", str(config), "--quiet", "--compute",
-                        f"{compute_s!r}s", "--duration", f"{PICK_BUDGET_S:g}s", "--out",
-                        str(out)], cwd=ROOT, check=True, capture_output=True)
+        argv = ["train", "--config", str(config), "--quiet", "--compute", f"{compute_s!r}s",
+                "--duration", f"{PICK_BUDGET_S:g}s", "--out", str(out)]
+        code = call_akosim(argv)
+        if code != 0:
+            raise RuntimeError(f"akosim {' '.join(argv)} failed (exit {code})")
     return exp, out
 
 

@@ -45,6 +45,7 @@ from pathlib import Path
 from akocore.figures import steady_round_time_s
 from akocore.jsonrecord import record_from_json, record_to_json
 from akocore.results import PlanResult, RunResult, read_result
+from akocore.schemes.registry import has_servers, is_partitioned
 from analysis.fidelity_tcp_record import (
     COLUMNS,
     FidelityTcpRecord,
@@ -83,18 +84,18 @@ class GridPoint:
 
     @property
     def name(self) -> str:
-        exchange = f"ako-p{self.p}" if self.scheme == "ako" else "ps"
+        exchange = f"ako-p{self.p}" if is_partitioned(self.scheme) else "ps"
         return f"{self.rate}-{self.workers}w-{exchange}-s{self.ssp}"
 
     @property
     def nodes(self) -> int:
-        return self.workers + (1 if self.scheme == "ps" else 0)
+        return self.workers + (1 if has_servers(self.scheme) else 0)
 
     def launch_flags(self) -> list[str]:
         rates = ",".join(f"{bps / 1e6:g}mbps" for bps in RATES_BPS[self.rate])
         flags = ["--workers", str(self.nodes), "--bandwidth", rates,
                  "--scheme", self.scheme, "--ssp", str(self.ssp)]
-        if self.scheme == "ako":
+        if is_partitioned(self.scheme):
             flags += ["--p", self.p]
         else:
             flags += ["--set", "exchange.ps_mode=async", "--set", "exchange.ps_servers=1"]
@@ -147,6 +148,22 @@ def _run(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float) -> No
         tail = log.read_text().strip().splitlines()[-1:] or ["no output"]
         raise RuntimeError(f"{cmd[2]} {cmd[3]} exited {done.returncode}: {tail[0]} "
                            f"(see {log})")
+
+
+def _akosim(args: list[str], env: dict[str, str], log: Path, timeout_s: float) -> None:
+    """`akosim ARGS...` as a call of akosim's entry point in a fresh interpreter with
+    `env` (analysis.akosim_calls), its output appended to `log`."""
+    from analysis.akosim_calls import call_akosim
+
+    with open(log, "a") as out:
+        out.write("$ akosim " + " ".join(args) + "\n")
+    try:
+        code = call_akosim(args, env=env, log=log, append=True, timeout_s=timeout_s)
+    except TimeoutError as error:
+        raise RuntimeError(f"akosim {args[0]}: {error} (see {log})") from None
+    if code != 0:
+        tail = log.read_text().strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"akosim {args[0]} exited {code}: {tail[0]} (see {log})")
 
 
 def _python(module: str, *args: str) -> list[str]:
@@ -234,8 +251,8 @@ def run_point(point: GridPoint, settings: GridSettings) -> FidelityTcpRow:
         out = folder / f"predict-{column}.json"
         calibration = [] if column == "max-min" else [
             "--host-calibration", str(settings.host_calibration)]
-        _run(_python("akosim", "predict", str(run_dir), *calibration, *PREDICT_FLAGS[column],
-                     "--out", str(out)), env, log, 600)
+        _akosim(["predict", str(run_dir), *calibration, *PREDICT_FLAGS[column],
+                 "--out", str(out)], env, log, 600)
         predictions[column] = read_prediction(out)
     row = row_of(point, read_run(run_dir / "result.json"), predictions,
                  settings.host_compute_s, wall_s)
@@ -276,17 +293,16 @@ def host_calibration(results: Path, *, message_cost: bool, netns_rate: str | Non
         flags.append("--no-message-cost")
     if netns_rate:
         flags += ["--netns-rate", netns_rate]
-    _run(_python("akosim", "calibrate", *flags, "--out", str(path)), env, log, 900)
+    _akosim(["calibrate", *flags, "--out", str(path)], env, log, 900)
     return path
 
 
 def host_compute_s(results: Path, workload: str) -> float:
     """akosim's own compute measurement of `workload` (cached in RESULTS/cache)."""
     out = results / "compute-measure.json"
-    _run(_python("akosim", "--workers", "2", "--workload", workload, *TRAINING_FLAGS,
-                 "--scheme", "ako",
-                 "--compute", "measure", "--rounds", "1", "--quiet", "--out", str(out)),
-         child_env(results / "cache"), results / "calibrate.log", 900)
+    _akosim(["--workers", "2", "--workload", workload, *TRAINING_FLAGS, "--scheme", "ako",
+             "--compute", "measure", "--rounds", "1", "--quiet", "--out", str(out)],
+            child_env(results / "cache"), results / "calibrate.log", 900)
     record = read_result(json.loads(out.read_text()))
     if not isinstance(record, PlanResult) or not record.compute_s:
         raise ValueError(f"{out}: no compute measurement")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+from akocore.schemes.registry import is_partitioned
 from analysis.fidelity_tcp_record import COLUMNS, FidelityTcpRecord, FidelityTcpRow, summarise
 
 ANALYSIS_BEGIN = "<!-- analysis:begin (written by hand, kept on regeneration) -->"
@@ -71,7 +72,7 @@ GROUPINGS: dict[str, Callable[[FidelityTcpRow], str]] = {
     "rate": lambda r: r.rate,
     "workers": lambda r: str(r.workers),
     "p": lambda r: r.p_configured,
-    "scheme/p/s": lambda r: (f"{r.scheme}-p{r.p_configured}" if r.scheme == "ako"
+    "scheme/p/s": lambda r: (f"{r.scheme}-p{r.p_configured}" if is_partitioned(r.scheme)
                              else r.scheme) + f"-s{r.ssp}",
 }
 

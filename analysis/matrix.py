@@ -57,6 +57,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from akocore.schemes.registry import REGISTRY, has_servers, is_partitioned
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "configs" / "experiments"
 SCALING_MD = ROOT / "docs" / "reports" / "experiments" / "scaling.md"
@@ -174,8 +176,11 @@ def seed_accuracy(network: str, workers: int, scheme: str) -> float | None:
 
 def core_scheme(scheme: str) -> str:
     """The akocore scheme a matrix column runs: ps, ako, or a named scheme's core."""
-    if scheme == "ps" or scheme.startswith("ako-"):
-        return scheme[:3].rstrip("-")
+    if scheme in REGISTRY:  # a column named for its scheme ("ps")
+        return scheme
+    prefix = scheme.split("-", 1)[0]
+    if is_partitioned(prefix):  # "ako-p4": the partitioned scheme with a given p
+        return prefix
     from akocore.schemes.named import NAMED_SCHEMES
 
     return NAMED_SCHEMES[scheme].core_scheme
@@ -290,7 +295,7 @@ def config_text(exp: Experiment, *, fullsize: bool = False) -> str:
     lines.append(f'\n[network]\nbandwidth = "{nic:g}mbps"\nlink_bandwidth = '
                  f'"{_mbps_text(links)}"\nlatency = "{latency:g}ms"\n')
     lines.append("\n[exchange]\n")
-    if exp.scheme == "ps":
+    if has_servers(exp.scheme):  # the parameter-server column
         lines.append('scheme = "ps"\nps_servers = 1\nps_mode = "async"  # TF between-graph '
                      'default\nssp = 0\n')
     elif not exp.scheme.startswith("ako-"):

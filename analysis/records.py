@@ -23,6 +23,7 @@ from pathlib import Path
 
 from akocore.figures import mean_of_known
 from akocore.results import PlanResult, RunResult, rank_overhead_s, read_result
+from akocore.schemes.registry import has_servers
 from analysis.matrix import SCALING, TARGET_ACCURACY, Experiment, all_experiments
 
 BACKENDS = ("akosim", "akorun", "akosim-calibrated", "akosim-fullsize")
@@ -100,7 +101,7 @@ def _akorun_record(exp: Experiment, run: RunResult) -> Record:
 
 def p_text(record: Record | None) -> str:
     """The distinct p values of an ako run, e.g. "4" or "2,4"; "-" otherwise."""
-    if record is None or not record.p_of or record.scheme == "ps":
+    if record is None or not record.p_of or has_servers(record.scheme):
         return "-"
     return ",".join(str(v) for v in sorted(set(record.p_of)))
 

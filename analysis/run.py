@@ -1,4 +1,9 @@
-"""Run the experiment matrix through the akosim and akorun command lines.
+"""Run the experiment matrix through akosim's entry point and akorun's command line.
+
+akosim runs are calls of akosim's own functions, each in a fresh interpreter
+with the configuration's XLA flags (analysis.akosim_calls); the commands
+below are their argument lists, as `--dry-run` prints them and done.json keeps
+them. akorun runs are `akorun launch` processes.
 
     python -m analysis.run --backend akosim --results results/experiments
     python -m analysis.run --backend akorun --only 'uniform-wan/*' --results results/experiments
@@ -117,16 +122,10 @@ def measured_compute_s(results: Path, exp: Experiment) -> float:
     key = (f"{WORKLOAD}/batch {BATCH}/"
            f"{'single-thread' if single_thread_xla(exp) else 'default'} XLA")
     if key not in known:
-        out = results / "akosim" / "compute-measure.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        cmd = ["akosim", "--config", str(exp.path()), "--compute", "measure", "--rounds", "1",
-               "--quiet", "--out", str(out)]
-        proc = subprocess.run(cmd, cwd=ROOT, env=_env("akosim", exp), capture_output=True,
-                              text=True, check=False)
-        if proc.returncode != 0:
-            raise RuntimeError(f"measuring compute failed: {' '.join(cmd)}\n{proc.stderr}")
-        known[key] = read_plan(out).compute_s[0]
-        out.unlink()
+        from analysis.akosim_calls import measured_compute_s as akosim_measured_compute_s
+
+        known[key] = akosim_measured_compute_s(exp.path(), env=_env("akosim", exp))
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(known, indent=1))
     return float(known[key])
 
@@ -220,12 +219,17 @@ def run_one(backend: str, exp: Experiment, results: Path, *, rounds: int | None 
     folder.mkdir(parents=True, exist_ok=True)
     done.unlink(missing_ok=True)
     started = time.perf_counter()
-    with open(folder / "run.log", "w") as log:
-        proc = subprocess.run(cmd, cwd=ROOT, env=_env(backend, exp), stdout=log,
-                              stderr=subprocess.STDOUT, check=False)
+    if cmd[0] == "akosim":  # akosim's own entry point, called in a fresh interpreter
+        from analysis.akosim_calls import call_akosim
+
+        returncode = call_akosim(cmd[1:], env=_env(backend, exp), log=folder / "run.log")
+    else:  # akorun launch starts its ranks as processes of their own
+        with open(folder / "run.log", "w") as log:
+            returncode = subprocess.run(cmd, cwd=ROOT, env=_env(backend, exp), stdout=log,
+                                        stderr=subprocess.STDOUT, check=False).returncode
     wall_s = time.perf_counter() - started
-    if proc.returncode != 0:
-        return f"FAILED (exit {proc.returncode}, see {folder / 'run.log'})"
+    if returncode != 0:
+        return f"FAILED (exit {returncode}, see {folder / 'run.log'})"
     done.write_text(json.dumps({"config": exp.id, "backend": backend, "command": cmd,
                                 "wall_s": wall_s, "rounds_override": rounds}, indent=1))
     return f"done in {wall_s:.0f} s"

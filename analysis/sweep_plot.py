@@ -24,6 +24,7 @@ from pathlib import Path
 from akocore.cli_support import OneLineParser
 from akocore.extras import MissingExtra, require
 from akocore.results import RecordError
+from akocore.schemes.registry import is_partitioned
 from akosim.sweep_summary import BestRow, best_per_group, format_summary, read_rows
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
@@ -68,8 +69,8 @@ def stack_labels(boxes: Sequence[Box]) -> list[float]:
 
 
 def choice_label(row: BestRow) -> str:
-    """What the best configuration chose: ``p=4 s=2`` for ako, else the scheme."""
-    if row.scheme != "ako":
+    """What the best configuration chose: ``p=4 s=2`` for a partitioned scheme, else the scheme."""
+    if not is_partitioned(row.scheme):
         return row.scheme
     ssp = "inf" if math.isinf(row.ssp) else f"{row.ssp:g}"
     return f"p={row.p} s={ssp}"

@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from akocore.schemes.registry import has_servers
 from analysis.fidelity import FidelitySummary, Pair
 from analysis.matrix import (
     NETWORKS,
@@ -22,6 +23,7 @@ from analysis.matrix import (
     TARGET_ACCURACY,
     WORKER_COUNTS,
     all_experiments,
+    core_scheme,
     seed_accuracy,
 )
 from analysis.records import (
@@ -80,7 +82,8 @@ def time_to_target_table(records: dict[tuple[str, str], Record]) -> str:
         rounds = hit[1] if hit else None
         full_rt = full.round_time_s if full else None
         estimate = rounds * full_rt if rounds is not None and full_rt else None
-        p = ",".join(map(str, sim.p_of)) if sim and sim.p_of and exp.scheme != "ps" else "-"
+        p = ",".join(map(str, sim.p_of)) \
+            if sim and sim.p_of and not has_servers(core_scheme(exp.scheme)) else "-"
         reached = "-" if estimate is None else ("yes" if estimate <= SEED_BUDGET_S else "no")
         lines.append(
             f"| {exp.id} | {p} | {_fmt(ttt(records, 'akosim', exp.id), '.2f')} | "

@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 from akocore.config import Layer, Origin, RunConfig, Tool, add_shared_arguments, config_from_dict
-from akocore.settings.registry import KEYS
-from akorun.cli import build_parser, launch_settings, worker_settings
+from akocore.settings.key_registry import KEYS
 from akorun.cluster import (
     config_over,
     hosts_from_text,
@@ -29,6 +28,7 @@ from akorun.cluster import (
     warn_if_readable_by_others,
     write_cluster_file,
 )
+from akorun.commands import build_parser, launch_settings, worker_settings
 from akorun.errors import UsageError
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 

@@ -21,7 +21,7 @@ import pytest
 
 import akorun
 from akocore.results import RunResult, read_result
-from akorun.cli import main as akorun_main
+from akorun.commands import main as akorun_main
 from akorun.run_merge import merge_ranks
 from akorun.testing import (
     REPO_ROOT,

@@ -22,7 +22,7 @@ import pytest
 from akocore.messages import Kind, Partial
 from akocore.workload import build_workload
 from akorun import control, wire
-from akorun.roles import params_digest, wire_hash
+from akorun.node_plan import params_digest, wire_hash
 from akorun.testing import (
     REPO_ROOT,
     LocalCluster,

@@ -14,7 +14,7 @@ from akocore.results import Figures, RankResult, RunResult
 from akocore.schemes import AkoWorker, Replica
 from akocore.workload import build_workload
 from akorun import control
-from akorun.checkpoint import (
+from akorun.checkpoint_file import (
     Checkpoint,
     load_checkpoint,
     optimizer_leaves,
@@ -23,7 +23,7 @@ from akorun.checkpoint import (
 )
 from akorun.errors import UsageError
 from akorun.faults import faults_for
-from akorun.results import (
+from akorun.result_files import (
     RankDiagnostics,
     RankSummary,
     max_relative_difference,

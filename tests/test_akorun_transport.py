@@ -23,11 +23,11 @@ from akocore.messages import Kind, Partial
 from akorun import control, wire
 from akorun.answers import Verdict, verdict
 from akorun.cluster import free_ports
+from akorun.emulated_links import LinkShaper
 from akorun.keys import AUTH_HEADER, PARTIAL_PATH, PartialSealer, Signer, digest
 from akorun.metrics import PeerCounters
 from akorun.sender import Outcome, Outgoing, PeerSender, RetryPolicy
 from akorun.server import Server
-from akorun.shaping import LinkShaper
 from akorun.testing import SinkHost
 
 pytestmark = pytest.mark.timeout(60)
@@ -225,7 +225,7 @@ def test_the_receivers_downlink_hold_is_the_networks_not_the_message_overhead() 
     least 1 s before applying it, says so in its answer, and the sender counts that
     hold as network time: its per-message overhead (stack_s) excludes it, and so
     does the receiver's software time."""
-    from akorun.shaping import DownlinkShaper
+    from akorun.emulated_links import DownlinkShaper
 
     host = SinkHost(SECRET, RUN, WIRE_HASH)
     host.downlink = DownlinkShaper(0.8e6, lambda _sender: math.inf)  # type: ignore[attr-defined]
@@ -323,7 +323,7 @@ def test_the_sender_tells_the_receivers_downlink_how_long_the_message_was_on_the
 ) -> None:
     """Paced at 8 Mbit/s, a 100 kB message spends >= 0.1 s on the sender's wire; the
     receiver's downlink is told so (and can credit what it carried meanwhile)."""
-    from akorun.shaping import DownlinkShaper
+    from akorun.emulated_links import DownlinkShaper
 
     seen: list[float | None] = []
 

@@ -154,6 +154,13 @@ def test_show_config_prints_each_value_with_its_origin(capsys, tmp_path: Path) -
     assert shown["train.rounds"] == "30  (akosim plan default)"
 
 
+def test_show_config_says_when_the_plan_chooses_s_with_p(capsys) -> None:
+    assert _shown(capsys)["exchange.ssp"].startswith("chosen with p when the plan runs")
+    assert _shown(capsys, "--ssp", "1")["exchange.ssp"] == "1  (by --ssp)"
+    assert _shown(capsys, "--scheme", "ps")["exchange.ssp"] == "0  (akosim plan default)"
+    assert _shown(capsys, "--compute", "20ms")["akosim.compute"] == '"20ms"  (by --compute)'
+
+
 @pytest.mark.parametrize("command", ["plan", "train"])
 def test_a_duration_clears_the_default_rounds_unless_a_layer_sets_rounds(
         capsys, tmp_path: Path, command: str) -> None:

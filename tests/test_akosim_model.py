@@ -140,7 +140,7 @@ def test_training_mode_conserves_every_gradient(workload, spy, ssp: float, p: in
 def test_lockstep_training_follows_the_schemes_driven_directly(workload, spy) -> None:
     """With s = 0 the simulation applies the same updates as a plain lockstep loop
     over the akocore nodes: identical parameters after the same rounds."""
-    from akosim.training import step_seed
+    from akosim.sim_training import step_seed
 
     rounds, n, p = 8, 3, 2
     setup, variant = train_setup(n, 0, p, rounds, workload)

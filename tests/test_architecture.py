@@ -8,6 +8,7 @@ the level at which its imports sit: a lazy import that hides a cycle is still on
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -193,3 +194,211 @@ def test_akocore_changes_global_jax_settings_only_in_its_one_explicit_edge():
         assert not [name for name in at_import if name.startswith("jax.config")], module
         if module != "akocore.process_setup":
             assert "jax.config.update" not in text, module
+
+
+# ------------------------------------------------------------ schemes are objects
+
+
+def _scheme_names() -> set[str]:
+    from akocore.schemes.named import SCHEME_NAMES
+
+    return set(SCHEME_NAMES)
+
+
+# Modules allowed to compare a value with a scheme's name: the schemes package (each
+# scheme's own module and the registry).
+SCHEME_NAME_COMPARISONS_ALLOWED = ("akocore.schemes",)
+
+
+def _names_a_scheme(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Name) and node.id.endswith("scheme")) or (
+        isinstance(node, ast.Attribute) and node.attr.endswith("scheme"))
+
+
+def _scheme_literals(node: ast.expr, names: set[str]) -> bool:
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str) and node.value in names
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return any(_scheme_literals(item, names) for item in node.elts)
+    return False
+
+
+def scheme_name_comparisons(tree: ast.AST, names: set[str]) -> list[int]:
+    """Lines that compare something called *scheme with a scheme's name
+    (``scheme == "ps"``, ``cfg.exchange.scheme in ("ako", "ps")``, ``"ps" != scheme``)."""
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left, *node.comparators]
+        for left, op, right in zip(operands, node.ops, operands[1:], strict=False):
+            if not isinstance(op, ast.Eq | ast.NotEq | ast.In | ast.NotIn):
+                continue
+            if (_names_a_scheme(left) and _scheme_literals(right, names)) or (
+                    _names_a_scheme(right) and _scheme_literals(left, names)):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_the_scheme_comparison_finder_finds_the_forms_it_forbids():
+    names = {"ako", "ps"}
+    source = ('a = cfg.exchange.scheme == "ps"\nb = scheme in ("ako", "x")\n'
+              'c = "ps" != run.scheme\nd = init_scheme == "tf.ako"\ne = scheme == other\n')
+    assert scheme_name_comparisons(ast.parse(source), names) == [1, 2, 3]
+
+
+def test_no_module_compares_a_scheme_with_a_name_outside_the_scheme_registry():
+    """Shells ask the scheme object (akocore.schemes.registry), not its name."""
+    names = _scheme_names()
+    offenders = []
+    for module, path in project_modules().items():
+        if module.startswith(SCHEME_NAME_COMPARISONS_ALLOWED):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        offenders += [f"{path.relative_to(ROOT)}:{line}"
+                      for line in scheme_name_comparisons(tree, names)]
+    assert offenders == []
+
+
+def test_every_scheme_is_one_object_that_builds_its_own_nodes():
+    from akocore.config import ExchangeConfig
+    from akocore.schemes import REGISTRY, Scheme, SchemeSpec, build_nodes
+
+    assert set(REGISTRY) == {"ako", "ps", "allreduce", "wagma"}
+    for name, scheme in REGISTRY.items():
+        assert isinstance(scheme, Scheme) and scheme.name == name
+        spec = SchemeSpec(scheme=name, workers=4, ps_servers=1)
+        nodes = build_nodes(spec, 40, None, None)
+        assert [node.rank for node in nodes] == [0, 1, 2, 3]
+        assert sum(node.is_worker for node in nodes) == spec.training_workers \
+            == 4 - (1 if scheme.has_servers else 0)
+        exchange = ExchangeConfig(scheme=name)
+        assert scheme.staleness_bound(exchange, p_max=3, ssp=1.0) >= 0
+        assert isinstance(scheme.variant_label(exchange), str)
+
+
+# ------------------------------------------------------------ one application layer
+
+APPLICATION_LAYER = "akosim.plan"
+# constructors of a simulation's pieces: only the application layer calls them (and the
+# simulation itself, inside akosim.scenario)
+SETUP_CONSTRUCTORS = {"Setup": APPLICATION_LAYER, "StopRule": APPLICATION_LAYER,
+                      "ComputeModel": APPLICATION_LAYER, "Simulation": "akosim.scenario"}
+
+
+def _called_name(call: ast.Call) -> str:
+    func = call.func
+    return func.id if isinstance(func, ast.Name) else (
+        func.attr if isinstance(func, ast.Attribute) else "")
+
+
+def test_only_the_application_layer_builds_a_simulation_setup():
+    offenders = []
+    for module, path in project_modules().items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            home = SETUP_CONSTRUCTORS.get(_called_name(node))
+            if home is not None and not (module == home or module.startswith(home + ".")):
+                offenders.append(f"{module}:{node.lineno} calls {_called_name(node)}")
+    assert offenders == []
+
+
+@pytest.mark.parametrize("entry_point", ["akosim.cli", "akosim.sweep", "akosim.predict",
+                                         "analysis.akosim_calls"])
+def test_every_entry_point_uses_the_application_layer(entry_point):
+    graph = import_graph()
+    assert any(t == APPLICATION_LAYER or t.startswith(APPLICATION_LAYER + ".")
+               for t in graph[entry_point]), f"{entry_point} does not use {APPLICATION_LAYER}"
+
+
+def _runs_akosim_executable(call: ast.Call) -> bool:
+    """subprocess.X(["akosim", ...]) or ([sys.executable, "-m", "akosim", ...]), or a helper
+    that builds such a command from "akosim" as its first argument."""
+    first = call.args[0] if call.args else None
+    launcher = re.search(r"python|run|popen|exec|call|command", _called_name(call), re.I)
+    if launcher and isinstance(first, ast.Constant) and first.value == "akosim":
+        return True
+    func = call.func
+    if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
+            and func.value.id == "subprocess"):
+        return False
+    if not call.args or not isinstance(call.args[0], ast.List | ast.Tuple):
+        return False
+    words = [e.value for e in call.args[0].elts[:3] if isinstance(e, ast.Constant)]
+    return "akosim" in words
+
+
+def test_no_module_runs_akosim_as_a_subprocess():
+    offenders = []
+    for module, path in project_modules().items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        offenders += [f"{module}:{node.lineno}" for node in ast.walk(tree)
+                      if isinstance(node, ast.Call) and _runs_akosim_executable(node)]
+    assert offenders == []
+
+
+# ------------------------------------------------------------ modules and names
+
+LONG_MODULE_LINES = 500
+
+
+def test_a_module_past_500_lines_says_why_in_its_docstring():
+    offenders = []
+    for module, path in project_modules().items():
+        text = path.read_text(encoding="utf-8")
+        if text.count("\n") <= LONG_MODULE_LINES:
+            continue
+        doc = ast.get_docstring(ast.parse(text)) or ""
+        if not re.search(r"(past|over) ~?500 lines", doc, re.IGNORECASE):
+            offenders.append(module)
+    assert offenders == []
+
+
+def test_no_two_modules_share_a_file_name():
+    """A module's file name says what it is: no twins in different packages (entry
+    points __init__ and __main__ aside)."""
+    seen: dict[str, list[str]] = {}
+    for module, path in project_modules().items():
+        if path.name in ("__init__.py", "__main__.py"):
+            continue
+        seen.setdefault(path.name, []).append(module)
+    twins = {name: modules for name, modules in seen.items() if len(modules) > 1}
+    assert twins == {}
+
+
+def test_a_new_scheme_is_one_module_and_one_registry_entry(monkeypatch, capsys):
+    """A scheme written against the protocol runs in akosim with nothing else changed:
+    the settings accept its name, the plan simulates it, the tables name it."""
+    from types import MappingProxyType
+
+    from akocore.schemes import Scheme, SchemeError, SchemeNode, registry
+    from akosim.cli import main
+
+    class SoloWorker(SchemeNode):  # trains alone: nothing is exchanged
+        def local_step(self, round_, grad):
+            self._check_round(round_)
+            self._check_grad(grad)
+            if grad is not None:
+                self.replica.apply(grad)
+            self.next_round += 1
+            return []
+
+        def receive(self, msg):
+            raise SchemeError("solo workers exchange nothing")
+
+    class SoloScheme(Scheme):
+        name = "solo"
+        summary = "every worker trains alone"
+
+        def build(self, spec, length, params0, replica):
+            return [SoloWorker(i, length, replica(i, params0)) for i in range(spec.workers)]
+
+    monkeypatch.setattr(registry, "REGISTRY",
+                        MappingProxyType({**registry.REGISTRY, "solo": SoloScheme()}))
+    assert main(["--set", "exchange.scheme=solo", "--workers", "3", "--gradient-size", "40KB",
+                 "--compute", "10ms", "--rounds", "5", "--quiet"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("solo"))
+    assert "10 ms" in row and " 0 B" in row  # compute alone, nothing sent

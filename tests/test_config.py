@@ -38,8 +38,8 @@ from akocore.config import (
     resolve_args,
     set_layer,
 )
+from akocore.settings.key_registry import KEYS, RUN_SECTIONS, SECTION_TYPES, Key
 from akocore.settings.layers import layer_of
-from akocore.settings.registry import KEYS, RUN_SECTIONS, SECTION_TYPES, Key
 
 FULL_TOML = """
 [cluster]
@@ -709,3 +709,22 @@ def test_generated_flags_are_the_registrys_and_default_to_none() -> None:
     assert "--peer-timeout" not in flags  # an akorun key: akosim does not take it
     assert all(getattr(parser.parse_args([]), key.name) is None
                for key in KEYS if key.flag and Tool.AKOSIM in key.tools)
+
+
+def test_akosims_own_settings_are_registry_keys_checked_once_in_every_layer(tmp_path) -> None:
+    """--compute, --message-overhead and --coalesce are [akosim] keys: a flag, --set or a
+    file gives them, the schema checks them, and they are not part of the run."""
+    from akocore.config import AkosimConfig, ConfigError, file_layer, resolve, set_layer
+
+    path = tmp_path / "sim.toml"
+    path.write_text('[akosim]\ncompute = "300ms"\ncoalesce = 0.01\n')
+    resolved = resolve([*file_layer(path), *set_layer(["akosim.message_overhead=2ms"])])
+    assert resolved.akosim == AkosimConfig(compute=0.3, message_overhead_s=0.002,
+                                           coalesce=0.01)
+    assert resolved.config == RunConfig()  # the run is untouched
+    assert AkosimConfig(compute=" Remeasure ").compute == "remeasure"
+    for bad in ({"compute": "fast"}, {"coalesce": 0.7}, {"message_overhead_s": "-1ms"}):
+        with pytest.raises(ConfigError):
+            AkosimConfig(**bad)
+    with pytest.raises(ConfigError, match="add a unit"):
+        resolve(set_layer(["akosim.compute=300"]))

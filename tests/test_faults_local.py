@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from akocore.messages import Kind, Partial
-from akorun.checkpoint import remove_stale_temp_files
+from akorun.checkpoint_file import remove_stale_temp_files
 from akorun.cluster import free_ports
 from akorun.keys import AUTH_HEADER, PARTIAL_PATH
 from akorun.server import Server

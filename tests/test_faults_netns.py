@@ -37,7 +37,7 @@ import pytest
 
 from akocore.config import config_from_dict
 from akorun.cluster import new_settings, write_cluster_file
-from akorun.results import max_relative_difference
+from akorun.result_files import max_relative_difference
 from akorun.testbed import netns
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 

@@ -25,7 +25,7 @@ import pytest
 
 from akocore.results import RankResult, RunResult
 from akocore.workload import build_workload
-from akorun.results import merge_results, worker_summary
+from akorun.result_files import merge_results, worker_summary
 from akorun.runtime.training import RoundTimes
 from akosim.cli import (
     compute_from_result,

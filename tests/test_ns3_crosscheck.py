@@ -14,6 +14,14 @@ from akosim.network.netspec import NetworkSpec
 from analysis.ns3_crosscheck.__main__ import main
 from analysis.ns3_crosscheck.akosim_run import MODELS, register_model, run_akosim
 from analysis.ns3_crosscheck.ns3_run import ns3_available
+from analysis.ns3_crosscheck.ns3_scenario import (
+    Message,
+    Pattern,
+    Star,
+    ako_rounds,
+    all_to_all,
+    parameter_server,
+)
 from analysis.ns3_crosscheck.record import (
     CaseResult,
     CrossCheckRecord,
@@ -21,14 +29,6 @@ from analysis.ns3_crosscheck.record import (
     RecordError,
     read_record,
     write_record,
-)
-from analysis.ns3_crosscheck.scenario import (
-    Message,
-    Pattern,
-    Star,
-    ako_rounds,
-    all_to_all,
-    parameter_server,
 )
 from analysis.ns3_crosscheck.table import case_table, summary_table
 

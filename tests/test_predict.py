@@ -112,6 +112,15 @@ def test_compute_from_takes_the_runs_workload_and_batch(run_dir: Path, capsys):
     assert "gradient 19.24 kB (4,810 float32)" in printed and "batch 16" in printed
 
 
+def test_show_config_prints_the_workload_and_batch_compute_from_takes(run_dir: Path, capsys):
+    """--show-config prints what runs: the run's workload and batch, said to come from it."""
+    result = run_dir / "result.json"
+    assert main(["--compute-from", str(result), "--workers", "2", "--show-config"]) == 0
+    shown = dict(line.split(" = ", 1) for line in capsys.readouterr().out.splitlines())
+    assert shown["train.workload"] == f'"digits-mlp"  (as the run in {result} (--compute-from))'
+    assert shown["train.batch_size"].startswith("16  (as the run in")
+
+
 def test_compute_from_refuses_a_workload_the_run_did_not_use(run_dir: Path, capsys):
     with pytest.raises(SystemExit) as stop:
         main(["--compute-from", str(run_dir / "result.json"), "--workers", "2",

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from akocore.schemes.factory import SCHEMES
 from akocore.schemes.named import CORE_SCHEMES, NAMED_SCHEMES, SCHEME_NAMES, expansion
+from akocore.schemes.registry import SCHEMES
 from akocore.settings.layers import Given, Layer, resolve
 from akocore.settings.toml_io import file_layer
 
@@ -96,7 +96,7 @@ def test_akosim_reports_each_named_schemes_staleness_bound(name: str) -> None:
 
 def test_sdag_bound_follows_lambda_and_wagma_agrees_with_its_node() -> None:
     from akocore.schemes.base import Replica
-    from akocore.schemes.bounds import staleness_bound_rounds
+    from akocore.schemes.registry import staleness_bound_rounds
     from akocore.schemes.wagma import WagmaWorker
     from akocore.settings.schema import ExchangeConfig
 
@@ -129,7 +129,7 @@ def _evaluate(expression: str, exchange, p_max: int, ssp: float) -> float:
 @pytest.mark.parametrize("ssp", [0.0, 2.0])
 def test_the_schemes_page_table_states_the_code_bounds(ssp: float) -> None:
     """Each row's bound, evaluated with the scheme's resolved knobs, is the code's figure."""
-    from akocore.schemes.bounds import staleness_bound_rounds
+    from akocore.schemes.registry import staleness_bound_rounds
 
     rows = _documented_bounds()
     assert set(rows) == set(SCHEME_NAMES)

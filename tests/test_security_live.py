@@ -28,7 +28,7 @@ from akocore.workload import build_workload
 from akorun import wire
 from akorun.control import ControlKind
 from akorun.keys import AUTH_HEADER, SEAL_FORMAT, SEAL_VERSION, TAG_BYTES
-from akorun.roles import params_digest, wire_hash
+from akorun.node_plan import params_digest, wire_hash
 from akorun.testing import LocalCluster, wait_for
 from tests.peer import Peer, Sent, replay
 

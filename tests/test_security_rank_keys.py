@@ -23,8 +23,8 @@ import pytest
 
 from akocore.messages import Kind, Partial
 from akorun import wire
-from akorun.cli import main
 from akorun.cluster import read_cluster_file
+from akorun.commands import main
 from akorun.control import ControlKind
 from akorun.keys import RankKeys, read_rank_keys, write_rank_key_files
 from akorun.testing import REPO_ROOT, SinkHost, akorun_command, child_test_env

@@ -1,4 +1,4 @@
-"""akorun.shaping: token-bucket pacing, shared uplink, latency and paced body chunks.
+"""akorun.emulated_links: token-bucket pacing, shared uplink, latency and paced body chunks.
 
 Exact timing is checked on `VirtualClockLoop`, an event loop whose clock jumps
 to the next timer instead of sleeping, so these tests are exact and instant.
@@ -20,7 +20,7 @@ import pytest
 
 from akocore.messages import Kind, Partial
 from akorun import wire
-from akorun.shaping import PIECE_BYTES, DownlinkShaper, LinkShaper, SerialLink
+from akorun.emulated_links import PIECE_BYTES, DownlinkShaper, LinkShaper, SerialLink
 
 T = TypeVar("T")
 
@@ -214,7 +214,7 @@ def test_infinite_rate_never_sleeps(monkeypatch: pytest.MonkeyPatch) -> None:
     async def no_sleep(delay: float) -> None:
         raise AssertionError(f"slept {delay} s")
 
-    monkeypatch.setattr(asyncio, "sleep", no_sleep)  # what akorun.shaping awaits
+    monkeypatch.setattr(asyncio, "sleep", no_sleep)  # what akorun.emulated_links awaits
 
     async def main() -> float:
         shaper = LinkShaper(math.inf)

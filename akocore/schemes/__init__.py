@@ -22,9 +22,11 @@ updates through a FlatOptimizer. With `params=None` a node does all the
 bookkeeping (who sends what to whom, how long, which round) without any
 arithmetic: that is akosim's timing-only mode.
 
-Modules: base (SchemeNode, Replica, SchemeError), one module per scheme (ako,
-ps, allreduce, wagma, elastic, localps) and factory (SchemeSpec, the scheme registry, build_nodes).
-This package re-exports their public names.
+Modules: base (SchemeNode, Replica, SchemeError), protocol (Scheme: one
+scheme as one object), one module per scheme (ako, ps_family with ps,
+elastic and localps, allreduce, wagma), registry (every scheme by name),
+named (the presets --scheme NAME stands for) and factory (SchemeSpec,
+build_nodes). This package re-exports their public names.
 """
 
 from akocore.schemes.ako import (
@@ -38,18 +40,23 @@ from akocore.schemes.ako import (
 from akocore.schemes.allreduce import AllReduceWorker
 from akocore.schemes.base import REDUCES, Replica, SchemeError, SchemeNode, copy_or_none
 from akocore.schemes.elastic import ElasticServer, ElasticWorker, elastic_alpha
-from akocore.schemes.factory import BUILDERS, SCHEMES, SchemeSpec, build_node, build_nodes
+from akocore.schemes.factory import SchemeSpec, build_node, build_nodes
 from akocore.schemes.localps import (
     DeltaPSServer,
     LocalStepPSWorker,
     ScaledPSWorker,
     SyncDeltaPSServer,
 )
-from akocore.schemes.ps import PS_MODES, PSLayout, PSServer, PSWorker
+from akocore.schemes.protocol import Scheme
+from akocore.schemes.ps import PSLayout, PSServer, PSWorker
+from akocore.schemes.ps_family import PS_MODES
+from akocore.schemes.registry import REGISTRY, SCHEMES, scheme_named
 from akocore.schemes.wagma import WagmaWorker, butterfly_group, butterfly_phases
 
 __all__ = [
-    "BUILDERS",
+    "REGISTRY",
+    "Scheme",
+    "scheme_named",
     "PS_MODES",
     "REDUCES",
     "SCHEDULES",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,6 +20,11 @@ from akocore import ssp
 from akocore.messages import Kind, Partial, Receipt, Send
 from akocore.partition import accumulate_and_take, check_p, partition_slice
 from akocore.schemes.base import Replica, SchemeError, SchemeNode, copy_or_none, reduce_scale
+from akocore.schemes.protocol import ReplicaOf, Scheme
+
+if TYPE_CHECKING:
+    from akocore.schemes.factory import SchemeSpec
+    from akocore.settings.schema import ExchangeConfig
 
 SCHEDULES = ("staggered", "aligned")
 
@@ -266,3 +272,28 @@ class AkoWorker(SchemeNode):
         for peer, final in state.final_round.items():
             self._set_final(int(peer), int(final))
         self.next_round = state.next_round
+
+
+class AkoScheme(Scheme):
+    """Ako: each round one of p partitions of the unsent gradient to every peer."""
+
+    name = "ako"
+    summary = "partial all-to-all: one of p gradient partitions to every peer each round"
+    keys = ("p", "schedule", "utilisation", "p_max")
+    pattern = "partial-all-to-all"
+    partitioned = True
+    rejoinable = True
+
+    def build(self, spec: SchemeSpec, length: int, params0: np.ndarray | None,
+              replica: ReplicaOf) -> list[SchemeNode]:
+        p_of = spec.p_list()
+        return [AkoWorker(i, spec.workers, length, p_of, replica=replica(i, params0),
+                          staleness=spec.staleness, schedule=spec.schedule,
+                          reduce=spec.reduce) for i in range(spec.workers)]
+
+    def staleness_bound(self, exchange: ExchangeConfig, *, p_max: int, ssp: float) -> float:
+        """p - 1 + s: a partition reaches a peer within p rounds, the SSP gate adds s."""
+        return p_max - 1 + ssp
+
+
+AKO = AkoScheme()

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from akocore import ssp
 from akocore.messages import Kind, Partial, Receipt, Send
 from akocore.partition import check_p, partition_bounds
 from akocore.schemes.base import Replica, SchemeError, SchemeNode, reduce_scale
+from akocore.schemes.protocol import ReplicaOf, Scheme
+
+if TYPE_CHECKING:
+    from akocore.schemes.factory import SchemeSpec
+    from akocore.settings.schema import ExchangeConfig
 
 
 class AllReduceWorker(SchemeNode):
@@ -106,3 +113,23 @@ class AllReduceWorker(SchemeNode):
 
     def drained(self) -> bool:
         return self.completed_round >= self.next_round - 1
+
+
+class AllReduceScheme(Scheme):
+    """Ring all-reduce of the full gradient each round: everyone waits every round."""
+
+    name = "allreduce"
+    summary = "ring all-reduce of the full gradient every round"
+    pattern = "ring"
+    needs_every_rank = True
+
+    def build(self, spec: SchemeSpec, length: int, params0: np.ndarray | None,
+              replica: ReplicaOf) -> list[SchemeNode]:
+        return [AllReduceWorker(i, spec.workers, length, replica=replica(i, params0),
+                                reduce=spec.reduce) for i in range(spec.workers)]
+
+    def variant_label(self, exchange: ExchangeConfig) -> str:
+        return "ring allreduce"
+
+
+ALLREDUCE = AllReduceScheme()

@@ -12,7 +12,7 @@ layer's other values, so any value given in the same place or a higher layer
 wins (``--config`` with ``scheme = "adag"`` and ``push_every = 8`` is ADAG
 with lambda = 8).
 
-This module imports only akocore.settings.normalise (the core names), so the
+This module imports only the scheme registry (the core names), so the
 settings layers can read it.
 """
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from akocore.settings.normalise import SCHEMES as CORE_SCHEMES
+from akocore.schemes.registry import SCHEMES as CORE_SCHEMES
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from akocore.messages import Kind, Partial, Receipt, Send
 from akocore.partition import check_p, partition_slice
 from akocore.schemes.base import Replica, SchemeError, SchemeNode, reduce_scale
 
-PS_MODES = ("sync", "async")
+NODE_MODES = ("sync", "async")
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,8 @@ class PSWorker(SchemeNode):
     def __init__(self, rank: int, layout: PSLayout, *, replica: Replica, mode: str = "sync",
                  staleness: float = 0.0, push_every: int = 1, fetch_every: int = 1) -> None:
         super().__init__(rank, layout.length, replica)
-        if mode not in PS_MODES:
-            raise ValueError(f"ps mode: got {mode!r}, expected one of {', '.join(PS_MODES)}")
+        if mode not in NODE_MODES:
+            raise ValueError(f"ps mode: got {mode!r}, expected one of {', '.join(NODE_MODES)}")
         if push_every < 1 or fetch_every < 1:
             raise ValueError("push_every and fetch_every must be >= 1")
         self.layout = layout
@@ -187,8 +187,8 @@ class PSServer(SchemeNode):
         if replica.params is not None and replica.params.shape != (stop - start,):
             raise ValueError(f"server {rank} holds shard of length {stop - start}")
         super().__init__(rank, layout.length, replica)
-        if mode not in PS_MODES:
-            raise ValueError(f"ps mode: got {mode!r}, expected one of {', '.join(PS_MODES)}")
+        if mode not in NODE_MODES:
+            raise ValueError(f"ps mode: got {mode!r}, expected one of {', '.join(NODE_MODES)}")
         self.layout = layout
         self.shard = shard
         self.start, self.stop = start, stop

@@ -32,11 +32,17 @@ after its round-t step; a final marker (part FINAL, no values) at finish.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from akocore.messages import Kind, Partial, Receipt, Send
 from akocore.schemes.base import Replica, SchemeError, SchemeNode
+from akocore.schemes.protocol import ReplicaOf, Scheme
+
+if TYPE_CHECKING:
+    from akocore.schemes.factory import SchemeSpec
+    from akocore.settings.schema import ExchangeConfig
 
 GROUP, GLOBAL, FINAL = 0, 1, 2
 DEFAULT_GROUP_SIZE = 4
@@ -209,3 +215,29 @@ class WagmaWorker(SchemeNode):
         self._try_complete()
         return self.awaiting is None and all(
             p in self.final_round or p in self.suspended for p in self.peers)
+
+
+class WagmaScheme(Scheme):
+    """WAGMA-SGD: group model averaging, a blocking global average every tau rounds."""
+
+    name = "wagma"
+    summary = "wait-avoiding group model averaging, a global average every tau rounds"
+    keys = ("group_size", "global_every")
+    pattern = "groups"
+    compared = False  # a model-averaging scheme: chosen by name, not in the comparison
+
+    def build(self, spec: SchemeSpec, length: int, params0: np.ndarray | None,
+              replica: ReplicaOf) -> list[SchemeNode]:
+        return [WagmaWorker(i, spec.workers, length, replica=replica(i, params0),
+                            group_size=spec.group_size, global_every=spec.global_every,
+                            wait_avoiding=spec.wait_avoiding) for i in range(spec.workers)]
+
+    def staleness_bound(self, exchange: ExchangeConfig, *, p_max: int, ssp: float) -> float:
+        """tau - 1: a blocking global average every tau = global_every rounds."""
+        return float(exchange.global_every - 1)
+
+    def label(self, exchange: ExchangeConfig) -> str:
+        return f"G={exchange.group_size} tau={exchange.global_every}"
+
+
+WAGMA = WagmaScheme()

@@ -3,7 +3,7 @@
     normalise.py  human or typed value -> typed value, ConfigError naming the key
     schema.py     the frozen dataclasses (RunConfig and its sections, AkorunConfig);
                   every built-in default is a field default there
-    registry.py   every key once: section, name, field, dump, comment, flag, tools
+    key_registry.py  every key once: section, name, field, dump, comment, flag, tools
     layers.py     defaults < file < --set < flags -> ResolvedSettings with origins;
                   the stop rule (a duration without rounds clears rounds)
     toml_io.py    TOML files and --set items as layers; config_to_dict / hash

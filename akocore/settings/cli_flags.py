@@ -2,7 +2,8 @@
 
 `add_shared_arguments` gives a parser ``--config``, ``--set`` and one flag
 per run setting the registry offers its `Tool`; `add_akorun_arguments` adds
-the ``[akorun]`` settings' flags (peer timeout, join timeout, ...). Every
+the ``[akorun]`` settings' flags (peer timeout, join timeout, ...) and
+`add_akosim_argument` one ``[akosim]`` setting's flag (``--compute``). Every
 generated flag defaults to None, so only flags actually given form the FLAG
 layer; `resolve_args` stacks defaults < ``--config`` < ``--set`` < flags.
 """
@@ -10,9 +11,18 @@ layer; `resolve_args` stacks defaults < ``--config`` < ``--set`` < flags.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+from akocore.settings.key_registry import (
+    KEYS,
+    RUN_SECTIONS,
+    SECTIONS,
+    FlagKind,
+    Key,
+    Tool,
+    flag_keys,
+)
 from akocore.settings.layers import (
     DEFAULT_ORIGIN,
     Given,
@@ -20,14 +30,6 @@ from akocore.settings.layers import (
     Origin,
     ResolvedSettings,
     resolve,
-)
-from akocore.settings.registry import (
-    KEYS,
-    RUN_SECTIONS,
-    FlagKind,
-    Key,
-    Tool,
-    flag_keys,
 )
 from akocore.settings.schema import RunConfig
 from akocore.settings.toml_io import file_layer, parse_set_value, set_layer
@@ -82,6 +84,12 @@ def add_akorun_arguments(group: Any, tool: Tool) -> None:
         add_key_flag(group, key)
 
 
+def add_akosim_argument(group: Any, name: str) -> None:
+    """Add the flag of one [akosim] setting (``--compute``, ``--message-overhead``,
+    ``--coalesce``) to `group`, where the command lists it among its own flags."""
+    add_key_flag(group, SECTIONS["akosim"][name])
+
+
 def _flag_value(key: Key, value: Any) -> Any:
     if key.kind is FlagKind.SWITCH and isinstance(value, bool):
         return "on" if value else "off"
@@ -99,9 +107,11 @@ def flag_layer(args: argparse.Namespace, keys: Iterable[Key] = KEYS) -> list[Giv
 
 
 def resolve_args(args: argparse.Namespace, defaults: RunConfig | None = None, *,
-                 defaults_origin: Origin = DEFAULT_ORIGIN) -> ResolvedSettings:
-    """defaults (built-ins if None) < --config < --set items < flags, with origins."""
-    givens: list[Given] = []
+                 defaults_origin: Origin = DEFAULT_ORIGIN,
+                 below: Sequence[Given] = ()) -> ResolvedSettings:
+    """defaults (built-ins if None) < `below` (values a command adopts, e.g. from a run it
+    calibrates with) < --config < --set items < flags, with origins."""
+    givens: list[Given] = list(below)
     config_path = getattr(args, "config", None)
     if config_path is not None:
         givens += file_layer(config_path)

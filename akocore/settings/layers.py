@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from akocore.schemes.named import expansion
+from akocore.settings.key_registry import BY_DOTTED, RUN_SECTIONS, SECTIONS, SHELL_SECTIONS, Key
 from akocore.settings.normalise import ConfigError, is_unset, require_unit, show
-from akocore.settings.registry import BY_DOTTED, RUN_SECTIONS, SECTIONS, Key
-from akocore.settings.schema import AkorunConfig, RunConfig
+from akocore.settings.schema import AkorunConfig, AkosimConfig, RunConfig
 
 STOP_KEYS = ("train.duration", "train.target_accuracy")
 ROUNDS_KEY = "train.rounds"
@@ -72,6 +72,7 @@ class ResolvedSettings:
     akorun: AkorunConfig = field(default_factory=AkorunConfig)
     origins: Mapping[str, Origin] = field(default_factory=dict)  # keys some layer set
     defaults_origin: Origin = DEFAULT_ORIGIN
+    akosim: AkosimConfig = field(default_factory=AkosimConfig)
 
     def origin(self, dotted: str) -> Origin:
         """Which layer set `dotted` ("train.lr"); KeyError for a key not in the registry."""
@@ -86,7 +87,8 @@ class ResolvedSettings:
     def value(self, dotted: str) -> Any:
         """The typed value of one key."""
         key = BY_DOTTED[dotted]
-        holder = self.akorun if key.section == "akorun" else getattr(self.config, key.section)
+        holder = getattr(self, key.section) if key.section in SHELL_SECTIONS \
+            else getattr(self.config, key.section)
         return getattr(holder, key.field)
 
     def describe(self, sections: Iterable[str] = RUN_SECTIONS) -> list[str]:
@@ -201,11 +203,12 @@ def resolve(givens: Iterable[Given], *, defaults: RunConfig | None = None,
                     for section in RUN_SECTIONS}
         config = RunConfig(**sections)
         akorun = _replace(akorun_base, changes.get("akorun"))
+        akosim = _replace(AkosimConfig(), changes.get("akosim"))
     except ConfigError as error:
         raise _with_origin(error, merged) from None
     origins = {dotted: Origin(given.layer, given.source or given.layer.name.lower())
                for dotted, given in merged.items()}
-    return ResolvedSettings(config, akorun, origins, defaults_origin)
+    return ResolvedSettings(config, akorun, origins, defaults_origin, akosim=akosim)
 
 
 def _replace(current: Any, changes: Mapping[str, Any] | None) -> Any:

@@ -24,11 +24,9 @@ from akocore.units import (
     refuse_bare_number,
 )
 
-SCHEMES = ("ako", "ps", "allreduce", "wagma")
 P_AUTO_MODES = ("auto", "auto-per-worker")
 SCHEDULES = ("staggered", "aligned")
 REDUCTIONS = ("mean", "sum")
-PS_MODES = ("sync", "async", "elastic")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
 # akosim's network models: a stack of layers over the max-min fluid network, named
 # by a preset or written out as LAYER+LAYER+... (akosim.network.netmodel builds them)

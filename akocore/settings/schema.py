@@ -10,6 +10,10 @@ classes). Inside, every value is SI with its unit in the field name
 - `AkorunConfig` (section akorun) holds akorun's process settings (peer and
   join timeouts, send queue, checkpoints, emulation, TLS, the run's id and
   secret); akosim reads and ignores it, and it is not part of the run hash.
+- `AkosimConfig` (section akosim) holds how akosim simulates a run beyond the
+  run itself (where compute time comes from, the per-message overhead, the
+  fluid model's coalescing); akorun ignores it, and it is not part of the run
+  hash either.
 
 Every dataclass normalises and validates itself in ``__post_init__`` (lists
 become tuples, numeric text becomes numbers, human units are read), so a
@@ -26,14 +30,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from akocore.schemes.ps_family import PS_MODES
+from akocore.schemes.registry import scheme_names
 from akocore.settings.normalise import (
     EMULATE_MODES,
     HOST_RE,
     OPTIMIZERS,
-    PS_MODES,
     REDUCTIONS,
     SCHEDULES,
-    SCHEMES,
     ConfigError,
     as_choice,
     as_duration,
@@ -226,7 +230,7 @@ class ExchangeConfig:
 
     def __post_init__(self) -> None:
         self._check_scheme_knobs()
-        set_field(self, "scheme", as_choice("exchange.scheme", self.scheme, SCHEMES))
+        set_field(self, "scheme", as_choice("exchange.scheme", self.scheme, scheme_names()))
         set_field(self, "p", as_p("exchange.p", self.p))
         set_field(self, "ssp", as_ssp("exchange.ssp", self.ssp))
         set_field(self, "schedule", as_choice("exchange.schedule", self.schedule, SCHEDULES))
@@ -447,3 +451,37 @@ class AkorunConfig:
                 raise bad_value("akorun.allow", item, 'IP addresses or networks, e.g. '
                                 '"10.0.0.1" or "10.0.0.0/24", or "hosts"') from None
         set_field(self, "allow", allow)
+
+
+COMPUTE_MEASURES = ("measure", "remeasure")  # akosim.compute: time the workload's step here
+
+
+@dataclass(frozen=True)
+class AkosimConfig:
+    """The ``[akosim]`` section: how akosim simulates a run beyond the run itself."""
+
+    # seconds per round, or "measure" (this machine's step, cached) / "remeasure"
+    compute: float | str = "measure"
+    message_overhead_s: float | None = None  # per message beyond the wire; None = 0 or the run's
+    coalesce: float | None = None  # None = akosim.network.fluid.COALESCE_REL
+
+    def __post_init__(self) -> None:
+        compute = self.compute
+        if isinstance(compute, str) and compute.strip().lower() in COMPUTE_MEASURES:
+            set_field(self, "compute", compute.strip().lower())
+        else:
+            set_field(self, "compute", as_duration(
+                "akosim.compute", compute, 'a duration >= 0 such as "300ms", or measure or '
+                "remeasure", allow_zero=True))
+        if is_unset(self.message_overhead_s):
+            set_field(self, "message_overhead_s", None)
+        else:
+            set_field(self, "message_overhead_s", as_duration(
+                "akosim.message_overhead", self.message_overhead_s,
+                'a duration >= 0 such as "2ms"', allow_zero=True))
+        if is_unset(self.coalesce):
+            set_field(self, "coalesce", None)
+        else:
+            set_field(self, "coalesce", as_float(
+                "akosim.coalesce", self.coalesce, lambda x: 0 <= x < 0.5,
+                "a fraction 0 <= x < 0.5, e.g. 0.01"))

@@ -1,7 +1,7 @@
 """Settings as TOML: reading files and ``--set`` items into layers, writing configs back.
 
 A TOML file has up to five tables, every key optional (the registry,
-akocore.settings.registry, lists them all)::
+akocore.settings.key_registry, lists them all)::
 
     [cluster]
     workers = 4
@@ -36,9 +36,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from akocore.settings.key_registry import RUN_SECTIONS, SECTIONS
 from akocore.settings.layers import Given, Layer, layer_of, literal, resolve
 from akocore.settings.normalise import ConfigError
-from akocore.settings.registry import RUN_SECTIONS, SECTIONS
 from akocore.settings.schema import RunConfig
 
 SET_FORM = "expected section.key=value, e.g. train.lr=0.1 or network.bandwidth=40mbps"

@@ -45,7 +45,7 @@ from akorun.runtime.evaluation import Evaluator
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.outbox import Outbox
 from akorun.runtime.phase import Phase, PhaseMachine
-from akorun.runtime.results import ResultBuilder
+from akorun.runtime.rank_result import ResultBuilder
 from akorun.runtime.roles import Role
 from akorun.runtime.training import TrainingLoop
 from akorun.runtime.waiting import Waiter

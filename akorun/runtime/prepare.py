@@ -18,9 +18,9 @@ from akocore.config import RunConfig
 from akocore.optim import FlatOptimizer
 from akocore.process_setup import enable_compilation_cache
 from akocore.workload import Workload, build_workload
-from akorun.checkpoint import Checkpoint, load_checkpoint
+from akorun.checkpoint_file import Checkpoint, load_checkpoint
 from akorun.errors import UsageError
-from akorun.roles import params_digest
+from akorun.node_plan import params_digest
 from akorun.runtime.roles import Role
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from akocore.schemes import AkoState, AkoWorker, RejoinSnapshot, SchemeError
 from akorun import control
-from akorun.checkpoint import (
+from akorun.checkpoint_file import (
     Checkpoint,
     checkpoint_path,
     log_from_json,

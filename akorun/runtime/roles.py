@@ -6,7 +6,7 @@ whose answer depends on the scheme or the role: what to check and compile
 before the join, whether the rank trains, whether it can rejoin or donate a
 rejoin snapshot, what its checkpoint and /status carry, where its parameters
 start in the full vector, and whether one signal stops it at once. The rest of
-the runtime asks the role instead of checking the scheme. (akorun.roles holds
+the runtime asks the role instead of checking the scheme. (akorun.node_plan holds
 the config-level helpers these build on: role_of, plan_node, make_node.)
 """
 
@@ -21,26 +21,23 @@ import numpy as np
 
 from akocore.config import RunConfig, replace_in
 from akocore.optim import FlatOptimizer
-from akocore.schemes import AkoWorker, PSLayout, PSServer, SchemeNode
+from akocore.schemes import REGISTRY, AkoWorker, PSLayout, PSServer, SchemeNode
 from akocore.workload import Workload
-from akorun.checkpoint import Checkpoint
+from akorun.checkpoint_file import Checkpoint
 from akorun.control import ControlError
 from akorun.errors import RunError, UsageError
-from akorun.roles import (
+from akorun.node_plan import (
     NodePlan,
     make_node,
     params_digest,
     plan_node,
     ps_server_count,
     role_of,
+    scheme_of,
     training_workers,
 )
 
 log = logging.getLogger("akorun")
-
-# a lost rank stops these runs (exit 1): their rounds cannot complete without it
-SCHEMES_NEEDING_EVERY_RANK = frozenset({"allreduce", "ps"})
-
 
 class Role:
     """A rank that trains (ps worker, all-reduce worker); subclasses change what differs."""
@@ -51,6 +48,7 @@ class Role:
     def __init__(self, cfg: RunConfig, rank: int) -> None:
         self.cfg = cfg
         self.rank = rank
+        self.scheme = scheme_of(cfg)
         self.name = role_of(cfg, rank)  # "worker" | "ps", as results and metrics say
         self.training_workers = training_workers(cfg)
         self.plan: NodePlan | None = None
@@ -71,12 +69,12 @@ class Role:
 
     def can_continue_without(self, peer: int) -> bool:
         """Whether this rank's scheme can go on once `peer` is lost (suspended past the
-        peer timeout and given up on). A ring step of all-reduce needs every rank; the
-        other schemes of this base role go on without it."""
-        return self.cfg.exchange.scheme not in SCHEMES_NEEDING_EVERY_RANK
+        peer timeout and given up on): the scheme says whether a round needs every rank
+        (a ring step of all-reduce, a ps server's shard); a lost rank then stops the run."""
+        return not self.scheme.needs_every_rank
 
     def check_resume(self) -> None:
-        raise UsageError(f"--resume rejoins ako runs only; this run's scheme is "
+        raise UsageError(f"--resume rejoins {_rejoinable()} runs only; this run's scheme is "
                          f"{self.cfg.exchange.scheme!r}")
 
     # ---------------------------------------------------------------- the node
@@ -118,7 +116,7 @@ class Role:
 
     def donor(self) -> AkoWorker:
         """The node that can give a rejoining peer a snapshot; ControlError 409 if none."""
-        raise ControlError(409, "rejoin exists for scheme ako only")
+        raise ControlError(409, f"rejoin exists for scheme {_rejoinable()} only")
 
     def rejoiner(self) -> AkoWorker:
         """The node a `--resume` rejoins with (only ako roles get that far)."""
@@ -170,7 +168,7 @@ class AkoRole(Role):
 
     def donor(self) -> AkoWorker:
         if self._ako is None:
-            raise ControlError(409, "rejoin exists for scheme ako only")
+            raise ControlError(409, f"rejoin exists for scheme {_rejoinable()} only")
         return self._ako
 
     def rejoiner(self) -> AkoWorker:
@@ -235,11 +233,15 @@ class PSServerRole(PSWorkerRole):
         return self._server.start if self._server is not None else 0
 
 
+def _rejoinable() -> str:
+    return " or ".join(name for name, scheme in REGISTRY.items() if scheme.rejoinable)
+
+
 def role_for(cfg: RunConfig, rank: int) -> Role:
-    """The one role object of `rank` in this config."""
-    scheme = cfg.exchange.scheme
-    if scheme == "ako":
-        return AkoRole(cfg, rank)
-    if scheme == "ps":
+    """The one role object of `rank` in this config, chosen by what its scheme can do."""
+    scheme = scheme_of(cfg)
+    if scheme.has_servers:
         return PSServerRole(cfg, rank) if role_of(cfg, rank) == "ps" else PSWorkerRole(cfg, rank)
+    if scheme.partitioned and scheme.rejoinable:
+        return AkoRole(cfg, rank)
     return Role(cfg, rank)

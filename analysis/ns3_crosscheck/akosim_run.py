@@ -20,7 +20,7 @@ import simpy
 from akosim.network.fluidnet import FluidNetwork
 from akosim.network.netspec import NetworkSpec
 from analysis.ns3_crosscheck.ns3_run import DEFAULT_TCP
-from analysis.ns3_crosscheck.scenario import Pattern
+from analysis.ns3_crosscheck.ns3_scenario import Pattern
 
 
 class MessageNetwork(Protocol):

@@ -16,13 +16,13 @@ from dataclasses import replace
 
 from analysis.ns3_crosscheck.akosim_run import run_akosim
 from analysis.ns3_crosscheck.ns3_run import DEFAULT_TCP, TcpSettings, load_ns3, ns3_version, run_ns3
-from analysis.ns3_crosscheck.record import CaseResult, CrossCheckRecord, ModelTime
-from analysis.ns3_crosscheck.scenario import (
+from analysis.ns3_crosscheck.ns3_scenario import (
     Pattern,
     ako_rounds,
     all_to_all,
     parameter_server,
 )
+from analysis.ns3_crosscheck.record import CaseResult, CrossCheckRecord, ModelTime
 
 MBIT = 1e6
 MB = 1e6

@@ -25,7 +25,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from analysis.ns3_crosscheck.scenario import Pattern
+from analysis.ns3_crosscheck.ns3_scenario import Pattern
 
 DRIVER_SOURCE = Path(__file__).with_name("star_driver.cc")
 

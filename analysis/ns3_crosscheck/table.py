@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import statistics
 
+from analysis.ns3_crosscheck.ns3_scenario import FAMILIES
 from analysis.ns3_crosscheck.record import CaseResult, CrossCheckRecord
-from analysis.ns3_crosscheck.scenario import FAMILIES
 
 FAMILY_TITLES = {"all-to-all": "all-to-all round", "ako": "Ako rounds (s = 0)",
                  "ps": "parameter server"}

@@ -40,7 +40,8 @@ def _help(parser: argparse.ArgumentParser) -> str:
 
 def cli_markdown(tool: str) -> str:
     """`tool`'s help and each command's, as Markdown sections."""
-    parser = importlib.import_module(f"{tool}.cli").build_parser()
+    module = {"akosim": "akosim.cli", "akorun": "akorun.commands"}[tool]
+    parser = importlib.import_module(module).build_parser()
     parts = [f"```text\n{_help(parser)}\n```\n"]
     for name, command in _commands(parser).items():
         parts.append(f"### {tool} {name}\n\n```text\n{_help(command)}\n```\n")

@@ -31,6 +31,7 @@ from akocore.settings.normalise import (
 )
 from akocore.settings.schema import (
     AkorunConfig,
+    AkosimConfig,
     ClusterConfig,
     ExchangeConfig,
     NetworkConfig,
@@ -42,7 +43,8 @@ from akocore.units import bandwidth_exact_text, duration_exact_text
 class Tool(enum.Enum):
     """A command that takes flags generated from the registry."""
 
-    AKOSIM = "akosim"  # plan and train
+    AKOSIM = "akosim"  # plan, train, sweep and predict: the run settings
+    AKOSIM_PLAN = "akosim plan / train"  # the [akosim] settings, among plan's own flags
     AKORUN_INIT = "akorun init"
     AKORUN_RANK = "akorun worker / ps"
     AKORUN_LAUNCH = "akorun launch"
@@ -64,8 +66,10 @@ SECTION_TYPES: dict[str, type] = {
     "exchange": ExchangeConfig,
     "train": TrainConfig,
     "akorun": AkorunConfig,
+    "akosim": AkosimConfig,
 }
 RUN_SECTIONS = ("cluster", "network", "exchange", "train")
+SHELL_SECTIONS = ("akorun", "akosim")  # one shell's settings: not part of the run or its hash
 
 
 def _plain(value: Any) -> Any:
@@ -82,6 +86,10 @@ def _duration_list(values: tuple[float, ...]) -> list[str]:
 
 def _optional_duration(value: float | None) -> str | None:
     return None if value is None else duration_exact_text(value)
+
+
+def _dump_compute(value: float | str) -> str:
+    return value if isinstance(value, str) else duration_exact_text(value)
 
 
 def _dump_p(value: str | tuple[int, ...]) -> Any:
@@ -307,6 +315,31 @@ KEYS: tuple[Key, ...] = (
         flag_help="accept connections only from these addresses or networks (e.g. "
                   "10.0.0.1,10.0.1.0/24, or hosts = every address in cluster.hosts); others "
                   "are closed before any byte is read"),
+
+    # ------------------------------------------------------------------ akosim
+    Key("akosim", "compute", "compute",
+        'compute time per round, e.g. "300ms", or "measure" (this machine\'s step, cached) '
+        'or "remeasure"', dump=_dump_compute, flag="--compute",
+        metavar="DURATION|measure|remeasure", tools=frozenset({Tool.AKOSIM_PLAN}), unit="ms",
+        flag_help="compute time per round, e.g. 0.3s or 250ms; 'measure' times the real "
+                  "--workload gradient step on this machine once and caches it (default; "
+                  "$AKO_CACHE_DIR, $XDG_CACHE_HOME/ako-toolkit or ~/.cache/ako-toolkit); "
+                  "'remeasure' times it again and refreshes the cache"),
+    Key("akosim", "message_overhead", "message_overhead_s",
+        'per-message time beyond the wire, added to every link\'s latency; "none" = 0 or '
+        "what --compute-from's run measured", dump=_optional_duration,
+        flag="--message-overhead", metavar="DURATION", tools=frozenset({Tool.AKOSIM_PLAN}),
+        unit="ms",
+        flag_help="per-message time beyond the wire (software stack: HTTP, verification, "
+                  "apply), added to every link's latency, e.g. 2ms (default 0, or what "
+                  "--compute-from's result measured)"),
+    Key("akosim", "coalesce", "coalesce",
+        'messages within this fraction of their duration finish together; "none" = 1e-4',
+        flag="--coalesce", metavar="FRACTION", tools=frozenset({Tool.AKOSIM_PLAN}),
+        flag_help="messages whose remaining transfer is within this fraction of their own "
+                  "duration finish together (default 1e-4); 0.01-0.03 makes networks where "
+                  "every link has its own rate much faster to simulate, each message at most "
+                  "1-3%% early"),
 )
 
 # section -> name -> Key, in registry order

@@ -24,7 +24,7 @@ import numpy as np
 from akocore.config import RunConfig, config_hash
 from akocore.optim import FlatOptimizer
 from akocore.resolve import resolve_plan, scheme_spec
-from akocore.schemes import SchemeNode, SchemeSpec, build_node
+from akocore.schemes import REGISTRY, Scheme, SchemeNode, SchemeSpec, build_node, scheme_named
 from akorun.errors import UsageError
 
 ROLES = ("worker", "ps")
@@ -41,7 +41,7 @@ def ps_server_count(cfg: RunConfig) -> int:
 
 def role_of(cfg: RunConfig, rank: int) -> str:
     """"ps" for the parameter-server ranks of a ps config (the last ones), else "worker"."""
-    if cfg.exchange.scheme == "ps" and rank >= cfg.cluster.workers - ps_server_count(cfg):
+    if scheme_of(cfg).has_servers and rank >= cfg.cluster.workers - ps_server_count(cfg):
         return "ps"
     return "worker"
 
@@ -52,9 +52,11 @@ def check_role(cfg: RunConfig, rank: int, command: str) -> str:
     if role == command:
         return role
     n = cfg.cluster.workers
-    if command == "ps" and cfg.exchange.scheme != "ps":
+    if command == "ps" and not scheme_of(cfg).has_servers:
+        with_servers = " or ".join(f'exchange.scheme = "{name}"' for name, scheme
+                                   in REGISTRY.items() if scheme.has_servers)
         raise UsageError(f"this config's scheme is {cfg.exchange.scheme!r}; the ps "
-                         f"role exists only with exchange.scheme = \"ps\"")
+                         f"role exists only with {with_servers}")
     if command == "ps":
         first = n - ps_server_count(cfg)
         raise UsageError(f"rank {rank} is a training worker in this ps config (servers are "
@@ -63,8 +65,14 @@ def check_role(cfg: RunConfig, rank: int, command: str) -> str:
                      f"`akorun ps --rank {rank}`")
 
 
+def scheme_of(cfg: RunConfig) -> Scheme:
+    """The scheme object of this config (akocore.schemes.registry)."""
+    return scheme_named(cfg.exchange.scheme)
+
+
 def training_workers(cfg: RunConfig) -> int:
-    if cfg.exchange.scheme == "ps":
+    """Ranks that train: all but the servers of a scheme that has them."""
+    if scheme_of(cfg).has_servers:
         return cfg.cluster.workers - ps_server_count(cfg)
     return cfg.cluster.workers
 
@@ -74,7 +82,7 @@ class NodePlan:
     """This rank's exchange plan: p per worker (ako) and the scheme description."""
 
     spec: SchemeSpec
-    p_of: tuple[int, ...] | None  # ako only
+    p_of: tuple[int, ...] | None  # partitioned schemes (ako) only
     compute_s: float | None  # the value p auto planned with
     bound_by: tuple[str, ...] = ()
 
@@ -82,9 +90,9 @@ class NodePlan:
 def plan_node(cfg: RunConfig, *, gradient_bytes: int, length: int,
               compute_s: float | None) -> NodePlan:
     """p (ako) and the SchemeSpec; ValueError if p does not fit the model."""
-    scheme = cfg.exchange.scheme
-    servers = ps_server_count(cfg) if scheme == "ps" else None
-    if scheme != "ako":
+    scheme = scheme_of(cfg)
+    servers = ps_server_count(cfg) if scheme.has_servers else None
+    if not scheme.partitioned:
         return NodePlan(scheme_spec(cfg, ps_servers=servers), None, None)
     if cfg.exchange.p in ("auto", "auto-per-worker") and compute_s is None:
         raise ValueError("p auto needs the measured compute time")

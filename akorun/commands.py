@@ -68,7 +68,7 @@ from akorun.launch import (
     summary_table,
     worker_flags,
 )
-from akorun.roles import check_role
+from akorun.node_plan import check_role
 from akorun.run_merge import merge_ranks, rank_records, records_complete
 from akorun.testbed.runner import TESTBEDS, TestbedOptions, launch_on_testbed
 from akorun.worker import TLSOptions, Worker, WorkerOptions, summary_line

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from akocore.results import LinkResult, PlanResult, RankResult, RunResult
+from akocore.schemes.registry import is_partitioned
 from akocore.units import format_duration, format_size
 from akosim.scenario import SimRun
 
@@ -70,7 +71,7 @@ def run_result(run: SimRun, *, config: dict[str, Any], mode: str,
                batch_size: int) -> RunResult:
     """One simulated configuration as a RunResult (per-worker figures per round from the
     simulated totals)."""
-    p_of = tuple(run.p_of) if run.scheme == "ako" else ()
+    p_of = tuple(run.p_of) if is_partitioned(run.scheme) else ()
     shared: dict[str, Any] = dict(
         scheme=run.scheme, p=run.p, p_of=p_of, ssp=run.ssp, workers=run.workers,
         training_workers=run.training_workers, batch_size=batch_size)

@@ -1,0 +1,87 @@
+"""The Scheme protocol: what one exchange scheme is, as one object.
+
+In the spirit of optax's GradientTransformation, a scheme is a small
+interface; the scheme registry (akocore.schemes.registry) holds one object
+per scheme and the named schemes (akocore.schemes.named) are presets of
+their settings. Everything that differs between schemes is a hook or a
+capability of that object, so that no other module compares scheme names:
+
+- `build(spec, length, params0, replica)`: its nodes, ranks 0..workers-1
+  (its state machines: akocore.schemes.base.SchemeNode);
+- `keys`: the ``exchange.*`` settings it reads (beside the shared scheme,
+  ssp, reduce) and `check_spec`: what it refuses in a spec;
+- `staleness_bound(exchange, p_max=, ssp=)`: its staleness bound in rounds;
+- `label(exchange)` / `variant_label(exchange)`: how tables name a run of it;
+- capabilities the shells ask instead of its name: `partitioned` (the
+  planner chooses p, and s with it), `has_servers` (the last ranks are
+  servers that do not train), `needs_every_rank` (a lost rank stops the
+  run), `rejoinable` (akorun's ``--resume`` and rejoin snapshots),
+  `pattern` (the communication pattern, for closed forms), `compared` (in
+  akosim's side-by-side comparison of every scheme).
+
+Adding a scheme is one module (its node classes and a `Scheme` subclass
+instance) and one entry in the registry. `Scheme` is a base class whose
+defaults fit a scheme where every rank trains and nothing is stale; a
+scheme overrides what differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+from akocore.schemes.base import Replica, SchemeNode
+
+if TYPE_CHECKING:
+    from akocore.schemes.factory import SchemeSpec
+    from akocore.settings.schema import ExchangeConfig
+
+# (rank, its parameters or None) -> its replica
+ReplicaOf = Callable[[int, np.ndarray | None], Replica]
+
+
+class Scheme:
+    """One exchange scheme: its nodes, settings, staleness bound, label and capabilities."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    keys: ClassVar[tuple[str, ...]] = ()  # exchange.* keys it reads beyond the shared ones
+    pattern: ClassVar[str] = "peer-to-peer"  # "partial-all-to-all", "ring", "servers", ...
+    partitioned: ClassVar[bool] = False  # one of p partitions per round: the planner picks p
+    has_servers: ClassVar[bool] = False  # the last exchange.ps_servers ranks do not train
+    needs_every_rank: ClassVar[bool] = False  # a lost rank stops the run
+    rejoinable: ClassVar[bool] = False  # a rank can rejoin (--resume) and donate snapshots
+    compared: ClassVar[bool] = True  # a run of it is in akosim's side-by-side comparison
+
+    def check_spec(self, spec: SchemeSpec) -> None:
+        """ValueError when `spec` cannot run this scheme (the shared checks are done)."""
+
+    def servers(self, spec_servers: int) -> int:
+        """How many of the nodes are servers, given exchange.ps_servers."""
+        return spec_servers if self.has_servers else 0
+
+    def build(self, spec: SchemeSpec, length: int, params0: np.ndarray | None,
+              replica: ReplicaOf) -> list[SchemeNode]:
+        """Every node of a run, ranks 0..spec.workers-1 (servers last)."""
+        raise NotImplementedError(f"scheme {self.name} builds no nodes")
+
+    def staleness_bound(self, exchange: ExchangeConfig, *, p_max: int, ssp: float) -> float:
+        """The most rounds of the other workers' updates a worker's parameters can miss."""
+        return 0.0
+
+    def effective_ssp(self, exchange: ExchangeConfig) -> float:
+        """The SSP bound its workers gate with (exchange.ssp unless the scheme ignores it)."""
+        return exchange.ssp
+
+    def label(self, exchange: ExchangeConfig) -> str:
+        """The knobs that distinguish a run of this scheme, e.g. "G=4 tau=10"; "" if none."""
+        return ""
+
+    def variant_label(self, exchange: ExchangeConfig) -> str:
+        """How a table names the configured run of this scheme."""
+        return f"{self.name} {self.label(exchange)}".rstrip()
+
+    def __repr__(self) -> str:
+        return f"<scheme {self.name}>"

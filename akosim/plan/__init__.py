@@ -1,0 +1,25 @@
+"""akosim's application layer: the one place that turns resolved settings into a runnable
+simulation setup, used by every entry point (plan, train, sweep, predict, the analysis).
+
+- akosim.plan.setup: `SimulationOptions` (what akosim takes beside the run settings:
+  compute source, overheads, speeds, coalescing, TCP calibration), the compute
+  measurement through the per-machine cache, the TCP parameters, the rule that
+  chooses s with p, `build_setup` (the only constructor of a scenario setup) and
+  `simulation_setup`, from resolved settings to a setup.
+- akosim.plan.execute: `run_setup` / `plan_runs`, the runs a command asks for.
+"""
+
+from akosim.plan.execute import PlannedRuns, plan_runs, run_setup
+from akosim.plan.setup import (
+    MEASURE_STEPS,
+    SimulationOptions,
+    build_setup,
+    chooses_ssp_with_p,
+    measured_compute,
+    simulation_setup,
+    tcp_parameters_for,
+)
+
+__all__ = ["MEASURE_STEPS", "PlannedRuns", "SimulationOptions", "build_setup",
+           "chooses_ssp_with_p", "measured_compute", "plan_runs", "run_setup",
+           "simulation_setup", "tcp_parameters_for"]

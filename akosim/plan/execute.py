@@ -1,0 +1,71 @@
+"""The runs a command asks for, from a setup: the configured scheme, or every scheme compared.
+
+`run_setup` takes a setup from akosim.plan.setup, chooses s with p when the
+rule says so (akosim.advice.with_overlap_ssp) and simulates either the
+configured scheme alone (akosim.runspec.configured_runs) or the comparison
+of every scheme (akosim.compare.compare_all). `plan_runs` is the whole path
+of `akosim plan` / `akosim train` from resolved settings, for the command
+line, the analysis and the public API alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from akocore.config import ResolvedSettings
+from akocore.schemes.registry import scheme_named
+from akosim.plan.setup import SimulationOptions, chooses_ssp_with_p, simulation_setup, with_plan
+
+if TYPE_CHECKING:
+    from akosim.runspec import ProgressFactory
+    from akosim.scenario import Setup, SimRun
+
+
+@dataclass
+class PlannedRuns:
+    """What a plan or train simulated: the setup that ran (s chosen or not) and its runs."""
+
+    setup: Setup
+    runs: list[SimRun]
+    ssp_chosen: bool
+    training: bool
+
+
+def run_setup(setup: Setup, *, choose_ssp: bool, compare: bool, training: bool = False,
+              factory: ProgressFactory | None = None, **kwargs: Any) -> PlannedRuns:
+    """Simulate `setup`: the configured scheme only, or (`compare`) every scheme side by
+    side; with `choose_ssp`, s is first chosen with p."""
+    from akosim.compare import compare_all
+    from akosim.runspec import configured_runs
+
+    if compare or scheme_named(setup.config.exchange.scheme).partitioned:
+        setup = with_plan(setup)  # p resolved once for the choice of s, the runs, the advice
+    if choose_ssp:  # p and s together: the smallest s that lets sending overlap compute
+        from akosim.advice import with_overlap_ssp
+
+        setup = with_overlap_ssp(setup)
+    run = compare_all if compare else configured_runs
+    runs = run(setup, factory=factory, **kwargs)
+    return PlannedRuns(setup, runs, choose_ssp, training)
+
+
+def plan_runs(resolved: ResolvedSettings, options: SimulationOptions, *,
+              training: bool = False, trace: bool = False,
+              factory: ProgressFactory | None = None) -> PlannedRuns:
+    """`akosim plan` (or, with `training`, `akosim train`) of resolved settings: the
+    configured scheme when a layer chose one, else every scheme compared."""
+    from akosim.runspec import check_fits
+
+    cfg = resolved.config
+    setup, workload = simulation_setup(cfg, options, training=training)
+    check_fits(cfg, setup.length)
+    kwargs: dict[str, Any] = dict(trace=trace)
+    if training:
+        assert workload is not None
+        kwargs.update(workload=workload, eval_every=cfg.train.eval_every,
+                      target_accuracy=cfg.train.target_accuracy)
+    return run_setup(setup, choose_ssp=chooses_ssp_with_p(resolved, training=training),
+                     compare=not resolved.given("exchange.scheme"), training=training,
+                     factory=factory, **kwargs)
+

@@ -1,0 +1,309 @@
+"""From resolved settings to a runnable simulation setup, in one place.
+
+Every akosim entry point (plan, train, sweep, predict, the analysis and the
+public API) builds its simulation here, so each setting is read and checked
+once:
+
+- `SimulationOptions`: what akosim takes beside the run settings (where the
+  compute time comes from, per-round and per-message overheads, speeds and
+  stragglers, coalescing, the TCP calibration file), typed;
+- `measured_compute`: the workload's gradient step timed on this machine
+  through the per-machine compute cache (akosim.compute_cache), MEASURE_STEPS
+  steps; plan, train, sweep and predict share the cache entry;
+- `tcp_parameters_for`: the TCP-aware network model's parameters when the
+  config asks for that model (akosim.host_calibration_io), else None;
+- `chooses_ssp_with_p`: the rule that lets akosim choose s together with p
+  (a partitioned scheme, timing only, and no layer set exchange.ssp);
+- `build_setup`: the only constructor of akosim.scenario.Setup; `with_plan`
+  resolves p once for the setup (the choice of s, the runs, the advice);
+- `simulation_setup`: the whole path from a resolved config and the options
+  to a setup (and the workload when the workers really train).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Any
+
+from akocore.cli_support import UsageError
+from akocore.config import AkosimConfig, ResolvedSettings, RunConfig
+from akocore.host_calibration import TcpParameters
+from akocore.schemes.registry import scheme_named
+from akocore.settings.normalise import network_layers
+from akocore.units import format_duration
+from akosim.calibration import (
+    compute_from_result,
+    message_overhead_from_result,
+    message_software_from_result,
+    overhead_from_result,
+)
+from akosim.runspec import gradient_length_of_size, load_workload, parse_duration_flag
+
+if TYPE_CHECKING:
+    from akocore.workload import Workload
+    from akosim.compute import ComputeModel
+    from akosim.compute_cache import Measured
+    from akosim.engine import StopRule
+    from akosim.scenario import Setup
+
+MEASURE_STEPS = 30  # --compute measure: median of this many gradient steps (after warm-up)
+TRAINING_ROUNDS_CAP = 10_000  # akosim train without rounds or duration: bounded by accuracy
+
+
+@dataclass(frozen=True)
+class SimulationOptions:
+    """What akosim takes beside the run settings, as the command line gives it."""
+
+    # the [akosim] settings (resolved and checked by the key registry, akocore.settings)
+    compute: float | str = "measure"  # seconds per round, "measure" or "remeasure"
+    message_overhead_s: float | None = None  # None: 0, or what --compute-from's run measured
+    coalesce: float | None = None  # None: akosim.network.fluid.COALESCE_REL
+    # the command's own flags
+    compute_from: str | None = None  # an akorun result: its measured compute and overheads
+    round_overhead: str | None = None  # a duration
+    compute_jitter: float = 0.0
+    speeds: str | None = None  # "1,1,2"
+    stragglers: str | None = None  # "3,7"
+    straggler_factor: float = 4.0
+    gradient_size: str | None = None  # "17MB"; None: the workload's
+    host_calibration: str | None = None  # an `akosim calibrate --out` file
+
+    @classmethod
+    def from_args(cls, args: Any, resolved: ResolvedSettings | None = None,
+                  ) -> SimulationOptions:
+        """The options of resolved settings' [akosim] section and the command's own flags
+        in an argparse namespace (a flag a command lacks keeps its default)."""
+        akosim = resolved.akosim if resolved is not None else AkosimConfig()
+        shared = ("compute", "message_overhead_s", "coalesce")
+        own: dict[str, Any] = {f.name: getattr(args, f.name) for f in fields(cls)
+                               if f.name not in shared and getattr(args, f.name, None) is not None}
+        return cls(compute=akosim.compute, message_overhead_s=akosim.message_overhead_s,
+                   coalesce=akosim.coalesce, **own)
+
+
+# ------------------------------------------------------------------ compute
+
+
+def compute_setting(text: str) -> float | str:
+    """``--compute TEXT`` read as the [akosim] compute setting (the key registry's check,
+    the same as plan's): seconds per round, "measure" or "remeasure"."""
+    from akocore.config import Given, Layer, resolve
+
+    given = Given("akosim.compute", text, Layer.FLAG, "by --compute")
+    return resolve([given]).akosim.compute
+
+
+def measured_compute(cfg: RunConfig, *, load: Callable[[], Workload] | None = None,
+                     refresh: bool = False, announce: bool = True) -> Measured:
+    """The configured workload's gradient step on this machine, from the per-machine cache
+    or measured now (MEASURE_STEPS steps) and cached; `load` builds the workload."""
+    from akosim.compute import measure_compute_s
+    from akosim.compute_cache import key_for
+    from akosim.compute_cache import measured_compute as cached_or_measured
+
+    train = cfg.train
+    key = key_for(train.workload, train.batch_size, train.optimizer)
+
+    def measure() -> tuple[float, int]:
+        if announce:
+            print(f"akosim: measuring one gradient step of {train.workload} (batch "
+                  f"{train.batch_size}) on this machine, {MEASURE_STEPS} steps; the result "
+                  f"is cached for later calls...", file=sys.stderr, flush=True)
+        workload = load() if load is not None else load_workload(cfg)
+        return measure_compute_s(workload, steps=MEASURE_STEPS), workload.param_count
+
+    return cached_or_measured(key, measure, steps=MEASURE_STEPS, refresh=refresh)
+
+
+def compute_model(options: SimulationOptions, workers: int, compute_s: float) -> ComputeModel:
+    """Each worker's compute time per round: the base, --compute-from's, speeds, stragglers,
+    jitter and the per-round overhead; UsageError for a value out of range."""
+    from akosim.compute import ComputeModel
+
+    per_worker: tuple[float, ...] = ()
+    overhead: float | tuple[float, ...] = 0.0
+    if options.compute_from:
+        per_worker = compute_from_result(options.compute_from, workers)
+        overhead = overhead_from_result(options.compute_from, workers) or 0.0
+    if options.round_overhead is not None:
+        overhead = parse_duration_flag("--round-overhead", options.round_overhead)
+        if overhead < 0:
+            raise UsageError(f"--round-overhead: got {options.round_overhead}, expected >= 0")
+    speeds = _floats(options.speeds, "--speeds") if options.speeds else ()
+    stragglers = tuple(int(x) for x in _floats(options.stragglers, "--stragglers")) \
+        if options.stragglers else ()
+    for rank in stragglers:
+        if not 0 <= rank < workers:
+            raise UsageError(f"--stragglers: rank {rank} is not a worker (0..{workers - 1})")
+    if options.compute_jitter < 0:
+        raise UsageError(f"--compute-jitter: got {options.compute_jitter}, expected >= 0")
+    try:
+        return ComputeModel(compute_s, speeds, options.compute_jitter, stragglers,
+                            options.straggler_factor, per_worker, overhead_s=overhead)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
+def fixed_compute(compute_s: float | tuple[float, ...], *, jitter: float = 0.0,
+                  overhead_s: float | tuple[float, ...] = 0.0) -> ComputeModel:
+    """A compute model of given seconds per round (one for all, or one per worker)."""
+    from akosim.compute import ComputeModel
+
+    if isinstance(compute_s, tuple):
+        return ComputeModel(0.0, jitter=jitter, per_worker_s=compute_s, overhead_s=overhead_s)
+    return ComputeModel(compute_s, jitter=jitter, overhead_s=overhead_s)
+
+
+def _floats(text: str, flag: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"{flag}: got {text!r}, expected numbers separated by commas") \
+            from None
+
+
+# ------------------------------------------------------------------ network
+
+
+def message_overhead_s(options: SimulationOptions, nodes: int, *,
+                       real_network: bool = False) -> tuple[float, ...]:
+    """--message-overhead, else what --compute-from's run measured: under the max-min
+    model (an emulated run) its message_overhead_s; under the TCP model (a real
+    network, whose time message_overhead_s contains) only message_software_s."""
+    if options.message_overhead_s is not None:
+        return (options.message_overhead_s,)
+    if options.compute_from:
+        if real_network:
+            return message_software_from_result(options.compute_from, nodes) or ()
+        return message_overhead_from_result(options.compute_from, nodes)
+    return ()
+
+
+@dataclass(frozen=True)
+class TcpChoice:
+    """The TCP model's parameters and where they came from, in words."""
+
+    params: TcpParameters
+    provenance: str
+
+
+def tcp_parameters_for(cfg: RunConfig, host_calibration: str | None = None, *,
+                       without_message_cost: bool = False) -> TcpChoice | None:
+    """The TCP-aware model's parameters when cfg's network model has the tcp layer
+    (--host-calibration, else this host's cached calibration, else defaults); None for
+    the max-min model.
+    `without_message_cost` drops the host's per-message figures (when the message cost is
+    given or measured by the run, they would count twice)."""
+    if "tcp-core" not in network_layers(cfg.network.model):
+        return None
+    from akosim.host_calibration_io import tcp_parameters
+
+    source = tcp_parameters(host_calibration)
+    params = source.params
+    if without_message_cost:
+        params = replace(params, message_fixed_s=0.0, message_per_byte_s=0.0)
+    return TcpChoice(params, source.provenance)
+
+
+# ------------------------------------------------------------------ the setup
+
+
+def chooses_ssp_with_p(resolved: ResolvedSettings, *, training: bool = False) -> bool:
+    """Whether akosim chooses s together with p (the smallest s that lets sending overlap
+    compute): a partitioned scheme, timing only, and no layer set exchange.ssp."""
+    scheme = scheme_named(resolved.config.exchange.scheme)
+    return not training and scheme.partitioned and not resolved.given("exchange.ssp")
+
+
+def stop_rule(cfg: RunConfig, *, training: bool = False) -> StopRule:
+    """When the simulation stops: the configured rounds or duration (training drains)."""
+    from akosim.engine import StopRule
+
+    rounds = cfg.train.rounds
+    if training and rounds is None and cfg.train.duration_s is None:
+        rounds = TRAINING_ROUNDS_CAP
+    return StopRule(rounds=rounds, duration_s=cfg.train.duration_s, drain=training)
+
+
+def build_setup(config: RunConfig, *, length: int, compute: ComputeModel, stop: StopRule,
+                batch_size: int | None = None, coalesce_rel: float | None = None,
+                message_overhead_s: tuple[float, ...] = (), compute_source: str = "",
+                tcp: TcpParameters | None = None, network_model: str | None = None) -> Setup:
+    """The setup every variant of one question shares (the one place that builds it).
+    `network_model` (a preset or LAYER+LAYER...) defaults to the configured one."""
+    from akosim.network.fluid import COALESCE_REL
+    from akosim.scenario import Setup
+
+    coalesce = COALESCE_REL if coalesce_rel is None else coalesce_rel
+    return Setup(config, length, compute,
+                 config.train.batch_size if batch_size is None else batch_size, stop,
+                 coalesce_rel=coalesce, message_overhead_s=message_overhead_s,
+                 compute_source=compute_source, tcp=tcp,
+                 network_model=config.network.model if network_model is None else network_model)
+
+
+def simulation_setup(cfg: RunConfig, options: SimulationOptions, *, training: bool = False,
+                     announce: Callable[[str], None] = print,
+                     ) -> tuple[Setup, Workload | None]:
+    """The setup of `cfg` with `options`, and the workload when the workers really train."""
+    cache: dict[str, Any] = {}
+
+    def workload() -> Workload:
+        if "w" not in cache:
+            cache["w"] = load_workload(cfg)
+        return cache["w"]
+
+    if training and options.gradient_size:
+        raise UsageError("--gradient-size is for timing-only runs; akosim train takes "
+                         "the gradient of --workload")
+    if not training and cfg.train.target_accuracy is not None:
+        raise UsageError("--target-accuracy needs training mode: akosim train "
+                         "--target-accuracy ...")
+    compute_s, source, param_count = 0.0, "", None
+    if options.compute_from:
+        source = f"compute measured by akorun ({options.compute_from})"
+    elif options.compute in ("measure", "remeasure"):
+        measured = measured_compute(cfg, load=workload, refresh=options.compute == "remeasure")
+        compute_s, param_count = measured.record.compute_s, measured.record.param_count
+        source = measured.provenance()
+    else:
+        assert isinstance(options.compute, float)  # checked by the [akosim] section
+        compute_s = options.compute
+        source = f"compute {format_duration(compute_s)}/round given"
+    if training:
+        length = workload().param_count
+    elif options.gradient_size:
+        length = gradient_length_of_size(options.gradient_size)
+    elif param_count is not None:
+        length = param_count  # cached with the measurement: no need to build the model
+    else:
+        length = workload().param_count
+    compute = compute_model(options, cfg.cluster.workers, compute_s)
+    stop = stop_rule(cfg, training=training)
+    real_network = "tcp-core" in network_layers(cfg.network.model)
+    overhead = message_overhead_s(options, cfg.cluster.workers, real_network=real_network)
+    tcp = None
+    if real_network:
+        # given or the run's own message cost: the host's figure would count twice
+        choice = tcp_parameters_for(cfg, options.host_calibration,
+                                    without_message_cost=bool(overhead))
+        assert choice is not None
+        tcp = choice.params
+        announce(f"akosim: {choice.provenance}")
+    elif options.host_calibration:
+        raise UsageError("--host-calibration is for a network model with the tcp layer "
+                         "(--network-model tcp)")
+    setup = build_setup(cfg, length=length, compute=compute, stop=stop,
+                        coalesce_rel=options.coalesce, message_overhead_s=overhead,
+                        compute_source=source, tcp=tcp)
+    return setup, (workload() if training else None)
+
+
+def with_plan(setup: Setup) -> Setup:
+    """`setup` with the planner's answer for its configured p, resolved once here; the
+    choice of s, the runs and the advice read it from the setup."""
+    if setup.plan is not None:
+        return setup
+    return replace(setup, plan=setup.configured_plan())
