@@ -22,7 +22,7 @@ from akocore.units import UnitError, parse_duration, parse_size, refuse_bare_num
 from akosim.calibration import CalibrationError
 
 if TYPE_CHECKING:
-    from akocore.workload import Workload
+    from akocore.workload import FlatWorkload
     from akosim.scenario import Setup, SimRun
 
 # timing-only planning defaults to the seeds' CNN (17 MB gradient) at their batch size; the
@@ -35,7 +35,7 @@ USER_ERRORS = (UsageError, ConfigError, UnitError, DataError, PartitionError, Ca
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
 
 
-def load_workload(cfg: RunConfig) -> Workload:
+def load_workload(cfg: RunConfig) -> FlatWorkload:
     """The configured workload, or a one-line UsageError naming what is wrong."""
     from akocore.workload import build_workload
 

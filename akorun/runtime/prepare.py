@@ -17,7 +17,7 @@ import numpy as np
 from akocore.config import RunConfig
 from akocore.optim import FlatOptimizer
 from akocore.process_setup import enable_compilation_cache
-from akocore.workload import Workload, build_workload
+from akocore.workload import FlatWorkload, build_workload
 from akorun.checkpoint import Checkpoint, load_checkpoint
 from akorun.errors import UsageError
 from akorun.roles import params_digest
@@ -28,7 +28,7 @@ from akorun.runtime.roles import Role
 class Prepared:
     """The workload (same seed on every rank) and what was measured and loaded with it."""
 
-    workload: Workload
+    workload: FlatWorkload
     params_sha256: str
     optimizer: FlatOptimizer  # built and compiled on the shape the node holds
     compute_measured_s: float | None  # this rank's gradient step, when p auto needs it
@@ -59,7 +59,7 @@ def prepare(cfg: RunConfig, role: Role, *, run_id: str, config_hash: str, resume
                     checkpoint)
 
 
-def warm_up(cfg: RunConfig, role: Role, workload: Workload) -> tuple[FlatOptimizer, float]:
+def warm_up(cfg: RunConfig, role: Role, workload: FlatWorkload) -> tuple[FlatOptimizer, float]:
     """Compile what the rounds run (gradient step, evaluation, optimizer) before the join.
 
     JAX compiles on first use; done here, before this rank answers any hello, the
