@@ -157,6 +157,30 @@ def load_workload_spec(name: WorkloadName, *, seed: int = 0,
     return replace(result, name=name.text)
 
 
+def cache_identity(text: str) -> str:
+    """`text` plus a digest of the factory's source file, so a cache keyed by it (akosim's
+    measured step) is not reused after the user edits the file; built-ins unchanged."""
+    try:
+        name = parse_workload_name(text)
+    except WorkloadError:
+        return text
+    if name.builtin is not None:
+        return text
+    if name.is_file:
+        origin: str | None = str(Path(name.source).expanduser().resolve())
+    else:
+        try:
+            found = importlib.util.find_spec(name.source)
+        except (ImportError, ValueError):
+            found = None
+        origin = found.origin if found is not None else None
+    try:
+        source = Path(origin).read_bytes() if origin else b""
+    except OSError:
+        source = b""
+    return f"{text}@{hashlib.sha256(source).hexdigest()[:16]}"
+
+
 def _parameters(function: Callable[..., Any]) -> set[str]:
     try:
         parameters = inspect.signature(function).parameters.values()
