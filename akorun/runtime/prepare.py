@@ -17,7 +17,7 @@ import numpy as np
 from akocore.config import RunConfig
 from akocore.optim import FlatOptimizer
 from akocore.process_setup import enable_compilation_cache
-from akocore.workload import FlatWorkload, build_workload
+from akocore.workload import FlatWorkload, build_workload, workload_fingerprint
 from akorun.checkpoint import Checkpoint, load_checkpoint
 from akorun.errors import UsageError
 from akorun.roles import params_digest
@@ -30,6 +30,7 @@ class Prepared:
 
     workload: FlatWorkload
     params_sha256: str
+    workload_identity: str  # "name fingerprint", compared in the join
     optimizer: FlatOptimizer  # built and compiled on the shape the node holds
     compute_measured_s: float | None  # this rank's gradient step, when p auto needs it
     warmup_s: float  # compiling before the join (not in any round)
@@ -48,6 +49,7 @@ def prepare(cfg: RunConfig, role: Role, *, run_id: str, config_hash: str, resume
     except ValueError as error:  # unknown workload or option, DataError
         raise UsageError(f"train.workload: {error}") from None
     params_sha256 = params_digest(workload.init_params)
+    identity = f"{workload.name} {workload_fingerprint(workload)[:16]}"
     compute_measured_s = role.check_config(workload)
     optimizer, warmup_s = warm_up(cfg, role, workload)
     checkpoint = None
@@ -55,7 +57,7 @@ def prepare(cfg: RunConfig, role: Role, *, run_id: str, config_hash: str, resume
         role.check_resume()
         checkpoint = _resume_checkpoint(role.rank, run_id=run_id, config_hash=config_hash,
                                         directory=checkpoint_dir)
-    return Prepared(workload, params_sha256, optimizer, compute_measured_s, warmup_s,
+    return Prepared(workload, params_sha256, identity, optimizer, compute_measured_s, warmup_s,
                     checkpoint)
 
 
