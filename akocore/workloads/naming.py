@@ -73,7 +73,7 @@ def parse_workload_name(text: str, args: Mapping[str, Any] | None = None) -> Wor
             return WorkloadName(head, head, args=tuple(sorted(extra.items())))
         raise WorkloadError(f"unknown workload {head!r}; expected {FORMS}")
     factory, _, tail = rest.partition(":")
-    if "=" in factory or not factory.strip():  # NAME:key=value,... (the built-ins' options)
+    if head in BUILTIN_NAMES or "=" in factory or not factory.strip():  # NAME:key=value,...
         if head not in BUILTIN_NAMES:
             raise WorkloadError(f"unknown workload {head!r}; key=value options follow a "
                                 f"built-in name; expected {FORMS}")
