@@ -221,10 +221,10 @@ def _measured_compute(args: argparse.Namespace, cfg: RunConfig, workload_factory
     key = key_for(train.workload, train.batch_size, train.optimizer)
 
     def measure() -> tuple[float, int]:
+        workload = workload_factory()  # a broken factory stops here, before the notice
         print(f"akosim: measuring one gradient step of {train.workload} (batch "
               f"{train.batch_size}) on this machine, {MEASURE_STEPS} steps; the result is "
               f"cached for later calls...", file=sys.stderr, flush=True)
-        workload = workload_factory()
         return measure_compute_s(workload, steps=MEASURE_STEPS), workload.param_count
 
     return measured_compute(key, measure, steps=MEASURE_STEPS,
