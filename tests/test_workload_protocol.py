@@ -357,3 +357,31 @@ def test_an_equinox_module_trains_through_from_equinox():
     assert w.param_count == 6 * 16 + 16 + 16 * 2 + 2
     before, after = _train_a_little(w)
     assert after.loss < before.loss and after.accuracy >= 0.85
+
+
+def _resolved_workload(*argv: str) -> str:
+    import argparse
+
+    from akocore.config import add_shared_arguments, resolve_args
+
+    parser = argparse.ArgumentParser()
+    add_shared_arguments(parser)
+    return resolve_args(parser.parse_args(list(argv))).config.train.workload
+
+
+def test_workload_arg_flags_become_the_names_tail_and_win_over_it():
+    assert _resolved_workload("--workload", "f.py:make", "--workload-arg", "width=8",
+                              "--workload-arg", "depth=2") == "f.py:make:width=8,depth=2"
+    assert _resolved_workload("--workload", "f.py:make:width=4", "--workload-arg",
+                              "width=8") == "f.py:make:width=4,width=8"
+    assert dict(parse_workload_name("f.py:make:width=4,width=8").args) == {"width": 8}
+    assert _resolved_workload("--workload-arg", "hidden=8") == "digits-mlp:hidden=8"
+    assert _resolved_workload("--workload", "synthetic-mlp:hidden=4", "--workload-arg",
+                              "train_size=64") == "synthetic-mlp:hidden=4,train_size=64"
+
+
+def test_a_bad_workload_arg_is_refused():
+    from akocore.config import ConfigError
+
+    with pytest.raises(ConfigError, match="--workload-arg 'width': expected key=value"):
+        _resolved_workload("--workload-arg", "width")

@@ -21,6 +21,7 @@ from akocore.settings.layers import (
     ResolvedSettings,
     resolve,
 )
+from akocore.settings.normalise import ConfigError
 from akocore.settings.registry import (
     KEYS,
     RUN_SECTIONS,
@@ -74,6 +75,12 @@ def add_shared_arguments(parser: argparse.ArgumentParser, tool: Tool = Tool.AKOS
     for key in flag_keys(tool):
         if key.section in RUN_SECTIONS:
             add_key_flag(group, key)
+            if key.dotted == "train.workload":
+                add("--workload-arg", metavar="KEY=VALUE", action="append", default=None,
+                    dest="workload_arg",
+                    help="an argument of the workload (a built-in's option or the "
+                         "factory's keyword argument), repeatable, e.g. --workload-arg "
+                         "width=64; the same as a :key=value,... tail after the name")
 
 
 def add_akorun_arguments(group: Any, tool: Tool) -> None:
@@ -107,7 +114,31 @@ def resolve_args(args: argparse.Namespace, defaults: RunConfig | None = None, *,
         givens += file_layer(config_path)
     givens += set_layer(getattr(args, "set", None))
     givens += flag_layer(args)
+    givens += workload_arg_layer(getattr(args, "workload_arg", None), givens, defaults)
     return resolve(givens, defaults=defaults, defaults_origin=defaults_origin)
+
+
+def workload_arg_layer(items: list[str] | None, givens: list[Given],
+                       defaults: RunConfig | None) -> list[Given]:
+    """``--workload-arg key=value`` items folded into train.workload as its tail
+    (``name:key=value,...``, the one stored form every rank reads); a later item wins."""
+    if not items:
+        return []
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip().isidentifier() or "," in value or ":" in value:
+            raise ConfigError(f"--workload-arg {item!r}: expected key=value with a Python "
+                              f"name as key and no ',' or ':' in the value, e.g. "
+                              f"--workload-arg width=64", "train.workload")
+    named = [g.value for g in givens if g.key == "train.workload"]
+    text = str(named[-1]) if named else (defaults or RunConfig()).train.workload
+    head, colon, rest = text.partition(":")
+    factory, _, tail = rest.partition(":")
+    builtin_form = not colon or "=" in factory or not factory  # NAME[:key=value,...]
+    existing = rest if builtin_form else tail
+    joined = ",".join(part for part in (existing, *items) if part)
+    combined = f"{head}:{joined}" if builtin_form else f"{head}:{factory}:{joined}"
+    return [Given("train.workload", combined, Layer.FLAG, "by --workload-arg")]
 
 
 def config_from_args(args: argparse.Namespace, defaults: RunConfig | None = None) -> RunConfig:
