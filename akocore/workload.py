@@ -404,7 +404,7 @@ def flat_workload(spec: Workload, *, batch_size: int = 32, seed: int = 0,
     layout = tuple((tuple(int(d) for d in np.shape(leaf)), dtype.name)
                    for leaf, dtype in zip(leaves, dtypes, strict=True))
     others = sorted({dtype.name for dtype in dtypes if dtype != np.float32})
-    notices = ()
+    notices: tuple[str, ...] = ()
     if others:
         notices = (f"{name}: parameters in {', '.join(others)} are held and exchanged as "
                    f"float32 and cast back to {', '.join(others)} for each step",)
