@@ -414,7 +414,8 @@ def flat_workload(spec: Workload, *, batch_size: int = 32, seed: int = 0,
                     f"train.lr are not used",)
     param_count = int(flat.size)
     example = _example_values(spec.data)
-    eval_batch_size = max(1, EVAL_CHUNK_VALUES // example) if example else batch_size
+    eval_batch_size = spec.eval_batch_size or (
+        max(1, EVAL_CHUNK_VALUES // example) if example else batch_size)
     return FlatWorkload(
         name=name,
         spec=spec,

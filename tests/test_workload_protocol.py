@@ -385,3 +385,26 @@ def test_a_bad_workload_arg_is_refused():
 
     with pytest.raises(ConfigError, match="--workload-arg 'width': expected key=value"):
         _resolved_workload("--workload-arg", "width")
+
+
+def test_synthetic_lm_is_a_built_in_of_27m_parameters_and_small_versions_learn():
+    import jax
+
+    from akocore.workloads.lm import lm_workload
+
+    full = lm_workload()
+    shapes = jax.eval_shape(lambda: jax.tree_util.tree_map(np.asarray, full.init(0)))
+    assert sum(int(np.prod(leaf.shape)) for leaf in jax.tree_util.tree_leaves(shapes)) \
+        == 27_350_016
+    w = build_workload("synthetic-lm:d_model=32,layers=1,heads=2,vocab=64,seq_len=16,"
+                       "train_sequences=256,test_sequences=32", batch_size=16)
+    optimizer = w.optimizer("adam", 1e-2)
+    params, state = w.init_params, optimizer.init(w.init_params)
+    stream = w.batches(0, 1)
+    before = w.evaluate_metrics(params)
+    for step in range(60):
+        batch = stream.next()
+        _, grad = w.grad_step(params, batch.x, batch.y, step)
+        params, state = optimizer.apply(params, state, grad)
+    after = w.evaluate_metrics(params)
+    assert after.loss < before.loss - 0.5 and after.accuracy > before.accuracy

@@ -3,8 +3,10 @@
 This module owns the names (`BUILTIN_NAMES`): digits-mlp (the default, real
 data), digits-cnn, synthetic-mlp, synthetic-cnn (the seed's CNN on 32x32x3,
 exactly 4,263,434 parameters), cifar10-cnn and mnist-mlp (these two need
-``data_path``). Each is a model of akocore.models on a dataset of akocore.data,
-trained on mean softmax cross-entropy and evaluated on test accuracy. Options
+``data_path``), and synthetic-lm (akocore.workloads.lm: a 27M-parameter transformer
+language model on a corpus it generates). The others are a model of akocore.models on
+a dataset of akocore.data, trained on mean softmax cross-entropy and evaluated on test
+accuracy. Options
 (``synthetic-mlp:train_size=2000,hidden=128x64`` or ``--workload-arg``) go to the
 dataset or the model.
 """
@@ -37,7 +39,7 @@ _RECIPES: dict[str, _Recipe] = {
     "mnist-mlp": _Recipe("mnist", "mlp", (("hidden", (128,)),)),
 }
 
-BUILTIN_NAMES: tuple[str, ...] = tuple(_RECIPES)
+BUILTIN_NAMES: tuple[str, ...] = (*_RECIPES, "synthetic-lm")
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,6 +83,14 @@ def builtin_workload(name: str, *, seed: int = 0, data_path: str | None = None,
     files of cifar10 and mnist. Unknown names or options raise ValueError, missing
     or bad data files akocore.data.DataError.
     """
+    if name == "synthetic-lm":
+        from akocore.workloads.lm import LM_OPTIONS, lm_workload
+
+        unknown = sorted(set(options) - set(LM_OPTIONS))
+        if unknown:
+            raise ValueError(f"unknown option(s) {', '.join(unknown)} for workload {name!r}; "
+                             f"expected some of {', '.join(LM_OPTIONS)}")
+        return lm_workload(seed=seed, **options)
     try:
         recipe = _RECIPES[name]
     except KeyError:

@@ -107,6 +107,8 @@ class Workload:
     data: DataSource
     optimizer: Any = None  # None | a name | an optax GradientTransformation
     name: str = ""  # shown in messages; the loader sets it to how the workload was named
+    eval_batch_size: int | None = None  # test examples per evaluation call; None = sized
+    # from the test inputs (about 2M input values a call)
 
     def __post_init__(self) -> None:
         if not callable(self.loss):
