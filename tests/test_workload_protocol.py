@@ -408,3 +408,19 @@ def test_synthetic_lm_is_a_built_in_of_27m_parameters_and_small_versions_learn()
         params, state = optimizer.apply(params, state, grad)
     after = w.evaluate_metrics(params)
     assert after.loss < before.loss - 0.5 and after.accuracy > before.accuracy
+
+
+def test_a_workload_table_in_a_config_file_gives_the_arguments_and_flags_win(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text('[train]\nworkload = "f.py:make:depth=1"\n\n'
+                      '[workload]\nwidth = 64\ninput_shape = [8, 8, 1]\nname = "x"\n')
+    assert _resolved_workload("--config", str(config)) == \
+        "f.py:make:depth=1,width=64,input_shape=8x8x1,name=x"
+    flagged = _resolved_workload("--config", str(config), "--workload-arg", "width=8")
+    assert dict(parse_workload_name(flagged).args)["width"] == 8
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[workload]\nwidth = "a,b"\n')
+    from akocore.config import ConfigError
+
+    with pytest.raises(ConfigError, match="workload argument width"):
+        _resolved_workload("--config", str(bad))

@@ -15,6 +15,7 @@ from typing import Any
 
 from akocore.settings.layers import (
     DEFAULT_ORIGIN,
+    WORKLOAD_TABLE,
     Given,
     Layer,
     Origin,
@@ -114,31 +115,22 @@ def resolve_args(args: argparse.Namespace, defaults: RunConfig | None = None, *,
         givens += file_layer(config_path)
     givens += set_layer(getattr(args, "set", None))
     givens += flag_layer(args)
-    givens += workload_arg_layer(getattr(args, "workload_arg", None), givens, defaults)
+    givens += workload_arg_layer(getattr(args, "workload_arg", None))
     return resolve(givens, defaults=defaults, defaults_origin=defaults_origin)
 
 
-def workload_arg_layer(items: list[str] | None, givens: list[Given],
-                       defaults: RunConfig | None) -> list[Given]:
-    """``--workload-arg key=value`` items folded into train.workload as its tail
-    (``name:key=value,...``, the one stored form every rank reads); a later item wins."""
-    if not items:
-        return []
-    for item in items:
+def workload_arg_layer(items: list[str] | None) -> list[Given]:
+    """``--workload-arg key=value`` items as FLAG givens of the workload's arguments
+    (folded into train.workload by akocore.settings.layers.fold_workload_args)."""
+    givens = []
+    for item in items or ():
         key, eq, value = item.partition("=")
-        if not eq or not key.strip().isidentifier() or "," in value or ":" in value:
+        if not eq or not key.strip().isidentifier():
             raise ConfigError(f"--workload-arg {item!r}: expected key=value with a Python "
-                              f"name as key and no ',' or ':' in the value, e.g. "
-                              f"--workload-arg width=64", "train.workload")
-    named = [g.value for g in givens if g.key == "train.workload"]
-    text = str(named[-1]) if named else (defaults or RunConfig()).train.workload
-    head, colon, rest = text.partition(":")
-    factory, _, tail = rest.partition(":")
-    builtin_form = not colon or "=" in factory or not factory  # NAME[:key=value,...]
-    existing = rest if builtin_form else tail
-    joined = ",".join(part for part in (existing, *items) if part)
-    combined = f"{head}:{joined}" if builtin_form else f"{head}:{factory}:{joined}"
-    return [Given("train.workload", combined, Layer.FLAG, "by --workload-arg")]
+                              f"name as key, e.g. --workload-arg width=64", "train.workload")
+        givens.append(Given(f"{WORKLOAD_TABLE}.{key.strip()}", value.strip(), Layer.FLAG,
+                            f"by --workload-arg {item}"))
+    return givens
 
 
 def config_from_args(args: argparse.Namespace, defaults: RunConfig | None = None) -> RunConfig:
