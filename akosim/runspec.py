@@ -11,6 +11,7 @@ akosim.cli and akosim.sweep both import it and not each other.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -40,10 +41,13 @@ def load_workload(cfg: RunConfig) -> FlatWorkload:
     from akocore.workload import build_workload
 
     try:
-        return build_workload(cfg.train.workload, batch_size=cfg.train.batch_size,
-                              seed=cfg.train.seed, data_path=cfg.train.data_path)
+        workload = build_workload(cfg.train.workload, batch_size=cfg.train.batch_size,
+                                  seed=cfg.train.seed, data_path=cfg.train.data_path)
     except (ValueError, TypeError) as error:
         raise UsageError(f"--workload: {error}") from None
+    for notice in workload.notices:  # e.g. bf16 parameters trained as float32
+        print(f"akosim: {notice}", file=sys.stderr)
+    return workload
 
 
 def gradient_length_of_size(text: str) -> int:

@@ -7,6 +7,7 @@ from it.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from akorun.checkpoint import Checkpoint, load_checkpoint
 from akorun.errors import UsageError
 from akorun.roles import params_digest
 from akorun.runtime.roles import Role
+
+log = logging.getLogger("akorun")
 
 
 @dataclass(frozen=True)
@@ -46,8 +49,10 @@ def prepare(cfg: RunConfig, role: Role, *, run_id: str, config_hash: str, resume
     try:
         workload = build_workload(train.workload, batch_size=train.batch_size,
                                   seed=train.seed, data_path=train.data_path)
-    except ValueError as error:  # unknown workload or option, DataError
+    except ValueError as error:  # unknown workload or option, a broken factory, DataError
         raise UsageError(f"train.workload: {error}") from None
+    for notice in workload.notices:  # e.g. bf16 parameters trained as float32
+        log.warning(notice)
     params_sha256 = params_digest(workload.init_params)
     identity = f"{workload.name} {workload_fingerprint(workload)[:16]}"
     compute_measured_s = role.check_config(workload)
