@@ -136,6 +136,17 @@ def test_a_flax_model_outside_the_repository_trains_and_is_planned(user_folder: 
     launch_and_check_replicas("./mymodel.py:make", user_folder / "run", user_folder, env)
     assert gradient_floats(akosim_plan("./mymodel.py:make", user_folder, env)) == \
         5 * 12 + 12 + 12 * 3 + 3
+    # the file broken after the run: predicting the run on this host's step is one line
+    source = user_folder / "mymodel.py"
+    source.write_text(source.read_text().replace(
+        "def make():", "def make():\n    raise RuntimeError('edited away')"))
+    predicted = subprocess.run(_akosim("predict", "run", "--compute", "measure"),
+                               capture_output=True, text=True, env=env, cwd=user_folder,
+                               timeout=120)
+    assert predicted.returncode == 2, predicted.stderr
+    assert "Traceback" not in predicted.stderr
+    assert predicted.stderr.strip().splitlines()[-1].endswith(
+        "./mymodel.py:make raised RuntimeError: edited away")
 
 
 def test_a_broken_factory_is_one_line_and_exit_2_in_every_command(user_folder: Path,
