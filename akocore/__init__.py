@@ -21,10 +21,36 @@ optimizer) returned by a factory in your file trains with ``akorun launch
 `workload_fingerprint` the digest every rank of a run must share.
 """
 
-from akocore.workload import FlatWorkload, build_workload, flat_workload, workload_fingerprint
-from akocore.workloads import ArrayData, BatchFactory, Workload
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from akocore.workload import (
+        FlatWorkload,
+        build_workload,
+        flat_workload,
+        workload_fingerprint,
+    )
+    from akocore.workloads import ArrayData, BatchFactory, Workload
 
 __version__ = "0.1.0"
+
+# loaded on first use, so importing one small akocore module stays cheap
+_EXPORTS = {
+    "ArrayData": "akocore.workloads",
+    "BatchFactory": "akocore.workloads",
+    "Workload": "akocore.workloads",
+    "FlatWorkload": "akocore.workload",
+    "build_workload": "akocore.workload",
+    "flat_workload": "akocore.workload",
+    "workload_fingerprint": "akocore.workload",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'akocore' has no attribute {name!r}")
 
 __all__ = [
     "ArrayData",
