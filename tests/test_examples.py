@@ -184,3 +184,28 @@ def test_a_broken_factory_is_one_line_and_exit_2_in_every_command(user_folder: P
     assert worker.returncode == 2, worker.stderr
     assert worker.stderr.strip().splitlines()[-1].endswith("my data went missing")
     assert "Traceback" not in worker.stderr
+
+
+def test_ranks_whose_workload_files_differ_refuse_each_other_naming_both(
+        user_folder: Path, tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "mymodel.py").write_text(USER_FILE.replace("size=(400, 5)", "size=(500, 5)"))
+    cluster = tmp_path / "c.toml"
+    made = subprocess.run(akorun_command("init", "--workload", "./mymodel.py:make", "--workers",
+                                         "2", "--rounds", "2", "--join-timeout", "20s",
+                                         "--out", str(cluster)),
+                          capture_output=True, text=True, env=env, cwd=user_folder, timeout=120)
+    assert made.returncode == 0, made.stderr
+    ranks = [subprocess.Popen(akorun_command("worker", "--rank", str(rank), "--config",
+                                             str(cluster)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env, cwd=folder)
+             for rank, folder in enumerate((user_folder, other))]
+    outputs = [rank.communicate(timeout=120) for rank in ranks]
+    for rank, (_, stderr) in zip(ranks, outputs, strict=True):
+        assert rank.returncode != 0, stderr
+        assert re.search(r"its workload .* ./mymodel.py:make \w+ differs from ours "
+                         r"./mymodel.py:make \w+; give every rank the same workload file",
+                         stderr), stderr

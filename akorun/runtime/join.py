@@ -76,9 +76,11 @@ class Identity:
             theirs = payload.get(key)
             if theirs != ours:
                 shown = _SHOWN.get(key, 16)
+                advice = ("give every rank the same workload file, arguments and data"
+                          if key == "workload" else
+                          "start every rank from the same cluster file and the same flags")
                 message = (f"refusing rank {sender}: its {_WHAT[key]} {str(theirs)[:shown]} "
-                           f"differs from ours {ours[:shown]}; start every rank from the same "
-                           f"cluster file and the same flags")
+                           f"differs from ours {ours[:shown]}; {advice}")
                 log.error(message)
                 raise ControlError(409, message)
 
