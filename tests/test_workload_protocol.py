@@ -424,3 +424,16 @@ def test_a_workload_table_in_a_config_file_gives_the_arguments_and_flags_win(tmp
 
     with pytest.raises(ConfigError, match="workload argument width"):
         _resolved_workload("--config", str(bad))
+
+
+def test_the_example_in_the_workload_docstring_builds_and_trains():
+    import textwrap
+
+    doc = Workload.__doc__
+    code = textwrap.dedent(doc.split("::\n", 1)[1].split("\n    Saved as", 1)[0])
+    namespace: dict = {}
+    exec(compile(code, "<Workload docstring>", "exec"), namespace)  # noqa: S102
+    w = flat_workload(namespace["make"](), batch_size=32)
+    assert w.param_count == 8 * 2 + 2
+    _, after = _train_a_little(w, steps=30)
+    assert after.accuracy >= 0.9
