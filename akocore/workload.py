@@ -43,9 +43,8 @@ from akocore.workloads.naming import (
     parse_options,
     parse_workload_name,
 )
-from akocore.workloads.spec import TrainBatches, Workload, accuracy_and_loss
+from akocore.workloads.spec import OPTIMIZER_NAMES, TrainBatches, Workload, accuracy_and_loss
 
-OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "momentum", "adam", "adagrad")
 EVAL_CHUNK_VALUES = 1 << 21  # input values per evaluation batch (bounds memory)
 WORKLOAD_NAMES: tuple[str, ...] = BUILTIN_NAMES
 DEFAULT_WORKLOAD = "digits-mlp"

@@ -437,3 +437,14 @@ def test_the_example_in_the_workload_docstring_builds_and_trains():
     assert w.param_count == 8 * 2 + 2
     _, after = _train_a_little(w, steps=30)
     assert after.accuracy >= 0.9
+
+
+def test_from_flax_takes_its_example_input_from_array_data_and_names_are_checked():
+    from flax import linen as nn
+
+    from akocore.workloads import from_flax
+
+    spec = from_flax(nn.Dense(2), data=ArrayData(*_arrays()))
+    assert flat_workload(spec).param_count == 6 * 2 + 2
+    with pytest.raises(ValueError, match="'rmsprop' is not one of sgd, momentum"):
+        _linear(optimizer="rmsprop")

@@ -62,13 +62,14 @@ def _workload(init: Any, apply: Apply, data: DataSource, loss: Any, evaluate: An
                     data=data, optimizer=optimizer)
 
 
-def from_flax(module: Any, *, example_input: Any, data: DataSource,
+def from_flax(module: Any, *, data: DataSource, example_input: Any = None,
               loss: Callable[..., Any] | None = None,
               evaluate: Callable[..., Any] | None = None, optimizer: Any = None,
               train_kwargs: Mapping[str, Any] | None = None,
               eval_kwargs: Mapping[str, Any] | None = None) -> Workload:
     """A flax.linen `module` as a Workload; its parameters are ``module.init(key,
-    example_input)["params"]`` with ``key = PRNGKey(seed)``.
+    example_input)["params"]`` with ``key = PRNGKey(seed)`` (`example_input` defaults
+    to the first training input of ArrayData).
 
     Training calls ``module.apply({"params": p}, x, rngs={"dropout": rng},
     **train_kwargs)``, evaluation ``module.apply({"params": p}, x, **eval_kwargs)``
@@ -82,6 +83,12 @@ def from_flax(module: Any, *, example_input: Any, data: DataSource,
                   data=ArrayData(x_train, y_train, x_test, y_test))
     """
     _require("flax", "flax")
+    if example_input is None:  # one training example of array data
+        x_train = getattr(data, "x_train", None)
+        if x_train is None:
+            raise ValueError("from_flax needs example_input (one batch of inputs) when the "
+                             "data are not ArrayData")
+        example_input = x_train[:1]
     train_options = dict(train_kwargs or {})
     eval_options = dict(eval_kwargs or {})
 

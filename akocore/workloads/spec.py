@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 Batch = tuple[Any, Any]  # (inputs, targets): arrays or pytrees of arrays
+OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "momentum", "adam", "adagrad")
 
 
 @runtime_checkable
@@ -121,6 +122,9 @@ class Workload:
             raise TypeError(f"Workload data must be a data source (akocore.workloads."
                             f"ArrayData or BatchFactory), got {type(self.data).__name__}")
         optimizer = self.optimizer
+        if isinstance(optimizer, str) and optimizer not in OPTIMIZER_NAMES:
+            raise ValueError(f"Workload optimizer {optimizer!r} is not one of "
+                             f"{', '.join(OPTIMIZER_NAMES)}; or give an optax transformation")
         if not (optimizer is None or isinstance(optimizer, str)
                 or (hasattr(optimizer, "init") and hasattr(optimizer, "update"))):
             raise TypeError(f"Workload optimizer must be None, a name or an optax "
