@@ -448,3 +448,36 @@ def test_from_flax_takes_its_example_input_from_array_data_and_names_are_checked
     assert flat_workload(spec).param_count == 6 * 2 + 2
     with pytest.raises(ValueError, match="'rmsprop' is not one of sgd, momentum"):
         _linear(optimizer="rmsprop")
+
+
+def test_pytree_batches_step_singly_and_stacked_in_akosims_batched_gradients():
+    from akosim.training import BatchedGradients
+
+    def train(rank, ranks, batch_size, seed):
+        rng = np.random.default_rng([seed, rank])
+        while True:
+            a = rng.normal(size=(batch_size, 3)).astype(np.float32)
+            b = rng.normal(size=(batch_size, 3)).astype(np.float32)
+            yield {"a": a, "b": b}, (a[:, 0] > b[:, 0]).astype(np.int32)
+
+    def loss(params, batch, rng):
+        import optax
+
+        x, y = batch
+        logits = x["a"] @ params["wa"] + x["b"] @ params["wb"]
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    test = [next(train(0, 1, 20, 99))]
+    spec = Workload(init={"wa": np.zeros((3, 2), np.float32), "wb": np.zeros((3, 2), np.float32)},
+                    loss=loss, evaluate=lambda p, batch: 0.0,
+                    data=BatchFactory(train, lambda batch_size: test, "pairs"))
+    w = flat_workload(spec, batch_size=4)
+    gradients = BatchedGradients(w, [0, 1], seed=0)
+    for rank in (0, 1):
+        gradients.begin(rank, 0, w.init_params)
+    stacked = [gradients.result(rank) for rank in (0, 1)]
+    for rank in (0, 1):
+        batch = w.batches(rank, 2, 0).next()
+        _, single = w.grad_step(w.init_params, batch.x, batch.y, rng_seed=0)
+        np.testing.assert_allclose(stacked[rank], single, rtol=1e-5, atol=1e-7)
+    assert np.any(stacked[0] != 0)
