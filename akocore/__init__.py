@@ -5,6 +5,59 @@ Units, configuration, JAX workloads and the reference semantics of Ako
 this package opens a socket, reads a clock or runs an event loop; the one
 change of process-wide state (JAX's compilation cache) is
 akocore.process_setup, which only a shell calls.
+
+Bring your own model: a `Workload` (initial parameters, loss, evaluation, data,
+optimizer) returned by a factory in your file trains with ``akorun launch
+--workload ./mymodel.py:make`` and is planned with ``akosim --workload
+./mymodel.py:make``::
+
+    from akocore import ArrayData, Workload
+
+    def make():
+        return Workload(init=init_params, loss=loss, evaluate=accuracy,
+                        data=ArrayData(x_train, y_train, x_test, y_test))
+
+`build_workload` gives the flat float32 view both shells train, and
+`workload_fingerprint` the digest every rank of a run must share.
 """
 
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from akocore.workload import (
+        FlatWorkload,
+        build_workload,
+        flat_workload,
+        workload_fingerprint,
+    )
+    from akocore.workloads import ArrayData, BatchFactory, Workload
+
 __version__ = "0.1.0"
+
+# loaded on first use, so importing one small akocore module stays cheap
+_EXPORTS = {
+    "ArrayData": "akocore.workloads",
+    "BatchFactory": "akocore.workloads",
+    "Workload": "akocore.workloads",
+    "FlatWorkload": "akocore.workload",
+    "build_workload": "akocore.workload",
+    "flat_workload": "akocore.workload",
+    "workload_fingerprint": "akocore.workload",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'akocore' has no attribute {name!r}")
+
+__all__ = [
+    "ArrayData",
+    "BatchFactory",
+    "FlatWorkload",
+    "Workload",
+    "build_workload",
+    "flat_workload",
+    "workload_fingerprint",
+]

@@ -19,6 +19,7 @@ from akocore.settings.cli_flags import (
     config_from_args,
     flag_layer,
     resolve_args,
+    workload_arg_layer,
 )
 from akocore.settings.key_registry import Tool
 from akocore.settings.layers import Given, Layer, Origin, ResolvedSettings, resolve
@@ -81,6 +82,7 @@ __all__ = [
     "config_to_dict",
     "file_layer",
     "flag_layer",
+    "workload_arg_layer",
     "load_config",
     "parse_toml_text",
     "read_toml",

@@ -1,27 +1,30 @@
-"""Workloads: model + dataset + batch size -> initial flat params and a gradient step.
+"""The flat view of a workload: initial flat params and a jitted gradient step.
 
-This module owns what a worker computes. A `Workload` turns a model
-(akocore.models) and a dataset (akocore.data) into the flat-vector view the
-schemes work with: `init_params` (one float32 vector of length D, built with
-NumPy from the seed, identical in every process), `grad_step` (loss and flat
-float32 gradient of one batch, one jitted function compiled once per
-workload), `batched_grad_step` (the same step vmapped over R replicas, for
-simulating many workers in one process), `evaluate` (test accuracy) and
-`optimizer` (a FlatOptimizer by name).
+This module owns what a worker computes. `build_workload` names a workload (a
+built-in or the user's factory, akocore.workloads.naming) and `flat_workload`
+turns any `akocore.Workload` into the flat-vector view the schemes work with, a
+`FlatWorkload`: `init_params` (one float32 vector of length D in
+`jax.flatten_util.ravel_pytree` leaf order, identical in every process),
+`grad_step` (loss and flat float32 gradient of one batch, one jitted function
+compiled once per workload), `batched_grad_step` (the same step vmapped over R
+replicas, for simulating many workers in one process), `evaluate` (test
+accuracy) and `optimizer` (a FlatOptimizer by name, or the workload's own optax
+transformation).
+
+Parameters of another floating dtype (bfloat16, float16, float64) are held as
+float32 and cast back to their dtype at the edge, when the user's loss and
+evaluation are called; `FlatWorkload.notices` says so in one line for the shell
+to print.
 
 `measure_compute_s` times gradient steps with a clock the shell hands it
 (akosim.compute and akorun pass time.perf_counter): akocore reads no clock
 itself, and the shells feed the number to the planner and the simulator.
-
-Workloads by name (`WORKLOAD_NAMES`): digits-mlp (the default, real data),
-digits-cnn, synthetic-mlp, synthetic-cnn (the seed's CNN on 32x32x3, exactly
-4,263,434 parameters), cifar10-cnn and mnist-mlp (these two need
-`data_path`). A name may carry options: ``synthetic-mlp:train_size=2000,
-input_shape=16x16x1,hidden=128x64``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import statistics
 from collections.abc import Callable, Mapping
@@ -30,13 +33,21 @@ from typing import Any
 
 import numpy as np
 
-from akocore.data import DATASET_OPTIONS, BatchStream, Dataset, load_dataset
 from akocore.messages import FLOAT_BYTES
-from akocore.models import Model, Params, build_model, model_options
+from akocore.models import Params
 from akocore.optim import FlatOptimizer, OptaxFlatOptimizer, PlainSGD
+from akocore.workloads.builtin import BUILTIN_NAMES
+from akocore.workloads.naming import (
+    WorkloadError,
+    load_workload_spec,
+    parse_options,
+    parse_workload_name,
+)
+from akocore.workloads.spec import OPTIMIZER_NAMES, TrainBatches, Workload, accuracy_and_loss
 
-OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "momentum", "adam", "adagrad")
-EVAL_CHUNK_VALUES = 1 << 21  # input floats per evaluation chunk (bounds memory)
+EVAL_CHUNK_VALUES = 1 << 21  # input values per evaluation batch (bounds memory)
+WORKLOAD_NAMES: tuple[str, ...] = BUILTIN_NAMES
+DEFAULT_WORKLOAD = "digits-mlp"
 
 
 # --------------------------------------------------------------------------
@@ -69,67 +80,74 @@ def flatten_params(params: Params) -> tuple[np.ndarray, Callable[[Any], Params]]
 
 
 # --------------------------------------------------------------------------
-# the workload
+# the flat workload
 
 
 MEASURE_STEPS = 20  # timed gradient steps of measure_compute_s (median)
 MEASURE_WARMUP = 3  # untimed steps first: compile, then settle
 
+
 @dataclass(eq=False)
 class _Compiled:
-    """Jitted functions and lazily placed device data of one workload (private)."""
+    """Jitted functions of one workload and the batch layout it was first given (private)."""
 
     grad: Any
     batched_grad: Any
     evaluate: Any
-    eval_chunk: int
-    test_device: tuple[Any, Any, Any] | None = None
+    batch_layout: tuple[Any, ...] | None = None
 
 
 @dataclass(frozen=True, eq=False)
 class EvalResult:
-    """Test-set metrics of one parameter vector."""
+    """Test-set metrics of one parameter vector (loss None when evaluate gives none)."""
 
     accuracy: float
-    loss: float
+    loss: float | None
 
 
 @dataclass(frozen=True, eq=False)
-class Workload:
-    """A model, a dataset and a batch size, seen as flat float32 vectors.
+class FlatWorkload:
+    """A `Workload` and a batch size, seen as flat float32 vectors.
 
     `init_params` is read-only; `grad_step` returns read-only gradient arrays
     (zero-copy views of JAX buffers): copy before writing into them.
     """
 
     name: str
-    model: Model
-    dataset: Dataset
+    spec: Workload
     batch_size: int
     seed: int
     param_count: int
     init_params: np.ndarray
     unravel: Callable[[Any], Params]
     gradient_bytes: int
+    param_layout: tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype) per leaf
     options: tuple[tuple[str, Any], ...] = ()
+    notices: tuple[str, ...] = ()  # one line each, for the shell to print
+    eval_batch_size: int = 1
     _compiled: _Compiled | None = field(default=None, repr=False)
+
+    @property
+    def data(self) -> Any:
+        """The workload's data source."""
+        return self.spec.data
 
     @property
     def _fns(self) -> _Compiled:
         if self._compiled is None:
-            raise RuntimeError("Workload was not built by build_workload()")
+            raise RuntimeError("FlatWorkload was not built by flat_workload()")
         return self._compiled
 
     # ---- gradients
 
     def grad_step(
-        self, flat_params: np.ndarray, x: np.ndarray, y: np.ndarray, rng_seed: int = 0
+        self, flat_params: np.ndarray, x: Any, y: Any, rng_seed: int = 0
     ) -> tuple[float, np.ndarray]:
-        """(mean cross-entropy loss, flat float32 gradient) of one training batch.
+        """(loss, flat float32 gradient) of one training batch (x, y).
 
-        `x` is (batch_size, *input_shape), `y` (batch_size,) class indices;
-        `rng_seed` seeds dropout. Other batch sizes are refused (they would
-        recompile).
+        Every leaf of `x` and `y` has `batch_size` examples along its first axis,
+        and every batch the shape of the first one (another shape would recompile);
+        `rng_seed` seeds the loss's PRNG key (dropout).
         """
         params = self._check_params(flat_params, stacked=False)
         x, y = self._check_batch(x, y, leading=())
@@ -139,14 +157,14 @@ class Workload:
     def batched_grad_step(
         self,
         flat_params_stack: np.ndarray,
-        xs: np.ndarray,
-        ys: np.ndarray,
+        xs: Any,
+        ys: Any,
         rng_seeds: Any,
     ) -> tuple[np.ndarray, np.ndarray]:
         """grad_step for R replicas at once: losses (R,) and gradients (R, D).
 
-        `flat_params_stack` is (R, D), `xs` (R, batch_size, *input_shape), `ys`
-        (R, batch_size), `rng_seeds` R ints. Compiles once per distinct R.
+        `flat_params_stack` is (R, D), `xs` and `ys` R batches stacked on a new first
+        axis, `rng_seeds` R ints. Compiles once per distinct R.
         """
         params = self._check_params(flat_params_stack, stacked=True)
         replicas = params.shape[0]
@@ -161,51 +179,46 @@ class Workload:
     # ---- evaluation
 
     def evaluate(self, flat_params: np.ndarray) -> float:
-        """Accuracy on the whole test set (evaluation mode: no dropout)."""
+        """Accuracy on the whole test set (the workload's evaluate, no dropout)."""
         return self.evaluate_metrics(flat_params).accuracy
 
-    def evaluate_loss(self, flat_params: np.ndarray) -> float:
-        """Mean cross-entropy on the whole test set."""
+    def evaluate_loss(self, flat_params: np.ndarray) -> float | None:
+        """Mean test loss, when the workload's evaluate reports one."""
         return self.evaluate_metrics(flat_params).loss
 
     def evaluate_metrics(self, flat_params: np.ndarray) -> EvalResult:
-        """Test accuracy and mean loss in one pass, in chunks of bounded memory."""
+        """Test accuracy and loss, averaged over test batches weighted by their size."""
         params = self._check_params(flat_params, stacked=False)
-        fns = self._fns
-        if fns.test_device is None:
-            fns.test_device = _chunked_test_set(self.dataset, fns.eval_chunk)
-        xs, ys, mask = fns.test_device
-        correct, loss_sum = fns.evaluate(params, xs, ys, mask)
-        count = self.dataset.test_size
-        return EvalResult(accuracy=float(correct) / count, loss=float(loss_sum) / count)
+        evaluate = self._fns.evaluate
+        count = 0
+        accuracy_sum = 0.0
+        loss_sum: float | None = 0.0
+        for x, y in self.spec.data.test_batches(self.eval_batch_size):
+            size = _examples(x)
+            accuracy, loss = evaluate(params, x, y)
+            accuracy_sum += float(accuracy) * size
+            loss_sum = None if loss is None or loss_sum is None else loss_sum + float(loss) * size
+            count += size
+        if count == 0:
+            raise ValueError(f"{self.name}: the test data yielded no examples")
+        return EvalResult(accuracy=accuracy_sum / count,
+                          loss=None if loss_sum is None else loss_sum / count)
 
     # ---- training helpers
 
     def optimizer(self, name: str, lr: float) -> FlatOptimizer:
-        """ "sgd" (exact NumPy PlainSGD), "momentum" (optax sgd, 0.9) or "adam" (optax)."""
-        if name == "sgd":
-            return PlainSGD(lr)
-        if name == "momentum":
-            import optax
+        """The workload's own optax transformation if it has one, else the optimizer
+        `name` at `lr` (a workload naming one uses its name at `lr`): "sgd" (exact
+        NumPy PlainSGD), "momentum" (optax sgd, 0.9), "adam" or "adagrad" (optax)."""
+        own = self.spec.optimizer
+        if own is not None and not isinstance(own, str):
+            return OptaxFlatOptimizer(own)
+        return optimizer_by_name(own or name, lr)
 
-            return OptaxFlatOptimizer(optax.sgd(lr, momentum=0.9))
-        if name == "adam":
-            import optax
-
-            return OptaxFlatOptimizer(optax.adam(lr))
-        if name == "adagrad":  # DOWNPOUR's worker optimizer in the Dist-TF guide
-            import optax
-
-            return OptaxFlatOptimizer(optax.adagrad(lr))
-        raise ValueError(
-            f"unknown optimizer {name!r}; expected one of {', '.join(OPTIMIZER_NAMES)}"
-        )
-
-    def batches(self, worker: int, workers: int, seed: int | None = None) -> BatchStream:
+    def batches(self, worker: int, workers: int, seed: int | None = None) -> TrainBatches:
         """The endless batch stream of `worker` of `workers` (seed defaults to the workload's)."""
-        return BatchStream(
-            self.dataset, worker, workers, self.batch_size, self.seed if seed is None else seed
-        )
+        return self.spec.data.train_batches(worker, workers, self.batch_size,
+                                            self.seed if seed is None else seed)
 
     def measure_compute_s(self, clock: Callable[[], float], steps: int = MEASURE_STEPS,
                           warmup: int = MEASURE_WARMUP) -> float:
@@ -247,137 +260,184 @@ class Workload:
             )
         return array
 
-    def _check_batch(
-        self, x: np.ndarray, y: np.ndarray, *, leading: tuple[int, ...]
-    ) -> tuple[np.ndarray, np.ndarray]:
-        x = np.asarray(x, dtype=np.float32)
-        y = np.asarray(y, dtype=np.int32)
-        x_shape = (*leading, self.batch_size, *self.model.input_shape)
-        y_shape = (*leading, self.batch_size)
-        if x.shape != x_shape or y.shape != y_shape:
+    def _check_batch(self, x: Any, y: Any, *, leading: tuple[int, ...]) -> tuple[Any, Any]:
+        import jax
+
+        leaves, treedef = jax.tree_util.tree_flatten((x, y))
+        arrays = [np.asarray(leaf) for leaf in leaves]
+        layout = (treedef, tuple((a.shape[len(leading):], a.dtype.str) for a in arrays))
+        fns = self._fns
+        expected = (*leading, self.batch_size)
+        bad_size = any(a.shape[:len(expected)] != expected for a in arrays)
+        if bad_size or (fns.batch_layout is not None and layout != fns.batch_layout):
+            first = fns.batch_layout
+            shapes = [(*leading, *shape) for shape, _ in first[1]] if first else None
             raise ValueError(
-                f"{self.name}: expected a batch x{x_shape}, y{y_shape}; got x{x.shape}, y{y.shape}"
-            )
-        return x, y
+                f"{self.name}: expected a batch of {self.batch_size} examples"
+                + (f" shaped {shapes}" if shapes else "")
+                + f"; got {[a.shape for a in arrays]}")
+        if fns.batch_layout is None:
+            fns.batch_layout = layout
+        return jax.tree_util.tree_unflatten(treedef, arrays)
 
 
-def _chunked_test_set(dataset: Dataset, chunk: int) -> tuple[Any, Any, Any]:
-    """Test set padded to whole chunks and placed on the device once."""
+def _examples(x: Any) -> int:
     import jax
 
-    count = dataset.test_size
-    chunks = -(-count // chunk)
-    padded = chunks * chunk
-    xs = np.zeros((padded, *dataset.input_shape), dtype=np.float32)
-    xs[:count] = dataset.test_x
-    ys = np.zeros(padded, dtype=np.int32)
-    ys[:count] = dataset.test_y
-    mask = np.zeros(padded, dtype=bool)
-    mask[:count] = True
-    return (
-        jax.device_put(xs.reshape(chunks, chunk, *dataset.input_shape)),
-        jax.device_put(ys.reshape(chunks, chunk)),
-        jax.device_put(mask.reshape(chunks, chunk)),
+    return int(np.shape(jax.tree_util.tree_leaves(x)[0])[0])
+
+
+def optimizer_by_name(name: str, lr: float) -> FlatOptimizer:
+    """ "sgd" (exact NumPy PlainSGD), "momentum" (optax sgd, 0.9), "adam", "adagrad"."""
+    if name == "sgd":
+        return PlainSGD(lr)
+    if name in ("momentum", "adam", "adagrad"):
+        import optax
+
+        if name == "momentum":
+            return OptaxFlatOptimizer(optax.sgd(lr, momentum=0.9))
+        if name == "adam":
+            return OptaxFlatOptimizer(optax.adam(lr))
+        return OptaxFlatOptimizer(optax.adagrad(lr))  # DOWNPOUR's worker optimizer
+    raise ValueError(
+        f"unknown optimizer {name!r}; expected one of {', '.join(OPTIMIZER_NAMES)}"
     )
 
 
-def _compile(model: Model, unravel: Callable[[Any], Params], eval_chunk: int) -> _Compiled:
-    """The jitted gradient, vmapped gradient and evaluation functions of a model."""
+def _compile(spec: Workload, unravel: Callable[[Any], Params],
+             dtypes: tuple[Any, ...]) -> _Compiled:
+    """The jitted gradient, vmapped gradient and evaluation functions of a workload."""
     import jax
     import jax.numpy as jnp
-    import optax
+
+    def to_user(flat: Any) -> Params:
+        """float32 leaves -> the user's dtypes (the edge cast; a no-op for float32)."""
+        return _cast_back(unravel(flat), dtypes)
 
     def flat_grad(flat: Any, x: Any, y: Any, seed: Any) -> tuple[Any, Any]:
         key = jax.random.PRNGKey(seed)
 
         def loss_fn(params: Params) -> Any:
-            logits = model.apply(params, x, train=True, rng=key)
-            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+            out = spec.loss(_cast_back(params, dtypes), (x, y), key)
+            value = out[0] if isinstance(out, tuple) else out
+            return jnp.asarray(value, dtype=jnp.float32)
 
         loss, grads = jax.value_and_grad(loss_fn)(unravel(flat))
         leaves = jax.tree_util.tree_leaves(grads)
-        return loss, jnp.concatenate([jnp.ravel(leaf) for leaf in leaves])
+        return loss, jnp.concatenate([jnp.ravel(leaf).astype(jnp.float32) for leaf in leaves])
 
-    def evaluate(flat: Any, xs: Any, ys: Any, mask: Any) -> tuple[Any, Any]:
-        params = unravel(flat)
-
-        def chunk_stats(chunk: tuple[Any, Any, Any]) -> tuple[Any, Any]:
-            x, y, valid = chunk
-            logits = model.apply(params, x, train=False, rng=None)
-            losses = optax.softmax_cross_entropy_with_integer_labels(logits, y)
-            hits = jnp.argmax(logits, axis=-1) == y
-            return (
-                jnp.sum(jnp.where(valid, hits, False)),
-                jnp.sum(jnp.where(valid, losses, 0.0)),
-            )
-
-        hits, losses = jax.lax.map(chunk_stats, (xs, ys, mask))
-        return jnp.sum(hits), jnp.sum(losses)
+    def evaluate(flat: Any, x: Any, y: Any) -> tuple[Any, Any]:
+        accuracy, loss = accuracy_and_loss(spec.evaluate(to_user(flat), (x, y)))
+        return (jnp.asarray(accuracy, jnp.float32),
+                None if loss is None else jnp.asarray(loss, jnp.float32))
 
     return _Compiled(
         grad=jax.jit(flat_grad),
         batched_grad=jax.jit(jax.vmap(flat_grad)),
         evaluate=jax.jit(evaluate),
-        eval_chunk=eval_chunk,
     )
 
 
+def _cast_back(params: Params, dtypes: tuple[Any, ...]) -> Params:
+    """Cast float32 leaves to the user's dtypes (differentiable: gradients come back f32)."""
+    import jax
+
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    cast = [leaf if leaf.dtype == dtype else leaf.astype(dtype)
+            for leaf, dtype in zip(leaves, dtypes, strict=True)]
+    return jax.tree_util.tree_unflatten(treedef, cast)
+
+
 # --------------------------------------------------------------------------
-# registry
+# building
 
 
-@dataclass(frozen=True)
-class _Recipe:
-    dataset: str
-    model: str
-    model_defaults: tuple[tuple[str, Any], ...] = ()
+def initial_params(spec: Workload, seed: int) -> Params:
+    """The workload's initial pytree: `init` itself, or `init(seed)` / `init(PRNGKey(seed))`."""
+    init = spec.init
+    if not callable(init):
+        return init
+    import inspect
+
+    try:
+        first = next(iter(inspect.signature(init).parameters), "")
+    except (TypeError, ValueError):
+        first = ""
+    if first in ("key", "rng", "prng_key", "rngs"):
+        import jax
+
+        return init(jax.random.PRNGKey(seed))
+    return init(seed)
 
 
-_RECIPES: dict[str, _Recipe] = {
-    "digits-mlp": _Recipe("digits", "mlp", (("hidden", (64,)),)),
-    "digits-cnn": _Recipe("digits", "cnn", (("fc_units", 256),)),
-    "synthetic-mlp": _Recipe("synthetic", "mlp", (("hidden", (64,)),)),
-    "synthetic-cnn": _Recipe("synthetic", "cnn"),
-    "cifar10-cnn": _Recipe("cifar10", "cnn"),
-    "mnist-mlp": _Recipe("mnist", "mlp", (("hidden", (128,)),)),
-}
+def flat_workload(spec: Workload, *, batch_size: int = 32, seed: int = 0,
+                  options: Mapping[str, Any] | None = None) -> FlatWorkload:
+    """`spec` as a FlatWorkload ready to step: its parameters flattened to float32.
 
-WORKLOAD_NAMES: tuple[str, ...] = tuple(_RECIPES)
-DEFAULT_WORKLOAD = "digits-mlp"
-
-
-def parse_workload_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """ "name:key=value,key=value" -> (name, options).
-
-    Values: "16x16x1" -> (16, 16, 1), "64" -> 64, "0.5" -> 0.5,
-    "true"/"false" -> bool, anything else stays a string.
+    `seed` builds the initial parameters and orders the data; every process with
+    the same arguments gets the same `init_params`. Raises WorkloadError (one line)
+    when the parameters are not a pytree of floating-point arrays.
     """
-    name, _, rest = spec.partition(":")
-    options: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in rest.split(","))):
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            raise ValueError(
-                f"bad workload option {item!r} in {spec!r}; expected key=value, "
-                "e.g. synthetic-mlp:train_size=2000,input_shape=16x16x1"
-            )
-        options[key.strip()] = _parse_value(value.strip())
-    return name.strip(), options
+    import jax
+
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    name = spec.name or "workload"
+    try:
+        params = initial_params(spec, seed)
+    except Exception as error:  # the user's init: any failure is one line
+        raise WorkloadError(f"{name}: init raised {type(error).__name__}: {error}") from None
+    leaves = jax.tree_util.tree_leaves(params)
+    if not leaves:
+        raise WorkloadError(f"{name}: init returned no parameter arrays "
+                            f"(got {type(params).__name__})")
+    dtypes = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        dtype = np.dtype(getattr(leaf, "dtype", np.asarray(leaf).dtype))
+        if not jax.numpy.issubdtype(dtype, jax.numpy.floating):
+            raise WorkloadError(f"{name}: parameter {jax.tree_util.keystr(path)} is {dtype}; "
+                                f"parameters must be floating-point arrays")
+        dtypes.append(dtype)
+    flat, unravel = flatten_params(params)
+    flat.setflags(write=False)
+    layout = tuple((tuple(int(d) for d in np.shape(leaf)), dtype.name)
+                   for leaf, dtype in zip(leaves, dtypes, strict=True))
+    others = sorted({dtype.name for dtype in dtypes if dtype != np.float32})
+    notices: tuple[str, ...] = ()
+    if others:
+        notices = (f"{name}: parameters in {', '.join(others)} are held and exchanged as "
+                   f"float32 and cast back to {', '.join(others)} for each step",)
+    own = spec.optimizer
+    if own is not None and not isinstance(own, str):
+        notices += (f"{name}: trains with its own optax optimizer; train.optimizer and "
+                    f"train.lr are not used",)
+    param_count = int(flat.size)
+    example = _example_values(spec.data)
+    eval_batch_size = spec.eval_batch_size or (
+        max(1, EVAL_CHUNK_VALUES // example) if example else batch_size)
+    return FlatWorkload(
+        name=name,
+        spec=spec,
+        batch_size=int(batch_size),
+        seed=int(seed),
+        param_count=param_count,
+        init_params=flat,
+        unravel=unravel,
+        gradient_bytes=FLOAT_BYTES * param_count,
+        param_layout=layout,
+        options=tuple(sorted((options or {}).items())),
+        notices=notices,
+        eval_batch_size=eval_batch_size,
+        _compiled=_compile(spec, unravel, tuple(dtypes)),
+    )
 
 
-def _parse_value(text: str) -> Any:
-    lowered = text.lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    parts = lowered.split("x")
-    if len(parts) > 1 and all(p.isdigit() for p in parts):
-        return tuple(int(p) for p in parts)
-    for convert in (int, float):
-        try:
-            return convert(text)
-        except ValueError:
-            pass
-    return text
+def _example_values(data: Any) -> int:
+    """Input values per test example, when the data source holds arrays (else 0)."""
+    x_test = getattr(data, "x_test", None)
+    if isinstance(x_test, np.ndarray) and x_test.ndim >= 1 and x_test.shape[0]:
+        return max(1, int(np.prod(x_test.shape[1:])))
+    return 0
 
 
 def build_workload(
@@ -386,63 +446,46 @@ def build_workload(
     batch_size: int = 32,
     seed: int = 0,
     data_path: str | os.PathLike[str] | None = None,
+    workload_args: Mapping[str, Any] | None = None,
     **options: Any,
-) -> Workload:
-    """The workload `name` (optionally "name:key=value,..."), ready to step.
+) -> FlatWorkload:
+    """The workload `name`, ready to step: a built-in ("digits-mlp",
+    "synthetic-mlp:train_size=2000"), "package.module:factory" or "file.py:factory".
 
-    `seed` builds the initial parameters (and synthetic data); every process
-    with the same arguments gets the same `init_params`. Options go to the
-    dataset (synthetic: train_size, test_size, input_shape, num_classes,
-    separation; cifar10: trust_data) or the model (mlp: hidden, init; cnn:
-    channels, fc_units, keep_prob, init); keyword options override the ones in
-    the name. Unknown names or options raise ValueError; missing or bad data
-    files raise akocore.data.DataError.
+    `workload_args` (and keyword `options`) go to the built-in's dataset and model or
+    to the factory; `seed` builds the initial parameters (and synthetic data). Every
+    process with the same arguments gets the same `init_params`. Unknown names or
+    options and broken factories raise WorkloadError (a ValueError); missing or bad
+    data files akocore.data.DataError.
     """
-    base, spec_options = parse_workload_spec(name)
-    try:
-        recipe = _RECIPES[base]
-    except KeyError:
-        raise ValueError(
-            f"unknown workload {base!r}; expected one of {', '.join(WORKLOAD_NAMES)}"
-        ) from None
-    if batch_size <= 0:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
-    merged = {**spec_options, **options}
-    dataset_keys = DATASET_OPTIONS[recipe.dataset]
-    model_keys = model_options(recipe.model)
-    unknown = sorted(set(merged) - set(dataset_keys) - set(model_keys))
-    if unknown:
-        raise ValueError(
-            f"unknown option(s) {', '.join(unknown)} for workload {base!r}; expected some of "
-            f"{', '.join((*dataset_keys, *model_keys))}"
-        )
-    dataset = load_dataset(
-        recipe.dataset,
-        path=os.fspath(data_path) if data_path is not None else None,
-        seed=seed,
-        **{k: v for k, v in merged.items() if k in dataset_keys},
-    )
-    model_kwargs: Mapping[str, Any] = {
-        **dict(recipe.model_defaults),
-        **{k: v for k, v in merged.items() if k in model_keys},
+    parsed = parse_workload_name(name, {**(workload_args or {}), **options})
+    spec = load_workload_spec(parsed, seed=seed,
+                              data_path=os.fspath(data_path) if data_path is not None else None)
+    return flat_workload(spec, batch_size=batch_size, seed=seed, options=dict(parsed.args))
+
+
+def parse_workload_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """ "name:key=value,key=value" -> (name, options) (the built-ins' option form)."""
+    base, _, rest = spec.partition(":")
+    return base.strip(), parse_options(rest, spec)
+
+
+# --------------------------------------------------------------------------
+# fingerprint
+
+
+def workload_fingerprint(workload: FlatWorkload) -> str:
+    """A hex digest of what every rank must share: the workload's name and arguments,
+    its parameters' shapes and dtypes, its batch size and its data's shapes.
+
+    Two ranks that loaded different files, factories, arguments or data get
+    different fingerprints (their parameters may still hash the same).
+    """
+    record = {
+        "workload": workload.name,
+        "args": [[key, repr(value)] for key, value in workload.options],
+        "params": [[list(shape), dtype] for shape, dtype in workload.param_layout],
+        "batch_size": workload.batch_size,
+        "data": workload.spec.data.describe(),
     }
-    model = build_model(recipe.model, dataset.input_shape, dataset.num_classes, **model_kwargs)
-    flat, unravel = flatten_params(model.init(seed))
-    flat.setflags(write=False)
-    param_count = int(flat.size)
-    eval_chunk = max(
-        1, min(dataset.test_size, EVAL_CHUNK_VALUES // int(np.prod(model.input_shape)))
-    )
-    return Workload(
-        name=base,
-        model=model,
-        dataset=dataset,
-        batch_size=int(batch_size),
-        seed=int(seed),
-        param_count=param_count,
-        init_params=flat,
-        unravel=unravel,
-        gradient_bytes=FLOAT_BYTES * param_count,
-        options=tuple(sorted(merged.items())),
-        _compiled=_compile(model, unravel, eval_chunk),
-    )
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()

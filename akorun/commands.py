@@ -28,12 +28,12 @@ from akocore.config import (
     ConfigError,
     ResolvedSettings,
     Tool,
+    TrainConfig,
     add_akorun_arguments,
     add_shared_arguments,
     resolve_args,
 )
 from akocore.units import UnitError, parse_duration
-from akocore.workload import WORKLOAD_NAMES, parse_workload_spec
 from akorun import message_bench
 from akorun.cluster import (
     DEFAULT_BASE_PORT,
@@ -319,7 +319,7 @@ def _check_tls_files(*paths: str | None) -> None:
 def cmd_init(args: argparse.Namespace) -> int:
     resolved = resolve_args(args)
     cfg = resolved.config
-    _check_workload(cfg.train.workload)
+    _check_workload(cfg.train)
     n = cfg.cluster.workers
     base_port = _whole(args.base_port, "--base-port", 1)
     if args.hosts is not None:
@@ -378,7 +378,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         check_distinct_endpoints(cfg.cluster.hosts)
     except ConfigError as error:
         raise UsageError(f"{args.config}: {error}") from None
-    _check_workload(cfg.train.workload)
+    _check_workload(cfg.train)
     rank = resolve_rank(_whole(args.rank, "--rank"), os.environ, cfg.cluster.workers)
     role = check_role(cfg, rank, args.role)
     settings.rank_keys(rank, cfg.cluster.workers)  # a missing or foreign key file: exit 2 now
@@ -451,12 +451,17 @@ def cmd_merge(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_workload(name: str) -> None:
-    """Refuse an unknown workload before starting any process (options are checked later)."""
-    base, _ = parse_workload_spec(name)
-    if base not in WORKLOAD_NAMES:
-        raise UsageError(f"train.workload: unknown workload {base!r}; expected one of "
-                         f"{', '.join(WORKLOAD_NAMES)}")
+def _check_workload(train: TrainConfig) -> None:
+    """Refuse an unknown workload or a broken factory before starting any process (a
+    built-in's options and data are checked when each rank builds it)."""
+    from akocore.workloads.naming import WorkloadError, load_workload_spec, parse_workload_name
+
+    try:
+        name = parse_workload_name(train.workload)
+        if name.builtin is None:  # import the user's file and call the factory once
+            load_workload_spec(name, seed=train.seed, data_path=train.data_path)
+    except WorkloadError as error:
+        raise UsageError(f"train.workload: {error}") from None
 
 
 def launch_settings(args: argparse.Namespace) -> tuple[ResolvedSettings, AkorunSettings]:
@@ -469,7 +474,7 @@ def launch_settings(args: argparse.Namespace) -> tuple[ResolvedSettings, AkorunS
 def cmd_launch(args: argparse.Namespace) -> int:
     resolved, settings = launch_settings(args)
     cfg = resolved.config
-    _check_workload(cfg.train.workload)
+    _check_workload(cfg.train)
     progress: dict[str, Any] = {}  # given process flags; LaunchOptions holds the defaults
     if args.progress_every:
         progress["progress_every_s"] = _duration(args.progress_every, "--progress-every")

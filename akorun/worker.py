@@ -197,7 +197,8 @@ class Worker:
                                 config_hash=self.config_hash, resume=options.resume,
                                 checkpoint_dir=options.checkpoint_dir)
         identity = Identity(self.rank, self.run_id, self.config_hash,
-                            self.prepared.params_sha256)
+                            self.prepared.params_sha256,
+                            workload=self.prepared.workload_identity)
         hooks = fault_hooks(options.faults, outbox=self.outbox, gone=self._suspended,
                             hard_stop=lambda: self.waiter.hard_stop,
                             stop_requested=lambda: self.waiter.stop_reason is not None)

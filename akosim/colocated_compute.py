@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -209,7 +210,8 @@ def _file_name(key: CacheKey, processes: int) -> str:
     text = json.dumps([key.workload, key.batch_size, key.optimizer, key.cpu,
                        key.jax_version, processes])
     digest = hashlib.sha256(text.encode()).hexdigest()[:20]
-    return f"colocated-{key.workload}-b{key.batch_size}-k{processes}-{digest}.json"
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", key.workload)[:60]  # a user's path
+    return f"colocated-{stem}-b{key.batch_size}-k{processes}-{digest}.json"
 
 
 def _load(path: Path, key: CacheKey, processes: int) -> ColocatedCompute | None:

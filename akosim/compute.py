@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from akocore.workload import Workload
+    from akocore.workload import FlatWorkload
     from akosim.rank_cpu import RankCpu
 
 _BLOCK = 256
@@ -108,7 +108,7 @@ class ComputeModel:
         return base * float(draws[index])
 
 
-def measure_compute_s(workload: Workload, steps: int | None = None) -> float:
+def measure_compute_s(workload: FlatWorkload, steps: int | None = None) -> float:
     """`--compute measure`: median wall seconds of one gradient step of `workload`
     (`steps` timed steps, the workload's default if None), timed with this
     process's monotonic clock (the shell's job, not akocore's)."""

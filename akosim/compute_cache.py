@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,7 +49,8 @@ class CacheKey:
         text = json.dumps([self.workload, self.batch_size, self.optimizer, self.cpu,
                            self.jax_version])
         digest = hashlib.sha256(text.encode()).hexdigest()[:20]
-        return f"compute-{self.workload}-b{self.batch_size}-{digest}.json"
+        stem = re.sub(r"[^A-Za-z0-9._-]+", "_", self.workload)[:60]  # a user's path
+        return f"compute-{stem}-b{self.batch_size}-{digest}.json"
 
     def matches(self, record: ComputeMeasurement) -> bool:
         return (record.workload, record.batch_size, record.optimizer, record.cpu,
@@ -74,7 +76,11 @@ def jax_version() -> str:
 
 
 def key_for(workload: str, batch_size: int, optimizer: str) -> CacheKey:
-    return CacheKey(workload, batch_size, optimizer, cpu_fingerprint(), jax_version())
+    """The key of a measurement; a user's factory is keyed with a digest of its file."""
+    from akocore.workloads.naming import cache_identity
+
+    return CacheKey(cache_identity(workload), batch_size, optimizer, cpu_fingerprint(),
+                    jax_version())
 
 
 def load(key: CacheKey, directory: Path | None = None) -> ComputeMeasurement | None:

@@ -11,6 +11,7 @@ akosim.cli and akosim.sweep both import it and not each other.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,7 @@ from akocore.units import UnitError, parse_duration, parse_size, refuse_bare_num
 from akosim.calibration import CalibrationError
 
 if TYPE_CHECKING:
-    from akocore.workload import Workload
+    from akocore.workload import FlatWorkload
     from akosim.scenario import Setup, SimRun
 
 # timing-only planning defaults to the seeds' CNN (17 MB gradient) at their batch size; the
@@ -35,15 +36,18 @@ USER_ERRORS = (UsageError, ConfigError, UnitError, DataError, PartitionError, Ca
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
 
 
-def load_workload(cfg: RunConfig) -> Workload:
+def load_workload(cfg: RunConfig) -> FlatWorkload:
     """The configured workload, or a one-line UsageError naming what is wrong."""
     from akocore.workload import build_workload
 
     try:
-        return build_workload(cfg.train.workload, batch_size=cfg.train.batch_size,
-                              seed=cfg.train.seed, data_path=cfg.train.data_path)
+        workload = build_workload(cfg.train.workload, batch_size=cfg.train.batch_size,
+                                  seed=cfg.train.seed, data_path=cfg.train.data_path)
     except (ValueError, TypeError) as error:
         raise UsageError(f"--workload: {error}") from None
+    for notice in workload.notices:  # e.g. bf16 parameters trained as float32
+        print(f"akosim: {notice}", file=sys.stderr)
+    return workload
 
 
 def gradient_length_of_size(text: str) -> int:

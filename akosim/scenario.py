@@ -28,7 +28,7 @@ from akocore.resolve import network_arrays, resolve_plan, scheme_spec
 from akocore.schemes import build_nodes
 from akocore.schemes.registry import has_servers, staleness_bound_rounds
 from akocore.units import format_bandwidth
-from akocore.workload import Workload
+from akocore.workload import FlatWorkload
 from akosim.compute import ComputeModel
 from akosim.engine import Simulation, StopRule, TraceEvent
 from akosim.network.fluid import COALESCE_REL
@@ -181,7 +181,7 @@ def ako_variant(setup: Setup, p: str | tuple[int, ...] | None = None,
 
 
 def simulate(setup: Setup, variant: Variant, *, trace: bool = False,
-             workload: Workload | None = None, eval_every: int = 10,
+             workload: FlatWorkload | None = None, eval_every: int = 10,
              target_accuracy: float | None = None,
              on_progress: Callable[[int], None] | None = None) -> SimRun:
     """Run one variant. With `workload`, the workers really train (training mode)."""

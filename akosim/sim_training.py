@@ -13,22 +13,23 @@ against simulated time, so a run predicts time to accuracy.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from akocore.data import BatchStream
 from akocore.figures import step_seed  # the one per-step seed, shared with akorun
-from akocore.workload import Workload
+from akocore.workload import FlatWorkload
+from akocore.workloads.spec import TrainBatches
 
 
 class BatchedGradients:
     """Pending gradient requests, computed together in one vmapped call."""
 
-    def __init__(self, workload: Workload, ranks: list[int], seed: int) -> None:
+    def __init__(self, workload: FlatWorkload, ranks: list[int], seed: int) -> None:
         self.workload = workload
         self.ranks = ranks
         self.seed = seed
-        self.streams: dict[int, BatchStream] = {
+        self.streams: dict[int, TrainBatches] = {
             rank: workload.batches(i, len(ranks), seed) for i, rank in enumerate(ranks)}
         self._pending: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, int]] = {}
         self._ready: dict[int, np.ndarray] = {}
@@ -52,8 +53,8 @@ class BatchedGradients:
         pad = len(self.ranks) - len(items)
         items += [items[0]] * pad  # fixed replica count: one compilation
         params = np.stack([i[0] for i in items])
-        xs = np.stack([i[1] for i in items])
-        ys = np.stack([i[2] for i in items])
+        xs = _stack([i[1] for i in items])
+        ys = _stack([i[2] for i in items])
         seeds = np.asarray([i[3] for i in items], dtype=np.int32)
         losses, grads = self.workload.batched_grad_step(params, xs, ys, seeds)
         self.calls += 1
@@ -62,6 +63,13 @@ class BatchedGradients:
             self._ready[rank] = grad
             self.last_loss[rank] = float(losses[k])
             self.gradient_sum += grad
+
+
+def _stack(batches: list[Any]) -> Any:
+    """Batches (arrays or pytrees of arrays) stacked on a new first axis."""
+    import jax
+
+    return jax.tree_util.tree_map(lambda *leaves: np.stack(leaves), *batches)
 
 
 @dataclass
@@ -77,7 +85,7 @@ class Evaluation:
 class AccuracyTracker:
     """Evaluates the watched replica every `every` rounds; flags the target."""
 
-    workload: Workload
+    workload: FlatWorkload
     every: int
     target: float | None = None
     history: list[Evaluation] = field(default_factory=list)

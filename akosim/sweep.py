@@ -52,6 +52,7 @@ from akocore.config import (
     flag_layer,
     resolve,
     set_layer,
+    workload_arg_layer,
 )
 from akocore.units import format_duration
 from akosim.plan.setup import chooses_ssp_with_p, compute_setting
@@ -157,6 +158,8 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     add("--workload", metavar="NAME",
         help="workload whose gradient size and compute time are used "
              "(default synthetic-cnn, the seeds' 17 MB CNN)")
+    add("--workload-arg", metavar="KEY=VALUE", action="append", dest="workload_arg",
+        help="an argument of the workload, repeatable, e.g. --workload-arg width=64")
     add("--batch-size", metavar="N", help="examples per worker per round (default 104)")
     run = parser.add_argument_group("running")
     add = run.add_argument
@@ -256,7 +259,8 @@ def expand_grid(args: argparse.Namespace, settings: dict[str, Any]) -> list[Poin
     seen: set[str] = set()
     for combination in itertools.product(*(values for _, values in axes)):
         values = dict(zip(dests, combination, strict=True))
-        layers = [*shared, *flag_layer(_grid_flags(args, values))]
+        layers = [*shared, *flag_layer(_grid_flags(args, values)),
+                  *workload_arg_layer(getattr(args, "workload_arg", None))]
         resolved = resolve(layers, defaults=TIMING_DEFAULTS)
         config = resolved.config
         identity = point_id(config, settings)

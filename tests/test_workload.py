@@ -47,13 +47,13 @@ def test_synthetic_cnn_is_the_seed_cnn_with_4263434_parameters():
     w = build_workload("synthetic-cnn:train_size=16,test_size=16", batch_size=104)
     assert w.param_count == 4_263_434
     assert w.gradient_bytes == 4 * 4_263_434
-    assert w.model.input_shape == (32, 32, 3) and w.dataset.num_classes == 10
+    assert w.data.input_shape == (32, 32, 3) and w.data.num_classes == 10
 
 
 def test_init_params_are_ravel_pytree_of_the_numpy_init(tiny):
     from jax.flatten_util import ravel_pytree
 
-    reference, _ = ravel_pytree(tiny.model.init(tiny.seed))
+    reference, _ = ravel_pytree(tiny.spec.init(tiny.seed))
     np.testing.assert_array_equal(tiny.init_params, np.asarray(reference))
     params = tiny.unravel(tiny.init_params)
     np.testing.assert_array_equal(flatten_params(params)[0], tiny.init_params)
@@ -73,8 +73,10 @@ def test_grad_step_matches_jax_grad_on_the_pytree(tiny):
     batch = tiny.batches(0, 1).next()
     flat = tiny.init_params + np.float32(0.01)  # move off the zero biases
 
-    def loss_fn(params):
-        logits = tiny.model.apply(params, batch.x, train=True, rng=None)
+    def loss_fn(params):  # the built-in's loss, written out
+        x = params[0]["w"].dtype.type(0) + batch.x.reshape(len(batch.x), -1)
+        logits = jax.nn.relu(x @ params[0]["w"] + params[0]["b"]) @ params[1]["w"]
+        logits = logits + params[1]["b"]
         return optax.softmax_cross_entropy_with_integer_labels(logits, batch.y).mean()
 
     params = tiny.unravel(flat)
@@ -144,14 +146,14 @@ def test_evaluate_in_chunks_equals_a_direct_computation(monkeypatch):
     monkeypatch.setattr(workload_module, "EVAL_CHUNK_VALUES", 16 * 10)  # 10 examples a chunk
     w = build_workload(TINY, batch_size=5, seed=1)
     flat = w.init_params + np.float32(0.1)
-    logits = np.asarray(
-        jax.jit(lambda p, x: w.model.apply(w.unravel(p), x, train=False, rng=None))(
-            flat, w.dataset.test_x
-        )
-    )
+    params = w.unravel(flat)
+    x = w.data.x_test.reshape(len(w.data.x_test), -1)
+    logits = np.asarray(jax.nn.relu(x @ params[0]["w"] + params[0]["b"]) @ params[1]["w"]
+                        + params[1]["b"])
+    assert w.eval_batch_size == 10
     metrics = w.evaluate_metrics(flat)
-    expected_loss = optax.softmax_cross_entropy_with_integer_labels(logits, w.dataset.test_y)
-    assert metrics.accuracy == pytest.approx(np.mean(logits.argmax(1) == w.dataset.test_y))
+    expected_loss = optax.softmax_cross_entropy_with_integer_labels(logits, w.data.y_test)
+    assert metrics.accuracy == pytest.approx(np.mean(logits.argmax(1) == w.data.y_test))
     assert metrics.loss == pytest.approx(float(np.mean(expected_loss)), rel=1e-5)
     assert w.evaluate(flat) == metrics.accuracy
 
@@ -211,10 +213,10 @@ def test_workload_spec_parsing():
 
 
 def test_spec_options_reach_the_dataset_and_model(tiny):
-    assert tiny.dataset.train_size == 64 and tiny.dataset.input_shape == (4, 4, 1)
+    assert tiny.data.train_size == 64 and tiny.data.input_shape == (4, 4, 1)
     assert tiny.param_count == 16 * 8 + 8 + 8 * 3 + 3
     keyword = build_workload("synthetic-mlp:train_size=64", test_size=8, input_shape=(2, 2, 1))
-    assert keyword.dataset.test_size == 8 and keyword.model.input_shape == (2, 2, 1)
+    assert keyword.data.test_size == 8 and keyword.data.input_shape == (2, 2, 1)
 
 
 def test_unknown_workload_or_option_is_refused():

@@ -25,12 +25,14 @@ from akocore.settings.key_registry import (
 )
 from akocore.settings.layers import (
     DEFAULT_ORIGIN,
+    WORKLOAD_TABLE,
     Given,
     Layer,
     Origin,
     ResolvedSettings,
     resolve,
 )
+from akocore.settings.normalise import ConfigError
 from akocore.settings.schema import RunConfig
 from akocore.settings.toml_io import file_layer, parse_set_value, set_layer
 
@@ -76,6 +78,12 @@ def add_shared_arguments(parser: argparse.ArgumentParser, tool: Tool = Tool.AKOS
     for key in flag_keys(tool):
         if key.section in RUN_SECTIONS:
             add_key_flag(group, key)
+            if key.dotted == "train.workload":
+                add("--workload-arg", metavar="KEY=VALUE", action="append", default=None,
+                    dest="workload_arg",
+                    help="an argument of the workload (a built-in's option or the "
+                         "factory's keyword argument), repeatable, e.g. --workload-arg "
+                         "width=64; the same as a :key=value,... tail after the name")
 
 
 def add_akorun_arguments(group: Any, tool: Tool) -> None:
@@ -117,7 +125,22 @@ def resolve_args(args: argparse.Namespace, defaults: RunConfig | None = None, *,
         givens += file_layer(config_path)
     givens += set_layer(getattr(args, "set", None))
     givens += flag_layer(args)
+    givens += workload_arg_layer(getattr(args, "workload_arg", None))
     return resolve(givens, defaults=defaults, defaults_origin=defaults_origin)
+
+
+def workload_arg_layer(items: list[str] | None) -> list[Given]:
+    """``--workload-arg key=value`` items as FLAG givens of the workload's arguments
+    (folded into train.workload by akocore.settings.layers.fold_workload_args)."""
+    givens = []
+    for item in items or ():
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip().isidentifier():
+            raise ConfigError(f"--workload-arg {item!r}: expected key=value with a Python "
+                              f"name as key, e.g. --workload-arg width=64", "train.workload")
+        givens.append(Given(f"{WORKLOAD_TABLE}.{key.strip()}", value.strip(), Layer.FLAG,
+                            f"by --workload-arg {item}"))
+    return givens
 
 
 def config_from_args(args: argparse.Namespace, defaults: RunConfig | None = None) -> RunConfig:

@@ -236,9 +236,12 @@ KEYS: tuple[Key, ...] = (
     _run("exchange", "worker_lr_scale", "worker_lr_scale",
          "scheme ps: learning-rate factor per training worker, in turn; [] = all 1", dump=list),
     # ------------------------------------------------------------------ train
-    _run("train", "workload", "workload", "model and dataset, e.g. digits-mlp",
+    _run("train", "workload", "workload",
+         "a built-in (digits-mlp) or your factory (path/to/mymodel.py:make, pkg.mod:make)",
          flag="--workload", metavar="NAME", kind=FlagKind.TEXT,
-         flag_help="model and dataset, e.g. digits-mlp"),
+         flag_help="what is trained: a built-in such as digits-mlp, or your own factory "
+                   "returning an akocore.Workload, as path/to/mymodel.py:make or "
+                   "package.module:make"),
     _run("train", "optimizer", "optimizer", "sgd | momentum | adam",
          flag="--optimizer", choices=OPTIMIZERS,
          flag_help="optimizer applied to each update, e.g. sgd"),

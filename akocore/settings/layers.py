@@ -163,6 +163,53 @@ def _merge(givens: Iterable[Given]) -> dict[str, Given]:
     return merged
 
 
+WORKLOAD_TABLE = "workload"  # [workload] / --workload-arg: arguments of train.workload
+
+
+def _arg_text(given: Given) -> str:
+    """One workload argument as the text of a name's key=value tail."""
+    value = given.value
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, list | tuple) and value and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value):
+        text = "x".join(str(v) for v in value)
+    elif isinstance(value, int | float | str):
+        text = str(value)
+    else:
+        text = ""
+    name = given.key.partition(".")[2]
+    where = f" (given {given.source})" if given.source else ""
+    if not text or "," in text or ":" in text or not name.isidentifier():
+        raise ConfigError(f"workload argument {name} = {show(value)}{where}: expected a Python "
+                          f"name = a number, true/false, a shape list of ints or text without "
+                          f"',' or ':'", "train.workload")
+    return f"{name}={text}"
+
+
+def fold_workload_args(givens: list[Given], defaults: RunConfig | None) -> list[Given]:
+    """[workload] tables and --workload-arg items folded into train.workload as its
+    ``:key=value,...`` tail (the one stored form every rank reads); a higher layer wins,
+    and any of them wins over the name's own tail."""
+    args = sorted((g for g in givens if g.key.startswith(WORKLOAD_TABLE + ".")),
+                  key=lambda g: g.layer)
+    if not args:
+        return givens
+    rest = [g for g in givens if not g.key.startswith(WORKLOAD_TABLE + ".")]
+    named = sorted((g for g in rest if g.key == "train.workload"), key=lambda g: g.layer)
+    text = str(named[-1].value) if named else (defaults or RunConfig()).train.workload
+    head, colon, tail = text.partition(":")
+    factory, _, factory_tail = tail.partition(":")
+    builtin_form = not colon or "=" in factory or not factory  # NAME[:key=value,...]
+    existing = tail if builtin_form else factory_tail
+    joined = ",".join(part for part in (existing, *(_arg_text(g) for g in args)) if part)
+    combined = f"{head}:{joined}" if builtin_form else f"{head}:{factory}:{joined}"
+    layer = max(args[-1].layer, named[-1].layer if named else Layer.DEFAULT)
+    sources = ", ".join(dict.fromkeys(g.source for g in args if g.source))
+    return [*rest, Given("train.workload", combined, layer,
+                         sources or (named[-1].source if named else ""))]
+
+
 def _apply_stop_rule(merged: dict[str, Given]) -> None:
     """Clear the default rounds when a layer stops by duration or accuracy and none sets rounds."""
     if ROUNDS_KEY in merged:
@@ -189,7 +236,7 @@ def resolve(givens: Iterable[Given], *, defaults: RunConfig | None = None,
     """Merge the layers over `defaults` (built-ins if None); errors say which layer gave
     the bad value. With `stop_rule` (the default), rounds is cleared as the module says;
     without it every value changes only its own key (for literal edits)."""
-    merged = _merge(givens)
+    merged = _merge(fold_workload_args(list(givens), defaults))
     if stop_rule:
         _apply_stop_rule(merged)
     base = defaults if defaults is not None else RunConfig()
@@ -224,6 +271,10 @@ def layer_of(tables: Mapping[str, Any], layer: Layer, source: str = "") -> list[
         )
     givens = []
     for section, body in tables.items():
+        if section == WORKLOAD_TABLE and isinstance(body, Mapping):  # the workload's arguments
+            givens += [Given(f"{WORKLOAD_TABLE}.{name}", value, layer, source)
+                       for name, value in body.items()]
+            continue
         if section not in SECTIONS:
             check_key(str(section), "")  # raises: unknown section
         if not isinstance(body, Mapping):

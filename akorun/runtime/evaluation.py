@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from akocore.workload import Workload
+from akocore.workload import FlatWorkload
 from akorun.client import ControlClient
 from akorun.control import ControlKind
 from akorun.metrics import Metrics
@@ -25,7 +25,7 @@ from akorun.runtime.waiting import Waiter
 class Evaluator:
     """Evaluations of one rank and the stops they lead to."""
 
-    def __init__(self, *, rank: int, peers: Sequence[int], workload: Workload,
+    def __init__(self, *, rank: int, peers: Sequence[int], workload: FlatWorkload,
                  metrics: Metrics, waiter: Waiter, target_accuracy: float | None,
                  heard: Callable[[int], None],
                  spawn: Callable[[Coroutine[Any, Any, Any]], None]) -> None:

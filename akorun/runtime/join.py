@@ -50,7 +50,9 @@ GREET_TIMEOUT_S = 5.0
 LEAVE_TIMEOUT_S = 2.0
 RETRY_S = 0.2
 _WHAT = {"run_id": "run id", "config_hash": "config hash",
+         "workload": "workload (name, parameter shapes, data; fingerprint)",
          "params_sha256": "initial-parameter hash"}
+_SHOWN = {"workload": 96}  # characters of a value in a refusal (hashes: 16)
 
 
 @dataclass(frozen=True)
@@ -61,20 +63,24 @@ class Identity:
     run_id: str
     config_hash: str
     params_sha256: str
+    workload: str = ""  # "name fingerprint" (akocore.workload_fingerprint)
 
     def payload(self) -> dict[str, Any]:
         return {"rank": self.rank, "run_id": self.run_id, "config_hash": self.config_hash,
-                "params_sha256": self.params_sha256}
+                "params_sha256": self.params_sha256, "workload": self.workload}
 
     def check(self, sender: int, payload: dict[str, Any]) -> None:
         """ControlError 409 (and a log line) unless `payload` is of this same run."""
         for key, ours in (("run_id", self.run_id), ("config_hash", self.config_hash),
-                          ("params_sha256", self.params_sha256)):
+                          ("workload", self.workload), ("params_sha256", self.params_sha256)):
             theirs = payload.get(key)
             if theirs != ours:
-                message = (f"refusing rank {sender}: its {_WHAT[key]} {str(theirs)[:16]} "
-                           f"differs from ours {ours[:16]}; start every rank from the same "
-                           f"cluster file and the same flags")
+                shown = _SHOWN.get(key, 16)
+                advice = ("give every rank the same workload file, arguments and data"
+                          if key == "workload" else
+                          "start every rank from the same cluster file and the same flags")
+                message = (f"refusing rank {sender}: its {_WHAT[key]} {str(theirs)[:shown]} "
+                           f"differs from ours {ours[:shown]}; {advice}")
                 log.error(message)
                 raise ControlError(409, message)
 

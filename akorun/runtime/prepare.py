@@ -7,6 +7,7 @@ from it.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -17,19 +18,22 @@ import numpy as np
 from akocore.config import RunConfig
 from akocore.optim import FlatOptimizer
 from akocore.process_setup import enable_compilation_cache
-from akocore.workload import Workload, build_workload
+from akocore.workload import FlatWorkload, build_workload, workload_fingerprint
 from akorun.checkpoint_file import Checkpoint, load_checkpoint
 from akorun.errors import UsageError
 from akorun.node_plan import params_digest
 from akorun.runtime.roles import Role
+
+log = logging.getLogger("akorun")
 
 
 @dataclass(frozen=True)
 class Prepared:
     """The workload (same seed on every rank) and what was measured and loaded with it."""
 
-    workload: Workload
+    workload: FlatWorkload
     params_sha256: str
+    workload_identity: str  # "name fingerprint", compared in the join
     optimizer: FlatOptimizer  # built and compiled on the shape the node holds
     compute_measured_s: float | None  # this rank's gradient step, when p auto needs it
     warmup_s: float  # compiling before the join (not in any round)
@@ -45,9 +49,12 @@ def prepare(cfg: RunConfig, role: Role, *, run_id: str, config_hash: str, resume
     try:
         workload = build_workload(train.workload, batch_size=train.batch_size,
                                   seed=train.seed, data_path=train.data_path)
-    except ValueError as error:  # unknown workload or option, DataError
+    except ValueError as error:  # unknown workload or option, a broken factory, DataError
         raise UsageError(f"train.workload: {error}") from None
+    for notice in workload.notices:  # e.g. bf16 parameters trained as float32
+        log.warning(notice)
     params_sha256 = params_digest(workload.init_params)
+    identity = f"{workload.name} {workload_fingerprint(workload)[:16]}"
     compute_measured_s = role.check_config(workload)
     optimizer, warmup_s = warm_up(cfg, role, workload)
     checkpoint = None
@@ -55,11 +62,11 @@ def prepare(cfg: RunConfig, role: Role, *, run_id: str, config_hash: str, resume
         role.check_resume()
         checkpoint = _resume_checkpoint(role.rank, run_id=run_id, config_hash=config_hash,
                                         directory=checkpoint_dir)
-    return Prepared(workload, params_sha256, optimizer, compute_measured_s, warmup_s,
+    return Prepared(workload, params_sha256, identity, optimizer, compute_measured_s, warmup_s,
                     checkpoint)
 
 
-def warm_up(cfg: RunConfig, role: Role, workload: Workload) -> tuple[FlatOptimizer, float]:
+def warm_up(cfg: RunConfig, role: Role, workload: FlatWorkload) -> tuple[FlatOptimizer, float]:
     """Compile what the rounds run (gradient step, evaluation, optimizer) before the join.
 
     JAX compiles on first use; done here, before this rank answers any hello, the

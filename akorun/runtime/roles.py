@@ -22,7 +22,7 @@ import numpy as np
 from akocore.config import RunConfig, replace_in
 from akocore.optim import FlatOptimizer
 from akocore.schemes import REGISTRY, AkoWorker, PSLayout, PSServer, SchemeNode
-from akocore.workload import Workload
+from akocore.workload import FlatWorkload
 from akorun.checkpoint_file import Checkpoint
 from akorun.control import ControlError
 from akorun.errors import RunError, UsageError
@@ -56,11 +56,11 @@ class Role:
 
     # ---------------------------------------------------------------- before the join
 
-    def check_config(self, workload: Workload) -> float | None:
+    def check_config(self, workload: FlatWorkload) -> float | None:
         """UsageError if this config cannot run; the measured compute seconds if p needs them."""
         return None
 
-    def warm_up_params(self, workload: Workload) -> np.ndarray:
+    def warm_up_params(self, workload: FlatWorkload) -> np.ndarray:
         """Compile the gradient step and the evaluation; the parameters the node will hold."""
         batch = workload.batches(self.rank, self.training_workers).next()
         workload.grad_step(workload.init_params, batch.x, batch.y, 0)
@@ -83,7 +83,7 @@ class Role:
     def node(self) -> SchemeNode | None:
         return self._node
 
-    def build_node(self, workload: Workload, optimizer: FlatOptimizer, compute_s: float | None,
+    def build_node(self, workload: FlatWorkload, optimizer: FlatOptimizer, compute_s: float | None,
                    p_of: Sequence[int] | None = None) -> NodePlan:
         """Plan the exchange (p as peers or a checkpoint report it, if given) and build the node."""
         cfg = self.cfg
@@ -148,7 +148,7 @@ class AkoRole(Role):
         super().__init__(cfg, rank)
         self._ako: AkoWorker | None = None
 
-    def check_config(self, workload: Workload) -> float | None:
+    def check_config(self, workload: FlatWorkload) -> float | None:
         if isinstance(self.cfg.exchange.p, tuple):
             try:
                 plan_node(self.cfg, gradient_bytes=workload.gradient_bytes,
@@ -203,7 +203,7 @@ class AkoRole(Role):
 class PSWorkerRole(Role):
     """A training worker of a parameter-server run."""
 
-    def check_config(self, workload: Workload) -> float | None:
+    def check_config(self, workload: FlatWorkload) -> float | None:
         ps_server_count(self.cfg)
         return None
 
@@ -214,7 +214,7 @@ class PSServerRole(PSWorkerRole):
     trains = False
     hard_stop_on_first_signal = True
 
-    def warm_up_params(self, workload: Workload) -> np.ndarray:
+    def warm_up_params(self, workload: FlatWorkload) -> np.ndarray:
         layout = PSLayout(self.training_workers, ps_server_count(self.cfg),
                           workload.param_count)
         start, stop = layout.shard_slice(layout.shard_of(self.rank))

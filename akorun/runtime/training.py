@@ -23,7 +23,7 @@ import numpy as np
 from akocore.config import RunConfig
 from akocore.figures import step_seed
 from akocore.schemes import SchemeNode
-from akocore.workload import Workload
+from akocore.workload import FlatWorkload
 from akorun.metrics import Metrics
 from akorun.runtime.checkpoints import CheckpointWriter
 from akorun.runtime.evaluation import Evaluator
@@ -61,7 +61,7 @@ class TrainingLoop:
     """The rounds of one training rank."""
 
     def __init__(self, *, cfg: RunConfig, rank: int, training_workers: int,
-                 workload: Workload, metrics: Metrics, outbox: Outbox, waiter: Waiter,
+                 workload: FlatWorkload, metrics: Metrics, outbox: Outbox, waiter: Waiter,
                  faults: FaultHooks, evaluator: Evaluator, checkpoints: CheckpointWriter,
                  checkpoint_every: int) -> None:
         self.cfg = cfg

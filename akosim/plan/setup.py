@@ -42,7 +42,7 @@ from akosim.calibration import (
 from akosim.runspec import gradient_length_of_size, load_workload, parse_duration_flag
 
 if TYPE_CHECKING:
-    from akocore.workload import Workload
+    from akocore.workload import FlatWorkload as Workload
     from akosim.compute import ComputeModel
     from akosim.compute_cache import Measured
     from akosim.engine import StopRule
@@ -107,11 +107,12 @@ def measured_compute(cfg: RunConfig, *, load: Callable[[], Workload] | None = No
     key = key_for(train.workload, train.batch_size, train.optimizer)
 
     def measure() -> tuple[float, int]:
+        # a broken factory stops here, before the notice
+        workload = load() if load is not None else load_workload(cfg)
         if announce:
             print(f"akosim: measuring one gradient step of {train.workload} (batch "
                   f"{train.batch_size}) on this machine, {MEASURE_STEPS} steps; the result "
                   f"is cached for later calls...", file=sys.stderr, flush=True)
-        workload = load() if load is not None else load_workload(cfg)
         return measure_compute_s(workload, steps=MEASURE_STEPS), workload.param_count
 
     return cached_or_measured(key, measure, steps=MEASURE_STEPS, refresh=refresh)
