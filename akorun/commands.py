@@ -65,11 +65,10 @@ from akorun.launch import (
     LaunchOptions,
     check_run_directory,
     launch,
-    summary_table,
     worker_flags,
 )
+from akorun.merge_command import cmd_merge, merge_if_complete
 from akorun.node_plan import check_role
-from akorun.run_merge import merge_ranks, rank_records, records_complete
 from akorun.testbed.runner import TESTBEDS, TestbedOptions, launch_on_testbed
 from akorun.worker import TLSOptions, Worker, WorkerOptions, summary_line
 
@@ -409,45 +408,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if out is not None and not args.quiet:
         sys.stderr.write(summary_line(worker.rank_result) + "\n")
     if out is not None and LAUNCHER_PID_ENV not in os.environ:
-        _merge_if_complete(out, settings.run_id, cfg.cluster.workers, quiet=args.quiet)
-    return 0
-
-
-def _merge_if_complete(out: Path, run_id: str, workers: int, *, quiet: bool) -> None:
-    """A rank started by hand, at its end: OUT/result.json when OUT holds every rank's
-    record of this run, else one line saying how to make it later."""
-    if not records_complete(out, run_id, workers):
-        if not quiet:
-            try:
-                held = rank_records(out)
-            except UsageError:
-                held = {}
-            waiting = [r for r in range(workers) if r not in held
-                       or held[r].details.get("run_id") != run_id]
-            sys.stderr.write(f"result.json: not yet, {out} has no record of rank(s) "
-                             f"{', '.join(map(str, waiting))}; the last rank to finish here "
-                             f"writes it, or run `akorun merge {out}` once they are together\n")
-        return
-    try:
-        outcome = merge_ranks(out, run_id=run_id)
-    except (UsageError, OSError) as error:
-        sys.stderr.write(f"result.json: not written ({one_line(error)}); run "
-                         f"`akorun merge {out}`\n")
-        return
-    if not quiet:
-        sys.stderr.write(f"wrote {outcome.path} (every rank's record of this run)\n")
-
-
-def cmd_merge(args: argparse.Namespace) -> int:
-    outcome = merge_ranks(Path(args.run_dir))
-    if not args.quiet:
-        sys.stderr.write(summary_table(outcome.result) + "\n")
-    if outcome.missing_ranks:
-        sys.stderr.write(f"wrote {outcome.path}: partial, rank(s) "
-                         f"{', '.join(map(str, outcome.missing_ranks))} left no record in "
-                         f"{args.run_dir}\n")
-    else:
-        sys.stderr.write(f"wrote {outcome.path}: every rank's record\n")
+        merge_if_complete(out, settings.run_id, cfg.cluster.workers, quiet=args.quiet)
     return 0
 
 

@@ -58,6 +58,9 @@ often as needed:
 
 `acked_round` (highest round this peer acknowledged) and `dropped_until` are
 what the rejoin handshake reports about this peer.
+
+Past ~500 lines for now: the queue, the gap folding and the answer verdicts share
+one lane's state; the gap (OwedGap) is the piece to move out next.
 """
 
 from __future__ import annotations
