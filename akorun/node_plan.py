@@ -24,7 +24,8 @@ import numpy as np
 from akocore.config import RunConfig, config_hash
 from akocore.optim import FlatOptimizer
 from akocore.resolve import resolve_plan, scheme_spec
-from akocore.schemes import REGISTRY, Scheme, SchemeNode, SchemeSpec, build_node, scheme_named
+from akocore.schemes import Scheme, SchemeNode, SchemeSpec, build_node, scheme_named
+from akocore.schemes.registry import registered
 from akorun.errors import UsageError
 
 ROLES = ("worker", "ps")
@@ -54,7 +55,7 @@ def check_role(cfg: RunConfig, rank: int, command: str) -> str:
     n = cfg.cluster.workers
     if command == "ps" and not scheme_of(cfg).has_servers:
         with_servers = " or ".join(f'exchange.scheme = "{name}"' for name, scheme
-                                   in REGISTRY.items() if scheme.has_servers)
+                                   in registered().items() if scheme.has_servers)
         raise UsageError(f"this config's scheme is {cfg.exchange.scheme!r}; the ps "
                          f"role exists only with {with_servers}")
     if command == "ps":

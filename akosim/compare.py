@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from akocore.schemes.protocol import Scheme
 from akocore.schemes.ps_family import PS
-from akocore.schemes.registry import REGISTRY
+from akocore.schemes.registry import registered
 from akosim.closed_form import closed_form_run
 from akosim.scenario import Setup, SimRun, Variant, ako_variant, simulate
 
@@ -67,7 +67,7 @@ def compare_all(setup: Setup, *, factory: ProgressFactory | None = None,
     partitioned scheme (Ako) with the chosen p and with p=1, a scheme with servers (ps)
     with the best number of servers and with one, any other as configured."""
     runs: list[SimRun] = []
-    for scheme in REGISTRY.values():
+    for scheme in registered().values():
         if not scheme.compared:
             continue
         if scheme.partitioned:

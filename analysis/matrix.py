@@ -57,7 +57,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from akocore.schemes.registry import REGISTRY, has_servers, is_partitioned
+from akocore.schemes.registry import has_servers, is_partitioned, registered
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "configs" / "experiments"
@@ -176,7 +176,7 @@ def seed_accuracy(network: str, workers: int, scheme: str) -> float | None:
 
 def core_scheme(scheme: str) -> str:
     """The akocore scheme a matrix column runs: ps, ako, or a named scheme's core."""
-    if scheme in REGISTRY:  # a column named for its scheme ("ps")
+    if scheme in registered():  # a column named for its scheme ("ps")
         return scheme
     prefix = scheme.split("-", 1)[0]
     if is_partitioned(prefix):  # "ako-p4": the partitioned scheme with a given p

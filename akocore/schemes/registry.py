@@ -33,6 +33,12 @@ def scheme_names() -> tuple[str, ...]:
     return tuple(REGISTRY)
 
 
+def registered() -> Mapping[str, Scheme]:
+    """Every registered scheme by name, read now (so a registry patched in a test is seen
+    and then forgotten: callers never keep their own copy)."""
+    return REGISTRY
+
+
 def scheme_named(name: str) -> Scheme:
     """The scheme called `name`; ValueError naming the known ones otherwise."""
     try:

@@ -21,7 +21,8 @@ import numpy as np
 
 from akocore.config import RunConfig, replace_in
 from akocore.optim import FlatOptimizer
-from akocore.schemes import REGISTRY, AkoWorker, PSLayout, PSServer, SchemeNode
+from akocore.schemes import AkoWorker, PSLayout, PSServer, SchemeNode
+from akocore.schemes.registry import registered
 from akocore.workload import FlatWorkload
 from akorun.checkpoint_file import Checkpoint
 from akorun.control import ControlError
@@ -234,7 +235,7 @@ class PSServerRole(PSWorkerRole):
 
 
 def _rejoinable() -> str:
-    return " or ".join(name for name, scheme in REGISTRY.items() if scheme.rejoinable)
+    return " or ".join(name for name, scheme in registered().items() if scheme.rejoinable)
 
 
 def role_for(cfg: RunConfig, rank: int) -> Role:
