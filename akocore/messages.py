@@ -27,6 +27,7 @@ class Kind(IntEnum):
     GATHER = 6  # allreduce: an all-gather step of the ring
     MODEL = 7  # wagma, elastic: a replica's parameters sent for model averaging
     ELASTIC = 8  # elastic: the centre's elastic difference sent back to a worker
+    PSEUDO = 9  # diloco: a fragment of a worker's pseudo-gradient (theta_sync - theta)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from akocore.schemes.ako import AKO
 from akocore.schemes.allreduce import ALLREDUCE
+from akocore.schemes.diloco import DILOCO, STREAMING_DILOCO
 from akocore.schemes.protocol import Scheme
 from akocore.schemes.ps_family import PS
 from akocore.schemes.wagma import WAGMA
@@ -22,7 +23,7 @@ from akocore.schemes.wagma import WAGMA
 if TYPE_CHECKING:
     from akocore.settings.schema import ExchangeConfig
 
-_ALL: tuple[Scheme, ...] = (AKO, PS, ALLREDUCE, WAGMA)
+_ALL: tuple[Scheme, ...] = (AKO, PS, ALLREDUCE, WAGMA, DILOCO, STREAMING_DILOCO)
 
 REGISTRY: Mapping[str, Scheme] = MappingProxyType({scheme.name: scheme for scheme in _ALL})
 SCHEMES: tuple[str, ...] = tuple(REGISTRY)  # every value of exchange.scheme, in this order

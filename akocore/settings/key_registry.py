@@ -139,6 +139,8 @@ def _run(section: str, name: str, field: str, comment: str, **more: Any) -> Key:
     return Key(section, name, field, comment, **more)
 
 
+_DILOCO_TOOLS = frozenset({Tool.AKOSIM, Tool.AKORUN_INIT, Tool.AKORUN_LAUNCH})
+
 KEYS: tuple[Key, ...] = (
     # ------------------------------------------------------------------ cluster
     _run("cluster", "workers", "workers",
@@ -184,11 +186,13 @@ KEYS: tuple[Key, ...] = (
     # ------------------------------------------------------------------ exchange
     _run("exchange", "scheme", "scheme",
          "ako (partial all-to-all) | ps (parameter servers) | allreduce (ring) | wagma "
-         "(group model averaging), or a named scheme: easgd hogwild downpour adag sdag "
+         "(group model averaging) | diloco | streaming-diloco (local steps, outer step on "
+         "averaged pseudo-gradients), or a named scheme: easgd hogwild downpour adag sdag "
          "sync-sgd sync-sgd-lr-per-worker (settings of ps; see the guide's Exchange schemes)",
          flag="--scheme", choices=SCHEME_NAMES,
          flag_help="exchange: ako (partial all-to-all), ps (parameter servers), allreduce "
-                   "(ring), wagma (group model averaging), or a named scheme that stands for "
+                   "(ring), wagma (group model averaging), diloco, streaming-diloco (H local "
+                   "steps, then averaged pseudo-gradients), or a named scheme that stands for "
                    "its ps settings: easgd, hogwild, downpour, adag, sdag, sync-sgd, "
                    "sync-sgd-lr-per-worker (as configs/presets/NAME.toml)"),
     _run("exchange", "p", "p",
@@ -235,6 +239,38 @@ KEYS: tuple[Key, ...] = (
          "scheme ps with local_steps: push the update divided by push_every (ADAG, SAGN)"),
     _run("exchange", "worker_lr_scale", "worker_lr_scale",
          "scheme ps: learning-rate factor per training worker, in turn; [] = all 1", dump=list),
+    _run("exchange", "inner_steps", "inner_steps",
+         "scheme diloco, streaming-diloco: H, inner optimizer steps (rounds) between two "
+         "syncs of the model (of each fragment)",
+         flag="--inner-steps", metavar="H",
+         tools=_DILOCO_TOOLS,
+         flag_help="scheme diloco, streaming-diloco: inner optimizer steps between syncs, "
+                   "e.g. 10"),
+    _run("exchange", "outer_lr", "outer_lr",
+         "scheme diloco, streaming-diloco: the outer optimizer's learning rate",
+         flag="--outer-lr", metavar="LR",
+         tools=_DILOCO_TOOLS,
+         flag_help="scheme diloco, streaming-diloco: outer learning rate, e.g. 0.7"),
+    _run("exchange", "outer_momentum", "outer_momentum",
+         "scheme diloco, streaming-diloco: the outer optimizer's Nesterov momentum "
+         "(0 = plain SGD)",
+         flag="--outer-momentum", metavar="M",
+         tools=_DILOCO_TOOLS,
+         flag_help="scheme diloco, streaming-diloco: outer Nesterov momentum, e.g. 0.9"),
+    _run("exchange", "fragments", "fragments",
+         "scheme streaming-diloco: P, fragments synced in turn (a divisor of inner_steps)",
+         flag="--fragments", metavar="P",
+         tools=_DILOCO_TOOLS,
+         flag_help="scheme streaming-diloco: fragments synced in turn, e.g. 2"),
+    _run("exchange", "overlap_steps", "overlap_steps",
+         "scheme streaming-diloco: tau, inner steps a fragment's sync overlaps "
+         "(tau < inner_steps / fragments)",
+         flag="--overlap-steps", metavar="TAU",
+         tools=_DILOCO_TOOLS,
+         flag_help="scheme streaming-diloco: inner steps each sync overlaps, e.g. 1"),
+    _run("exchange", "merge_alpha", "merge_alpha",
+         "scheme streaming-diloco: weight of the local fragment when its outer update lands "
+         "(0 = take the global value)"),
     # ------------------------------------------------------------------ train
     _run("train", "workload", "workload",
          "a built-in (digits-mlp) or your factory (path/to/mymodel.py:make, pkg.mod:make)",

@@ -227,6 +227,12 @@ class ExchangeConfig:
     local_steps: bool = False  # ps async: workers step locally, push updates (DOWNPOUR)
     push_average: bool = False  # ps async local steps: push update / push_every (ADAG)
     worker_lr_scale: tuple[float, ...] = ()  # ps: learning-rate factor per training worker
+    inner_steps: int = 10  # diloco: H, inner optimizer steps between syncs of a fragment
+    outer_lr: float = 0.7  # diloco: the outer optimizer's learning rate
+    outer_momentum: float = 0.9  # diloco: the outer optimizer's Nesterov momentum
+    fragments: int = 2  # streaming-diloco: P, fragments synced in turn
+    overlap_steps: int = 1  # streaming-diloco: tau, inner steps a fragment's sync overlaps
+    merge_alpha: float = 0.0  # streaming-diloco: weight of the local fragment at the merge
 
     def __post_init__(self) -> None:
         self._check_scheme_knobs()
@@ -281,6 +287,21 @@ class ExchangeConfig:
                                 "factors > 0, one per training worker, e.g. [1, 0.5]")
                        for v in as_items(self.worker_lr_scale))
         set_field(self, "worker_lr_scale", scales)
+        self._check_diloco_knobs()
+
+    def _check_diloco_knobs(self) -> None:
+        """The (Streaming) DiLoCo keys; how they combine is checked by the scheme."""
+        set_field(self, "inner_steps", as_int("exchange.inner_steps", self.inner_steps, 1))
+        set_field(self, "fragments", as_int("exchange.fragments", self.fragments, 1))
+        set_field(self, "overlap_steps", as_int("exchange.overlap_steps", self.overlap_steps, 0))
+        set_field(self, "outer_lr", as_float("exchange.outer_lr", self.outer_lr,
+                                             lambda lr: lr > 0, "a learning rate > 0, e.g. 0.7"))
+        set_field(self, "outer_momentum", as_float(
+            "exchange.outer_momentum", self.outer_momentum, lambda m: 0 <= m < 1,
+            "a momentum 0 <= m < 1 (0 = plain SGD), e.g. 0.9"))
+        set_field(self, "merge_alpha", as_float(
+            "exchange.merge_alpha", self.merge_alpha, lambda a: 0 <= a <= 1,
+            "a weight 0 <= alpha <= 1 of the local fragment (0 = take the global one)"))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,385 @@
+"""DiLoCo and Streaming DiLoCo: H local steps, then an outer step on averaged pseudo-gradients.
+
+DiLoCo (Douillard et al., arXiv 2311.08105): every worker applies its inner
+optimizer (the run's optimizer, any optax transformation) to its own gradient
+each round. Every H = ``exchange.inner_steps`` rounds the workers average their
+*pseudo-gradients* delta_i = theta_at_last_sync - theta_i and every worker
+applies the outer optimizer (Nesterov momentum by default,
+``optax.sgd(outer_lr, momentum=outer_momentum, nesterov=True)``; any
+`FlatOptimizer`, e.g. `akocore.optim.OptaxFlatOptimizer(any optax
+transformation)`, through `DilocoWorker(outer=...)`) to the shared anchor
+theta_at_last_sync with the mean delta; the result is the new anchor and
+every replica's parameters.
+
+Streaming DiLoCo (Douillard et al., arXiv 2501.18512): the flat vector is cut
+into P = ``exchange.fragments`` contiguous fragments (the array_split bounds
+of akocore.partition, as Ako's partitions) synced in turn, so each sync sends
+1/P of the model. The schedule is torchft's (`torchft/local_sgd.py`, class
+`DiLoCo` and `_StreamingDiLoCoFragment.prepare_sync` / `perform_sync`; MaxText's
+`src/maxtext/trainers/diloco/diloco.py` runs the unfragmented form): rounds
+are cut into windows of H/P rounds; window w = t // (H/P) belongs to fragment
+k = w mod P (so fragment k syncs when (t // (H/P)) mod P == k, once every H
+rounds). The sync of window w *starts* after round (w+1)·H/P - 1 - tau (the
+pseudo-gradient of fragment k is taken then and sent) and its outer update is
+*applied* after round (w+1)·H/P - 1: the exchange overlaps tau =
+``exchange.overlap_steps`` inner steps. At the apply, as torchft's
+`_merge_parameters` (the paper's mixing factor alpha), the fragment becomes
+(1 - alpha)·new_anchor + alpha·local, where local holds the tau steps of
+progress made since the sync started; alpha = ``exchange.merge_alpha``
+defaults to 0 (torchft's default: the global value replaces the local one, so
+after each sync every replica holds the same fragment). tau < H/P, as torchft
+asserts. DiLoCo is the case P = 1, tau = 0; both schemes build `DilocoWorker`.
+The eager variant (2502.12996) is not implemented.
+
+The exchange is an **all-to-all of the fragment's pseudo-gradient** (each
+worker multicasts its delta to every peer, Kind.PSEUDO, keyed (sender, round
+the sync started, fragment)), not a ring all-reduce. Why: (1) it reuses the
+exactly-once machinery of Ako's partials (a re-sent delta is dropped by its
+key), (2) a member lost during a sync never stalls the others: the survivors
+average over the deltas they hold from live peers (a ring needs every member
+at every step, so allreduce stops the run on a lost rank), (3) the sync of a
+fragment is one message per peer, so the overlap of tau inner steps hides it
+whole, and (4) on the slow links DiLoCo is for, the (n-1)/n·2 volume advantage
+of a ring matters less than its 2(n-1) latency-bound steps. Its cost is (n-1)
+fragment copies leaving each uplink per sync instead of 2(n-1)/n.
+
+Averaging: the mean over the contributing workers (own delta plus every peer
+delta that arrived or is awaited), summed in float64 in rank order, so every
+replica computes bit-identical anchors. A peer is awaited unless the shell
+suspended it (silent past the peer timeout) or its final marker says it
+stopped before that sync. After a member is killed during a sync, the
+survivors apply the sync without it once the peer timeout suspends it, and
+from then on average among themselves; if its delta reached some survivors
+and not others, their anchors differ by that one contribution (1/n of one
+pseudo-gradient) until the end of the run.
+
+Rounds are inner steps (one local gradient each), as for every other scheme,
+so ``train.rounds`` counts inner steps and a run whose rounds are a multiple
+of H ends on a full sync. Staleness: a component of a replica misses at most
+the other workers' last H - 1 + tau inner steps. ``exchange.reduce`` and
+``exchange.ssp`` are not read: the average is a mean and the gate is the sync.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from akocore.messages import Kind, Partial, Receipt, Send
+from akocore.optim import FlatOptimizer
+from akocore.partition import check_p, partition_bounds
+from akocore.schemes.base import Replica, SchemeError, SchemeNode
+from akocore.schemes.protocol import ReplicaOf, Scheme
+
+if TYPE_CHECKING:
+    from akocore.schemes.factory import SchemeSpec
+    from akocore.settings.schema import ExchangeConfig
+
+DEFAULT_INNER_STEPS = 10
+DEFAULT_OUTER_LR = 0.7  # the DiLoCo paper's outer learning rate
+DEFAULT_OUTER_MOMENTUM = 0.9
+DEFAULT_FRAGMENTS = 2
+DEFAULT_OVERLAP_STEPS = 1
+
+
+@dataclass(frozen=True)
+class NesterovSGD:
+    """optax.sgd(lr, momentum, nesterov=True) on flat float32 vectors, in numpy.
+
+    trace <- g + momentum·trace; theta <- theta - lr·(g + momentum·trace) (Nesterov),
+    or theta <- theta - lr·g when momentum is 0. Exactly optax's arithmetic, without
+    a jit per run (tests/test_schemes_diloco.py compares the two).
+    """
+
+    lr: float
+    momentum: float = DEFAULT_OUTER_MOMENTUM
+
+    def init(self, params: np.ndarray) -> np.ndarray | None:
+        return None if self.momentum == 0 else np.zeros_like(params, dtype=np.float32)
+
+    def apply(self, params: np.ndarray, state: np.ndarray | None,
+              update: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        grad = update.astype(np.float32, copy=False)
+        if state is None:
+            step, trace = grad, None
+        else:
+            trace = (grad + np.float32(self.momentum) * state).astype(np.float32)
+            step = grad + np.float32(self.momentum) * trace
+        return (params - np.float32(self.lr) * step).astype(np.float32), trace
+
+
+@dataclass
+class _Sync:
+    """One fragment's sync in flight: started after round `start`, applied after `due`."""
+
+    start: int
+    due: int
+    fragment: int
+    own: np.ndarray | None
+    deltas: dict[int, np.ndarray | None]
+
+
+class DilocoWorker(SchemeNode):
+    """One (Streaming) DiLoCo worker (see the module docstring)."""
+
+    def __init__(self, rank: int, workers: int, length: int, *, replica: Replica,
+                 inner_steps: int = DEFAULT_INNER_STEPS, fragments: int = 1,
+                 overlap_steps: int = 0, merge_alpha: float = 0.0,
+                 outer: FlatOptimizer | None = None) -> None:
+        super().__init__(rank, length, replica)
+        check_diloco_knobs(workers, length, inner_steps, fragments, overlap_steps, merge_alpha)
+        self.workers = workers
+        self.inner_steps = inner_steps
+        self.fragments = fragments
+        self.window = inner_steps // fragments
+        self.overlap_steps = overlap_steps
+        self.merge_alpha = merge_alpha
+        self.bounds = partition_bounds(length, fragments)
+        self.peers = tuple(r for r in range(workers) if r != rank)
+        self.outer: FlatOptimizer = outer if outer is not None else NesterovSGD(DEFAULT_OUTER_LR)
+        params = replica.params
+        self.anchor = None if params is None else params.copy()  # theta at each fragment's sync
+        self.outer_state: list[Any] = [
+            None if self.anchor is None else self.outer.init(self.anchor[self._slice(k)])
+            for k in range(fragments)]
+        self.seen: set[tuple[int, int, int]] = set()
+        self.final_round: dict[int, int] = {}
+        self.early: dict[tuple[int, int], dict[int, np.ndarray | None]] = {}  # (start, k)
+        self.pending: list[_Sync] = []  # in start order; at most one while tau < H/P
+        self.syncs_done = 0
+
+    def _slice(self, fragment: int) -> slice:
+        return slice(int(self.bounds[fragment]), int(self.bounds[fragment + 1]))
+
+    def sync_after(self, round_: int) -> tuple[int, int] | None:
+        """(fragment, due round) when a sync starts after `round_`, else None."""
+        end = round_ + self.overlap_steps  # the last round of the window
+        if (end + 1) % self.window:
+            return None
+        return (end // self.window) % self.fragments, end
+
+    # ------------------------------------------------------------------ gate
+
+    def _live(self, peer: int, start: int) -> bool:
+        return peer not in self.suspended and self.final_round.get(peer, math.inf) > start
+
+    def _missing(self, sync: _Sync) -> list[int]:
+        return [p for p in self.peers if p not in sync.deltas and self._live(p, sync.start)]
+
+    def _try_apply(self) -> None:
+        while self.pending and self.pending[0].due < self.next_round \
+                and not self._missing(self.pending[0]):
+            self._apply(self.pending.pop(0))
+
+    def _apply(self, sync: _Sync) -> None:
+        self.syncs_done += 1
+        if self.anchor is None or self.replica.params is None:
+            return
+        window = self._slice(sync.fragment)
+        contributions = {self.rank: sync.own, **sync.deltas}
+        total = np.zeros(window.stop - window.start, np.float64)
+        for rank in sorted(contributions):
+            delta = contributions[rank]
+            assert delta is not None
+            total += delta
+        mean = (total / len(contributions)).astype(np.float32)
+        anchor, self.outer_state[sync.fragment] = self.outer.apply(
+            self.anchor[window], self.outer_state[sync.fragment], mean)
+        self.anchor[window] = anchor
+        if self.merge_alpha == 0:
+            self.replica.params[window] = anchor
+        else:
+            alpha = np.float32(self.merge_alpha)
+            self.replica.params[window] = (np.float32(1) - alpha) * anchor \
+                + alpha * self.replica.params[window]
+
+    def may_start(self, round_: int) -> bool:
+        self._try_apply()
+        return not self.pending or self.pending[0].due >= round_
+
+    def waiting_on(self, round_: int) -> list[int]:
+        if self.may_start(round_):
+            return []
+        return self._missing(self.pending[0])
+
+    def lag(self, round_: int) -> int:
+        return 0 if not self.pending else max(0, round_ - self.pending[0].start - 1)
+
+    # ------------------------------------------------------------------ events
+
+    def local_step(self, round_: int, grad: np.ndarray | None) -> list[Send]:
+        self._check_round(round_)
+        self._check_grad(grad)
+        if not self.may_start(round_):
+            raise SchemeError(f"node {self.rank}: round {round_} started before the sync "
+                              f"started after round {self.pending[0].start} was applied")
+        if grad is not None:
+            self.replica.apply(grad)
+        self.next_round = round_ + 1
+        effects: list[Send] = []
+        starting = self.sync_after(round_)
+        if starting is not None:
+            fragment, due = starting
+            window = self._slice(fragment)
+            own = None
+            if self.anchor is not None and self.replica.params is not None:
+                own = (self.anchor[window] - self.replica.params[window]).astype(np.float32)
+            sync = _Sync(round_, due, fragment, own, self.early.pop((round_, fragment), {}))
+            self.pending.append(sync)
+            message = Partial(Kind.PSEUDO, self.rank, round_, fragment, self.fragments,
+                              window.start, window.stop - window.start,
+                              None if own is None else own.copy())
+            effects.append(Send(self.peers, message))
+        self._try_apply()
+        return effects
+
+    def receive(self, msg: Partial) -> Receipt:
+        if msg.kind != Kind.PSEUDO or msg.sender not in self.peers \
+                or not 0 <= msg.part <= self.fragments or msg.p != self.fragments:
+            raise SchemeError(f"diloco worker {self.rank}: unexpected {msg.kind.name} "
+                              f"part {msg.part} of {msg.p} from node {msg.sender}")
+        final = msg.part == self.fragments
+        window = self._slice(msg.part) if not final else slice(0, 0)
+        if not final and (msg.offset, msg.length) != (window.start, window.stop - window.start):
+            raise SchemeError(f"a pseudo-gradient of fragment {msg.part} spans "
+                              f"[{window.start}, {window.stop})")
+        if not final and self.sync_after(msg.round) != (msg.part, msg.round + self.overlap_steps):
+            raise SchemeError(f"no sync of fragment {msg.part} starts after round {msg.round}")
+        self._check_values(msg)
+        if msg.key in self.seen:
+            return Receipt(False)
+        self.seen.add(msg.key)
+        if final:
+            self.final_round[msg.sender] = msg.round
+        else:
+            values = None if msg.values is None else msg.values.copy()
+            sync = next((s for s in self.pending
+                         if (s.start, s.fragment) == (msg.round, msg.part)), None)
+            if sync is not None:
+                sync.deltas[msg.sender] = values
+            elif msg.round >= self.next_round:  # a peer ahead of us: keep it for our sync
+                self.early.setdefault((msg.round, msg.part), {})[msg.sender] = values
+            # else: the sync was applied without this peer (suspended): drop it
+        self._try_apply()
+        return Receipt(True)
+
+    def suspend_peer(self, peer: int) -> None:
+        super().suspend_peer(peer)
+        self._try_apply()
+
+    def finish(self, rounds_done: int) -> list[Send]:
+        if rounds_done != self.next_round:
+            raise SchemeError(f"node {self.rank}: finish after {rounds_done} rounds")
+        self.finished = True
+        marker = Partial(Kind.PSEUDO, self.rank, rounds_done, self.fragments, self.fragments,
+                         0, 0, None if self.replica.params is None else np.zeros(0, np.float32),
+                         True)
+        return [Send(self.peers, marker)]
+
+    def drained(self) -> bool:
+        self._try_apply_finished()
+        return not self.pending and all(
+            p in self.final_round or p in self.suspended for p in self.peers)
+
+    def _try_apply_finished(self) -> None:
+        """After finish, a sync whose overlap runs past the last round applies when its
+        deltas are in (the rounds that would have overlapped it never come)."""
+        while self.finished and self.pending and not self._missing(self.pending[0]):
+            self._apply(self.pending.pop(0))
+
+    def settle(self) -> None:
+        self._try_apply_finished()
+
+
+def check_diloco_knobs(workers: int, length: int, inner_steps: int, fragments: int,
+                       overlap_steps: int, merge_alpha: float) -> None:
+    """ValueError saying which (Streaming) DiLoCo knob is out of range."""
+    if workers < 2:
+        raise ValueError("diloco needs at least 2 workers")
+    if inner_steps < 1:
+        raise ValueError(f"exchange.inner_steps: got {inner_steps}, expected >= 1")
+    if fragments < 1 or inner_steps % fragments:
+        raise ValueError(f"exchange.fragments: got {fragments}, expected a divisor of "
+                         f"exchange.inner_steps ({inner_steps})")
+    check_p(length, fragments)
+    if not 0 <= overlap_steps < inner_steps // fragments:
+        raise ValueError(f"exchange.overlap_steps: got {overlap_steps}, expected 0 <= tau < "
+                         f"inner_steps / fragments = {inner_steps // fragments}")
+    if not 0 <= merge_alpha <= 1:
+        raise ValueError(f"exchange.merge_alpha: got {merge_alpha}, expected 0 <= alpha <= 1")
+
+
+class DilocoScheme(Scheme):
+    """DiLoCo: H inner steps, then an outer Nesterov step on the mean pseudo-gradient."""
+
+    name = "diloco"
+    summary = "H local optimizer steps, then an outer step on averaged pseudo-gradients"
+    keys = ("inner_steps", "outer_lr", "outer_momentum")
+    pattern = "all-to-all"
+
+    def _streaming(self, spec: SchemeSpec) -> tuple[int, int, float]:
+        return 1, 0, 0.0
+
+    def _knobs(self, spec: SchemeSpec) -> dict[str, Any]:
+        fragments, overlap, alpha = self._streaming(spec)
+        return {"inner_steps": int(spec.option("inner_steps", DEFAULT_INNER_STEPS)),
+                "fragments": fragments, "overlap_steps": overlap, "merge_alpha": alpha}
+
+    def check_spec(self, spec: SchemeSpec) -> None:
+        knobs = self._knobs(spec)
+        if knobs["inner_steps"] < 1:
+            raise ValueError(f"exchange.inner_steps: got {knobs['inner_steps']}, expected >= 1")
+        fragments, overlap = knobs["fragments"], knobs["overlap_steps"]
+        if fragments < 1 or knobs["inner_steps"] % fragments:
+            raise ValueError(f"exchange.fragments: got {fragments}, expected a divisor of "
+                             f"exchange.inner_steps ({knobs['inner_steps']})")
+        if not 0 <= overlap < knobs["inner_steps"] // fragments:
+            raise ValueError(f"exchange.overlap_steps: got {overlap}, expected 0 <= tau < "
+                             f"inner_steps / fragments = {knobs['inner_steps'] // fragments}")
+
+    def build(self, spec: SchemeSpec, length: int, params0: np.ndarray | None,
+              replica: ReplicaOf) -> list[SchemeNode]:
+        outer = NesterovSGD(float(spec.option("outer_lr", DEFAULT_OUTER_LR)),
+                            float(spec.option("outer_momentum", DEFAULT_OUTER_MOMENTUM)))
+        return [DilocoWorker(i, spec.workers, length, replica=replica(i, params0), outer=outer,
+                             **self._knobs(spec)) for i in range(spec.workers)]
+
+    def _tau(self, exchange: ExchangeConfig) -> int:
+        return 0
+
+    def staleness_bound(self, exchange: ExchangeConfig, *, p_max: int, ssp: float) -> float:
+        """H - 1 + tau: the others' inner steps since the last sync, plus the overlap."""
+        return float(exchange.inner_steps - 1 + self._tau(exchange))
+
+    def effective_ssp(self, exchange: ExchangeConfig) -> float:
+        return 0.0
+
+    def label(self, exchange: ExchangeConfig) -> str:
+        return f"H={exchange.inner_steps}"
+
+
+class StreamingDilocoScheme(DilocoScheme):
+    """Streaming DiLoCo: P fragments synced in turn, each sync overlapping tau inner steps."""
+
+    name = "streaming-diloco"
+    summary = "DiLoCo syncing P fragments in turn, each sync overlapped with tau inner steps"
+    keys = ("inner_steps", "outer_lr", "outer_momentum", "fragments", "overlap_steps",
+            "merge_alpha")
+
+    def _streaming(self, spec: SchemeSpec) -> tuple[int, int, float]:
+        return (int(spec.option("fragments", DEFAULT_FRAGMENTS)),
+                int(spec.option("overlap_steps", DEFAULT_OVERLAP_STEPS)),
+                float(spec.option("merge_alpha", 0.0)))
+
+    def _tau(self, exchange: ExchangeConfig) -> int:
+        return int(exchange.overlap_steps)
+
+    def label(self, exchange: ExchangeConfig) -> str:
+        return f"H={exchange.inner_steps} P={exchange.fragments} tau={exchange.overlap_steps}"
+
+
+DILOCO = DilocoScheme()
+STREAMING_DILOCO = StreamingDilocoScheme()

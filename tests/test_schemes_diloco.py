@@ -1,0 +1,185 @@
+"""DiLoCo and Streaming DiLoCo invariants, driven through the randomised harness.
+
+Over random delivery orders, delays and duplicated deliveries: with H = 1 and an
+outer SGD of learning rate 1 without momentum, DiLoCo is synchronous SGD; Streaming
+DiLoCo with P = 1 and tau = 0 is DiLoCo; after each full sync every replica holds the
+same fragment values; a sync never waits for a suspended peer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from akocore.optim import OptaxFlatOptimizer, PlainSGD
+from akocore.schemes import Replica, SchemeSpec, build_nodes
+from akocore.schemes.diloco import DilocoWorker, NesterovSGD
+from akocore.schemes.registry import scheme_named
+from akocore.settings.schema import ExchangeConfig
+from tests.scheme_harness import drive
+
+LR = 0.25
+SLOW = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+cases = st.fixed_dictionaries({
+    "workers": st.integers(2, 5),
+    "length": st.integers(2, 12),
+    "seed": st.integers(0, 2**31),
+    "duplicate_prob": st.sampled_from([0.0, 0.1, 0.3]),
+})
+
+
+def _nodes(scheme: str, workers: int, length: int, theta0: np.ndarray | None,
+           **options: float) -> list:
+    spec = SchemeSpec(scheme, workers, options=tuple(options.items()))
+    return build_nodes(spec, length, theta0, PlainSGD(LR) if theta0 is not None else None)
+
+
+def _theta0(length: int) -> np.ndarray:
+    return np.linspace(-1, 1, length).astype(np.float32)
+
+
+@SLOW
+@given(case=cases, rounds=st.integers(0, 8))
+def test_diloco_with_one_inner_step_and_plain_outer_sgd_is_synchronous_sgd(
+        case: dict, rounds: int) -> None:
+    n, length = case["workers"], case["length"]
+    nodes = _nodes("diloco", n, length, _theta0(length), inner_steps=1, outer_lr=1.0,
+                   outer_momentum=0.0)
+    log = drive(nodes, {r: rounds for r in range(n)}, seed=case["seed"], length=length,
+                duplicate_prob=case["duplicate_prob"])
+    total = sum((g.astype(np.float64) for gs in log.gradients.values() for g in gs),
+                np.zeros(length))
+    expected = _theta0(length) - LR * total / n  # what sync SGD (allreduce, mean) holds
+    for node in nodes:
+        np.testing.assert_allclose(node.params, expected, rtol=1e-5, atol=1e-5)
+    assert log.duplicates_dropped == log.duplicates_sent
+
+
+@SLOW
+@given(case=cases, inner_steps=st.integers(1, 4), syncs=st.integers(0, 3),
+       momentum=st.sampled_from([0.0, 0.9]))
+def test_streaming_diloco_with_one_fragment_and_no_overlap_is_diloco(
+        case: dict, inner_steps: int, syncs: int, momentum: float) -> None:
+    n, length = case["workers"], case["length"]
+    rounds = inner_steps * syncs
+    knobs = {"inner_steps": inner_steps, "outer_lr": 0.7, "outer_momentum": momentum}
+    plain = _nodes("diloco", n, length, _theta0(length), **knobs)
+    streaming = _nodes("streaming-diloco", n, length, _theta0(length), fragments=1,
+                       overlap_steps=0, **knobs)
+    # the same gradients (the harness draws them from its seed in step order; the step
+    # order differs with the delivery order, so feed the same seed to both runs and
+    # compare against each run's own gradients through a third, sequential reference)
+    log_a = drive(plain, {r: rounds for r in range(n)}, seed=case["seed"], length=length,
+                  duplicate_prob=case["duplicate_prob"])
+    log_b = drive(streaming, {r: rounds for r in range(n)}, seed=case["seed"], length=length,
+                  duplicate_prob=case["duplicate_prob"])
+    for log, nodes in ((log_a, plain), (log_b, streaming)):
+        expected = _reference_diloco(_theta0(length), log.gradients, inner_steps, 0.7,
+                                     momentum)
+        for node in nodes:
+            np.testing.assert_allclose(node.params, expected, rtol=1e-5, atol=1e-5)
+
+
+def _reference_diloco(theta0: np.ndarray, grads: dict[int, list[np.ndarray]], h: int,
+                      outer_lr: float, momentum: float) -> np.ndarray:
+    """DiLoCo written out sequentially: inner plain SGD, mean delta, outer Nesterov."""
+    n = len(grads)
+    rounds = len(grads[0])
+    anchor = theta0.astype(np.float32)
+    local = [anchor.copy() for _ in range(n)]
+    outer = NesterovSGD(outer_lr, momentum)
+    state = outer.init(anchor)
+    for t in range(rounds):
+        local = [(w - np.float32(LR) * grads[i][t]).astype(np.float32)
+                 for i, w in enumerate(local)]
+        if (t + 1) % h == 0:
+            mean = np.mean([anchor - w for w in local], axis=0).astype(np.float32)
+            anchor, state = outer.apply(anchor, state, mean)
+            local = [anchor.copy() for _ in range(n)]
+    return local[0]
+
+
+@SLOW
+@given(case=cases, fragments=st.integers(1, 3), window=st.integers(1, 3),
+       overlap=st.integers(0, 2), cycles=st.integers(0, 3), alpha=st.sampled_from([0.0, 0.5]))
+def test_after_each_full_sync_every_replica_holds_the_same_fragment_values(
+        case: dict, fragments: int, window: int, overlap: int, cycles: int,
+        alpha: float) -> None:
+    n, length = case["workers"], max(case["length"], fragments)
+    overlap = min(overlap, window - 1)
+    inner_steps = fragments * window
+    nodes = _nodes("streaming-diloco", n, length, _theta0(length), inner_steps=inner_steps,
+                   fragments=fragments, overlap_steps=overlap, merge_alpha=alpha)
+    # the run ends right after the sync of the last fragment was applied
+    rounds = inner_steps * cycles
+    drive(nodes, {r: rounds for r in range(n)}, seed=case["seed"], length=length,
+          duplicate_prob=case["duplicate_prob"])
+    for node in nodes[1:]:
+        np.testing.assert_array_equal(node.anchor, nodes[0].anchor)
+        if alpha == 0 and overlap == 0 and fragments == 1:
+            np.testing.assert_array_equal(node.params, nodes[0].params)
+        if alpha == 0 and rounds:  # the fragment synced last took the global value
+            last = nodes[0]._slice((rounds // window - 1) % fragments)
+            np.testing.assert_array_equal(node.params[last], nodes[0].params[last])
+            np.testing.assert_array_equal(node.params[last], node.anchor[last])
+    assert all(node.syncs_done == cycles * fragments for node in nodes)
+
+
+def test_the_staggered_schedule_is_torchfts() -> None:
+    """Windows of H/P rounds; window w is fragment w mod P; its sync starts tau rounds
+    before the window ends and lands at the window's end."""
+    node = DilocoWorker(0, 2, 8, replica=Replica(None, None), inner_steps=6, fragments=3,
+                        overlap_steps=1)
+    starts = {t: node.sync_after(t) for t in range(12) if node.sync_after(t)}
+    assert starts == {0: (0, 1), 2: (1, 3), 4: (2, 5), 6: (0, 7), 8: (1, 9), 10: (2, 11)}
+
+
+def test_a_sync_goes_on_without_a_suspended_peer() -> None:
+    theta0 = _theta0(4)
+    nodes = _nodes("diloco", 3, 4, theta0, inner_steps=1, outer_lr=1.0, outer_momentum=0.0)
+    grad = np.ones(4, np.float32)
+    sends = nodes[0].local_step(0, grad)
+    nodes[1].local_step(0, 2 * grad)
+    for send in sends:
+        nodes[1].receive(send.message)
+    assert not nodes[0].may_start(1) and nodes[0].waiting_on(1) == [1, 2]
+    nodes[0].suspend_peer(2)
+    nodes[0].suspend_peer(1)
+    assert nodes[0].may_start(1)  # applied with its own delta alone
+    np.testing.assert_allclose(nodes[0].params, theta0 - LR * grad)
+
+
+def test_nesterov_outer_optimizer_is_optax_sgd_with_nesterov() -> None:
+    import optax
+
+    rng = np.random.default_rng(0)
+    params = rng.normal(size=7).astype(np.float32)
+    ours, theirs = NesterovSGD(0.7, 0.9), OptaxFlatOptimizer(
+        optax.sgd(0.7, momentum=0.9, nesterov=True))
+    a, b = params.copy(), params.copy()
+    sa, sb = ours.init(a), theirs.init(b)
+    for _ in range(5):
+        update = rng.normal(size=7).astype(np.float32)
+        a, sa = ours.apply(a, sa, update)
+        b, sb = theirs.apply(b, sb, update)
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_knobs_out_of_range_are_refused_with_the_key_named() -> None:
+    with pytest.raises(ValueError, match="exchange.fragments"):
+        SchemeSpec("streaming-diloco", 2, options=(("inner_steps", 10), ("fragments", 3)))
+    with pytest.raises(ValueError, match="exchange.overlap_steps"):
+        SchemeSpec("streaming-diloco", 2, options=(("inner_steps", 4), ("fragments", 2),
+                                                   ("overlap_steps", 2)))
+
+
+def test_staleness_bound_and_label_come_from_the_scheme() -> None:
+    exchange = ExchangeConfig(scheme="streaming-diloco", inner_steps=20, fragments=4,
+                              overlap_steps=2)
+    assert scheme_named("diloco").staleness_bound(exchange, p_max=1, ssp=0) == 19
+    assert scheme_named("streaming-diloco").staleness_bound(exchange, p_max=1, ssp=0) == 21
+    assert scheme_named("streaming-diloco").label(exchange) == "H=20 P=4 tau=2"
+    assert scheme_named("diloco").label(exchange) == "H=20"
