@@ -504,7 +504,8 @@ def test_section_must_be_a_table() -> None:
 
 def test_bad_scheme() -> None:
     message = error_of(config_from_dict, {"exchange": {"scheme": "ring"}})
-    assert message == "exchange.scheme: got 'ring', expected one of ako, ps, allreduce, wagma"
+    assert message == ("exchange.scheme: got 'ring', expected one of ako, ps, allreduce, "
+                       "wagma, diloco, streaming-diloco")
 
 
 def test_workers_must_be_at_least_two() -> None:
@@ -618,7 +619,7 @@ def test_config_hash_of_defaults_is_pinned() -> None:
     # Pinned so that an accidental change to the canonical form is noticed: every
     # rank of a run must compute the same hash, across versions of this module.
     assert config_hash(RunConfig()) == (
-        "026006aaea43fdac5aac90c00e3b7d0e7faad85dc053f84581e7cdf8827ce6aa"
+        "9c5b50282987f05cda8e15f3da1fc64565fa68e847e2e3d7e4678138f7aeb050"
     )
 
 

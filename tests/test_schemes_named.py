@@ -122,7 +122,9 @@ def _documented_bounds() -> dict[str, str]:
 
 def _evaluate(expression: str, exchange, p_max: int, ssp: float) -> float:
     names = {"p": p_max, "s": ssp, "lambda_": exchange.push_every, "tau": exchange.global_every,
-             "inf": float("inf")}
+             "inf": float("inf"), "H": exchange.inner_steps}
+    if exchange.scheme == "streaming-diloco":
+        names["tau"] = exchange.overlap_steps
     return float(eval(expression.replace("lambda", "lambda_"), {"__builtins__": {}}, names))
 
 

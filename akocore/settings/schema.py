@@ -287,21 +287,13 @@ class ExchangeConfig:
                                 "factors > 0, one per training worker, e.g. [1, 0.5]")
                        for v in as_items(self.worker_lr_scale))
         set_field(self, "worker_lr_scale", scales)
-        self._check_diloco_knobs()
-
-    def _check_diloco_knobs(self) -> None:
-        """The (Streaming) DiLoCo keys; how they combine is checked by the scheme."""
-        set_field(self, "inner_steps", as_int("exchange.inner_steps", self.inner_steps, 1))
-        set_field(self, "fragments", as_int("exchange.fragments", self.fragments, 1))
-        set_field(self, "overlap_steps", as_int("exchange.overlap_steps", self.overlap_steps, 0))
-        set_field(self, "outer_lr", as_float("exchange.outer_lr", self.outer_lr,
-                                             lambda lr: lr > 0, "a learning rate > 0, e.g. 0.7"))
-        set_field(self, "outer_momentum", as_float(
-            "exchange.outer_momentum", self.outer_momentum, lambda m: 0 <= m < 1,
-            "a momentum 0 <= m < 1 (0 = plain SGD), e.g. 0.9"))
-        set_field(self, "merge_alpha", as_float(
-            "exchange.merge_alpha", self.merge_alpha, lambda a: 0 <= a <= 1,
-            "a weight 0 <= alpha <= 1 of the local fragment (0 = take the global one)"))
+        for name, least in (("inner_steps", 1), ("fragments", 1), ("overlap_steps", 0)):
+            set_field(self, name, as_int(f"exchange.{name}", getattr(self, name), least))
+        for name, ok, expected in (  # diloco's; how they combine is checked by the scheme
+                ("outer_lr", lambda v: v > 0, "a learning rate > 0, e.g. 0.7"),
+                ("outer_momentum", lambda v: 0 <= v < 1, "a momentum 0 <= m < 1, e.g. 0.9"),
+                ("merge_alpha", lambda v: 0 <= v <= 1, "a weight 0 <= alpha <= 1, e.g. 0")):
+            set_field(self, name, as_float(f"exchange.{name}", getattr(self, name), ok, expected))
 
 
 @dataclass(frozen=True)
