@@ -183,3 +183,12 @@ def test_staleness_bound_and_label_come_from_the_scheme() -> None:
     assert scheme_named("streaming-diloco").staleness_bound(exchange, p_max=1, ssp=0) == 21
     assert scheme_named("streaming-diloco").label(exchange) == "H=20 P=4 tau=2"
     assert scheme_named("diloco").label(exchange) == "H=20"
+
+
+def test_settings_that_do_not_make_a_schedule_are_a_config_error_naming_the_key() -> None:
+    from akocore.settings.normalise import ConfigError
+
+    with pytest.raises(ConfigError, match="exchange.overlap_steps") as caught:
+        ExchangeConfig(scheme="streaming-diloco", inner_steps=4, fragments=4, overlap_steps=1)
+    assert caught.value.key == "exchange.overlap_steps"
+    ExchangeConfig(scheme="diloco", inner_steps=4, fragments=3)  # diloco reads no fragments

@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -294,20 +294,25 @@ class DilocoWorker(SchemeNode):
         self._try_apply_finished()
 
 
-def check_diloco_knobs(workers: int, length: int, inner_steps: int, fragments: int,
-                       overlap_steps: int, merge_alpha: float) -> None:
-    """ValueError saying which (Streaming) DiLoCo knob is out of range."""
-    if workers < 2:
-        raise ValueError("diloco needs at least 2 workers")
+def check_schedule(inner_steps: int, fragments: int, overlap_steps: int) -> None:
+    """ValueError naming the key when H, P and tau do not make torchft's schedule."""
     if inner_steps < 1:
         raise ValueError(f"exchange.inner_steps: got {inner_steps}, expected >= 1")
     if fragments < 1 or inner_steps % fragments:
         raise ValueError(f"exchange.fragments: got {fragments}, expected a divisor of "
                          f"exchange.inner_steps ({inner_steps})")
-    check_p(length, fragments)
     if not 0 <= overlap_steps < inner_steps // fragments:
         raise ValueError(f"exchange.overlap_steps: got {overlap_steps}, expected 0 <= tau < "
                          f"inner_steps / fragments = {inner_steps // fragments}")
+
+
+def check_diloco_knobs(workers: int, length: int, inner_steps: int, fragments: int,
+                       overlap_steps: int, merge_alpha: float) -> None:
+    """ValueError saying which (Streaming) DiLoCo knob is out of range."""
+    if workers < 2:
+        raise ValueError("diloco needs at least 2 workers")
+    check_schedule(inner_steps, fragments, overlap_steps)
+    check_p(length, fragments)
     if not 0 <= merge_alpha <= 1:
         raise ValueError(f"exchange.merge_alpha: got {merge_alpha}, expected 0 <= alpha <= 1")
 
@@ -319,6 +324,7 @@ class DilocoScheme(Scheme):
     summary = "H local optimizer steps, then an outer step on averaged pseudo-gradients"
     keys = ("inner_steps", "outer_lr", "outer_momentum")
     pattern = "all-to-all"
+    _fragmented: ClassVar[bool] = False  # whether exchange.fragments is read
 
     def _streaming(self, spec: SchemeSpec) -> tuple[int, int, float]:
         return 1, 0, 0.0
@@ -330,15 +336,12 @@ class DilocoScheme(Scheme):
 
     def check_spec(self, spec: SchemeSpec) -> None:
         knobs = self._knobs(spec)
-        if knobs["inner_steps"] < 1:
-            raise ValueError(f"exchange.inner_steps: got {knobs['inner_steps']}, expected >= 1")
-        fragments, overlap = knobs["fragments"], knobs["overlap_steps"]
-        if fragments < 1 or knobs["inner_steps"] % fragments:
-            raise ValueError(f"exchange.fragments: got {fragments}, expected a divisor of "
-                             f"exchange.inner_steps ({knobs['inner_steps']})")
-        if not 0 <= overlap < knobs["inner_steps"] // fragments:
-            raise ValueError(f"exchange.overlap_steps: got {overlap}, expected 0 <= tau < "
-                             f"inner_steps / fragments = {knobs['inner_steps'] // fragments}")
+        check_schedule(knobs["inner_steps"], knobs["fragments"], knobs["overlap_steps"])
+
+    def check_exchange(self, exchange: ExchangeConfig) -> None:
+        tau = self._tau(exchange)
+        check_schedule(exchange.inner_steps,
+                       exchange.fragments if self._fragmented else 1, tau)
 
     def build(self, spec: SchemeSpec, length: int, params0: np.ndarray | None,
               replica: ReplicaOf) -> list[SchemeNode]:
@@ -368,6 +371,7 @@ class StreamingDilocoScheme(DilocoScheme):
     summary = "DiLoCo syncing P fragments in turn, each sync overlapped with tau inner steps"
     keys = ("inner_steps", "outer_lr", "outer_momentum", "fragments", "overlap_steps",
             "merge_alpha")
+    _fragmented: ClassVar[bool] = True
 
     def _streaming(self, spec: SchemeSpec) -> tuple[int, int, float]:
         return (int(spec.option("fragments", DEFAULT_FRAGMENTS)),

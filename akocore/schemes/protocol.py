@@ -9,7 +9,8 @@ capability of that object, so that no other module compares scheme names:
 - `build(spec, length, params0, replica)`: its nodes, ranks 0..workers-1
   (its state machines: akocore.schemes.base.SchemeNode);
 - `keys`: the ``exchange.*`` settings it reads (beside the shared scheme,
-  ssp, reduce) and `check_spec`: what it refuses in a spec;
+  ssp, reduce), `check_exchange`: how they must combine, and `check_spec`:
+  what it refuses in a spec;
 - `staleness_bound(exchange, p_max=, ssp=)`: its staleness bound in rounds;
 - `label(exchange)` / `variant_label(exchange)`: how tables name a run of it;
 - capabilities the shells ask instead of its name: `partitioned` (the
@@ -57,6 +58,10 @@ class Scheme:
 
     def check_spec(self, spec: SchemeSpec) -> None:
         """ValueError when `spec` cannot run this scheme (the shared checks are done)."""
+
+    def check_exchange(self, exchange: ExchangeConfig) -> None:
+        """ValueError ("exchange.KEY: got ..., expected ...") when its own keys do not
+        combine (each key alone is checked by the settings)."""
 
     def servers(self, spec_servers: int) -> int:
         """How many of the nodes are servers, given exchange.ps_servers."""

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from akocore.schemes.ps_family import PS_MODES
-from akocore.schemes.registry import scheme_names
+from akocore.schemes.registry import scheme_named, scheme_names
 from akocore.settings.normalise import (
     EMULATE_MODES,
     HOST_RE,
@@ -237,20 +237,17 @@ class ExchangeConfig:
     def __post_init__(self) -> None:
         self._check_scheme_knobs()
         set_field(self, "scheme", as_choice("exchange.scheme", self.scheme, scheme_names()))
+        try:  # how the scheme's own keys combine (e.g. fragments divides inner_steps)
+            scheme_named(self.scheme).check_exchange(self)
+        except ValueError as error:
+            raise ConfigError(str(error), str(error).split(":")[0]) from None
         set_field(self, "p", as_p("exchange.p", self.p))
         set_field(self, "ssp", as_ssp("exchange.ssp", self.ssp))
         set_field(self, "schedule", as_choice("exchange.schedule", self.schedule, SCHEDULES))
         set_field(self, "reduce", as_choice("exchange.reduce", self.reduce, REDUCTIONS))
-        set_field(
-            self,
-            "utilisation",
-            as_float(
-                "exchange.utilisation",
-                self.utilisation,
-                lambda u: 0 < u <= 1,
-                "a fraction 0 < u <= 1, e.g. 0.9",
-            ),
-        )
+        set_field(self, "utilisation", as_float("exchange.utilisation", self.utilisation,
+                                                lambda u: 0 < u <= 1,
+                                                "a fraction 0 < u <= 1, e.g. 0.9"))
         set_field(self, "p_max", as_int("exchange.p_max", self.p_max, 1))
         if isinstance(self.ps_servers, str) and self.ps_servers.strip() == "best":
             set_field(self, "ps_servers", "best")
