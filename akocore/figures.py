@@ -28,13 +28,18 @@ def warmup_rounds(rounds: int, fraction: float = WARMUP_FRACTION) -> int:
     return 0 if rounds < 4 else max(1, int(rounds * fraction))
 
 
-def steady_round_time_s(round_end_s: Sequence[float]) -> float:
+def steady_round_time_s(round_end_s: Sequence[float], period_rounds: int = 1) -> float:
     """Mean seconds per round after the warm-up rounds; times since training start.
-    NaN without rounds."""
+    NaN without rounds. With `period_rounds` > 1 (a scheme that waits every H rounds)
+    the window is whole periods ending at the last round, so it counts one wait per
+    period; when no whole period fits after the warm-up, the whole run."""
     ends = np.asarray(round_end_s, dtype=float)
     if len(ends) == 0:
         return math.nan
     skip = warmup_rounds(len(ends))
+    if period_rounds > 1:
+        periods = (len(ends) - skip) // period_rounds
+        skip = len(ends) - periods * period_rounds if periods else 0
     if skip == 0:
         return float(ends[-1] / len(ends))
     return float((ends[-1] - ends[skip - 1]) / (len(ends) - skip))

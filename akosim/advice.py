@@ -8,7 +8,9 @@ what the chosen Ako run means: round time, NIC use, how many rounds and
 seconds until a round's gradient has reached every peer (p - 1 + s rounds),
 and which constraint bound p; when that exceeds ``--max-staleness`` it says
 so and lists the cheapest ways out, each quantified (a larger batch, faster
-links, fewer workers) and the best baseline of the comparison.
+links, fewer workers) and the best baseline of the comparison within the bound.
+`recommend` names the comparison's winner: the highest throughput among the runs
+whose staleness bound passes ``--max-staleness`` (never one that fails it).
 """
 
 from __future__ import annotations
@@ -93,15 +95,40 @@ def explain(setup: Setup, runs: list[SimRun], *, ssp_chosen: bool,
         ways = ways_out(plan_inputs(setup), replace(plan, staleness=ako.ssp),
                         max_staleness_rounds, setup.batch_size)
         advice += [f"  - {way.text}" for way in ways]
-        others = [run for run in runs if not is_partitioned(run.scheme)]
+        others = [run for run in runs if not is_partitioned(run.scheme)
+                  and run.staleness_bound_rounds <= max_staleness_rounds]
         if others:
             best = max(others, key=lambda run: run.samples_per_s)
             ratio = best.samples_per_s / ako.samples_per_s
-            advice.append(f"  - or {best.label}: {best.samples_per_s:,.1f} samples/s with no "
-                          f"staleness ({ratio:.2g}x Ako's {ako.samples_per_s:,.1f})")
+            stale = ("with no staleness" if best.staleness_bound_rounds == 0 else
+                     f"with staleness <= {_rounds(best.staleness_bound_rounds)} rounds")
+            advice.append(f"  - or {best.label}: {best.samples_per_s:,.1f} samples/s {stale} "
+                          f"({ratio:.2g}x Ako's {ako.samples_per_s:,.1f})")
     return Explanation(line, ako.ssp, propagation_rounds, propagation_s, max_staleness_rounds,
                        tuple(advice))
 
 
 def _rounds(value: float) -> str:
     return "inf" if math.isinf(value) else f"{value:g}"
+
+
+GLOSSARY = ("p = partitions of each gradient (one is sent per round), s = rounds a worker "
+            "may run ahead of the slowest (SSP), H = local steps between DiLoCo syncs; "
+            "staleness = rounds of the other workers' updates a replica can miss")
+
+
+def recommend(runs: list[SimRun], *, max_staleness_rounds: float) -> tuple[str, ...]:
+    """The comparison's winner in two lines: the run of the highest throughput among those
+    within `max_staleness_rounds` (never one that fails that check), and what p, s, H and
+    staleness mean; () for fewer than two runs."""
+    if len(runs) < 2:
+        return ()
+    fit = [run for run in runs if run.staleness_bound_rounds <= max_staleness_rounds]
+    if not fit:
+        return (f"recommend: none of these runs keeps staleness within --max-staleness "
+                f"{_rounds(max_staleness_rounds)} rounds", GLOSSARY)
+    best = max(fit, key=lambda run: run.samples_per_s)
+    return (f"recommend: {best.label}: {best.samples_per_s:,.1f} samples/s, staleness <= "
+            f"{_rounds(best.staleness_bound_rounds)} rounds (within --max-staleness "
+            f"{_rounds(max_staleness_rounds)}): the highest throughput within that bound",
+            GLOSSARY)

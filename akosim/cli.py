@@ -277,6 +277,11 @@ def _finish(args: argparse.Namespace, cfg: RunConfig, setup, runs, training: boo
         print(explanation.line)
         for line in explanation.advice:
             print(line)
+    if not training:
+        from akosim.advice import recommend
+
+        for line in recommend(runs, max_staleness_rounds=max_staleness):
+            print(line)
     if args.out:
         plan = plan_result(runs, config=config_to_dict(cfg), training=training,
                            gradient_bytes=setup.gradient_bytes,

@@ -26,7 +26,7 @@ from akocore.messages import FLOAT_BYTES
 from akocore.planner import Plan
 from akocore.resolve import network_arrays, resolve_plan, scheme_spec
 from akocore.schemes import build_nodes
-from akocore.schemes.registry import has_servers, staleness_bound_rounds
+from akocore.schemes.registry import has_servers, scheme_named, staleness_bound_rounds
 from akocore.units import format_bandwidth
 from akocore.workload import FlatWorkload
 from akosim.compute import ComputeModel
@@ -244,11 +244,12 @@ def _report(setup: Setup, variant: Variant, training_workers: int, sim: Simulati
     util = stats.utilisation if elapsed > 0 else None
     sent, received = stats.bytes_sent, stats.bytes_received
     workers = []
+    period = scheme_named(variant.scheme).period_rounds(setup.config.exchange)
     for rank, line in sorted(sim.timelines.items()):
         rounds = max(line.rounds, 1)
         workers.append(WorkerReport(
             rank=rank, rounds=line.rounds,
-            round_time_s=steady_round_time_s(line.round_end_s),
+            round_time_s=steady_round_time_s(line.round_end_s, period),
             compute_s=line.compute_s, wait_s=line.wait_s,
             bytes_sent=float(sent[rank]), bytes_received=float(received[rank]),
             uplink_utilisation=float(util.uplink[rank]) if util else 0.0,

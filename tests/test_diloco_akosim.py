@@ -77,3 +77,13 @@ def test_akosim_train_learns_digits(scheme: str, knobs: dict, workload) -> None:
     (run,) = configured_runs(replace(setup), workload=workload, eval_every=20)
     assert run.final_accuracy is not None
     assert run.final_accuracy > max(0.7, before + 0.3), (before, run.final_accuracy)
+
+
+def test_the_round_time_counts_one_sync_per_h_rounds() -> None:
+    """1 Mbit/s NICs: a sync sends 3 pseudo-gradients of 160 kB from each uplink (3.84 s);
+    per H = 10 rounds that is 10 x 10 ms compute + 3.84 s + 2 ms latency, whatever the run's
+    length (the steady window is whole periods)."""
+    expected = (10 * 0.01 + 3 * LENGTH * 4 * 8 / 1e6 + 0.002) / 10
+    for rounds in (20, 27, 40):
+        (run,) = configured_runs(_setup("diloco", LENGTH, rounds, inner_steps=10))
+        assert run.round_time_s == pytest.approx(expected, rel=0.02), rounds

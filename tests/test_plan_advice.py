@@ -109,3 +109,19 @@ def test_a_given_ssp_is_kept(capsys) -> None:
                  "--gradient-size", "4MB", "--rounds", "8", "--quiet", "--ssp", "0"])
     text = capsys.readouterr().out
     assert code == 0 and "s=0 (given)" in text
+
+
+def test_the_recommendation_never_fails_its_own_staleness_check() -> None:
+    """On a slow link Ako's p makes it too stale: the plan names the fastest run within
+    --max-staleness instead, and says what p, s, H and staleness mean."""
+    from akosim.advice import recommend
+
+    setup = with_overlap_ssp(_setup(n=32))
+    runs = compare_all(setup)
+    assert any(run.scheme == "diloco" for run in runs)  # the comparison has DiLoCo rows
+    for bound in (0, 8, 10_000):
+        line, glossary = recommend(runs, max_staleness_rounds=bound)
+        fit = [run for run in runs if run.staleness_bound_rounds <= bound]
+        best = max(fit, key=lambda run: run.samples_per_s)
+        assert line.startswith(f"recommend: {best.label}: ")
+        assert "p = " in glossary and "H = " in glossary and "staleness = " in glossary

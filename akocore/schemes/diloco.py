@@ -360,6 +360,10 @@ class DilocoScheme(Scheme):
     def effective_ssp(self, exchange: ExchangeConfig) -> float:
         return 0.0
 
+    def period_rounds(self, exchange: ExchangeConfig) -> int:
+        """H / P: a sync lands every window (every H rounds for DiLoCo)."""
+        return int(exchange.inner_steps) // (int(exchange.fragments) if self._fragmented else 1)
+
     def label(self, exchange: ExchangeConfig) -> str:
         return f"H={exchange.inner_steps}"
 

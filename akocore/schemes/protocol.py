@@ -12,6 +12,7 @@ capability of that object, so that no other module compares scheme names:
   ssp, reduce), `check_exchange`: how they must combine, and `check_spec`:
   what it refuses in a spec;
 - `staleness_bound(exchange, p_max=, ssp=)`: its staleness bound in rounds;
+  `period_rounds(exchange)`: the rounds after which its waits repeat;
 - `label(exchange)` / `variant_label(exchange)`: how tables name a run of it;
 - capabilities the shells ask instead of its name: `partitioned` (the
   planner chooses p, and s with it), `has_servers` (the last ranks are
@@ -75,6 +76,11 @@ class Scheme:
     def staleness_bound(self, exchange: ExchangeConfig, *, p_max: int, ssp: float) -> float:
         """The most rounds of the other workers' updates a worker's parameters can miss."""
         return 0.0
+
+    def period_rounds(self, exchange: ExchangeConfig) -> int:
+        """Rounds after which its pattern of waits repeats (DiLoCo: H), so that figures
+        per round are taken over whole periods."""
+        return 1
 
     def effective_ssp(self, exchange: ExchangeConfig) -> float:
         """The SSP bound its workers gate with (exchange.ssp unless the scheme ignores it)."""
