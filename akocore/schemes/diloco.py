@@ -322,7 +322,7 @@ class DilocoScheme(Scheme):
 
     name = "diloco"
     summary = "H local optimizer steps, then an outer step on averaged pseudo-gradients"
-    keys = ("inner_steps", "outer_lr", "outer_momentum")
+    keys: ClassVar[tuple[str, ...]] = ("inner_steps", "outer_lr", "outer_momentum")
     pattern = "all-to-all"
     _fragmented: ClassVar[bool] = False  # whether exchange.fragments is read
 
@@ -373,8 +373,8 @@ class StreamingDilocoScheme(DilocoScheme):
 
     name = "streaming-diloco"
     summary = "DiLoCo syncing P fragments in turn, each sync overlapped with tau inner steps"
-    keys = ("inner_steps", "outer_lr", "outer_momentum", "fragments", "overlap_steps",
-            "merge_alpha")
+    keys: ClassVar[tuple[str, ...]] = ("inner_steps", "outer_lr", "outer_momentum",
+                                       "fragments", "overlap_steps", "merge_alpha")
     _fragmented: ClassVar[bool] = True
 
     def _streaming(self, spec: SchemeSpec) -> tuple[int, int, float]:
