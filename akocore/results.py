@@ -360,6 +360,10 @@ class PlanResult:
     advice: tuple[str, ...] = field(default=(), metadata=meta(
         "", "when propagation exceeds max_staleness_rounds: the cheapest ways out, "
             "each quantified", "akosim"))
+    recommendation: tuple[str, ...] = field(default=(), metadata=meta(
+        "", "the comparison's winner (the highest throughput among the runs within "
+            "--max-staleness, never one outside it) and what p, s, H and staleness mean",
+        "akosim"))
 
     def to_json(self) -> dict[str, Any]:
         data = record_to_json(self)

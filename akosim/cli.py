@@ -277,17 +277,19 @@ def _finish(args: argparse.Namespace, cfg: RunConfig, setup, runs, training: boo
         print(explanation.line)
         for line in explanation.advice:
             print(line)
+    recommendation: tuple[str, ...] = ()
     if not training:
         from akosim.advice import recommend
 
-        for line in recommend(runs, max_staleness_rounds=max_staleness):
+        recommendation = recommend(runs, max_staleness_rounds=max_staleness)
+        for line in recommendation:
             print(line)
     if args.out:
         plan = plan_result(runs, config=config_to_dict(cfg), training=training,
                            gradient_bytes=setup.gradient_bytes,
                            compute_s=[compute.base_s(i) for i in range(workers)],
                            batch_size=setup.batch_size, compute_source=setup.compute_source,
-                           explanation=explanation)
+                           explanation=explanation, recommendation=recommendation)
         write_json(args.out, json_safe(plan.to_json()))
         print(f"wrote {args.out}")
     if args.trace:

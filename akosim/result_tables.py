@@ -108,13 +108,14 @@ def run_result(run: SimRun, *, config: dict[str, Any], mode: str,
 
 def plan_result(runs: list[SimRun], *, config: dict[str, Any], training: bool,
                 gradient_bytes: int, compute_s: list[float], batch_size: int,
-                compute_source: str = "", explanation: Explanation | None = None) -> PlanResult:
-    """What `akosim --out` writes: every simulated configuration of one question, and the
-    plan's explanation when there is one."""
+                compute_source: str = "", explanation: Explanation | None = None,
+                recommendation: tuple[str, ...] = ()) -> PlanResult:
+    """What `akosim --out` writes: every simulated configuration of one question, the
+    plan's explanation when there is one and the recommendation (akosim.advice.recommend)."""
     mode = "train" if training else "timing"
-    explained: dict[str, Any] = {}
+    explained: dict[str, Any] = {"recommendation": recommendation}
     if explanation is not None:
-        explained = dict(explanation=explanation.line, chosen_ssp=explanation.ssp,
+        explained |= dict(explanation=explanation.line, chosen_ssp=explanation.ssp,
                          propagation_rounds=explanation.propagation_rounds,
                          propagation_s=explanation.propagation_s,
                          max_staleness_rounds=explanation.max_staleness_rounds,

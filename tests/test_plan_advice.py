@@ -102,6 +102,8 @@ def test_akosim_prints_the_plan_and_writes_it(capsys, tmp_path) -> None:
     assert data["chosen_ssp"] == 1 and data["max_staleness_rounds"] == 4
     assert data["explanation"].startswith("plan: Ako p=") and data["advice"]
     assert data["compute_source"] == "compute 300 ms/round given"
+    assert data["recommendation"][0].startswith("recommend: ")
+    assert "recommend: " in text and "(within --max-staleness 4)" in text
 
 
 def test_a_given_ssp_is_kept(capsys) -> None:
