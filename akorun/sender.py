@@ -10,14 +10,15 @@ often as needed:
   suspended (silent past the peer timeout, probably dead) a full queue takes
   its OLDEST message out instead. An ako gradient (Kind.GRAD: gradients add
   up) is folded into the peer's `OwedGap`: its values are summed per
-  partition into one buffer (at most one flat vector per peer, however long
-  the silence) and its round remembered; any other kind is dropped, as
+  partition (at most one flat vector per peer, however long the silence)
+  and its round added to a range of rounds; any other kind is dropped, as
   counted in ``send_dropped``. (A queued message keeps its `Partial` for
-  this, next to its encoded bytes.) When
-  the peer is heard again the lane sends the gap first, one message per
-  folded round, the first of each partition carrying the folded sum and the
-  others zeros: every contribution reaches the peer exactly once and its
-  delivery log has no permanent hole. `dropped_until` (the highest round
+  this, next to its encoded bytes.) When the peer is heard again the lane
+  sends the gap first, as ONE folded message (akocore.messages.Partial
+  `first_round`: the sum of rounds first..last, acknowledged as that range):
+  every contribution reaches the peer exactly once, its delivery log has no
+  permanent hole, and the catch-up costs one gradient's send time whatever
+  the length of the absence. `dropped_until` (the highest round
   folded) is what a restarting peer's donor must cover (rejoin protocol);
   a restart clears the gap (the donor's snapshot holds it).
 - `PeerSender.run` is the peer's lane: it takes messages in queue order,
@@ -61,7 +62,6 @@ import logging
 import os
 import random
 import time
-from array import array
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -132,6 +132,11 @@ class Outgoing:
     def nbytes(self) -> int:
         return len(self.data)
 
+    @property
+    def first_round(self) -> int:
+        """The first round it covers (a folded message covers a range)."""
+        return self.partial.rounds_from if self.partial is not None else self.round
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
@@ -156,70 +161,76 @@ class Outcome(Enum):
 class OwedGap:
     """Messages taken out of a suspended peer's full queue, folded (bounded memory).
 
-    Values are summed per partition into one buffer per partition (together at
-    most one flat vector); rounds are kept as two int arrays (12 bytes per
-    round). `take` regenerates the oldest folded round as a Partial: the first
-    message of each partition carries that partition's folded sum, the later
-    ones zeros, so the peer receives each contribution exactly once and
-    records every round.
+    Values are summed per partition (together at most one flat vector); the
+    rounds are kept as ranges of consecutive rounds (normally one: the queue
+    drops its oldest, in order). `take` gives back one folded message per
+    range (`Partial.first_round`): the first carries the whole sum over the
+    span of the partitions folded (zeros between them), any later one no
+    values (it only records its rounds). So what a peer was owed, for however
+    long it was away, goes back in one message of at most one gradient's size;
+    the receiver records each round once and its delivery log has no hole. A
+    folded final round (the finish's last message) makes the range that ends
+    with it final.
     """
 
     def __init__(self) -> None:
-        self.rounds: array[int] = array("q")
-        self.parts: array[int] = array("l")
-        self.folded: dict[int, np.ndarray] = {}
-        self.shape: dict[int, Partial] = {}  # part -> a message of that part (no values)
+        self.ranges: list[list[int]] = []  # [first, last] rounds, in order
+        self.folded: dict[int, tuple[int, np.ndarray]] = {}  # part -> (offset, summed values)
+        self.like: Partial | None = None  # a folded message (kind, sender, p)
         self.final_round: int | None = None
-        self.final_marker: Partial | None = None  # a zero-length final message, if folded
         self.highest_round = -1
-        self._next = 0
 
     def __len__(self) -> int:
-        return len(self.rounds) - self._next
+        """Messages it will give back (one per range of rounds)."""
+        return len(self.ranges)
 
     def fold(self, message: Partial) -> None:
-        self.rounds.append(message.round)
-        self.parts.append(message.part)
-        self.highest_round = max(self.highest_round, message.round)
+        """Add `message` (an ako gradient partition, or a zero-length final marker)."""
+        round_ = message.round
+        self.highest_round = max(self.highest_round, round_)
+        if self.ranges and round_ == self.ranges[-1][1] + 1:
+            self.ranges[-1][1] = round_
+        else:
+            self.ranges.append([round_, round_])
         if message.final:
-            self.final_round = message.round
-            if message.length == 0:
-                self.final_marker = message
-                return
-        if message.part not in self.shape:
-            self.shape[message.part] = Partial(message.kind, message.sender, -1, message.part,
-                                               message.p, message.offset, message.length)
-        if message.values is not None:
-            total = self.folded.get(message.part)
-            if total is None:
-                self.folded[message.part] = np.array(message.values, np.float32, copy=True)
-            else:
-                total += message.values
+            self.final_round = round_
+        if self.like is None:
+            self.like = message
+        if message.values is None or not message.length:
+            return
+        held = self.folded.get(message.part)
+        if held is None:
+            self.folded[message.part] = (message.offset,
+                                         np.array(message.values, np.float32, copy=True))
+        else:
+            held[1][:] += message.values
 
     def oldest_round(self) -> int | None:
-        return self.rounds[self._next] if len(self) else None
+        return self.ranges[0][0] if self.ranges else None
 
     def take(self) -> Partial:
-        """The oldest folded round as a message to send now."""
-        round_, part = self.rounds[self._next], self.parts[self._next]
-        self._next += 1
-        if not len(self):
-            self.rounds, self.parts, self._next = array("q"), array("l"), 0
-        if self.final_marker is not None and round_ == self.final_marker.round:
-            return self.final_marker
-        like = self.shape[part]
-        values = self.folded.pop(part, None)
-        if values is None:
-            values = np.zeros(like.length, np.float32)
-        return Partial(like.kind, like.sender, round_, part, like.p, like.offset, like.length,
-                       values, final=round_ == self.final_round)
+        """The oldest range of folded rounds as one message to send now."""
+        first, last = self.ranges.pop(0)
+        like = self.like
+        assert like is not None
+        offset, values = 0, np.zeros(0, np.float32)
+        if self.folded:
+            offset = min(start for start, _ in self.folded.values())
+            stop = max(start + sum_.size for start, sum_ in self.folded.values())
+            values = np.zeros(stop - offset, np.float32)
+            for start, sum_ in self.folded.values():
+                values[start - offset:start - offset + sum_.size] = sum_
+            self.folded.clear()
+        if not self.ranges:
+            self.like = None
+        return Partial(like.kind, like.sender, last, 0, like.p, offset, values.size, values,
+                       final=last == self.final_round, first_round=first)
 
     def clear(self) -> None:
-        self.rounds, self.parts, self._next = array("q"), array("l"), 0
+        self.ranges = []
         self.folded.clear()
-        self.shape.clear()
+        self.like = None
         self.final_round = None
-        self.final_marker = None
 
 
 class PeerSender:
@@ -278,7 +289,7 @@ class PeerSender:
     def acked_through(self) -> int:
         """Highest round r such that every message of rounds <= r was acknowledged
         (or given up); `acked_round` is the highest acknowledged at all."""
-        owed = [m.round for m in self.in_flight] + [m.round for m in self.queue]
+        owed = [m.first_round for m in self.in_flight] + [m.round for m in self.queue]
         oldest_folded = self.gap.oldest_round()
         if oldest_folded is not None:
             owed.append(oldest_folded)
@@ -287,8 +298,8 @@ class PeerSender:
     def forget_gap(self) -> None:
         """The peer restarted from a donor's snapshot, which holds what was folded."""
         if len(self.gap):
-            log.warning("peer %d restarted: %d folded round(s) owed to it are covered by its "
-                        "donor's snapshot", self.dest, len(self.gap))
+            log.warning("peer %d restarted: its folded rounds %s are covered by its "
+                        "donor's snapshot", self.dest, self.gap.ranges)
         self.gap.clear()
         self._changed.set()
 
@@ -358,7 +369,7 @@ class PeerSender:
                 data, encode_s = timed_call(self.encode, partial)
                 self.counters.software_send_s += encode_s
                 message = Outgoing(data, partial.kind, partial.round,
-                                   partial.part, partial.final, loop.time())
+                                   partial.part, partial.final, loop.time(), partial)
             else:
                 message = self.queue.popleft()
             self.in_flight.append(message)

@@ -298,6 +298,8 @@ class Worker:
         node = self.role.node
         assert node is not None
         partial, refusal = refuse_non_finite(partial)
+        if partial.folded:  # rounds owed while we were away: less any taken forwarded
+            partial = self.relay.fold_in(partial)
         receipt = node.receive(partial)  # SchemeError -> 400 in the server
         counters = self.metrics.peer(partial.sender)
         self.liveness.received(partial.sender, receipt.accepted)

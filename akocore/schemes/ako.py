@@ -181,6 +181,14 @@ class AkoWorker(SchemeNode):
             raise SchemeError(f"ako worker {self.rank}: unexpected {msg.kind.name} "
                               f"from node {msg.sender}")
         sender_p = self.p_of[msg.sender]
+        if msg.folded:
+            if msg.p != sender_p or msg.part != 0 or not 0 <= msg.rounds_from <= msg.round \
+                    or (msg.length and (msg.offset, msg.length) != (0, self.length)):
+                raise SchemeError(f"node {msg.sender}: a folded message of rounds "
+                                  f"{msg.rounds_from}..{msg.round} must say p={sender_p}, "
+                                  f"part 0 and span the whole vector or nothing")
+            self._check_values(msg)
+            return
         if msg.p != sender_p or not 0 <= msg.part < sender_p:
             raise SchemeError(f"node {msg.sender} uses p={sender_p}, message says p={msg.p} "
                               f"part {msg.part}")
@@ -192,8 +200,16 @@ class AkoWorker(SchemeNode):
         self._check_values(msg)
 
     def receive(self, msg: Partial) -> Receipt:
+        """Take a message; a duplicate (every round it covers held) is refused.
+
+        A folded message whose range partly overlaps rounds held already is taken
+        for its new rounds with all its values: the shell must first take out of
+        it the values of the rounds it holds (akorun.runtime.relay `fold_in`)."""
         self.validate(msg)
-        if not self.log.record(msg.sender, msg.round, msg.part):
+        if msg.folded:
+            if not self.log.record_range(msg.sender, msg.rounds_from, msg.round):
+                return Receipt(False)
+        elif not self.log.record(msg.sender, msg.round, msg.part):
             return Receipt(False)
         if msg.final:
             self._set_final(msg.sender, msg.round)
