@@ -52,7 +52,7 @@ from akorun.runtime.checkpoints import CheckpointWriter
 from akorun.runtime.evaluation import Evaluator
 from akorun.runtime.fault_hooks import fault_hooks
 from akorun.runtime.finishing import Finisher
-from akorun.runtime.join import Identity, Join
+from akorun.runtime.join import Identity, Join, JoinFacts, compared_settings
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.outbox import Outbox, emulated_links
 from akorun.runtime.phase import Phase, PhaseMachine
@@ -196,7 +196,8 @@ class Worker:
                                 config_hash=self.config_hash, resume=options.resume,
                                 checkpoint_dir=options.checkpoint_dir)
         identity = Identity(self.rank, self.run_id, self.config_hash,
-                            self.prepared.params_sha256)
+                            self.prepared.params_sha256, compared_settings(
+                                JoinFacts(self.cfg, self.prepared.params_sha256)))
         hooks = fault_hooks(options.faults, outbox=self.outbox, gone=self._suspended,
                             hard_stop=lambda: self.waiter.hard_stop,
                             stop_requested=lambda: self.waiter.stop_reason is not None)

@@ -20,6 +20,18 @@ Every rank then plans with the MAX of all measured compute times,
 so all choose the same p, and builds its node. `greet` and `until` are the
 retrying calls the rejoin handshake uses too.
 
+Bad configuration across ranks is found here, by name. Each rank's hello and
+its answer carry its `compared_settings`: every setting of the run (the keys
+of the config hash, as ``section.key``) and the entries of `COMPARED` (the
+initial-parameter hash; one more entry is all a new shared fact needs). The
+first setting that differs ends the join on BOTH ranks with exit status 2
+and one line naming the setting and both values (`SettingMismatch`): the
+rank that receives the hello answers it normally (so the sender sees the
+difference too) and remembers it, and a rank that found one keeps answering
+hellos for up to `MISMATCH_LINGER_S` so that a peer started a moment later
+learns it too. A peer whose hello cannot be authenticated at all (401: its
+secret or run id differs) is a mismatch as well: exit 2, one line.
+
 The per-start nonces that key every later message are exchanged here, below
 the payload: the first call to a peer is a discovery hello answered with the
 peer's nonce (akorun.client.ControlClient), and every hello after it is sealed
@@ -31,15 +43,18 @@ of a rank, is refused before `on_hello` sees it.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from akocore.config import RunConfig
+from akocore.settings.toml_io import config_to_dict
 from akorun.client import ControlClient
 from akorun.control import ControlError, ControlKind
-from akorun.errors import Interrupted, RunError
+from akorun.errors import Interrupted, RunError, UsageError
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.phase import Phase, PhaseMachine
 from akorun.runtime.waiting import Waiter
@@ -49,8 +64,55 @@ log = logging.getLogger("akorun")
 GREET_TIMEOUT_S = 5.0
 LEAVE_TIMEOUT_S = 2.0
 RETRY_S = 0.2
+MISMATCH_LINGER_S = 3.0  # a rank that found a mismatch answers hellos this long before exit
 _WHAT = {"run_id": "run id", "config_hash": "config hash",
          "params_sha256": "initial-parameter hash"}
+
+
+@dataclass(frozen=True)
+class JoinFacts:
+    """What a rank knows before the join that every rank of the run must share."""
+
+    cfg: RunConfig
+    params_sha256: str
+
+
+# Settings compared at the join besides the run's config keys: name -> how to read it.
+# A new shared fact (e.g. a fingerprint of the user's workload) is one more entry here
+# (and, if it is not in the config, one more field of JoinFacts).
+COMPARED: dict[str, Callable[[JoinFacts], str]] = {
+    "initial parameters (sha256)": lambda facts: facts.params_sha256,
+}
+_NOT_COMPARED = {("cluster", "hosts"), ("network", "model")}  # as the config hash
+
+
+def compared_settings(facts: JoinFacts) -> dict[str, str]:
+    """Every setting the ranks of one run must agree on, by name, as text."""
+    settings = {f"{section}.{key}": json.dumps(value, sort_keys=True)
+                for section, keys in config_to_dict(facts.cfg).items()
+                for key, value in keys.items() if (section, key) not in _NOT_COMPARED}
+    settings.update({name: str(read(facts)) for name, read in COMPARED.items()})
+    return settings
+
+
+class SettingMismatch(ControlError):
+    """A peer's setting differs from ours: the run cannot start (exit 2 on every rank)."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__(409, line)
+
+
+def first_mismatch(ours: dict[str, str], theirs: object, me: int, peer: int) -> str | None:
+    """The line naming the first setting that differs (None when all agree)."""
+    if not isinstance(theirs, dict):
+        return None  # a peer that compares no settings: the hashes decide
+    for name in sorted(set(ours) | set(theirs)):
+        mine, its = ours.get(name, "(not set)"), str(theirs.get(name, "(not set)"))
+        if mine != its:
+            return (f"setting {name} differs between ranks: rank {me} has {mine[:80]}, "
+                    f"rank {peer} has {its[:80]}; start every rank from the same cluster "
+                    f"file with the same flags")
+    return None
 
 
 @dataclass(frozen=True)
@@ -61,13 +123,20 @@ class Identity:
     run_id: str
     config_hash: str
     params_sha256: str
+    settings: dict[str, str] = field(default_factory=dict)  # compared_settings, by name
 
     def payload(self) -> dict[str, Any]:
         return {"rank": self.rank, "run_id": self.run_id, "config_hash": self.config_hash,
-                "params_sha256": self.params_sha256}
+                "params_sha256": self.params_sha256, "settings": self.settings}
 
     def check(self, sender: int, payload: dict[str, Any]) -> None:
-        """ControlError 409 (and a log line) unless `payload` is of this same run."""
+        """ControlError 409 (and a log line) unless `payload` is of this same run;
+        `SettingMismatch` when a named setting differs."""
+        if self.settings:
+            line = first_mismatch(self.settings, payload.get("settings"), self.rank, sender)
+            if line is not None:
+                log.error(line)
+                raise SettingMismatch(line)
         for key, ours in (("run_id", self.run_id), ("config_hash", self.config_hash),
                           ("params_sha256", self.params_sha256)):
             theirs = payload.get(key)
@@ -86,6 +155,10 @@ async def greet(control: ControlClient, peer: int, kind: ControlKind, payload: d
     answer = await control.call(peer, kind, payload, timeout_s=GREET_TIMEOUT_S)
     if answer.ok:
         return answer.payload
+    if answer.status == 401 and kind is ControlKind.HELLO:
+        raise UsageError(f"rank {peer} cannot authenticate our hello (401: {answer.error[:120]})"
+                         f": its secret, run id or key file differs from ours; start every "
+                         f"rank from the same cluster file (and key files of one `akorun init`)")
     if answer.status in (400, 401, 409):
         raise RunError(f"rank {peer} refused our {what} ({answer.status}): {answer.error}")
     return None
@@ -129,9 +202,27 @@ class Join:
         self.answered: set[int] = set()  # peers that answered our hello
         self.peer_compute_s: dict[int, float] = {}
         self.error: str | None = None  # a peer of another run said hello: no start
+        self.mismatch: str | None = None  # a peer's setting differs: exit 2 (SettingMismatch)
 
     async def join(self, control: ControlClient) -> None:
-        """Hello every rank (refusing mismatches), agree on p, build the node."""
+        """Hello every rank (refusing mismatches), agree on p, build the node.
+        UsageError (exit 2) when a peer's settings differ, after answering hellos a
+        moment longer so that every peer learns it too."""
+        try:
+            await self._join(control)
+        except UsageError:
+            await self._linger()
+            raise
+
+    async def _linger(self) -> None:
+        """Up to MISMATCH_LINGER_S, until every peer said hello to us (and so heard our
+        settings in the answer)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(MISMATCH_LINGER_S, self.timeout_s)
+        while loop.time() < deadline and not set(self.peers) <= set(self.greeted):
+            await asyncio.sleep(RETRY_S)
+
+    async def _join(self, control: ControlClient) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
         payload = {**self.identity.payload(), "compute_s": self.compute_measured_s}
@@ -142,6 +233,8 @@ class Join:
 
         async def hello(peer: int) -> dict[str, Any] | None:
             async def once() -> dict[str, Any] | None:
+                if self.mismatch is not None:
+                    raise UsageError(self.mismatch)
                 if self.error is not None:
                     raise RunError(self.error)
                 if self.waiter.stop_reason is not None:
@@ -151,6 +244,7 @@ class Join:
                 return await greet(control, peer, ControlKind.HELLO, payload, "hello")
             answer = await until(deadline, once)
             if answer is not None:
+                self._check_settings(peer, answer)
                 answered_s[peer] = loop.time()
                 self.answered.add(peer)
             return answer
@@ -178,6 +272,16 @@ class Join:
         self.build_node(compute_s)
         self.liveness.heard_all()
         self.phase.to(Phase.RUNNING)
+
+    def _check_settings(self, peer: int, answer: dict[str, Any]) -> None:
+        """UsageError when `peer`'s answer names a setting that differs from ours."""
+        try:
+            self.identity.check(peer, answer)
+        except SettingMismatch as mismatch:
+            self.mismatch = self.mismatch or mismatch.reason
+            raise UsageError(self.mismatch) from None
+        except ControlError:
+            return  # a hash differs without a named setting: refused below, as before
 
     def _unless_one_left(self) -> None:
         """RunError if a rank said it leaves before we joined (the run cannot start)."""
@@ -264,6 +368,13 @@ class Join:
         self.on_greeted(sender, self.greeted[sender])
         try:
             self.identity.check(sender, payload)
+        except SettingMismatch as mismatch:
+            if self.node_built():
+                raise
+            # answered as usual, so that the peer finds the same difference in our answer
+            self.mismatch = self.mismatch or mismatch.reason
+            return {**self.identity.payload(), "compute_s": self.compute_measured_s,
+                    "state": self.phase.name}
         except ControlError as error:
             if not self.node_built():  # a peer of another config: this run cannot start
                 self.error = error.reason
