@@ -62,6 +62,7 @@ from akorun.runtime.relay import Relay
 from akorun.runtime.reporting import Reporter
 from akorun.runtime.results import ResultBuilder
 from akorun.runtime.roles import role_for
+from akorun.runtime.stopping import StopAgreement
 from akorun.runtime.training import TrainingLoop
 from akorun.runtime.waiting import GATE_STALL_TIMEOUTS, Waiter
 from akorun.sender import DEFAULT_QUEUE_MESSAGES
@@ -181,6 +182,7 @@ class Worker:
         self.finisher: Finisher
         self.reporter: Reporter
         self.control_table: ControlTable
+        self.stopping: StopAgreement
 
     # ================================================================ wiring
 
@@ -226,6 +228,12 @@ class Worker:
             workload=self.prepared.workload, metrics=self.metrics, outbox=self.outbox,
             waiter=self.waiter, faults=hooks, evaluator=self.evaluator,
             checkpoints=checkpoints, checkpoint_every=options.checkpoint_every)
+        self.stopping = StopAgreement(
+            rank=self.rank, training_peers=[j for j in self.peers
+                                            if role_for(self.cfg, j).trains],
+            waiter=self.waiter, gone=self._out_of_gate, spawn=self._spawn,
+            heard=self.liveness.heard)
+        self.training.agreement = self.stopping
         self.results = ResultBuilder(
             role=self.role, prepared=self.prepared, metrics=self.metrics,
             training=self.training, outbox=self.outbox, evaluator=self.evaluator,
@@ -242,7 +250,8 @@ class Worker:
                                  run_id=self.run_id, config_hash=self.config_hash)
         self.control_table = ControlTable({
             ControlKind.HELLO: self.join.on_hello,
-            ControlKind.STOP: self.evaluator.on_stop,
+            ControlKind.STOP: self.stopping.on_stop if self.role.trains
+            else self.evaluator.on_stop,
             ControlKind.HEARTBEAT: self.liveness.on_heartbeat,
             ControlKind.DONE: self.liveness.on_done,
             ControlKind.REJOIN_HELLO: self.rejoin.on_rejoin_hello,
@@ -269,6 +278,11 @@ class Worker:
     def _suspended(self, peer: int) -> bool:
         node = self.role.node
         return node is not None and peer in node.suspended
+
+    def _out_of_gate(self, peer: int) -> bool:
+        """Not waited for by the stop agreement: suspended, left, lost or done."""
+        return self._suspended(peer) or peer in self.liveness.left_peers \
+            or peer in self.waiter.lost_peers or peer in self.liveness.done_peers
 
     def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
         self._tasks.append(asyncio.create_task(coroutine))
@@ -362,6 +376,7 @@ class Worker:
         control = ControlClient(session, self.signer, self.base_urls, ssl_context=client_ssl)
         self.evaluator.control = control
         self.relay.control = control
+        self.stopping.control = control
         server = Server(self, max_concurrent_reads=max(4, 3 * len(self.peers)))
         host, port = self.endpoints[self.rank]
         try:

@@ -3,7 +3,8 @@
 Following the driving loop of akocore.schemes:
 
     t = first round
-    while the run goes on:                 # rounds, duration, accuracy, signal
+    while the run goes on:                 # rounds, duration, accuracy, signal; the
+                                           # training ranks agree on the last round
         wait until node.may_start(t)       # the SSP gate (Waiter.gate)
         grad = JAX step on a COPY of the params   # in a thread: the loop keeps serving
         deliver node.local_step(t, grad)   # encoded once, queued to every peer
@@ -29,6 +30,7 @@ from akorun.runtime.checkpoints import CheckpointWriter
 from akorun.runtime.evaluation import Evaluator
 from akorun.runtime.fault_hooks import FaultHooks
 from akorun.runtime.outbox import Outbox
+from akorun.runtime.stopping import StopAgreement
 from akorun.runtime.waiting import Waiter
 
 
@@ -79,6 +81,24 @@ class TrainingLoop:
         self.first_round = 0  # a rejoin continues from a later round
         self.rounds_done = 0
         self.train_start_s: float | None = None
+        self.agreement: StopAgreement | None = None  # the training ranks' last round
+
+    async def _stops_before(self, t: int) -> bool:
+        """Whether round t is not to start: no stop; or a stop the training ranks agreed
+        on (runtime.stopping) that ends the run before round t."""
+        if not self.should_stop(t):
+            return False
+        agreement, waiter = self.agreement, self.waiter
+        if agreement is None or waiter.hard_stop or waiter.stop_reason == "lost_peer" \
+                or (waiter.stop_reason == "rounds" and not agreement.frozen):
+            return True
+        agreement.freeze(str(waiter.stop_reason))
+        last = await agreement.last_round()
+        return last is None or t >= last or self.at_limit(t)
+
+    def at_limit(self, t: int) -> bool:
+        rounds = self.cfg.train.rounds
+        return rounds is not None and t >= rounds
 
     def should_stop(self, t: int) -> bool:
         train = self.cfg.train
@@ -109,11 +129,18 @@ class TrainingLoop:
         batches.skip(t)
         self.train_start_s = loop.time()
         eval_every = self.cfg.train.eval_every
-        while not self.should_stop(t):
+        agreement = self.agreement
+        while not await self._stops_before(t):
+            frozen = agreement is not None and agreement.frozen
             await self.faults.before_round(t)
-            waited_s = await self.waiter.gate(node, t, self._deadline_s())
+            waited_s = await self.waiter.gate(node, t, None if frozen else self._deadline_s(),
+                                              ignore_stop=frozen)
             if waited_s is None:
+                if agreement is not None and not frozen and not self.waiter.hard_stop:
+                    continue  # stopped while waiting: agree on the last round first
                 break
+            if agreement is not None:
+                agreement.started = t + 1  # before any await: a freeze counts this round
             batch = batches.next()
             params = np.array(node.params, copy=True)
             compute_start_s = time.perf_counter()
@@ -135,3 +162,5 @@ class TrainingLoop:
             if self.checkpoint_every and t % self.checkpoint_every == 0:
                 await self.checkpoints.write(before_replace=self.faults.mid_checkpoint(t - 1))
         self.rounds_done = t
+        if agreement is not None:
+            agreement.finished = True

@@ -92,16 +92,18 @@ class Waiter:
             await self._sleep(poll_s)
         return True
 
-    async def gate(self, node: SchemeNode, t: int,
-                   deadline_s: float | None = None) -> float | None:
+    async def gate(self, node: SchemeNode, t: int, deadline_s: float | None = None, *,
+                   ignore_stop: bool = False) -> float | None:
         """Wait until the SSP gate lets round t start; seconds waited, None if stopped
-        (a stop request, a hard stop, or the loop time `deadline_s` passed)."""
+        (a stop request unless `ignore_stop` (a round the ranks agreed to run still,
+        runtime.stopping), a hard stop, a lost peer, or the loop time `deadline_s`)."""
         loop = asyncio.get_running_loop()
         start_s = loop.time()
         next_report_s = start_s + self.report_every_s
         stall_from_s, progress = start_s, _progress(node)
         while not node.may_start(t):
-            if self.stop_reason is not None or self.hard_stop:
+            if (self.stop_reason is not None and not ignore_stop) or self.hard_stop \
+                    or self.stop_reason == "lost_peer":
                 return None
             if deadline_s is not None and loop.time() >= deadline_s:
                 if self.stop_reason is None:
