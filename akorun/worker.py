@@ -398,7 +398,10 @@ class Worker:
                 try:
                     await self.join.join(control)
                 except (Interrupted, RunError) as error:
-                    await self.join.leave(control, str(error))  # so that no peer waits
+                    await self.join.leave(control, str(error),  # so that no peer waits
+                                          failed=isinstance(error, RunError))
+                    if isinstance(error, RunError):
+                        await self.join.linger_failed()  # for the ranks still starting
                     if isinstance(error, Interrupted):
                         self._write_unjoined_result()
                     raise

@@ -48,7 +48,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from akocore.config import RunConfig
 from akocore.settings.toml_io import config_to_dict
@@ -60,10 +60,12 @@ from akorun.runtime.phase import Phase, PhaseMachine
 from akorun.runtime.waiting import Waiter
 
 log = logging.getLogger("akorun")
+_T = TypeVar("_T")
 
 GREET_TIMEOUT_S = 5.0
 LEAVE_TIMEOUT_S = 2.0
 RETRY_S = 0.2
+FAILED_LINGER_S = 30.0  # a rank whose join failed refuses hellos at most this long
 MISMATCH_LINGER_S = 3.0  # a rank that found a mismatch answers hellos this long before exit
 _WHAT = {"run_id": "run id", "config_hash": "config hash",
          "params_sha256": "initial-parameter hash"}
@@ -203,6 +205,10 @@ class Join:
         self.peer_compute_s: dict[int, float] = {}
         self.error: str | None = None  # a peer of another run said hello: no start
         self.mismatch: str | None = None  # a peer's setting differs: exit 2 (SettingMismatch)
+        self.ready = False  # every peer answered our hello
+        self.failed: str | None = None  # our join failed: hellos are refused with this
+        self.told_failed: set[int] = set()
+        self.ready_peers: set[int] = set()  # peers that said they hold every answer too
 
     async def join(self, control: ControlClient) -> None:
         """Hello every rank (refusing mismatches), agree on p, build the node.
@@ -212,6 +218,9 @@ class Join:
             await self._join(control)
         except UsageError:
             await self._linger()
+            raise
+        except RunError as error:
+            self.failed = str(error)  # later hellos are refused with it (`linger_failed`)
             raise
 
     async def _linger(self) -> None:
@@ -249,7 +258,7 @@ class Join:
                 self.answered.add(peer)
             return answer
 
-        answers = await self._hellos_unless_one_dies(
+        answers = await self._unless_one_dies(
             asyncio.gather(*(hello(j) for j in self.peers)),
             self._watch(control, payload, answered_s))
         missing = [j for j, a in zip(self.peers, answers, strict=True) if a is None]
@@ -265,6 +274,15 @@ class Join:
                 raise RunError(error.reason) from None
             if isinstance(answer.get("compute_s"), int | float):
                 self.peer_compute_s[peer] = float(answer["compute_s"])
+        self._unless_one_left()
+        # every answer is in: we are ready; start only once every peer is ready too, so a
+        # rank that dies now ends the join for everyone (see `_until_all_ready`)
+        self.ready = True
+        payload["ready"] = True
+        await self._unless_one_dies(self._until_all_ready(control, payload, deadline),
+                                    self._watch(control, payload, answered_s))
+        if self.waiter.stop_reason is not None:
+            raise Interrupted(f"{self.waiter.stop_reason} (before every rank had joined)")
         self._unless_one_left()
         compute_s = None
         if self.compute_measured_s is not None:
@@ -290,13 +308,15 @@ class Join:
             raise RunError(f"rank {peer} at {self.hosts[peer]} left during the join ({reason}),"
                            f" before every rank had joined; nothing trained")
 
-    async def leave(self, control: ControlClient, reason: str) -> None:
+    async def leave(self, control: ControlClient, reason: str, *, failed: bool = False) -> None:
         """Tell every peer that is up (it answered our hello or said hello to us) that we
-        leave before joining, so that none waits for us; unreachable ones are skipped."""
+        leave before joining, so that none waits for us; unreachable ones are skipped.
+        `failed`: our join failed (a rank died in it): a peer that started already
+        stops too (exit 1), so that no rank trains a run another could not join."""
         peers = sorted(self.answered | set(self.greeted))
         if not peers:
             return
-        payload = {**self.identity.payload(), "reason": reason[:200]}
+        payload = {**self.identity.payload(), "reason": reason[:200], "failed": failed}
         answers = await asyncio.gather(*(control.call(j, ControlKind.LEAVE, payload,
                                                       timeout_s=LEAVE_TIMEOUT_S)
                                          for j in peers))
@@ -310,6 +330,12 @@ class Join:
         still joining) our join ends (see the module docstring)."""
         self.identity.check(sender, payload)
         reason = str(payload.get("reason") or "no reason given")[:200]
+        if self.node_built() and payload.get("failed") is True:
+            self.liveness.left(sender, reason)
+            self.waiter.lose([sender], why=f"rank {sender} could not complete the join "
+                                           f"({reason}): this run is not the one every rank "
+                                           f"joined; stopping this rank, exit 1")
+            return {"rank": self.identity.rank}
         if self.node_built():
             log.warning("rank %d left before it joined (%s): going on without it, and the "
                         "finish will not wait for it", sender, reason)
@@ -319,11 +345,38 @@ class Join:
         self.waiter.wake_up()
         return {"rank": self.identity.rank}
 
+    async def _until_all_ready(self, control: ControlClient, payload: dict[str, Any],
+                               deadline_s: float) -> None:
+        """Say hello (ready) until every peer said it holds every rank's answer too (in its
+        answer, or in its own hello to us). A peer that never gets there ends our join at
+        the join timeout; one that dies meanwhile ends it through `_watch` (and our
+        ``leave`` then ends the joins of the others: nobody trains a run a rank left)."""
+        loop = asyncio.get_running_loop()
+
+        async def ready(peer: int) -> None:
+            while peer not in self.ready_peers:
+                if self.waiter.stop_reason is not None:
+                    raise Interrupted(f"{self.waiter.stop_reason} (before every rank had "
+                                      f"joined)")
+                self._unless_one_left()
+                if loop.time() > deadline_s:
+                    raise RunError(f"rank {peer} at {self.hosts[peer]} did not hear from every "
+                                   f"rank within the join timeout {self.timeout_s:g} s (we "
+                                   f"did): a rank is missing or died during the join; "
+                                   f"nothing trained")
+                answer = await control.call(peer, ControlKind.HELLO, payload,
+                                            timeout_s=GREET_TIMEOUT_S)
+                if answer.ok and answer.payload is not None and answer.payload.get("ready"):
+                    self.ready_peers.add(peer)
+                    return
+                await asyncio.sleep(RETRY_S)
+
+        await asyncio.gather(*(ready(j) for j in self.peers))
+
     @staticmethod
-    async def _hellos_unless_one_dies(
-            hellos: asyncio.Future[list[dict[str, Any] | None]],
-            watch: Awaitable[None]) -> list[dict[str, Any] | None]:
-        """The hello answers, unless `watch` raises first (a peer died during the join)."""
+    async def _unless_one_dies(work: Awaitable[_T], watch: Awaitable[None]) -> _T:
+        """The result of `work`, unless `watch` raises first (a peer died during the join)."""
+        hellos = asyncio.ensure_future(work)
         watching = asyncio.ensure_future(watch)
         try:
             either: list[asyncio.Future[Any]] = [hellos, watching]
@@ -363,7 +416,21 @@ class Join:
                                    f"timeout {self.peer_timeout_s:g} s): it died during the "
                                    f"join, before every rank had joined; nothing trained")
 
+    async def linger_failed(self) -> None:
+        """After a failed join (and our ``leave``): refuse hellos with the reason for up
+        to 2 peer timeouts (at most FAILED_LINGER_S), so that a rank still starting
+        ends its join at once instead of at the join timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(FAILED_LINGER_S, 2 * self.peer_timeout_s, self.timeout_s)
+        while loop.time() < deadline and not set(self.peers) <= (
+                self.told_failed | set(self.liveness.left_peers)):
+            await asyncio.sleep(RETRY_S)
+
     async def on_hello(self, sender: int, payload: dict[str, Any]) -> dict[str, Any]:
+        if self.failed is not None and not self.node_built():
+            self.told_failed.add(sender)
+            raise ControlError(409, f"rank {self.identity.rank} ended its join: "
+                                    f"{self.failed[:200]}")
         self.greeted[sender] = self.greeted.get(sender, 0) + 1
         self.on_greeted(sender, self.greeted[sender])
         try:
@@ -379,10 +446,12 @@ class Join:
             if not self.node_built():  # a peer of another config: this run cannot start
                 self.error = error.reason
             raise
+        if payload.get("ready") is True:
+            self.ready_peers.add(sender)
         compute = payload.get("compute_s")
         if isinstance(compute, int | float) and compute > 0:
             self.peer_compute_s[sender] = float(compute)
         if self.node_built() and not self.phase.is_(Phase.REJOINING):
             self.liveness.heard(sender)
         return {**self.identity.payload(), "compute_s": self.compute_measured_s,
-                "state": self.phase.name}
+                "state": self.phase.name, "ready": self.ready or self.node_built()}

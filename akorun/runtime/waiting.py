@@ -56,12 +56,14 @@ class Waiter:
             log.warning("stopping: %s", reason)
         self.wake.set()
 
-    def lose(self, peers: Collection[int]) -> None:
+    def lose(self, peers: Collection[int], why: str | None = None) -> None:
         """Stop: the scheme cannot go on without `peers` (one error line, reason
-        "lost_peer"); the finish does not wait for them."""
+        "lost_peer", or `why`); the finish does not wait for them."""
         new = sorted(set(peers) - self.lost_peers)
         self.lost_peers.update(peers)
-        if new:
+        if new and why is not None:
+            log.error("%s", why)
+        elif new:
             log.error("lost peer(s) %s: scheme %s cannot continue without them (only ako "
                       "runs go on without a rank; --resume exists for ako only): stopping "
                       "this rank, exit 1", new, self.scheme)
