@@ -79,3 +79,27 @@ def test_a_malformed_folded_message_is_refused(bad: dict[str, int]) -> None:
     fields.update(bad)
     with pytest.raises(SchemeError):
         node().receive(Partial(**fields))  # type: ignore[arg-type]
+
+
+def test_a_worker_far_behind_every_peer_skips_to_them_in_one_message_losing_nothing() -> None:
+    behind = node()  # rank 0; rank 1 is 500 rounds ahead
+    ahead_values = np.arange(LENGTH, dtype=np.float32)
+    behind.receive(folded(0, 499, ahead_values))
+    (first,) = behind.local_step(0, np.ones(LENGTH, np.float32))
+    assert behind.catch_up_round(1) == 500
+    (send,) = behind.skip_rounds(500)
+    message = send.message
+    assert (message.rounds_from, message.round, message.length) == (1, 499, 0)
+    assert behind.next_round == 500 and behind.catch_up_round(500) == 500
+    peer = AkoWorker(1, 2, LENGTH, (P, P), staleness=0,
+                     replica=Replica(np.zeros(LENGTH, np.float32), PlainSGD(1)))
+    peer.receive(first.message)
+    peer.receive(message)
+    assert int(peer.log.contiguous[0]) == 499
+    assert behind.unsent is not None and float(behind.unsent.sum()) > 0  # still owed
+
+
+def test_a_worker_within_the_staleness_bound_does_not_skip() -> None:
+    worker = node()
+    worker.receive(folded(0, 0, np.zeros(LENGTH, np.float32)))
+    assert worker.catch_up_round(0) == 0 and worker.catch_up_round(1) == 1

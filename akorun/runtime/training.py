@@ -11,11 +11,21 @@ Following the driving loop of akocore.schemes:
         t += 1
 
 `RoundTimes` records each round's wall, compute, gate-wait and overhead seconds.
+
+Catching up (ako): a rank that comes back from a pause or a cut to find every
+peer in its gate far past it (by more than the staleness bound) would hold
+them all back while it computes the rounds it missed. It skips to the
+slowest peer's next round instead: the rounds between pass without a
+gradient, told to the peers in one folded message with no values
+(`AkoWorker.skip_rounds`; what it has not sent stays owed, so every gradient
+still reaches every peer once). Skipped rounds count as rounds with no
+compute in `RoundTimes`, and in `rounds_skipped`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -32,6 +42,8 @@ from akorun.runtime.fault_hooks import FaultHooks
 from akorun.runtime.outbox import Outbox
 from akorun.runtime.stopping import StopAgreement
 from akorun.runtime.waiting import Waiter
+
+log = logging.getLogger("akorun")
 
 
 @dataclass
@@ -82,6 +94,7 @@ class TrainingLoop:
         self.rounds_done = 0
         self.train_start_s: float | None = None
         self.agreement: StopAgreement | None = None  # the training ranks' last round
+        self.rounds_skipped = 0  # rounds passed without a gradient to catch up (ako)
 
     async def _stops_before(self, t: int) -> bool:
         """Whether round t is not to start: no stop; or a stop the training ranks agreed
@@ -95,6 +108,20 @@ class TrainingLoop:
         agreement.freeze(str(waiter.stop_reason))
         last = await agreement.last_round()
         return last is None or t >= last or self.at_limit(t)
+
+    def _catch_up(self, node: SchemeNode, t: int) -> int:
+        """The round to skip to before round t (ako: `AkoWorker.catch_up_round`), never
+        past the rounds limit nor an agreed stop."""
+        catch_up = getattr(node, "catch_up_round", None)
+        if catch_up is None:
+            return t
+        target = int(catch_up(t))
+        rounds = self.cfg.train.rounds
+        if rounds is not None:
+            target = min(target, rounds)
+        if self.agreement is not None and self.agreement.frozen:
+            return t
+        return max(t, target)
 
     def at_limit(self, t: int) -> bool:
         rounds = self.cfg.train.rounds
@@ -139,6 +166,21 @@ class TrainingLoop:
                 if agreement is not None and not frozen and not self.waiter.hard_stop:
                     continue  # stopped while waiting: agree on the last round first
                 break
+            skip_to = self._catch_up(node, t)
+            if skip_to > t:  # far behind every peer (paused, cut off): skip to them
+                await self.outbox.dispatch(node.skip_rounds(skip_to))  # type: ignore[attr-defined]
+                log.warning("catching up: rounds %d..%d pass without a gradient (every peer "
+                            "is past them); told the peers in one message", t, skip_to - 1)
+                now_s = loop.time() - self.train_start_s
+                for _ in range(t, skip_to):
+                    self.times.add(now_s, 0.0, waited_s)
+                    waited_s = 0.0
+                self.rounds_skipped += skip_to - t
+                t = skip_to
+                metrics.round = t
+                if agreement is not None:
+                    agreement.started = t
+                continue
             if agreement is not None:
                 agreement.started = t + 1  # before any await: a freeze counts this round
             batch = batches.next()
