@@ -16,6 +16,14 @@ too, else `RunError`), and a peer already training takes it out of its gate
 for good (runtime.liveness `left`) and finishes without waiting for it
 (runtime.finishing). This is how a SIGTERM to `akorun launch` that lands
 while one rank still starts ends every rank within launch's kill grace.
+A rank that holds every answer is *ready*, but starts only once every peer
+says it is ready too (in its answer or its own hello): a rank that dies
+while the others still greet is then noticed by a ready rank (silent past
+the peer timeout), which ends its join and says ``leave`` (``failed``), so
+nobody trains a run one rank could not join; a rank whose join failed
+refuses hellos for a moment longer (`linger_failed`) so that a rank still
+starting ends at once, and a peer that started anyway (the hello it took as
+the last "ready" crossed the failure) stops with exit 1 on that ``leave``.
 Every rank then plans with the MAX of all measured compute times,
 so all choose the same p, and builds its node. `greet` and `until` are the
 retrying calls the rejoin handshake uses too.
