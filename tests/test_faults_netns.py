@@ -544,3 +544,22 @@ def test_an_interface_down_for_long_ends_equal(net: Net, tmp_path: Path) -> None
         run.check(f"interface down {LONG_S:g} s (5 T)", [0, 1, 2])
     finally:
         run.kill()
+
+
+def test_a_rank_killed_and_resumed_after_long_ends_equal(net: Net, tmp_path: Path) -> None:
+    """Rank 2 is SIGKILLed at round 15 and restarted with --resume 4 T later (about
+    eight hundred rounds on): it rejoins from a donor and the three end equal."""
+    ckpt = tmp_path / "ckpt"
+    run = Run(net, tmp_path, _fast_rounds(), "--checkpoint-every", "5",
+              "--checkpoint-dir", str(ckpt), faults=f"2@kill_after_round:{FAULT_AT_ROUND}",
+              round_sleep_s=FAST_ROUND_SLEEP_S)
+    try:
+        assert run.wait([2])[2] == -signal.SIGKILL, run.logs()
+        time.sleep(4 * PEER_TIMEOUT_S)
+        run.start(2, f"sleep_per_round:{FAST_ROUND_SLEEP_S}", "--resume")
+        run.wait_log(2, "rejoin")
+        run.fault_ended()
+        run.check(f"SIGKILL, --resume after {4 * PEER_TIMEOUT_S:g} s (4 T)", [0, 1, 2],
+                  absent=(2,))
+    finally:
+        run.kill()
