@@ -232,7 +232,7 @@ class Worker:
             rank=self.rank, training_peers=[j for j in self.peers
                                             if role_for(self.cfg, j).trains],
             waiter=self.waiter, gone=self._out_of_gate, spawn=self._spawn,
-            heard=self.liveness.heard)
+            heard=self.liveness.heard, patience_s=GATE_STALL_TIMEOUTS * options.peer_timeout_s)
         self.training.agreement = self.stopping
         self.results = ResultBuilder(
             role=self.role, prepared=self.prepared, metrics=self.metrics,

@@ -112,3 +112,20 @@ def test_a_duration_stop_ends_every_rank_of_every_scheme_on_the_same_round(
     merged = json.loads((out / "result.json").read_text())
     rounds = [w["rounds"] for w in merged["per_worker"] if w["rounds"]]
     assert len(rounds) >= 3 and len(set(rounds)) == 1, merged["per_worker"]
+
+
+def test_a_peer_that_never_answers_is_given_up_on_after_the_patience() -> None:
+    async def main() -> int | None:
+        peers = Peers({1: 5, 2: None})
+        tasks: list[asyncio.Task[Any]] = []
+        waiter = Waiter(report_every_s=5.0)
+        agreement = StopAgreement(rank=0, training_peers=[1, 2], waiter=waiter,
+                                  gone=lambda peer: False, patience_s=0.5,
+                                  spawn=lambda c: tasks.append(asyncio.create_task(c)))
+        agreement.control = peers  # type: ignore[assignment]
+        agreement.started = 4
+        agreement.freeze("duration")
+        last = await asyncio.wait_for(agreement.last_round(), 10)
+        assert agreement.given_up == {2}
+        return last
+    assert asyncio.run(main()) == 5

@@ -42,13 +42,16 @@ class StopAgreement:
 
     def __init__(self, *, rank: int, training_peers: Sequence[int], waiter: Waiter,
                  gone: Callable[[int], bool], spawn: Callable[[Any], Any],
-                 heard: Callable[[int], None] = lambda peer: None) -> None:
+                 heard: Callable[[int], None] = lambda peer: None,
+                 patience_s: float = 30.0) -> None:
         self.rank = rank
         self.training_peers = list(training_peers)
         self.waiter = waiter
         self.gone = gone  # a peer out of the gate (suspended, left, lost): not waited for
         self.spawn = spawn  # run a coroutine as a task of the rank
         self.heard = heard
+        self.patience_s = patience_s  # a peer that answers no stop this long is not waited for
+        self.given_up: set[int] = set()
         self.control: ControlClient | None = None  # set once the run's client exists
         self.started = 0  # rounds this rank has started (the gate let them through)
         self.finished = False  # the rounds loop ended (no more rounds will start)
@@ -73,7 +76,15 @@ class StopAgreement:
 
     async def _tell(self, peer: int) -> None:
         payload = {"rank": self.rank, "rounds": self.own, "reason": self.waiter.stop_reason}
+        loop = asyncio.get_running_loop()
+        deadline_s = loop.time() + self.patience_s
         while peer not in self.counts and not self.gone(peer) and not self.waiter.hard_stop:
+            if loop.time() > deadline_s:
+                log.warning("rank %d answered no stop for %.0f s: not waited for in the "
+                            "agreement on the last round", peer, self.patience_s)
+                self.given_up.add(peer)
+                self.waiter.wake_up()
+                return
             if self.control is not None:
                 answer = await self.control.call(peer, ControlKind.STOP, payload,
                                                  timeout_s=CALL_TIMEOUT_S)
@@ -87,6 +98,7 @@ class StopAgreement:
     def settled(self) -> bool:
         """Every training peer's count is known (or it is out of the gate)."""
         return self.own is not None and all(j in self.counts or self.gone(j)
+                                            or j in self.given_up
                                             for j in self.training_peers)
 
     @property
