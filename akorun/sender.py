@@ -88,6 +88,13 @@ DEFAULT_QUEUE_MESSAGES: int = default_of("akorun.queue_messages")  # the registr
 DEFAULT_WINDOW = 1  # POSTs in flight to one peer: one, so one connection carries a peer's
 # messages in order and round t+1 never competes with round t (see the module docstring)
 WINDOW_ENV = "AKORUN_SEND_WINDOW"  # a benchmark's override of DEFAULT_WINDOW (1 or 2)
+# A connect attempt started while the path was cut waits for the kernel's SYN retransmits
+# (1 s, 3 s, 7 s ...); giving it up after 1.5 s (then the backoff retries at once on a new
+# one) reconnects within about 1.5 s of the path's return instead of the session's 5 s.
+PARTIAL_CONNECT_TIMEOUT_S = 1.5
+KICK_AFTER_S = 1.0  # a POST outstanding this long when its peer is heard again goes anew
+PARTIAL_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=PARTIAL_CONNECT_TIMEOUT_S,
+                                        sock_read=120.0)
 _FATAL_STATUSES = {400: "malformed", 401: "bad_signature", 409: "wrong_run", 413: "too_large"}
 
 
@@ -273,6 +280,7 @@ class PeerSender:
         self._task: asyncio.Task[None] | None = None
         self._deliveries: set[asyncio.Task[None]] = set()
         self._posts = asyncio.Semaphore(window)  # POSTs to this peer at once
+        self._attempts: dict[int, tuple[asyncio.Future[Outcome], float]] = {}  # see `kick`
 
     # ---------------------------------------------------------------- queue
 
@@ -304,8 +312,21 @@ class PeerSender:
         self._changed.set()
 
     def notify(self) -> None:
-        """Wake waiters (a change of the peer's suspension counts)."""
+        """Wake waiters (a change of the peer's suspension counts). A peer heard again
+        (not suspended) also has its stale POSTs abandoned for a new connection (`kick`)."""
         self._changed.set()
+        if not self.is_suspended():
+            self.kick()
+
+    def kick(self, older_than_s: float = KICK_AFTER_S) -> None:
+        """Abandon POSTs outstanding for longer than `older_than_s`: sent on a connection
+        that a cut or a pause left waiting on the kernel's retransmission backoff (seconds
+        to tens of seconds after the path is back), they go again at once on a new one
+        (a copy that did arrive is acknowledged as a duplicate: exactly once holds)."""
+        now = asyncio.get_running_loop().time()
+        for task, started_s in list(self._attempts.values()):
+            if now - started_s > older_than_s and not task.done():
+                task.cancel()
 
     async def put(self, message: Outgoing) -> None:
         """Queue `message`; wait while the queue is full (fold the oldest if suspended)."""
@@ -410,7 +431,8 @@ class PeerSender:
                         await asyncio.sleep(latency_s)
                 async with self._posts:
                     attempt_start_s = loop.time()
-                    outcome = await self.attempt(message)
+                    outcome, kicked = await self._attempt_unless_kicked(message,
+                                                                        attempt_start_s)
                 if outcome in (Outcome.DELIVERED, Outcome.DUPLICATE):
                     now = loop.time()
                     self.acked_round = max(self.acked_round, message.round)
@@ -435,7 +457,8 @@ class PeerSender:
                 if outcome is Outcome.REJECTED:
                     return
                 self.counters.retries += 1
-                await asyncio.sleep(self.policy.delay_s(attempt, self._rng))
+                if not kicked:
+                    await asyncio.sleep(self.policy.delay_s(attempt, self._rng))
                 attempt += 1
                 paced = False
         finally:
@@ -443,6 +466,23 @@ class PeerSender:
             self._wire_s.pop(id(message), None)
             self.in_flight.remove(message)
             self._changed.set()
+
+    async def _attempt_unless_kicked(self, message: Outgoing,
+                                     started_s: float) -> tuple[Outcome, bool]:
+        """`attempt`, as a task `kick` may cancel: (RETRY, True) when it did."""
+        task = asyncio.ensure_future(self.attempt(message))
+        self._attempts[id(message)] = (task, started_s)
+        try:
+            return await task, False
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.cancelled() and (current is None or not current.cancelling()):
+                log.debug("send to %d (round %d) abandoned for a new connection", self.dest,
+                          message.round)
+                return Outcome.RETRY, True
+            raise
+        finally:
+            self._attempts.pop(id(message), None)
 
     async def attempt(self, message: Outgoing) -> Outcome:
         """One POST of `message`; what to do next."""
@@ -458,6 +498,7 @@ class PeerSender:
         self.counters.software_send_s += time.perf_counter() - seal_start_s
         try:
             async with self.session.post(self.url, data=message.data, headers=headers,
+                                         timeout=PARTIAL_TIMEOUT,
                                          ssl=self.ssl) as response:  # type: ignore[arg-type]
                 status = response.status
                 text = await response.read() if status != 200 else b""
