@@ -33,7 +33,7 @@ import numpy as np
 
 from akocore.config import RunConfig
 from akocore.figures import step_seed
-from akocore.schemes import SchemeNode
+from akocore.schemes import AkoWorker, SchemeNode
 from akocore.workload import Workload
 from akorun.metrics import Metrics
 from akorun.runtime.checkpoints import CheckpointWriter
@@ -112,10 +112,9 @@ class TrainingLoop:
     def _catch_up(self, node: SchemeNode, t: int) -> int:
         """The round to skip to before round t (ako: `AkoWorker.catch_up_round`), never
         past the rounds limit nor an agreed stop."""
-        catch_up = getattr(node, "catch_up_round", None)
-        if catch_up is None:
+        if not isinstance(node, AkoWorker):
             return t
-        target = int(catch_up(t))
+        target = node.catch_up_round(t)
         rounds = self.cfg.train.rounds
         if rounds is not None:
             target = min(target, rounds)
@@ -168,7 +167,8 @@ class TrainingLoop:
                 break
             skip_to = self._catch_up(node, t)
             if skip_to > t:  # far behind every peer (paused, cut off): skip to them
-                await self.outbox.dispatch(node.skip_rounds(skip_to))  # type: ignore[attr-defined]
+                assert isinstance(node, AkoWorker)
+                await self.outbox.dispatch(node.skip_rounds(skip_to))
                 log.warning("catching up: rounds %d..%d pass without a gradient (every peer "
                             "is past them); told the peers in one message", t, skip_to - 1)
                 now_s = loop.time() - self.train_start_s
