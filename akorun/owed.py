@@ -18,7 +18,8 @@ class OwedGap:
 
     Values are summed per partition (together at most one flat vector); the
     rounds are kept as ranges of consecutive rounds (normally one: the queue
-    drops its oldest, in order). `take` gives back one folded message per
+    drops its oldest, in order; a folded message, such as a catch-up's skip,
+    adds its whole range). `take` gives back one folded message per
     range (`Partial.first_round`): the first carries the whole sum over the
     span of the partitions folded (zeros between them), any later one no
     values (it only records its rounds). So what a peer was owed, for however
@@ -41,12 +42,12 @@ class OwedGap:
 
     def fold(self, message: Partial) -> None:
         """Add `message` (an ako gradient partition, or a zero-length final marker)."""
-        round_ = message.round
+        round_ = message.round  # a folded message (a catch-up's skip) covers a range
         self.highest_round = max(self.highest_round, round_)
-        if self.ranges and round_ == self.ranges[-1][1] + 1:
+        if self.ranges and message.rounds_from == self.ranges[-1][1] + 1:
             self.ranges[-1][1] = round_
         else:
-            self.ranges.append([round_, round_])
+            self.ranges.append([message.rounds_from, round_])
         if message.final:
             self.final_round = round_
         if self.like is None:

@@ -222,7 +222,7 @@ class PeerSender:
     def acked_through(self) -> int:
         """Highest round r such that every message of rounds <= r was acknowledged
         (or given up); `acked_round` is the highest acknowledged at all."""
-        owed = [m.first_round for m in self.in_flight] + [m.round for m in self.queue]
+        owed = [m.first_round for m in (*self.in_flight, *self.queue)]
         oldest_folded = self.gap.oldest_round()
         if oldest_folded is not None:
             owed.append(oldest_folded)

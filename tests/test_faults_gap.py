@@ -167,3 +167,14 @@ def test_a_restart_forgets_the_gap(tmp_path: Any) -> None:
     gap.fold(grad(1))
     gap.clear()
     assert len(gap) == 0 and gap.oldest_round() is None and not gap.folded
+
+
+def test_a_folded_skip_folds_in_as_its_whole_range() -> None:
+    gap = OwedGap()
+    gap.fold(grad(3))
+    gap.fold(Partial(Kind.GRAD, 0, 9, 0, P, 0, 0, np.zeros(0, np.float32), first_round=4))
+    gap.fold(grad(10))
+    assert len(gap) == 1
+    out = gap.take()
+    assert (out.rounds_from, out.round) == (3, 10)
+    np.testing.assert_allclose(total([out]), total([grad(3), grad(10)]))
