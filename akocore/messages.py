@@ -38,6 +38,14 @@ class Partial:
     key twice drops the second copy. `part` is the partition index for ako,
     the shard index for ps and the ring step for allreduce. `final` marks the
     last message a sender will ever send to this receiver.
+
+    A *folded* message (`first_round` set, ako only) carries the sum of the
+    sender's rounds `first_round` .. `round` to one receiver at once: what a
+    sender owed a peer that was away (suspended, cut off, paused) goes back as
+    one message instead of one per round. Its `part` is 0 and it spans the
+    whole flat vector (or nothing: a zero-length folded message only records
+    its rounds). The receiver records every round of the range as delivered
+    (akocore.ssp.DeliveryLog.record_range).
     """
 
     kind: Kind
@@ -49,6 +57,16 @@ class Partial:
     length: int
     values: np.ndarray | None = None
     final: bool = False
+    first_round: int | None = None  # folded: the first of the rounds summed in here
+
+    @property
+    def folded(self) -> bool:
+        return self.first_round is not None
+
+    @property
+    def rounds_from(self) -> int:
+        """The first round this message covers (`round` unless folded)."""
+        return self.round if self.first_round is None else self.first_round
 
     @property
     def key(self) -> tuple[int, int, int]:

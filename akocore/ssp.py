@@ -74,6 +74,38 @@ class DeliveryLog:
         self.record_advance(sender)
         return True
 
+    def held_rounds(self, sender: int, first: int, last: int) -> list[int]:
+        """The rounds of `sender` in [first, last] of which something is recorded."""
+        held = list(range(first, min(last, int(self.contiguous[sender])) + 1))
+        held += sorted(r for r in self._pending[sender] if first <= r <= last)
+        return held
+
+    def record_range(self, sender: int, first: int, last: int) -> list[int]:
+        """Record every round of `sender` in [first, last] as wholly delivered (a folded
+        message: one message per round senders only); the rounds newly recorded, in
+        order (empty: every one was held, a duplicate)."""
+        if not self.knows(sender):
+            raise KeyError(f"unknown sender {sender}")
+        if self._parts_per_round(sender, last) != 1:
+            raise ValueError("a range of rounds is recorded only for one message per round")
+        if last < first:
+            return []
+        held = set(self.held_rounds(sender, first, last))
+        if len(held) == last - first + 1:
+            return []
+        new = [r for r in range(max(first, int(self.contiguous[sender]) + 1), last + 1)
+               if r not in held]
+        pending = self._pending[sender]
+        if first <= self.contiguous[sender] + 1:
+            for r in [r for r in pending if r <= last]:
+                del pending[r]
+            self.contiguous[sender] = last
+        else:
+            for r in new:
+                pending.setdefault(r, set()).add(0)
+        self.record_advance(sender)
+        return new
+
     def skip_to(self, sender: int, round_: int) -> None:
         """Treat every round of `sender` up to `round_` as delivered (a restarted
         sender continues after a gap: nothing before its first new round will come)."""

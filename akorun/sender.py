@@ -9,15 +9,16 @@ often as needed:
   training loop down instead of growing a queue). For a peer that is
   suspended (silent past the peer timeout, probably dead) a full queue takes
   its OLDEST message out instead. An ako gradient (Kind.GRAD: gradients add
-  up) is folded into the peer's `OwedGap`: its values are summed per
-  partition into one buffer (at most one flat vector per peer, however long
-  the silence) and its round remembered; any other kind is dropped, as
+  up) is folded into the peer's `OwedGap` (akorun.owed): its values are summed per
+  partition (at most one flat vector per peer, however long the silence)
+  and its round added to a range of rounds; any other kind is dropped, as
   counted in ``send_dropped``. (A queued message keeps its `Partial` for
-  this, next to its encoded bytes.) When
-  the peer is heard again the lane sends the gap first, one message per
-  folded round, the first of each partition carrying the folded sum and the
-  others zeros: every contribution reaches the peer exactly once and its
-  delivery log has no permanent hole. `dropped_until` (the highest round
+  this, next to its encoded bytes.) When the peer is heard again the lane
+  sends the gap first, as ONE folded message (akocore.messages.Partial
+  `first_round`: the sum of rounds first..last, acknowledged as that range):
+  every contribution reaches the peer exactly once, its delivery log has no
+  permanent hole, and the catch-up costs one gradient's send time whatever
+  the length of the absence. `dropped_until` (the highest round
   folded) is what a restarting peer's donor must cover (rejoin protocol);
   a restart clears the gap (the donor's snapshot holds it).
 - `PeerSender.run` is the peer's lane: it takes messages in queue order,
@@ -58,9 +59,6 @@ often as needed:
 
 `acked_round` (highest round this peer acknowledged) and `dropped_until` are
 what the rejoin handshake reports about this peer.
-
-Past ~500 lines for now: the queue, the gap folding and the answer verdicts share
-one lane's state; the gap (OwedGap) is the piece to move out next.
 """
 
 from __future__ import annotations
@@ -70,14 +68,12 @@ import logging
 import os
 import random
 import time
-from array import array
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
 import aiohttp
-import numpy as np
 
 from akocore.messages import Kind, Partial
 from akocore.settings.key_registry import default_of
@@ -91,6 +87,7 @@ from akorun.answers import (
 from akorun.emulated_links import LinkShaper
 from akorun.keys import AUTH_HEADER, RELAY_HEADER, STALE_SESSION, PartialSealer
 from akorun.metrics import PeerCounters, timed_call
+from akorun.owed import OwedGap
 
 log = logging.getLogger("akorun")
 
@@ -104,6 +101,13 @@ DEFAULT_QUEUE_MESSAGES: int = default_of("akorun.queue_messages")  # the registr
 DEFAULT_WINDOW = 1  # POSTs in flight to one peer: one, so one connection carries a peer's
 # messages in order and round t+1 never competes with round t (see the module docstring)
 WINDOW_ENV = "AKORUN_SEND_WINDOW"  # a benchmark's override of DEFAULT_WINDOW (1 or 2)
+# A connect attempt started while the path was cut waits for the kernel's SYN retransmits
+# (1 s, 3 s, 7 s ...); giving it up after 1.5 s (then the backoff retries at once on a new
+# one) reconnects within about 1.5 s of the path's return instead of the session's 5 s.
+PARTIAL_CONNECT_TIMEOUT_S = 1.5
+KICK_AFTER_S = 1.0  # a POST outstanding this long when its peer is heard again goes anew
+PARTIAL_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=PARTIAL_CONNECT_TIMEOUT_S,
+                                        sock_read=120.0)
 _FATAL_STATUSES = {400: "malformed", 401: "bad_signature", 409: "wrong_run", 413: "too_large",
                    422: "non_finite"}
 
@@ -149,6 +153,11 @@ class Outgoing:
     def nbytes(self) -> int:
         return len(self.data)
 
+    @property
+    def first_round(self) -> int:
+        """The first round it covers (a folded message covers a range)."""
+        return self.partial.rounds_from if self.partial is not None else self.round
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
@@ -168,75 +177,6 @@ class Outcome(Enum):
     DUPLICATE = "duplicate"
     RETRY = "retry"
     REJECTED = "rejected"
-
-
-class OwedGap:
-    """Messages taken out of a suspended peer's full queue, folded (bounded memory).
-
-    Values are summed per partition into one buffer per partition (together at
-    most one flat vector); rounds are kept as two int arrays (12 bytes per
-    round). `take` regenerates the oldest folded round as a Partial: the first
-    message of each partition carries that partition's folded sum, the later
-    ones zeros, so the peer receives each contribution exactly once and
-    records every round.
-    """
-
-    def __init__(self) -> None:
-        self.rounds: array[int] = array("q")
-        self.parts: array[int] = array("l")
-        self.folded: dict[int, np.ndarray] = {}
-        self.shape: dict[int, Partial] = {}  # part -> a message of that part (no values)
-        self.final_round: int | None = None
-        self.final_marker: Partial | None = None  # a zero-length final message, if folded
-        self.highest_round = -1
-        self._next = 0
-
-    def __len__(self) -> int:
-        return len(self.rounds) - self._next
-
-    def fold(self, message: Partial) -> None:
-        self.rounds.append(message.round)
-        self.parts.append(message.part)
-        self.highest_round = max(self.highest_round, message.round)
-        if message.final:
-            self.final_round = message.round
-            if message.length == 0:
-                self.final_marker = message
-                return
-        if message.part not in self.shape:
-            self.shape[message.part] = Partial(message.kind, message.sender, -1, message.part,
-                                               message.p, message.offset, message.length)
-        if message.values is not None:
-            total = self.folded.get(message.part)
-            if total is None:
-                self.folded[message.part] = np.array(message.values, np.float32, copy=True)
-            else:
-                total += message.values
-
-    def oldest_round(self) -> int | None:
-        return self.rounds[self._next] if len(self) else None
-
-    def take(self) -> Partial:
-        """The oldest folded round as a message to send now."""
-        round_, part = self.rounds[self._next], self.parts[self._next]
-        self._next += 1
-        if not len(self):
-            self.rounds, self.parts, self._next = array("q"), array("l"), 0
-        if self.final_marker is not None and round_ == self.final_marker.round:
-            return self.final_marker
-        like = self.shape[part]
-        values = self.folded.pop(part, None)
-        if values is None:
-            values = np.zeros(like.length, np.float32)
-        return Partial(like.kind, like.sender, round_, part, like.p, like.offset, like.length,
-                       values, final=round_ == self.final_round)
-
-    def clear(self) -> None:
-        self.rounds, self.parts, self._next = array("q"), array("l"), 0
-        self.folded.clear()
-        self.shape.clear()
-        self.final_round = None
-        self.final_marker = None
 
 
 class PeerSender:
@@ -279,6 +219,7 @@ class PeerSender:
         self._task: asyncio.Task[None] | None = None
         self._deliveries: set[asyncio.Task[None]] = set()
         self._posts = asyncio.Semaphore(window)  # POSTs to this peer at once
+        self._attempts: dict[int, tuple[asyncio.Future[Outcome], float]] = {}  # see `kick`
 
     # ---------------------------------------------------------------- queue
 
@@ -295,7 +236,7 @@ class PeerSender:
     def acked_through(self) -> int:
         """Highest round r such that every message of rounds <= r was acknowledged
         (or given up); `acked_round` is the highest acknowledged at all."""
-        owed = [m.round for m in self.in_flight] + [m.round for m in self.queue]
+        owed = [m.first_round for m in (*self.in_flight, *self.queue)]
         oldest_folded = self.gap.oldest_round()
         if oldest_folded is not None:
             owed.append(oldest_folded)
@@ -304,14 +245,27 @@ class PeerSender:
     def forget_gap(self) -> None:
         """The peer restarted from a donor's snapshot, which holds what was folded."""
         if len(self.gap):
-            log.warning("peer %d restarted: %d folded round(s) owed to it are covered by its "
-                        "donor's snapshot", self.dest, len(self.gap))
+            log.warning("peer %d restarted: its folded rounds %s are covered by its "
+                        "donor's snapshot", self.dest, self.gap.ranges)
         self.gap.clear()
         self._changed.set()
 
     def notify(self) -> None:
-        """Wake waiters (a change of the peer's suspension counts)."""
+        """Wake waiters (a change of the peer's suspension counts). A peer heard again
+        (not suspended) also has its stale POSTs abandoned for a new connection (`kick`)."""
         self._changed.set()
+        if not self.is_suspended():
+            self.kick()
+
+    def kick(self, older_than_s: float = KICK_AFTER_S) -> None:
+        """Abandon POSTs outstanding for longer than `older_than_s`: sent on a connection
+        that a cut or a pause left waiting on the kernel's retransmission backoff (seconds
+        to tens of seconds after the path is back), they go again at once on a new one
+        (a copy that did arrive is acknowledged as a duplicate: exactly once holds)."""
+        now = asyncio.get_running_loop().time()
+        for task, started_s in list(self._attempts.values()):
+            if now - started_s > older_than_s and not task.done():
+                task.cancel()
 
     async def put(self, message: Outgoing) -> None:
         """Queue `message`; wait while the queue is full (fold the oldest if suspended)."""
@@ -375,7 +329,7 @@ class PeerSender:
                 data, encode_s = timed_call(self.encode, partial)
                 self.counters.software_send_s += encode_s
                 message = Outgoing(data, partial.kind, partial.round,
-                                   partial.part, partial.final, loop.time())
+                                   partial.part, partial.final, loop.time(), partial)
             else:
                 message = self.queue.popleft()
             self.in_flight.append(message)
@@ -416,7 +370,8 @@ class PeerSender:
                         await asyncio.sleep(latency_s)
                 async with self._posts:
                     attempt_start_s = loop.time()
-                    outcome = await self.attempt(message)
+                    outcome, kicked = await self._attempt_unless_kicked(message,
+                                                                        attempt_start_s)
                 if outcome in (Outcome.DELIVERED, Outcome.DUPLICATE):
                     now = loop.time()
                     self.acked_round = max(self.acked_round, message.round)
@@ -441,7 +396,8 @@ class PeerSender:
                 if outcome is Outcome.REJECTED:
                     return
                 self.counters.retries += 1
-                await asyncio.sleep(self.policy.delay_s(attempt, self._rng))
+                if not kicked:
+                    await asyncio.sleep(self.policy.delay_s(attempt, self._rng))
                 attempt += 1
                 paced = False
         finally:
@@ -449,6 +405,23 @@ class PeerSender:
             self._wire_s.pop(id(message), None)
             self.in_flight.remove(message)
             self._changed.set()
+
+    async def _attempt_unless_kicked(self, message: Outgoing,
+                                     started_s: float) -> tuple[Outcome, bool]:
+        """`attempt`, as a task `kick` may cancel: (RETRY, True) when it did."""
+        task = asyncio.ensure_future(self.attempt(message))
+        self._attempts[id(message)] = (task, started_s)
+        try:
+            return await task, False
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.cancelled() and (current is None or not current.cancelling()):
+                log.debug("send to %d (round %d) abandoned for a new connection", self.dest,
+                          message.round)
+                return Outcome.RETRY, True
+            raise
+        finally:
+            self._attempts.pop(id(message), None)
 
     async def attempt(self, message: Outgoing) -> Outcome:
         """One POST of `message`; what to do next."""
@@ -464,6 +437,7 @@ class PeerSender:
         self.counters.software_send_s += time.perf_counter() - seal_start_s
         try:
             async with self.session.post(self.url, data=message.data, headers=headers,
+                                         timeout=PARTIAL_TIMEOUT,
                                          ssl=self.ssl,  # type: ignore[arg-type]
                                          allow_redirects=False) as response:
                 status = response.status

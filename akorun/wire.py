@@ -19,12 +19,12 @@ Header layout (all integers little-endian, `struct` format `HEADER_FORMAT`):
 |      4 |    1 | version     | u8      | `VERSION` (2); anything else is rejected      |
 |      5 |    1 | kind        | u8      | `akocore.messages.Kind`                       |
 |      6 |    1 | dtype       | u8      | 1 = float32 (`DTYPE_FLOAT32`), the only one   |
-|      7 |    1 | flags       | u8      | bit 0 = final; other bits must be 0           |
+|      7 |    1 | flags       | u8      | bit 0 = final, bit 1 = folded; others 0       |
 |      8 |   16 | run_id      | bytes   | the run's 16-byte id (a UUID's bytes)         |
 |     24 |    8 | config_hash | bytes   | first 8 bytes of the (config, params) hash    |
 |     32 |    4 | sender      | u32     | sender rank                                   |
 |     36 |    8 | round       | u64     | sender's round, < 2**63                       |
-|     44 |    4 | part        | u32     | partition / shard / ring step                 |
+|     44 |    4 | part        | u32     | partition / shard / ring step (folded: below) |
 |     48 |    4 | p           | u32     | number of partitions                          |
 |     52 |    8 | offset      | u64     | first element in the flat vector              |
 |     60 |    8 | length      | u64     | number of float32 values in the body          |
@@ -32,6 +32,12 @@ Header layout (all integers little-endian, `struct` format `HEADER_FORMAT`):
 |    100 |      | body        | `<f4`[] | `length` values, `length * 4` bytes           |
 
 `offset + length` and `length * 4` must fit in a signed 64-bit integer.
+
+A *folded* message (flag bit 1; `Partial.first_round` set) carries the sum of
+the sender's rounds `round - part` .. `round` (on the wire `part` counts the
+earlier rounds folded in; decoded, the Partial has part 0 and `first_round`):
+what a sender owed a peer that was away goes back in one message
+(akorun.sender.OwedGap).
 
 Checks and the HTTP status a server answers with (`Status`):
 
@@ -67,6 +73,8 @@ MAGIC = b"AKO1"
 VERSION = 2
 DTYPE_FLOAT32 = 1
 FLAG_FINAL = 0x01
+FLAG_FOLDED = 0x02
+_FLAGS = FLAG_FINAL | FLAG_FOLDED
 RUN_ID_BYTES = 16
 CONFIG_HASH_BYTES = 8
 DIGEST_BYTES = 32
@@ -124,6 +132,7 @@ class Header:
     offset: int
     length: int
     digest: bytes
+    first_round: int | None = None  # folded: the first round summed in (see the layout)
 
     @property
     def body_nbytes(self) -> int:
@@ -233,6 +242,13 @@ def encode(partial: Partial, *, run_id: bytes, config_hash: bytes) -> tuple[byte
     _check_range("sender", partial.sender, _U32_MAX)
     _check_range("round", partial.round, _I64_MAX)
     _check_range("part", partial.part, _U32_MAX)
+    part = partial.part
+    if partial.first_round is not None:
+        if partial.part != 0:
+            raise ValueError(f"a folded partial has part 0, got {partial.part}")
+        _check_range("first_round", partial.first_round, partial.round)
+        part = partial.round - partial.first_round
+        _check_range("rounds folded", part, _U32_MAX)
     _check_range("p", partial.p, _U32_MAX)
     _check_range("length", partial.length, MAX_LENGTH)
     _check_range("offset", partial.offset, _I64_MAX - partial.length)
@@ -243,12 +259,13 @@ def encode(partial: Partial, *, run_id: bytes, config_hash: bytes) -> tuple[byte
         VERSION,
         int(partial.kind),
         DTYPE_FLOAT32,
-        FLAG_FINAL if partial.final else 0,
+        (FLAG_FINAL if partial.final else 0)
+        | (FLAG_FOLDED if partial.first_round is not None else 0),
         run_id,
         config_hash,
         partial.sender,
         partial.round,
-        partial.part,
+        part,
         partial.p,
         partial.offset,
         partial.length,
@@ -305,10 +322,16 @@ def decode_header(
         raise WireError(
             f"unknown dtype code {dtype}, expected {DTYPE_FLOAT32} (float32)", Status.MALFORMED
         )
-    if flags & ~FLAG_FINAL:
+    if flags & ~_FLAGS:
         raise WireError(f"unknown flag bits {flags:#04x}", Status.MALFORMED)
     if round_ > _I64_MAX:
         raise WireError(f"round {round_} does not fit in a signed 64-bit int", Status.MALFORMED)
+    first_round = None
+    if flags & FLAG_FOLDED:
+        if part > round_:
+            raise WireError(f"folded message of {part + 1} rounds ending at round {round_}",
+                            Status.MALFORMED)
+        first_round, part = round_ - part, 0
     if length > MAX_LENGTH:
         raise WireError(f"length {length} overflows a 64-bit byte count", Status.MALFORMED)
     if offset > _I64_MAX - length:
@@ -340,6 +363,7 @@ def decode_header(
         offset=offset,
         length=length,
         digest=bytes(buf[FIELDS_SIZE:HEADER_SIZE]),
+        first_round=first_round,
     )
 
 
@@ -410,6 +434,7 @@ def to_partial(header: Header, body_array: np.ndarray | bytes | bytearray | memo
         length=header.length,
         values=values,
         final=header.final,
+        first_round=header.first_round,
     )
 
 

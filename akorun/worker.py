@@ -53,7 +53,7 @@ from akorun.runtime.checkpoints import CheckpointWriter
 from akorun.runtime.evaluation import Evaluator
 from akorun.runtime.fault_hooks import fault_hooks, relay_answer_hook
 from akorun.runtime.finishing import Finisher
-from akorun.runtime.join import Identity, Join
+from akorun.runtime.join import Identity, Join, JoinFacts, compared_settings
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.outbox import Outbox, emulated_links
 from akorun.runtime.phase import Phase, PhaseMachine
@@ -63,6 +63,7 @@ from akorun.runtime.rejoin import Rejoin
 from akorun.runtime.relay import Relay
 from akorun.runtime.reporting import Reporter
 from akorun.runtime.roles import role_for
+from akorun.runtime.stopping import StopAgreement
 from akorun.runtime.training import TrainingLoop
 from akorun.runtime.waiting import GATE_STALL_TIMEOUTS, Waiter
 from akorun.sender import DEFAULT_QUEUE_MESSAGES
@@ -182,6 +183,7 @@ class Worker:
         self.finisher: Finisher
         self.reporter: Reporter
         self.control_table: ControlTable
+        self.stopping: StopAgreement
 
     # ================================================================ wiring
 
@@ -198,7 +200,10 @@ class Worker:
                                 checkpoint_dir=options.checkpoint_dir)
         identity = Identity(self.rank, self.run_id, self.config_hash,
                             self.prepared.params_sha256,
-                            workload=self.prepared.workload_identity)
+                            workload=self.prepared.workload_identity,
+                            settings=compared_settings(JoinFacts(
+                                self.cfg, self.prepared.params_sha256,
+                                self.prepared.workload_identity)))
         hooks = fault_hooks(options.faults, outbox=self.outbox, gone=self._suspended,
                             hard_stop=lambda: self.waiter.hard_stop,
                             stop_requested=lambda: self.waiter.stop_reason is not None)
@@ -227,6 +232,12 @@ class Worker:
             workload=self.prepared.workload, metrics=self.metrics, outbox=self.outbox,
             waiter=self.waiter, faults=hooks, evaluator=self.evaluator,
             checkpoints=checkpoints, checkpoint_every=options.checkpoint_every)
+        self.stopping = StopAgreement(
+            rank=self.rank, training_peers=[j for j in self.peers
+                                            if role_for(self.cfg, j).trains],
+            waiter=self.waiter, gone=self._out_of_gate, spawn=self._spawn,
+            heard=self.liveness.heard, patience_s=GATE_STALL_TIMEOUTS * options.peer_timeout_s)
+        self.training.agreement = self.stopping
         self.results = ResultBuilder(
             role=self.role, prepared=self.prepared, metrics=self.metrics,
             training=self.training, outbox=self.outbox, evaluator=self.evaluator,
@@ -243,7 +254,8 @@ class Worker:
                                  run_id=self.run_id, config_hash=self.config_hash)
         self.control_table = ControlTable({
             ControlKind.HELLO: self.join.on_hello,
-            ControlKind.STOP: self.evaluator.on_stop,
+            ControlKind.STOP: self.stopping.on_stop if self.role.trains
+            else self.evaluator.on_stop,
             ControlKind.HEARTBEAT: self.liveness.on_heartbeat,
             ControlKind.DONE: self.liveness.on_done,
             ControlKind.REJOIN_HELLO: self.rejoin.on_rejoin_hello,
@@ -270,6 +282,11 @@ class Worker:
     def _suspended(self, peer: int) -> bool:
         node = self.role.node
         return node is not None and peer in node.suspended
+
+    def _out_of_gate(self, peer: int) -> bool:
+        """Not waited for by the stop agreement: suspended, left, lost or done."""
+        return self._suspended(peer) or peer in self.liveness.left_peers \
+            or peer in self.waiter.lost_peers or peer in self.liveness.done_peers
 
     def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
         self._tasks.append(asyncio.create_task(coroutine))
@@ -300,6 +317,8 @@ class Worker:
         node = self.role.node
         assert node is not None
         partial, refusal = refuse_non_finite(partial)
+        if partial.folded:  # rounds owed while we were away: less any taken forwarded
+            partial = self.relay.fold_in(partial)
         receipt = node.receive(partial)  # SchemeError -> 400 in the server
         counters = self.metrics.peer(partial.sender)
         self.liveness.received(partial.sender, receipt.accepted)
@@ -362,6 +381,7 @@ class Worker:
         control.binary_answer_max_bytes = binary_answer_cap(self.prepared.workload.gradient_bytes)
         self.evaluator.control = control
         self.relay.control = control
+        self.stopping.control = control
         server = Server(self, max_concurrent_reads=max(4, 3 * len(self.peers)))
         host, port = self.endpoints[self.rank]
         try:
@@ -383,7 +403,10 @@ class Worker:
                 try:
                     await self.join.join(control)
                 except (Interrupted, RunError) as error:
-                    await self.join.leave(control, str(error))  # so that no peer waits
+                    await self.join.leave(control, str(error),  # so that no peer waits
+                                          failed=isinstance(error, RunError))
+                    if isinstance(error, RunError):
+                        await self.join.linger_failed()  # for the ranks still starting
                     if isinstance(error, Interrupted):
                         self._write_unjoined_result()
                     raise

@@ -1,9 +1,10 @@
 """No permanent gap after a suspension: what a suspended peer's full queue folds comes back.
 
-`OwedGap` alone (each folded round regenerated once, partition sums kept,
-the final marker kept) and a `PeerSender` on loopback whose receiver answers
-503 while the peer is suspended: the oldest messages fold, and once the peer
-is back every round arrives exactly once with the same total of values.
+`OwedGap` alone (the folded rounds given back as one message summing them,
+one per range of consecutive rounds, the final marker kept) and a
+`PeerSender` on loopback whose receiver answers 503 while the peer is
+suspended: the oldest messages fold, and once the peer is back every round
+arrives exactly once with the same total of values.
 """
 
 from __future__ import annotations
@@ -47,31 +48,53 @@ def total(messages: list[Partial]) -> np.ndarray:
     return out
 
 
-def test_a_gap_gives_back_every_folded_round_once_with_the_same_sum() -> None:
+def test_a_gap_gives_back_every_folded_round_in_one_message_with_the_same_sum() -> None:
     folded = [grad(r) for r in range(3, 11)]
     gap = OwedGap()
     for m in folded:
         gap.fold(m)
-    assert len(gap) == 8 and gap.highest_round == 10 and gap.oldest_round() == 3
-    out = [gap.take() for _ in range(8)]
+    assert len(gap) == 1 and gap.highest_round == 10 and gap.oldest_round() == 3
+    out = gap.take()
     assert len(gap) == 0 and gap.oldest_round() is None
-    assert [m.round for m in out] == list(range(3, 11))
-    assert [(m.part, m.offset, m.length) for m in out] == [
-        (m.part, m.offset, m.length) for m in folded]
-    np.testing.assert_allclose(total(out), total(folded))
-    assert not any(m.final for m in out)
+    assert (out.rounds_from, out.round, out.part, out.offset, out.length) == (3, 10, 0, 0, LENGTH)
+    np.testing.assert_allclose(total([out]), total(folded))
+    assert out.folded and not out.final
 
 
-def test_a_folded_final_marker_comes_back_last_and_final() -> None:
+def test_rounds_that_skip_come_back_as_one_message_per_range_the_sum_in_the_first() -> None:
+    folded = [grad(r) for r in (3, 4, 5, 8, 9)]
+    gap = OwedGap()
+    for m in folded:
+        gap.fold(m)
+    assert len(gap) == 2
+    first, second = gap.take(), gap.take()
+    assert (first.rounds_from, first.round, second.rounds_from, second.round) == (3, 5, 8, 9)
+    assert second.length == 0
+    np.testing.assert_allclose(total([first, second]), total(folded))
+
+
+def test_a_folded_final_marker_makes_the_folded_message_final() -> None:
     gap = OwedGap()
     regular = Partial(Kind.GRAD, 0, 4, 0, 1, 0, LENGTH, np.ones(LENGTH, np.float32))
     marker = Partial(Kind.GRAD, 0, 5, 0, 1, 0, 0, np.zeros(0, np.float32), True)
     gap.fold(regular)
     gap.fold(marker)
-    first, second = gap.take(), gap.take()
-    assert (first.round, first.length, first.final) == (4, LENGTH, False)
-    np.testing.assert_array_equal(first.values, np.ones(LENGTH))
-    assert (second.round, second.length, second.final) == (5, 0, True)
+    out = gap.take()
+    assert (out.rounds_from, out.round, out.length, out.final) == (4, 5, LENGTH, True)
+    np.testing.assert_array_equal(out.values, np.ones(LENGTH))
+
+
+def test_a_folded_message_survives_the_wire() -> None:
+    from akorun.wire import decode, encode_bytes
+
+    gap = OwedGap()
+    for m in [grad(r) for r in range(3, 11)]:
+        gap.fold(m)
+    out = gap.take()
+    back = decode(encode_bytes(out, run_id=RUN, config_hash=WIRE_HASH), run_id=RUN,
+                  config_hash=WIRE_HASH)
+    assert (back.rounds_from, back.round, back.part, back.final) == (3, 10, 0, False)
+    np.testing.assert_array_equal(back.values, out.values)
 
 
 class ValueHost(SinkHost):
@@ -131,7 +154,9 @@ def test_a_suspended_peers_full_queue_folds_and_everything_arrives_once_it_is_ba
             await server.close()
 
     sender = asyncio.run(main())
-    assert sorted(m.round for m in host.received) == list(range(20))
+    rounds = sorted(r for m in host.received for r in range(m.rounds_from, m.round + 1))
+    assert rounds == list(range(20))
+    assert any(m.folded for m in host.received)
     np.testing.assert_allclose(total(host.received), total(sent), rtol=1e-6)
     assert sender.counters.send_dropped["overflow"] > 0  # taken out of the queue, folded
     assert sender.acked_round == 19
@@ -142,3 +167,14 @@ def test_a_restart_forgets_the_gap(tmp_path: Any) -> None:
     gap.fold(grad(1))
     gap.clear()
     assert len(gap) == 0 and gap.oldest_round() is None and not gap.folded
+
+
+def test_a_folded_skip_folds_in_as_its_whole_range() -> None:
+    gap = OwedGap()
+    gap.fold(grad(3))
+    gap.fold(Partial(Kind.GRAD, 0, 9, 0, P, 0, 0, np.zeros(0, np.float32), first_round=4))
+    gap.fold(grad(10))
+    assert len(gap) == 1
+    out = gap.take()
+    assert (out.rounds_from, out.round) == (3, 10)
+    np.testing.assert_allclose(total([out]), total([grad(3), grad(10)]))

@@ -46,7 +46,7 @@ class ScriptedControl:
         await asyncio.sleep(0)
         if self.answers.get(rank, 0) > 0:
             self.answers[rank] -= 1
-            return ControlAnswer(200, {**self.identity.payload(), "rank": rank})
+            return ControlAnswer(200, {**self.identity.payload(), "rank": rank, "ready": True})
         return ControlAnswer(0, error="connection refused")
 
 
@@ -98,3 +98,29 @@ def test_the_others_of_a_rank_killed_during_the_join_exit_1_with_one_line(
         assert len(failed) == 1 and "rank 2" in failed[0] and "died during the join" \
             in failed[0], log
         assert not list(cluster.out.glob("worker-*.json"))  # nothing trained, nothing written
+
+
+def test_a_rank_killed_while_others_still_greet_ends_the_join_for_every_rank(
+        tmp_path: Path) -> None:
+    """Five ranks: 0, 1 and 4 start; 4 answers their hellos, then dies (SIGKILL); 2 and 3
+    start only then, so they never hear from 4 while 0 and 1 hold 4's answer. No rank
+    trains: every live rank ends its join with exit 1 and one line, none at the join
+    timeout (ranks ready to start wait until every rank is ready too). The peer timeout
+    (10 s) leaves 2 and 3 the time to start before 0 and 1 give up on 4; a rank started
+    after every other one ended is waited for until the join timeout (README)."""
+    settings = new_settings(peer_timeout_s=10.0, join_timeout_s=100.0)
+    tables = {"cluster": {"workers": 5}, "exchange": {"p": 2, "ssp": 1},
+              "train": {"workload": "digits-mlp", "optimizer": "sgd", "lr": 0.1,
+                        "rounds": 50, "eval_every": 1000}}
+    with LocalCluster(tmp_path, tables, settings=settings) as cluster:
+        cluster.start_all("--quiet", env={"AKORUN_FAULT": "4@kill_in_join"}, ranks=[0, 1, 4])
+        assert cluster.wait(4, 90) == -signal.SIGKILL, cluster.logs()
+        cluster.start_all("--quiet", ranks=[2, 3])
+        codes = cluster.wait_all(110)
+        assert codes == {0: 1, 1: 1, 2: 1, 3: 1, 4: -signal.SIGKILL}, cluster.logs()
+        for rank in range(4):
+            log = cluster.log(rank)
+            assert "Traceback" not in log
+            assert len([line for line in log.splitlines() if "failed:" in line]) == 1, log
+            assert "no hello answer within" not in log, log  # ended, not timed out
+        assert not list(cluster.out.glob("worker-*.json"))  # nothing trained

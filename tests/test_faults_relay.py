@@ -371,3 +371,30 @@ def test_four_ranks_with_key_files_agree_when_a_holder_withholds_from_one_and_is
         for rank in (1, 2):
             np.testing.assert_allclose(cluster.params(rank), cluster.params(0), rtol=RTOL,
                                        atol=RTOL * 0.1)
+
+
+def test_a_folded_range_that_meets_a_forwarded_round_takes_that_round_out_once() -> None:
+    """Rank 2 (p = 1) was cut off from rank 1 only: rank 1 took its round 5 forwarded;
+    rank 2 then sends rounds 5..7 folded into one message: rank 1 ends holding rounds
+    5, 6, 7 once each (the forwarded values taken out of the sum), and a re-send of the
+    folded message changes nothing."""
+    keys = three_ranks()
+    node = AkoWorker(1, 3, 6, (1, 1, 1), replica=Replica(np.zeros(6, np.float32), PlainSGD(1)),
+                     staleness=0)
+    asker = Relay(rank=1, peers=[0, 2], node=lambda: node, signer=Signer(keys[1]),
+                  verifier=RequestVerifier(keys[1], world=3), peer_timeout_s=1.0,
+                  deliver=lambda partial: node.receive(partial).accepted)
+    origin = Signer(keys[2])
+    round_5 = Partial(Kind.GRAD, 2, 5, 0, 1, 0, 6, np.full(6, 1.0, np.float32))
+    later = np.full(6, 10.0, np.float32)  # rounds 6 and 7
+    node.log.skip_to(2, 4)
+    data = origin.encode(round_5)
+    held = HeldPartial(round_5, origin.endorse(data[:HEADER_SIZE]), keys[2].sessions.nonce)
+    assert asker._take(0, 2, pack_messages(2, [(held, data)]), None) == 1
+    folded = Partial(Kind.GRAD, 2, 7, 0, 1, 0, 6, round_5.values + later, first_round=5)
+    for _ in range(2):
+        taken = asker.fold_in(folded)
+        if not node.receive(taken).accepted:
+            asker.duplicate(taken)
+    assert node.inbox is not None and np.array_equal(node.inbox, round_5.values + later)
+    assert int(node.log.contiguous[2]) == 7 and asker.reconciled == 1

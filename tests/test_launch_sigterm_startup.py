@@ -1,13 +1,14 @@
 """A SIGTERM to `akorun launch` while one rank is still starting and the others train.
 
 The fault hook ``2@pause_in_join`` holds rank 2 in its join (before its own
-hellos) until it is asked to stop; its server answers the others' hellos, so
-ranks 0 and 1 join and train while rank 2 still shows "starting". SIGTERM then
-goes to launch. Expected (docs/guide/failure.md): every rank ends within
-launch's kill grace (launch never needs its SIGKILL: its log says so when it
-does, and a killed rank would make it exit 1), every rank writes its result
-marked as stopped by SIGTERM (rank 2 with no round), ranks 0 and 1 end equal,
-launch exits 130 and no rank process is left. The peer timeout (30 s) is
+hellos) until it is asked to stop; its server answers the others' hellos, but
+says it is not ready (it has not heard every rank), so ranks 0 and 1 wait in
+their join too: no rank trains a run another has not joined (akorun.runtime.join).
+SIGTERM then goes to launch. Expected (docs/guide/failure.md): every rank
+ends within launch's kill grace (launch never needs its SIGKILL: its log says
+so when it does, and a killed rank would make it exit 1), every rank writes its
+result marked as stopped by SIGTERM with no round, launch exits 130 and no rank
+process is left. The peer timeout (30 s) is
 longer than the kill grace (20 s): a rank that waited for the starting rank
 as for a lost peer (it is given up on only once silent past the peer timeout)
 would always be SIGKILLed, however fast the machine. Nothing here measures
@@ -80,10 +81,7 @@ def _check_the_interrupted_run(code: int, log: str, out: Path) -> RunResult:
     for rank, record in ranks.items():
         assert (out / f"worker-{rank}.json").exists(), log
         assert not record.failed and "SIGTERM" in (record.stop_reason or ""), (rank, log)
-    assert ranks[STARTING_RANK].rounds == 0, log
-    assert all(ranks[r].rounds > 0 for r in range(WORKERS) if r != STARTING_RANK), log
-    assert result.max_relative_difference is not None
-    assert result.max_relative_difference < RTOL, log  # ranks 0 and 1 end equal
+    assert all(ranks[r].rounds == 0 for r in range(WORKERS)), log  # nobody trained alone
     assert _processes_naming(str(out / "cluster.toml")) == [], log
     return result
 
@@ -91,8 +89,8 @@ def _check_the_interrupted_run(code: int, log: str, out: Path) -> RunResult:
 @pytest.mark.parametrize("scheme", ["ako", "allreduce"])
 def test_a_sigterm_while_one_rank_starts_ends_every_rank_within_the_grace(
         tmp_path: Path, scheme: str) -> None:
-    """ako goes on without the starting rank; all-reduce cannot, and its ranks, stuck
-    at their first round, must not wait for that rank's rounds either."""
+    """For ako and all-reduce alike the others wait in their join for the starting rank
+    and end at the SIGTERM without waiting for it."""
     out = tmp_path / "run"
     log_path = tmp_path / "launch.log"
     with open(log_path, "wb") as log_file:
@@ -107,13 +105,13 @@ def test_a_sigterm_while_one_rank_starts_ends_every_rank_within_the_grace(
         def status(rank: int) -> dict[str, Any]:
             return launched_rank_status(cluster_path, rank)
 
-        def others_train_while_one_starts() -> bool:
-            return status(STARTING_RANK).get("state") == "starting" and all(
-                status(r).get("state") == "running" and status(r).get("round", 0) >= 1
-                for r in range(WORKERS) if r != STARTING_RANK)
+        def all_wait_while_one_starts() -> bool:
+            return all(status(r).get("state") == "starting" for r in range(WORKERS))
 
-        wait_for(others_train_while_one_starts, 120,
-                 f"ranks training while rank {STARTING_RANK} still starts")
+        wait_for(all_wait_while_one_starts, 120,
+                 f"every rank in its join while rank {STARTING_RANK} still starts")
+        time.sleep(2.0)  # the others' hellos reach rank 2 (a delay, not a measurement)
+        assert all(status(r).get("state") == "starting" for r in range(WORKERS))
         launch.send_signal(signal.SIGTERM)
         code = launch.wait(timeout=120)
     finally:
@@ -132,21 +130,19 @@ def test_the_same_on_the_testbed_leaves_no_namespace(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "akorun", "launch", "--testbed", "netns",
                "--bandwidth", "20mbps", *RUN_FLAGS, "--progress-every", "0.5s",
                "--out", str(out)]
-    others = [r for r in range(WORKERS) if r != STARTING_RANK]
-    training = [re.compile(rf"\b{r}:runni r[1-9]") for r in others]
-    starting = re.compile(rf"\b{STARTING_RANK}:start ")
+    starting = [re.compile(rf"\b{r}:start ") for r in range(WORKERS)]
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(command, cwd=REPO_ROOT, env=child_test_env(FAULT),
                                 stdout=log_file, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 150
-        while not any(starting.search(line) and all(p.search(line) for p in training)
+        while not any(all(p.search(line) for p in starting)
                       for line in log_path.read_text().splitlines()):
             if proc.poll() is not None or time.monotonic() > deadline:
                 text = log_path.read_text()
                 if "testbed: `" in text:  # a command the kernel refused
                     pytest.skip(f"the kernel refused the testbed: {text.strip()}")
-                raise AssertionError(f"never saw ranks {others} train while rank "
+                raise AssertionError(f"never saw every rank in its join while rank "
                                      f"{STARTING_RANK} starts:\n{text}")
             time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)

@@ -169,6 +169,28 @@ class AkoWorker(SchemeNode):
         self.next_round = round_ + 1
         return [send]
 
+    def catch_up_round(self, round_: int) -> int:
+        """The round to skip to before `round_` when every peer in the gate is so far
+        ahead that this worker would hold them all back (it was paused or cut off):
+        the next round of the slowest of them; `round_` itself otherwise."""
+        rounds = self.log.contiguous[self._gate_mask()]
+        if rounds.size == 0 or math.isinf(self.staleness):
+            return round_
+        slowest_next = int(rounds.min()) + 1
+        return slowest_next if slowest_next > round_ + self.staleness + 1 else round_
+
+    def skip_rounds(self, to_round: int) -> list[Send]:
+        """Rounds next_round .. to_round - 1 pass without a gradient: one folded message
+        with no values tells every peer (they record the rounds; what is unsent stays
+        owed and goes with the partitions of later rounds, so nothing is lost)."""
+        if self.finished or to_round <= self.next_round:
+            return []
+        empty = Partial(Kind.GRAD, self.rank, to_round - 1, 0, self.p, 0, 0,
+                        None if self.unsent is None else np.zeros(0, np.float32),
+                        first_round=self.next_round)
+        self.next_round = to_round
+        return [Send(self.peers, empty)]
+
     def finish(self, rounds_done: int) -> list[Send]:
         if rounds_done != self.next_round:
             raise SchemeError(f"node {self.rank}: finish after {rounds_done} rounds, "
@@ -187,6 +209,14 @@ class AkoWorker(SchemeNode):
             raise SchemeError(f"ako worker {self.rank}: unexpected {msg.kind.name} "
                               f"from node {msg.sender}")
         sender_p = self.p_of[msg.sender]
+        if msg.folded:
+            if msg.p != sender_p or msg.part != 0 or not 0 <= msg.rounds_from <= msg.round:
+                raise SchemeError(f"node {msg.sender}: a folded message of rounds "
+                                  f"{msg.rounds_from}..{msg.round} must say p={sender_p}, "
+                                  f"part 0 and span a piece of the vector or nothing")
+            if msg.length:  # one with no values only records its rounds
+                self._check_values(msg)
+            return
         if msg.p != sender_p or not 0 <= msg.part < sender_p:
             raise SchemeError(f"node {msg.sender} uses p={sender_p}, message says p={msg.p} "
                               f"part {msg.part}")
@@ -198,8 +228,16 @@ class AkoWorker(SchemeNode):
         self._check_values(msg)
 
     def receive(self, msg: Partial) -> Receipt:
+        """Take a message; a duplicate (every round it covers held) is refused.
+
+        A folded message whose range partly overlaps rounds held already is taken
+        for its new rounds with all its values: the shell must first take out of
+        it the values of the rounds it holds (akorun.runtime.relay `fold_in`)."""
         self.validate(msg)
-        if not self.log.record(msg.sender, msg.round, msg.part):
+        if msg.folded:
+            if not self.log.record_range(msg.sender, msg.rounds_from, msg.round):
+                return Receipt(False)
+        elif not self.log.record(msg.sender, msg.round, msg.part):
             return Receipt(False)
         if msg.final:
             self._set_final(msg.sender, msg.round)

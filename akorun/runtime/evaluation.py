@@ -2,8 +2,10 @@
 
 Periodic evaluations run on a copy of the parameters in one eval thread (one
 at a time); each record carries the end of the evaluated round since the
-start of training. Reaching ``train.target_accuracy`` stops this rank and
-tells every peer (``stop``); a peer's ``stop`` stops this rank too.
+start of training. Reaching ``train.target_accuracy`` stops this rank; the
+training loop has every training rank agree on the last round
+(runtime.stopping, control ``stop``). A rank that does not train answers a
+``stop`` here: it stops too.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import numpy as np
 
 from akocore.workload import FlatWorkload
 from akorun.client import ControlClient
-from akorun.control import ControlKind
 from akorun.metrics import Metrics
 from akorun.runtime.waiting import Waiter
 
@@ -67,13 +68,10 @@ class Evaluator:
         target = self.target_accuracy
         if target is None or accuracy < target or self.waiter.stop_reason is not None:
             return
+        # the training loop then has every training rank agree on the last round
+        # (runtime.stopping), which tells the peers
         self.waiter.request_stop(f"target accuracy {target} reached ({accuracy:.4f} at round "
                                  f"{round_})")
-        control = self.control
-        if control is not None:
-            for peer in self.peers:
-                self.spawn(control.call(peer, ControlKind.STOP,
-                                        {"rank": self.rank, "round": round_}))
 
     async def final(self, params: np.ndarray) -> float:
         """The final accuracy (also the last one in the metrics)."""

@@ -16,9 +16,29 @@ too, else `RunError`), and a peer already training takes it out of its gate
 for good (runtime.liveness `left`) and finishes without waiting for it
 (runtime.finishing). This is how a SIGTERM to `akorun launch` that lands
 while one rank still starts ends every rank within launch's kill grace.
+A rank that holds every answer is *ready*, but starts only once every peer
+says it is ready too (in its answer or its own hello): a rank that dies
+while the others still greet is then noticed by a ready rank (silent past
+the peer timeout), which ends its join and says ``leave`` (``failed``), so
+nobody trains a run one rank could not join; a rank whose join failed
+refuses hellos for a moment longer (`linger_failed`) so that a rank still
+starting ends at once, and a peer that started anyway (the hello it took as
+the last "ready" crossed the failure) stops with exit 1 on that ``leave``.
 Every rank then plans with the MAX of all measured compute times,
 so all choose the same p, and builds its node. `greet` and `until` are the
 retrying calls the rejoin handshake uses too.
+
+Bad configuration across ranks is found here, by name. Each rank's hello and
+its answer carry its `compared_settings`: every setting of the run (the keys
+of the config hash, as ``section.key``) and the entries of `COMPARED` (the
+initial-parameter hash; one more entry is all a new shared fact needs). The
+first setting that differs ends the join on BOTH ranks with exit status 2
+and one line naming the setting and both values (`SettingMismatch`): the
+rank that receives the hello answers it normally (so the sender sees the
+difference too) and remembers it, and a rank that found one keeps answering
+hellos for up to `MISMATCH_LINGER_S` so that a peer started a moment later
+learns it too. A peer whose hello cannot be authenticated at all (401: its
+secret or run id differs) is a mismatch as well: exit 2, one line.
 
 The per-start nonces that key every later message are exchanged here, below
 the payload: the first call to a peer is a discovery hello answered with the
@@ -31,28 +51,86 @@ of a rank, is refused before `on_hello` sees it.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
+from akocore.config import RunConfig
+from akocore.settings.toml_io import config_to_dict
 from akorun.client import ControlClient
 from akorun.control import ControlError, ControlKind
-from akorun.errors import Interrupted, RunError
+from akorun.errors import Interrupted, RunError, UsageError
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.phase import Phase, PhaseMachine
 from akorun.runtime.waiting import Waiter
 
 log = logging.getLogger("akorun")
+_T = TypeVar("_T")
 
 GREET_TIMEOUT_S = 5.0
 LEAVE_TIMEOUT_S = 2.0
 RETRY_S = 0.2
+FAILED_LINGER_S = 30.0  # a rank whose join failed refuses hellos at most this long
+MISMATCH_LINGER_S = 3.0  # a rank that found a mismatch answers hellos this long before exit
 _WHAT = {"run_id": "run id", "config_hash": "config hash",
          "workload": "workload (name, parameter shapes, data; fingerprint)",
          "params_sha256": "initial-parameter hash"}
 _SHOWN = {"workload": 96}  # characters of a value in a refusal (hashes: 16)
+
+
+@dataclass(frozen=True)
+class JoinFacts:
+    """What a rank knows before the join that every rank of the run must share."""
+
+    cfg: RunConfig
+    params_sha256: str
+    workload: str = ""  # "name fingerprint" (akocore.workload_fingerprint)
+
+
+WORKLOAD_SETTING = "workload (name, parameter shapes, data; fingerprint)"
+# Settings compared at the join besides the run's config keys: name -> how to read it.
+# A new shared fact (e.g. a fingerprint of the user's workload) is one more entry here
+# (and, if it is not in the config, one more field of JoinFacts).
+COMPARED: dict[str, Callable[[JoinFacts], str]] = {
+    "initial parameters (sha256)": lambda facts: facts.params_sha256,
+    WORKLOAD_SETTING: lambda facts: facts.workload,
+}
+_NOT_COMPARED = {("cluster", "hosts"), ("network", "model")}  # as the config hash
+
+
+def compared_settings(facts: JoinFacts) -> dict[str, str]:
+    """Every setting the ranks of one run must agree on, by name, as text."""
+    settings = {f"{section}.{key}": json.dumps(value, sort_keys=True)
+                for section, keys in config_to_dict(facts.cfg).items()
+                for key, value in keys.items() if (section, key) not in _NOT_COMPARED}
+    settings.update({name: str(read(facts)) for name, read in COMPARED.items()})
+    return settings
+
+
+class SettingMismatch(ControlError):
+    """A peer's setting differs from ours: the run cannot start (exit 2 on every rank)."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__(409, line)
+
+
+def first_mismatch(ours: dict[str, str], theirs: object, me: int, peer: int) -> str | None:
+    """The line naming the first setting that differs (None when all agree)."""
+    if not isinstance(theirs, dict):
+        return None  # a peer that compares no settings: the hashes decide
+    for name in sorted(set(ours) | set(theirs)):
+        mine, its = ours.get(name, "(not set)"), str(theirs.get(name, "(not set)"))
+        if mine != its:
+            shown = _SHOWN["workload"] if name == WORKLOAD_SETTING else 80
+            advice = ("give every rank the same workload file, arguments and data"
+                      if name == WORKLOAD_SETTING else
+                      "start every rank from the same cluster file with the same flags")
+            return (f"setting {name} differs between ranks: rank {me} has {mine[:shown]}, "
+                    f"rank {peer} has {its[:shown]}; {advice}")
+    return None
 
 
 @dataclass(frozen=True)
@@ -64,13 +142,21 @@ class Identity:
     config_hash: str
     params_sha256: str
     workload: str = ""  # "name fingerprint" (akocore.workload_fingerprint)
+    settings: dict[str, str] = field(default_factory=dict)  # compared_settings, by name
 
     def payload(self) -> dict[str, Any]:
         return {"rank": self.rank, "run_id": self.run_id, "config_hash": self.config_hash,
-                "params_sha256": self.params_sha256, "workload": self.workload}
+                "params_sha256": self.params_sha256, "workload": self.workload,
+                "settings": self.settings}
 
     def check(self, sender: int, payload: dict[str, Any]) -> None:
-        """ControlError 409 (and a log line) unless `payload` is of this same run."""
+        """ControlError 409 (and a log line) unless `payload` is of this same run;
+        `SettingMismatch` when a named setting differs."""
+        if self.settings:
+            line = first_mismatch(self.settings, payload.get("settings"), self.rank, sender)
+            if line is not None:
+                log.error(line)
+                raise SettingMismatch(line)
         for key, ours in (("run_id", self.run_id), ("config_hash", self.config_hash),
                           ("workload", self.workload), ("params_sha256", self.params_sha256)):
             theirs = payload.get(key)
@@ -92,6 +178,10 @@ async def greet(control: ControlClient, peer: int, kind: ControlKind, payload: d
     answer = await control.call(peer, kind, payload, timeout_s=GREET_TIMEOUT_S)
     if answer.ok:
         return answer.payload
+    if answer.status == 401 and kind is ControlKind.HELLO:
+        raise UsageError(f"rank {peer} cannot authenticate our hello (401: {answer.error[:120]})"
+                         f": its secret, run id or key file differs from ours; start every "
+                         f"rank from the same cluster file (and key files of one `akorun init`)")
     if answer.status in (400, 401, 409):
         raise RunError(f"rank {peer} refused our {what} ({answer.status}): {answer.error}")
     return None
@@ -135,9 +225,34 @@ class Join:
         self.answered: set[int] = set()  # peers that answered our hello
         self.peer_compute_s: dict[int, float] = {}
         self.error: str | None = None  # a peer of another run said hello: no start
+        self.mismatch: str | None = None  # a peer's setting differs: exit 2 (SettingMismatch)
+        self.ready = False  # every peer answered our hello
+        self.failed: str | None = None  # our join failed: hellos are refused with this
+        self.told_failed: set[int] = set()
+        self.ready_peers: set[int] = set()  # peers that said they hold every answer too
 
     async def join(self, control: ControlClient) -> None:
-        """Hello every rank (refusing mismatches), agree on p, build the node."""
+        """Hello every rank (refusing mismatches), agree on p, build the node.
+        UsageError (exit 2) when a peer's settings differ, after answering hellos a
+        moment longer so that every peer learns it too."""
+        try:
+            await self._join(control)
+        except UsageError:
+            await self._linger()
+            raise
+        except RunError as error:
+            self.failed = str(error)  # later hellos are refused with it (`linger_failed`)
+            raise
+
+    async def _linger(self) -> None:
+        """Up to MISMATCH_LINGER_S, until every peer said hello to us (and so heard our
+        settings in the answer)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(MISMATCH_LINGER_S, self.timeout_s)
+        while loop.time() < deadline and not set(self.peers) <= set(self.greeted):
+            await asyncio.sleep(RETRY_S)
+
+    async def _join(self, control: ControlClient) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
         payload = {**self.identity.payload(), "compute_s": self.compute_measured_s}
@@ -148,6 +263,8 @@ class Join:
 
         async def hello(peer: int) -> dict[str, Any] | None:
             async def once() -> dict[str, Any] | None:
+                if self.mismatch is not None:
+                    raise UsageError(self.mismatch)
                 if self.error is not None:
                     raise RunError(self.error)
                 if self.waiter.stop_reason is not None:
@@ -157,11 +274,12 @@ class Join:
                 return await greet(control, peer, ControlKind.HELLO, payload, "hello")
             answer = await until(deadline, once)
             if answer is not None:
+                self._check_settings(peer, answer)
                 answered_s[peer] = loop.time()
                 self.answered.add(peer)
             return answer
 
-        answers = await self._hellos_unless_one_dies(
+        answers = await self._unless_one_dies(
             asyncio.gather(*(hello(j) for j in self.peers)),
             self._watch(control, payload, answered_s))
         missing = [j for j, a in zip(self.peers, answers, strict=True) if a is None]
@@ -178,12 +296,31 @@ class Join:
             if isinstance(answer.get("compute_s"), int | float):
                 self.peer_compute_s[peer] = float(answer["compute_s"])
         self._unless_one_left()
+        # every answer is in: we are ready; start only once every peer is ready too, so a
+        # rank that dies now ends the join for everyone (see `_until_all_ready`)
+        self.ready = True
+        payload["ready"] = True
+        await self._unless_one_dies(self._until_all_ready(control, payload, deadline),
+                                    self._watch(control, payload, answered_s))
+        if self.waiter.stop_reason is not None:
+            raise Interrupted(f"{self.waiter.stop_reason} (before every rank had joined)")
+        self._unless_one_left()
         compute_s = None
         if self.compute_measured_s is not None:
             compute_s = max([self.compute_measured_s, *self.peer_compute_s.values()])
         self.build_node(compute_s)
         self.liveness.heard_all()
         self.phase.to(Phase.RUNNING)
+
+    def _check_settings(self, peer: int, answer: dict[str, Any]) -> None:
+        """UsageError when `peer`'s answer names a setting that differs from ours."""
+        try:
+            self.identity.check(peer, answer)
+        except SettingMismatch as mismatch:
+            self.mismatch = self.mismatch or mismatch.reason
+            raise UsageError(self.mismatch) from None
+        except ControlError:
+            return  # a hash differs without a named setting: refused below, as before
 
     def _unless_one_left(self) -> None:
         """RunError if a rank said it leaves before we joined (the run cannot start)."""
@@ -192,13 +329,15 @@ class Join:
             raise RunError(f"rank {peer} at {self.hosts[peer]} left during the join ({reason}),"
                            f" before every rank had joined; nothing trained")
 
-    async def leave(self, control: ControlClient, reason: str) -> None:
+    async def leave(self, control: ControlClient, reason: str, *, failed: bool = False) -> None:
         """Tell every peer that is up (it answered our hello or said hello to us) that we
-        leave before joining, so that none waits for us; unreachable ones are skipped."""
+        leave before joining, so that none waits for us; unreachable ones are skipped.
+        `failed`: our join failed (a rank died in it): a peer that started already
+        stops too (exit 1), so that no rank trains a run another could not join."""
         peers = sorted(self.answered | set(self.greeted))
         if not peers:
             return
-        payload = {**self.identity.payload(), "reason": reason[:200]}
+        payload = {**self.identity.payload(), "reason": reason[:200], "failed": failed}
         answers = await asyncio.gather(*(control.call(j, ControlKind.LEAVE, payload,
                                                       timeout_s=LEAVE_TIMEOUT_S)
                                          for j in peers))
@@ -212,6 +351,12 @@ class Join:
         still joining) our join ends (see the module docstring)."""
         self.identity.check(sender, payload)
         reason = str(payload.get("reason") or "no reason given")[:200]
+        if self.node_built() and payload.get("failed") is True:
+            self.liveness.left(sender, reason)
+            self.waiter.lose([sender], why=f"rank {sender} could not complete the join "
+                                           f"({reason}): this run is not the one every rank "
+                                           f"joined; stopping this rank, exit 1")
+            return {"rank": self.identity.rank}
         if self.node_built():
             log.warning("rank %d left before it joined (%s): going on without it, and the "
                         "finish will not wait for it", sender, reason)
@@ -221,11 +366,38 @@ class Join:
         self.waiter.wake_up()
         return {"rank": self.identity.rank}
 
+    async def _until_all_ready(self, control: ControlClient, payload: dict[str, Any],
+                               deadline_s: float) -> None:
+        """Say hello (ready) until every peer said it holds every rank's answer too (in its
+        answer, or in its own hello to us). A peer that never gets there ends our join at
+        the join timeout; one that dies meanwhile ends it through `_watch` (and our
+        ``leave`` then ends the joins of the others: nobody trains a run a rank left)."""
+        loop = asyncio.get_running_loop()
+
+        async def ready(peer: int) -> None:
+            while peer not in self.ready_peers:
+                if self.waiter.stop_reason is not None:
+                    raise Interrupted(f"{self.waiter.stop_reason} (before every rank had "
+                                      f"joined)")
+                self._unless_one_left()
+                if loop.time() > deadline_s:
+                    raise RunError(f"rank {peer} at {self.hosts[peer]} did not hear from every "
+                                   f"rank within the join timeout {self.timeout_s:g} s (we "
+                                   f"did): a rank is missing or died during the join; "
+                                   f"nothing trained")
+                answer = await control.call(peer, ControlKind.HELLO, payload,
+                                            timeout_s=GREET_TIMEOUT_S)
+                if answer.ok and answer.payload is not None and answer.payload.get("ready"):
+                    self.ready_peers.add(peer)
+                    return
+                await asyncio.sleep(RETRY_S)
+
+        await asyncio.gather(*(ready(j) for j in self.peers))
+
     @staticmethod
-    async def _hellos_unless_one_dies(
-            hellos: asyncio.Future[list[dict[str, Any] | None]],
-            watch: Awaitable[None]) -> list[dict[str, Any] | None]:
-        """The hello answers, unless `watch` raises first (a peer died during the join)."""
+    async def _unless_one_dies(work: Awaitable[_T], watch: Awaitable[None]) -> _T:
+        """The result of `work`, unless `watch` raises first (a peer died during the join)."""
+        hellos = asyncio.ensure_future(work)
         watching = asyncio.ensure_future(watch)
         try:
             either: list[asyncio.Future[Any]] = [hellos, watching]
@@ -265,19 +437,42 @@ class Join:
                                    f"timeout {self.peer_timeout_s:g} s): it died during the "
                                    f"join, before every rank had joined; nothing trained")
 
+    async def linger_failed(self) -> None:
+        """After a failed join (and our ``leave``): refuse hellos with the reason for up
+        to 2 peer timeouts (at most FAILED_LINGER_S), so that a rank still starting
+        ends its join at once instead of at the join timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(FAILED_LINGER_S, 2 * self.peer_timeout_s, self.timeout_s)
+        while loop.time() < deadline and not set(self.peers) <= (
+                self.told_failed | set(self.liveness.left_peers)):
+            await asyncio.sleep(RETRY_S)
+
     async def on_hello(self, sender: int, payload: dict[str, Any]) -> dict[str, Any]:
+        if self.failed is not None and not self.node_built():
+            self.told_failed.add(sender)
+            raise ControlError(409, f"rank {self.identity.rank} ended its join: "
+                                    f"{self.failed[:200]}")
         self.greeted[sender] = self.greeted.get(sender, 0) + 1
         self.on_greeted(sender, self.greeted[sender])
         try:
             self.identity.check(sender, payload)
+        except SettingMismatch as mismatch:
+            if self.node_built():
+                raise
+            # answered as usual, so that the peer finds the same difference in our answer
+            self.mismatch = self.mismatch or mismatch.reason
+            return {**self.identity.payload(), "compute_s": self.compute_measured_s,
+                    "state": self.phase.name}
         except ControlError as error:
             if not self.node_built():  # a peer of another config: this run cannot start
                 self.error = error.reason
             raise
+        if payload.get("ready") is True:
+            self.ready_peers.add(sender)
         compute = payload.get("compute_s")
         if isinstance(compute, int | float) and compute > 0:
             self.peer_compute_s[sender] = float(compute)
         if self.node_built() and not self.phase.is_(Phase.REJOINING):
             self.liveness.heard(sender)
         return {**self.identity.payload(), "compute_s": self.compute_measured_s,
-                "state": self.phase.name}
+                "state": self.phase.name, "ready": self.ready or self.node_built()}

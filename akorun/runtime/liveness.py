@@ -73,6 +73,7 @@ class Liveness:
                 and peer not in self.left_peers:
             node.resume_peer(peer)
             log.warning("peer %d speaks again: back in the SSP gate", peer)
+            self.notify_sender(peer)  # its stale POSTs go again on a new connection
             self.on_change()
 
     def received(self, peer: int, accepted: bool) -> None:

@@ -32,7 +32,7 @@ So akorun does (a):
   asker retries for 2 T + 1 s, and stops as soon as the peer speaks to it
   again): a peer that only the asker cannot hear (a cut between two ranks) is
   not dead, and after the heal it sends the asker the rounds it folded for it
-  (akorun.sender.OwedGap: one summed message per partition), which must not
+  (akorun.sender.OwedGap: one message summing them), which must not
   meet forwarded copies of the same rounds (the copy would be kept, the sum
   dropped as a duplicate).
   A donor also pulls before it hands a rejoining rank a snapshot, and every
@@ -46,10 +46,13 @@ So akorun does (a):
   the control request that carries them has its own seal and counter).
   Forwarded messages are not evidence that the lost rank lives.
 - Meet: a peer that was only paused or cut off comes back and sends again
-  what it owed, possibly folded (akorun.sender.OwedGap: one summed message
-  per partition, then zero-valued ones); where this rank already took one of
-  those rounds forwarded, the duplicate's difference from the forwarded copy
-  is added once (`duplicate`), so the total stays exact either way.
+  what it owed, possibly folded (akorun.sender.OwedGap: one message summing
+  a range of rounds); where this rank already took some of those rounds
+  forwarded, their forwarded values are taken out of the folded sum before
+  the node records the rounds it lacks (`fold_in`), and a plain message that
+  meets a forwarded copy adds its difference once (`duplicate`), so the
+  total stays exact either way. Folded messages are never kept for
+  forwarding: each is a sum made for one receiver.
 - Agree: every relay answer also carries the holder's own record of the lost
   rank (its delivery record: contiguous round and pending parts). After a loss
   a survivor pulls from each holder again until the holder's record equals its
@@ -92,6 +95,7 @@ import blake3
 import numpy as np
 
 from akocore.messages import Partial
+from akocore.partition import partition_slice
 from akocore.schemes import AkoWorker, SchemeError, SchemeNode
 from akorun import control
 from akorun.client import ControlClient
@@ -280,6 +284,8 @@ class Relay:
         """Keep a partial just accepted from its sender (ako only; values copied)."""
         endorsements = self._incoming.pop(partial.key, None)
         nonce = self.verifier.sessions.peer_nonce.get(partial.sender)
+        if partial.folded:  # a sum made for this rank alone: nothing another rank could use
+            return
         if endorsements is None or nonce is None or self._ako() is None:
             return
         values = None if partial.values is None else np.array(partial.values, copy=True)
@@ -471,8 +477,8 @@ class Relay:
                 self.refused += 1
                 log.warning("repair: refused a message rank %d forwarded: %s", holder, error)
                 continue
-            if partial.sender != origin or not self._instance_ok(origin, origin_nonce,
-                                                                 partial.round, before_round) \
+            if partial.sender != origin or partial.folded \
+                    or not self._instance_ok(origin, origin_nonce, partial.round, before_round) \
                     or not self.verifier.endorsed(origin, origin_nonce,
                                                   bytes(data[:HEADER_SIZE]), endorsements):
                 self.refused += 1
@@ -524,6 +530,26 @@ class Relay:
         restart = self.restarted_at.get(origin)
         return before_round is not None and restart is not None and before_round <= restart[1]
 
+    def fold_in(self, partial: Partial) -> Partial:
+        """A folded message of rounds some of which this rank took forwarded meanwhile:
+        the same message less those rounds' forwarded values (each taken out once), so
+        that the node, which records only the rounds it lacks, counts each round once."""
+        node = self._ako()
+        keys = [key for key in self._forwarded if key[0] == partial.sender
+                and partial.rounds_from <= key[1] <= partial.round]
+        if node is None or not keys or partial.values is None or not partial.length:
+            return partial
+        values = np.array(partial.values, np.float32, copy=True)
+        for key in keys:
+            held = self._forwarded.pop(key)
+            round_, part = key[1], key[2]
+            start, _stop = partition_slice(node.length, node.p_of[partial.sender], part)
+            values[start - partial.offset:start - partial.offset + held.size] -= held
+            self.reconciled += 1
+            log.warning("repair: round %d of rank %d came back folded with others after a "
+                        "survivor had forwarded it: taken once", round_, partial.sender)
+        return replace(partial, values=values)
+
     def duplicate(self, partial: Partial) -> None:
         """`partial` came from its sender itself and was refused as a duplicate: if the
         copy held is one a survivor forwarded, add the difference (once) to the inbox.
@@ -535,6 +561,8 @@ class Relay:
         forwarded round, (what its sender now sent - the forwarded values) keeps the
         total exact: the incoming messages sum to what was folded. A plain re-send of
         the same message differs by zero."""
+        if partial.folded:  # its forwarded rounds were taken out before (`fold_in`); a
+            return  # folded message held whole is a plain re-send
         held = self._forwarded.pop(partial.key, None)
         node = self._ako()
         if held is None or node is None or node.inbox is None or partial.values is None \

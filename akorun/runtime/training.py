@@ -3,18 +3,29 @@
 Following the driving loop of akocore.schemes:
 
     t = first round
-    while the run goes on:                 # rounds, duration, accuracy, signal
+    while the run goes on:                 # rounds, duration, accuracy, signal; the
+                                           # training ranks agree on the last round
         wait until node.may_start(t)       # the SSP gate (Waiter.gate)
         grad = JAX step on a COPY of the params   # in a thread: the loop keeps serving
         deliver node.local_step(t, grad)   # encoded once, queued to every peer
         t += 1
 
 `RoundTimes` records each round's wall, compute, gate-wait and overhead seconds.
+
+Catching up (ako): a rank that comes back from a pause or a cut to find every
+peer in its gate far past it (by more than the staleness bound) would hold
+them all back while it computes the rounds it missed. It skips to the
+slowest peer's next round instead: the rounds between pass without a
+gradient, told to the peers in one folded message with no values
+(`AkoWorker.skip_rounds`; what it has not sent stays owed, so every gradient
+still reaches every peer once). Skipped rounds count as rounds with no
+compute in `RoundTimes`, and in `rounds_skipped`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -22,14 +33,17 @@ import numpy as np
 
 from akocore.config import RunConfig
 from akocore.figures import step_seed
-from akocore.schemes import SchemeNode
+from akocore.schemes import AkoWorker, SchemeNode
 from akocore.workload import FlatWorkload
 from akorun.metrics import Metrics
 from akorun.runtime.checkpoints import CheckpointWriter
 from akorun.runtime.evaluation import Evaluator
 from akorun.runtime.fault_hooks import FaultHooks
 from akorun.runtime.outbox import Outbox
+from akorun.runtime.stopping import StopAgreement
 from akorun.runtime.waiting import Waiter
+
+log = logging.getLogger("akorun")
 
 
 @dataclass
@@ -79,6 +93,38 @@ class TrainingLoop:
         self.first_round = 0  # a rejoin continues from a later round
         self.rounds_done = 0
         self.train_start_s: float | None = None
+        self.agreement: StopAgreement | None = None  # the training ranks' last round
+        self.rounds_skipped = 0  # rounds passed without a gradient to catch up (ako)
+
+    async def _stops_before(self, t: int) -> bool:
+        """Whether round t is not to start: no stop; or a stop the training ranks agreed
+        on (runtime.stopping) that ends the run before round t."""
+        if not self.should_stop(t):
+            return False
+        agreement, waiter = self.agreement, self.waiter
+        if agreement is None or waiter.hard_stop or waiter.stop_reason == "lost_peer" \
+                or (waiter.stop_reason == "rounds" and not agreement.frozen):
+            return True
+        agreement.freeze(str(waiter.stop_reason))
+        last = await agreement.last_round()
+        return last is None or t >= last or self.at_limit(t)
+
+    def _catch_up(self, node: SchemeNode, t: int) -> int:
+        """The round to skip to before round t (ako: `AkoWorker.catch_up_round`), never
+        past the rounds limit nor an agreed stop."""
+        if not isinstance(node, AkoWorker):
+            return t
+        target = node.catch_up_round(t)
+        rounds = self.cfg.train.rounds
+        if rounds is not None:
+            target = min(target, rounds)
+        if self.agreement is not None and self.agreement.frozen:
+            return t
+        return max(t, target)
+
+    def at_limit(self, t: int) -> bool:
+        rounds = self.cfg.train.rounds
+        return rounds is not None and t >= rounds
 
     def should_stop(self, t: int) -> bool:
         train = self.cfg.train
@@ -109,11 +155,34 @@ class TrainingLoop:
         batches.skip(t)
         self.train_start_s = loop.time()
         eval_every = self.cfg.train.eval_every
-        while not self.should_stop(t):
+        agreement = self.agreement
+        while not await self._stops_before(t):
+            frozen = agreement is not None and agreement.frozen
             await self.faults.before_round(t)
-            waited_s = await self.waiter.gate(node, t, self._deadline_s())
+            waited_s = await self.waiter.gate(node, t, None if frozen else self._deadline_s(),
+                                              ignore_stop=frozen)
             if waited_s is None:
+                if agreement is not None and not frozen and not self.waiter.hard_stop:
+                    continue  # stopped while waiting: agree on the last round first
                 break
+            skip_to = self._catch_up(node, t)
+            if skip_to > t:  # far behind every peer (paused, cut off): skip to them
+                assert isinstance(node, AkoWorker)
+                await self.outbox.dispatch(node.skip_rounds(skip_to))
+                log.warning("catching up: rounds %d..%d pass without a gradient (every peer "
+                            "is past them); told the peers in one message", t, skip_to - 1)
+                now_s = loop.time() - self.train_start_s
+                for _ in range(t, skip_to):
+                    self.times.add(now_s, 0.0, waited_s)
+                    waited_s = 0.0
+                self.rounds_skipped += skip_to - t
+                t = skip_to
+                metrics.round = t
+                if agreement is not None:
+                    agreement.started = t
+                continue
+            if agreement is not None:
+                agreement.started = t + 1  # before any await: a freeze counts this round
             batch = batches.next()
             params = np.array(node.params, copy=True)
             compute_start_s = time.perf_counter()
@@ -135,3 +204,5 @@ class TrainingLoop:
             if self.checkpoint_every and t % self.checkpoint_every == 0:
                 await self.checkpoints.write(before_replace=self.faults.mid_checkpoint(t - 1))
         self.rounds_done = t
+        if agreement is not None:
+            agreement.finished = True

@@ -56,12 +56,14 @@ class Waiter:
             log.warning("stopping: %s", reason)
         self.wake.set()
 
-    def lose(self, peers: Collection[int]) -> None:
+    def lose(self, peers: Collection[int], why: str | None = None) -> None:
         """Stop: the scheme cannot go on without `peers` (one error line, reason
-        "lost_peer"); the finish does not wait for them."""
+        "lost_peer", or `why`); the finish does not wait for them."""
         new = sorted(set(peers) - self.lost_peers)
         self.lost_peers.update(peers)
-        if new:
+        if new and why is not None:
+            log.error("%s", why)
+        elif new:
             log.error("lost peer(s) %s: scheme %s cannot continue without them (only ako "
                       "runs go on without a rank; --resume exists for ako only): stopping "
                       "this rank, exit 1", new, self.scheme)
@@ -92,16 +94,18 @@ class Waiter:
             await self._sleep(poll_s)
         return True
 
-    async def gate(self, node: SchemeNode, t: int,
-                   deadline_s: float | None = None) -> float | None:
+    async def gate(self, node: SchemeNode, t: int, deadline_s: float | None = None, *,
+                   ignore_stop: bool = False) -> float | None:
         """Wait until the SSP gate lets round t start; seconds waited, None if stopped
-        (a stop request, a hard stop, or the loop time `deadline_s` passed)."""
+        (a stop request unless `ignore_stop` (a round the ranks agreed to run still,
+        runtime.stopping), a hard stop, a lost peer, or the loop time `deadline_s`)."""
         loop = asyncio.get_running_loop()
         start_s = loop.time()
         next_report_s = start_s + self.report_every_s
         stall_from_s, progress = start_s, _progress(node)
         while not node.may_start(t):
-            if self.stop_reason is not None or self.hard_stop:
+            if (self.stop_reason is not None and not ignore_stop) or self.hard_stop \
+                    or self.stop_reason == "lost_peer":
                 return None
             if deadline_s is not None and loop.time() >= deadline_s:
                 if self.stop_reason is None:
