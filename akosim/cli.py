@@ -55,7 +55,7 @@ from akosim.runspec import (
 __all__ = ["TIMING_DEFAULTS", "TRAIN_DEFAULTS", "USER_ERRORS", "OneLineParser", "UsageError",
            "build_parser", "fail", "load_workload", "main"]
 
-MEASURE_STEPS = 30  # --compute measure: median of this many gradient steps (after warm-up)
+MEASURE_STEPS = 30  # --compute measure: at most this many timed gradient steps (median)
 COMMANDS = ("plan", "train", "sweep", "calibrate", "predict")
 
 EPILOG_RUN = """\
@@ -214,18 +214,19 @@ def progress_factory(enabled: bool) -> Callable[[str, int], Callable[[int], None
 
 def _measured_compute(args: argparse.Namespace, cfg: RunConfig, workload_factory):
     """`--compute measure` (cached per machine) or `remeasure`: the cache's Measured."""
-    from akosim.compute import measure_compute_s
+    from akosim.compute import StepTiming, measure_step_timing
     from akosim.compute_cache import key_for, measured_compute
 
     train = cfg.train
     key = key_for(train.workload, train.batch_size, train.optimizer)
 
-    def measure() -> tuple[float, int]:
+    def measure() -> tuple[StepTiming, int]:
         print(f"akosim: measuring one gradient step of {train.workload} (batch "
-              f"{train.batch_size}) on this machine, {MEASURE_STEPS} steps; the result is "
-              f"cached for later calls...", file=sys.stderr, flush=True)
+              f"{train.batch_size}) on this machine until its median is known within ±5% "
+              f"(5 to {MEASURE_STEPS} steps); the result is cached for later calls...",
+              file=sys.stderr, flush=True)
         workload = workload_factory()
-        return measure_compute_s(workload, steps=MEASURE_STEPS), workload.param_count
+        return measure_step_timing(workload, MEASURE_STEPS), workload.param_count
 
     return measured_compute(key, measure, steps=MEASURE_STEPS,
                             refresh=args.compute == "remeasure")

@@ -74,7 +74,7 @@ examples:
 LOOPBACK_PREFIXES = ("127.", "localhost", "[::1]", "::1")
 # keys that are about the simulation, not the run: never a contradiction
 SIMULATION_KEYS = frozenset({"network.model"})
-MEASURE_STEPS = 30  # gradient steps timed by --compute measure, as akosim's own (akosim.cli)
+MEASURE_STEPS = 30  # most gradient steps timed by --compute measure, as akosim's own (akosim.cli)
 COMPUTE_SOURCES = ("run", "measure")
 
 
@@ -212,16 +212,16 @@ def testbed_network(record: TestbedRecord, configured: NetworkConfig,
 def host_measured_compute_s(cfg: RunConfig) -> tuple[float, int, str]:
     """akosim's own cached measurement of the run's workload, batch and optimizer on this
     host (measured now when not cached): seconds per step, gradient elements, provenance."""
-    from akosim.compute import measure_compute_s
+    from akosim.compute import StepTiming, measure_step_timing
     from akosim.compute_cache import key_for, measured_compute
     from akosim.runspec import load_workload
 
     train = cfg.train
     key = key_for(train.workload, train.batch_size, train.optimizer)
 
-    def measure() -> tuple[float, int]:
+    def measure() -> tuple[StepTiming, int]:
         workload = load_workload(cfg)
-        return measure_compute_s(workload, steps=MEASURE_STEPS), workload.param_count
+        return measure_step_timing(workload, MEASURE_STEPS), workload.param_count
 
     measured = measured_compute(key, measure, steps=MEASURE_STEPS)
     return measured.record.compute_s, measured.record.param_count, \
