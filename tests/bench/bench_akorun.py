@@ -10,7 +10,9 @@
   partial to the host, here a sink that applies nothing, and answers with a
   tag bound to the request, which the sender checks) against a blocking socket
   ``sendall`` into ``recv_into`` on a preallocated buffer, same bytes, same
-  run; the receiver is another process in both cases. Goal >= 0.40.
+  run; the receiver is another process in both cases; TRANSFER_REPEATS pairs,
+  the figure the median of their ratios. Goal >= 0.6 (gloo's send/recv
+  reaches 0.63 of the socket here).
   ``akorun.transfer_vs_socket_unauthenticated`` (informational) is the same
   path with no seal, no digest and no check on either side (a server with an
   open verifier and a null hasher, never used by akorun itself): the cost of
@@ -39,6 +41,7 @@ import json
 import multiprocessing
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,6 +60,7 @@ from tests.bench.common import Figure
 
 PARTITION_BYTES = 4 * 1024 * 1024
 MESSAGES = 24
+TRANSFER_REPEATS = 5
 SECRET = b"bench secret, thirty-two bytes!!"
 NO_DIGEST = bytes(32)
 RUN = uuid.UUID(int=7).bytes
@@ -334,26 +338,30 @@ def run() -> list[Figure]:
     partials = [_partial(i) for i in range(MESSAGES)]
     messages = [_encode(partial) for partial in partials]
     raws, reals, open_ = [], [], []
-    for _ in range(2):  # interleaved, so that a busy moment hits every path alike
+    for _ in range(TRANSFER_REPEATS):  # in turn, so that a busy moment hits a pair alike
         raws.append(raw_socket_mb_per_s(messages))
         reals.append(akorun_mb_per_s(messages, partials))
         open_.append(akorun_mb_per_s(messages, partials, secure=False))
-    raw, real, unauthenticated = max(raws), max(reals), max(open_)
+    secured = tuple(real / raw for real, raw in zip(reals, raws, strict=True))
+    unsecured = tuple(free / raw for free, raw in zip(open_, raws, strict=True))
+    raw, real, unauthenticated = (statistics.median(v) for v in (raws, reals, open_))
     attacked, attacked_note = rounds_under_attack()
     fraction, fraction_note = compute_fraction("inf")
     gated, gated_note = compute_fraction("2")
     rss_mb, akorun_mb, rss_note = peak_rss()
     return [
-        Figure("akorun.transfer_vs_socket", real / raw, "ratio", goal=0.40,
-               note=f"4 MiB partitions over loopback as a worker sends them, security on: "
+        Figure("akorun.transfer_vs_socket", statistics.median(secured), "ratio", goal=0.6,
+               samples=secured, reference="blocking socket",
+               note=f"medians of {TRANSFER_REPEATS} pairs; "
+                    f"4 MiB partitions over loopback as a worker sends them, security on: "
                     f"akorun {real:.0f} MB/s (BLAKE3 body digest by the sender, a keyed-"
                     f"BLAKE3 seal per attempt, HTTP, streamed into a pooled buffer and checked "
                     f"by the receiver, acknowledgement bound to the request) vs socket "
                     f"sendall/recv_into {raw:.0f} MB/s"),
         Figure("akorun.transfer_mb_per_s", real, "MB/s", tolerance=None,
                note="the akorun side of the above"),
-        Figure("akorun.transfer_vs_socket_unauthenticated", unauthenticated / raw, "ratio",
-               tolerance=None,
+        Figure("akorun.transfer_vs_socket_unauthenticated", statistics.median(unsecured),
+               "ratio", tolerance=None, samples=unsecured, reference="blocking socket",
                note=f"informational: the same path with no seal, digest or check anywhere: "
                     f"akorun {unauthenticated:.0f} MB/s vs socket {raw:.0f} MB/s; security "
                     f"costs {100 * (1 - real / unauthenticated):.0f}% of it"),
