@@ -34,7 +34,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from tests.bench.common import Figure
+from tests.bench.common import Figure, Skipped
 from tests.bench.verdict import Interval, judge, median_interval
 
 BASELINE = Path(__file__).with_name("baseline.json")
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = load_average()
     figures: list[Figure] = []
     module_of: dict[str, str] = {}
-    failed_modules = []
+    failed_modules, skipped_modules = [], []
     modules = discover(only)
     for name in modules:
         started = time.perf_counter()
@@ -166,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
             produced = module.run()
             figures.extend(produced)
             module_of.update((fig.name, name) for fig in produced)
+        except Skipped as reason:
+            skipped_modules.append(f"{name}: {reason}")
         except Exception as error:  # a broken benchmark is reported, the rest still run
             failed_modules.append(f"{name}: {type(error).__name__}: {error}")
         print(f"   {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
@@ -225,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     if missing and not args.update_baseline:
         print(f"{len(missing)} figure(s) not in the baseline (not compared; "
               f"--update-baseline stores them): {', '.join(missing)}")
+    for line in skipped_modules:
+        print(f"benchmark skipped (its goals not measured): {line}")
     for line in failed_modules:
         print(f"benchmark failed: {line}")
     if regressions:

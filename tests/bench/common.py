@@ -29,6 +29,11 @@ from dataclasses import dataclass
 DEFAULT_TOLERANCE = 0.35
 
 
+class Skipped(Exception):
+    """A benchmark that cannot run here (e.g. the netns testbed without root): reported
+    with its reason, not a failure."""
+
+
 @dataclass(frozen=True)
 class Figure:
     name: str  # unique across all benchmarks, e.g. "sim.ako64_homog_1000r_vs_simpy"
