@@ -74,7 +74,7 @@ BARE_PROCESSES = 1_000
 BARE_TIMEOUTS = 200
 BARE_EVENTS = BARE_PROCESSES * BARE_TIMEOUTS
 # The plain JAX reference of the training figure: steps of a jitted MLP gradient.
-PLAIN_JAX_STEPS = 400
+PLAIN_JAX_STEPS = 10_000  # about 0.5 CPU s
 # The machine's speed drifts (on an idle machine the bare loop took 0.22 to 0.45 CPU
 # s from one moment to the next, 2026-11-23); pairing and the interval absorb most of
 # it, so a cost regresses past +60% of its baseline on the whole interval; the
@@ -242,19 +242,19 @@ def run() -> list[Figure]:
     goal_cpu_s = per_round_extrapolated_s(pairs.median_case_s(), SHORT_ROUNDS, long_cpu_s,
                                           RANDOM_LONG_ROUNDS, 1_000)
     figures += [
-        cost("sim.ako64_random_links_vs_simpy", pairs, 30.0, goal_cpu_s,
+        cost(f"sim.ako64_random_links_{SHORT_ROUNDS}r_vs_simpy", pairs, 30.0, goal_cpu_s,
              f"{SHORT_ROUNDS} rounds paired; 1,000 rounds estimated from one "
              f"{RANDOM_LONG_ROUNDS}-round run ({long_cpu_s:.1f} CPU s, {long_wall_s:.1f} s "
              f"wall); {long_run.label}, caps U(10,40) Mbit/s per pair under 1 Gbit/s NICs, "
              f"{long_run.events['rate_solves']} rate solves in {RANDOM_LONG_ROUNDS} rounds"),
-        event_ratio("sim.ako64_random_links_events_vs_simpy", pairs, random.runs[-1],
-                    f"64 workers, random per-pair caps, {SHORT_ROUNDS} rounds"),
+        event_ratio(f"sim.ako64_random_links_{SHORT_ROUNDS}r_events_vs_simpy", pairs,
+                    random.runs[-1], f"64 workers, random per-pair caps, {SHORT_ROUNDS} rounds"),
     ]
     coarse = Case(replace(random.setup, coalesce_rel=COARSE_COALESCE))
     pairs = paired(coarse, bare_simpy_loop, REPEATS)
     coarse_run = coarse.runs[-1]
     figures.append(cost(
-        "sim.ako64_random_links_coalesce3pct_vs_simpy", pairs, None, None,
+        f"sim.ako64_random_links_coalesce3pct_{SHORT_ROUNDS}r_vs_simpy", pairs, None, None,
         f"--coalesce {COARSE_COALESCE:g}, {SHORT_ROUNDS} rounds: round time "
         f"{coarse_run.round_time_s / random.runs[-1].round_time_s - 1:+.2%} vs the default; "
         f"{coarse_run.events['rate_solves']} rate solves"))
@@ -265,11 +265,11 @@ def run() -> list[Figure]:
     goal_cpu_s = per_round_extrapolated_s(pairs.median_case_s(), SHORT_ROUNDS, long_cpu_s,
                                           BIG_LONG_ROUNDS, 100)
     figures += [
-        cost("sim.ako1024_vs_simpy", pairs, 30.0, goal_cpu_s,
+        cost(f"sim.ako1024_{SHORT_ROUNDS}r_vs_simpy", pairs, 30.0, goal_cpu_s,
              f"{SHORT_ROUNDS} rounds paired; 100 rounds estimated from one "
              f"{BIG_LONG_ROUNDS}-round run ({long_cpu_s:.1f} CPU s, {long_wall_s:.1f} s wall); "
              f"{long_run.label}, 40 Mbit/s"),
-        event_ratio("sim.ako1024_events_vs_simpy", pairs, big.runs[-1],
+        event_ratio(f"sim.ako1024_{SHORT_ROUNDS}r_events_vs_simpy", pairs, big.runs[-1],
                     f"1,024 x {SHORT_ROUNDS}"),
     ]
 
