@@ -7,10 +7,12 @@ badly disturbed repetitions, is not flagged.
 from __future__ import annotations
 
 import math
+from itertools import count
 
 import numpy as np
 import pytest
 
+from tests.bench.common import Pairs, paired
 from tests.bench.verdict import judge, median_interval
 
 
@@ -86,3 +88,14 @@ def test_the_verdict_says_new_info_ok_and_improved() -> None:
     assert judge(interval, 0.5, 0.35, higher_is_better=True).status == "improved"
     straddling = median_interval([1.2, 1.5, 1.3, 1.4, 1.1])  # low 1.1 < bound 1.35
     assert judge(straddling, 1.0, 0.35, higher_is_better=False).status == "ok"
+
+
+def test_paired_times_both_sides_back_to_back_in_alternating_order() -> None:
+    order: list[str] = []
+    ticks = count()
+    pairs = paired(lambda: order.append("case"), lambda: order.append("reference"), 4,
+                   clock=lambda: float(next(ticks)))
+    assert order == ["case", "reference", "reference", "case"] * 2
+    assert pairs.ratios() == (1.0,) * 4 and pairs.inverse_ratios() == (1.0,) * 4
+    slow = Pairs((2.0, 4.0, 3.0), (1.0, 1.0, 1.0))
+    assert slow.ratios() == (2.0, 4.0, 3.0) and slow.median_case_s() == 3.0
