@@ -15,7 +15,6 @@ No I/O here.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import types
 import typing
@@ -43,13 +42,18 @@ def meta(unit: str, meaning: str, by: str = "both") -> dict[str, FieldDoc]:
     return {"doc": FieldDoc(unit, meaning, by)}
 
 
-@functools.cache
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
 def _hints(cls: type) -> dict[str, Any]:
     """The resolved field types of a record class, resolved once per class: writing a
     plan record of thousands of nested records resolved them again for every one
     (typing.get_type_hints compiles each string annotation), and that cost more than
     simulating the plan."""
-    return typing.get_type_hints(cls)
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
 
 
 def _is_record(tp: Any) -> bool:

@@ -206,5 +206,5 @@ def measure_step_timing(workload: Workload, max_steps: int,
 
     median_s = workload.measure_compute_s(clock, steps=max_steps,
                                           warmup=TIMING_WARMUP, enough=enough)
-    interval = median_interval(seen)
-    return StepTiming(median_s, len(seen), *(interval or (None, None)), TIMING_CONFIDENCE)
+    low_s, high_s = median_interval(seen) or (None, None)
+    return StepTiming(median_s, len(seen), low_s, high_s, TIMING_CONFIDENCE)
