@@ -21,10 +21,11 @@ stop after the last round without draining (StopRule(drain=False)):
   (seeded; 10..40 Mbit/s, the range of the seeds' heterogeneous WAN, under
   1 Gbit/s NICs, so the caps bind and every flow has its own rate; goal
   <= 30 s for 1,000 rounds): the paired figure on 10 rounds; the 1,000-round
-  seconds from one longer run (the cost of a round from the difference of
-  the two, so setup is counted once);
+  seconds (`..._1000r_cpu_s`, the goal's figure) estimated with one longer run
+  (the cost of a round from the difference of the two, so setup counts once);
 * 1,024 workers x 100 rounds on 40 Mbit/s NICs (goal <= 30 s), the same way:
-  paired on 10 rounds, 100 rounds from the difference with one 20-round run;
+  paired on 10 rounds, 100 rounds (`sim.ako1024_100r_cpu_s`) from the
+  difference with one 20-round run;
 * ring all-reduce, 64 workers (one message per ring step: the per-message path).
 
 Training mode: 16 workers really train the default workload (digits-mlp) until
@@ -215,6 +216,12 @@ def run() -> list[Figure]:
                       note=f"{note}; case {pairs.median_case_s():.2f} CPU s, reference "
                            f"{pairs.median_reference_s():.3f} CPU s (medians of {REPEATS})")
 
+    def estimate(name: str, cpu_s: float, goal_s: float, note: str) -> Figure:
+        """A goal's seconds estimated from the paired runs (informational: the paired
+        figure beside it is the one a regression is judged on)."""
+        return Figure(name, cpu_s, "CPU s", higher_is_better=False, goal=goal_s,
+                      tolerance=None, note=note)
+
     def event_ratio(name: str, pairs: Pairs, run: SimRun, note: str) -> Figure:
         ratios = tuple(events(run) / case_s * reference_s / BARE_EVENTS
                        for case_s, reference_s in zip(pairs.case_s, pairs.reference_s,
@@ -242,11 +249,13 @@ def run() -> list[Figure]:
     goal_cpu_s = per_round_extrapolated_s(pairs.median_case_s(), SHORT_ROUNDS, long_cpu_s,
                                           RANDOM_LONG_ROUNDS, 1_000)
     figures += [
-        cost(f"sim.ako64_random_links_{SHORT_ROUNDS}r_vs_simpy", pairs, 30.0, goal_cpu_s,
-             f"{SHORT_ROUNDS} rounds paired; 1,000 rounds estimated from one "
-             f"{RANDOM_LONG_ROUNDS}-round run ({long_cpu_s:.1f} CPU s, {long_wall_s:.1f} s "
-             f"wall); {long_run.label}, caps U(10,40) Mbit/s per pair under 1 Gbit/s NICs, "
-             f"{long_run.events['rate_solves']} rate solves in {RANDOM_LONG_ROUNDS} rounds"),
+        cost(f"sim.ako64_random_links_{SHORT_ROUNDS}r_vs_simpy", pairs, None, None,
+             f"{long_run.label}, caps U(10,40) Mbit/s per pair under 1 Gbit/s NICs"),
+        estimate("sim.ako64_random_links_1000r_cpu_s", goal_cpu_s, 30.0,
+                 f"64 x 1,000 random per-pair caps, estimated: the paired {SHORT_ROUNDS}-round "
+                 f"median plus the cost of a round from one {RANDOM_LONG_ROUNDS}-round run "
+                 f"({long_cpu_s:.1f} CPU s, {long_wall_s:.1f} s wall, "
+                 f"{long_run.events['rate_solves']} rate solves)"),
         event_ratio(f"sim.ako64_random_links_{SHORT_ROUNDS}r_events_vs_simpy", pairs,
                     random.runs[-1], f"64 workers, random per-pair caps, {SHORT_ROUNDS} rounds"),
     ]
@@ -265,10 +274,12 @@ def run() -> list[Figure]:
     goal_cpu_s = per_round_extrapolated_s(pairs.median_case_s(), SHORT_ROUNDS, long_cpu_s,
                                           BIG_LONG_ROUNDS, 100)
     figures += [
-        cost(f"sim.ako1024_{SHORT_ROUNDS}r_vs_simpy", pairs, 30.0, goal_cpu_s,
-             f"{SHORT_ROUNDS} rounds paired; 100 rounds estimated from one "
-             f"{BIG_LONG_ROUNDS}-round run ({long_cpu_s:.1f} CPU s, {long_wall_s:.1f} s wall); "
+        cost(f"sim.ako1024_{SHORT_ROUNDS}r_vs_simpy", pairs, None, None,
              f"{long_run.label}, 40 Mbit/s"),
+        estimate("sim.ako1024_100r_cpu_s", goal_cpu_s, 30.0,
+                 f"1,024 x 100 on 40 Mbit/s, estimated: the paired {SHORT_ROUNDS}-round median "
+                 f"plus the cost of a round from one {BIG_LONG_ROUNDS}-round run "
+                 f"({long_cpu_s:.1f} CPU s, {long_wall_s:.1f} s wall)"),
         event_ratio(f"sim.ako1024_{SHORT_ROUNDS}r_events_vs_simpy", pairs, big.runs[-1],
                     f"1,024 x {SHORT_ROUNDS}"),
     ]
