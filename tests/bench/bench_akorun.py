@@ -20,7 +20,8 @@
 - ``akorun.rounds_under_attack``: rounds per second of a 3-rank digits-mlp run
   with 100 slow or forged connections held on every rank (from before the
   join to the end: tests/test_security_live.Attacker) over the same run
-  without them, clean and attacked in turn twice, the best of each. Goal >= 0.80.
+  without them, clean and attacked in turn, three pairs, the median of their
+  ratios. Goal >= 0.80.
 - ``akorun.compute_fraction``: with ample bandwidth (100 Gbit/s emulated),
   measured gradient-step seconds / steady wall seconds per round, mean over
   the workers of a 2-worker launch of digits-cnn (batch 128, a step of tens
@@ -72,6 +73,11 @@ RSS_TOLERANCE = 0.5
 # akorun's part alone is a difference of two peaks: 175-311 MB in four runs of the same
 # tree on an idle machine (2026-11-23), so it regresses only past twice its baseline.
 RSS_DIFFERENCE_TOLERANCE = 1.0
+# Rounds per second of 3-rank launches in wall time: under a load average of 10 from
+# other jobs, the attacked / clean ratio of one tree was 0.52-0.55 in one run and
+# 1.08-1.28 in the next (2026-11-25), 0.94 on an idle machine: it regresses only when
+# every pair is below 40% of the baseline's.
+ATTACK_TOLERANCE = 0.6
 
 
 # ------------------------------------------------------------------ receivers (child process)
@@ -302,7 +308,7 @@ def peak_rss() -> tuple[float, float, str]:
 
 
 def rounds_under_attack(per_rank: int = 100, rounds: int = 300,
-                        pairs: int = 2) -> tuple[tuple[float, ...], str]:
+                        pairs: int = 3) -> tuple[tuple[float, ...], str]:
     """(attacked / clean rounds per second of each pair, note) of otherwise equal
     3-rank runs, clean and attacked in turn `pairs` times."""
     from akorun.testing import LocalCluster
@@ -369,7 +375,8 @@ def run() -> list[Figure]:
                     f"akorun {unauthenticated:.0f} MB/s vs socket {raw:.0f} MB/s; security "
                     f"costs {100 * (1 - real / unauthenticated):.0f}% of it"),
         Figure("akorun.rounds_under_attack", statistics.median(attacked), "ratio", goal=0.80,
-               samples=attacked, reference="the same run unattacked", note=attacked_note),
+               samples=attacked, reference="the same run unattacked", note=attacked_note,
+               tolerance=ATTACK_TOLERANCE),
         Figure("akorun.compute_fraction", fraction, "ratio", goal=0.85,
                note="akorun's own cost per round (no gate): " + fraction_note),
         Figure("akorun.compute_fraction_1gbps", lan, "ratio", goal=0.9,
