@@ -59,9 +59,10 @@ def docs(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Regression benchmarks: each figure a ratio to a reference measured in the same run
-    (bare SimPy loop, numpy copy, blocking socket, plain JAX step), compared with
-    tests/bench/baseline.json within the tolerance it stores per figure.
+    """Regression benchmarks: each figure a ratio to a reference of its own kind (bare
+    SimPy loop, plain JAX step, blocking socket, numpy copy) timed beside it in repeated
+    pairs, judged on the interval of the paired ratios' median against
+    tests/bench/baseline.json and the tolerance it stores per figure.
 
     `nox -s bench -- --only akosim` runs one module; `-- --update-baseline` stores
     this run (and its environment) as the new baseline.

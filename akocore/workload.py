@@ -221,14 +221,18 @@ class FlatWorkload:
                                             self.seed if seed is None else seed)
 
     def measure_compute_s(self, clock: Callable[[], float], steps: int = MEASURE_STEPS,
-                          warmup: int = MEASURE_WARMUP) -> float:
+                          warmup: int = MEASURE_WARMUP,
+                          enough: Callable[[list[float]], bool] | None = None) -> float:
         """Median seconds of one grad_step over `steps` timed steps, read from `clock`
         (a monotonic clock in seconds, e.g. time.perf_counter, chosen by the shell).
 
         `warmup` untimed steps go first (the first compiles the step, the next ones
         let caches and thread pools settle); each timed step uses its own batch and
         rng seed, as training does, and the median ignores the odd slow step (a
-        scheduler hiccup on a shared machine).
+        scheduler hiccup on a shared machine). `enough`, if given, sees the step
+        times so far after each timed step and ends the timing early when it says
+        True (a stopping rule, e.g. the median known closely enough); `steps` is then
+        the most that are timed.
         """
         if steps < 1:
             raise ValueError(f"steps must be at least 1, got {steps}")
@@ -245,6 +249,8 @@ class FlatWorkload:
             start_s = clock()
             self.grad_step(self.init_params, batch.x, batch.y, warmup + step)
             durations_s.append(clock() - start_s)
+            if enough is not None and enough(list(durations_s)):
+                break
         return statistics.median(durations_s)
 
     # ---- checks

@@ -1,7 +1,8 @@
 """The cache of ``--compute measure``: one measurement per machine, reused by every call.
 
-Timing the workload's gradient step takes seconds (JAX import, compile, ~30
-steps) and varies a little from call to call, so the plan changed with it.
+Timing the workload's gradient step takes seconds (JAX import, compile, 5 to
+30 steps until the median is known within ±5%: akosim.compute.measure_step_timing)
+and varies a little from call to call, so the plan changed with it.
 This module keeps each measurement as a `ComputeMeasurement` record (kind
 ``compute``, akocore.results) in the user's cache directory, one JSON file
 per key (workload, batch size, optimizer, CPU fingerprint, JAX version):
@@ -29,6 +30,7 @@ from typing import Any
 
 from akocore.hostinfo import cpu_fingerprint
 from akocore.results import ComputeMeasurement, RecordError
+from akosim.compute import StepTiming
 
 CACHE_ENV = "AKO_CACHE_DIR"  # tests and users point the cache elsewhere with this
 CACHE_SUBDIR = "ako-toolkit"
@@ -118,35 +120,45 @@ def store_json(target: Path, payload: dict[str, Any]) -> bool:
 
 @dataclass(frozen=True)
 class Measured:
-    """A measurement and whether this call made it (False: read from the cache)."""
+    """A measurement and whether this call made it (False: read from the cache), with
+    how closely a fresh one knows its median (StepTiming.describe) when it says."""
 
     record: ComputeMeasurement
     fresh: bool
+    detail: str = ""
 
     def provenance(self) -> str:
         """The line a user reads: where the compute time came from and how to refresh it."""
         when = self.record.measured_at[:10]
         if self.fresh:
+            how = self.detail or f"{self.record.steps} steps"
             return (f"compute {self.record.compute_s * 1e3:.1f} ms/step measured here now "
-                    f"({self.record.steps} steps), cached for the next calls")
+                    f"({how}), cached for the next calls")
         return (f"compute {self.record.compute_s * 1e3:.1f} ms/step measured here on {when}, "
                 f"cached; {REFRESH_HINT}")
 
 
-def measured_compute(key: CacheKey, measure: Callable[[], tuple[float, int]], *,
+def measured_compute(key: CacheKey, measure: Callable[[], tuple[float | StepTiming, int]], *,
                      steps: int, refresh: bool = False,
                      directory: Path | None = None) -> Measured:
     """The cached measurement of `key`, or a new one from `measure()` -> (seconds per
-    step, gradient elements), stored for the next call. `refresh` measures anyway."""
+    step, or a StepTiming that also says how many steps and how close; gradient
+    elements), stored for the next call. `refresh` measures anyway. `steps` is
+    recorded for a measurement given as plain seconds."""
     if not refresh:
         cached = load(key, directory)
         if cached is not None:
             return Measured(cached, fresh=False)
-    compute_s, param_count = measure()
+    timing, param_count = measure()
+    detail = ""
+    if isinstance(timing, StepTiming):
+        compute_s, steps, detail = timing.compute_s, timing.steps, timing.describe()
+    else:
+        compute_s = timing
     record = ComputeMeasurement(
         workload=key.workload, batch_size=key.batch_size, optimizer=key.optimizer,
         cpu=key.cpu, jax_version=key.jax_version, compute_s=float(compute_s),
         param_count=int(param_count), steps=steps,
         measured_at=datetime.now(UTC).isoformat(timespec="seconds"))
     store(record, directory)
-    return Measured(record, fresh=True)
+    return Measured(record, fresh=True, detail=detail)

@@ -14,6 +14,7 @@ import pytest
 from akocore.results import ComputeMeasurement, RecordError
 from akosim import compute_cache
 from akosim.cli import main
+from akosim.compute import StepTiming
 from akosim.compute_cache import CacheKey, cache_dir, key_for, load, measured_compute
 
 KEY = CacheKey("synthetic-cnn", 104, "sgd", "Test CPU x2 x86_64", "0.0.1")
@@ -91,17 +92,17 @@ def test_akosim_measures_once_says_so_and_reuses_it(monkeypatch, capsys,
     monkeypatch.setenv("AKO_CACHE_DIR", str(tmp_path))
     calls: list[int] = []
 
-    def fake_measure(workload, steps: int | None = None) -> float:
+    def fake_measure(workload, max_steps: int) -> StepTiming:
         calls.append(1)
-        return 0.02
+        return StepTiming(0.02, 5, 0.0199, 0.0201, 0.9)
 
-    monkeypatch.setattr("akosim.compute.measure_compute_s", fake_measure)
+    monkeypatch.setattr("akosim.compute.measure_step_timing", fake_measure)
     argv = ["--workers", "4", "--bandwidth", "1gbps", "--workload", "digits-mlp",
             "--scheme", "ako", "--p", "2", "--rounds", "6", "--quiet"]
     assert main(argv) == 0
     first = capsys.readouterr()
     assert "measuring one gradient step of digits-mlp" in first.err
-    assert "measured here now" in first.out
+    assert "measured here now (median of 5 steps, within ±0.5% at 90% confidence)" in first.out
     assert main(argv) == 0
     second = capsys.readouterr()
     assert calls == [1]

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from akosim.engine import StopRule
     from akosim.scenario import Setup
 
-MEASURE_STEPS = 30  # --compute measure: median of this many gradient steps (after warm-up)
+MEASURE_STEPS = 30  # --compute measure: at most this many timed gradient steps (median)
 TRAINING_ROUNDS_CAP = 10_000  # akosim train without rounds or duration: bounded by accuracy
 
 
@@ -99,21 +99,22 @@ def measured_compute(cfg: RunConfig, *, load: Callable[[], Workload] | None = No
                      refresh: bool = False, announce: bool = True) -> Measured:
     """The configured workload's gradient step on this machine, from the per-machine cache
     or measured now (MEASURE_STEPS steps) and cached; `load` builds the workload."""
-    from akosim.compute import measure_compute_s
+    from akosim.compute import StepTiming, measure_step_timing
     from akosim.compute_cache import key_for
     from akosim.compute_cache import measured_compute as cached_or_measured
 
     train = cfg.train
     key = key_for(train.workload, train.batch_size, train.optimizer)
 
-    def measure() -> tuple[float, int]:
+    def measure() -> tuple[StepTiming, int]:
         # a broken factory stops here, before the notice
         workload = load() if load is not None else load_workload(cfg)
         if announce:
             print(f"akosim: measuring one gradient step of {train.workload} (batch "
-                  f"{train.batch_size}) on this machine, {MEASURE_STEPS} steps; the result "
-                  f"is cached for later calls...", file=sys.stderr, flush=True)
-        return measure_compute_s(workload, steps=MEASURE_STEPS), workload.param_count
+                  f"{train.batch_size}) on this machine until its median is known within "
+                  f"±5% (5 to {MEASURE_STEPS} steps); the result is cached for later "
+                  f"calls...", file=sys.stderr, flush=True)
+        return measure_step_timing(workload, MEASURE_STEPS), workload.param_count
 
     return cached_or_measured(key, measure, steps=MEASURE_STEPS, refresh=refresh)
 

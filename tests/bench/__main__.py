@@ -5,14 +5,18 @@
     python -m tests.bench --update-baseline # store this run's figures as the baseline
     python -m tests.bench --out figures.json
 
-Every compared figure is a ratio to a reference measured in the same run, so
-the baseline holds across machines of one kind. The baseline (baseline.json)
-stores the environment it was measured in (CPU model, cores, Python and
-library versions) and, per figure, its value and tolerance: a figure regresses
-when it is worse than the baseline by more than its tolerance (--tolerance
-overrides them all); a figure with no tolerance is informational. Exit status
-1 when any figure regresses or a benchmark fails; missed goals are reported
-(with by how much) but do not fail the run.
+Every compared figure is a ratio to a reference of its own kind measured in
+the same run (tests/bench/common.py), most of them repeated in pairs: the
+figure's value is the median of its paired ratios, shown with an
+order-statistic interval (90% when there are 5 or more), and it REGRESSED only
+when that whole interval lies beyond the baseline widened by the figure's
+tolerance (tests/bench/verdict.py; --tolerance overrides them all); a figure
+with no tolerance is informational. The baseline (baseline.json) and --out
+store the environment (CPU model, cores, load average before and after,
+Python and library versions) and, per figure, its value, samples and
+tolerance. Exit status 1 when any figure regresses or a benchmark fails;
+the goals (the issue's targets, in seconds or ratios) are summarised last,
+met or missed by how much, and do not fail the run.
 """
 
 from __future__ import annotations
@@ -30,11 +34,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from tests.bench.common import Figure
+from tests.bench.common import Figure, Skipped
+from tests.bench.verdict import Interval, judge, median_interval
 
 BASELINE = Path(__file__).with_name("baseline.json")
-BASELINE_VERSION = 2
-_LIBRARIES = ("numpy", "simpy", "jax", "jaxlib", "aiohttp")
+BASELINE_VERSION = 3  # 3: samples per figure, load averages in the environment
+_READABLE_VERSIONS = (2, BASELINE_VERSION)  # 2: the same figures without samples
+_LIBRARIES = ("numpy", "simpy", "jax", "jaxlib", "aiohttp", "optax", "blake3")
 
 
 def discover(only: set[str] | None) -> list[str]:
@@ -55,8 +61,16 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def load_average() -> list[float] | None:
+    """1, 5 and 15 minute load averages (None where the OS has none)."""
+    try:
+        return [round(value, 2) for value in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def environment() -> dict[str, Any]:
-    """What the figures were measured on."""
+    """What the figures were measured on (the load averages are added by main)."""
     versions = {}
     for name in _LIBRARIES:
         try:
@@ -67,20 +81,23 @@ def environment() -> dict[str, Any]:
             "python": platform.python_version(), **versions}
 
 
+# Keys of the environment that say how busy the machine was, not what it is.
+_LOAD_KEYS = ("load_average_before", "load_average_after")
+
+
 def load_baseline(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """(environment, figures by name) of a stored baseline; empty if none or outdated."""
     if not path.exists():
         return {}, {}
     stored = json.loads(path.read_text())
-    if stored.get("version") != BASELINE_VERSION:
+    if stored.get("version") not in _READABLE_VERSIONS:
         return {}, {}
     return stored["environment"], stored["figures"]
 
 
-def regressed(figure: Figure, base: float, tolerance: float) -> bool:
-    if figure.higher_is_better:
-        return figure.value < base * (1 - tolerance)
-    return figure.value > base * (1 + tolerance)
+def interval_of(figure: Figure) -> Interval:
+    """The figure's median and interval over its paired samples (one point if none)."""
+    return median_interval(figure.samples or (figure.value,))
 
 
 def goal_text(figure: Figure) -> str:
@@ -113,9 +130,16 @@ def goal_summary(figures: list[Figure]) -> list[str]:
 
 
 def environment_notes(base_env: dict[str, Any], env: dict[str, Any]) -> list[str]:
-    return [f"environment differs from the baseline's: {key} {base_env.get(key)!r} -> "
-            f"{env.get(key)!r}" for key in sorted(env) if base_env and
-            base_env.get(key) != env.get(key)]
+    lines = [f"environment differs from the baseline's: {key} {base_env.get(key)!r} -> "
+             f"{env.get(key)!r}" for key in sorted(env) if base_env and key not in _LOAD_KEYS
+             and base_env.get(key) != env.get(key)]
+    load = ", ".join(f"{key.removeprefix('load_average_')} {env.get(key)}"
+                     for key in _LOAD_KEYS)
+    if base_env:
+        load += " (baseline: " + ", ".join(
+            f"{key.removeprefix('load_average_')} {base_env.get(key)}"
+            for key in _LOAD_KEYS) + ")"
+    return [*lines, f"load average (1, 5, 15 min): {load}"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,9 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="also write this run's figures as JSON")
     args = parser.parse_args(argv)
     only = set(args.only.split(",")) if args.only else None
+    load_before = load_average()
     figures: list[Figure] = []
     module_of: dict[str, str] = {}
-    failed_modules = []
+    failed_modules, skipped_modules = [], []
     modules = discover(only)
     for name in modules:
         started = time.perf_counter()
@@ -141,32 +166,39 @@ def main(argv: list[str] | None = None) -> int:
             produced = module.run()
             figures.extend(produced)
             module_of.update((fig.name, name) for fig in produced)
+        except Skipped as reason:
+            skipped_modules.append(f"{name}: {reason}")
         except Exception as error:  # a broken benchmark is reported, the rest still run
             failed_modules.append(f"{name}: {type(error).__name__}: {error}")
         print(f"   {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
-    env = environment()
+    env = {**environment(), "load_average_before": load_before,
+           "load_average_after": load_average()}
     base_env, baseline = load_baseline(args.baseline)
     rows, regressions = [], []
     for fig in figures:
         stored = baseline.get(fig.name, {})
         base = stored.get("value")
         tolerance = args.tolerance if args.tolerance is not None else stored.get("tolerance")
-        status = "new"
-        if base is not None and math.isfinite(base) and base != 0:
-            status = f"{100 * (fig.value / base - 1):+.0f}%"
-            if tolerance is None:
-                status += " (info)"
-            elif regressed(fig, base, tolerance):
-                status += f" REGRESSED (tol {tolerance:.0%})"
-                regressions.append(fig.name)
-        measured = f"{fig.value:.4g} {fig.unit}"
+        interval = interval_of(fig)
+        verdict = judge(interval, base, tolerance, higher_is_better=fig.higher_is_better)
+        status = verdict.status
+        if verdict.change is not None:
+            status = f"{100 * verdict.change:+.0f}% {verdict.status}"
+            if verdict.bound is not None:
+                status += f" (tol {tolerance:.0%})"
+        if verdict.regressed:
+            regressions.append(fig.name)
+        measured = f"{interval.text()} {fig.unit}"
+        if fig.samples:
+            measured += f" (n={interval.samples}, {interval.coverage:.0%})"
         if fig.absolute is not None:
-            measured += f" ({fig.absolute:.4g} {fig.absolute_unit})"
+            measured += f"; {fig.absolute:.4g} {fig.absolute_unit}"
         rows.append((fig.name, measured, "-" if base is None else f"{base:.4g}", status,
                      goal_text(fig), fig.note))
     record = {fig.name: {"value": fig.value, "unit": fig.unit, "tolerance": fig.tolerance,
                          "absolute": fig.absolute, "absolute_unit": fig.absolute_unit,
-                         "goal": fig.goal, "module": module_of[fig.name]}
+                         "goal": fig.goal, "module": module_of[fig.name],
+                         "samples": list(fig.samples), "reference": fig.reference}
               for fig in figures}
     if args.out:
         Path(args.out).write_text(json.dumps(
@@ -195,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     if missing and not args.update_baseline:
         print(f"{len(missing)} figure(s) not in the baseline (not compared; "
               f"--update-baseline stores them): {', '.join(missing)}")
+    for line in skipped_modules:
+        print(f"benchmark skipped (its goals not measured): {line}")
     for line in failed_modules:
         print(f"benchmark failed: {line}")
     if regressions:

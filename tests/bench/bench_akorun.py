@@ -10,7 +10,9 @@
   partial to the host, here a sink that applies nothing, and answers with a
   tag bound to the request, which the sender checks) against a blocking socket
   ``sendall`` into ``recv_into`` on a preallocated buffer, same bytes, same
-  run; the receiver is another process in both cases. Goal >= 0.40.
+  run; the receiver is another process in both cases; TRANSFER_REPEATS pairs,
+  the figure the median of their ratios. Goal >= 0.6 (gloo's send/recv
+  reaches 0.63 of the socket here).
   ``akorun.transfer_vs_socket_unauthenticated`` (informational) is the same
   path with no seal, no digest and no check on either side (a server with an
   open verifier and a null hasher, never used by akorun itself): the cost of
@@ -18,12 +20,14 @@
 - ``akorun.rounds_under_attack``: rounds per second of a 3-rank digits-mlp run
   with 100 slow or forged connections held on every rank (from before the
   join to the end: tests/test_security_live.Attacker) over the same run
-  without them, clean and attacked in turn twice, the best of each. Goal >= 0.80.
+  without them, clean and attacked in turn, three pairs, the median of their
+  ratios. Goal >= 0.80.
 - ``akorun.compute_fraction``: with ample bandwidth (100 Gbit/s emulated),
   measured gradient-step seconds / steady wall seconds per round, mean over
   the workers of a 2-worker launch of digits-cnn (batch 128, a step of tens
   of ms on one XLA thread), ssp = inf so that it measures akorun's own cost
-  per round. Goal >= 0.85. ``akorun.compute_fraction_ssp2`` is the same with
+  per round. Goal >= 0.85; ``akorun.compute_fraction_1gbps`` is the same on a
+  1 Gbit/s emulated LAN (goal >= 0.9). ``akorun.compute_fraction_ssp2`` is the same with
   ssp = 2, where the faster worker also idles at the gate for the slower one
   (on a 2-core machine two concurrent steps slow each other down unevenly).
 - ``akorun.worker_peak_rss_mb``: the largest peak RSS of a 2-worker launch of
@@ -39,6 +43,7 @@ import json
 import multiprocessing
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,6 +62,7 @@ from tests.bench.common import Figure
 
 PARTITION_BYTES = 4 * 1024 * 1024
 MESSAGES = 24
+TRANSFER_REPEATS = 5
 SECRET = b"bench secret, thirty-two bytes!!"
 NO_DIGEST = bytes(32)
 RUN = uuid.UUID(int=7).bytes
@@ -67,6 +73,11 @@ RSS_TOLERANCE = 0.5
 # akorun's part alone is a difference of two peaks: 175-311 MB in four runs of the same
 # tree on an idle machine (2026-11-23), so it regresses only past twice its baseline.
 RSS_DIFFERENCE_TOLERANCE = 1.0
+# Rounds per second of 3-rank launches in wall time: under a load average of 10 from
+# other jobs, the attacked / clean ratio of one tree was 0.52-0.55 in one run and
+# 1.08-1.28 in the next (2026-11-25), 0.94 on an idle machine: it regresses only when
+# every pair is below 40% of the baseline's.
+ATTACK_TOLERANCE = 0.6
 
 
 # ------------------------------------------------------------------ receivers (child process)
@@ -244,16 +255,17 @@ def _launch(out: Path, *flags: str) -> dict[str, Any]:
     return dict(json.loads((out / "result.json").read_text()))
 
 
-def compute_fraction(ssp: str) -> tuple[float, str]:
+def compute_fraction(ssp: str, bandwidth: str = "100gbps") -> tuple[float, str]:
     with tempfile.TemporaryDirectory() as tmp:
         merged = _launch(Path(tmp) / "run", "--workers", "2", "--workload", "digits-cnn",
                          "--batch-size", "128", "--rounds", "100", "--p", "1", "--ssp", ssp,
-                         "--bandwidth", "100gbps", "--set", "train.eval_every=1000000")
+                         "--bandwidth", bandwidth, "--set", "train.eval_every=1000000")
     fractions = [w["compute_s_per_round"] / w["round_time_s"] for w in merged["per_worker"]]
     note = ", ".join(f"rank {w['rank']}: {w['compute_s_per_round'] * 1e3:.1f} ms compute of "
                      f"{w['round_time_s'] * 1e3:.1f} ms/round (gate wait "
                      f"{w['wait_s_per_round'] * 1e3:.1f} ms)" for w in merged["per_worker"])
-    return float(np.mean(fractions)), f"digits-cnn batch 128, 2 workers, p=1, ssp={ssp}; {note}"
+    return float(np.mean(fractions)), (f"digits-cnn batch 128, 2 workers, p=1, ssp={ssp}, "
+                                       f"{bandwidth} emulated; {note}")
 
 
 _BARE_STEP = """
@@ -296,14 +308,13 @@ def peak_rss() -> tuple[float, float, str]:
 
 
 def rounds_under_attack(per_rank: int = 100, rounds: int = 300,
-                        pairs: int = 2) -> tuple[float, str]:
-    """(attacked / clean rounds per second, note) of otherwise equal 3-rank runs, clean
-    and attacked in turn `pairs` times, the best rate of each (a busy moment of the
-    shared machine then slows one run of a kind, not the whole figure)."""
+                        pairs: int = 3) -> tuple[tuple[float, ...], str]:
+    """(attacked / clean rounds per second of each pair, note) of otherwise equal
+    3-rank runs, clean and attacked in turn `pairs` times."""
     from akorun.testing import LocalCluster
     from tests.test_security_live import Attacker, tables
 
-    rates: dict[bool, float] = {False: 0.0, True: 0.0}
+    rates: dict[bool, list[float]] = {False: [], True: []}
     for attacked in (False, True) * pairs:
         with tempfile.TemporaryDirectory() as tmp, \
                 LocalCluster(Path(tmp), tables(rounds=rounds)) as cluster:
@@ -321,12 +332,13 @@ def rounds_under_attack(per_rank: int = 100, rounds: int = 300,
             if codes != {0: 0, 1: 0, 2: 0}:
                 raise RuntimeError(f"a run failed (attacked: {attacked}):\n{cluster.logs()}")
             round_s = float(np.mean([cluster.result(r)["round_time_s"] for r in range(3)]))
-            rates[attacked] = max(rates[attacked], 1.0 / round_s)
-    return rates[True] / rates[False], (
-        f"3-rank digits-mlp, {rounds} rounds, p=2, ssp=0, best of {pairs} runs each, in turn: "
-        f"{rates[False]:.1f} rounds/s clean, "
-        f"{rates[True]:.1f} rounds/s with {per_rank} slow or forged connections held on "
-        f"every rank")
+            rates[attacked].append(1.0 / round_s)
+    ratios = tuple(hit / clean for hit, clean in zip(rates[True], rates[False], strict=True))
+    return ratios, (
+        f"3-rank digits-mlp, {rounds} rounds, p=2, ssp=0, {pairs} pairs of runs, in turn: "
+        f"{statistics.median(rates[False]):.1f} rounds/s clean, "
+        f"{statistics.median(rates[True]):.1f} rounds/s with {per_rank} slow or forged "
+        f"connections held on every rank (medians)")
 
 
 def run() -> list[Figure]:
@@ -334,32 +346,41 @@ def run() -> list[Figure]:
     partials = [_partial(i) for i in range(MESSAGES)]
     messages = [_encode(partial) for partial in partials]
     raws, reals, open_ = [], [], []
-    for _ in range(2):  # interleaved, so that a busy moment hits every path alike
+    for _ in range(TRANSFER_REPEATS):  # in turn, so that a busy moment hits a pair alike
         raws.append(raw_socket_mb_per_s(messages))
         reals.append(akorun_mb_per_s(messages, partials))
         open_.append(akorun_mb_per_s(messages, partials, secure=False))
-    raw, real, unauthenticated = max(raws), max(reals), max(open_)
+    secured = tuple(real / raw for real, raw in zip(reals, raws, strict=True))
+    unsecured = tuple(free / raw for free, raw in zip(open_, raws, strict=True))
+    raw, real, unauthenticated = (statistics.median(v) for v in (raws, reals, open_))
     attacked, attacked_note = rounds_under_attack()
     fraction, fraction_note = compute_fraction("inf")
     gated, gated_note = compute_fraction("2")
+    lan, lan_note = compute_fraction("inf", "1gbps")
     rss_mb, akorun_mb, rss_note = peak_rss()
     return [
-        Figure("akorun.transfer_vs_socket", real / raw, "ratio", goal=0.40,
-               note=f"4 MiB partitions over loopback as a worker sends them, security on: "
+        Figure("akorun.transfer_vs_socket", statistics.median(secured), "ratio", goal=0.6,
+               samples=secured, reference="blocking socket",
+               note=f"medians of {TRANSFER_REPEATS} pairs; "
+                    f"4 MiB partitions over loopback as a worker sends them, security on: "
                     f"akorun {real:.0f} MB/s (BLAKE3 body digest by the sender, a keyed-"
                     f"BLAKE3 seal per attempt, HTTP, streamed into a pooled buffer and checked "
                     f"by the receiver, acknowledgement bound to the request) vs socket "
                     f"sendall/recv_into {raw:.0f} MB/s"),
         Figure("akorun.transfer_mb_per_s", real, "MB/s", tolerance=None,
                note="the akorun side of the above"),
-        Figure("akorun.transfer_vs_socket_unauthenticated", unauthenticated / raw, "ratio",
-               tolerance=None,
+        Figure("akorun.transfer_vs_socket_unauthenticated", statistics.median(unsecured),
+               "ratio", tolerance=None, samples=unsecured, reference="blocking socket",
                note=f"informational: the same path with no seal, digest or check anywhere: "
                     f"akorun {unauthenticated:.0f} MB/s vs socket {raw:.0f} MB/s; security "
                     f"costs {100 * (1 - real / unauthenticated):.0f}% of it"),
-        Figure("akorun.rounds_under_attack", attacked, "ratio", goal=0.80, note=attacked_note),
+        Figure("akorun.rounds_under_attack", statistics.median(attacked), "ratio", goal=0.80,
+               samples=attacked, reference="the same run unattacked", note=attacked_note,
+               tolerance=ATTACK_TOLERANCE),
         Figure("akorun.compute_fraction", fraction, "ratio", goal=0.85,
                note="akorun's own cost per round (no gate): " + fraction_note),
+        Figure("akorun.compute_fraction_1gbps", lan, "ratio", goal=0.9,
+               note="the same on a 1 Gbit/s emulated LAN: " + lan_note),
         Figure("akorun.compute_fraction_ssp2", gated, "ratio",
                note="with the SSP gate, a faster worker also waits for the slower: "
                     + gated_note),
