@@ -58,6 +58,7 @@ VNET_HDR_BYTES = 10  # struct virtio_net_hdr, the TUN default
 READ_BYTES = VNET_HDR_BYTES + 65536 + 256
 READ_BATCH = 64  # packets read per wake-up at most, before due packets are written
 IDLE_WAKE_S = 0.5
+FOREIGN_HEADS_KEPT = 4
 LATE_BUCKETS_S = (50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3)
 
 
@@ -114,6 +115,7 @@ class LineStats:
     packets: int = 0
     bytes: int = 0
     dropped_foreign: int = 0  # not IPv4 between two testbed addresses
+    foreign_heads: list[str] = field(default_factory=list)  # the first few, as hex
     write_errors: int = 0
     held_max: int = 0  # most packets held at once
     late_max_s: float = 0.0  # worst release after the due time
@@ -172,6 +174,9 @@ class DelayLine:
                 pair, now, last.get(pair, 0.0), self._random.random() if jitter else 0.5)
             if release is None:
                 self.stats.dropped_foreign += 1
+                if len(self.stats.foreign_heads) < FOREIGN_HEADS_KEPT:
+                    self.stats.foreign_heads.append(
+                        packet[VNET_HDR_BYTES:VNET_HDR_BYTES + 40].hex())
                 continue
             assert pair is not None
             last[pair] = release
