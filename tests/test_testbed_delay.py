@@ -123,8 +123,8 @@ def test_the_line_load_is_each_uplink_or_its_pair_caps_where_smaller() -> None:
     caps = np.array([[np.inf, 40e6, 40e6], [40e6, np.inf, 40e6], [40e6, 40e6, np.inf]])
     assert delaypath.line_load_bps(np.array([1e9] * 3), caps) == 240e6
     assert delaypath.line_load_bps(np.array([20e6] * 3), caps) == 60e6
-    with pytest.raises(UsageError, match="at most 400 Mbit/s"):
-        delaypath.check_delay(np.full((3, 3), 0.02), 480e6, 0.0)
+    with pytest.raises(UsageError, match="at most 1000 Mbit/s"):
+        delaypath.check_delay(np.full((3, 3), 0.02), 1.2e9, 0.0)
     delaypath.check_delay(np.array([[0.0, 0.0], [0.02, 0.0]]), 100e6, 0.002)  # zeros allowed
 
 

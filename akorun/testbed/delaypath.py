@@ -43,7 +43,7 @@ from akorun.testbed.delayline import DelaySchedule
 
 MIN_DELAY_S = 2e-3  # one-way; below it the line's own 0.1-0.3 ms would be > 10 %
 MAX_DELAY_S = 1.0  # one-way; the line holds rate x delay bytes in memory
-MAX_LINE_BPS = 400e6  # the ranks' uplinks together
+MAX_LINE_BPS = 1e9  # what the ranks can send at once; 2.3 Gbit/s measured unshaped
 DELAY_TABLE = "200"
 GATEWAY_SUFFIX = "254"  # the ranks' gateway: a neighbour entry, no device holds it
 TXQUEUE_PACKETS = 10000
