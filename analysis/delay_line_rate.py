@@ -29,7 +29,8 @@ from akorun.testbed.probe import Transfer, measure_transfer
 from akorun.testbed.shaping import plan_shaping
 
 
-def measure(ranks: int, rate_bps: float | None, one_way_s: float, seconds: float) -> dict:
+def measure(ranks: int, rate_bps: float | None, one_way_s: float, seconds: float,
+            raise_priority: bool = True) -> dict:
     testbed = NetnsTestbed(TestbedNames.for_pid(os.getpid(), ranks))
     names = testbed.names
     line = None
@@ -48,7 +49,8 @@ def measure(ranks: int, rate_bps: float | None, one_way_s: float, seconds: float
         matrix = [[0.0 if i == j else one_way_s for j in range(ranks)] for i in range(ranks)]
         line = delaypath.DelayLineProcess(
             names.hub, names.tun,
-            DelaySchedule.from_matrix([names.address(r) for r in range(ranks)], matrix))
+            DelaySchedule.from_matrix([names.address(r) for r in range(ranks)], matrix),
+            raise_priority=raise_priority)
         line.start()
         nbytes = int((rate_bps or 1e9) / 8 * seconds)
         results: list[Transfer | None] = [None] * ranks
@@ -77,6 +79,7 @@ def measure(ranks: int, rate_bps: float | None, one_way_s: float, seconds: float
                 "aggregate_mbps": flows * nbytes * 8 / wall_s / 1e6,
                 "fraction_of_shaped": (None if rate_bps is None
                                        else min(rates) / rate_bps),
+                "priority": "raise" if raise_priority else "keep",
                 "line": stats, "load": os.getloadavg()[0]}
     finally:
         if line is not None:
@@ -91,10 +94,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delay", default="10ms,50ms", help="one-way delays to measure")
     parser.add_argument("--seconds", type=float, default=3.0,
                         help="bytes per flow = this many seconds at the rate")
+    parser.add_argument("--priority", choices=("raise", "keep"), default="raise",
+                        help="the line's scheduling: raise (SCHED_FIFO, as the testbed runs "
+                             "it) or keep (an ordinary process, to see what that costs)")
     args = parser.parse_args(argv)
     rate = None if args.rate == "none" else parse_bandwidth(args.rate)
     for text in args.delay.split(","):
-        print(json.dumps(measure(args.ranks, rate, parse_duration(text), args.seconds)),
+        print(json.dumps(measure(args.ranks, rate, parse_duration(text), args.seconds,
+                                    args.priority == "raise")),
               flush=True)
     return 0
 

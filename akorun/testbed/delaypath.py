@@ -141,8 +141,10 @@ def plan_delay_path(hub: str, tun: str, ports: Sequence[RankPort], subnet: str,
 class DelayLineProcess:
     """The delay line running in the hub namespace, from `start` to `stop`."""
 
-    def __init__(self, hub: str, tun: str, schedule: DelaySchedule) -> None:
+    def __init__(self, hub: str, tun: str, schedule: DelaySchedule, *,
+                 raise_priority: bool = True) -> None:
         self.hub, self.tun, self.schedule = hub, tun, schedule
+        self.raise_priority = raise_priority
         self.priority = ""
         self._process: subprocess.Popen[str] | None = None
 
@@ -150,7 +152,8 @@ class DelayLineProcess:
         """Start it and wait until it is attached to the TUN device (TestbedError-like
         UsageError naming its answer otherwise)."""
         argv = ("ip", "netns", "exec", self.hub, sys.executable, "-m",
-                "akorun.testbed.delayline", "--device", self.tun, "--spec", "-")
+                "akorun.testbed.delayline", "--device", self.tun, "--spec", "-",
+                "--priority", "raise" if self.raise_priority else "keep")
         self._process = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True, start_new_session=True)  # Ctrl-C stops the ranks first, not the line
