@@ -69,6 +69,7 @@ GROUPINGS: dict[str, Callable[[FidelityTcpRow], str]] = {
     "scheme": lambda r: r.scheme,
     "s": lambda r: str(r.ssp),
     "rate": lambda r: r.rate,
+    "RTT": lambda r: f"{r.rtt_s * 1e3:g} ms",
     "workers": lambda r: str(r.workers),
     "p": lambda r: r.p_configured,
     "scheme/p/s": lambda r: (f"{r.scheme}-p{r.p_configured}" if r.scheme == "ako"
