@@ -311,12 +311,12 @@ def test_rtt_and_rate_through_the_delay_line(pair_factory: list[_Pair], rate_bps
 
 @pytest.mark.netns
 @pytest.mark.timeout(400)
-def test_a_launch_with_latency_ends_with_equal_replicas_and_records_the_delays(
+def test_a_launch_with_latency_and_jitter_ends_with_equal_replicas_and_records_the_delays(
         tmp_path: Path) -> None:
     _requirements()
     out = tmp_path / "run"
     command = [sys.executable, "-m", "akorun", "launch", "--testbed", "netns", "--workers", "3",
-               "--bandwidth", "20mbps", "--latency", "10ms,20ms,5ms", "--workload",
+               "--bandwidth", "20mbps", "--latency", "10ms,20ms,5ms", "--testbed-jitter", "2ms", "--workload",
                "digits-mlp", "--optimizer", "sgd", "--lr", "0.05", "--rounds", "8", "--set",
                "train.eval_every=1000", "--quiet", "--out", str(out)]
     done = subprocess.run(command, cwd=REPO_ROOT, env=child_test_env(), capture_output=True,
@@ -328,6 +328,7 @@ def test_a_launch_with_latency_ends_with_equal_replicas_and_records_the_delays(
     assert record.latency_matrix_s == ((0.0, 0.01, 0.02), (0.01, 0.0, 0.005),
                                        (0.02, 0.005, 0.0))
     assert record.bridge == "" and record.delay_device and record.latency_ignored_s == 0.0
+    assert record.delay_jitter_s == 0.002
     result = RunResult.from_json(json.loads((out / "result.json").read_text()))
     assert all(r.rounds == 8 and not r.failed for r in result.per_worker)
     assert result.max_relative_difference is not None

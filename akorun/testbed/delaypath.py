@@ -89,9 +89,10 @@ def check_delay(latency_s: np.ndarray, load_bps: float, jitter_s: float) -> None
     if off_diagonal.max(initial=0.0) > MAX_DELAY_S:
         raise UsageError(f"--testbed netns: one-way latency {off_diagonal.max():g} s is above "
                          f"the delay line's {MAX_DELAY_S:g} s")
-    if jitter_s < 0 or (jitter_s > 0 and positive.size and jitter_s > positive.min()):
+    smallest_s = float(positive.min()) if positive.size else 0.0
+    if jitter_s < 0 or jitter_s > smallest_s:
         raise UsageError(f"--testbed-jitter: got {jitter_s * 1e3:g} ms; allowed 0 up to the "
-                         f"smallest one-way latency ({positive.min(initial=0.0) * 1e3:g} ms)")
+                         f"smallest non-zero one-way latency ({smallest_s * 1e3:g} ms)")
     if load_bps > MAX_LINE_BPS:
         raise UsageError(f"--testbed netns: the ranks can send {load_bps / 1e6:g} Mbit/s "
                          f"at once (uplinks, or pair caps where smaller); with latency the "
