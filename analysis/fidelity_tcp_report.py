@@ -125,7 +125,8 @@ def markdown_report(record: FidelityTcpRecord, analysis: str = "") -> str:
     latency = ("every pair's one-way latency, half the configuration's round trip of "
                + ", ".join(f"{rtt:g}" for rtt in rtts_ms) + " ms, held by the testbed's "
                "delay line") if wan else "no latency"
-    rerun = ("--grid wan --results results/fidelity-wan" if wan else
+    rerun = (f"--grid wan --rounds {record.rounds} --results results/fidelity-wan --json "
+             "analysis/data/fidelity-wan.json --report docs/reports/fidelity-wan.md" if wan else
              "--results results/fidelity-tcp --json analysis/data/fidelity-tcp.json")
     parts = [
         "# Fidelity on real TCP: akosim against akorun on the netns testbed"
