@@ -36,7 +36,7 @@ from akocore.testbed_record import TestbedRecord as Record
 from akorun.errors import UsageError
 from akorun.testbed import delaypath, netns
 from akorun.testbed.delayline import VNET_HDR_BYTES, DelayLine, DelaySchedule, pair_of
-from akorun.testbed.netns import SUBNET, SUBNET_PREFIX, NetnsTestbed, TestbedNames, entered
+from akorun.testbed.netns import SUBNET, SUBNET_PREFIX, NetnsTestbed, entered
 from akorun.testbed.probe import measure_transfer
 from akorun.testbed.runner import DELAY_LINE_FILE
 from akorun.testbed.shaping import plan_shaping
@@ -155,7 +155,7 @@ class _Pair:
     """Two ranks' namespaces routed through the delay line, built by the testbed's code."""
 
     def __init__(self, one_way_s: float, rate_bps: float) -> None:
-        self.testbed = NetnsTestbed(TestbedNames.for_pid(os.getpid(), 2))
+        self.testbed = NetnsTestbed(netns.TestbedNames.for_pid(os.getpid(), 2))
         names = self.testbed.names
         self.testbed.up(bridged=False)
         ports = [delaypath.RankPort(rank=r, namespace=names.namespace(r),
@@ -316,8 +316,8 @@ def test_a_launch_with_latency_and_jitter_ends_with_equal_replicas_and_records_t
     _requirements()
     out = tmp_path / "run"
     command = [sys.executable, "-m", "akorun", "launch", "--testbed", "netns", "--workers", "3",
-               "--bandwidth", "20mbps", "--latency", "10ms,20ms,5ms", "--testbed-jitter", "2ms", "--workload",
-               "digits-mlp", "--optimizer", "sgd", "--lr", "0.05", "--rounds", "8", "--set",
+               "--bandwidth", "20mbps", "--latency", "10ms,20ms,5ms", "--testbed-jitter", "2ms",
+               "--workload", "digits-mlp", "--optimizer", "sgd", "--lr", "0.05", "--rounds", "8", "--set",
                "train.eval_every=1000", "--quiet", "--out", str(out)]
     done = subprocess.run(command, cwd=REPO_ROOT, env=child_test_env(), capture_output=True,
                           text=True, timeout=380, check=False)
