@@ -317,8 +317,8 @@ def test_a_launch_with_latency_and_jitter_ends_with_equal_replicas_and_records_t
     out = tmp_path / "run"
     command = [sys.executable, "-m", "akorun", "launch", "--testbed", "netns", "--workers", "3",
                "--bandwidth", "20mbps", "--latency", "10ms,20ms,5ms", "--testbed-jitter", "2ms",
-               "--workload", "digits-mlp", "--optimizer", "sgd", "--lr", "0.05", "--rounds", "8", "--set",
-               "train.eval_every=1000", "--quiet", "--out", str(out)]
+               "--workload", "digits-mlp", "--optimizer", "sgd", "--lr", "0.05", "--rounds", "8",
+               "--set", "train.eval_every=1000", "--quiet", "--out", str(out)]
     done = subprocess.run(command, cwd=REPO_ROOT, env=child_test_env(), capture_output=True,
                           text=True, timeout=380, check=False)
     if "testbed: `" in done.stderr:
