@@ -39,8 +39,8 @@ def measure(ranks: int, rate_bps: float | None, one_way_s: float, seconds: float
         ports = [delaypath.RankPort(rank=r, namespace=names.namespace(r),
                                     device=names.device(r), hub_port=names.bridge_port(r),
                                     address=names.address(r)) for r in range(ranks)]
-        testbed.apply(delaypath.plan_delay_path(names.hub, names.tun, ports, SUBNET,
-                                                SUBNET_PREFIX))
+        path = delaypath.plan_delay_path(names.hub, names.tun, ports, SUBNET, SUBNET_PREFIX)
+        testbed.apply(path.before_line)
         if rate_bps is not None:
             cfg = config_from_dict({"cluster": {"workers": ranks},
                                     "network": {"bandwidth": f"{rate_bps / 1e6:g}mbps"}})
@@ -52,6 +52,7 @@ def measure(ranks: int, rate_bps: float | None, one_way_s: float, seconds: float
             DelaySchedule.from_matrix([names.address(r) for r in range(ranks)], matrix),
             raise_priority=raise_priority)
         line.start()
+        testbed.apply(path.after_line)
         nbytes = int((rate_bps or 1e9) / 8 * seconds)
         results: list[Transfer | None] = [None] * ranks
         flows = ranks if ranks > 2 else 1

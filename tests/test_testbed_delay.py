@@ -107,8 +107,10 @@ def test_the_line_holds_every_packet_its_delay_and_keeps_their_order() -> None:
 def test_the_routes_send_every_rank_to_rank_packet_through_the_tun_device() -> None:
     ports = [delaypath.RankPort(rank=r, namespace=f"n{r}", device=f"r{r}", hub_port=f"p{r}",
                                 address=f"10.77.0.{r + 1}") for r in range(2)]
-    commands = [" ".join(c) for c in delaypath.plan_delay_path("hub", "tun", ports,
-                                                               SUBNET, SUBNET_PREFIX)]
+    plan = delaypath.plan_delay_path("hub", "tun", ports, SUBNET, SUBNET_PREFIX)
+    commands = [" ".join(c) for c in plan.before_line + plan.after_line]
+    assert [c[:6] for c in plan.after_line][0] == ("ip", "-n", "hub", "link", "set", "tun")
+    assert not any("tun" in c and " up" in c for c in map(" ".join, plan.before_line))
     assert "ip -n hub rule add pref 100 iif tun lookup main" in commands
     assert "ip -n hub route add default dev tun table 200" in commands
     assert "ip -n n1 route add 10.77.0.0/24 via 10.77.0.254 dev r1" in commands
@@ -161,8 +163,8 @@ class _Pair:
         ports = [delaypath.RankPort(rank=r, namespace=names.namespace(r),
                                     device=names.device(r), hub_port=names.bridge_port(r),
                                     address=names.address(r)) for r in range(2)]
-        self.testbed.apply(delaypath.plan_delay_path(names.hub, names.tun, ports, SUBNET,
-                                                     SUBNET_PREFIX))
+        path = delaypath.plan_delay_path(names.hub, names.tun, ports, SUBNET, SUBNET_PREFIX)
+        self.testbed.apply(path.before_line)
         from akocore.config import config_from_dict
         cfg = config_from_dict({"cluster": {"workers": 2},
                                 "network": {"bandwidth": f"{rate_bps / 1e6:g}mbps"}})
@@ -172,6 +174,7 @@ class _Pair:
                                              [[0.0, one_way_s], [one_way_s, 0.0]])
         self.line = delaypath.DelayLineProcess(names.hub, names.tun, schedule)
         self.line.start()
+        self.testbed.apply(path.after_line)
         self.names = names
 
     def close(self) -> dict[str, object] | None:

@@ -186,12 +186,18 @@ def _delay_path(testbed: NetnsTestbed, cfg: RunConfig,
     ports = [RankPort(rank=r, namespace=names.namespace(r), device=names.device(r),
                       hub_port=names.bridge_port(r), address=names.address(r))
              for r in range(n)]
-    testbed.apply(plan_delay_path(names.hub, names.tun, ports, SUBNET, SUBNET_PREFIX))
+    plan = plan_delay_path(names.hub, names.tun, ports, SUBNET, SUBNET_PREFIX)
+    testbed.apply(plan.before_line)
     schedule = DelaySchedule.from_matrix([names.address(r) for r in range(n)],
                                          cfg.network.latency_matrix(n).tolist(),
                                          options.jitter_s)
     line = DelayLineProcess(names.hub, names.tun, schedule)
     line.start()
+    try:
+        testbed.apply(plan.after_line)
+    except BaseException:
+        line.stop()
+        raise
     return line
 
 
