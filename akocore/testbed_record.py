@@ -71,8 +71,8 @@ class TestbedNode:
     rank: int = field(metadata=meta("", "the rank", "akorun"))
     namespace: str = field(metadata=meta("", "its network namespace", "akorun"))
     device: str = field(metadata=meta("", "its veth end (in its namespace)", "akorun"))
-    bridge_port: str = field(metadata=meta("", "the veth's other end, on the bridge",
-                                           "akorun"))
+    bridge_port: str = field(metadata=meta("", "the veth's other end, in the hub "
+                                               "namespace (on the bridge, if any)", "akorun"))
     address: str = field(metadata=meta("", "IPv4 address of `device`", "akorun"))
     port: int = field(metadata=meta("", "TCP port the rank listens on", "akorun"))
     uplink_bps: float = field(metadata=meta("bit/s", "uplink ceiling applied", "akorun"))

@@ -112,8 +112,9 @@ def check_testbed(cfg: RunConfig, settings: AkorunSettings, options: TestbedOpti
     missing = missing_requirements()
     if missing is not None:
         raise TestbedError(f"--testbed netns: {missing}")
-    if missing_tun() is not None and latency_s > 0 and options.latency == "delay":
-        raise TestbedError(f"--testbed netns: the delay line {missing_tun()}")
+    tun_missing = missing_tun() if latency_s > 0 and options.latency == "delay" else None
+    if tun_missing is not None:
+        raise TestbedError(f"--testbed netns: the delay line {tun_missing}")
     return latency_s if options.latency == "ignore" else 0.0
 
 
