@@ -4,8 +4,9 @@
 rank starts (akorun.testbed.runner); `akosim predict` reads it to know the
 network the run really had, which is the config's network as closely as the
 kernel realised it: rates, token-bucket bursts and drop-tail queue limits of
-every tc class, the addresses, and what the testbed could not realise (link
-latency: there is no netem on this kernel, see `latency_ignored_s`).
+every tc class, the addresses, the one-way delay per pair the testbed's delay
+line holds packets for (`latency_matrix_s`; there is no netem on this kernel),
+and what it left out (`latency_ignored_s`, when told to ignore latency).
 
 Shaping (one `ShapedQueue` per htb class with its own queue):
 
@@ -33,7 +34,7 @@ from akocore.jsonrecord import RecordError, meta, record_from_json, record_to_js
 TESTBED_RECORD_VERSION = 1
 TESTBED_RECORD_FILE = "testbed.json"  # in the run directory
 DIRECTIONS = ("uplink", "downlink", "pair")
-LATENCY_POLICIES = ("refuse", "ignore")
+LATENCY_POLICIES = ("delay", "ignore")
 
 __all__ = ["DIRECTIONS", "LATENCY_POLICIES", "TESTBED_RECORD_FILE", "TESTBED_RECORD_VERSION",
            "ShapedQueue", "TestbedNode", "TestbedRecord"]
@@ -70,8 +71,8 @@ class TestbedNode:
     rank: int = field(metadata=meta("", "the rank", "akorun"))
     namespace: str = field(metadata=meta("", "its network namespace", "akorun"))
     device: str = field(metadata=meta("", "its veth end (in its namespace)", "akorun"))
-    bridge_port: str = field(metadata=meta("", "the veth's other end, on the bridge",
-                                           "akorun"))
+    bridge_port: str = field(metadata=meta("", "the veth's other end, in the hub "
+                                               "namespace (on the bridge, if any)", "akorun"))
     address: str = field(metadata=meta("", "IPv4 address of `device`", "akorun"))
     port: int = field(metadata=meta("", "TCP port the rank listens on", "akorun"))
     uplink_bps: float = field(metadata=meta("bit/s", "uplink ceiling applied", "akorun"))
@@ -86,15 +87,16 @@ class TestbedRecord:
     testbed: str = field(metadata=meta("", "kind of testbed: netns", "akorun"))
     tag: str = field(metadata=meta("", "the run's unique name prefix", "akorun"))
     hub_namespace: str = field(metadata=meta("", "namespace holding the bridge", "akorun"))
-    bridge: str = field(metadata=meta("", "the bridge joining the ranks", "akorun"))
+    bridge: str = field(metadata=meta("", "the bridge joining the ranks (empty: the hub "
+                                          "routes through the delay line)", "akorun"))
     subnet: str = field(metadata=meta("", "the ranks' IPv4 subnet", "akorun"))
     mtu: int = field(metadata=meta("B", "MTU of every veth", "akorun"))
     nodes: tuple[TestbedNode, ...] = field(metadata=meta("", "one per rank", "akorun"))
     queues: tuple[ShapedQueue, ...] = field(metadata=meta("", "every htb class applied",
                                                           "akorun"))
     downlink_shaped: bool = field(metadata=meta("", "bridge-side egress shaped", "akorun"))
-    latency_policy: str = field(metadata=meta("", "refuse or ignore (no netem here)",
-                                              "akorun"))
+    latency_policy: str = field(metadata=meta(
+        "", "delay (the delay line realises latency) or ignore", "akorun"))
     latency_ignored_s: float = field(metadata=meta(
         "s", "largest configured latency the testbed did not realise (0: none)", "akorun"))
     in_process_emulation: bool = field(metadata=meta("", "akorun's own link emulation",
@@ -106,6 +108,13 @@ class TestbedRecord:
     kernel: str = field(metadata=meta("", "kernel release", "akorun"))
     commands: tuple[str, ...] = field(metadata=meta("", "every ip/tc command run, in order",
                                                     "akorun"))
+    latency_matrix_s: tuple[tuple[float, ...], ...] | None = field(default=None, metadata=meta(
+        "s", "one-way delay per ordered pair (row sends) the delay line holds packets for; "
+             "null: no delay line", "akorun"))
+    delay_jitter_s: float = field(default=0.0, metadata=meta(
+        "s", "uniform jitter added to each packet's delay (a pair's order kept)", "akorun"))
+    delay_device: str = field(default="", metadata=meta(
+        "", "the delay line's TUN device in the hub namespace (empty: none)", "akorun"))
 
     def queue(self, rank: int, direction: str, peer: int | None = None) -> ShapedQueue | None:
         """The class shaping `rank`'s `direction` (towards `peer` for a pair), or None."""

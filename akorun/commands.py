@@ -33,6 +33,7 @@ from akocore.config import (
     add_shared_arguments,
     resolve_args,
 )
+from akocore.testbed_record import LATENCY_POLICIES
 from akocore.units import UnitError, parse_duration
 from akorun import message_bench
 from akorun.cluster import (
@@ -123,16 +124,17 @@ examples:
   akorun launch --workers 3 --scheme ps --set exchange.ps_servers=1 --out runs/ps
   sudo akorun launch --testbed netns --workers 3 --bandwidth 20mbps --rounds 50 --out runs/tb
       real kernel TCP: one network namespace per rank on a bridge, tc htb shaping
-  sudo akorun launch --testbed netns --config configs/uniform-wan.toml --testbed-latency ignore \\
+  sudo akorun launch --testbed netns --workers 3 --bandwidth 40mbps --latency 20ms \\
         --out runs/tb-wan
-      a config with latency: this kernel has no netem, so run without it (recorded)
+      with 20 ms one-way latency per pair (40 ms RTT), held by the testbed's delay line
 
 Writes OUT/cluster.toml, OUT/worker-R.log, OUT/worker-R.json, OUT/worker-R.npz and
 OUT/result.json (config, per-rank results, summary keys as akosim names them);
 with --testbed also OUT/testbed.json (akocore.testbed_record: the rates, bursts,
-queue limits, addresses and tc commands the testbed applied). The testbed needs
-root, `ip` and `tc`; its namespaces are deleted when the run ends, fails or is
-stopped.
+queue limits, addresses, delays and tc commands the testbed applied) and, with
+latency, OUT/delay_line.json (the delay line's packets, timer lateness and CPU).
+The testbed needs root, `ip` and `tc` (and /dev/net/tun for latency); its
+namespaces are deleted when the run ends, fails or is stopped.
 Ctrl-C stops the ranks gracefully (SIGTERM, then SIGKILL after --kill-grace).
 The ranks die with the launcher: if it is killed (even SIGKILL), each gets SIGTERM,
 finishes its round and writes its record; `akorun merge OUT` then writes OUT/result.json.
@@ -282,9 +284,13 @@ def build_parser() -> ArgumentParser:
     testbed.add_argument("--testbed", metavar="KIND", default=None, choices=TESTBEDS,
                          help=f"where the ranks run: {', '.join(TESTBEDS)}")
     testbed.add_argument("--testbed-latency", metavar="POLICY", default=None,
-                         choices=("refuse", "ignore"),
-                         help="a config with latency > 0: refuse (default; this kernel has "
-                              "no netem) or ignore it (recorded in OUT/testbed.json)")
+                         choices=LATENCY_POLICIES,
+                         help="a config with latency > 0 (one-way, as in akosim): delay "
+                              "(default: a delay line holds each packet for its pair's "
+                              "latency) or ignore it (recorded in OUT/testbed.json)")
+    testbed.add_argument("--testbed-jitter", metavar="DURATION", default=None,
+                         help="add uniform +-jitter to each packet's delay, e.g. 2ms (a "
+                              "pair's packets keep their order; default 0)")
     testbed.add_argument("--testbed-downlink", metavar="on|off", default=None,
                          choices=("on", "off"),
                          help="shape each rank's incoming side too (default on: the config's "
@@ -451,14 +457,16 @@ def cmd_launch(args: argparse.Namespace) -> int:
         **progress)
     if args.testbed is None:
         given = [flag for flag, value in (("--testbed-latency", args.testbed_latency),
-                                          ("--testbed-downlink", args.testbed_downlink))
+                                          ("--testbed-downlink", args.testbed_downlink),
+                                          ("--testbed-jitter", args.testbed_jitter))
                  if value is not None]
         if given:
             raise UsageError(f"{given[0]} needs --testbed netns")
         launch(cfg, settings, options, resolved=resolved)
         return 0
-    testbed = TestbedOptions(kind=args.testbed, latency=args.testbed_latency or "refuse",
-                             downlink=args.testbed_downlink != "off")
+    jitter_s = _duration(args.testbed_jitter, "--testbed-jitter") if args.testbed_jitter else 0.0
+    testbed = TestbedOptions(kind=args.testbed, latency=args.testbed_latency or "delay",
+                             downlink=args.testbed_downlink != "off", jitter_s=jitter_s)
     launch_on_testbed(cfg, settings, options, testbed, resolved=resolved)
     return 0
 

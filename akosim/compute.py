@@ -193,7 +193,7 @@ def timing_is_enough(durations_s: list[float], *, min_steps: int = TIMING_MIN_ST
     return max(median - interval[0], interval[1] - median) <= rel_halfwidth * median
 
 
-def measure_step_timing(workload: Workload, max_steps: int,
+def measure_step_timing(workload: FlatWorkload, max_steps: int,
                         clock: Callable[[], float] = time.perf_counter) -> StepTiming:
     """`--compute measure`: the workload's gradient step timed until its median is known
     within ±5% at 90% confidence (at least 5 steps, at most `max_steps`, and no more

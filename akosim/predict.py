@@ -179,7 +179,8 @@ def testbed_network(record: TestbedRecord, configured: NetworkConfig,
                     nodes: int) -> tuple[NetworkConfig, list[str]]:
     """The network the testbed realised, as akosim's settings, and notes on what akosim
     cannot express: each node's uplink ceiling, each pair class's ceiling (already
-    min(pair cap, uplink)), no latency (the testbed ignored it: `latency_ignored_s`)."""
+    min(pair cap, uplink)), the one-way delays its delay line held packets for (none when
+    the run had no delay line: `latency_ignored_s` says what it left out)."""
     by_rank = {node.rank: node for node in record.nodes}
     if sorted(by_rank) != list(range(nodes)):
         raise UsageError(f"predict: the testbed record has ranks {sorted(by_rank)}, the run "
@@ -204,9 +205,13 @@ def testbed_network(record: TestbedRecord, configured: NetworkConfig,
     if record.latency_ignored_s > 0:
         notes.append(f"configured latency {format_duration(record.latency_ignored_s)} "
                      f"not realised by the testbed: predicted with none")
+    delays = record.latency_matrix_s
+    if delays is not None and len(delays) != nodes:
+        raise UsageError(f"predict: the testbed record's latency matrix is "
+                         f"{len(delays)}x{len(delays)}, the run has {nodes} nodes")
     network = replace(configured, bandwidth_bps=uplinks, link_bandwidth_bps=(),
                       link_bandwidth_matrix_bps=matrix, latency_s=(0.0,),
-                      latency_matrix_s=None)
+                      latency_matrix_s=delays)
     return network, notes
 
 

@@ -4,8 +4,11 @@
     python -m analysis.fidelity_tcp --results results/fidelity-tcp --report-only
 
 Runs a grid of configurations with ``akorun launch --testbed netns`` (ranks in
-network namespaces, real kernel TCP, tc htb shaping; latency none), one at a
-time, and predicts each with ``akosim predict`` three ways:
+network namespaces, real kernel TCP, tc htb shaping), one at a time, and
+predicts each with ``akosim predict`` three ways. ``--grid lan`` (the default)
+has no latency; ``--grid wan`` gives every pair a one-way latency that the
+testbed's delay line realises (10-100 ms round trips, 5-100 Mbit/s, Ako, the
+parameter server and ring all-reduce):
 
 - host-calibrated: the TCP-aware model with this host's calibration (``akosim
   calibrate``, made once at the start of the grid and kept in RESULTS) and
@@ -67,7 +70,8 @@ PREDICT_FLAGS: dict[str, tuple[str, ...]] = {
 }
 # each node's NIC, both ways; a list goes to the nodes in turn (het: 100, 20, 100, ...)
 RATES_BPS: dict[str, tuple[float, ...]] = {"lan": (100e6,), "wan": (20e6,),
-                                           "het": (100e6, 20e6)}
+                                           "het": (100e6, 20e6), "5m": (5e6,),
+                                           "20m": (20e6,), "100m": (100e6,)}
 # given to both tools, so akosim's own compute measurement times the step the runs take
 TRAINING_FLAGS = ("--batch-size", "32", "--optimizer", "sgd", "--lr", "0.05")
 
@@ -76,16 +80,18 @@ TRAINING_FLAGS = ("--batch-size", "32", "--optimizer", "sgd", "--lr", "0.05")
 class GridPoint:
     """One configuration of the grid."""
 
-    scheme: str  # ako or ps (the asynchronous parameter server, one server)
+    scheme: str  # ako, ps (the asynchronous parameter server, one server) or allreduce
     workers: int  # training workers
-    rate: str  # lan, wan or het (RATES_BPS)
-    p: str  # "1" or "auto" (ako); "-" (ps)
+    rate: str  # a key of RATES_BPS
+    p: str  # "1" or "auto" (ako); "-" (ps, allreduce)
     ssp: int
+    rtt_ms: float = 0.0  # round trip; every pair gets half of it one way (the delay line)
 
     @property
     def name(self) -> str:
-        exchange = f"ako-p{self.p}" if is_partitioned(self.scheme) else "ps"
-        return f"{self.rate}-{self.workers}w-{exchange}-s{self.ssp}"
+        exchange = f"ako-p{self.p}" if is_partitioned(self.scheme) else self.scheme
+        rtt = f"-rtt{self.rtt_ms:g}ms" if self.rtt_ms > 0 else ""
+        return f"{self.rate}-{self.workers}w-{exchange}-s{self.ssp}{rtt}"
 
     @property
     def nodes(self) -> int:
@@ -97,8 +103,10 @@ class GridPoint:
                  "--scheme", self.scheme, "--ssp", str(self.ssp)]
         if is_partitioned(self.scheme):
             flags += ["--p", self.p]
-        else:
+        elif self.scheme == "ps":
             flags += ["--set", "exchange.ps_mode=async", "--set", "exchange.ps_servers=1"]
+        if self.rtt_ms > 0:
+            flags += ["--latency", f"{self.rtt_ms / 2:g}ms"]
         return flags
 
 
@@ -120,6 +128,31 @@ def grid() -> tuple[GridPoint, ...]:
             points += [GridPoint("ako", 3, "het", "1", 0), GridPoint("ako", 3, "het", "auto", 0),
                        GridPoint("ps", 3, "het", "-", 0), GridPoint("ps", 3, "het", "-", 2)]
     return tuple(points)
+
+
+def wan_grid() -> tuple[GridPoint, ...]:
+    """20 configurations with latency: at 3 workers and 20 Mbit/s, RTT 10, 50 and 100 ms
+    for Ako p = 1 and auto (s = 0), the asynchronous parameter server and ring
+    all-reduce (12); at 50 ms, 5 and 100 Mbit/s for Ako p = 1 and all-reduce (4); at
+    50 ms and 20 Mbit/s, 2 and 4 workers for Ako p = auto, s = 2 and the parameter
+    server (4). The first rows span schemes and round trips, so an interrupted grid
+    still does."""
+    points = []
+    for rtt_ms in (50.0, 10.0, 100.0):
+        points += [GridPoint("ako", 3, "20m", "1", 0, rtt_ms),
+                   GridPoint("ako", 3, "20m", "auto", 0, rtt_ms),
+                   GridPoint("ps", 3, "20m", "-", 0, rtt_ms),
+                   GridPoint("allreduce", 3, "20m", "-", 0, rtt_ms)]
+    for rate in ("5m", "100m"):
+        points += [GridPoint("ako", 3, rate, "1", 0, 50.0),
+                   GridPoint("allreduce", 3, rate, "-", 0, 50.0)]
+    for workers in (2, 4):
+        points += [GridPoint("ako", workers, "20m", "auto", 2, 50.0),
+                   GridPoint("ps", workers, "20m", "-", 0, 50.0)]
+    return tuple(points)
+
+
+GRIDS = {"lan": grid, "wan": wan_grid}
 
 
 # ---- running one configuration -------------------------------------------------------
@@ -210,7 +243,7 @@ def row_of(point: GridPoint, run: RunResult, predictions: dict[str, float],
         message_software_s=tuple(r.message_software_s or 0.0 for r in run.per_worker),
         bytes_sent_per_round=sum(sent) / len(sent),
         uplink_utilisation=sum(utilisation) / len(utilisation) if utilisation else math.nan,
-        wall_s=wall_s)
+        wall_s=wall_s, rtt_s=point.rtt_ms * 1e-3)
 
 
 @dataclass(frozen=True)
@@ -240,8 +273,8 @@ def run_point(point: GridPoint, settings: GridSettings) -> FidelityTcpRow:
         folder.mkdir(parents=True, exist_ok=True)
         log.write_text("")
         started = time.perf_counter()
-        _run(_python("akorun", "launch", "--testbed", "netns", "--testbed-latency", "ignore",
-                     *point.launch_flags(), "--workload", settings.workload, *TRAINING_FLAGS,
+        _run(_python("akorun", "launch", "--testbed", "netns", *point.launch_flags(),
+                     "--workload", settings.workload, *TRAINING_FLAGS,
                      "--rounds", str(settings.rounds), "--set", "train.eval_every=1000",
                      "--out", str(run_dir), "--force", "--quiet", "--timeout",
                      f"{settings.timeout_s:g}s"), env, log, settings.timeout_s + 60)
@@ -345,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, required=True, help="the results folder")
+    parser.add_argument("--grid", choices=tuple(GRIDS), default="lan",
+                        help="lan: no latency (default); wan: round trips of 10-100 ms "
+                             "realised by the testbed's delay line")
     parser.add_argument("--only", metavar="GLOB[,GLOB]",
                         help="configuration names, e.g. 'wan-2w-*' (default: the whole grid)")
     parser.add_argument("--workload", default="digits-cnn")
@@ -358,9 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--netns-rate", default="20mbps",
                         help="calibrate the goodput fraction on a tc-shaped veth pair at "
                              "this rate (default %(default)s; 'none' to skip)")
-    parser.add_argument("--report", type=Path,
-                        default=ROOT / "docs" / "reports" / "fidelity-tcp.md",
-                        help="markdown report (default docs/reports/fidelity-tcp.md)")
+    parser.add_argument("--report", type=Path, default=None,
+                        help="markdown report (default: docs/reports/fidelity-tcp.md for the "
+                             "lan grid, RESULTS/fidelity-wan.md for the wan grid)")
     parser.add_argument("--json", type=Path, default=None,
                         help="also copy the record here (e.g. analysis/data/fidelity-tcp.json)")
     parser.add_argument("--report-only", action="store_true",
@@ -371,13 +407,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 4:
         parser.error(f"--rounds: got {args.rounds}, expected >= 4 (warm-up is skipped)")
-    points = [p for p in grid() if not args.only or any(
+    points = [p for p in GRIDS[args.grid]() if not args.only or any(
         fnmatch.fnmatch(p.name, g) for g in args.only.split(","))]
     if not points:
         print("no configuration matches --only", file=sys.stderr)
         return 2
     results = args.results.resolve()
     results.mkdir(parents=True, exist_ok=True)
+    if args.report is None:
+        args.report = (ROOT / "docs" / "reports" / "fidelity-tcp.md" if args.grid == "lan"
+                       else results / "fidelity-wan.md")
     calibration = host_calibration(
         results, message_cost=not args.no_message_cost,
         netns_rate=None if args.netns_rate == "none" else args.netns_rate,

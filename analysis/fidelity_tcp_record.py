@@ -26,10 +26,10 @@ class FidelityTcpRow:
     """One configuration: measured on the testbed, predicted three ways."""
 
     name: str = field(metadata=meta("", "configuration name"))
-    scheme: str = field(metadata=meta("", "ako or ps (asynchronous, one server)"))
+    scheme: str = field(metadata=meta("", "ako, ps (asynchronous, one server) or allreduce"))
     workers: int = field(metadata=meta("", "training workers"))
     nodes: int = field(metadata=meta("", "ranks (a parameter server counts)"))
-    rate: str = field(metadata=meta("", "lan, wan or het"))
+    rate: str = field(metadata=meta("", "lan, wan, het, or the rate (5m, 20m, 100m)"))
     bandwidth_bps: tuple[float, ...] = field(metadata=meta(
         "bit/s", "each node's uplink and downlink"))
     p_configured: str = field(metadata=meta("", "1, auto, or - (ps)"))
@@ -57,6 +57,8 @@ class FidelityTcpRow:
         "fraction", "bytes sent per round x 8 / round time / own uplink, mean of training "
                     "ranks (what TCP delivered of the shaped rate)"))
     wall_s: float = field(metadata=meta("s", "wall time of the launch"))
+    rtt_s: float = field(default=0.0, metadata=meta(
+        "s", "configured round trip (twice the one-way latency the delay line held)"))
 
     def prediction(self, column: str) -> float:
         return {"host-calibrated": self.host_calibrated_s,

@@ -155,7 +155,8 @@ def test_compute_from_under_the_tcp_model_does_not_add_message_overhead_s(
 
 
 def _testbed(uplinks_bps: tuple[float, ...], *, pair_caps: dict[tuple[int, int], float],
-             downlink_shaped: bool = True, latency_ignored_s: float = 0.0) -> tb.TestbedRecord:
+             downlink_shaped: bool = True, latency_ignored_s: float = 0.0,
+             latency_matrix_s: tuple[tuple[float, ...], ...] | None = None) -> tb.TestbedRecord:
     nodes = tuple(tb.TestbedNode(rank=r, namespace=f"ns{r}", device=f"v{r}", bridge_port=f"b{r}",
                               address=f"10.9.0.{r + 1}", port=7000, uplink_bps=rate,
                               downlink_bps=rate if downlink_shaped else None)
@@ -169,7 +170,7 @@ def _testbed(uplinks_bps: tuple[float, ...], *, pair_caps: dict[tuple[int, int],
                          downlink_shaped=downlink_shaped, latency_policy="ignore",
                          latency_ignored_s=latency_ignored_s, in_process_emulation=False,
                          htb_quantum_bytes=1514, tcp_congestion_control="cubic",
-                         kernel="6", commands=())
+                         kernel="6", commands=(), latency_matrix_s=latency_matrix_s)
 
 
 def test_testbed_network_is_the_realised_uplinks_pair_caps_and_no_latency():
@@ -187,6 +188,15 @@ def test_testbed_network_is_the_realised_uplinks_pair_caps_and_no_latency():
     assert any("not realised" in note for note in notes)
     with pytest.raises(UsageError):
         predict.testbed_network(record, configured, 4)
+
+
+def test_testbed_network_takes_the_delays_the_delay_line_realised():
+    configured = NetworkConfig(bandwidth_bps=(1e9,), latency_s=(0.02,))
+    delays = ((0.0, 0.005, 0.03), (0.005, 0.0, 0.01), (0.03, 0.01, 0.0))
+    record = _testbed((2e7, 2e7, 2e7), pair_caps={}, latency_matrix_s=delays)
+    network, notes = predict.testbed_network(record, configured, 3)
+    assert network.latency_matrix(3).tolist() == [list(row) for row in delays]
+    assert not any("not realised" in note for note in notes)
 
 
 def test_predict_reads_the_testbed_record_beside_the_result(run_dir: Path, tmp_path: Path,

@@ -104,10 +104,23 @@ def test_the_record_round_trips_and_refuses_a_foreign_file() -> None:
                     queue_limit_bytes=1)
 
 
-def test_latency_is_refused_unless_ignored_and_emulation_on_is_refused() -> None:
-    cfg = _cfg(bandwidth="20mbps", latency="5ms")
-    with pytest.raises(UsageError, match="no netem.*--testbed-latency ignore"):
-        check_testbed(cfg, new_settings(), runner.TestbedOptions())
+def test_latency_the_delay_line_cannot_realise_is_refused_and_emulation_on_too() -> None:
+    options = runner.TestbedOptions()
+    with pytest.raises(UsageError, match="below the delay line's floor"):
+        check_testbed(_cfg(bandwidth="20mbps", latency="1ms"), new_settings(), options)
+    with pytest.raises(UsageError, match="above the delay line's"):
+        check_testbed(_cfg(bandwidth="20mbps", latency="2s"), new_settings(), options)
+    with pytest.raises(UsageError, match="delay line carries at most"):
+        check_testbed(_cfg(bandwidth="400mbps", latency="20ms"), new_settings(), options)
+    with pytest.raises(UsageError, match="--testbed-jitter"):
+        check_testbed(_cfg(bandwidth="20mbps", latency="5ms"), new_settings(),
+                      runner.TestbedOptions(jitter_s=0.01))
+    with pytest.raises(UsageError, match="--testbed-jitter: needs a latency"):
+        check_testbed(_cfg(bandwidth="20mbps"), new_settings(),
+                      runner.TestbedOptions(jitter_s=0.001))
+    ignored = check_testbed(_cfg(bandwidth="1gbps", latency="1ms"), new_settings(),
+                            runner.TestbedOptions(latency="ignore"))
+    assert ignored == 0.001  # what an ignored latency leaves out
     with pytest.raises(UsageError, match="emulate = on"):
         check_testbed(_cfg(), new_settings(emulate="on"), runner.TestbedOptions(latency="ignore"))
 
@@ -123,11 +136,12 @@ def _launch(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=120, check=False)
 
 
-def test_the_cli_refuses_latency_and_stray_testbed_flags_with_one_line(tmp_path) -> None:
-    done = _launch("--testbed", "netns", "--workers", "2", "--latency", "5ms",
+def test_the_cli_refuses_unrealisable_latency_and_stray_testbed_flags_with_one_line(
+        tmp_path) -> None:
+    done = _launch("--testbed", "netns", "--workers", "2", "--latency", "500us",
                    "--out", str(tmp_path / "a"))
     assert done.returncode == 2, done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1 and "no netem" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "floor" in done.stderr
     done = _launch("--testbed-latency", "ignore", "--workers", "2", "--out", str(tmp_path / "b"))
     assert done.returncode == 2 and "needs --testbed netns" in done.stderr, done.stderr
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

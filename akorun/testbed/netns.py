@@ -2,7 +2,10 @@
 
 `NetnsTestbed` owns the kernel objects of one run: one namespace per rank,
 joined by a veth pair to a bridge in a hub namespace of its own (the root
-namespace gets no device, no address and no route). Every name carries the
+namespace gets no device, no address and no route); with latency the hub
+routes through the delay line instead of bridging (akorun.testbed.delaypath).
+Every veth end has a fixed MAC (`rank_mac`, `hub_mac`) so the routed hub
+needs no ARP. Every name carries the
 run's tag, ``akotb<pid>``, so runs at the same time never collide, and every
 veth is created inside its namespaces, so deleting the namespaces (`down`)
 removes everything. `remove_stale` deletes what an earlier run with the same
@@ -27,6 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from akorun.errors import UsageError
+from akorun.testbed.delaypath import hub_mac, rank_mac
 from akorun.testbed.shaping import NodeDevices
 
 PREFIX = "akotb"
@@ -118,6 +122,11 @@ class TestbedNames:
     def bridge(self) -> str:
         return f"{self.short}br"
 
+    @property
+    def tun(self) -> str:
+        """The delay line's TUN device in the hub (routed testbeds only)."""
+        return f"{self.short}dl"
+
     def namespace(self, rank: int) -> str:
         return f"{self.tag}n{rank}"
 
@@ -154,18 +163,24 @@ class NetnsTestbed:
         self.commands.append(" ".join(argv))
         return run_command(tuple(argv))
 
-    def up(self) -> None:
+    def up(self, *, bridged: bool = True) -> None:
+        """The namespaces and veth pairs; with `bridged`, the bridge and the ranks'
+        addresses too (else akorun.testbed.delaypath routes and addresses them)."""
         names = self.names
         for name in names.all_namespaces():
             self._created.append(name)  # before: a half-made namespace is deleted too
             self.run("ip", "netns", "add", name)
-        self.run("ip", "-n", names.hub, "link", "add", names.bridge, "type", "bridge")
-        self.run("ip", "-n", names.hub, "link", "set", names.bridge, "up")
+        if bridged:
+            self.run("ip", "-n", names.hub, "link", "add", names.bridge, "type", "bridge")
+            self.run("ip", "-n", names.hub, "link", "set", names.bridge, "up")
         for rank in range(names.workers):
             node = names.node(rank)
-            self.run("ip", "link", "add", node.device, "netns", node.namespace, "mtu",
-                     str(MTU_BYTES), "type", "veth", "peer", "name", node.bridge_port,
-                     "netns", node.hub_namespace, "mtu", str(MTU_BYTES))
+            self.run("ip", "link", "add", node.device, "netns", node.namespace, "address",
+                     rank_mac(rank), "mtu", str(MTU_BYTES), "type", "veth", "peer", "name",
+                     node.bridge_port, "netns", node.hub_namespace, "address", hub_mac(rank),
+                     "mtu", str(MTU_BYTES))
+            if not bridged:
+                continue
             self.run("ip", "-n", names.hub, "link", "set", node.bridge_port, "master",
                      names.bridge, "up")
             self.run("ip", "-n", node.namespace, "addr", "add", f"{node.address}/24", "dev",
