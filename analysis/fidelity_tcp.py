@@ -103,7 +103,7 @@ class GridPoint:
                  "--scheme", self.scheme, "--ssp", str(self.ssp)]
         if is_partitioned(self.scheme):
             flags += ["--p", self.p]
-        elif self.scheme == "ps":
+        elif has_servers(self.scheme):
             flags += ["--set", "exchange.ps_mode=async", "--set", "exchange.ps_servers=1"]
         if self.rtt_ms > 0:
             flags += ["--latency", f"{self.rtt_ms / 2:g}ms"]
