@@ -82,4 +82,5 @@ def scheme_spec(cfg: RunConfig, p_of: tuple[int, ...] = (1,), *,
                       group_size=exchange.group_size, global_every=exchange.global_every,
                       elastic_alpha=exchange.elastic_alpha, local_steps=exchange.local_steps,
                       push_average=exchange.push_average,
-                      worker_lr_scale=exchange.worker_lr_scale, options=options)
+                      worker_lr_scale=exchange.worker_lr_scale, options=options,
+                      codec=exchange.codec)

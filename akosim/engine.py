@@ -22,6 +22,7 @@ from typing import Protocol
 import numpy as np
 import simpy
 
+from akocore.codecs.exchange import codec_cpu_s
 from akocore.messages import Partial, Send
 from akocore.schemes import SchemeNode
 from akosim.compute import ComputeModel
@@ -206,7 +207,13 @@ class Simulation:
                 overhead_from = env.now
                 yield env.timeout(overhead_s)
                 self._span(rank, "overhead", overhead_from, env.now, round=round_)
-            self._dispatch(rank, node.local_step(round_, grad))
+            effects = node.local_step(round_, grad)
+            codec_s = codec_cpu_s(effects)
+            if codec_s > 0:  # encode (and the receivers' decode) before the sends leave
+                codec_from = env.now
+                yield env.timeout(codec_s)
+                self._span(rank, "codec", codec_from, env.now, round=round_)
+            self._dispatch(rank, effects)
             line.round_end_s.append(env.now)
             round_ += 1
             if self.on_round is not None:

@@ -216,6 +216,11 @@ class AkoWorker(SchemeNode):
             self.replica.apply(self.inbox * np.float32(self.scale))
             self.inbox[:] = 0.0
 
+    def withdraw(self, residual: np.ndarray) -> None:
+        """Own gradients were applied in full; peers never get `residual` of them."""
+        if self.replica.has_data and np.any(residual):
+            self.replica.apply(-residual * np.float32(self.scale))
+
     def peer_restarted(self, peer: int, first_round: int) -> None:
         """`peer` restarted and numbers its rounds from `first_round` on."""
         self.log.skip_to(peer, first_round - 1)

@@ -110,6 +110,13 @@ class SchemeNode(ABC):
         """Apply whatever arrived after the last step (after drained())."""
         return None
 
+    def withdraw(self, residual: np.ndarray) -> None:
+        """The run's codec will never send `residual` (what error feedback still held
+        at the drain). A scheme that applied its own contribution in full takes that
+        part back here, so every replica holds the same decoded sum; by default the
+        residual is simply dropped (see akocore.codecs.exchange)."""
+        return None
+
     def suspend_peer(self, peer: int) -> None:
         """The shell found `peer` silent past the peer timeout: leave the gate."""
         self.suspended.add(peer)

@@ -235,6 +235,13 @@ KEYS: tuple[Key, ...] = (
          "scheme ps with local_steps: push the update divided by push_every (ADAG, SAGN)"),
     _run("exchange", "worker_lr_scale", "worker_lr_scale",
          "scheme ps: learning-rate factor per training worker, in turn; [] = all 1", dump=list),
+    _run("exchange", "codec", "codec",
+         "what gradient-like messages carry: none | fp16 | bf16 | int8 | topk:FRACTION "
+         "(lossy ones keep an error-feedback residual)",
+         flag="--codec", metavar="{none,fp16,bf16,int8,topk:FRACTION}", kind=FlagKind.TEXT,
+         flag_help="compress what every exchange sends (ako partials, ps pushes, all-reduce "
+                   "reduce steps), with error feedback for the lossy ones: none, fp16, bf16, "
+                   "int8 or topk:FRACTION, e.g. topk:0.01"),
     # ------------------------------------------------------------------ train
     _run("train", "workload", "workload",
          "a built-in (digits-mlp) or your factory (path/to/mymodel.py:make, pkg.mod:make)",

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from akocore.codecs.registry import CODEC_CHOICES, codec_named
 from akocore.schemes.ps_family import PS_MODES
 from akocore.schemes.registry import scheme_names
 from akocore.settings.normalise import (
@@ -227,9 +228,14 @@ class ExchangeConfig:
     local_steps: bool = False  # ps async: workers step locally, push updates (DOWNPOUR)
     push_average: bool = False  # ps async local steps: push update / push_every (ADAG)
     worker_lr_scale: tuple[float, ...] = ()  # ps: learning-rate factor per training worker
+    codec: str = "none"  # what gradient-like sends carry: none, fp16, bf16, int8, topk:F
 
     def __post_init__(self) -> None:
         self._check_scheme_knobs()
+        try:
+            set_field(self, "codec", codec_named(str(self.codec)).name)
+        except ValueError as error:
+            raise bad_value("exchange.codec", self.codec, CODEC_CHOICES) from error
         set_field(self, "scheme", as_choice("exchange.scheme", self.scheme, scheme_names()))
         set_field(self, "p", as_p("exchange.p", self.p))
         set_field(self, "ssp", as_ssp("exchange.ssp", self.ssp))
