@@ -37,7 +37,9 @@ class SendEncoder:
     def __init__(self, codec: Codec, length: int, with_values: bool) -> None:
         self.codec = codec
         self.residual = np.zeros(length, F32) if with_values and codec.lossy else None
-        self.encoded_values = 0  # values encoded (akosim charges their CPU)
+        self.encoded_values = 0  # values encoded so far
+        # what the residual still held when the node settled: never sent to anyone
+        self.withdrawn = np.zeros(length, F32) if self.residual is not None else None
 
     def encode_message(self, msg: Partial) -> Partial:
         if msg.kind not in CODED_KINDS or msg.codec != "none":
@@ -90,6 +92,8 @@ def attach_codec(node: Any, codec: Codec) -> SendEncoder | None:
         settle()
         if encoder.residual is not None and np.any(encoder.residual):
             node.withdraw(encoder.residual.copy())
+            assert encoder.withdrawn is not None
+            encoder.withdrawn += encoder.residual
             encoder.residual[:] = 0.0
 
     node.local_step = coded_local_step

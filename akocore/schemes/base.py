@@ -67,6 +67,7 @@ class SchemeNode(ABC):
     # neighbour channel): each leaves after the previous one to that peer has left
     in_order_sends: bool = False
     length: int
+    encoder: Any = None  # the run's codec on this node's sends (akocore.codecs.exchange)
 
     def __init__(self, rank: int, length: int, replica: Replica) -> None:
         if length < 1:
