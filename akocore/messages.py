@@ -19,7 +19,7 @@ from enum import IntEnum
 
 import numpy as np
 
-from akocore.codecs.registry import codec_named  # codecs' own modules never import this one
+from akocore.codecs.codec_registry import codec_named  # codecs' own modules never import this one
 
 FLOAT_BYTES = 4  # parameters and gradients travel as little-endian float32
 

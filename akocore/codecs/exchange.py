@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from akocore.codecs.base import F32, Codec
-from akocore.codecs.registry import codec_named
+from akocore.codecs.codec_registry import codec_named
+from akocore.codecs.interface import F32, Codec
 from akocore.messages import CODED_KINDS, Partial, Receipt, Send
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from akocore.codecs.base import F32, Codec
+from akocore.codecs.interface import F32, Codec
 
 CHUNK = 1024  # values per scale: 4 bytes of scale per 1024 bytes of values
 I8 = np.dtype("i1")

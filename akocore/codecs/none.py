@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from akocore.codecs.base import F32, Codec
+from akocore.codecs.interface import F32, Codec
 
 
 class NoCodec(Codec):

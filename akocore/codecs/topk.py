@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from akocore.codecs.base import F32, Codec
+from akocore.codecs.interface import F32, Codec
 
 U32 = np.dtype("<u4")
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from akocore.codecs.codec_registry import codec_named
 from akocore.codecs.exchange import attach_codec
-from akocore.codecs.registry import codec_named
 from akocore.optim import FlatOptimizer
 from akocore.schemes.base import Replica, SchemeNode
 from akocore.schemes.protocol import Scheme

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from akocore.codecs.registry import CODEC_CHOICES, codec_named
+from akocore.codecs.codec_registry import CODEC_CHOICES, codec_named
 from akocore.schemes.ps_family import PS_MODES
 from akocore.schemes.registry import scheme_names
 from akocore.settings.normalise import (

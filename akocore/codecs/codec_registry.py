@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from akocore.codecs.base import Codec
 from akocore.codecs.bf16 import BF16
 from akocore.codecs.fp16 import FP16
 from akocore.codecs.int8 import INT8
+from akocore.codecs.interface import Codec
 from akocore.codecs.none import NONE
 from akocore.codecs.topk import TopKCodec
 
