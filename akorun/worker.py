@@ -35,9 +35,12 @@ from typing import Any
 
 import aiohttp
 
+from akocore.codecs import codec_named
+from akocore.codecs.exchange import decoded
 from akocore.config import RunConfig, config_hash
 from akocore.messages import Partial
 from akocore.results import RankResult
+from akocore.schemes import SchemeError
 from akocore.settings.key_registry import default_of
 from akorun.client import ControlClient, binary_answer_cap, make_session
 from akorun.cluster import AkorunSettings, allowed_networks, split_host
@@ -146,6 +149,7 @@ class Worker:
         self.role = role_for(cfg, self.rank)
         self.run_id = options.settings.run_id
         self.config_hash = config_hash(cfg)
+        self.codec = codec_named(cfg.exchange.codec)  # the server takes float32 or this
         self.metrics = Metrics(self.rank, self.role.name)
         self.phase = PhaseMachine()
         self.waiter = Waiter(report_every_s=max(5.0, options.peer_timeout_s / 2),
@@ -158,6 +162,7 @@ class Worker:
         self.outbox = Outbox(signer=self.signer, metrics=self.metrics,
                              in_rounds=lambda: self.phase.is_(Phase.RUNNING))
         self.relay = Relay(rank=self.rank, peers=self.peers, node=lambda: self.role.node,
+                           codec=self.codec,
                            signer=self.signer, verifier=self.verifier,
                            peer_timeout_s=options.peer_timeout_s, deliver=self._on_relayed,
                            lost_here=lambda peer: self._suspended(peer)
@@ -299,6 +304,7 @@ class Worker:
     async def on_partial(self, partial: Partial, nbytes: int) -> bool:
         node = self.role.node
         assert node is not None
+        partial = _decoded(partial)
         partial, refusal = refuse_non_finite(partial)
         receipt = node.receive(partial)  # SchemeError -> 400 in the server
         counters = self.metrics.peer(partial.sender)
@@ -324,6 +330,7 @@ class Worker:
         akorun.runtime.relay): taken like one of its own, but no evidence that it lives."""
         node = self.role.node
         assert node is not None
+        partial = _decoded(partial)
         partial, refusal = refuse_non_finite(partial)
         if refusal is not None:
             log.warning("repair: %s", refusal)
@@ -430,3 +437,12 @@ def summary_line(result: RankResult) -> str:
         parts.append(f"accuracy {result.final_accuracy:.4f}")
     parts.append(f"sent {result.bytes_sent / 1e6:.2f} MB")
     return ", ".join(parts)
+
+
+def _decoded(partial: Partial) -> Partial:
+    """A coded partial (akocore.codecs) with its values decoded from its payload; a
+    payload no sender of this codec produces is refused like any malformed message."""
+    try:
+        return decoded(partial)
+    except ValueError as error:
+        raise SchemeError(f"message from {partial.sender}: {error}") from None

@@ -59,6 +59,16 @@ class SendEncoder:
         return [Send(send.dests, self.encode_message(send.message)) for send in effects]
 
 
+def decoded(msg: Partial) -> Partial:
+    """`msg` with the values its payload carries (a receiver's side of the wire); a
+    message that already has its values, or none to have, is returned as is.
+    ValueError when the payload is not one the codec produces."""
+    if msg.codec == "none" or msg.values is not None or msg.payload is None:
+        return msg
+    values = codec_named(msg.codec).decode(msg.payload, msg.length)
+    return dataclasses.replace(msg, values=values)
+
+
 def codec_cpu_s(effects: Sequence[Send]) -> float:
     """Seconds of codec CPU behind `effects`: each coded message's encode, plus one
     decode (the receivers decode in parallel), at the codec's per-element cost."""
