@@ -58,8 +58,9 @@ def test_a_coded_launch_ends_with_equal_replicas_fewer_bytes_and_a_close_loss(
 
 
 def test_a_misspelt_codec_exits_2_with_one_line() -> None:
-    result = subprocess.run(akorun_command("launch", "--codec", "int4", "--out", "unused-dir"), capture_output=True,
-                            text=True, env=child_test_env(), cwd=REPO_ROOT, timeout=60)
+    command = akorun_command("launch", "--codec", "int4", "--out", "unused-dir")
+    result = subprocess.run(command, capture_output=True, text=True, env=child_test_env(),
+                            cwd=REPO_ROOT, timeout=60)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert "topk:FRACTION" in lines[-1] and "Traceback" not in result.stderr
