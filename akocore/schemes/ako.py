@@ -64,8 +64,10 @@ class RejoinSnapshot:
     donor has received but not applied (inbox) is owed to the joiner's next
     step; what the donor has applied but not yet sent (unsent) will reach the
     joiner again in the donor's later rounds, so it is subtracted now:
-    correction = inbox - unsent. With plain SGD the joiner then ends exactly
-    equal to its peers; what the dead worker never sent is lost for everyone.
+    correction = inbox - unsent (and, with a codec, minus the donor's
+    error-feedback residual, owed the same way). With plain SGD the joiner then
+    ends exactly equal to its peers; what the dead worker never sent is lost
+    for everyone.
     """
 
     donor: int
@@ -232,8 +234,11 @@ class AkoWorker(SchemeNode):
             raise SchemeError("a timing-only node has no state to hand over")
         record = {j: r for j, r in self.log.export().items() if j != joiner}
         record[self.rank] = (self.next_round - 1, {})
-        return RejoinSnapshot(self.rank, self.replica.params.copy(),
-                              self.inbox - self.unsent, record)
+        owed = self.unsent  # applied here, still to reach the joiner in later rounds
+        residual = None if self.encoder is None else self.encoder.residual
+        if residual is not None:  # so is what the codec's error feedback holds back
+            owed = owed + residual
+        return RejoinSnapshot(self.rank, self.replica.params.copy(), self.inbox - owed, record)
 
     def adopt(self, snapshot: RejoinSnapshot, first_round: int) -> None:
         """Become consistent with a donor; number own rounds from `first_round`."""
