@@ -618,7 +618,7 @@ def test_config_hash_of_defaults_is_pinned() -> None:
     # Pinned so that an accidental change to the canonical form is noticed: every
     # rank of a run must compute the same hash, across versions of this module.
     assert config_hash(RunConfig()) == (
-        "026006aaea43fdac5aac90c00e3b7d0e7faad85dc053f84581e7cdf8827ce6aa"
+        "11fff174f551dc4894ec36b1175afd49f1c5aefa31eda428407d48ba50622bb8"
     )
 
 
