@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from akocore.codecs import codec_named
 from akocore.config import RunConfig
 from akocore.partition import PartitionError, check_p
 from akocore.planner import Plan, PlanInputs, plan
@@ -41,6 +42,8 @@ def resolve_plan(cfg: RunConfig, *, gradient_bytes: float, length: int,
                  compute_s: float | tuple[float, ...], nodes: int | None = None) -> Plan:
     """p for every worker: the planner's for "auto", or the configured values.
 
+    With a codec, the planner weighs the gradient at its encoded size.
+
     `nodes` restricts the plan to the first `nodes` ranks (ps workers), else all.
     """
     exchange = cfg.exchange
@@ -55,8 +58,10 @@ def resolve_plan(cfg: RunConfig, *, gradient_bytes: float, length: int,
                 raise ValueError(f"exchange.p: {error}") from None
         return Plan(tuple(p_of), len(set(p_of)) > 1, ("given",) * n, tuple(map(float, p_of)),
                     exchange.ssp, exchange.utilisation)
+    # what a round's partitions weigh on the wire: the codec's share of the float32 bytes
+    sent_bytes = gradient_bytes * codec_named(exchange.codec).ratio(length)
     inputs = PlanInputs(
-        workers=n, gradient_bytes=gradient_bytes, compute_s=compute_s,
+        workers=n, gradient_bytes=sent_bytes, compute_s=compute_s,
         uplink_bps=tuple(arrays.uplink_bps[:n]), downlink_bps=tuple(arrays.downlink_bps[:n]),
         link_bps=tuple(map(tuple, arrays.link_bps[:n, :n])), utilisation=exchange.utilisation,
         p_max=exchange.p_max, length=length, staleness=exchange.ssp)

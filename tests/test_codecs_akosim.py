@@ -52,3 +52,18 @@ def test_the_codecs_cpu_lengthens_each_round() -> None:
     cpu = codec_named("fp16").cpu_s(LENGTH // 2) - codec_named("bf16").cpu_s(LENGTH // 2)
     assert cpu > 0
     assert fp16 - bf16 == pytest.approx(cpu, rel=1e-6)
+
+
+def test_p_auto_weighs_the_gradient_at_its_encoded_size() -> None:
+    from akocore.resolve import resolve_plan
+
+    def p_for(codec: str) -> int:
+        config = RunConfig(cluster=ClusterConfig(workers=8),
+                           network=NetworkConfig(bandwidth_bps="100mbps"),
+                           exchange=ExchangeConfig(codec=codec))
+        plan = resolve_plan(config, gradient_bytes=4 * 4_000_000, length=4_000_000,
+                            compute_s=1.0)
+        return plan.p_of[0]
+
+    assert p_for("int8") < p_for("fp16") < p_for("none")
+    assert p_for("topk:0.01") == 1
