@@ -252,7 +252,13 @@ class Simulation:
         self.deliveries += count
         self.duplicates += duplicates
         for node, send in effects:
-            self._dispatch(node, (send,))
+            codec_s = codec_cpu_s((send,))
+            if codec_s > 0:  # a forwarded coded message (a ring's reduce step): encode first
+                later = self.env.timeout(codec_s)
+                later.callbacks.append(lambda _event, node=node, send=send:
+                                       self._dispatch(node, (send,)))
+            else:
+                self._dispatch(node, (send,))
         if count == 1:
             dest = int(dests[0])
             if not self._waiting[dest]:

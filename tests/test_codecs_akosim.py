@@ -52,6 +52,13 @@ def test_the_codecs_cpu_lengthens_each_round() -> None:
     cpu = codec_named("fp16").cpu_s(LENGTH // 2) - codec_named("bf16").cpu_s(LENGTH // 2)
     assert cpu > 0
     assert fp16 - bf16 == pytest.approx(cpu, rel=1e-6)
+    # the ring encodes each of its n - 1 reduce steps before it forwards it
+    ring = Variant("allreduce")
+    fp16 = simulate(setup("fp16"), ring).round_time_s
+    bf16 = simulate(setup("bf16"), ring).round_time_s
+    chunk = LENGTH // N
+    cpu = codec_named("fp16").cpu_s(chunk) - codec_named("bf16").cpu_s(chunk)
+    assert fp16 - bf16 == pytest.approx((N - 1) * cpu, rel=1e-6)
 
 
 def test_p_auto_weighs_the_gradient_at_its_encoded_size() -> None:
