@@ -438,7 +438,7 @@ def to_partial(header: Header, body_array: np.ndarray | bytes | bytearray | memo
         return Partial(kind=header.kind, sender=header.sender, round=header.round,
                        part=header.part, p=header.p, offset=header.offset, length=header.length,
                        values=None, final=header.final, codec=header.codec,
-                       payload=bytes(memoryview(body_array).cast("B")))
+                       payload=_payload_bytes(body_array))
     values = np.frombuffer(body_array, dtype=_WIRE_DTYPE) if header.length else None
     return Partial(
         kind=header.kind,
@@ -451,6 +451,11 @@ def to_partial(header: Header, body_array: np.ndarray | bytes | bytearray | memo
         values=values,
         final=header.final,
     )
+
+
+def _payload_bytes(body: np.ndarray | bytes | bytearray | memoryview) -> bytes:
+    """A coded body as its own bytes (the receive buffer goes back to its pool)."""
+    return body.tobytes() if isinstance(body, np.ndarray) else bytes(body)
 
 
 def decode(

@@ -35,7 +35,7 @@ from typing import Any
 
 import aiohttp
 
-from akocore.codecs import codec_named
+from akocore.codecs import Codec, codec_named
 from akocore.codecs.exchange import decoded
 from akocore.config import RunConfig, config_hash
 from akocore.messages import Partial
@@ -149,7 +149,8 @@ class Worker:
         self.role = role_for(cfg, self.rank)
         self.run_id = options.settings.run_id
         self.config_hash = config_hash(cfg)
-        self.codec = codec_named(cfg.exchange.codec)  # the server takes float32 or this
+        # the server takes float32 bodies or this codec's
+        self.codec: Codec | None = codec_named(cfg.exchange.codec)
         self.metrics = Metrics(self.rank, self.role.name)
         self.phase = PhaseMachine()
         self.waiter = Waiter(report_every_s=max(5.0, options.peer_timeout_s / 2),

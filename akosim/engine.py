@@ -241,6 +241,9 @@ class Simulation:
             net = self._streams if self.nodes[src].in_order_sends else self.net
             net.send(src, send.dests, msg.nbytes, self._delivered, token)
 
+    def _dispatch_after(self, src: int, send: Send, _event: object) -> None:
+        self._dispatch(src, (send,))
+
     def _delivered(self, dests: np.ndarray, token: object) -> None:
         assert isinstance(token, _InFlight)
         msg = token.message
@@ -254,9 +257,8 @@ class Simulation:
         for node, send in effects:
             codec_s = codec_cpu_s((send,))
             if codec_s > 0:  # a forwarded coded message (a ring's reduce step): encode first
-                later = self.env.timeout(codec_s)
-                later.callbacks.append(lambda _event, node=node, send=send:
-                                       self._dispatch(node, (send,)))
+                self.env.timeout(codec_s).callbacks.append(
+                    partial(self._dispatch_after, node, send))
             else:
                 self._dispatch(node, (send,))
         if count == 1:
