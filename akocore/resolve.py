@@ -38,6 +38,12 @@ def network_arrays(cfg: RunConfig) -> NetworkArrays:
                          net.latency_matrix(n))
 
 
+def coded_gradient_bytes(cfg: RunConfig, gradient_bytes: float, length: int) -> float:
+    """What a gradient of `length` values weighs on the wire under the run's codec
+    (the planner's S): its float32 bytes times the codec's ratio."""
+    return gradient_bytes * codec_named(cfg.exchange.codec).ratio(length)
+
+
 def resolve_plan(cfg: RunConfig, *, gradient_bytes: float, length: int,
                  compute_s: float | tuple[float, ...], nodes: int | None = None) -> Plan:
     """p for every worker: the planner's for "auto", or the configured values.
@@ -58,10 +64,9 @@ def resolve_plan(cfg: RunConfig, *, gradient_bytes: float, length: int,
                 raise ValueError(f"exchange.p: {error}") from None
         return Plan(tuple(p_of), len(set(p_of)) > 1, ("given",) * n, tuple(map(float, p_of)),
                     exchange.ssp, exchange.utilisation)
-    # what a round's partitions weigh on the wire: the codec's share of the float32 bytes
-    sent_bytes = gradient_bytes * codec_named(exchange.codec).ratio(length)
     inputs = PlanInputs(
-        workers=n, gradient_bytes=sent_bytes, compute_s=compute_s,
+        workers=n, gradient_bytes=coded_gradient_bytes(cfg, gradient_bytes, length),
+        compute_s=compute_s,
         uplink_bps=tuple(arrays.uplink_bps[:n]), downlink_bps=tuple(arrays.downlink_bps[:n]),
         link_bps=tuple(map(tuple, arrays.link_bps[:n, :n])), utilisation=exchange.utilisation,
         p_max=exchange.p_max, length=length, staleness=exchange.ssp)

@@ -74,3 +74,17 @@ def test_p_auto_weighs_the_gradient_at_its_encoded_size() -> None:
 
     assert p_for("int8") < p_for("fp16") < p_for("none")
     assert p_for("topk:0.01") == 1
+
+
+def test_the_plans_staleness_weighs_the_gradient_at_its_encoded_size() -> None:
+    from akosim.advice import with_overlap_ssp
+
+    def s_for(codec: str) -> float:
+        config = RunConfig(cluster=ClusterConfig(workers=8),
+                           network=NetworkConfig(bandwidth_bps="10mbps"),
+                           exchange=ExchangeConfig(codec=codec, p=(1,)),
+                           train=TrainConfig(batch_size=32, rounds=ROUNDS))
+        setup = Setup(config, 1_000_000, ComputeModel(0.5), 32, StopRule(rounds=ROUNDS))
+        return with_overlap_ssp(setup).config.exchange.ssp
+
+    assert s_for("topk:0.01") < s_for("int8") < s_for("none")
