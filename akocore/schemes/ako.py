@@ -219,8 +219,11 @@ class AkoWorker(SchemeNode):
             self.inbox[:] = 0.0
 
     def withdraw(self, residual: np.ndarray) -> None:
-        """Own gradients were applied in full; peers never get `residual` of them."""
-        if self.replica.has_data and np.any(residual):
+        """Own gradients were applied in full; peers never get `residual` of them: with a
+        linear optimizer (plain SGD) take it back, so every replica ends equal. A stateful
+        optimizer (momentum, Adam) would turn it into a step of its own: dropped there."""
+        if self.replica.has_data and np.any(residual) \
+                and getattr(self.replica.optimizer, "linear", False):
             self.replica.apply(-residual * np.float32(self.scale))
 
     def peer_restarted(self, peer: int, first_round: int) -> None:
