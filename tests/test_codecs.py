@@ -197,3 +197,13 @@ def test_parameters_never_pass_through_the_codec() -> None:
     receipt = nodes[2].receive(nodes[1].local_step(0, np.ones(8, np.float32))[0].message)
     assert receipt.effects and {e.message.kind for e in receipt.effects} == {Kind.PARAMS}
     assert all(e.message.codec == "none" for e in receipt.effects)
+
+
+@pytest.mark.parametrize("name", LOSSY)
+def test_a_non_finite_gradient_is_sent_as_non_finite_not_a_crash(name: str) -> None:
+    """The receiver refuses non-finite values (as without a codec); encoding never raises."""
+    x = np.array([1.0, np.nan, 2.0, np.inf] * 8, np.float32)
+    codec = codec_named(name)
+    payload, decoded, _ = codec.encode_decoded(x)
+    assert not np.all(np.isfinite(codec.decode(payload, x.size)))
+    assert not np.all(np.isfinite(decoded))

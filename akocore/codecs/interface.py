@@ -54,9 +54,10 @@ class Codec(ABC):
         x = np.asarray(vector, dtype=F32)
         if residual is not None:
             x = x + residual
-        payload = self.pack(x)
-        decoded = self.decode(payload, x.shape[0])
-        return payload, decoded, (x - decoded).astype(F32, copy=False)
+        with np.errstate(invalid="ignore", over="ignore"):  # non-finite in, non-finite out
+            payload = self.pack(x)
+            decoded = self.decode(payload, x.shape[0])
+            return payload, decoded, (x - decoded).astype(F32, copy=False)
 
     def encode(self, vector: np.ndarray, residual: np.ndarray | None = None
                ) -> tuple[bytes, np.ndarray]:
