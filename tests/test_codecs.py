@@ -207,3 +207,28 @@ def test_a_non_finite_gradient_is_sent_as_non_finite_not_a_crash(name: str) -> N
     payload, decoded, _ = codec.encode_decoded(x)
     assert not np.all(np.isfinite(codec.decode(payload, x.size)))
     assert not np.all(np.isfinite(decoded))
+
+
+def test_without_a_codec_nodes_are_left_as_the_scheme_built_them() -> None:
+    nodes = build_nodes(SchemeSpec("ako", 2, (1,)), 4, np.zeros(4, np.float32), PlainSGD(LR))
+    assert all(node.encoder is None and "local_step" not in vars(node) for node in nodes)
+    sends = nodes[0].local_step(0, np.ones(4, np.float32))
+    assert sends[0].message.codec == "none" and sends[0].message.payload is None
+
+
+def test_a_stateful_optimizer_is_never_stepped_on_the_last_residual() -> None:
+    class Stateful(PlainSGD):
+        linear = False  # as momentum or Adam: a take-back would be a step of its own
+
+    optimizer = Stateful(LR)
+    nodes = build_nodes(SchemeSpec("ako", 2, (1,), codec="topk:0.25"), 8,
+                        np.zeros(8, np.float32), optimizer)
+    drive(nodes, {0: 3, 1: 3}, seed=1, length=8)
+    for node in nodes:
+        assert node.encoder.residual is not None and not np.any(node.encoder.residual)
+        assert np.any(node.encoder.withdrawn)  # dropped, not applied
+    linear = build_nodes(SchemeSpec("ako", 2, (1,), codec="topk:0.25"), 8,
+                         np.zeros(8, np.float32), PlainSGD(LR))
+    drive(linear, {0: 3, 1: 3}, seed=1, length=8)
+    np.testing.assert_allclose(linear[0].params, linear[1].params, rtol=1e-6)
+    assert not np.allclose(nodes[0].params, nodes[1].params)
