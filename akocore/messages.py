@@ -4,6 +4,12 @@ A scheme (akocore.schemes) never sends anything itself: it returns `Send`
 effects holding a `Partial`, and the shell (akosim's simulated network or
 akorun's HTTP client) delivers the `Partial` to the destination node's
 scheme. In timing-only simulation `values` is None and only `length` counts.
+
+A run's codec (akocore.codecs) is put on a scheme's sends by one hook
+(akocore.codecs.exchange): a coded `Partial` names its `codec`, carries the
+encoded `payload` and, as `values`, what every receiver decodes from it; its
+`nbytes` is the codec's exact encoded size. `CODED_KINDS` are the kinds the
+hook codes (gradient-like contributions, never parameters).
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 import numpy as np
+
+from akocore.codecs.codec_registry import codec_named  # codecs' own modules never import this one
 
 FLOAT_BYTES = 4  # parameters and gradients travel as little-endian float32
 
@@ -30,6 +38,11 @@ class Kind(IntEnum):
     PSEUDO = 9  # diloco: a fragment of a worker's pseudo-gradient (theta_sync - theta)
 
 
+# what a codec may carry, with error feedback: contributions a sender produced
+# (gradients, pushes, reduce-scatter sums), never parameters or averaged models
+CODED_KINDS = frozenset({Kind.GRAD, Kind.PUSH, Kind.REDUCE})
+
+
 @dataclass(frozen=True, slots=True)
 class Partial:
     """A contiguous piece [offset, offset+length) of a flat vector, in flight.
@@ -37,7 +50,8 @@ class Partial:
     `(sender, round, part)` identifies a message: a receiver that sees the same
     key twice drops the second copy. `part` is the partition index for ako,
     the shard index for ps and the ring step for allreduce. `final` marks the
-    last message a sender will ever send to this receiver.
+    last message a sender will ever send to this receiver. `codec` names the
+    codec of `payload` ("none": the values travel as float32, no payload).
 
     A *folded* message (`first_round` set, ako only) carries the sum of the
     sender's rounds `first_round` .. `round` to one receiver at once: what a
@@ -57,6 +71,8 @@ class Partial:
     length: int
     values: np.ndarray | None = None
     final: bool = False
+    codec: str = "none"
+    payload: bytes | None = None
     first_round: int | None = None  # folded: the first of the rounds summed in here
 
     @property
@@ -74,7 +90,10 @@ class Partial:
 
     @property
     def nbytes(self) -> int:
-        return self.length * FLOAT_BYTES
+        """Bytes of the body on the wire: float32 values, or the codec's payload."""
+        if self.codec == "none":
+            return self.length * FLOAT_BYTES
+        return codec_named(self.codec).encoded_bytes(self.length)
 
 
 @dataclass(frozen=True, slots=True)

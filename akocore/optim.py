@@ -29,6 +29,9 @@ class PlainSGD:
     """theta <- theta - lr * update, in numpy float32."""
 
     lr: float
+    # an update's effect is linear in it, so a later update can take back part of an
+    # earlier one exactly (akocore.codecs' withdraw at the drain relies on it)
+    linear = True
 
     def init(self, params: np.ndarray) -> None:
         return None

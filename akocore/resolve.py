@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from akocore.codecs import codec_named
 from akocore.config import RunConfig
 from akocore.partition import PartitionError, check_p
 from akocore.planner import Plan, PlanInputs, plan
@@ -37,9 +38,17 @@ def network_arrays(cfg: RunConfig) -> NetworkArrays:
                          net.latency_matrix(n))
 
 
+def coded_gradient_bytes(cfg: RunConfig, gradient_bytes: float, length: int) -> float:
+    """What a gradient of `length` values weighs on the wire under the run's codec
+    (the planner's S): its float32 bytes times the codec's ratio."""
+    return gradient_bytes * codec_named(cfg.exchange.codec).ratio(length)
+
+
 def resolve_plan(cfg: RunConfig, *, gradient_bytes: float, length: int,
                  compute_s: float | tuple[float, ...], nodes: int | None = None) -> Plan:
     """p for every worker: the planner's for "auto", or the configured values.
+
+    With a codec, the planner weighs the gradient at its encoded size.
 
     `nodes` restricts the plan to the first `nodes` ranks (ps workers), else all.
     """
@@ -56,7 +65,8 @@ def resolve_plan(cfg: RunConfig, *, gradient_bytes: float, length: int,
         return Plan(tuple(p_of), len(set(p_of)) > 1, ("given",) * n, tuple(map(float, p_of)),
                     exchange.ssp, exchange.utilisation)
     inputs = PlanInputs(
-        workers=n, gradient_bytes=gradient_bytes, compute_s=compute_s,
+        workers=n, gradient_bytes=coded_gradient_bytes(cfg, gradient_bytes, length),
+        compute_s=compute_s,
         uplink_bps=tuple(arrays.uplink_bps[:n]), downlink_bps=tuple(arrays.downlink_bps[:n]),
         link_bps=tuple(map(tuple, arrays.link_bps[:n, :n])), utilisation=exchange.utilisation,
         p_max=exchange.p_max, length=length, staleness=exchange.ssp)
@@ -82,4 +92,5 @@ def scheme_spec(cfg: RunConfig, p_of: tuple[int, ...] = (1,), *,
                       group_size=exchange.group_size, global_every=exchange.global_every,
                       elastic_alpha=exchange.elastic_alpha, local_steps=exchange.local_steps,
                       push_average=exchange.push_average,
-                      worker_lr_scale=exchange.worker_lr_scale, options=options)
+                      worker_lr_scale=exchange.worker_lr_scale, options=options,
+                      codec=exchange.codec)

@@ -66,6 +66,7 @@ from typing import Any, Protocol
 import numpy as np
 from aiohttp import StreamReader, http_exceptions, web
 
+from akocore.codecs import Codec
 from akocore.messages import Partial
 from akocore.schemes import SchemeError
 from akorun import control
@@ -235,6 +236,7 @@ class Host(Protocol):
     verifier: RequestVerifier
     control_table: ControlTable
     downlink: DownlinkShaper | None  # an emulated incoming NIC, if any
+    codec: Codec | None  # the run's codec (akocore.codecs); None: float32 bodies only
 
     def not_accepting(self) -> str | None: ...
 
@@ -527,7 +529,7 @@ class Server:
             host.verifier.check_digest(opened, head)
         except WireError as error:
             raise DamagedInTransit(f"header: {error.reason}") from None
-        header = decode_header(head, max_body_bytes=host.max_body_bytes())
+        header = decode_header(head, max_body_bytes=host.max_body_bytes(), codec=host.codec)
         if header.body_nbytes != length - HEADER_SIZE:  # Content-Length changed on the way
             raise DamagedInTransit(f"header says {header.body_nbytes} body bytes, the request "
                                    f"has {length - HEADER_SIZE}")
@@ -547,8 +549,11 @@ class Server:
             hasher.check(header.digest)
         except WireError as error:  # short, long or not the body the header commits to
             raise DamagedInTransit(f"body: {error.reason}") from None
-        partial = to_partial(header, values)
-        if partial.values is None:  # an empty marker (final, PULL) still carries its values
+        # a coded body (akocore.codecs) fills the buffer's first nbytes: the runtime decodes it
+        partial = to_partial(header, values if header.codec == "none"
+                             else values.view(np.uint8)[:nbytes])
+        # an empty marker (final, PULL) still carries its values
+        if partial.values is None and partial.payload is None:
             partial = dataclasses.replace(partial, values=values)
         downlink = host.downlink
         wait_s = 0.0

@@ -195,6 +195,7 @@ class SinkHost:
         handlers = {kind: self._control_handler(kind) for kind in ControlKind}
         self.control_table = ControlTable(handlers, rank=self.rank, world=self.world)
         self.downlink = None
+        self.codec = None  # float32 bodies only
         self.metrics = Metrics(1, "worker")
         self.not_ready_answers = not_ready_answers
         self.cap = max_body_bytes

@@ -2,7 +2,8 @@
 
 This module owns the bytes and nothing else: no sockets, no clocks, no keys,
 no pickle. A message is a fixed-size little-endian header followed by the raw
-values as little-endian float32. The last 32 bytes of the header are the
+values as little-endian float32 (or, for a run with a codec, the codec's
+payload: akocore.codecs). The last 32 bytes of the header are the
 BLAKE3-256 digest of the body, so that the header alone commits to the whole
 message: akorun.keys authenticates the header (per destination and per
 session, in the request's ``X-Ako-Auth``) before a receiver reserves anything
@@ -18,7 +19,7 @@ Header layout (all integers little-endian, `struct` format `HEADER_FORMAT`):
 |      0 |    4 | magic       | bytes   | `b"AKO1"`                                     |
 |      4 |    1 | version     | u8      | `VERSION` (2); anything else is rejected      |
 |      5 |    1 | kind        | u8      | `akocore.messages.Kind`                       |
-|      6 |    1 | dtype       | u8      | 1 = float32 (`DTYPE_FLOAT32`), the only one   |
+|      6 |    1 | codec       | u8      | 1 float32, 2 fp16, 3 bf16, 4 int8, 5 topk     |
 |      7 |    1 | flags       | u8      | bit 0 = final, bit 1 = folded; others 0       |
 |      8 |   16 | run_id      | bytes   | the run's 16-byte id (a UUID's bytes)         |
 |     24 |    8 | config_hash | bytes   | first 8 bytes of the (config, params) hash    |
@@ -27,9 +28,9 @@ Header layout (all integers little-endian, `struct` format `HEADER_FORMAT`):
 |     44 |    4 | part        | u32     | partition / shard / ring step (folded: below) |
 |     48 |    4 | p           | u32     | number of partitions                          |
 |     52 |    8 | offset      | u64     | first element in the flat vector              |
-|     60 |    8 | length      | u64     | number of float32 values in the body          |
+|     60 |    8 | length      | u64     | number of float32 values the body carries     |
 |     68 |   32 | digest      | bytes   | BLAKE3-256(body)                              |
-|    100 |      | body        | `<f4`[] | `length` values, `length * 4` bytes           |
+|    100 |      | body        | bytes   | float32: `length * 4` bytes; else the payload |
 
 `offset + length` and `length * 4` must fit in a signed 64-bit integer.
 
@@ -38,6 +39,14 @@ the sender's rounds `round - part` .. `round` (on the wire `part` counts the
 earlier rounds folded in; decoded, the Partial has part 0 and `first_round`):
 what a sender owed a peer that was away goes back in one message
 (akorun.sender.OwedGap).
+
+The codec byte (`akocore.codecs`, `Codec.wire_id`) says how the body carries
+the values. A receiver takes float32 (1) or its run's own codec, whose
+parameter (topk's fraction) the config hash pins, and refuses any other code
+with 409: the header is authenticated, so a codec mismatch is detected before
+the body is read. The body of a coded message is `codec.encoded_bytes(length)`
+bytes; `to_partial` keeps it as the `Partial`'s payload and the runtime decodes
+it (`akocore.codecs.exchange.decoded`) before the scheme sees it.
 
 Checks and the HTTP status a server answers with (`Status`):
 
@@ -53,6 +62,9 @@ Checks and the HTTP status a server answers with (`Status`):
 `decode` runs all of these in that order on a message held whole in memory.
 (Version 1 carried an HMAC-SHA256 over one cluster-wide secret here instead of
 the digest; see docs/guide/security.md for why it changed.)
+
+Past ~500 lines: the layout table, the encoder and the bounds-checking decoder of
+one header format (plain and folded messages, every codec) belong together.
 """
 
 from __future__ import annotations
@@ -67,6 +79,8 @@ from enum import IntEnum
 import blake3
 import numpy as np
 
+from akocore.codecs import Codec, codec_named
+from akocore.codecs.codec_registry import WIRE_IDS
 from akocore.messages import FLOAT_BYTES, Kind, Partial
 
 MAGIC = b"AKO1"
@@ -133,10 +147,13 @@ class Header:
     length: int
     digest: bytes
     first_round: int | None = None  # folded: the first round summed in (see the layout)
+    codec: str = "none"  # the codec of the body (the run's, or "none" for float32)
 
     @property
     def body_nbytes(self) -> int:
-        return self.length * FLOAT_BYTES
+        if self.codec == "none":
+            return self.length * FLOAT_BYTES
+        return codec_named(self.codec).encoded_bytes(self.length)
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -184,7 +201,7 @@ def config_hash_bytes(config_hash: str | bytes) -> bytes:
 
 
 def message_nbytes(length: int) -> int:
-    """Bytes on the wire (header + body) for a partial of `length` values."""
+    """Bytes on the wire (header + float32 body) for a partial of `length` values."""
     return HEADER_SIZE + length * FLOAT_BYTES
 
 
@@ -252,13 +269,20 @@ def encode(partial: Partial, *, run_id: bytes, config_hash: bytes) -> tuple[byte
     _check_range("p", partial.p, _U32_MAX)
     _check_range("length", partial.length, MAX_LENGTH)
     _check_range("offset", partial.offset, _I64_MAX - partial.length)
-    body = _body_view(partial)
+    if partial.codec == "none":
+        body, codec_id = _body_view(partial), DTYPE_FLOAT32
+    else:
+        codec = codec_named(partial.codec)
+        if partial.payload is None or len(partial.payload) != codec.encoded_bytes(partial.length):
+            raise ValueError(f"partial {partial.key} is coded {codec.name} but carries no "
+                             f"payload of {codec.encoded_bytes(partial.length)} bytes")
+        body, codec_id = memoryview(partial.payload).cast("B"), codec.wire_id
     fields = struct.pack(
         HEADER_FORMAT,
         MAGIC,
         VERSION,
         int(partial.kind),
-        DTYPE_FLOAT32,
+        codec_id,
         (FLAG_FINAL if partial.final else 0)
         | (FLAG_FOLDED if partial.first_round is not None else 0),
         run_id,
@@ -287,13 +311,16 @@ def decode_header(
     *,
     max_body_bytes: int | None = None,
     body_nbytes: int | None = None,
+    codec: Codec | None = None,
 ) -> Header:
     """Parse and bounds-check the first `HEADER_SIZE` bytes of `buf`.
 
     `max_body_bytes` is the receiver's cap (413 above it). `body_nbytes`, when
     known (Content-Length minus `HEADER_SIZE`, or the rest of a whole message),
-    must equal `length * 4` (400 otherwise). Does not check the run
-    (`check_run`) nor the body (`check_body`).
+    must equal the header's body size (400 otherwise). `codec` is the
+    receiver's run's codec (None: float32 only); a message coded otherwise is
+    refused (409). Does not check the run (`check_run`) nor the body
+    (`check_body`).
     """
     if len(buf) < HEADER_SIZE:
         raise WireError(f"short header: got {len(buf)} bytes, need {HEADER_SIZE}", Status.MALFORMED)
@@ -318,10 +345,17 @@ def decode_header(
         raise WireError(f"unknown version {version}, expected {VERSION}", Status.MALFORMED)
     if kind not in _KINDS:
         raise WireError(f"unknown kind {kind}", Status.MALFORMED)
+    codec_name = "none"
     if dtype != DTYPE_FLOAT32:
-        raise WireError(
-            f"unknown dtype code {dtype}, expected {DTYPE_FLOAT32} (float32)", Status.MALFORMED
-        )
+        if dtype not in WIRE_IDS:
+            raise WireError(f"unknown codec code {dtype}", Status.MALFORMED)
+        if codec is None or codec.wire_id != dtype:
+            raise WireError(
+                f"codec mismatch: the message is coded {WIRE_IDS[dtype]}, this run takes "
+                f"{'float32' if codec is None or codec.name == 'none' else codec.name}",
+                Status.WRONG_RUN,
+            )
+        codec_name = codec.name
     if flags & ~_FLAGS:
         raise WireError(f"unknown flag bits {flags:#04x}", Status.MALFORMED)
     if round_ > _I64_MAX:
@@ -338,7 +372,8 @@ def decode_header(
         raise WireError(
             f"offset {offset} + length {length} overflows a signed 64-bit int", Status.MALFORMED
         )
-    nbytes = length * FLOAT_BYTES
+    nbytes = length * FLOAT_BYTES if codec_name == "none" else codec_named(
+        codec_name).encoded_bytes(length)
     if max_body_bytes is not None and nbytes > max_body_bytes:
         raise WireError(
             f"body of {nbytes} bytes ({length} values) exceeds the cap of {max_body_bytes} bytes",
@@ -364,6 +399,7 @@ def decode_header(
         length=length,
         digest=bytes(buf[FIELDS_SIZE:HEADER_SIZE]),
         first_round=first_round,
+        codec=codec_name,
     )
 
 
@@ -415,6 +451,8 @@ def to_partial(header: Header, body_array: np.ndarray | bytes | bytearray | memo
     `body_array` is any buffer of exactly `length * 4` bytes (e.g. the
     preallocated array the server streamed into). The values are read-only
     when the buffer is. A message with length 0 (e.g. a PULL) has values None.
+    A coded message has values None and its body as `payload` (a copy), for the
+    runtime to decode.
     """
     nbytes = (
         body_array.nbytes if isinstance(body_array, np.ndarray) else memoryview(body_array).nbytes
@@ -423,6 +461,11 @@ def to_partial(header: Header, body_array: np.ndarray | bytes | bytearray | memo
         raise WireError(
             f"body has {nbytes} bytes, header says {header.body_nbytes}", Status.MALFORMED
         )
+    if header.codec != "none":
+        return Partial(kind=header.kind, sender=header.sender, round=header.round,
+                       part=header.part, p=header.p, offset=header.offset, length=header.length,
+                       values=None, final=header.final, codec=header.codec,
+                       payload=_payload_bytes(body_array))
     values = np.frombuffer(body_array, dtype=_WIRE_DTYPE) if header.length else None
     return Partial(
         kind=header.kind,
@@ -438,12 +481,18 @@ def to_partial(header: Header, body_array: np.ndarray | bytes | bytearray | memo
     )
 
 
+def _payload_bytes(body: np.ndarray | bytes | bytearray | memoryview) -> bytes:
+    """A coded body as its own bytes (the receive buffer goes back to its pool)."""
+    return body.tobytes() if isinstance(body, np.ndarray) else bytes(body)
+
+
 def decode(
     message: bytes | bytearray | memoryview,
     *,
     run_id: bytes,
     config_hash: bytes,
     max_body_bytes: int | None = None,
+    codec: Codec | None = None,
 ) -> Partial:
     """Check and decode a whole in-memory message: 400/413, then 409, then 401 (digest).
 
@@ -452,7 +501,8 @@ def decode(
     view `message` (read-only if `message` is bytes).
     """
     view = memoryview(message).cast("B")
-    header = decode_header(view, max_body_bytes=max_body_bytes, body_nbytes=len(view) - HEADER_SIZE)
+    header = decode_header(view, max_body_bytes=max_body_bytes,
+                           body_nbytes=len(view) - HEADER_SIZE, codec=codec)
     check_run(header, run_id, config_hash)
     body = view[HEADER_SIZE:]
     check_body(header, body)

@@ -35,9 +35,12 @@ from typing import Any
 
 import aiohttp
 
+from akocore.codecs import Codec, codec_named
+from akocore.codecs.exchange import decoded
 from akocore.config import RunConfig, config_hash
 from akocore.messages import Partial
 from akocore.results import RankResult
+from akocore.schemes import SchemeError
 from akocore.settings.key_registry import default_of
 from akorun.client import ControlClient, binary_answer_cap, make_session
 from akorun.cluster import AkorunSettings, allowed_networks, split_host
@@ -147,6 +150,8 @@ class Worker:
         self.role = role_for(cfg, self.rank)
         self.run_id = options.settings.run_id
         self.config_hash = config_hash(cfg)
+        # the server takes float32 bodies or this codec's
+        self.codec: Codec | None = codec_named(cfg.exchange.codec)
         self.metrics = Metrics(self.rank, self.role.name)
         self.phase = PhaseMachine()
         self.waiter = Waiter(report_every_s=max(5.0, options.peer_timeout_s / 2),
@@ -159,6 +164,7 @@ class Worker:
         self.outbox = Outbox(signer=self.signer, metrics=self.metrics,
                              in_rounds=lambda: self.phase.is_(Phase.RUNNING))
         self.relay = Relay(rank=self.rank, peers=self.peers, node=lambda: self.role.node,
+                           codec=self.codec,
                            signer=self.signer, verifier=self.verifier,
                            peer_timeout_s=options.peer_timeout_s, deliver=self._on_relayed,
                            lost_here=lambda peer: self._suspended(peer)
@@ -316,6 +322,7 @@ class Worker:
     async def on_partial(self, partial: Partial, nbytes: int) -> bool:
         node = self.role.node
         assert node is not None
+        partial = _decoded(partial)
         partial, refusal = refuse_non_finite(partial)
         if partial.folded:  # rounds owed while we were away: less any taken forwarded
             partial = self.relay.fold_in(partial)
@@ -343,6 +350,7 @@ class Worker:
         akorun.runtime.relay): taken like one of its own, but no evidence that it lives."""
         node = self.role.node
         assert node is not None
+        partial = _decoded(partial)
         partial, refusal = refuse_non_finite(partial)
         if refusal is not None:
             log.warning("repair: %s", refusal)
@@ -453,3 +461,12 @@ def summary_line(result: RankResult) -> str:
         parts.append(f"accuracy {result.final_accuracy:.4f}")
     parts.append(f"sent {result.bytes_sent / 1e6:.2f} MB")
     return ", ".join(parts)
+
+
+def _decoded(partial: Partial) -> Partial:
+    """A coded partial (akocore.codecs) with its values decoded from its payload; a
+    payload no sender of this codec produces is refused like any malformed message."""
+    try:
+        return decoded(partial)
+    except ValueError as error:
+        raise SchemeError(f"message from {partial.sender}: {error}") from None

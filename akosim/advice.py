@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from akocore.planner import Plan, PlanInputs, overlap_ssp, ways_out
-from akocore.resolve import network_arrays
+from akocore.resolve import coded_gradient_bytes, network_arrays
 from akocore.schemes.registry import is_partitioned
 from akocore.units import format_duration
 from akosim.scenario import Setup, SimRun
@@ -34,7 +34,8 @@ def plan_inputs(setup: Setup) -> PlanInputs:
     n = setup.nodes
     arrays = network_arrays(config)
     return PlanInputs(
-        workers=n, gradient_bytes=setup.gradient_bytes,
+        workers=n, gradient_bytes=coded_gradient_bytes(config, setup.gradient_bytes,
+                                                        setup.length),
         compute_s=tuple(setup.compute.base_s(i) for i in range(n)),
         uplink_bps=tuple(arrays.uplink_bps), downlink_bps=tuple(arrays.downlink_bps),
         link_bps=tuple(map(tuple, arrays.link_bps)), utilisation=config.exchange.utilisation,

@@ -270,6 +270,9 @@ def _finish(args: argparse.Namespace, cfg: RunConfig, setup, runs, training: boo
              else ""))
     if setup.compute_source:
         print(f"akosim: {setup.compute_source}")
+    if cfg.exchange.codec != "none":
+        print(f"akosim: codec {cfg.exchange.codec} on gradients, pushes and reduce steps "
+              f"(parameters and all-gather steps travel as float32), error feedback on")
     print(format_table(runs, training=training))
     explanation = None if training else explain(setup, runs, ssp_chosen=ssp_chosen,
                                                 max_staleness_rounds=max_staleness)

@@ -23,7 +23,7 @@ The traffic counters mirror akosim.scenario's report over the same window
 (start to the first worker's last dispatch). tests/test_closed_form.py checks
 every figure against `scenario.simulate` on a grid of cases where both run;
 anything else (heterogeneous links, stragglers, jitter, async PS, local-step
-PS (SDAG), traces, training) returns None and is simulated.
+PS (SDAG), traces, training, a codec) returns None and is simulated.
 """
 
 from __future__ import annotations
@@ -82,6 +82,8 @@ def closed_form_run(setup: Setup, variant: Variant, *, trace: bool = False,
     `_simulate_options` only matter then)."""
     if trace or workload is not None or network_layers(setup.network_model_name):
         return None  # only the max-min fluid network alone has these closed forms
+    if setup.config.exchange.codec != "none":
+        return None  # coded sizes and codec CPU: simulated
     shared = uniform(setup)
     if shared is None:
         return None

@@ -22,6 +22,7 @@ from typing import Protocol
 import numpy as np
 import simpy
 
+from akocore.codecs.exchange import codec_cpu_s
 from akocore.messages import Partial, Send
 from akocore.schemes import SchemeNode
 from akosim.compute import ComputeModel
@@ -206,7 +207,13 @@ class Simulation:
                 overhead_from = env.now
                 yield env.timeout(overhead_s)
                 self._span(rank, "overhead", overhead_from, env.now, round=round_)
-            self._dispatch(rank, node.local_step(round_, grad))
+            effects = node.local_step(round_, grad)
+            codec_s = codec_cpu_s(effects)
+            if codec_s > 0:  # encode (and the receivers' decode) before the sends leave
+                codec_from = env.now
+                yield env.timeout(codec_s)
+                self._span(rank, "codec", codec_from, env.now, round=round_)
+            self._dispatch(rank, effects)
             line.round_end_s.append(env.now)
             round_ += 1
             if self.on_round is not None:
@@ -234,6 +241,9 @@ class Simulation:
             net = self._streams if self.nodes[src].in_order_sends else self.net
             net.send(src, send.dests, msg.nbytes, self._delivered, token)
 
+    def _dispatch_after(self, src: int, send: Send, _event: object) -> None:
+        self._dispatch(src, (send,))
+
     def _delivered(self, dests: np.ndarray, token: object) -> None:
         assert isinstance(token, _InFlight)
         msg = token.message
@@ -245,7 +255,12 @@ class Simulation:
         self.deliveries += count
         self.duplicates += duplicates
         for node, send in effects:
-            self._dispatch(node, (send,))
+            codec_s = codec_cpu_s((send,))
+            if codec_s > 0:  # a forwarded coded message (a ring's reduce step): encode first
+                self.env.timeout(codec_s).callbacks.append(
+                    partial(self._dispatch_after, node, send))
+            else:
+                self._dispatch(node, (send,))
         if count == 1:
             dest = int(dests[0])
             if not self._waiting[dest]:

@@ -619,7 +619,7 @@ def test_config_hash_of_defaults_is_pinned() -> None:
     # Pinned so that an accidental change to the canonical form is noticed: every
     # rank of a run must compute the same hash, across versions of this module.
     assert config_hash(RunConfig()) == (
-        "9c5b50282987f05cda8e15f3da1fc64565fa68e847e2e3d7e4678138f7aeb050"
+        "0dd7f05369677bdef4134d66b32453d32a6db1be9e3c9d93c4874aa6a730dab0"
     )
 
 

@@ -220,8 +220,10 @@ def test_timing_only_nodes_carry_lengths_without_values() -> None:
     assert send.message.part == 2 and send.message.length == 1_065_858
 
 
+@pytest.mark.parametrize("codec", ["none", "topk:0.3"])
 @pytest.mark.parametrize("seed", range(12))
-def test_a_restarted_ako_worker_rejoins_from_a_donor_and_ends_equal(seed: int) -> None:
+def test_a_restarted_ako_worker_rejoins_from_a_donor_and_ends_equal(seed: int,
+                                                                     codec: str) -> None:
     """Kill worker 2 mid-run between two rounds (its unsent buffers are lost), keep
     the others going, restart it from a donor's snapshot: all three end equal.
 
@@ -233,7 +235,7 @@ def test_a_restarted_ako_worker_rejoins_from_a_donor_and_ends_equal(seed: int) -
     rng, grad_rng = random.Random(seed), np.random.default_rng(seed)
     n, length, rounds, p = 3, 12, 14, 3
     theta0 = np.linspace(-1, 1, length).astype(np.float32)
-    spec = SchemeSpec("ako", n, (p,), staleness=1)
+    spec = SchemeSpec("ako", n, (p,), staleness=1, codec=codec)
     nodes = build_nodes(spec, length, theta0, PlainSGD(LR))
     in_flight: list[tuple[int, Partial]] = []
     delivered_to_2 = {0: -1, 1: -1}  # highest round each peer delivered to (old) worker 2

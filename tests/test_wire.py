@@ -266,7 +266,7 @@ def test_malformed_headers_are_refused_with_400() -> None:
     assert "version" in malformed(with_field(message, 1, 1)).reason  # version 1: HMAC
     assert "kind" in malformed(with_field(message, 2, 0)).reason
     assert "kind" in malformed(with_field(message, 2, 99)).reason
-    assert "dtype" in malformed(with_field(message, 3, 2)).reason
+    assert "codec" in malformed(with_field(message, 3, 9)).reason  # no codec has code 9
     assert "flag" in malformed(with_field(message, 4, 0x82)).reason
     assert "round" in malformed(with_field(message, 8, 2**63)).reason
     assert "length" in malformed(with_field(message, 12, 2**62)).reason

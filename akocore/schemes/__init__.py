@@ -22,6 +22,9 @@ updates through a FlatOptimizer. With `params=None` a node does all the
 bookkeeping (who sends what to whom, how long, which round) without any
 arithmetic: that is akosim's timing-only mode.
 
+A run's codec (akocore.codecs) is put on every node's sends by build_nodes
+(akocore.codecs.exchange.attach_codec); a scheme never calls a codec.
+
 Modules: base (SchemeNode, Replica, SchemeError), protocol (Scheme: one
 scheme as one object), one module per scheme (ako, ps_family with ps,
 elastic and localps, allreduce, wagma), registry (every scheme by name),

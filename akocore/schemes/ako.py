@@ -64,8 +64,10 @@ class RejoinSnapshot:
     donor has received but not applied (inbox) is owed to the joiner's next
     step; what the donor has applied but not yet sent (unsent) will reach the
     joiner again in the donor's later rounds, so it is subtracted now:
-    correction = inbox - unsent. With plain SGD the joiner then ends exactly
-    equal to its peers; what the dead worker never sent is lost for everyone.
+    correction = inbox - unsent (and, with a codec, minus the donor's
+    error-feedback residual, owed the same way). With plain SGD the joiner then
+    ends exactly equal to its peers; what the dead worker never sent is lost
+    for everyone.
     """
 
     donor: int
@@ -254,6 +256,14 @@ class AkoWorker(SchemeNode):
             self.replica.apply(self.inbox * np.float32(self.scale))
             self.inbox[:] = 0.0
 
+    def withdraw(self, residual: np.ndarray) -> None:
+        """Own gradients were applied in full; peers never get `residual` of them: with a
+        linear optimizer (plain SGD) take it back, so every replica ends equal. A stateful
+        optimizer (momentum, Adam) would turn it into a step of its own: dropped there."""
+        if self.replica.has_data and np.any(residual) \
+                and getattr(self.replica.optimizer, "linear", False):
+            self.replica.apply(-residual * np.float32(self.scale))
+
     def peer_restarted(self, peer: int, first_round: int) -> None:
         """`peer` restarted and numbers its rounds from `first_round` on."""
         self.log.skip_to(peer, first_round - 1)
@@ -265,8 +275,11 @@ class AkoWorker(SchemeNode):
             raise SchemeError("a timing-only node has no state to hand over")
         record = {j: r for j, r in self.log.export().items() if j != joiner}
         record[self.rank] = (self.next_round - 1, {})
-        return RejoinSnapshot(self.rank, self.replica.params.copy(),
-                              self.inbox - self.unsent, record)
+        owed = self.unsent  # applied here, still to reach the joiner in later rounds
+        residual = None if self.encoder is None else self.encoder.residual
+        if residual is not None:  # so is what the codec's error feedback holds back
+            owed = owed + residual
+        return RejoinSnapshot(self.rank, self.replica.params.copy(), self.inbox - owed, record)
 
     def adopt(self, snapshot: RejoinSnapshot, first_round: int) -> None:
         """Become consistent with a donor; number own rounds from `first_round`."""

@@ -67,6 +67,7 @@ class SchemeNode(ABC):
     # neighbour channel): each leaves after the previous one to that peer has left
     in_order_sends: bool = False
     length: int
+    encoder: Any = None  # the run's codec on this node's sends (akocore.codecs.exchange)
 
     def __init__(self, rank: int, length: int, replica: Replica) -> None:
         if length < 1:
@@ -108,6 +109,13 @@ class SchemeNode(ABC):
 
     def settle(self) -> None:
         """Apply whatever arrived after the last step (after drained())."""
+        return None
+
+    def withdraw(self, residual: np.ndarray) -> None:
+        """The run's codec will never send `residual` (what error feedback still held
+        at the drain). A scheme that applied its own contribution in full takes that
+        part back here, so every replica holds the same decoded sum; by default the
+        residual is simply dropped (see akocore.codecs.exchange)."""
         return None
 
     def suspend_peer(self, peer: int) -> None:

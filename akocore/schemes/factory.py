@@ -2,7 +2,8 @@
 
 `SchemeSpec` says what a run exchanges; `build_nodes` lays out its nodes
 (ranks 0..workers-1, servers last) through the scheme's own builder, found
-in the scheme registry (akocore.schemes.registry). Adding a scheme touches
+in the scheme registry (akocore.schemes.registry), and puts the run's codec
+on every node's sends (akocore.codecs.exchange). Adding a scheme touches
 neither this module nor its callers.
 """
 
@@ -13,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from akocore.codecs.codec_registry import codec_named
+from akocore.codecs.exchange import attach_codec
 from akocore.optim import FlatOptimizer
 from akocore.schemes.base import Replica, SchemeNode
 from akocore.schemes.protocol import Scheme
@@ -44,9 +47,11 @@ class SchemeSpec:
     # the scheme's own exchange keys that are not fields above, (name, value) in the order
     # of its `keys` (akocore.resolve.scheme_spec fills them): a new scheme's knobs
     options: tuple[tuple[str, Any], ...] = ()
+    codec: str = "none"  # what every coded send carries (akocore.codecs), e.g. "int8"
 
     def __post_init__(self) -> None:
         scheme_named(self.scheme)  # ValueError naming the known schemes
+        object.__setattr__(self, "codec", codec_named(self.codec).name)
         if self.workers < 2:
             raise ValueError(f"workers: got {self.workers}, expected >= 2")
         if self.staleness < 0:
@@ -94,7 +99,11 @@ def build_nodes(spec: SchemeSpec, length: int, params0: np.ndarray | None,
 
     if params0 is not None and params0.shape != (length,):
         raise ValueError(f"initial parameters must have shape ({length},)")
-    return spec.kind.build(spec, length, params0, replica)
+    nodes = spec.kind.build(spec, length, params0, replica)
+    codec = codec_named(spec.codec)
+    for node in nodes:  # the one place a codec meets a scheme's sends
+        attach_codec(node, codec)
+    return nodes
 
 
 def build_node(spec: SchemeSpec, rank: int, length: int, params0: np.ndarray,

@@ -94,6 +94,8 @@ from typing import Any
 import blake3
 import numpy as np
 
+from akocore.codecs import Codec
+from akocore.codecs.exchange import decoded
 from akocore.messages import Partial
 from akocore.partition import partition_slice
 from akocore.schemes import AkoWorker, SchemeError, SchemeNode
@@ -229,8 +231,10 @@ class Relay:
     def __init__(self, *, rank: int, peers: Sequence[int], node: Callable[[], SchemeNode | None],
                  signer: Signer, verifier: RequestVerifier, peer_timeout_s: float,
                  deliver: Callable[[Partial], bool],
-                 lost_here: Callable[[int], bool] = lambda peer: True) -> None:
+                 lost_here: Callable[[int], bool] = lambda peer: True,
+                 codec: Codec | None = None) -> None:
         self.rank = rank
+        self.codec = codec  # the run's codec: forwarded messages may be coded with it
         self.peers = list(peers)
         self.node = node
         self.signer = signer
@@ -472,8 +476,9 @@ class Relay:
         taken = 0
         for origin_nonce, endorsements, data in messages:
             try:
-                partial = decode(data, run_id=keys.run_id, config_hash=keys.wire_hash)
-            except WireError as error:
+                partial = decoded(decode(data, run_id=keys.run_id, config_hash=keys.wire_hash,
+                                         codec=self.codec))
+            except (WireError, ValueError) as error:
                 self.refused += 1
                 log.warning("repair: refused a message rank %d forwarded: %s", holder, error)
                 continue
