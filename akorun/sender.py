@@ -85,7 +85,9 @@ from akorun.answers import (
     read_bounded,
     verdict,
 )
-from akorun.keys import AUTH_HEADER, RELAY_HEADER, STALE_SESSION, PartialSealer
+from akorun.datapath import FramingError, encode_request_meta
+from akorun.datapath_client import DataLink
+from akorun.keys import AUTH_HEADER, RELAY_HEADER, STALE_SESSION, PartialSealer, Seal
 from akorun.metrics import PeerCounters, timed_call
 from akorun.shaping import LinkShaper
 
@@ -246,7 +248,7 @@ class PeerSender:
                  on_delivered: Callable[[int], None] = lambda dest: None,
                  ssl: object = True, seed: int = 0, window: int | None = None,
                  encode: Callable[[Partial], bytes] | None = None,
-                 sealer: PartialSealer | None = None) -> None:
+                 sealer: PartialSealer | None = None, data_path: bool = False) -> None:
         if window is None:
             window = configured_window()
         if maxsize < 1 or window < 1:
@@ -262,6 +264,9 @@ class PeerSender:
         self.on_delivered = on_delivered
         self.ssl = ssl
         self.sealer = sealer  # seals each attempt for dest's current session (akorun.keys)
+        # partials over akorun's data path (akorun.datapath) instead of HTTP POSTs: only
+        # to an http:// URL (over TLS they stay HTTP)
+        self.datalink = DataLink.for_url(url) if data_path else None
         self.queue: deque[Outgoing] = deque()
         self.encode = encode  # re-encodes a folded round (no encoder: dropped, not folded)
         self.gap = OwedGap()
@@ -348,6 +353,8 @@ class PeerSender:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._task = None
         self._deliveries.clear()
+        if self.datalink is not None:
+            self.datalink.close()
 
     @property
     def _in_flight_limit(self) -> int:
@@ -459,6 +466,24 @@ class PeerSender:
             headers[AUTH_HEADER] = seal.text()
             headers[RELAY_HEADER] = self.sealer.endorsements(message.data)
         self.counters.software_send_s += time.perf_counter() - seal_start_s
+        if self.datalink is not None:
+            try:
+                answer = await self.datalink.exchange(
+                    encode_request_meta(headers.get(AUTH_HEADER, ""), headers.get(RELAY_HEADER),
+                                        headers.get(WIRE_TIME_HEADER)),
+                    message.data, PARTIAL_ANSWER_MAX_BYTES)
+            except AnswerTooLarge as error:
+                self._unauthentic(message, f"an answer: {error}")
+                return Outcome.RETRY
+            except FramingError as error:
+                self._unauthentic(message, f"bytes that are no answer: {error}")
+                return Outcome.RETRY
+            except (TimeoutError, OSError, asyncio.IncompleteReadError) as error:
+                log.debug("send to %d (round %d) failed: %s", self.dest, message.round, error)
+                return Outcome.RETRY
+            self._downlink_wait_s[id(message)] = answer.downlink_wait_s
+            return self._judge(message, seal, answer.status, answer.duplicate, answer.tag,
+                               answer.text)
         try:
             async with self.session.post(self.url, data=message.data, headers=headers,
                                          ssl=self.ssl,  # type: ignore[arg-type]
@@ -476,6 +501,11 @@ class PeerSender:
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             log.debug("send to %d (round %d) failed: %s", self.dest, message.round, error)
             return Outcome.RETRY
+        return self._judge(message, seal, status, duplicate, ack, text)
+
+    def _judge(self, message: Outgoing, seal: Seal | None, status: int, duplicate: bool,
+               ack: str | None, text: bytes) -> Outcome:
+        """What an answer (whichever path it came by) means for `message`."""
         check_start_s = time.perf_counter()
         if seal is None or self.sealer is None:
             authentic = True  # an unsealed test lane: the status alone decides
