@@ -102,6 +102,7 @@ WIRE_TIME_HEADER = "X-Ako-Wire-S"
 DEFAULT_QUEUE_MESSAGES: int = default_of("akorun.queue_messages")  # the registry's
 DEFAULT_WINDOW = 1  # POSTs in flight to one peer: one, so one connection carries a peer's
 # messages in order and round t+1 never competes with round t (see the module docstring)
+DATA_PATH_ENV = "AKORUN_PARTIALS_OVER"  # "http": partials as HTTP POSTs (a comparison)
 WINDOW_ENV = "AKORUN_SEND_WINDOW"  # a benchmark's override of DEFAULT_WINDOW (1 or 2)
 _FATAL_STATUSES = {400: "malformed", 401: "bad_signature", 409: "wrong_run", 413: "too_large",
                    422: "non_finite"}
@@ -120,6 +121,17 @@ def configured_window(environ: Mapping[str, str] = os.environ) -> int:
     if window < 1:
         raise ValueError(f"{WINDOW_ENV} must be a whole number >= 1, got {text!r}")
     return window
+
+
+def configured_data_path(environ: Mapping[str, str] = os.environ) -> bool:
+    """Partials over akorun's data path (the default) unless `DATA_PATH_ENV` is ``http``
+    (a comparison: the HTTP POSTs of earlier versions). Over TLS they are HTTP anyway."""
+    text = environ.get(DATA_PATH_ENV, "").strip().lower()
+    if text in ("", "datapath"):
+        return True
+    if text == "http":
+        return False
+    raise ValueError(f"{DATA_PATH_ENV} must be 'datapath' or 'http', got {text!r}")
 
 
 def seconds_header(text: str | None) -> float:
