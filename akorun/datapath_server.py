@@ -48,8 +48,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("akorun")
 
-import os
-_INLINE = os.environ.get("WS_INLINE") == "1"
 IDLE_TIMEOUT_S = 75.0  # between requests; longer than the client's, so the client closes first
 HASH_BATCH_BYTES = 256 * 1024  # body bytes handed to the hashing thread at a time
 _REASONS = {Status.MALFORMED: "malformed", Status.BAD_SIGNATURE: "bad_signature",
@@ -78,9 +76,6 @@ class DigestLane:
         self._thread.start()
 
     def feed(self, hasher: BodyHasher, piece: memoryview) -> None:
-        if _INLINE:
-            hasher.update(piece)
-            return
         self._queue.put((hasher, piece))
 
     def drained(self) -> asyncio.Future[None]:

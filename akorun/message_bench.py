@@ -222,7 +222,16 @@ ROUND_TRIPS = 20
 _PATHS = ("socket", "datapath", "http")
 
 
-def _socket_receiver(port: int, ready: Any, count: int, nbytes: int, ack_each: bool) -> None:
+def _usage() -> tuple[float, int]:
+    """(CPU seconds, minor page faults) of this process so far."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime, usage.ru_minflt
+
+
+def _socket_receiver(port: int, ready: Any, report: Any, count: int, nbytes: int,
+                     ack_each: bool) -> None:
     import socket
 
     buffer = bytearray(nbytes)
@@ -231,6 +240,7 @@ def _socket_receiver(port: int, ready: Any, count: int, nbytes: int, ack_each: b
         ready.set()
         connection, _ = server.accept()
         with connection:
+            start = _usage()
             for _ in range(count):
                 filled = 0
                 while filled < nbytes:
@@ -242,9 +252,11 @@ def _socket_receiver(port: int, ready: Any, count: int, nbytes: int, ack_each: b
                     connection.sendall(b"k")
             if not ack_each:
                 connection.sendall(b"k")
+            end = _usage()
+    report.put((end[0] - start[0], end[1] - start[1]))
 
 
-def _akorun_receiver(port: int, ready: Any, count: int) -> None:
+def _akorun_receiver(port: int, ready: Any, report: Any, count: int) -> None:
     from akorun.server import Server
     from akorun.testing import SinkHost
 
@@ -253,8 +265,13 @@ def _akorun_receiver(port: int, ready: Any, count: int) -> None:
         server = Server(host)
         await server.start("127.0.0.1", port)
         ready.set()
+        while not host.arrivals:  # the warm-up message
+            await asyncio.sleep(0.001)
+        start = _usage()
         while len(host.arrivals) < count:
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.001)
+        end = _usage()
+        report.put((end[0] - start[0], end[1] - start[1]))
         await asyncio.sleep(0.2)
         await server.close()
 
@@ -269,11 +286,26 @@ def _spawn(target: Any, *args: Any) -> Any:
 
     context = multiprocessing.get_context("spawn")
     ready = context.Event()
-    process = context.Process(target=target, args=(args[0], ready, *args[1:]), daemon=True)
+    report = context.Queue()
+    process = context.Process(target=target, args=(args[0], ready, report, *args[1:]),
+                              daemon=True)
     process.start()
     if not ready.wait(60):
         raise RuntimeError("the receiver did not start")
-    return process
+    return process, report
+
+
+RECEIVER_USAGE: list[tuple[float, int]] = []  # (CPU s, minor faults) of each run's receiver
+
+
+def _join(process: Any, report: Any) -> None:
+    import queue
+
+    try:
+        RECEIVER_USAGE.append(report.get(timeout=30))
+    except queue.Empty:
+        pass
+    process.join(10)
 
 
 def _bench_partials(count: int, nbytes: int) -> list[Partial]:
@@ -297,7 +329,8 @@ def socket_seconds(messages: Sequence[bytes], *, ack_each: bool) -> list[float]:
     from akorun.cluster import free_ports
 
     (port,) = free_ports(1)
-    process = _spawn(_socket_receiver, port, len(messages), len(messages[0]), ack_each)
+    process, report = _spawn(_socket_receiver, port, len(messages), len(messages[0]),
+                             ack_each)
     times: list[float] = []
     try:
         with socket.create_connection(("127.0.0.1", port)) as connection:
@@ -314,7 +347,7 @@ def socket_seconds(messages: Sequence[bytes], *, ack_each: bool) -> list[float]:
                 assert connection.recv(1) == b"k"
                 times.append(time.perf_counter() - start_s)
     finally:
-        process.join(10)
+        _join(process, report)
     return times
 
 
@@ -330,7 +363,7 @@ def akorun_seconds(messages: Sequence[bytes], *, data_path: bool, ack_each: bool
     from akorun.sender import Outcome, Outgoing, PeerSender
 
     (port,) = free_ports(1)
-    process = _spawn(_akorun_receiver, port, len(messages) + 1)
+    process, report = _spawn(_akorun_receiver, port, len(messages) + 1)
     url = f"http://127.0.0.1:{port}"
 
     async def main() -> list[float]:
@@ -368,7 +401,7 @@ def akorun_seconds(messages: Sequence[bytes], *, data_path: bool, ack_each: bool
     try:
         return asyncio.run(main())
     finally:
-        process.join(10)
+        _join(process, report)
 
 
 def compare(repetitions: int, progress: Callable[[str], None]) -> dict[str, Any]:
@@ -379,8 +412,11 @@ def compare(repetitions: int, progress: Callable[[str], None]) -> dict[str, Any]
     total_bytes = sum(map(len, messages))
     stream: dict[str, list[float]] = {path: [] for path in (*_PATHS, "datapath_encoding")}
     trip: dict[str, list[float]] = {path: [] for path in _PATHS}
+    receiver_cpu_ms: dict[str, list[float]] = {path: [] for path in _PATHS}
+    receiver_faults: dict[str, list[float]] = {path: [] for path in _PATHS}
     for repetition in range(repetitions):
         for path in _PATHS:
+            RECEIVER_USAGE.clear()
             if path == "socket":
                 seconds = socket_seconds(messages, ack_each=False)[0]
                 trips = socket_seconds(messages[:ROUND_TRIPS], ack_each=True)
@@ -393,6 +429,10 @@ def compare(repetitions: int, progress: Callable[[str], None]) -> dict[str, Any]
                     stream["datapath_encoding"].append(total_bytes / 1e6 / akorun_seconds(
                         messages, data_path=True, ack_each=False, partials=partials)[0])
             stream[path].append(total_bytes / 1e6 / seconds)
+            if RECEIVER_USAGE:  # the first run is the stream's: per message
+                cpu_s, faults = RECEIVER_USAGE[0]
+                receiver_cpu_ms[path].append(cpu_s * 1e3 / len(messages))
+                receiver_faults[path].append(faults / len(messages))
             trip[path].append(float(np.median(trips)))
         progress(f"message_bench: repetition {repetition + 1}/{repetitions}: " + ", ".join(
             f"{path} {stream[path][-1]:.0f} MB/s" for path in stream))
@@ -403,7 +443,9 @@ def compare(repetitions: int, progress: Callable[[str], None]) -> dict[str, Any]
     return {"message_bytes": len(messages[0]), "stream_messages": STREAM_MESSAGES,
             "round_trips": ROUND_TRIPS, "stream_mb_per_s": stream,
             "stream_ratio_to_socket": ratios, "round_trip_s": trip,
-            "round_trip_over_socket": trip_ratios, "host": host_fingerprint()}
+            "round_trip_over_socket": trip_ratios,
+            "receiver_cpu_ms_per_message": receiver_cpu_ms,
+            "receiver_minor_faults_per_message": receiver_faults, "host": host_fingerprint()}
 
 
 def _summary(result: dict[str, Any]) -> str:
@@ -422,6 +464,11 @@ def _summary(result: dict[str, Any]) -> str:
         ratio = result["round_trip_over_socket"].get(path)
         lines.append(f"  round trip {path:14s} {spread(values, 1e3)} ms"
                      + (f"  x socket {spread(ratio)}" if ratio else ""))
+    for path, values in result["receiver_cpu_ms_per_message"].items():
+        faults = result["receiver_minor_faults_per_message"][path]
+        if values:
+            lines.append(f"  receiver per message {path:8s} {spread(values)} ms CPU, "
+                         f"{spread(faults, form='.0f')} minor page faults")
     return "\n".join(lines)
 
 
