@@ -260,7 +260,7 @@ class PeerSender:
                  on_delivered: Callable[[int], None] = lambda dest: None,
                  ssl: object = True, seed: int = 0, window: int | None = None,
                  encode: Callable[[Partial], bytes] | None = None,
-                 sealer: PartialSealer | None = None, data_path: bool = False) -> None:
+                 sealer: PartialSealer | None = None, data_path: bool | None = None) -> None:
         if window is None:
             window = configured_window()
         if maxsize < 1 or window < 1:
@@ -276,8 +276,10 @@ class PeerSender:
         self.on_delivered = on_delivered
         self.ssl = ssl
         self.sealer = sealer  # seals each attempt for dest's current session (akorun.keys)
-        # partials over akorun's data path (akorun.datapath) instead of HTTP POSTs: only
-        # to an http:// URL (over TLS they stay HTTP)
+        # partials over akorun's data path (akorun.datapath) instead of HTTP POSTs (None:
+        # as `configured_data_path` says); only to an http:// URL (over TLS they stay HTTP)
+        if data_path is None:
+            data_path = configured_data_path()
         self.datalink = DataLink.for_url(url) if data_path else None
         self.queue: deque[Outgoing] = deque()
         self.encode = encode  # re-encodes a folded round (no encoder: dropped, not folded)

@@ -233,7 +233,7 @@ def test_http_and_the_data_path_share_the_port() -> None:
     async def body(url: str, session: Any, server: Server, port: int) -> Any:
         over_http = PeerSender(1, url + PARTIAL_PATH, session, counters=PeerCounters(),
                                policy=FAST, sealer=PartialSealer(host.peer_signer(0),
-                                                                 PARTIAL_PATH))
+                                                                 PARTIAL_PATH), data_path=False)
         assert over_http.datalink is None
         first = await over_http.attempt(message(0))
         second = await data_sender(url, session, host).attempt(message(1))

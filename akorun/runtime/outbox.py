@@ -22,7 +22,7 @@ from akocore.config import RunConfig
 from akocore.messages import Send
 from akorun.keys import PARTIAL_PATH, PartialSealer, Signer
 from akorun.metrics import Metrics, timed_call
-from akorun.sender import Outgoing, PeerSender, configured_data_path
+from akorun.sender import Outgoing, PeerSender
 from akorun.shaping import DownlinkShaper, LinkShaper
 
 ENCODE_IN_THREAD_BYTES = 1 << 20  # encode (BLAKE3 digest) bigger messages off the loop
@@ -66,8 +66,7 @@ class Outbox:
                 peer, url, session, counters=self.metrics.peer(peer), maxsize=queue_messages,
                 shaper=shaper, is_suspended=_bound(may_drop, peer), on_delivered=on_delivered,
                 ssl=ssl, seed=rank * 1000 + peer, encode=self.signer.encode,
-                sealer=PartialSealer(self.signer, PARTIAL_PATH),
-                data_path=configured_data_path())
+                sealer=PartialSealer(self.signer, PARTIAL_PATH))
             sender.start()
             self.senders[peer] = sender
 
