@@ -19,7 +19,8 @@ held at an emulated downlink, the lengths of the answer tag and text) then the t
 the text. The rules are those of the HTTP path (docs/reference/wire.md): the seal is
 opened from the preamble's texts and checked against the 100-byte header before a
 read slot or a body buffer is taken; the texts together are at most
-`META_MAX_BYTES`, so unauthenticated bytes hold no more than that; every answer given
+`META_MAX_BYTES`, so unauthenticated bytes hold no more than that (and the
+connection's first socket read, which told it from HTTP); every answer given
 once the seal is open is tagged exactly as on the HTTP path. After a refusal before
 the body was read the receiver closes the connection (the sender reconnects).
 

@@ -11,8 +11,9 @@ against the seal's digest (400 ``damaged``), bounds (400, 413), sender and run (
 ``too_slow``) while a hashing thread checks the body against the header's digest as
 it lands. Every answer once the seal is open is tagged as on the HTTP path. A refusal
 before the body was read closes the connection after the answer, so no unread body
-is left on it; unauthenticated bytes hold at most the preamble and its texts
-(`akorun.datapath.META_MAX_BYTES`).
+is left on it. Unauthenticated bytes hold at most the connection's first socket read
+(asyncio reads at most 256 KiB at a time, less than an HTTP connection's read buffer)
+and then the preamble and its texts (`akorun.datapath.META_MAX_BYTES`).
 """
 
 from __future__ import annotations
@@ -171,11 +172,8 @@ class DataConnection(FillingProtocol):
         except (ConnectionError, asyncio.IncompleteReadError):
             return
         finally:
-            if self.transport is not None:
-                if self.transport.is_closing():
-                    pass
-                else:
-                    self.transport.close()
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.close()
 
     # ---------------------------------------------------------------- one request
 
