@@ -243,3 +243,58 @@ def test_http_and_the_data_path_share_the_port() -> None:
 
     assert asyncio.run(with_server(host, body)) == (Outcome.DELIVERED, Outcome.DELIVERED, 200)
     assert [key for _, _, key in host.arrivals] == [(0, 0, 0), (0, 1, 0)]
+
+
+class _FakeTransport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reading = True
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def test_the_filling_protocol_keeps_every_byte_in_order_and_reads_only_when_asked() -> None:
+    """Bytes primed from the first read, a read that lands while no buffer is given, and
+    reads straight into the given buffer come out in order; reading is paused whenever
+    no buffer waits."""
+    from akorun.datapath import FillingProtocol
+
+    async def main() -> tuple[bytes, bytes, list[bool]]:
+        protocol = FillingProtocol()
+        transport = _FakeTransport()
+        protocol.connection_made(transport)
+        reading = [transport.reading]  # paused until a buffer is given
+        protocol.prime(b"abc")
+        spare = protocol.get_buffer(-1)  # a read already under way as reading paused
+        spare[:3] = b"def"
+        protocol.buffer_updated(3)
+        first = bytearray(4)
+        await protocol.fill(memoryview(first))  # from what was kept: no read needed
+        reading.append(transport.reading)
+        second = bytearray(6)
+        seen: list[bytes] = []
+
+        async def feed() -> None:
+            await asyncio.sleep(0)
+            reading.append(transport.reading)  # resumed for the buffer
+            target = protocol.get_buffer(-1)
+            target[:4] = b"ghij"
+            protocol.buffer_updated(4)
+
+        feeder = asyncio.ensure_future(feed())
+        await protocol.fill(memoryview(second), lambda piece: seen.append(bytes(piece)))
+        await feeder
+        reading.append(transport.reading)
+        assert seen == [b"ef", b"ghij"]
+        return bytes(first), bytes(second), reading
+
+    first, second, reading = asyncio.run(main())
+    assert (first, second) == (b"abcd", b"efghij")
+    assert reading == [False, False, True, False]
