@@ -1,13 +1,14 @@
 """The sending end of akorun's data path: a peer's connections and one exchange on them.
 
 This module owns talking to one peer's data path (framing in akorun.datapath): a
-few plain non-blocking sockets (one per request in flight, kept for reuse while
-they are fresh), each request written as the preamble and then the encoded message
-as it is (``sock_sendall`` of the caller's bytes: no concatenation, no copy of the
-body), and the answer read within a bound: its tag and text are at most
-`akorun.datapath.ANSWER_TAG_MAX_BYTES` and the caller's cap, so a forged answer
-cannot make the sender read more. Whether the answer is authentic is the caller's
-check (akorun.sender with akorun.keys), exactly as on the HTTP path.
+few plain non-blocking sockets (one per request in flight, at most
+`REQUESTS_PER_PEER`, kept for reuse while they are fresh); each request written as
+the preamble and then the encoded message as it is (``sock_sendall`` of the
+caller's bytes: no concatenation, no copy of the body); the answer read within a
+bound: its tag and text are at most `akorun.datapath.ANSWER_TAG_MAX_BYTES` and the
+caller's cap, so a forged answer cannot make the sender read more. Whether the
+answer is authentic is the caller's check (akorun.sender with akorun.keys),
+exactly as on the HTTP path.
 """
 
 from __future__ import annotations
@@ -18,12 +19,15 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from akorun.admission import MAX_READS_PER_SENDER
 from akorun.answers import AnswerTooLarge
 from akorun.datapath import ANSWER, decode_answer_head
 
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 120.0  # for the answer once the request is written (as the HTTP client's)
 IDLE_S = 15.0  # a kept connection older than this is closed, not reused (the server: 75 s)
+# requests to one peer at once (more wait): what a receiver lets one sender read at once
+REQUESTS_PER_PEER = MAX_READS_PER_SENDER
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +70,7 @@ class DataLink:
         self.host = host
         self.port = port
         self._idle: list[_Connection] = []
+        self._requests = asyncio.Semaphore(REQUESTS_PER_PEER)
         self.connects = 0
 
     @classmethod
@@ -107,7 +112,13 @@ class DataLink:
         Raises OSError, TimeoutError or asyncio.IncompleteReadError when the peer
         cannot be reached or goes away (a kept connection the peer had closed is
         replaced once, silently), AnswerTooLarge for an answer over the caps, and
-        akorun.datapath.FramingError for bytes that are no answer."""
+        akorun.datapath.FramingError for bytes that are no answer. At most
+        `REQUESTS_PER_PEER` run at once; more wait for one to end."""
+        async with self._requests:
+            return await self._exchange(meta, data, answer_max_bytes)
+
+    async def _exchange(self, meta: bytes, data: bytes | memoryview,
+                        answer_max_bytes: int) -> DataAnswer:
         connection = self._fresh_idle()
         if connection is not None:
             try:

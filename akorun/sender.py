@@ -56,6 +56,10 @@ often as needed:
   `LinkShaper.chunks` as the body would cost an await per 64 KiB and a body
   aiohttp cannot replay.)
 
+Partials take akorun's data path (akorun.datapath: the same port, no HTTP, the same
+seals and tagged answers) unless ``AKORUN_PARTIALS_OVER=http`` or the peer is
+reached over TLS; "POST" above means one request on either.
+
 `acked_round` (highest round this peer acknowledged) and `dropped_until` are
 what the rejoin handshake reports about this peer.
 """
@@ -469,7 +473,7 @@ class PeerSender:
             self._changed.set()
 
     async def attempt(self, message: Outgoing) -> Outcome:
-        """One POST of `message`; what to do next."""
+        """One attempt at `message` (a data-path request, or a POST); what to do next."""
         headers = {"Content-Type": "application/octet-stream"}
         wire_s = self._wire_s.get(id(message))
         if wire_s is not None:
