@@ -75,7 +75,7 @@ def _akorun_receiver(port: int, ready: Any, report: Any, count: int) -> None:
     from akorun.testing import SinkHost
 
     async def main() -> None:
-        host = SinkHost(_SECRET, _BENCH_RUN, bytes(8), max_body_bytes=1 << 28)
+        host: Any = SinkHost(_SECRET, _BENCH_RUN, bytes(8), max_body_bytes=1 << 28)
         server = Server(host)
         await server.start("127.0.0.1", port)
         ready.set()
