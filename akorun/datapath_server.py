@@ -51,6 +51,7 @@ log = logging.getLogger("akorun")
 
 IDLE_TIMEOUT_S = 75.0  # between requests; longer than the client's, so the client closes first
 HASH_BATCH_BYTES = 256 * 1024  # body bytes handed to the hashing thread at a time
+HASH_IN_THREAD_BYTES = 256 * 1024  # bodies from this size are hashed in a thread
 _REASONS = {Status.MALFORMED: "malformed", Status.BAD_SIGNATURE: "bad_signature",
             Status.WRONG_RUN: "wrong_run", Status.TOO_LARGE: "too_large",
             Status.INBOX_FULL: "inbox_full", Status.STALE_SESSION: "stale_session"}
@@ -252,21 +253,12 @@ class DataConnection(FillingProtocol):
         values = server.buffers.take(header.length)
         hasher = server.body_hasher()
         body = memoryview(values.data).cast("B")
-        lane = server.take_digest_lane()
-        batcher = _Batcher(lane, hasher, body)
         try:
-            try:
-                await waits.wait(asyncio.wait_for(self.fill(body, batcher),
-                                                  server.admission.body_deadline_s(nbytes)))
-            except TimeoutError:
-                raise self._refusal(503, "too_slow", "body slower than the minimum rate",
-                                    opened) from None
-            finally:
-                batcher.flush()
-                drained = lane.drained()
-                server.give_back_digest_lane(lane)
-                await drained
-            del body, batcher
+            if nbytes >= HASH_IN_THREAD_BYTES:
+                await self._fill_hashing_in_lane(body, hasher, nbytes, waits, opened)
+            else:  # a small body: hashed on the loop (no thread hop)
+                await self._fill(body, hasher.update, nbytes, waits, opened)
+            del body
             try:
                 hasher.check(header.digest)
             except WireError as error:  # the whole body was read: the connection stays usable
@@ -276,6 +268,30 @@ class DataConnection(FillingProtocol):
                                      start_s)
         finally:
             server.buffers.give_back(values)
+
+    async def _fill(self, body: memoryview, on_chunk: Any, nbytes: int, waits: ByteWaits,
+                    opened: Opened) -> None:
+        try:
+            await waits.wait(asyncio.wait_for(self.fill(body, on_chunk),
+                                              self.server.admission.body_deadline_s(nbytes)))
+        except TimeoutError:
+            raise self._refusal(503, "too_slow", "body slower than the minimum rate",
+                                opened) from None
+
+    async def _fill_hashing_in_lane(self, body: memoryview, hasher: BodyHasher, nbytes: int,
+                                    waits: ByteWaits, opened: Opened) -> None:
+        """Fill a large body while a lane thread hashes what has landed; returns once the
+        lane is done with it, even on error, so that no body outlives its read slot."""
+        server = self.server
+        lane = server.take_digest_lane()
+        batcher = _Batcher(lane, hasher, body)
+        try:
+            await self._fill(body, batcher, nbytes, waits, opened)
+        finally:
+            batcher.flush()
+            drained = lane.drained()
+            server.give_back_digest_lane(lane)
+            await drained
 
     async def _apply(self, opened: Opened, header: Any, values: np.ndarray, relay: str | None,
                      wire_s_text: str | None, waits: ByteWaits,
