@@ -23,7 +23,9 @@ from akorun.admission import MAX_READS_PER_SENDER
 from akorun.answers import AnswerTooLarge
 from akorun.datapath import ANSWER, decode_answer_head
 
-CONNECT_TIMEOUT_S = 5.0
+# a connect started while the path was cut waits on the kernel's SYN retransmits (1 s, 3 s,
+# ...): given up after 1.5 s, the sender's backoff retries at once on a new one
+CONNECT_TIMEOUT_S = 1.5
 READ_TIMEOUT_S = 120.0  # for the answer once the request is written (as the HTTP client's)
 IDLE_S = 15.0  # a kept connection older than this is closed, not reused (the server: 75 s)
 # requests to one peer at once (more wait): what a receiver lets one sender read at once
