@@ -5,8 +5,9 @@ This module owns the microbenchmark and its subcommand. It starts the real serve
 arrives (adds it into a gradient buffer, as a node applies a partition), and sends it
 messages from a real `PeerSender` lane, one at a time, sizes from 1 kB to a few MB.
 Each sample is the time from before the sender encodes the message (wire header and
-BLAKE3 digest) to the acknowledged answer: sealing, HTTP on both sides, the receiver's
-seal check, body hashing, decode, apply and the sealed answer. On loopback without
+BLAKE3 digest) to the acknowledged answer: sealing, the data path (akorun.datapath; HTTP
+with ``AKORUN_PARTIALS_OVER=http``) on both sides, the receiver's seal check, body
+hashing, decode, apply and the sealed answer. On loopback without
 emulation the wire itself costs next to nothing, so this is the software cost that a
 real network adds its transfer time to. `akocore.message_cost.fit_message_cost` fits
 ``fixed_s + per_byte_s * bytes`` and the command writes the `MessageCost` record
@@ -205,3 +206,9 @@ def cmd_measure_messages(args: argparse.Namespace) -> int:
              f"{record.per_byte_s * 1e9:.3f} ns/B (1 MB: {record.cost_s(1e6) * 1e3:.2f} ms) "
              f"-> {out}")
     return 0
+
+
+if __name__ == "__main__":  # the side-by-side comparison (akorun.speed_bench)
+    from akorun.speed_bench import main
+
+    sys.exit(main())

@@ -57,8 +57,16 @@ often as needed:
   `LinkShaper.chunks` as the body would cost an await per 64 KiB and a body
   aiohttp cannot replay.)
 
+Partials take akorun's data path (akorun.datapath: the same port, no HTTP, the same
+seals and tagged answers) unless ``AKORUN_PARTIALS_OVER=http`` or the peer is
+reached over TLS; "POST" above means one request on either.
+
 `acked_round` (highest round this peer acknowledged) and `dropped_until` are
 what the rejoin handshake reports about this peer.
+
+Past ~500 lines for now: one peer's lane drives two paths (HTTP POSTs and the
+data path) through one answer judgment; each path's request code is the piece to
+move into its own module next.
 """
 
 from __future__ import annotations
@@ -84,8 +92,10 @@ from akorun.answers import (
     read_bounded,
     verdict,
 )
+from akorun.datapath import FramingError, encode_request_meta
+from akorun.datapath_client import DataLink
 from akorun.emulated_links import LinkShaper
-from akorun.keys import AUTH_HEADER, RELAY_HEADER, STALE_SESSION, PartialSealer
+from akorun.keys import AUTH_HEADER, RELAY_HEADER, STALE_SESSION, PartialSealer, Seal
 from akorun.metrics import PeerCounters, timed_call
 from akorun.owed import OwedGap
 
@@ -100,6 +110,7 @@ WIRE_TIME_HEADER = "X-Ako-Wire-S"
 DEFAULT_QUEUE_MESSAGES: int = default_of("akorun.queue_messages")  # the registry's
 DEFAULT_WINDOW = 1  # POSTs in flight to one peer: one, so one connection carries a peer's
 # messages in order and round t+1 never competes with round t (see the module docstring)
+DATA_PATH_ENV = "AKORUN_PARTIALS_OVER"  # "http": partials as HTTP POSTs (a comparison)
 WINDOW_ENV = "AKORUN_SEND_WINDOW"  # a benchmark's override of DEFAULT_WINDOW (1 or 2)
 # A connect attempt started while the path was cut waits for the kernel's SYN retransmits
 # (1 s, 3 s, 7 s ...); giving it up after 1.5 s (then the backoff retries at once on a new
@@ -125,6 +136,17 @@ def configured_window(environ: Mapping[str, str] = os.environ) -> int:
     if window < 1:
         raise ValueError(f"{WINDOW_ENV} must be a whole number >= 1, got {text!r}")
     return window
+
+
+def configured_data_path(environ: Mapping[str, str] = os.environ) -> bool:
+    """Partials over akorun's data path (the default) unless `DATA_PATH_ENV` is ``http``
+    (a comparison: the HTTP POSTs of earlier versions). Over TLS they are HTTP anyway."""
+    text = environ.get(DATA_PATH_ENV, "").strip().lower()
+    if text in ("", "datapath"):
+        return True
+    if text == "http":
+        return False
+    raise ValueError(f"{DATA_PATH_ENV} must be 'datapath' or 'http', got {text!r}")
 
 
 def seconds_header(text: str | None) -> float:
@@ -189,7 +211,7 @@ class PeerSender:
                  on_delivered: Callable[[int], None] = lambda dest: None,
                  ssl: object = True, seed: int = 0, window: int | None = None,
                  encode: Callable[[Partial], bytes] | None = None,
-                 sealer: PartialSealer | None = None) -> None:
+                 sealer: PartialSealer | None = None, data_path: bool | None = None) -> None:
         if window is None:
             window = configured_window()
         if maxsize < 1 or window < 1:
@@ -205,6 +227,11 @@ class PeerSender:
         self.on_delivered = on_delivered
         self.ssl = ssl
         self.sealer = sealer  # seals each attempt for dest's current session (akorun.keys)
+        # partials over akorun's data path (akorun.datapath) instead of HTTP POSTs (None:
+        # as `configured_data_path` says); only to an http:// URL (over TLS they stay HTTP)
+        if data_path is None:
+            data_path = configured_data_path()
+        self.datalink = DataLink.for_url(url) if data_path else None
         self.queue: deque[Outgoing] = deque()
         self.encode = encode  # re-encodes a folded round (no encoder: dropped, not folded)
         self.gap = OwedGap()
@@ -305,6 +332,8 @@ class PeerSender:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._task = None
         self._deliveries.clear()
+        if self.datalink is not None:
+            self.datalink.close()
 
     @property
     def _in_flight_limit(self) -> int:
@@ -424,7 +453,7 @@ class PeerSender:
             self._attempts.pop(id(message), None)
 
     async def attempt(self, message: Outgoing) -> Outcome:
-        """One POST of `message`; what to do next."""
+        """One attempt at `message` (a data-path request, or a POST); what to do next."""
         headers = {"Content-Type": "application/octet-stream"}
         wire_s = self._wire_s.get(id(message))
         if wire_s is not None:
@@ -435,6 +464,24 @@ class PeerSender:
             headers[AUTH_HEADER] = seal.text()
             headers[RELAY_HEADER] = self.sealer.endorsements(message.data)
         self.counters.software_send_s += time.perf_counter() - seal_start_s
+        if self.datalink is not None:
+            try:
+                answer = await self.datalink.exchange(
+                    encode_request_meta(headers.get(AUTH_HEADER, ""), headers.get(RELAY_HEADER),
+                                        headers.get(WIRE_TIME_HEADER)),
+                    message.data, PARTIAL_ANSWER_MAX_BYTES)
+            except AnswerTooLarge as error:
+                self._unauthentic(message, f"an answer: {error}")
+                return Outcome.RETRY
+            except FramingError as error:
+                self._unauthentic(message, f"bytes that are no answer: {error}")
+                return Outcome.RETRY
+            except (TimeoutError, OSError, asyncio.IncompleteReadError) as error:
+                log.debug("send to %d (round %d) failed: %s", self.dest, message.round, error)
+                return Outcome.RETRY
+            self._downlink_wait_s[id(message)] = answer.downlink_wait_s
+            return self._judge(message, seal, answer.status, answer.duplicate, answer.tag,
+                               answer.text)
         try:
             async with self.session.post(self.url, data=message.data, headers=headers,
                                          timeout=PARTIAL_TIMEOUT,
@@ -453,6 +500,11 @@ class PeerSender:
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             log.debug("send to %d (round %d) failed: %s", self.dest, message.round, error)
             return Outcome.RETRY
+        return self._judge(message, seal, status, duplicate, ack, text)
+
+    def _judge(self, message: Outgoing, seal: Seal | None, status: int, duplicate: bool,
+               ack: str | None, text: bytes) -> Outcome:
+        """What an answer (whichever path it came by) means for `message`."""
         check_start_s = time.perf_counter()
         if seal is None or self.sealer is None:
             authentic = True  # an unsealed test lane: the status alone decides

@@ -26,6 +26,10 @@ Endpoints (all writes sealed per session and per sender, see akorun.keys):
   replayed, 421 stale session, 400 not a JSON object, 413 over 64 KiB); the
   answer is bound to its request. A hello sealed with no receiver nonce is a
   discovery: it is answered with this instance's nonce and goes no further.
+- The data path (akorun.datapath, akorun.datapath_server): a connection whose first
+  bytes are ``AKOP`` instead of an HTTP request line carries partials framed
+  without HTTP, received straight into pooled buffers, under the same checks and
+  answers as ``POST /v1/partial``; the guard below hands such a connection over.
 - ``GET /metrics`` (Prometheus text) and ``GET /status`` (JSON): read-only and
   unauthenticated on purpose, so standard scrapers work; they expose counts,
   never parameters or keys.
@@ -60,6 +64,7 @@ import queue
 import ssl
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -73,6 +78,8 @@ from akorun import control
 from akorun.admission import Admission, BufferPool, Refusal
 from akorun.answers import ANSWER_TEXT_MAX_CHARS, DAMAGED
 from akorun.control import CONTROL_BODY_MAX_BYTES, ControlError, ControlKind
+from akorun.datapath import MAGIC as DATA_PATH_MAGIC
+from akorun.datapath_server import DataConnection, DigestLane
 from akorun.emulated_links import DownlinkShaper
 from akorun.errors import UsageError
 from akorun.keys import AUTH_HEADER, RELAY_HEADER, SESSION_PATH, Opened, RequestVerifier, ack_body
@@ -283,6 +290,8 @@ class _Guard(asyncio.Protocol):
     def __init__(self, owner: Server) -> None:
         self.owner = owner
         self.inner: asyncio.Protocol | None = None
+        self.refused = False
+        self.first_bytes = bytearray()  # until they tell the data path from HTTP
         self.transport: asyncio.Transport | None = None
         self.in_request = False
         self.trusted = False  # a request on it passed its seal (a member's connection)
@@ -293,18 +302,35 @@ class _Guard(asyncio.Protocol):
         self.transport = transport
         if not peer_allowed(self.owner.allow, transport.get_extra_info("peername")):
             self.owner.host.metrics.rejected["not_allowed"] += 1
+            self.refused = True
             transport.abort()
             return
         if len(self.owner.guards) >= self.owner.max_connections and \
                 not self.owner.evict_untrusted():  # bounded memory: each holds buffers
             self.owner.host.metrics.rejected["too_many_connections"] += 1
+            self.refused = True
             transport.abort()
             return
-        assert self.owner.runner is not None and self.owner.runner.server is not None
-        self.inner = self.owner.runner.server()
-        self.owner.guards[self.inner] = self
-        self.inner.connection_made(transport)
+        self.owner.guards[self] = self  # keyed by its aiohttp handler once there is one
         self._arm()
+
+    def _to_http(self) -> None:
+        assert self.owner.runner is not None and self.owner.runner.server is not None
+        assert self.transport is not None
+        self.inner = self.owner.runner.server()
+        if self.owner.guards.pop(self, None) is not None:
+            self.owner.guards[self.inner] = self
+        self.inner.connection_made(self.transport)
+
+    def _to_data_path(self, first_bytes: bytes) -> None:
+        """Hand the connection to akorun.datapath_server (it keeps its own deadlines)."""
+        assert self.transport is not None
+        self._disarm()
+        connection = DataConnection(self.owner, self)
+        connection.prime(first_bytes)
+        self.transport.set_protocol(connection)
+        connection.connection_made(self.transport)
+        self.owner.data_connections.add(connection)
 
     def _arm(self) -> None:
         if self.deadline is None:
@@ -330,8 +356,20 @@ class _Guard(asyncio.Protocol):
         self.in_request = False
 
     def data_received(self, data: bytes) -> None:
-        if self.inner is None:
+        if self.refused:
             return
+        if self.inner is None:  # the connection's first bytes: HTTP or the data path?
+            self.first_bytes += data
+            seen = bytes(self.first_bytes)
+            if len(seen) < len(DATA_PATH_MAGIC) and DATA_PATH_MAGIC.startswith(seen):
+                return
+            self.first_bytes = bytearray()
+            if seen.startswith(DATA_PATH_MAGIC):
+                self._to_data_path(seen)
+                return
+            self._to_http()
+            data = seen
+            assert self.inner is not None
         if not self.in_request:
             self._arm()  # the first bytes of the next request: its header has a deadline
         self.inner.data_received(data)
@@ -341,6 +379,7 @@ class _Guard(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self.owner.guards.pop(self, None)
         if self.inner is not None:
             self.owner.guards.pop(self.inner, None)
             self.inner.connection_lost(exc)
@@ -368,6 +407,8 @@ class Server:
         self.allow: AllowList = ()
         self.header_deadline_s = HEADER_DEADLINE_S
         self.guards: dict[asyncio.Protocol, _Guard] = {}
+        self.data_connections: weakref.WeakSet[DataConnection] = weakref.WeakSet()
+        self._digest_lanes: list[DigestLane] = []  # idle data-path hashing threads
         self.max_connections = max(MIN_CONNECTIONS, CONNECTIONS_PER_RANK * host.world)
         self._listener: asyncio.Server | None = None
         self.app.router.add_post("/v1/partial", self.partial)
@@ -437,9 +478,24 @@ class Server:
                 guard.transport.abort()
         if listener is not None:
             await listener.wait_closed()
+        for connection in list(self.data_connections):
+            if connection.task is not None:
+                connection.task.cancel()
         self._lanes_open = False
         while self._free_lanes:
             self._free_lanes.pop().stop()
+        while self._digest_lanes:
+            self._digest_lanes.pop().stop()
+
+    def take_digest_lane(self) -> DigestLane:
+        """An idle hashing thread for a data-path body (made on demand)."""
+        return self._digest_lanes.pop() if self._digest_lanes else DigestLane()
+
+    def give_back_digest_lane(self, lane: DigestLane) -> None:
+        if self._lanes_open:
+            self._digest_lanes.append(lane)
+        else:
+            lane.stop()
 
     # ---------------------------------------------------------------- helpers
 

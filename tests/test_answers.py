@@ -31,6 +31,16 @@ from akorun.answers import (
 from akorun.client import ControlClient, make_session
 from akorun.cluster import free_ports
 from akorun.control import ControlKind
+from akorun.datapath import (
+    ANSWER,
+    PREAMBLE,
+    decode_answer_head,
+    encode_answer,
+    meta_lengths,
+)
+from akorun.datapath import (
+    MAGIC as DATA_PATH_MAGIC,
+)
 from akorun.keys import PARTIAL_PATH, PartialSealer
 from akorun.metrics import PeerCounters
 from akorun.sender import Outgoing, PeerSender, RetryPolicy
@@ -59,7 +69,10 @@ class Proxy:
     """Forwards HTTP/1.1 requests with a Content-Length to `upstream`; request number n
     (from 0) is answered by `forge(n, head)` instead when that returns bytes (then the
     connection is closed). `huge` requests get a 503 declaring `HUGE_BYTES`, streamed
-    until the client goes away; `pushed` counts what the client let through."""
+    until the client goes away; `pushed` counts what the client let through.
+    Partials on akorun's data path (akorun.datapath) are forwarded too; a forged HTTP
+    answer to one goes back in the data path's framing, untagged, as a forger there
+    would send it."""
 
     def __init__(self, upstream_port: int, forge: Forge, *, huge: set[int] | None = None,
                  upstream_host: str = "127.0.0.1", port: int | None = None):
@@ -95,10 +108,11 @@ class Proxy:
                 if number in self.huge:
                     await self._push_huge(writer)
                     return
+                datapath = head.startswith(DATA_PATH_MAGIC)
                 own = self.forge(number, head)
                 if own is not None:
                     self.forged += 1
-                    writer.write(own)
+                    writer.write(as_datapath_answer(own) if datapath else own)
                     await writer.drain()
                     return
                 if upstream is None:
@@ -106,7 +120,9 @@ class Proxy:
                                                              self.upstream_port)
                 upstream[1].write(head + body)
                 await upstream[1].drain()
-                answer_head, answer_body = await _read_message(upstream[0])
+                answer_head, answer_body = await (
+                    _read_datapath_answer(upstream[0]) if datapath
+                    else _read_message(upstream[0]))
                 if answer_head is None:
                     return
                 writer.write(answer_head + answer_body)
@@ -132,9 +148,17 @@ class Proxy:
 
 
 async def _read_message(reader: asyncio.StreamReader) -> tuple[bytes | None, bytes]:
-    """One HTTP message (head, body) with a Content-Length; (None, b"") at EOF."""
+    """One HTTP message (head, body) with a Content-Length, or one data-path request
+    (preamble, texts and wire header; body); (None, b"") at EOF."""
     try:
-        head = await reader.readuntil(b"\r\n\r\n")
+        start = await reader.readexactly(len(DATA_PATH_MAGIC))
+        if start == DATA_PATH_MAGIC:
+            preamble = start + await reader.readexactly(PREAMBLE.size - len(start))
+            texts = await reader.readexactly(sum(meta_lengths(preamble)))
+            header = await reader.readexactly(wire.HEADER_SIZE)
+            length = int.from_bytes(header[60:68], "little")
+            return preamble + texts + header, await reader.readexactly(4 * length)
+        head = start + await reader.readuntil(b"\r\n\r\n")
     except asyncio.IncompleteReadError:
         return None, b""
     length = 0
@@ -143,6 +167,22 @@ async def _read_message(reader: asyncio.StreamReader) -> tuple[bytes | None, byt
         if name.strip().lower() == b"content-length":
             length = int(value)
     return head, await reader.readexactly(length)
+
+
+async def _read_datapath_answer(reader: asyncio.StreamReader) -> tuple[bytes | None, bytes]:
+    try:
+        head = await reader.readexactly(ANSWER.size)
+        parsed = decode_answer_head(head)
+        return head, await reader.readexactly(parsed.tag_nbytes + parsed.text_nbytes)
+    except asyncio.IncompleteReadError:
+        return None, b""
+
+
+def as_datapath_answer(http_answer: bytes) -> bytes:
+    """An HTTP answer's status and body in the data path's framing, with no tag."""
+    head, _, body = http_answer.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    return encode_answer(status, False, 0.0, None, body)
 
 
 def forged_answer(status: int, text: bytes) -> bytes:
@@ -174,7 +214,7 @@ def sender_through(url: str, session: Any, host: SinkHost) -> PeerSender:
 
 
 def is_partial(head: bytes) -> bool:
-    return head.startswith(b"POST " + PARTIAL_PATH.encode())
+    return head.startswith((b"POST " + PARTIAL_PATH.encode(), DATA_PATH_MAGIC))
 
 
 @pytest.mark.parametrize("status", [307, 400, 401, 409, 413, 422])

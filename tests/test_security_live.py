@@ -27,6 +27,8 @@ from akocore.messages import Kind, Partial
 from akocore.workload import build_workload
 from akorun import wire
 from akorun.control import ControlKind
+from akorun.datapath import MAGIC as DATA_PATH_MAGIC
+from akorun.datapath import PREAMBLE, encode_request_meta
 from akorun.keys import AUTH_HEADER, SEAL_FORMAT, SEAL_VERSION, TAG_BYTES
 from akorun.node_plan import params_digest, wire_hash
 from akorun.testing import LocalCluster, wait_for
@@ -129,7 +131,17 @@ def attack_request(kind: int, host: str) -> bytes:
                 f"{AUTH_HEADER}: {forged_seal()}\r\n\r\n").encode()
     if kind == 3:  # headers that never end
         return f"POST /v1/partial HTTP/1.1\r\nHost: {host}\r\n".encode()
+    if kind == 5:  # the data path: a forged seal over a header promising a 4 MiB body
+        header = bytearray(wire.HEADER_SIZE)
+        header[:4], header[4], header[6] = wire.MAGIC, wire.VERSION, wire.DTYPE_FLOAT32
+        header[60:68] = (big // 4).to_bytes(8, "little")
+        return encode_request_meta(forged_seal(), None, None) + bytes(header)
+    if kind == 6:  # the data path: a preamble whose texts never end
+        return PREAMBLE.pack(DATA_PATH_MAGIC, 4000, 0, 0)
     return b""  # connected, silent
+
+
+ATTACK_KINDS = 7
 
 
 class Attacker:
@@ -155,7 +167,7 @@ class Attacker:
         try:
             sock = socket.create_connection((host, port), timeout=1.0)
             sock.setblocking(False)
-            kind = self.opened[index] % 5
+            kind = self.opened[index] % ATTACK_KINDS
             if kind != 4:
                 sock.send(attack_request(kind, f"{host}:{port}"))
         except OSError:
