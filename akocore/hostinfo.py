@@ -10,7 +10,7 @@ from pathlib import Path
 
 CPUINFO = Path("/proc/cpuinfo")
 
-__all__ = ["CPUINFO", "cpu_fingerprint"]
+__all__ = ["CPUINFO", "cpu_fingerprint", "host_fingerprint"]
 
 
 def cpu_fingerprint(cpuinfo: Path = CPUINFO) -> str:
@@ -26,3 +26,8 @@ def cpu_fingerprint(cpuinfo: Path = CPUINFO) -> str:
     except OSError:
         pass
     return f"{model or 'unknown CPU'} x{os.cpu_count() or 0} {platform.machine()}"
+
+
+def host_fingerprint() -> str:
+    """CPU model, logical cores, machine type and Python: what a measured cost rests on."""
+    return f"{cpu_fingerprint()} Python {platform.python_version()}"

@@ -242,7 +242,8 @@ class DataConnection(FillingProtocol):
         except WireError as error:
             raise self._refusal(400, DAMAGED, f"header: {error.reason}", opened) from None
         try:
-            header = decode_header(wire_head, max_body_bytes=host.max_body_bytes())
+            header = decode_header(wire_head, max_body_bytes=host.max_body_bytes(),
+                                   codec=host.codec)
             if header.sender != opened.sender:
                 raise WireError(f"header says sender {header.sender}, the seal is rank "
                                 f"{opened.sender}'s", Status.BAD_SIGNATURE)
@@ -252,7 +253,7 @@ class DataConnection(FillingProtocol):
         nbytes = header.body_nbytes
         values = server.buffers.take(header.length)
         hasher = server.body_hasher()
-        body = memoryview(values.data).cast("B")
+        body = memoryview(values.data).cast("B")[:nbytes]  # a coded body is shorter
         try:
             if nbytes >= HASH_IN_THREAD_BYTES:
                 await self._fill_hashing_in_lane(body, hasher, nbytes, waits, opened)
@@ -297,8 +298,11 @@ class DataConnection(FillingProtocol):
                      wire_s_text: str | None, waits: ByteWaits,
                      start_s: float) -> tuple[bytes, bool]:
         host = self.server.host
-        partial = to_partial(header, values)
-        if partial.values is None:  # an empty marker (final, PULL) still carries its values
+        # a coded body (akocore.codecs) fills the buffer's first nbytes: the runtime decodes it
+        partial = to_partial(header, values if header.codec == "none"
+                             else values.view(np.uint8)[:header.body_nbytes])
+        if partial.values is None and partial.payload is None:  # an empty marker (final,
+            # PULL) still carries its values
             partial = dataclasses.replace(partial, values=values)
         nbytes = HEADER_SIZE + header.body_nbytes
         wait_s = 0.0

@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import datetime
 import json
-import platform
 import sys
 import time
 import uuid
@@ -34,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from akocore.hostinfo import cpu_fingerprint
+from akocore.hostinfo import host_fingerprint
 from akocore.message_cost import MessageCost, MessageSample, fit_message_cost
 from akocore.messages import Kind, Partial
 from akorun.errors import UsageError
@@ -55,11 +54,6 @@ from encode to the acknowledged answer, and fits fixed_s + per_byte_s * bytes.
 The file is an akocore.message_cost.MessageCost record (kind "message_cost");
 `akosim calibrate` runs this command and reads it. Run it on a quiet machine.
 """
-
-
-def host_fingerprint() -> str:
-    """CPU model, logical cores, machine type and Python: what the cost rests on."""
-    return f"{cpu_fingerprint()} Python {platform.python_version()}"
 
 
 def _applying_sink() -> Any:

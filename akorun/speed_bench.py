@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from akocore.hostinfo import host_fingerprint
 from akocore.messages import Kind, Partial
-from akorun.message_bench import host_fingerprint
 from akorun.wire import HEADER_SIZE
 
 _SECRET = b"measure-messages: loopback only!"
