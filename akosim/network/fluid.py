@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from akosim.network import maxmin_compiled
 from akosim.network.maxmin import ResourceIndex, check_nodes, max_min_fill, max_min_update
 from akosim.network.netspec import NetworkSpec
 
@@ -109,12 +110,15 @@ class FluidFlows:
     """The active flows of one network and their max-min fair rates."""
 
     def __init__(self, spec: NetworkSpec, coalesce_rel: float = COALESCE_REL,
-                 incremental: bool = True) -> None:
+                 incremental: bool = True, compiled: bool = True) -> None:
         self.spec = spec
         self.coalesce_rel = coalesce_rel
         # Re-solve only the flows around a change (akosim.network.maxmin.max_min_update);
         # False: every solve from scratch (the reference the tests compare with).
         self.incremental = incremental
+        # Solve with the compiled solver (akosim.network.maxmin_compiled, the same
+        # rates to the bit); False: with the numpy reference.
+        self.compiled = compiled
         n = spec.n
         self._n = n
         self._resources = ResourceIndex(spec, scan_pairs=True)
@@ -432,14 +436,24 @@ class FluidFlows:
             old_rate_bps = self._rate_bps
             if flow_count > old_count:
                 old_rate_bps = np.concatenate([old_rate_bps, np.zeros(flow_count - old_count)])
-            update = max_min_update(columns, capacity_bps, flow_cap_bps, old_rate_bps, seed,
-                                    max_free=flow_count // 2)
+            if self.compiled:
+                proved, rate_bps, saturated_shared, _ = maxmin_compiled.update(
+                    np.stack(columns), capacity_bps, *_caps(flow_cap_bps, flow_count),
+                    old_rate_bps, seed, flow_count // 2)
+                update = (rate_bps, saturated_shared, 0) if proved else None
+            else:
+                update = max_min_update(columns, capacity_bps, flow_cap_bps, old_rate_bps,
+                                        seed, max_free=flow_count // 2)
             if update is not None:
                 rate_bps, saturated_shared, _ = update
                 self.local_solves += 1
                 self._set_rates(now, rate_bps, saturated_shared, columns, remaining_bytes)
                 return
-        rate_bps, saturated_shared = max_min_fill(columns, capacity_bps, flow_cap_bps)
+        if self.compiled:
+            rate_bps, saturated_shared = maxmin_compiled.fill(
+                np.stack(columns), capacity_bps, *_caps(flow_cap_bps, flow_count))
+        else:
+            rate_bps, saturated_shared = max_min_fill(columns, capacity_bps, flow_cap_bps)
         self._set_rates(now, rate_bps, saturated_shared, columns, remaining_bytes)
 
     def _set_rates(self, now: float, rate_bps: np.ndarray, saturated_shared: np.ndarray,
@@ -482,3 +496,10 @@ class FluidFlows:
         active[n:] -= np.bincount(dst, minlength=n)
         idle = (before > 0) & (active == 0)
         self._nic_busy_s[idle] += now_s - self._nic_busy_since_s[idle]
+
+
+def _caps(flow_cap_bps: np.ndarray | None, flow_count: int) -> tuple[np.ndarray, bool]:
+    """The compiled solver's (caps of the flows, whether any): inf where none."""
+    if flow_cap_bps is None:
+        return np.full(flow_count, np.inf), False
+    return flow_cap_bps, True
