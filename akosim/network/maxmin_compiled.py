@@ -32,7 +32,12 @@ _CHECK_DOWN = 1.0 - _CHECK_REL
 @njit(cache=True)
 def fill(columns: np.ndarray, capacity_bps: np.ndarray, flow_cap_bps: np.ndarray,
          has_cap: bool) -> tuple[np.ndarray, np.ndarray]:
-    """`akosim.network.maxmin.max_min_fill`: (rates, saturated shared resources)."""
+    """`akosim.network.maxmin.max_min_fill`: (rates, saturated shared resources).
+
+    The same passes as the reference, each in two sweeps over the live flows
+    (their tightest share and the resources they block; then which freeze, what
+    they take from each resource, column by column, and the live flows packed
+    to the front), so a pass costs the live flows, not the resources."""
     k, m = columns.shape
     n_resources = capacity_bps.shape[0]
     rate_bps = np.empty(m)
@@ -42,75 +47,61 @@ def fill(columns: np.ndarray, capacity_bps: np.ndarray, flow_cap_bps: np.ndarray
         for f in range(m):
             count[columns[c, f]] += 1
     count_all = count.copy()
+    used = np.flatnonzero(count_all)
+    live_columns = columns.copy()
+    live_cap_bps = flow_cap_bps.copy() if has_cap else flow_cap_bps
     live = np.arange(m)
     n_live = m
-    share_bps = np.empty(n_resources)
+    share_bps = np.full(n_resources, np.inf)
     flow_share_bps = np.empty(m)
-    frozen = np.empty(m, np.bool_)
-    ready = np.empty(n_resources, np.bool_)
-    sum_bps = np.zeros(n_resources)
+    ready = np.ones(n_resources, np.bool_)
+    taken_bps = np.zeros((k, n_resources))
     while n_live:
-        for r in range(n_resources):
+        for r in used:
             share_bps[r] = leftover_bps[r] / count[r] if count[r] > 0 else np.inf
+            ready[r] = True
         for i in range(n_live):
-            f = live[i]
-            s = share_bps[columns[0, f]]
+            s = share_bps[live_columns[0, i]]
             for c in range(1, k):
-                v = share_bps[columns[c, f]]
+                v = share_bps[live_columns[c, i]]
                 if v < s:
                     s = v
-            if has_cap and flow_cap_bps[f] < s:
-                s = flow_cap_bps[f]
+            if has_cap and live_cap_bps[i] < s:
+                s = live_cap_bps[i]
             flow_share_bps[i] = s
-        ready[:] = True
-        for i in range(n_live):
-            f = live[i]
-            limit_bps = flow_share_bps[i] * _TIE_UP
+            limit_bps = s * _TIE_UP
             for c in range(k):
-                r = columns[c, f]
+                r = live_columns[c, i]
                 if share_bps[r] > limit_bps:
                     ready[r] = False
-        all_frozen = True
-        for i in range(n_live):
-            f = live[i]
-            is_frozen = False
-            for c in range(k):
-                if ready[columns[c, f]]:
-                    is_frozen = True
-            if has_cap and flow_cap_bps[f] <= flow_share_bps[i] * _TIE_UP:
-                is_frozen = True
-            frozen[i] = is_frozen
-            all_frozen = all_frozen and is_frozen
-        if all_frozen:
-            for i in range(n_live):
-                rate_bps[live[i]] = flow_share_bps[i]
-            for c in range(k):
-                sum_bps[:] = 0.0
-                for i in range(n_live):
-                    sum_bps[columns[c, live[i]]] += flow_share_bps[i]
-                for r in range(n_resources):
-                    leftover_bps[r] -= sum_bps[r]
-            break
-        for i in range(n_live):
-            if frozen[i]:
-                rate_bps[live[i]] = flow_share_bps[i]
-        for c in range(k):
-            sum_bps[:] = 0.0
-            for i in range(n_live):
-                if frozen[i]:
-                    r = columns[c, live[i]]
-                    sum_bps[r] += flow_share_bps[i]
-                    count[r] -= 1
-            for r in range(n_resources):
-                leftover_bps[r] -= sum_bps[r]
-        for r in range(n_resources):
-            if leftover_bps[r] < 0.0:  # np.maximum(x, 0.0): NaN stays NaN
-                leftover_bps[r] = 0.0
         kept = 0
         for i in range(n_live):
-            if not frozen[i]:
+            is_frozen = False
+            for c in range(k):
+                if ready[live_columns[c, i]]:
+                    is_frozen = True
+            s = flow_share_bps[i]
+            if has_cap and live_cap_bps[i] <= s * _TIE_UP:
+                is_frozen = True
+            if is_frozen:
+                rate_bps[live[i]] = s
+                for c in range(k):
+                    r = live_columns[c, i]
+                    taken_bps[c, r] += s
+                    count[r] -= 1
+            else:
+                for c in range(k):
+                    live_columns[c, kept] = live_columns[c, i]
+                if has_cap:
+                    live_cap_bps[kept] = live_cap_bps[i]
                 live[kept] = live[i]
                 kept += 1
+        for r in used:
+            for c in range(k):
+                leftover_bps[r] -= taken_bps[c, r]
+                taken_bps[c, r] = 0.0
+            if kept and leftover_bps[r] < 0.0:  # np.maximum(x, 0.0) between passes
+                leftover_bps[r] = 0.0
         n_live = kept
     saturated_shared = np.zeros(n_resources, np.bool_)
     for r in range(n_resources):
