@@ -93,3 +93,18 @@ def test_a_fluid_run_with_the_compiled_solver_is_the_reference_run_to_the_bit(se
     reference = FluidFlows(spec, compiled=False)
     assert drive(compiled, sends) == drive(reference, sends)
     assert compiled.local_solves == reference.local_solves
+
+
+def test_the_fluid_model_switches_to_the_compiled_solver_once_it_pays(monkeypatch):
+    import akosim.network.fluid as fluid
+
+    monkeypatch.setattr(fluid, "_COMPILE_AFTER_FLOWS", 200)
+    rng = np.random.default_rng(5)
+    spec = random_spec(rng, 12)
+    sends = [(0.1 * t, i, [j for j in range(12) if j != i], 2e5 + 1e3 * i)
+             for t in range(4) for i in range(12)]
+    auto = FluidFlows(spec)
+    reference = FluidFlows(spec, compiled=False)
+    assert drive(auto, sends) == drive(reference, sends)
+    assert auto._kernel is not None and reference._kernel is None
+    assert FluidFlows(spec)._kernel is None  # a run starts on the numpy reference

@@ -15,7 +15,9 @@ duration of the earliest one finish together; a completion that frees no
 saturated shared resource needs no solve; a solve re-solves only the flows
 on the resources that changed (new flows' NICs, the saturated NICs of flows
 that ended), grown until the whole allocation is proved max-min fair
-(akosim.network.maxmin.max_min_update), unless that is over half of them. A message
+(akosim.network.maxmin.max_min_update), unless that is over half of them; once
+a run has solved enough flows, the solver is the compiled one
+(akosim.network.maxmin_compiled: the same rates to the bit, less CPU). A message
 arrives `latency_s[i, j]` after its last byte left (bandwidth is used from the
 start of the flow). What each NIC carried and how long it was busy are kept as
 flows start and end (`nic_carried_bits`, `nic_busy_s`), so a wake-up that
@@ -28,10 +30,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 
-from akosim.network import maxmin_compiled
 from akosim.network.maxmin import ResourceIndex, check_nodes, max_min_fill, max_min_update
 from akosim.network.netspec import NetworkSpec
 
@@ -44,6 +46,9 @@ _FINISH_ABS_S = 1e-12
 # would otherwise split a symmetric round (or a ring step) into one event per
 # flow. Bounded error: at most 0.01% of each message's transfer time.
 COALESCE_REL = 1e-4
+# After this many flows solved (summed over solves), the compiled solver pays for
+# its loading (about 0.07 us of numpy per flow and solve, 0.45 CPU s to load).
+_COMPILE_AFTER_FLOWS = 10_000_000
 # Below this many flows a full solve is as cheap as finding a component.
 _LOCAL_SOLVE_MIN_FLOWS = 32
 
@@ -110,15 +115,22 @@ class FluidFlows:
     """The active flows of one network and their max-min fair rates."""
 
     def __init__(self, spec: NetworkSpec, coalesce_rel: float = COALESCE_REL,
-                 incremental: bool = True, compiled: bool = True) -> None:
+                 incremental: bool = True, compiled: bool | None = None) -> None:
         self.spec = spec
         self.coalesce_rel = coalesce_rel
         # Re-solve only the flows around a change (akosim.network.maxmin.max_min_update);
         # False: every solve from scratch (the reference the tests compare with).
         self.incremental = incremental
         # Solve with the compiled solver (akosim.network.maxmin_compiled, the same
-        # rates to the bit); False: with the numpy reference.
+        # rates to the bit) or the numpy reference; None: the reference until the
+        # flows solved add up to _COMPILE_AFTER_FLOWS, then the compiled one (loading
+        # it costs a process ~0.45 CPU s, which a short or homogeneous run never
+        # wins back). Either way the results are the same.
         self.compiled = compiled
+        self._flows_solved = 0
+        self._kernel: ModuleType | None = None
+        if compiled:
+            self._load_kernel()
         n = spec.n
         self._n = n
         self._resources = ResourceIndex(spec, scan_pairs=True)
@@ -423,6 +435,10 @@ class FluidFlows:
         freed_src, freed_dst = self._freed
         self._freed = _NO_FLOWS
         flow_count = self._src.size
+        if self._kernel is None and self.compiled is None:
+            self._flows_solved += flow_count
+            if self._flows_solved > _COMPILE_AFTER_FLOWS:
+                self._load_kernel()
         if local and flow_count > _LOCAL_SOLVE_MIN_FLOWS:
             # Re-solve the flows around what started or ended (akosim.network.maxmin
             # proves the result max-min fair as a whole).
@@ -436,8 +452,8 @@ class FluidFlows:
             old_rate_bps = self._rate_bps
             if flow_count > old_count:
                 old_rate_bps = np.concatenate([old_rate_bps, np.zeros(flow_count - old_count)])
-            if self.compiled:
-                proved, rate_bps, saturated_shared, _ = maxmin_compiled.update(
+            if self._kernel is not None:
+                proved, rate_bps, saturated_shared, _ = self._kernel.update(
                     np.stack(columns), capacity_bps, *_caps(flow_cap_bps, flow_count),
                     old_rate_bps, seed, flow_count // 2)
                 update = (rate_bps, saturated_shared, 0) if proved else None
@@ -449,12 +465,17 @@ class FluidFlows:
                 self.local_solves += 1
                 self._set_rates(now, rate_bps, saturated_shared, columns, remaining_bytes)
                 return
-        if self.compiled:
-            rate_bps, saturated_shared = maxmin_compiled.fill(
+        if self._kernel is not None:
+            rate_bps, saturated_shared = self._kernel.fill(
                 np.stack(columns), capacity_bps, *_caps(flow_cap_bps, flow_count))
         else:
             rate_bps, saturated_shared = max_min_fill(columns, capacity_bps, flow_cap_bps)
         self._set_rates(now, rate_bps, saturated_shared, columns, remaining_bytes)
+
+    def _load_kernel(self) -> None:
+        from akosim.network import maxmin_compiled  # imports numba: only when it pays
+
+        self._kernel = maxmin_compiled
 
     def _set_rates(self, now: float, rate_bps: np.ndarray, saturated_shared: np.ndarray,
                    columns: list[np.ndarray], remaining_bytes: np.ndarray) -> None:

@@ -104,10 +104,10 @@ def fill(columns: np.ndarray, capacity_bps: np.ndarray, flow_cap_bps: np.ndarray
                 leftover_bps[r] = 0.0
         n_live = kept
     saturated_shared = np.zeros(n_resources, np.bool_)
-    for r in range(n_resources):
-        cap = capacity_bps[r]
-        if np.isfinite(cap) and leftover_bps[r] <= _TIE_REL * cap and count_all[r] > 1:
-            saturated_shared[r] = True
+    for q in range(n_resources):
+        cap = capacity_bps[q]
+        if np.isfinite(cap) and leftover_bps[q] <= _TIE_REL * cap and count_all[q] > 1:
+            saturated_shared[q] = True
     return rate_bps, saturated_shared
 
 
