@@ -439,7 +439,10 @@ class FluidFlows:
             self._flows_solved += flow_count
             if self._flows_solved > _COMPILE_AFTER_FLOWS:
                 self._load_kernel()
-        if local and flow_count > _LOCAL_SOLVE_MIN_FLOWS:
+        # New flows are always re-solved: past max_free of them the update would
+        # give up at once, so go straight to the full solve.
+        if (local and flow_count > _LOCAL_SOLVE_MIN_FLOWS
+                and flow_count - old_count <= flow_count // 2):
             # Re-solve the flows around what started or ended (akosim.network.maxmin
             # proves the result max-min fair as a whole).
             n = self._n

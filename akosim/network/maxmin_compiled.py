@@ -272,6 +272,16 @@ def update(columns: np.ndarray, capacity_bps: np.ndarray, flow_cap_bps: np.ndarr
     resources, flows re-solved); proved is False where the reference returns None."""
     k, m = columns.shape
     n_resources = capacity_bps.shape[0]
+    nothing = np.empty(0)
+    no_resources = np.empty(0, np.bool_)
+    n_free = 0
+    for f in range(m):  # the reference's first test, before any other work
+        for c in range(k):
+            if seed_in[columns[c, f]]:
+                n_free += 1
+                break
+    if n_free > max_free:
+        return False, nothing, no_resources, n_free
     count_all = np.zeros(n_resources, np.int64)
     for c in range(k):
         for f in range(m):
@@ -286,8 +296,6 @@ def update(columns: np.ndarray, capacity_bps: np.ndarray, flow_cap_bps: np.ndarr
     settled = np.empty(m, np.bool_)
     saturated = np.empty(n_resources, np.bool_)
     free = np.empty(m, np.bool_)
-    nothing = np.empty(0)
-    no_resources = np.empty(0, np.bool_)
     while True:
         n_free = 0
         for f in range(m):
