@@ -7,12 +7,14 @@ its fallback filling and its refusal), and over whole fluid runs.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from akosim.network import maxmin_compiled
 from akosim.network.fluid import FluidFlows
 from akosim.network.maxmin import ResourceIndex, max_min_fill, max_min_update
+from tests.engine_exactness_cases import CASES, run_case
 from tests.test_maxmin_update import drive, random_spec
 
 
@@ -108,3 +110,14 @@ def test_the_fluid_model_switches_to_the_compiled_solver_once_it_pays(monkeypatc
     assert drive(auto, sends) == drive(reference, sends)
     assert auto._kernel is not None and reference._kernel is None
     assert FluidFlows(spec)._kernel is None  # a run starts on the numpy reference
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_recorded_engine_case_gives_the_same_round_ends_compiled(name, monkeypatch):
+    # The engine's recorded cases (tests/engine_exactness_cases.py) with the compiled
+    # solver and bookkeeping from the first solve: the numpy run's round ends, to the bit.
+    import akosim.network.fluid as fluid
+
+    reference = run_case(name)
+    monkeypatch.setattr(fluid, "_COMPILE_AFTER_FLOWS", 0)
+    assert run_case(name) == reference

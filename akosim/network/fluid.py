@@ -129,6 +129,7 @@ class FluidFlows:
         self.compiled = compiled
         self._flows_solved = 0
         self._kernel: ModuleType | None = None
+        self._books: ModuleType | None = None  # akosim.network.fluid_compiled, with it
         if compiled:
             self._load_kernel()
         n = spec.n
@@ -380,11 +381,14 @@ class FluidFlows:
         """Bring in pending flows and recompute rates: every rate, or with `local`
         only those of the flows around what started or ended (proved max-min
         fair as a whole by akosim.network.maxmin.max_min_update)."""
-        if self._dead:
-            self._compact()
+        if self._books is not None:
+            remaining_bytes = self._compact_compiled(now)
+        else:
+            if self._dead:
+                self._compact()
+            remaining_bytes = self._rate_bps * (self._finish_s - now) / BITS_PER_BYTE
+            np.maximum(remaining_bytes, 0.0, out=remaining_bytes)
         old_count = self._src.size
-        remaining_bytes = self._rate_bps * (self._finish_s - now) / BITS_PER_BYTE
-        np.maximum(remaining_bytes, 0.0, out=remaining_bytes)
         if self._pending:
             pending = self._pending
             self._pending = []
@@ -446,21 +450,24 @@ class FluidFlows:
             # Re-solve the flows around what started or ended (akosim.network.maxmin
             # proves the result max-min fair as a whole).
             n = self._n
-            seed = np.zeros(capacity_bps.shape[0], dtype=bool)
-            for column in columns:
-                seed[column[old_count:]] = True
-            saturated_nics = self._saturated_nics
-            seed[freed_src] |= saturated_nics[freed_src]
-            seed[freed_dst + n] |= saturated_nics[freed_dst + n]
             old_rate_bps = self._rate_bps
             if flow_count > old_count:
                 old_rate_bps = np.concatenate([old_rate_bps, np.zeros(flow_count - old_count)])
-            if self._kernel is not None:
+            if self._kernel is not None and self._books is not None:
+                stacked = np.stack(columns)
+                seed = self._books.local_seed(stacked, capacity_bps.shape[0], old_count,
+                                              freed_src, freed_dst, self._saturated_nics, n)
                 proved, rate_bps, saturated_shared, _ = self._kernel.update(
-                    np.stack(columns), capacity_bps, *_caps(flow_cap_bps, flow_count),
+                    stacked, capacity_bps, *_caps(flow_cap_bps, flow_count),
                     old_rate_bps, seed, flow_count // 2)
                 update = (rate_bps, saturated_shared, 0) if proved else None
             else:
+                seed = np.zeros(capacity_bps.shape[0], dtype=bool)
+                for column in columns:
+                    seed[column[old_count:]] = True
+                saturated_nics = self._saturated_nics
+                seed[freed_src] |= saturated_nics[freed_src]
+                seed[freed_dst + n] |= saturated_nics[freed_dst + n]
                 update = max_min_update(columns, capacity_bps, flow_cap_bps, old_rate_bps,
                                         seed, max_free=flow_count // 2)
             if update is not None:
@@ -476,12 +483,35 @@ class FluidFlows:
         self._set_rates(now, rate_bps, saturated_shared, columns, remaining_bytes)
 
     def _load_kernel(self) -> None:
-        from akosim.network import maxmin_compiled  # imports numba: only when it pays
+        from akosim.network import fluid_compiled, maxmin_compiled  # numba: once it pays
 
         self._kernel = maxmin_compiled
+        self._books = fluid_compiled
+
+    def _compact_compiled(self, now_s: float) -> np.ndarray:
+        """`_compact` (whether or not a flow ended) and what each flow has left to send,
+        compiled: (akosim.network.fluid_compiled.compact)."""
+        assert self._books is not None
+        keys = self._pair_key if self._pair_key is not None else _NO_FLOWS[0]
+        (self._src, self._dst, keys, self._batch, self._size_bytes, self._rate_bps,
+         self._finish_s, self._early_s, self._pinned, remaining_bytes) = self._books.compact(
+            self._finish_s, now_s, self._src, self._dst, keys, self._batch, self._size_bytes,
+            self._rate_bps, self._early_s, self._pinned)
+        if self._pair_key is not None:
+            self._pair_key = keys
+        self._dead = 0
+        return remaining_bytes
 
     def _set_rates(self, now: float, rate_bps: np.ndarray, saturated_shared: np.ndarray,
                    columns: list[np.ndarray], remaining_bytes: np.ndarray) -> None:
+        if self._books is not None:
+            self._saturated_nics = saturated_shared[:2 * self._n]
+            self._rate_bps = rate_bps
+            self._pinned, self._finish_s, self._early_s = self._books.timing(
+                np.stack(columns), saturated_shared, now, remaining_bytes, self._size_bytes,
+                rate_bps, self.coalesce_rel * BITS_PER_BYTE)
+            self.rate_solves += 1
+            return
         pinned = saturated_shared[columns[0]]
         for column in columns[1:]:
             pinned |= saturated_shared[column]

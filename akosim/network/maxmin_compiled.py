@@ -274,18 +274,23 @@ def update(columns: np.ndarray, capacity_bps: np.ndarray, flow_cap_bps: np.ndarr
     n_resources = capacity_bps.shape[0]
     nothing = np.empty(0)
     no_resources = np.empty(0, np.bool_)
+    # One sweep: the flows on every resource, and the free flows of the first
+    # seeds (the reference's first test, before any other work).
+    count_all = np.zeros(n_resources, np.int64)
+    free = np.empty(m, np.bool_)
     n_free = 0
-    for f in range(m):  # the reference's first test, before any other work
+    for f in range(m):
+        is_free = False
         for c in range(k):
-            if seed_in[columns[c, f]]:
-                n_free += 1
-                break
+            r = columns[c, f]
+            count_all[r] += 1
+            if seed_in[r]:
+                is_free = True
+        free[f] = is_free
+        if is_free:
+            n_free += 1
     if n_free > max_free:
         return False, nothing, no_resources, n_free
-    count_all = np.zeros(n_resources, np.int64)
-    for c in range(k):
-        for f in range(m):
-            count_all[columns[c, f]] += 1
     saturated_floor_bps = np.empty(n_resources)
     ceiling_bps = np.empty(n_resources)
     for r in range(n_resources):
@@ -295,19 +300,20 @@ def update(columns: np.ndarray, capacity_bps: np.ndarray, flow_cap_bps: np.ndarr
     seed = seed_in.copy()
     settled = np.empty(m, np.bool_)
     saturated = np.empty(n_resources, np.bool_)
-    free = np.empty(m, np.bool_)
+    grown_seeds = False
     while True:
-        n_free = 0
-        for f in range(m):
-            is_free = False
-            for c in range(k):
-                if seed[columns[c, f]]:
-                    is_free = True
-            free[f] = is_free
-            if is_free:
-                n_free += 1
-        if n_free > max_free:
-            return False, nothing, no_resources, n_free
+        if grown_seeds:
+            n_free = 0
+            for f in range(m):
+                is_free = False
+                for c in range(k):
+                    if seed[columns[c, f]]:
+                        is_free = True
+                free[f] = is_free
+                if is_free:
+                    n_free += 1
+            if n_free > max_free:
+                return False, nothing, no_resources, n_free
         new_rate_bps = rate_bps.copy()
         if n_free:
             free_idx = np.empty(n_free, np.intp)
@@ -372,3 +378,4 @@ def update(columns: np.ndarray, capacity_bps: np.ndarray, flow_cap_bps: np.ndarr
         if same:
             return False, nothing, no_resources, n_free
         seed = grown
+        grown_seeds = True

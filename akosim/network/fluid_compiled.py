@@ -1,0 +1,107 @@
+"""The fluid model's bookkeeping around a rate solve, compiled (numba), to the bit.
+
+akosim.network.fluid does, at every rate solve, a dozen array steps on every
+flow in flight: drop the flows that ended, what each has left to send, the
+seeds of an incremental solve, and after it the flows pinned to a saturated
+resource and the finish times. In numpy each step is a separate pass with its
+own per-call cost, which at a few thousand flows costs more than the solve
+itself. These kernels do the same steps in one pass each, with the same
+floating-point operations in the same order (the results are the numpy
+steps' bit for bit: tests/test_maxmin_compiled.py runs whole fluid runs both
+ways). Loaded with akosim.network.maxmin_compiled, once a run has solved
+enough flows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+BITS_PER_BYTE = 8
+
+
+@njit(cache=True, error_model="numpy")
+def compact(finish_s: np.ndarray, now_s: float, src: np.ndarray, dst: np.ndarray,
+            pair_key: np.ndarray, batch: np.ndarray, size_bytes: np.ndarray,
+            rate_bps: np.ndarray, early_s: np.ndarray, pinned: np.ndarray):
+    """The flows still in flight (finish time < inf), every array packed, and
+    what each has left to send: rate * (finish - now) / 8, at least 0."""
+    m = finish_s.shape[0]
+    live = 0
+    for f in range(m):
+        if finish_s[f] < np.inf:
+            live += 1
+    has_keys = pair_key.shape[0] == m
+    out_src = np.empty(live, src.dtype)
+    out_dst = np.empty(live, dst.dtype)
+    out_key = np.empty(live if has_keys else 0, pair_key.dtype)
+    out_batch = np.empty(live, batch.dtype)
+    out_size = np.empty(live)
+    out_rate = np.empty(live)
+    out_finish = np.empty(live)
+    out_early = np.empty(live)
+    out_pinned = np.empty(live, np.bool_)
+    remaining = np.empty(live)
+    at = 0
+    for f in range(m):
+        if finish_s[f] < np.inf:
+            out_src[at] = src[f]
+            out_dst[at] = dst[f]
+            if has_keys:
+                out_key[at] = pair_key[f]
+            out_batch[at] = batch[f]
+            out_size[at] = size_bytes[f]
+            out_rate[at] = rate_bps[f]
+            out_finish[at] = finish_s[f]
+            out_early[at] = early_s[f]
+            out_pinned[at] = pinned[f]
+            left = rate_bps[f] * (finish_s[f] - now_s) / BITS_PER_BYTE
+            remaining[at] = 0.0 if left < 0.0 else left
+            at += 1
+    return (out_src, out_dst, out_key, out_batch, out_size, out_rate, out_finish, out_early,
+            out_pinned, remaining)
+
+
+@njit(cache=True, error_model="numpy")
+def local_seed(columns: np.ndarray, n_resources: int, old_count: int, freed_src: np.ndarray,
+               freed_dst: np.ndarray, saturated_nics: np.ndarray, n: int) -> np.ndarray:
+    """The resources an incremental solve starts from: every resource of a new
+    flow, the saturated NICs of the flows that ended."""
+    k, m = columns.shape
+    seed = np.zeros(n_resources, np.bool_)
+    for c in range(k):
+        for f in range(old_count, m):
+            seed[columns[c, f]] = True
+    for i in range(freed_src.shape[0]):
+        if saturated_nics[freed_src[i]]:
+            seed[freed_src[i]] = True
+    for i in range(freed_dst.shape[0]):
+        if saturated_nics[freed_dst[i] + n]:
+            seed[freed_dst[i] + n] = True
+    return seed
+
+
+@njit(cache=True, error_model="numpy")
+def timing(columns: np.ndarray, saturated_shared: np.ndarray, now_s: float,
+           remaining_bytes: np.ndarray, size_bytes: np.ndarray, rate_bps: np.ndarray,
+           early_bits_per_byte: float):
+    """(pinned flows, finish times, when each counts as finished) after a solve:
+    finish = now + remaining * 8 / rate, early = finish - (coalesce * 8) * size / rate
+    (`early_bits_per_byte` = coalesce * 8; at 0 early is the finish time)."""
+    k, m = columns.shape
+    pinned = np.empty(m, np.bool_)
+    finish_s = np.empty(m)
+    early_s = np.empty(m)
+    for f in range(m):
+        is_pinned = False
+        for c in range(k):
+            if saturated_shared[columns[c, f]]:
+                is_pinned = True
+        pinned[f] = is_pinned
+        end_s = now_s + remaining_bytes[f] * BITS_PER_BYTE / rate_bps[f]
+        finish_s[f] = end_s
+        if early_bits_per_byte == 0.0:
+            early_s[f] = end_s
+        else:
+            early_s[f] = end_s - early_bits_per_byte * size_bytes[f] / rate_bps[f]
+    return pinned, finish_s, early_s
