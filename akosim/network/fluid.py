@@ -23,6 +23,10 @@ start of the flow). What each NIC carried and how long it was busy are kept as
 flows start and end (`nic_carried_bits`, `nic_busy_s`), so a wake-up that
 only retires flows touches the few NICs they used, not every NIC's load.
 
+The module runs past 500 lines because the steps around a solve exist twice,
+side by side: in numpy, and through the compiled kernels
+(akosim.network.fluid_compiled) once they pay; both give the same bits.
+
 Units: rates in bits per second, sizes in bytes, times in seconds.
 """
 
