@@ -438,8 +438,6 @@ class FluidFlows:
         if self._src.size == 0:
             self._clear_flows()
             return
-        columns, capacity_bps, flow_cap_bps = self._resources.columns(
-            self._src, self._dst, self._pair_key)
         freed_src, freed_dst = self._freed
         self._freed = _NO_FLOWS
         flow_count = self._src.size
@@ -449,42 +447,75 @@ class FluidFlows:
                 self._load_kernel()
         # New flows are always re-solved: past max_free of them the update would
         # give up at once, so go straight to the full solve.
-        if (local and flow_count > _LOCAL_SOLVE_MIN_FLOWS
-                and flow_count - old_count <= flow_count // 2):
+        local = (local and flow_count > _LOCAL_SOLVE_MIN_FLOWS
+                 and flow_count - old_count <= flow_count // 2)
+        if self._books is not None:
+            self._solve_compiled(now, local, old_count, freed_src, freed_dst, remaining_bytes)
+            return
+        columns, capacity_bps, flow_cap_bps = self._resources.columns(
+            self._src, self._dst, self._pair_key)
+        if local:
             # Re-solve the flows around what started or ended (akosim.network.maxmin
             # proves the result max-min fair as a whole).
             n = self._n
+            seed = np.zeros(capacity_bps.shape[0], dtype=bool)
+            for column in columns:
+                seed[column[old_count:]] = True
+            saturated_nics = self._saturated_nics
+            seed[freed_src] |= saturated_nics[freed_src]
+            seed[freed_dst + n] |= saturated_nics[freed_dst + n]
             old_rate_bps = self._rate_bps
             if flow_count > old_count:
                 old_rate_bps = np.concatenate([old_rate_bps, np.zeros(flow_count - old_count)])
-            if self._kernel is not None and self._books is not None:
-                stacked = np.stack(columns)
-                seed = self._books.local_seed(stacked, capacity_bps.shape[0], old_count,
-                                              freed_src, freed_dst, self._saturated_nics, n)
-                proved, rate_bps, saturated_shared, _ = self._kernel.update(
-                    stacked, capacity_bps, *_caps(flow_cap_bps, flow_count),
-                    old_rate_bps, seed, flow_count // 2)
-                update = (rate_bps, saturated_shared, 0) if proved else None
-            else:
-                seed = np.zeros(capacity_bps.shape[0], dtype=bool)
-                for column in columns:
-                    seed[column[old_count:]] = True
-                saturated_nics = self._saturated_nics
-                seed[freed_src] |= saturated_nics[freed_src]
-                seed[freed_dst + n] |= saturated_nics[freed_dst + n]
-                update = max_min_update(columns, capacity_bps, flow_cap_bps, old_rate_bps,
-                                        seed, max_free=flow_count // 2)
+            update = max_min_update(columns, capacity_bps, flow_cap_bps, old_rate_bps,
+                                    seed, max_free=flow_count // 2)
             if update is not None:
                 rate_bps, saturated_shared, _ = update
                 self.local_solves += 1
                 self._set_rates(now, rate_bps, saturated_shared, columns, remaining_bytes)
                 return
-        if self._kernel is not None:
-            rate_bps, saturated_shared = self._kernel.fill(
-                np.stack(columns), capacity_bps, *_caps(flow_cap_bps, flow_count))
-        else:
-            rate_bps, saturated_shared = max_min_fill(columns, capacity_bps, flow_cap_bps)
+        rate_bps, saturated_shared = max_min_fill(columns, capacity_bps, flow_cap_bps)
         self._set_rates(now, rate_bps, saturated_shared, columns, remaining_bytes)
+
+    def _solve_compiled(self, now: float, local: bool, old_count: int, freed_src: np.ndarray,
+                        freed_dst: np.ndarray, remaining_bytes: np.ndarray) -> None:
+        """`_solve`'s solve through the compiled kernels (the same steps, the same bits)."""
+        books, kernel = self._books, self._kernel
+        assert books is not None and kernel is not None
+        stacked, capacity_bps, flow_cap_bps, has_cap = self._compiled_columns()
+        flow_count = stacked.shape[1]
+        if local:
+            old_rate_bps = self._rate_bps
+            if flow_count > old_count:
+                old_rate_bps = np.concatenate([old_rate_bps, np.zeros(flow_count - old_count)])
+            seed = books.local_seed(stacked, capacity_bps.shape[0], old_count, freed_src,
+                                    freed_dst, self._saturated_nics, self._n)
+            proved, rate_bps, saturated_shared, _ = kernel.update(
+                stacked, capacity_bps, flow_cap_bps, has_cap, old_rate_bps, seed,
+                flow_count // 2)
+            if proved:
+                self.local_solves += 1
+                self._set_rates_compiled(now, rate_bps, saturated_shared, stacked,
+                                         remaining_bytes)
+                return
+        rate_bps, saturated_shared = kernel.fill(stacked, capacity_bps, flow_cap_bps, has_cap)
+        self._set_rates_compiled(now, rate_bps, saturated_shared, stacked, remaining_bytes)
+
+    def _compiled_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+        """`ResourceIndex.columns` as the compiled solver takes them: (columns as one
+        array, capacities, the flows' own caps (inf where none), whether any)."""
+        resources = self._resources
+        if self._pair_key is None or not resources.dense:
+            columns, capacity_bps, flow_cap_bps = resources.columns(
+                self._src, self._dst, self._pair_key)
+            return (np.stack(columns), capacity_bps,
+                    *_caps(flow_cap_bps, self._src.shape[0]))
+        assert self._books is not None and resources.dense_capacity_bps is not None
+        stacked, flow_cap_bps, has_cap = self._books.dense_columns(
+            self._src, self._dst, self._pair_key, self._n, resources.pair_capacity_bps)
+        capacity_bps = (resources.dense_capacity_bps if stacked.shape[0] == 3
+                        else resources.nic_capacity_bps)
+        return stacked, capacity_bps, flow_cap_bps, has_cap
 
     def _load_kernel(self) -> None:
         from akosim.network import fluid_compiled, maxmin_compiled  # numba: once it pays
@@ -508,14 +539,6 @@ class FluidFlows:
 
     def _set_rates(self, now: float, rate_bps: np.ndarray, saturated_shared: np.ndarray,
                    columns: list[np.ndarray], remaining_bytes: np.ndarray) -> None:
-        if self._books is not None:
-            self._saturated_nics = saturated_shared[:2 * self._n]
-            self._rate_bps = rate_bps
-            self._pinned, self._finish_s, self._early_s = self._books.timing(
-                np.stack(columns), saturated_shared, now, remaining_bytes, self._size_bytes,
-                rate_bps, self.coalesce_rel * BITS_PER_BYTE)
-            self.rate_solves += 1
-            return
         pinned = saturated_shared[columns[0]]
         for column in columns[1:]:
             pinned |= saturated_shared[column]
@@ -524,6 +547,18 @@ class FluidFlows:
         self._pinned = pinned
         self._finish_s = now + remaining_bytes * BITS_PER_BYTE / rate_bps
         self._early_s = self._early(self._finish_s, self._size_bytes, rate_bps)
+        self.rate_solves += 1
+
+    def _set_rates_compiled(self, now: float, rate_bps: np.ndarray,
+                            saturated_shared: np.ndarray, stacked: np.ndarray,
+                            remaining_bytes: np.ndarray) -> None:
+        """`_set_rates` through the compiled kernel (akosim.network.fluid_compiled.timing)."""
+        assert self._books is not None
+        self._saturated_nics = saturated_shared[:2 * self._n]
+        self._rate_bps = rate_bps
+        self._pinned, self._finish_s, self._early_s = self._books.timing(
+            stacked, saturated_shared, now, remaining_bytes, self._size_bytes, rate_bps,
+            self.coalesce_rel * BITS_PER_BYTE)
         self.rate_solves += 1
 
     def _early(self, finish_s: np.ndarray, size_bytes: np.ndarray,

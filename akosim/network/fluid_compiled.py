@@ -5,11 +5,11 @@ flow in flight: drop the flows that ended, what each has left to send, the
 seeds of an incremental solve, and after it the flows pinned to a saturated
 resource and the finish times. In numpy each step is a separate pass with its
 own per-call cost, which at a few thousand flows costs more than the solve
-itself. These kernels do the same steps in one pass each, with the same
-floating-point operations in the same order (the results are the numpy
-steps' bit for bit: tests/test_maxmin_compiled.py runs whole fluid runs both
-ways). Loaded with akosim.network.maxmin_compiled, once a run has solved
-enough flows.
+itself (`dense_columns` builds the solver's resource columns). These kernels
+do the same steps in one pass each, with the same floating-point operations
+in the same order (the results are the numpy steps' bit for bit:
+tests/test_maxmin_compiled.py runs whole fluid runs both ways). Loaded with
+akosim.network.maxmin_compiled, once a run has solved enough flows.
 """
 
 from __future__ import annotations
@@ -60,6 +60,40 @@ def compact(finish_s: np.ndarray, now_s: float, src: np.ndarray, dst: np.ndarray
             at += 1
     return (out_src, out_dst, out_key, out_batch, out_size, out_rate, out_finish, out_early,
             out_pinned, remaining)
+
+
+@njit(cache=True, error_model="numpy")
+def dense_columns(src: np.ndarray, dst: np.ndarray, pair_key: np.ndarray, n: int,
+                  pair_capacity_bps: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+    """`akosim.network.maxmin.ResourceIndex.columns` for a dense index: (the
+    columns as one array: uplink, downlink and, if some pair is crossed by
+    several flows, that pair (else the uncapped placeholder); the flows' own
+    caps, inf where none; whether any flow has a pair cap)."""
+    m = src.shape[0]
+    uses = np.zeros(n * n, np.int64)
+    any_pair = False
+    for f in range(m):
+        if pair_key[f] >= 0:
+            uses[pair_key[f]] += 1
+            any_pair = True
+    shared = False
+    for f in range(m):
+        if pair_key[f] >= 0 and uses[pair_key[f]] > 1:
+            shared = True
+    columns = np.empty((3 if shared else 2, m), np.intp)
+    flow_cap_bps = np.full(m, np.inf)
+    for f in range(m):
+        columns[0, f] = src[f]
+        columns[1, f] = dst[f] + n
+        key = pair_key[f]
+        if shared:
+            columns[2, f] = 2 * n
+        if key >= 0:
+            if shared and uses[key] > 1:
+                columns[2, f] = key + 2 * n + 1
+            else:
+                flow_cap_bps[f] = pair_capacity_bps[key]
+    return columns, flow_cap_bps, any_pair
 
 
 @njit(cache=True, error_model="numpy")
