@@ -93,8 +93,14 @@ def test_a_fluid_run_with_the_compiled_solver_is_the_reference_run_to_the_bit(se
                       float(rng.uniform(1e4, 1e6))))
     compiled = FluidFlows(spec, compiled=True)
     reference = FluidFlows(spec, compiled=False)
-    assert drive(compiled, sends) == drive(reference, sends)
+    ended = drive(compiled, sends)
+    assert ended == drive(reference, sends)
     assert compiled.local_solves == reference.local_solves
+    # and what each NIC carried and how long it was busy, to the bit
+    end_s = ended[-1][0] + 1.0 if ended else 1.0
+    assert compiled.nic_busy_s(end_s).tobytes() == reference.nic_busy_s(end_s).tobytes()
+    assert (compiled.nic_carried_bits(end_s).tobytes()
+            == reference.nic_carried_bits(end_s).tobytes())
 
 
 def test_the_fluid_model_switches_to_the_compiled_solver_once_it_pays(monkeypatch):

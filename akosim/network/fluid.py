@@ -302,6 +302,8 @@ class FluidFlows:
             tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], bool]:
         """Retire the flows `idx` at `now_s`: ((their src, dst, batch, size in batch
         order), whether the remaining flows need a rate solve)."""
+        if self._books is not None:
+            return self._complete_compiled(idx, now_s)
         src, dst = self._src[idx], self._dst[idx]
         batch, size = self._batch[idx], self._size_bytes[idx]
         pinned_done = self._pinned[idx]
@@ -325,6 +327,30 @@ class FluidFlows:
             if pinned_done.any():
                 need_solve = True
                 self._freed = (src[pinned_done], dst[pinned_done])
+        # Deliveries are grouped by batch: keep batch order.
+        if count > 1 and bool((batch[1:] < batch[:-1]).any()):
+            order = np.argsort(batch, kind="stable")
+            src, dst, batch, size = src[order], dst[order], batch[order], size[order]
+        return (src, dst, batch, size), need_solve
+
+    def _complete_compiled(self, idx: np.ndarray, now_s: float) -> tuple[
+            tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], bool]:
+        """`_complete` through the compiled kernel (akosim.network.fluid_compiled.retire)."""
+        assert self._books is not None
+        src, dst, batch, size, pinned_done = self._books.retire(
+            idx, now_s, _FINISH_REL * abs(now_s) + _FINISH_ABS_S, self._src, self._dst,
+            self._batch, self._size_bytes, self._rate_bps, self._finish_s, self._early_s,
+            self._pinned, self._n, self._nic_active, self._nic_ended_bits, self._nic_busy_s,
+            self._nic_busy_since_s)
+        count = int(idx.size)
+        self.flow_completions += count
+        self._dead += count
+        need_solve = False
+        if self._dead == self._src.size:
+            self._clear_flows()
+        elif pinned_done.any():
+            need_solve = True
+            self._freed = (src[pinned_done], dst[pinned_done])
         # Deliveries are grouped by batch: keep batch order.
         if count > 1 and bool((batch[1:] < batch[:-1]).any()):
             order = np.argsort(batch, kind="stable")

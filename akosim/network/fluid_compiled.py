@@ -139,3 +139,51 @@ def timing(columns: np.ndarray, saturated_shared: np.ndarray, now_s: float,
         else:
             early_s[f] = end_s - early_bits_per_byte * size_bytes[f] / rate_bps[f]
     return pinned, finish_s, early_s
+
+
+@njit(cache=True, error_model="numpy")
+def retire(idx: np.ndarray, now_s: float, tolerance_s: float, src: np.ndarray,
+           dst: np.ndarray, batch: np.ndarray, size_bytes: np.ndarray, rate_bps: np.ndarray,
+           finish_s: np.ndarray, early_s: np.ndarray, pinned: np.ndarray, n: int,
+           nic_active: np.ndarray, nic_ended_bits: np.ndarray, nic_busy_s: np.ndarray,
+           nic_busy_since_s: np.ndarray):
+    """Flows `idx` end at `now_s` (the fluid model's `_complete` and `_nics_idle`):
+    what each carried (size * 8 - rate * how early it ended, 0 within
+    `tolerance_s`) is added to its NICs, per NIC summed first as np.bincount
+    does; NICs left with no flow stop being busy; the flows are marked dead in
+    place. Returns their (src, dst, batch, size, whether each was pinned)."""
+    count = idx.shape[0]
+    out_src = np.empty(count, src.dtype)
+    out_dst = np.empty(count, dst.dtype)
+    out_batch = np.empty(count, batch.dtype)
+    out_size = np.empty(count)
+    out_pinned = np.empty(count, np.bool_)
+    up_bits = np.zeros(n)
+    down_bits = np.zeros(n)
+    before = nic_active.copy()
+    for i in range(count):
+        f = idx[i]
+        out_src[i] = src[f]
+        out_dst[i] = dst[f]
+        out_batch[i] = batch[f]
+        out_size[i] = size_bytes[f]
+        out_pinned[i] = pinned[f]
+        early = finish_s[f] - now_s
+        if early <= tolerance_s:
+            early = 0.0
+        sent_bits = size_bytes[f] * BITS_PER_BYTE - rate_bps[f] * early
+        up_bits[src[f]] += sent_bits
+        down_bits[dst[f]] += sent_bits
+        nic_active[src[f]] -= 1
+        nic_active[dst[f] + n] -= 1
+        rate_bps[f] = 0.0
+        finish_s[f] = np.inf
+        early_s[f] = np.inf
+        pinned[f] = False
+    for i in range(n):
+        nic_ended_bits[i] += up_bits[i]
+        nic_ended_bits[i + n] += down_bits[i]
+    for q in range(2 * n):
+        if before[q] > 0 and nic_active[q] == 0:
+            nic_busy_s[q] += now_s - nic_busy_since_s[q]
+    return out_src, out_dst, out_batch, out_size, out_pinned
