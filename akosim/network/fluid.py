@@ -15,11 +15,17 @@ duration of the earliest one finish together; a completion that frees no
 saturated shared resource needs no solve; a solve re-solves only the flows
 on the resources that changed (new flows' NICs, the saturated NICs of flows
 that ended), grown until the whole allocation is proved max-min fair
-(akosim.network.maxmin.max_min_update), unless that is over half of them. A message
+(akosim.network.maxmin.max_min_update), unless that is over half of them; once
+a run has solved enough flows, the solver is the compiled one
+(akosim.network.maxmin_compiled: the same rates to the bit, less CPU). A message
 arrives `latency_s[i, j]` after its last byte left (bandwidth is used from the
 start of the flow). What each NIC carried and how long it was busy are kept as
 flows start and end (`nic_carried_bits`, `nic_busy_s`), so a wake-up that
 only retires flows touches the few NICs they used, not every NIC's load.
+
+The module runs past 500 lines because the steps around a solve exist twice,
+side by side: in numpy, and through the compiled kernels
+(akosim.network.fluid_compiled) once they pay; both give the same bits.
 
 Units: rates in bits per second, sizes in bytes, times in seconds.
 """
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 
@@ -43,6 +50,9 @@ _FINISH_ABS_S = 1e-12
 # would otherwise split a symmetric round (or a ring step) into one event per
 # flow. Bounded error: at most 0.01% of each message's transfer time.
 COALESCE_REL = 1e-4
+# After this many flows solved (summed over solves), the compiled solver pays for
+# its loading (about 0.07 us of numpy per flow and solve, 0.45 CPU s to load).
+_COMPILE_AFTER_FLOWS = 10_000_000
 # Below this many flows a full solve is as cheap as finding a component.
 _LOCAL_SOLVE_MIN_FLOWS = 32
 
@@ -109,12 +119,23 @@ class FluidFlows:
     """The active flows of one network and their max-min fair rates."""
 
     def __init__(self, spec: NetworkSpec, coalesce_rel: float = COALESCE_REL,
-                 incremental: bool = True) -> None:
+                 incremental: bool = True, compiled: bool | None = None) -> None:
         self.spec = spec
         self.coalesce_rel = coalesce_rel
         # Re-solve only the flows around a change (akosim.network.maxmin.max_min_update);
         # False: every solve from scratch (the reference the tests compare with).
         self.incremental = incremental
+        # Solve with the compiled solver (akosim.network.maxmin_compiled, the same
+        # rates to the bit) or the numpy reference; None: the reference until the
+        # flows solved add up to _COMPILE_AFTER_FLOWS, then the compiled one (loading
+        # it costs a process ~0.45 CPU s, which a short or homogeneous run never
+        # wins back). Either way the results are the same.
+        self.compiled = compiled
+        self._flows_solved = 0
+        self._kernel: ModuleType | None = None
+        self._books: ModuleType | None = None  # akosim.network.fluid_compiled, with it
+        if compiled:
+            self._load_kernel()
         n = spec.n
         self._n = n
         self._resources = ResourceIndex(spec, scan_pairs=True)
@@ -281,6 +302,8 @@ class FluidFlows:
             tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], bool]:
         """Retire the flows `idx` at `now_s`: ((their src, dst, batch, size in batch
         order), whether the remaining flows need a rate solve)."""
+        if self._books is not None:
+            return self._complete_compiled(idx, now_s)
         src, dst = self._src[idx], self._dst[idx]
         batch, size = self._batch[idx], self._size_bytes[idx]
         pinned_done = self._pinned[idx]
@@ -304,6 +327,30 @@ class FluidFlows:
             if pinned_done.any():
                 need_solve = True
                 self._freed = (src[pinned_done], dst[pinned_done])
+        # Deliveries are grouped by batch: keep batch order.
+        if count > 1 and bool((batch[1:] < batch[:-1]).any()):
+            order = np.argsort(batch, kind="stable")
+            src, dst, batch, size = src[order], dst[order], batch[order], size[order]
+        return (src, dst, batch, size), need_solve
+
+    def _complete_compiled(self, idx: np.ndarray, now_s: float) -> tuple[
+            tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], bool]:
+        """`_complete` through the compiled kernel (akosim.network.fluid_compiled.retire)."""
+        assert self._books is not None
+        src, dst, batch, size, pinned_done = self._books.retire(
+            idx, now_s, _FINISH_REL * abs(now_s) + _FINISH_ABS_S, self._src, self._dst,
+            self._batch, self._size_bytes, self._rate_bps, self._finish_s, self._early_s,
+            self._pinned, self._n, self._nic_active, self._nic_ended_bits, self._nic_busy_s,
+            self._nic_busy_since_s)
+        count = int(idx.size)
+        self.flow_completions += count
+        self._dead += count
+        need_solve = False
+        if self._dead == self._src.size:
+            self._clear_flows()
+        elif pinned_done.any():
+            need_solve = True
+            self._freed = (src[pinned_done], dst[pinned_done])
         # Deliveries are grouped by batch: keep batch order.
         if count > 1 and bool((batch[1:] < batch[:-1]).any()):
             order = np.argsort(batch, kind="stable")
@@ -364,11 +411,14 @@ class FluidFlows:
         """Bring in pending flows and recompute rates: every rate, or with `local`
         only those of the flows around what started or ended (proved max-min
         fair as a whole by akosim.network.maxmin.max_min_update)."""
-        if self._dead:
-            self._compact()
+        if self._books is not None:
+            remaining_bytes = self._compact_compiled(now)
+        else:
+            if self._dead:
+                self._compact()
+            remaining_bytes = self._rate_bps * (self._finish_s - now) / BITS_PER_BYTE
+            np.maximum(remaining_bytes, 0.0, out=remaining_bytes)
         old_count = self._src.size
-        remaining_bytes = self._rate_bps * (self._finish_s - now) / BITS_PER_BYTE
-        np.maximum(remaining_bytes, 0.0, out=remaining_bytes)
         if self._pending:
             pending = self._pending
             self._pending = []
@@ -414,12 +464,23 @@ class FluidFlows:
         if self._src.size == 0:
             self._clear_flows()
             return
-        columns, capacity_bps, flow_cap_bps = self._resources.columns(
-            self._src, self._dst, self._pair_key)
         freed_src, freed_dst = self._freed
         self._freed = _NO_FLOWS
         flow_count = self._src.size
-        if local and flow_count > _LOCAL_SOLVE_MIN_FLOWS:
+        if self._kernel is None and self.compiled is None:
+            self._flows_solved += flow_count
+            if self._flows_solved > _COMPILE_AFTER_FLOWS:
+                self._load_kernel()
+        # New flows are always re-solved: past max_free of them the update would
+        # give up at once, so go straight to the full solve.
+        local = (local and flow_count > _LOCAL_SOLVE_MIN_FLOWS
+                 and flow_count - old_count <= flow_count // 2)
+        if self._books is not None:
+            self._solve_compiled(now, local, old_count, freed_src, freed_dst, remaining_bytes)
+            return
+        columns, capacity_bps, flow_cap_bps = self._resources.columns(
+            self._src, self._dst, self._pair_key)
+        if local:
             # Re-solve the flows around what started or ended (akosim.network.maxmin
             # proves the result max-min fair as a whole).
             n = self._n
@@ -432,8 +493,8 @@ class FluidFlows:
             old_rate_bps = self._rate_bps
             if flow_count > old_count:
                 old_rate_bps = np.concatenate([old_rate_bps, np.zeros(flow_count - old_count)])
-            update = max_min_update(columns, capacity_bps, flow_cap_bps, old_rate_bps, seed,
-                                    max_free=flow_count // 2)
+            update = max_min_update(columns, capacity_bps, flow_cap_bps, old_rate_bps,
+                                    seed, max_free=flow_count // 2)
             if update is not None:
                 rate_bps, saturated_shared, _ = update
                 self.local_solves += 1
@@ -441,6 +502,66 @@ class FluidFlows:
                 return
         rate_bps, saturated_shared = max_min_fill(columns, capacity_bps, flow_cap_bps)
         self._set_rates(now, rate_bps, saturated_shared, columns, remaining_bytes)
+
+    def _solve_compiled(self, now: float, local: bool, old_count: int, freed_src: np.ndarray,
+                        freed_dst: np.ndarray, remaining_bytes: np.ndarray) -> None:
+        """`_solve`'s solve through the compiled kernels (the same steps, the same bits)."""
+        books, kernel = self._books, self._kernel
+        assert books is not None and kernel is not None
+        stacked, capacity_bps, flow_cap_bps, has_cap = self._compiled_columns()
+        flow_count = stacked.shape[1]
+        if local:
+            old_rate_bps = self._rate_bps
+            if flow_count > old_count:
+                old_rate_bps = np.concatenate([old_rate_bps, np.zeros(flow_count - old_count)])
+            seed = books.local_seed(stacked, capacity_bps.shape[0], old_count, freed_src,
+                                    freed_dst, self._saturated_nics, self._n)
+            proved, rate_bps, saturated_shared, _ = kernel.update(
+                stacked, capacity_bps, flow_cap_bps, has_cap, old_rate_bps, seed,
+                flow_count // 2)
+            if proved:
+                self.local_solves += 1
+                self._set_rates_compiled(now, rate_bps, saturated_shared, stacked,
+                                         remaining_bytes)
+                return
+        rate_bps, saturated_shared = kernel.fill(stacked, capacity_bps, flow_cap_bps, has_cap)
+        self._set_rates_compiled(now, rate_bps, saturated_shared, stacked, remaining_bytes)
+
+    def _compiled_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+        """`ResourceIndex.columns` as the compiled solver takes them: (columns as one
+        array, capacities, the flows' own caps (inf where none), whether any)."""
+        resources = self._resources
+        if self._pair_key is None or not resources.dense:
+            columns, capacity_bps, flow_cap_bps = resources.columns(
+                self._src, self._dst, self._pair_key)
+            return (np.stack(columns), capacity_bps,
+                    *_caps(flow_cap_bps, self._src.shape[0]))
+        assert self._books is not None and resources.dense_capacity_bps is not None
+        stacked, flow_cap_bps, has_cap = self._books.dense_columns(
+            self._src, self._dst, self._pair_key, self._n, resources.pair_capacity_bps)
+        capacity_bps = (resources.dense_capacity_bps if stacked.shape[0] == 3
+                        else resources.nic_capacity_bps)
+        return stacked, capacity_bps, flow_cap_bps, has_cap
+
+    def _load_kernel(self) -> None:
+        from akosim.network import fluid_compiled, maxmin_compiled  # numba: once it pays
+
+        self._kernel = maxmin_compiled
+        self._books = fluid_compiled
+
+    def _compact_compiled(self, now_s: float) -> np.ndarray:
+        """`_compact` (whether or not a flow ended) and what each flow has left to send,
+        compiled: (akosim.network.fluid_compiled.compact)."""
+        assert self._books is not None
+        keys = self._pair_key if self._pair_key is not None else _NO_FLOWS[0]
+        (self._src, self._dst, keys, self._batch, self._size_bytes, self._rate_bps,
+         self._finish_s, self._early_s, self._pinned, remaining_bytes) = self._books.compact(
+            self._finish_s, now_s, self._src, self._dst, keys, self._batch, self._size_bytes,
+            self._rate_bps, self._early_s, self._pinned)
+        if self._pair_key is not None:
+            self._pair_key = keys
+        self._dead = 0
+        return remaining_bytes
 
     def _set_rates(self, now: float, rate_bps: np.ndarray, saturated_shared: np.ndarray,
                    columns: list[np.ndarray], remaining_bytes: np.ndarray) -> None:
@@ -452,6 +573,18 @@ class FluidFlows:
         self._pinned = pinned
         self._finish_s = now + remaining_bytes * BITS_PER_BYTE / rate_bps
         self._early_s = self._early(self._finish_s, self._size_bytes, rate_bps)
+        self.rate_solves += 1
+
+    def _set_rates_compiled(self, now: float, rate_bps: np.ndarray,
+                            saturated_shared: np.ndarray, stacked: np.ndarray,
+                            remaining_bytes: np.ndarray) -> None:
+        """`_set_rates` through the compiled kernel (akosim.network.fluid_compiled.timing)."""
+        assert self._books is not None
+        self._saturated_nics = saturated_shared[:2 * self._n]
+        self._rate_bps = rate_bps
+        self._pinned, self._finish_s, self._early_s = self._books.timing(
+            stacked, saturated_shared, now, remaining_bytes, self._size_bytes, rate_bps,
+            self.coalesce_rel * BITS_PER_BYTE)
         self.rate_solves += 1
 
     def _early(self, finish_s: np.ndarray, size_bytes: np.ndarray,
@@ -482,3 +615,10 @@ class FluidFlows:
         active[n:] -= np.bincount(dst, minlength=n)
         idle = (before > 0) & (active == 0)
         self._nic_busy_s[idle] += now_s - self._nic_busy_since_s[idle]
+
+
+def _caps(flow_cap_bps: np.ndarray | None, flow_count: int) -> tuple[np.ndarray, bool]:
+    """The compiled solver's (caps of the flows, whether any): inf where none."""
+    if flow_cap_bps is None:
+        return np.full(flow_count, np.inf), False
+    return flow_cap_bps, True

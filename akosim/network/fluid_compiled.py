@@ -1,0 +1,189 @@
+"""The fluid model's bookkeeping around a rate solve, compiled (numba), to the bit.
+
+akosim.network.fluid does, at every rate solve, a dozen array steps on every
+flow in flight: drop the flows that ended, what each has left to send, the
+seeds of an incremental solve, and after it the flows pinned to a saturated
+resource and the finish times. In numpy each step is a separate pass with its
+own per-call cost, which at a few thousand flows costs more than the solve
+itself (`dense_columns` builds the solver's resource columns). These kernels
+do the same steps in one pass each, with the same floating-point operations
+in the same order (the results are the numpy steps' bit for bit:
+tests/test_maxmin_compiled.py runs whole fluid runs both ways). Loaded with
+akosim.network.maxmin_compiled, once a run has solved enough flows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+BITS_PER_BYTE = 8
+
+
+@njit(cache=True, error_model="numpy")
+def compact(finish_s: np.ndarray, now_s: float, src: np.ndarray, dst: np.ndarray,
+            pair_key: np.ndarray, batch: np.ndarray, size_bytes: np.ndarray,
+            rate_bps: np.ndarray, early_s: np.ndarray, pinned: np.ndarray):
+    """The flows still in flight (finish time < inf), every array packed, and
+    what each has left to send: rate * (finish - now) / 8, at least 0."""
+    m = finish_s.shape[0]
+    live = 0
+    for f in range(m):
+        if finish_s[f] < np.inf:
+            live += 1
+    has_keys = pair_key.shape[0] == m
+    out_src = np.empty(live, src.dtype)
+    out_dst = np.empty(live, dst.dtype)
+    out_key = np.empty(live if has_keys else 0, pair_key.dtype)
+    out_batch = np.empty(live, batch.dtype)
+    out_size = np.empty(live)
+    out_rate = np.empty(live)
+    out_finish = np.empty(live)
+    out_early = np.empty(live)
+    out_pinned = np.empty(live, np.bool_)
+    remaining = np.empty(live)
+    at = 0
+    for f in range(m):
+        if finish_s[f] < np.inf:
+            out_src[at] = src[f]
+            out_dst[at] = dst[f]
+            if has_keys:
+                out_key[at] = pair_key[f]
+            out_batch[at] = batch[f]
+            out_size[at] = size_bytes[f]
+            out_rate[at] = rate_bps[f]
+            out_finish[at] = finish_s[f]
+            out_early[at] = early_s[f]
+            out_pinned[at] = pinned[f]
+            left = rate_bps[f] * (finish_s[f] - now_s) / BITS_PER_BYTE
+            remaining[at] = 0.0 if left < 0.0 else left
+            at += 1
+    return (out_src, out_dst, out_key, out_batch, out_size, out_rate, out_finish, out_early,
+            out_pinned, remaining)
+
+
+@njit(cache=True, error_model="numpy")
+def dense_columns(src: np.ndarray, dst: np.ndarray, pair_key: np.ndarray, n: int,
+                  pair_capacity_bps: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+    """`akosim.network.maxmin.ResourceIndex.columns` for a dense index: (the
+    columns as one array: uplink, downlink and, if some pair is crossed by
+    several flows, that pair (else the uncapped placeholder); the flows' own
+    caps, inf where none; whether any flow has a pair cap)."""
+    m = src.shape[0]
+    uses = np.zeros(n * n, np.int64)
+    any_pair = False
+    for f in range(m):
+        if pair_key[f] >= 0:
+            uses[pair_key[f]] += 1
+            any_pair = True
+    shared = False
+    for f in range(m):
+        if pair_key[f] >= 0 and uses[pair_key[f]] > 1:
+            shared = True
+    columns = np.empty((3 if shared else 2, m), np.intp)
+    flow_cap_bps = np.full(m, np.inf)
+    for f in range(m):
+        columns[0, f] = src[f]
+        columns[1, f] = dst[f] + n
+        key = pair_key[f]
+        if shared:
+            columns[2, f] = 2 * n
+        if key >= 0:
+            if shared and uses[key] > 1:
+                columns[2, f] = key + 2 * n + 1
+            else:
+                flow_cap_bps[f] = pair_capacity_bps[key]
+    return columns, flow_cap_bps, any_pair
+
+
+@njit(cache=True, error_model="numpy")
+def local_seed(columns: np.ndarray, n_resources: int, old_count: int, freed_src: np.ndarray,
+               freed_dst: np.ndarray, saturated_nics: np.ndarray, n: int) -> np.ndarray:
+    """The resources an incremental solve starts from: every resource of a new
+    flow, the saturated NICs of the flows that ended."""
+    k, m = columns.shape
+    seed = np.zeros(n_resources, np.bool_)
+    for c in range(k):
+        for f in range(old_count, m):
+            seed[columns[c, f]] = True
+    for i in range(freed_src.shape[0]):
+        if saturated_nics[freed_src[i]]:
+            seed[freed_src[i]] = True
+    for i in range(freed_dst.shape[0]):
+        if saturated_nics[freed_dst[i] + n]:
+            seed[freed_dst[i] + n] = True
+    return seed
+
+
+@njit(cache=True, error_model="numpy")
+def timing(columns: np.ndarray, saturated_shared: np.ndarray, now_s: float,
+           remaining_bytes: np.ndarray, size_bytes: np.ndarray, rate_bps: np.ndarray,
+           early_bits_per_byte: float):
+    """(pinned flows, finish times, when each counts as finished) after a solve:
+    finish = now + remaining * 8 / rate, early = finish - (coalesce * 8) * size / rate
+    (`early_bits_per_byte` = coalesce * 8; at 0 early is the finish time)."""
+    k, m = columns.shape
+    pinned = np.empty(m, np.bool_)
+    finish_s = np.empty(m)
+    early_s = np.empty(m)
+    for f in range(m):
+        is_pinned = False
+        for c in range(k):
+            if saturated_shared[columns[c, f]]:
+                is_pinned = True
+        pinned[f] = is_pinned
+        end_s = now_s + remaining_bytes[f] * BITS_PER_BYTE / rate_bps[f]
+        finish_s[f] = end_s
+        if early_bits_per_byte == 0.0:
+            early_s[f] = end_s
+        else:
+            early_s[f] = end_s - early_bits_per_byte * size_bytes[f] / rate_bps[f]
+    return pinned, finish_s, early_s
+
+
+@njit(cache=True, error_model="numpy")
+def retire(idx: np.ndarray, now_s: float, tolerance_s: float, src: np.ndarray,
+           dst: np.ndarray, batch: np.ndarray, size_bytes: np.ndarray, rate_bps: np.ndarray,
+           finish_s: np.ndarray, early_s: np.ndarray, pinned: np.ndarray, n: int,
+           nic_active: np.ndarray, nic_ended_bits: np.ndarray, nic_busy_s: np.ndarray,
+           nic_busy_since_s: np.ndarray):
+    """Flows `idx` end at `now_s` (the fluid model's `_complete` and `_nics_idle`):
+    what each carried (size * 8 - rate * how early it ended, 0 within
+    `tolerance_s`) is added to its NICs, per NIC summed first as np.bincount
+    does; NICs left with no flow stop being busy; the flows are marked dead in
+    place. Returns their (src, dst, batch, size, whether each was pinned)."""
+    count = idx.shape[0]
+    out_src = np.empty(count, src.dtype)
+    out_dst = np.empty(count, dst.dtype)
+    out_batch = np.empty(count, batch.dtype)
+    out_size = np.empty(count)
+    out_pinned = np.empty(count, np.bool_)
+    up_bits = np.zeros(n)
+    down_bits = np.zeros(n)
+    before = nic_active.copy()
+    for i in range(count):
+        f = idx[i]
+        out_src[i] = src[f]
+        out_dst[i] = dst[f]
+        out_batch[i] = batch[f]
+        out_size[i] = size_bytes[f]
+        out_pinned[i] = pinned[f]
+        early = finish_s[f] - now_s
+        if early <= tolerance_s:
+            early = 0.0
+        sent_bits = size_bytes[f] * BITS_PER_BYTE - rate_bps[f] * early
+        up_bits[src[f]] += sent_bits
+        down_bits[dst[f]] += sent_bits
+        nic_active[src[f]] -= 1
+        nic_active[dst[f] + n] -= 1
+        rate_bps[f] = 0.0
+        finish_s[f] = np.inf
+        early_s[f] = np.inf
+        pinned[f] = False
+    for i in range(n):
+        nic_ended_bits[i] += up_bits[i]
+        nic_ended_bits[i + n] += down_bits[i]
+    for q in range(2 * n):
+        if before[q] > 0 and nic_active[q] == 0:
+            nic_busy_s[q] += now_s - nic_busy_since_s[q]
+    return out_src, out_dst, out_batch, out_size, out_pinned
