@@ -7,7 +7,14 @@ simulation setup, used by every entry point (plan, train, sweep, predict, the an
   chooses s with p, `build_setup` (the only constructor of a scenario setup) and
   `simulation_setup`, from resolved settings to a setup.
 - akosim.plan.execute: `run_setup` / `plan_runs`, the runs a command asks for.
+
+Calling the package plans: ``akosim.plan(workers=64, bandwidth="40mbps")`` is
+`akosim.api.plan` (the public call shares the package's name).
 """
+
+import sys
+import types
+from typing import Any
 
 from akosim.plan.execute import PlannedRuns, plan_runs, run_setup
 from akosim.plan.setup import (
@@ -23,3 +30,16 @@ from akosim.plan.setup import (
 __all__ = ["MEASURE_STEPS", "PlannedRuns", "SimulationOptions", "build_setup",
            "chooses_ssp_with_p", "measured_compute", "plan_runs", "run_setup",
            "simulation_setup", "tcp_parameters_for"]
+
+
+class _CallablePackage(types.ModuleType):
+    """``akosim.plan(...)`` is the public plan call (akosim.api.plan), and ``akosim.plan``
+    stays this package: the attribute of a package is its subpackage once imported."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from akosim.api import plan
+
+        return plan(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage
