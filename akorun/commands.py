@@ -33,6 +33,7 @@ from akocore.config import (
     add_shared_arguments,
     resolve_args,
 )
+from akocore.results import RunResult
 from akocore.units import UnitError, parse_duration
 from akorun import message_bench
 from akorun.cluster import (
@@ -370,7 +371,9 @@ def worker_settings(args: argparse.Namespace) -> tuple[ResolvedSettings, AkorunS
     return resolved, settings
 
 
-def cmd_worker(args: argparse.Namespace) -> int:
+def rank_options(args: argparse.Namespace) -> WorkerOptions:
+    """One rank's options from `akorun worker` / `akorun ps` flags (the cluster file <
+    --set < flags); UsageError for a mistake, before anything starts."""
     resolved, settings = worker_settings(args)
     cfg = resolved.config
     try:
@@ -379,7 +382,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.config}: {error}") from None
     _check_workload(cfg.train)
     rank = resolve_rank(_whole(args.rank, "--rank"), os.environ, cfg.cluster.workers)
-    role = check_role(cfg, rank, args.role)
+    check_role(cfg, rank, args.role)
     settings.rank_keys(rank, cfg.cluster.workers)  # a missing or foreign key file: exit 2 now
     out = Path(args.out) if args.out else None
     if out is not None:
@@ -393,7 +396,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     optional: dict[str, Any] = {}
     if args.progress_every:
         optional["progress_every_s"] = _duration(args.progress_every, "--progress-every")
-    options = WorkerOptions(
+    return WorkerOptions(
         rank=rank, config=cfg, settings=settings, out_dir=out, checkpoint_dir=checkpoint_dir,
         checkpoint_every=settings.checkpoint_every, resume=args.resume,
         listen_host=args.listen, emulate=should_emulate(settings, cfg),
@@ -401,14 +404,27 @@ def cmd_worker(args: argparse.Namespace) -> int:
         grace_s=_duration(args.grace, "--grace") if args.grace else None,
         quiet=args.quiet, tls=tls, faults=faults_for(rank, os.environ),
         queue_messages=settings.queue_messages, **optional)
-    _setup_logging(f"akorun[{role} {rank}]", args.quiet)
+
+
+def run_rank(options: WorkerOptions) -> Worker:
+    """Run one rank to its end in this thread (`akorun worker`, `akorun.run_worker`); its
+    record is `worker.rank_result`, and with an out directory it is written there."""
     worker = Worker(options)
     worker.prepare()
     asyncio.run(worker.run())
-    if out is not None and not args.quiet:
+    out = options.out_dir
+    if out is not None and not options.quiet:
         sys.stderr.write(summary_line(worker.rank_result) + "\n")
     if out is not None and LAUNCHER_PID_ENV not in os.environ:
-        merge_if_complete(out, settings.run_id, cfg.cluster.workers, quiet=args.quiet)
+        merge_if_complete(out, options.settings.run_id, options.config.cluster.workers,
+                          quiet=options.quiet)
+    return worker
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    options = rank_options(args)
+    _setup_logging(f"akorun[{args.role} {options.rank}]", args.quiet)
+    run_rank(options)
     return 0
 
 
@@ -432,7 +448,9 @@ def launch_settings(args: argparse.Namespace) -> tuple[ResolvedSettings, AkorunS
     return resolved, new_settings(resolved.akorun)
 
 
-def cmd_launch(args: argparse.Namespace) -> int:
+def launch_run(args: argparse.Namespace) -> RunResult:
+    """Every rank of `akorun launch` flags on this machine, to the merged result (the one
+    path of `akorun launch` and `akorun.launch`)."""
     resolved, settings = launch_settings(args)
     cfg = resolved.config
     _check_workload(cfg.train)
@@ -455,11 +473,14 @@ def cmd_launch(args: argparse.Namespace) -> int:
                  if value is not None]
         if given:
             raise UsageError(f"{given[0]} needs --testbed netns")
-        launch(cfg, settings, options, resolved=resolved)
-        return 0
+        return launch(cfg, settings, options, resolved=resolved)
     testbed = TestbedOptions(kind=args.testbed, latency=args.testbed_latency or "refuse",
                              downlink=args.testbed_downlink != "off")
-    launch_on_testbed(cfg, settings, options, testbed, resolved=resolved)
+    return launch_on_testbed(cfg, settings, options, testbed, resolved=resolved)
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    launch_run(args)
     return 0
 
 

@@ -27,6 +27,7 @@ import logging
 import math
 import signal
 import ssl
+import threading
 import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from akocore.config import RunConfig, config_hash
 from akocore.messages import Partial
 from akocore.results import RankResult
 from akocore.settings.key_registry import default_of
+from akocore.workload import FlatWorkload
 from akorun.client import ControlClient, binary_answer_cap, make_session
 from akorun.cluster import AkorunSettings, allowed_networks, split_host
 from akorun.control import ControlKind
@@ -185,17 +187,18 @@ class Worker:
 
     # ================================================================ wiring
 
-    def prepare(self) -> None:
+    def prepare(self, workload: FlatWorkload | None = None) -> None:
         """Build the workload (same seed on every rank), load a checkpoint for --resume,
         and wire the collaborators that need them.
 
         Synchronous and before the event loop starts; user mistakes raise UsageError.
+        `workload`: trained instead of the configured one (akorun.Exchange's bridge).
         """
         options = self.options
         restrict_new_files()
         self.prepared = prepare(self.cfg, self.role, run_id=self.run_id,
                                 config_hash=self.config_hash, resume=options.resume,
-                                checkpoint_dir=options.checkpoint_dir)
+                                checkpoint_dir=options.checkpoint_dir, workload=workload)
         identity = Identity(self.rank, self.run_id, self.config_hash,
                             self.prepared.params_sha256,
                             workload=self.prepared.workload_identity)
@@ -354,8 +357,9 @@ class Worker:
         """The whole life of the process (after prepare)."""
         options = self.options
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, self._on_signal, signal.Signals(signum).name)
+        if threading.current_thread() is threading.main_thread():  # not akorun.Exchange's
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, self._on_signal, signal.Signals(signum).name)
         session: aiohttp.ClientSession = make_session(peers=len(self.peers))
         client_ssl = options.tls.client_context()
         control = ControlClient(session, self.signer, self.base_urls, ssl_context=client_ssl)
