@@ -188,7 +188,7 @@ class Exchange:
         if flat.shape != self._init.shape:
             raise ValueError(f"akorun.Exchange.step: {flat.size} gradient values for "
                              f"{self._init.size} parameters")
-        self._loss = loss
+        self._loss = None if loss is None else float(loss)
         self._from_user.put(flat)
         return self._next()
 
@@ -237,14 +237,21 @@ class Exchange:
         try:
             asyncio.run(life())
             self.result = worker.rank_result
+            options = worker.options
+            if options.out_dir is not None:  # the last rank to end writes result.json
+                from akorun.merge_command import merge_if_complete
+
+                merge_if_complete(options.out_dir, options.settings.run_id,
+                                  options.config.cluster.workers, quiet=True)
             node = worker.role.node
             final = self._init if node is None or node.params is None else node.params
             self._to_user.put(("done", final.copy()))
         except BaseException as error:  # the user's thread re-raises it
             self._to_user.put(("error", error))
 
-    def _handoff(self, flat_params: np.ndarray) -> tuple[float, np.ndarray]:
-        """The gradient step of a round: the user's loop computes it."""
+    def _handoff(self, flat_params: np.ndarray) -> tuple[float | None, np.ndarray]:
+        """The gradient step of a round: the user's loop computes it (its loss, when `step`
+        is given one, is the rank's reported loss; else none is reported)."""
         import numpy as np
 
         if not self._armed:  # a measurement before the rounds: no round of the user's
@@ -253,8 +260,7 @@ class Exchange:
         grads = self._from_user.get()
         if grads is None:
             return 0.0, np.zeros_like(self._init)
-        loss = self._loss
-        return (float("nan") if loss is None else float(loss)), grads
+        return self._loss, grads
 
     def _final_accuracy(self, flat_params: np.ndarray) -> float:
         if self._evaluate is None:
@@ -289,8 +295,8 @@ def _bridge(exchange: Exchange, cfg: Any) -> FlatWorkload:
     flat = flat_workload(spec, batch_size=cfg.train.batch_size, seed=cfg.train.seed)
 
     class Bridge(FlatWorkload):
-        def grad_step(self, flat_params: Any, x: Any, y: Any,
-                      rng_seed: int = 0) -> tuple[float, Any]:
+        def grad_step(self, flat_params: Any, x: Any, y: Any,  # type: ignore[override]
+                      rng_seed: int = 0) -> tuple[float | None, Any]:
             return exchange._handoff(flat_params)
 
         def evaluate(self, flat_params: Any) -> float:
