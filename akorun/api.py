@@ -18,6 +18,7 @@ import io
 import os
 import queue
 import threading
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,8 +66,10 @@ def launch(*, out: str | os.PathLike[str], config: str | os.PathLike[str] | None
         raise TypeError("akorun.launch: workload is a name (a built-in, package.module:factory "
                         "or path/to/file.py:factory): every rank is its own process and "
                         "imports it")
-    return launch_run(_parse("launch", ["--out", os.fspath(out),
-                                        *_flags("launch", config, set, settings)]))
+    args = _parse("launch", ["--out", os.fspath(out), *_flags("launch", config, set, settings)])
+    with warnings.catch_warnings():  # the ranks are fork+exec'd at once: JAX's fork warning
+        warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)  # does not apply
+        return launch_run(args)
 
 
 def run_worker(rank: int, config: str | os.PathLike[str], *,
