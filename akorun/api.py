@@ -5,8 +5,9 @@ Keyword settings mirror the command line's flags (``workers=3`` is ``--workers 3
 ``rounds=100``, ``workload="./mymodel.py:make"``, ``quiet=True`` is ``--quiet``), ``config=``
 a settings or cluster file and ``set=`` dotted settings; they resolve in the same layers as
 the command line's. The commands are thin layers over the same functions
-(akorun.commands.launch_run, rank_options, run_rank). A mistake raises
-`akorun.errors.UsageError` (a ValueError) with the line the command would print; an
+(akorun.commands.launch_run, rank_options, run_rank). A mistake raises a ValueError
+(`akorun.errors.UsageError`, `akocore.config.ConfigError`, ...) with the line the command
+would print; an
 unknown keyword is a TypeError naming the keywords there are.
 """
 
@@ -115,7 +116,8 @@ class Exchange:
     parameters). `params` (any pytree of float arrays) is the starting point of every
     rank: give each the same. `evaluate(params) -> accuracy` (optional) is called on
     the final replica for the record's ``accuracy``. Leaving the ``with`` block early
-    stops the run at the next round for every rank (zero gradients until then).
+    stops this rank after the round in flight (a zero gradient): leave on every rank
+    at the same step, as a stop rule would.
     """
 
     def __init__(self, *, rank: int, cluster: str | os.PathLike[str], params: Any,

@@ -11,8 +11,8 @@ is a built-in name, ``"file.py:factory"``, ``"package.module:factory"`` or an
 
 The commands are thin layers over the same functions: `plan_outcome` is what
 ``akosim plan`` / ``akosim train`` print, `akosim.predict.predict_run` what
-``akosim predict`` prints. A mistake raises `akocore.cli_support.UsageError`
-(a ValueError) with the line the command would print; an unknown keyword is a
+``akosim predict`` prints. A mistake raises a ValueError (`akocore.cli_support.UsageError`,
+`akocore.config.ConfigError`, ...) with the line the command would print; an unknown keyword is a
 TypeError naming the keywords there are.
 """
 
@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     from akosim.predict import Prediction
     from akosim.runspec import ProgressFactory
 
+# flags that are no setting of a call (the call returns what they would print or write)
+NOT_KEYWORDS = frozenset({"--help", "--show-config", "--trace", "--out", "--config", "--set"})
 # where a Workload object given to the API lives, importable by name for the settings
 WORKLOAD_OBJECTS_MODULE = "akocore_api_workloads"
 
@@ -112,8 +114,7 @@ def simulate(config: str | os.PathLike[str] | None = None, *,
                               compute="50ms", gradient_size="4MB", rounds=50)
         print(run.round_time_s, run.bytes_sent_per_worker_per_round, run.bottleneck)
     """
-    settings.setdefault("scheme", "ako")
-    return _outcome("plan", config, set, settings).record.runs[0]
+    return _outcome("plan", config, set, settings, one_scheme=True).record.runs[0]
 
 
 def train(config: str | os.PathLike[str] | None = None, *,
@@ -128,8 +129,7 @@ def train(config: str | os.PathLike[str] | None = None, *,
                            workload="digits-mlp", eval_every=20)
         print(run.accuracy, run.evaluations[-1])
     """
-    settings.setdefault("scheme", "ako")
-    return _outcome("train", config, set, settings).record.runs[0]
+    return _outcome("train", config, set, settings, one_scheme=True).record.runs[0]
 
 
 def predict(run_dir: str | os.PathLike[str], **settings: Any) -> Prediction:
@@ -152,7 +152,8 @@ def predict(run_dir: str | os.PathLike[str], **settings: Any) -> Prediction:
 
 
 def _outcome(command: str, config: Any, dotted: Mapping[str, Any] | None,
-             settings: dict[str, Any]) -> PlanOutcome:
+             settings: dict[str, Any], *, one_scheme: bool = False) -> PlanOutcome:
+    """The outcome of keyword settings; `one_scheme`: ako when no layer chose a scheme."""
     from akosim.cli import resolve_settings
     from akosim.plan import SimulationOptions
 
@@ -167,6 +168,9 @@ def _outcome(command: str, config: Any, dotted: Mapping[str, Any] | None,
     training = command == "train"
     args = _parse(command, _flags(command, settings))
     resolved = resolve_settings(args, training=training)
+    if one_scheme and not resolved.given("exchange.scheme"):
+        args = _parse(command, _flags(command, {**settings, "scheme": "ako"}))
+        resolved = resolve_settings(args, training=training)
     return plan_outcome(resolved, SimulationOptions.from_args(args, resolved),
                         training=training, max_staleness_rounds=args.max_staleness)
 
@@ -212,23 +216,45 @@ def _text(value: Any) -> str:
 
 def _flags(command: str, settings: Mapping[str, Any]) -> list[str]:
     """Keyword settings as the command's flags; TypeError for a keyword it has no flag for."""
-    known = set(_subparser(command).known_flags())  # type: ignore[attr-defined]
+    known = set(_subparser(command).known_flags()) - NOT_KEYWORDS  # type: ignore[attr-defined]
+    by_field = _settings_without_flags()
     flags: list[str] = []
     for key, value in settings.items():
         flag = "--" + key.replace("_", "-")
+        if key == "config":  # the call's own config= and set=, put here by _outcome
+            flags += [flag, str(value)]
+            continue
+        if key == "set":
+            for item in value:
+                flags += [flag, str(item)]
+            continue
+        if flag not in known and key in by_field:  # a setting with no flag: eval_every
+            if value is not None:
+                flags += ["--set", f"{by_field[key]}={_text(value)}"]
+            continue
         if flag not in known:
-            names = ", ".join(sorted(f[2:].replace("-", "_") for f in known))
+            names = ", ".join(sorted({f[2:].replace("-", "_") for f in known} | set(by_field)))
             raise TypeError(f"akosim {command}: no setting {key!r}; the settings are {names}")
         if value is None or value is False:
             continue
         if value is True:
             flags.append(flag)
-        elif key == "set" and isinstance(value, (list, tuple)):
-            for item in value:
-                flags += [flag, str(item)]
         else:
             flags += [flag, _text(value)]
     return flags
+
+
+def _settings_without_flags() -> dict[str, str]:
+    """Run settings with no flag of their own, by their name in the section: eval_every ->
+    train.eval_every (a name two sections share is left to ``set``)."""
+    from akocore.settings.key_registry import BY_DOTTED
+
+    names: dict[str, list[str]] = {}
+    for dotted in BY_DOTTED:
+        section, _, name = dotted.partition(".")
+        if section not in ("akorun",):
+            names.setdefault(name, []).append(dotted)
+    return {name: found[0] for name, found in names.items() if len(found) == 1}
 
 
 def _parse(command: str, argv: Sequence[str]) -> argparse.Namespace:

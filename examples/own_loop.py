@@ -25,6 +25,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.flatten_util import ravel_pytree
 
 import akorun
 
@@ -64,7 +65,7 @@ def train_rank(rank: int, cluster: str, out: str | None) -> np.ndarray:
             params = exchange.step(grads, loss=float(my_loss(params, x, y)))
     print(f"rank {rank}: loss {float(my_loss(params, x, y)):.4f} after {exchange.rounds} "
           f"rounds, {exchange.result.bytes_sent / 1e3:.1f} kB sent")
-    flat = np.concatenate([np.ravel(params["w"]), np.ravel(params["b"])])
+    flat = np.asarray(ravel_pytree(params)[0])  # the order akorun keeps them in
     if out is not None:
         np.save(Path(out) / f"own-loop-{rank}.npy", flat)
     return flat
