@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from akorun.api import Exchange, init, run_worker
+    from akorun.run_api import Exchange, init, run_worker
     from akorun.run_merge import merge_run
 
 __all__ = ["Exchange", "init", "launch", "merge_run", "run_worker"]
@@ -43,11 +43,11 @@ def __getattr__(name: str) -> Any:
 
         return merge_run
     if name == "launch":
-        import akorun.launch  # a callable module: calling it is akorun.api.launch
+        import akorun.launch  # a callable module: calling it is akorun.run_api.launch
 
         return akorun.launch
     if name in ("Exchange", "init", "run_worker"):
-        from akorun import api
+        from akorun import run_api as api
 
         return getattr(api, name)
     raise AttributeError(f"module 'akorun' has no attribute {name!r}")

@@ -14,7 +14,6 @@ stderr saying what was wrong and what is allowed, never a traceback);
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import logging
 import os
@@ -62,16 +61,15 @@ from akorun.errors import (
 from akorun.faults import faults_for
 from akorun.keys import rank_key_file, write_rank_key_files
 from akorun.launch import (
-    LAUNCHER_PID_ENV,
     LaunchOptions,
     check_run_directory,
     launch,
     worker_flags,
 )
-from akorun.merge_command import cmd_merge, merge_if_complete
+from akorun.merge_command import cmd_merge
 from akorun.node_plan import check_role
 from akorun.testbed.runner import TESTBEDS, TestbedOptions, launch_on_testbed
-from akorun.worker import TLSOptions, Worker, WorkerOptions, summary_line
+from akorun.worker import TLSOptions, WorkerOptions, run_rank
 
 ArgumentParser = OneLineParser  # one-line errors: `akorun worker: error: ... (see --help)`, 2
 
@@ -404,21 +402,6 @@ def rank_options(args: argparse.Namespace) -> WorkerOptions:
         grace_s=_duration(args.grace, "--grace") if args.grace else None,
         quiet=args.quiet, tls=tls, faults=faults_for(rank, os.environ),
         queue_messages=settings.queue_messages, **optional)
-
-
-def run_rank(options: WorkerOptions) -> Worker:
-    """Run one rank to its end in this thread (`akorun worker`, `akorun.run_worker`); its
-    record is `worker.rank_result`, and with an out directory it is written there."""
-    worker = Worker(options)
-    worker.prepare()
-    asyncio.run(worker.run())
-    out = options.out_dir
-    if out is not None and not options.quiet:
-        sys.stderr.write(summary_line(worker.rank_result) + "\n")
-    if out is not None and LAUNCHER_PID_ENV not in os.environ:
-        merge_if_complete(out, options.settings.run_id, options.config.cluster.workers,
-                          quiet=options.quiet)
-    return worker
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

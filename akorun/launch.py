@@ -15,7 +15,7 @@ non-zero if any rank failed, and the message names it and shows the tail of
 its log.
 
 Calling this module is the public call: ``akorun.launch(out="runs/demo", workers=3)``
-is `akorun.api.launch` (keyword settings, the merged RunResult back).
+is `akorun.run_api.launch` (keyword settings, the merged RunResult back).
 
 The ranks die with the launcher: they share one process group of their own
 (``kill -- -PGID`` stops them all; the terminal's Ctrl-C reaches only the
@@ -47,6 +47,7 @@ import types
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -395,14 +396,13 @@ def worker_flags(*, progress_every_s: float | None = None, checkpoint_dir: str |
 
 
 class _CallableModule(types.ModuleType):
-    """``akorun.launch(out=..., **settings)`` is the public call (akorun.api.launch), and
+    """``akorun.launch(out=..., **settings)`` is the public call (akorun.run_api.launch), and
     ``akorun.launch`` stays this module: the attribute of a package is its submodule once
     imported."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from akorun.api import launch as launch_call
-
-        return launch_call(*args, **kwargs)
+        # looked up by name when called: the API is built on this module
+        return import_module("akorun.run_api").launch(*args, **kwargs)
 
 
 sys.modules[__name__].__class__ = _CallableModule

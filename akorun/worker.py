@@ -25,8 +25,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import signal
 import ssl
+import sys
 import threading
 import time
 from collections.abc import Coroutine, Sequence
@@ -422,6 +424,24 @@ class Worker:
 
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
+
+
+def run_rank(options: WorkerOptions) -> Worker:
+    """Run one rank to its end in this thread (`akorun worker`, `akorun.run_worker`); its
+    record is `worker.rank_result`, and with an out directory it is written there."""
+    worker = Worker(options)
+    worker.prepare()
+    asyncio.run(worker.run())
+    out = options.out_dir
+    if out is not None and not options.quiet:
+        sys.stderr.write(summary_line(worker.rank_result) + "\n")
+    from akorun.launch import LAUNCHER_PID_ENV
+    from akorun.merge_command import merge_if_complete
+
+    if out is not None and LAUNCHER_PID_ENV not in os.environ:
+        merge_if_complete(out, options.settings.run_id, options.config.cluster.workers,
+                          quiet=options.quiet)
+    return worker
 
 
 def summary_line(result: RankResult) -> str:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from akosim.api import simulate, train
+    from akosim.sim_api import simulate, train
 
 __all__ = ["plan", "predict", "simulate", "train"]
 
@@ -38,15 +38,15 @@ __all__ = ["plan", "predict", "simulate", "train"]
 def __getattr__(name: str) -> Any:
     """The public calls, imported when first used (``import akosim`` stays light)."""
     if name == "plan":
-        import akosim.plan  # a callable package: calling it is akosim.api.plan
+        import akosim.plan  # a callable package: calling it is akosim.sim_api.plan
 
         return akosim.plan
     if name == "predict":
-        import akosim.predict  # a callable module: calling it is akosim.api.predict
+        import akosim.predict  # a callable module: calling it is akosim.sim_api.predict
 
         return akosim.predict
     if name in ("simulate", "train"):
-        from akosim import api
+        from akosim import sim_api as api
 
         return getattr(api, name)
     raise AttributeError(f"module 'akosim' has no attribute {name!r}")

@@ -49,7 +49,7 @@ from akosim.runspec import (
 )
 
 if TYPE_CHECKING:
-    from akosim.api import PlanOutcome
+    from akosim.plan import PlanOutcome
 
 __all__ = ["TIMING_DEFAULTS", "TRAIN_DEFAULTS", "USER_ERRORS", "OneLineParser", "UsageError",
            "build_parser", "fail", "load_workload", "main"]
@@ -235,8 +235,7 @@ def describe_settings(resolved: ResolvedSettings, *, training: bool) -> list[str
 
 def run_plan(args: argparse.Namespace, *, training: bool = False) -> int:
     """akosim plan / train: the API's plan_outcome of the flags, printed (and written)."""
-    from akosim.api import plan_outcome
-    from akosim.plan import SimulationOptions
+    from akosim.plan import SimulationOptions, plan_outcome
 
     resolved = resolve_settings(args, training=training)
     if args.show_config:

@@ -30,7 +30,7 @@ What is taken from where, so that nothing is counted twice:
   the time its message handling took from the steps.
 
 Calling this module is the public call: ``akosim.predict("runs/mine")`` is
-`akosim.api.predict`.
+`akosim.sim_api.predict`.
 
 Flags that restate the run are accepted; one that contradicts it (``--workers
 8`` for a 3-rank run) is a user error, as is a run directory without a result.
@@ -44,6 +44,7 @@ import os
 import sys
 import types
 from dataclasses import dataclass, replace
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -423,14 +424,13 @@ __all__ = ["COMPUTE_SOURCES", "Colocation", "DESCRIPTION", "EPILOG", "add_predic
 
 
 class _CallableModule(types.ModuleType):
-    """``akosim.predict(run_dir)`` is the public call (akosim.api.predict), and
+    """``akosim.predict(run_dir)`` is the public call (akosim.sim_api.predict), and
     ``akosim.predict`` stays this module: the attribute of a package is its submodule
     once imported."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from akosim.api import predict
-
-        return predict(*args, **kwargs)
+        # looked up by name when called: the API is built on this module
+        return import_module("akosim.sim_api").predict(*args, **kwargs)
 
 
 sys.modules[__name__].__class__ = _CallableModule

@@ -9,7 +9,8 @@ layers as the command line's (defaults < config < set < keywords). ``workload``
 is a built-in name, ``"file.py:factory"``, ``"package.module:factory"`` or an
 `akocore.Workload` object.
 
-The commands are thin layers over the same functions: `plan_outcome` is what
+The commands are thin layers over the same functions: akosim.plan.execute's
+`plan_outcome` is what
 ``akosim plan`` / ``akosim train`` print, `akosim.predict.predict_run` what
 ``akosim predict`` prints. A mistake raises a ValueError (`akocore.cli_support.UsageError`,
 `akocore.config.ConfigError`, ...) with the line the command would print; an unknown keyword is a
@@ -25,62 +26,20 @@ import os
 import sys
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from akocore.cli_support import UsageError
 
 if TYPE_CHECKING:
-    from akocore.config import ResolvedSettings
     from akocore.results import PlanResult, RunResult
-    from akosim.advice import Explanation
-    from akosim.plan.execute import PlannedRuns
-    from akosim.plan.setup import SimulationOptions
+    from akosim.plan.execute import PlanOutcome
     from akosim.predict import Prediction
-    from akosim.runspec import ProgressFactory
 
 # flags that are no setting of a call (the call returns what they would print or write)
 NOT_KEYWORDS = frozenset({"--help", "--show-config", "--trace", "--out", "--config", "--set"})
 # where a Workload object given to the API lives, importable by name for the settings
 WORKLOAD_OBJECTS_MODULE = "akocore_api_workloads"
-
-
-@dataclass(frozen=True)
-class PlanOutcome:
-    """What one plan or train computed: the record (what `plan` returns and ``--out``
-    writes), the simulated runs and setup (the table, the trace) and the explanation."""
-
-    record: PlanResult
-    planned: PlannedRuns
-    explanation: Explanation | None
-
-
-def plan_outcome(resolved: ResolvedSettings, options: SimulationOptions, *,
-                 training: bool = False, trace: bool = False,
-                 factory: ProgressFactory | None = None,
-                 max_staleness_rounds: int | None = None) -> PlanOutcome:
-    """Plan (or, with `training`, simulate training of) resolved settings: the one path of
-    ``akosim plan``, ``akosim train``, `plan`, `simulate` and `train`."""
-    from akocore.config import config_to_dict
-    from akosim.advice import MAX_STALENESS_ROUNDS, explain
-    from akosim.plan import plan_runs
-    from akosim.result_tables import plan_result
-
-    limit = MAX_STALENESS_ROUNDS if max_staleness_rounds is None else max_staleness_rounds
-    if limit < 0:
-        raise UsageError(f"--max-staleness: got {max_staleness_rounds}, expected rounds >= 0")
-    planned = plan_runs(resolved, options, training=training, trace=trace, factory=factory)
-    setup, runs = planned.setup, planned.runs
-    explanation = None if training else explain(setup, runs, ssp_chosen=planned.ssp_chosen,
-                                                max_staleness_rounds=limit)
-    workers = setup.config.cluster.workers
-    record = plan_result(runs, config=config_to_dict(setup.config), training=training,
-                         gradient_bytes=setup.gradient_bytes,
-                         compute_s=[setup.compute.base_s(i) for i in range(workers)],
-                         batch_size=setup.batch_size, compute_source=setup.compute_source,
-                         explanation=explanation)
-    return PlanOutcome(record, planned, explanation)
 
 
 # ----------------------------------------------------------------- the public calls
@@ -155,7 +114,8 @@ def _outcome(command: str, config: Any, dotted: Mapping[str, Any] | None,
              settings: dict[str, Any], *, one_scheme: bool = False) -> PlanOutcome:
     """The outcome of keyword settings; `one_scheme`: ako when no layer chose a scheme."""
     from akosim.cli import resolve_settings
-    from akosim.plan import SimulationOptions
+    from akosim.plan.execute import plan_outcome
+    from akosim.plan.setup import SimulationOptions
 
     settings = dict(settings)
     if config is not None:
@@ -269,5 +229,4 @@ def _parse(command: str, argv: Sequence[str]) -> argparse.Namespace:
         raise UsageError(line[-1] if line else f"akosim {command}: bad settings") from None
 
 
-__all__ = ["PlanOutcome", "plan", "plan_outcome", "predict", "simulate", "train",
-           "workload_name"]
+__all__ = ["plan", "predict", "simulate", "train", "workload_name"]
