@@ -128,7 +128,8 @@ class Exchange:
         import numpy as np
         from jax.flatten_util import ravel_pytree
 
-        flat, self._unravel = ravel_pytree(jax.tree_util.tree_map(np.asarray, params))
+        flat, unravel = ravel_pytree(jax.tree_util.tree_map(np.asarray, params))
+        self._unravel: Callable[[Any], Any] = unravel
         self._init = np.asarray(flat, dtype=np.float32)
         self._user_params = params
         self._evaluate = evaluate
@@ -188,8 +189,8 @@ class Exchange:
 
         if self._done:
             raise RuntimeError("akorun.Exchange: the run has ended (all rounds stepped)")
-        flat, _ = ravel_pytree(jax.tree_util.tree_map(np.asarray, grads))
-        flat = np.asarray(flat, dtype=np.float32)
+        raveled, _ = ravel_pytree(jax.tree_util.tree_map(np.asarray, grads))
+        flat = np.asarray(raveled, dtype=np.float32)
         if flat.shape != self._init.shape:
             raise ValueError(f"akorun.Exchange.step: {flat.size} gradient values for "
                              f"{self._init.size} parameters")
@@ -268,7 +269,7 @@ class Exchange:
         return self._loss, grads
 
     def _final_accuracy(self, flat_params: np.ndarray) -> float:
-        if self._evaluate is None:
+        if self._evaluate is None:  # only the warm-up calls it then: the Evaluator does not
             return float("nan")
         return float(self._evaluate(self._unravel(flat_params)))
 
@@ -300,6 +301,8 @@ def _bridge(exchange: Exchange, cfg: Any) -> FlatWorkload:
     flat = flat_workload(spec, batch_size=cfg.train.batch_size, seed=cfg.train.seed)
 
     class Bridge(FlatWorkload):
+        evaluates = exchange._evaluate is not None  # else the record has no accuracy
+
         def grad_step(self, flat_params: Any, x: Any, y: Any,  # type: ignore[override]
                       rng_seed: int = 0) -> tuple[float | None, Any]:
             return exchange._handoff(flat_params)

@@ -147,3 +147,41 @@ def test_importing_the_packages_stays_light() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=env, check=True)
     assert done.stdout.strip() == "[]"
+
+
+RANK_SCRIPT = """
+import sys, jax.numpy as jnp, numpy as np, akorun
+rank, cluster, out, steps = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+with akorun.Exchange(rank=rank, cluster=cluster, params={"w": jnp.zeros(4)}, out=out) as ex:
+    params = ex.params
+    for _ in range(steps):
+        params = ex.step({"w": jnp.full(4, rank + 1.0)})
+np.save(f"{out}/rank-{rank}.npy", np.asarray(params["w"]))
+"""
+
+
+def test_an_exchange_without_evaluation_that_leaves_early(tmp_path: Path) -> None:
+    """Every rank leaves after 3 of 10 rounds: each stops after the round in flight, the
+    record has no accuracy (none was given), and the ranks' final replicas agree."""
+    from akorun.testing import child_test_env
+
+    cluster = akorun.init(tmp_path / "c.toml", workers=3, rounds=10, optimizer="sgd",
+                          lr=0.1, p=2)
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    env = child_test_env({"PYTHONPATH": str(REPO_ROOT)})
+    ranks = [subprocess.Popen([sys.executable, str(script), str(rank), str(cluster),
+                               str(tmp_path), "3"], env=env, stderr=subprocess.PIPE,
+                              text=True) for rank in range(3)]
+    errors = [rank.communicate(timeout=300)[1] for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0, 0], errors
+    run = akocore.read_result(tmp_path)
+    assert [rank.rounds for rank in run.per_worker] == [4, 4, 4]  # 3 steps + the one in flight
+    assert run.accuracy is None and "NaN" not in (tmp_path / "result.json").read_text()
+    with np.load(tmp_path / "worker-0.npz") as saved:
+        final = np.array(saved["params"])
+    for rank in range(1, 3):
+        with np.load(tmp_path / f"worker-{rank}.npz") as saved:
+            np.testing.assert_allclose(saved["params"], final, rtol=1e-6)
+    # plain SGD on the workers' mean gradient, 3 rounds (the 4th's gradients are zeros)
+    np.testing.assert_allclose(final, np.full(4, -0.1 * 3 * (1 + 2 + 3) / 3), rtol=1e-5)
