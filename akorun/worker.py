@@ -165,7 +165,8 @@ class Worker:
                            signer=self.signer, verifier=self.verifier,
                            peer_timeout_s=options.peer_timeout_s, deliver=self._on_relayed,
                            lost_here=lambda peer: self._suspended(peer)
-                           or self.liveness.rejoining(peer))
+                           or self.liveness.rejoining(peer),
+                           budget_bytes=options.settings.relay_budget_bytes)
         self.relay.before_answer = relay_answer_hook(options.faults)
         self.liveness = Liveness(
             rank=self.rank, peers=self.peers, timeout_s=options.peer_timeout_s,
