@@ -19,12 +19,21 @@ optimizer) returned by a factory in your file trains with ``akorun launch
 
 `build_workload` gives the flat float32 view both shells train, and
 `workload_fingerprint` the digest every rank of a run must share.
+
+Read any result (akorun's run directory or ``result.json``, akosim's ``--out``
+file) as a typed record::
+
+    import akocore
+    run = akocore.read_result("runs/mine")      # a RunResult
+    print(run.accuracy, run.round_time_s, run.max_relative_difference)
 """
 
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from akocore.result_reader import read_result
+    from akocore.results import PlanResult, RankResult, RunResult
     from akocore.workload import (
         FlatWorkload,
         build_workload,
@@ -44,6 +53,10 @@ _EXPORTS = {
     "build_workload": "akocore.workload",
     "flat_workload": "akocore.workload",
     "workload_fingerprint": "akocore.workload",
+    "read_result": "akocore.result_reader",
+    "PlanResult": "akocore.results",
+    "RankResult": "akocore.results",
+    "RunResult": "akocore.results",
 }
 
 
@@ -56,8 +69,12 @@ __all__ = [
     "ArrayData",
     "BatchFactory",
     "FlatWorkload",
+    "PlanResult",
+    "RankResult",
+    "RunResult",
     "Workload",
     "build_workload",
     "flat_workload",
+    "read_result",
     "workload_fingerprint",
 ]

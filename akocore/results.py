@@ -197,6 +197,11 @@ class RankResult:
         details = data.pop("details")
         return {"schema_version": SCHEMA_VERSION, "kind": "rank", **data, **details}
 
+    @property
+    def accuracy(self) -> float | None:
+        """This rank's final test accuracy: `final_accuracy` (the name in result files)."""
+        return self.final_accuracy
+
     @classmethod
     def from_json(cls, data: Any, where: str = "") -> RankResult:
         """The record from its JSON (keys that are no field go to `details`)."""
@@ -323,6 +328,11 @@ class RunResult:
         run = record_from_json(cls, body, where)
         return replace(run, per_worker=tuple(
             RankResult.from_json(r, f"{prefix}per_worker[{i}]") for i, r in enumerate(ranks)))
+
+    @property
+    def accuracy(self) -> float | None:
+        """The run's final test accuracy: `final_accuracy` (the name in result files)."""
+        return self.final_accuracy
 
     @property
     def training_ranks(self) -> tuple[RankResult, ...]:
@@ -598,7 +608,8 @@ def merged_figures(training: Sequence[RankResult], batch_size: int) -> Figures:
 
 def read_result(data: Any) -> PlanResult | RunResult | RankResult | Calibration:
     """Any result JSON object as its record; files without ``schema_version`` (written
-    before the schema) are converted from their old layout."""
+    before the schema) are converted from their old layout. (`akocore.read_result` also
+    takes the path of a file.)"""
     if not isinstance(data, dict):
         raise RecordError(f"result: expected a JSON object, got {type(data).__name__}")
     if "schema_version" not in data:

@@ -1,17 +1,39 @@
 """akorun: the real shell (wire format, aiohttp transport, worker loop, launcher, CLI).
 
-`merge_run(run_dir)` writes a run's ``result.json`` from its ranks' records (what
-``akorun merge RUN_DIR`` does), for ranks started by hand::
+The public API mirrors the command line (keyword settings are its flags):
+
+- `launch` runs every rank on this machine and returns the merged `RunResult`;
+- `init` writes a cluster file, `run_worker` runs one rank of it in this process;
+- `Exchange` puts Ako's exchange inside your own training loop: you compute the
+  gradients, akorun exchanges their partitions with the peers and returns the update;
+- `merge_run` writes a run's ``result.json`` from its ranks' records (``akorun merge``).
+
+Example::
 
     import akorun
+    run = akorun.launch(out="runs/demo", workers=3, rounds=50, quiet=True)
+    print(run.accuracy, run.max_relative_difference)
+
     path = akorun.merge_run("runs/by-hand")   # runs/by-hand/result.json
+
+Your own loop, on each of the ranks of ``akorun.init("run/cluster.toml", workers=3)``::
+
+    with akorun.Exchange(rank=r, cluster="run/cluster.toml", params=params) as ex:
+        for batch in batches:
+            params = ex.step(jax.grad(loss)(params, batch))
+
+``akorun.launch`` is also the module of the local launcher: calling it launches.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["merge_run"]
+if TYPE_CHECKING:
+    from akorun.run_api import Exchange, init, run_worker
+    from akorun.run_merge import merge_run
+
+__all__ = ["Exchange", "init", "launch", "merge_run", "run_worker"]
 
 
 def __getattr__(name: str) -> Any:
@@ -20,4 +42,12 @@ def __getattr__(name: str) -> Any:
         from akorun.run_merge import merge_run
 
         return merge_run
+    if name == "launch":
+        import akorun.launch  # a callable module: calling it is akorun.run_api.launch
+
+        return akorun.launch
+    if name in ("Exchange", "init", "run_worker"):
+        from akorun import run_api as api
+
+        return getattr(api, name)
     raise AttributeError(f"module 'akorun' has no attribute {name!r}")

@@ -14,7 +14,6 @@ stderr saying what was wrong and what is allowed, never a traceback);
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import logging
 import os
@@ -27,15 +26,12 @@ from akocore.cli_support import OneLineParser, one_line
 from akocore.config import (
     ConfigError,
     ResolvedSettings,
-    Tool,
     TrainConfig,
-    add_akorun_arguments,
-    add_shared_arguments,
     resolve_args,
 )
-from akocore.testbed_record import LATENCY_POLICIES
-from akocore.units import UnitError, parse_duration
-from akorun import message_bench
+from akocore.results import RunResult
+from akocore.units import UnitError
+from akorun.cli_parser import build_parser, parse_duration_arg, parse_whole_arg
 from akorun.cluster import (
     DEFAULT_BASE_PORT,
     AkorunSettings,
@@ -62,16 +58,15 @@ from akorun.errors import (
 from akorun.faults import faults_for
 from akorun.keys import rank_key_file, write_rank_key_files
 from akorun.launch import (
-    LAUNCHER_PID_ENV,
     LaunchOptions,
     check_run_directory,
     launch,
     worker_flags,
 )
-from akorun.merge_command import cmd_merge, merge_if_complete
+from akorun.merge_command import cmd_merge
 from akorun.node_plan import check_role
-from akorun.testbed.runner import TESTBEDS, TestbedOptions, launch_on_testbed
-from akorun.worker import TLSOptions, Worker, WorkerOptions, summary_line
+from akorun.testbed.runner import TestbedOptions, launch_on_testbed
+from akorun.worker import TLSOptions, WorkerOptions, run_rank
 
 ArgumentParser = OneLineParser  # one-line errors: `akorun worker: error: ... (see --help)`, 2
 
@@ -155,163 +150,6 @@ is 0 unless there is nothing to merge (2).
 """
 
 
-def _duration(text: str, flag: str) -> float:
-    try:
-        value = parse_duration(text)
-    except UnitError as error:
-        raise UsageError(f"{flag}: {error}") from None
-    if value <= 0:
-        raise UsageError(f"{flag}: got {text!r}, expected a duration > 0 such as 10s")
-    return value
-
-
-def _whole(text: str | None, flag: str, minimum: int = 0) -> int | None:
-    if text is None:
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise UsageError(f"{flag}: got {text!r}, expected a whole number >= {minimum}")
-    return value
-
-
-def _add_runtime_flags(parser: argparse.ArgumentParser, tool: Tool) -> None:
-    group = parser.add_argument_group(
-        "akorun process settings",
-        "The [akorun] settings among these (peer and join timeouts, checkpoints, emulation, "
-        "send queue, TLS) layer like the run settings: cluster file < --set akorun.KEY=VALUE "
-        "< flag.")
-    add = group.add_argument
-    if tool is Tool.AKORUN_RANK:
-        add("--rank", metavar="R", default=None,
-            help="this process's rank 0..N-1 (else AKORUN_RANK, RANK or SLURM_PROCID)")
-        add("--out", metavar="DIR", default=None,
-            help="write OUT/worker-R.json and OUT/worker-R.npz here")
-        add("--resume", action="store_true",
-            help="restart this rank: rejoin the live run from a peer's snapshot, or go on "
-                 "from its checkpoint when no peer is alive (scheme ako)")
-    add_akorun_arguments(group, tool)
-    if tool is Tool.AKORUN_INIT:
-        return
-    add("--checkpoint-dir", metavar="DIR", default=None,
-        help="where checkpoints go (default: OUT/checkpoints)")
-    add("--progress-every", metavar="DURATION", default=None,
-        help=f"print a progress line this often, e.g. 5s (default "
-             f"{WorkerOptions.progress_every_s:g}s; launch {LaunchOptions.progress_every_s:g}s)")
-    add("--quiet", action="store_true", help="no progress lines, warnings only")
-    if tool is Tool.AKORUN_RANK:
-        add("--listen", metavar="HOST", default=None,
-            help="address to bind, e.g. 0.0.0.0 (default: this rank's host in cluster.hosts)")
-        add("--grace", metavar="DURATION", default=None,
-            help="after finishing, keep serving until every peer is done or this long "
-                 "(default: the peer timeout)")
-        add("--tls-ca", metavar="PEM", default=None,
-            help="CA bundle to verify peers' certificates (default: the system CAs and the "
-                 "run's own certificate, so a self-signed one works)")
-
-
-def _shared_flags_help() -> str:
-    """The shared run settings, as every subcommand accepts them, for the top-level help."""
-    probe = ArgumentParser(prog="akorun COMMAND", add_help=False, formatter_class=_FORMATTER)
-    add_shared_arguments(probe, Tool.AKORUN_LAUNCH)
-    text = probe.format_help()
-    return text[text.index("\n\n") + 2:] if "\n\n" in text else text
-
-
-def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(
-        prog="akorun",
-        description="Real-mode Ako: CPU workers train one model with no parameter server, "
-                    "exchanging gradient partitions over HTTP with stale-synchronous gating.",
-        epilog="examples:\n  akorun launch --workers 3 --rounds 100 --out runs/demo\n"
-               "  akorun init --workers 3 --out cluster.toml && "
-               "akorun worker --rank 0 --config cluster.toml --out runs/demo\n"
-               "  akorun merge runs/demo      (the run's result.json from its ranks' "
-               "records)\n\n"
-               "every command also takes the " + _shared_flags_help(),
-        formatter_class=_FORMATTER)
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    init = commands.add_parser("init", help="write a cluster file for a run",
-                               description="Write a complete cluster file: the run config "
-                                           "tables plus an [akorun] table with a fresh run id "
-                                           "and secret.",
-                               epilog=INIT_EPILOG, formatter_class=_FORMATTER)
-    init.add_argument("--out", metavar="FILE", required=True, help="cluster file to write")
-    init.add_argument("--hosts", metavar="HOST[:PORT],...", default=None,
-                      help="one host per rank, e.g. a,b,c or a:7000,b:7000 (default: loopback "
-                           "with free ports)")
-    init.add_argument("--base-port", metavar="PORT", default=str(DEFAULT_BASE_PORT),
-                      help=f"port for hosts given without one (default {DEFAULT_BASE_PORT})")
-    init.add_argument("--force", action="store_true", help="overwrite an existing file")
-    init.add_argument("--per-rank-keys", metavar="DIR", default=None,
-                      help="also write DIR/rank-R.keys (0600), each holding only rank R's "
-                           "pair keys, and leave the secret out of the cluster file: give "
-                           "each host the cluster file and its own rank's key file only")
-    _add_runtime_flags(init, Tool.AKORUN_INIT)
-    add_shared_arguments(init, Tool.AKORUN_INIT)
-    init.set_defaults(handler=cmd_init)
-
-    for name, help_text, epilog in (
-            ("worker", "run one training rank", WORKER_EPILOG),
-            ("ps", "run one parameter-server rank (exchange.scheme = ps)", PS_EPILOG)):
-        sub = commands.add_parser(name, help=help_text, description=help_text[0].upper()
-                                  + help_text[1:] + " from a cluster file.",
-                                  epilog=epilog, formatter_class=_FORMATTER)
-        _add_runtime_flags(sub, Tool.AKORUN_RANK)
-        add_shared_arguments(sub, Tool.AKORUN_RANK)
-        sub.set_defaults(handler=cmd_worker, role=name)
-
-    run = commands.add_parser("launch", help="run every rank on this machine",
-                              description="Start N ranks on loopback as subprocesses, show "
-                                          "progress, wait, and merge OUT/result.json.",
-                              epilog=LAUNCH_EPILOG, formatter_class=_FORMATTER)
-    run.add_argument("--out", metavar="DIR", required=True, help="run directory")
-    run.add_argument("--force", action="store_true",
-                     help="reuse a run directory that already holds a run (overwriting it)")
-    run.add_argument("--kill-grace", metavar="DURATION", default=None,
-                     help="after SIGTERM, SIGKILL ranks still running this much later "
-                          f"(default {LaunchOptions.kill_grace_s:g}s)")
-    run.add_argument("--timeout", metavar="DURATION", default=None,
-                     help="stop the whole run after this long, e.g. 10m")
-    testbed = run.add_argument_group(
-        "real-network testbed",
-        "Run the ranks over real kernel TCP instead of loopback with in-process emulation: "
-        "one network namespace per rank, veth pairs to a bridge, the config's network made "
-        "with tc htb (uplink per node, downlink, per-pair caps). Needs root, ip and tc.")
-    testbed.add_argument("--testbed", metavar="KIND", default=None, choices=TESTBEDS,
-                         help=f"where the ranks run: {', '.join(TESTBEDS)}")
-    testbed.add_argument("--testbed-latency", metavar="POLICY", default=None,
-                         choices=LATENCY_POLICIES,
-                         help="a config with latency > 0 (one-way, as in akosim): delay "
-                              "(default: a delay line holds each packet for its pair's "
-                              "latency) or ignore it (recorded in OUT/testbed.json)")
-    testbed.add_argument("--testbed-jitter", metavar="DURATION", default=None,
-                         help="add uniform +-jitter to each packet's delay, e.g. 2ms (a "
-                              "pair's packets keep their order; default 0)")
-    testbed.add_argument("--testbed-downlink", metavar="on|off", default=None,
-                         choices=("on", "off"),
-                         help="shape each rank's incoming side too (default on: the config's "
-                              "NICs are symmetric)")
-    _add_runtime_flags(run, Tool.AKORUN_LAUNCH)
-    add_shared_arguments(run, Tool.AKORUN_LAUNCH)
-    run.set_defaults(handler=cmd_launch)
-    merge = commands.add_parser("merge", help="write a run's result.json from its ranks' "
-                                              "records",
-                                description="Merge the ranks' OUT/worker-R.json and "
-                                            "OUT/worker-R.npz into OUT/result.json.",
-                                epilog=MERGE_EPILOG, formatter_class=_FORMATTER)
-    merge.add_argument("run_dir", metavar="RUN_DIR",
-                       help="the directory holding the ranks' records (their --out)")
-    merge.add_argument("--quiet", action="store_true", help="no summary table")
-    merge.set_defaults(handler=cmd_merge)
-    # measure-messages: its own module (akorun.message_bench) owns flags and handler
-    message_bench.add_parser(commands, _FORMATTER)
-    return parser
-
-
 # ------------------------------------------------------------------------ commands
 
 
@@ -326,7 +164,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     cfg = resolved.config
     _check_workload(cfg.train)
     n = cfg.cluster.workers
-    base_port = _whole(args.base_port, "--base-port", 1)
+    base_port = parse_whole_arg(args.base_port, "--base-port", 1)
     if args.hosts is not None:
         hosts = hosts_from_text(args.hosts, n, base_port or DEFAULT_BASE_PORT)
     elif cfg.cluster.hosts:
@@ -376,7 +214,9 @@ def worker_settings(args: argparse.Namespace) -> tuple[ResolvedSettings, AkorunS
     return resolved, settings
 
 
-def cmd_worker(args: argparse.Namespace) -> int:
+def rank_options(args: argparse.Namespace) -> WorkerOptions:
+    """One rank's options from `akorun worker` / `akorun ps` flags (the cluster file <
+    --set < flags); UsageError for a mistake, before anything starts."""
     resolved, settings = worker_settings(args)
     cfg = resolved.config
     try:
@@ -384,8 +224,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except ConfigError as error:
         raise UsageError(f"{args.config}: {error}") from None
     _check_workload(cfg.train)
-    rank = resolve_rank(_whole(args.rank, "--rank"), os.environ, cfg.cluster.workers)
-    role = check_role(cfg, rank, args.role)
+    rank = resolve_rank(parse_whole_arg(args.rank, "--rank"), os.environ, cfg.cluster.workers)
+    check_role(cfg, rank, args.role)
     settings.rank_keys(rank, cfg.cluster.workers)  # a missing or foreign key file: exit 2 now
     out = Path(args.out) if args.out else None
     if out is not None:
@@ -398,23 +238,21 @@ def cmd_worker(args: argparse.Namespace) -> int:
     _check_tls_files(tls.cert, tls.key, tls.ca)
     optional: dict[str, Any] = {}
     if args.progress_every:
-        optional["progress_every_s"] = _duration(args.progress_every, "--progress-every")
-    options = WorkerOptions(
+        optional["progress_every_s"] = parse_duration_arg(args.progress_every, "--progress-every")
+    return WorkerOptions(
         rank=rank, config=cfg, settings=settings, out_dir=out, checkpoint_dir=checkpoint_dir,
         checkpoint_every=settings.checkpoint_every, resume=args.resume,
         listen_host=args.listen, emulate=should_emulate(settings, cfg),
         peer_timeout_s=settings.peer_timeout_s, join_timeout_s=settings.join_timeout_s,
-        grace_s=_duration(args.grace, "--grace") if args.grace else None,
+        grace_s=parse_duration_arg(args.grace, "--grace") if args.grace else None,
         quiet=args.quiet, tls=tls, faults=faults_for(rank, os.environ),
         queue_messages=settings.queue_messages, **optional)
-    _setup_logging(f"akorun[{role} {rank}]", args.quiet)
-    worker = Worker(options)
-    worker.prepare()
-    asyncio.run(worker.run())
-    if out is not None and not args.quiet:
-        sys.stderr.write(summary_line(worker.rank_result) + "\n")
-    if out is not None and LAUNCHER_PID_ENV not in os.environ:
-        merge_if_complete(out, settings.run_id, cfg.cluster.workers, quiet=args.quiet)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    options = rank_options(args)
+    _setup_logging(f"akorun[{args.role} {options.rank}]", args.quiet)
+    run_rank(options)
     return 0
 
 
@@ -438,20 +276,22 @@ def launch_settings(args: argparse.Namespace) -> tuple[ResolvedSettings, AkorunS
     return resolved, new_settings(resolved.akorun)
 
 
-def cmd_launch(args: argparse.Namespace) -> int:
+def launch_run(args: argparse.Namespace) -> RunResult:
+    """Every rank of `akorun launch` flags on this machine, to the merged result (the one
+    path of `akorun launch` and `akorun.launch`)."""
     resolved, settings = launch_settings(args)
     cfg = resolved.config
     _check_workload(cfg.train)
     progress: dict[str, Any] = {}  # given process flags; LaunchOptions holds the defaults
     if args.progress_every:
-        progress["progress_every_s"] = _duration(args.progress_every, "--progress-every")
+        progress["progress_every_s"] = parse_duration_arg(args.progress_every, "--progress-every")
     if args.kill_grace:
-        progress["kill_grace_s"] = _duration(args.kill_grace, "--kill-grace")
+        progress["kill_grace_s"] = parse_duration_arg(args.kill_grace, "--kill-grace")
     out_dir = Path(args.out)
     check_run_directory(out_dir, force=args.force)
     options = LaunchOptions(
         out_dir=out_dir, quiet=args.quiet,
-        timeout_s=_duration(args.timeout, "--timeout") if args.timeout else None,
+        timeout_s=parse_duration_arg(args.timeout, "--timeout") if args.timeout else None,
         worker_args=worker_flags(quiet=args.quiet, checkpoint_dir=args.checkpoint_dir,
                                  progress_every_s=progress.get("progress_every_s")),
         **progress)
@@ -462,16 +302,23 @@ def cmd_launch(args: argparse.Namespace) -> int:
                  if value is not None]
         if given:
             raise UsageError(f"{given[0]} needs --testbed netns")
-        launch(cfg, settings, options, resolved=resolved)
-        return 0
-    jitter_s = _duration(args.testbed_jitter, "--testbed-jitter") if args.testbed_jitter else 0.0
+        return launch(cfg, settings, options, resolved=resolved)
+    jitter_s = (parse_duration_arg(args.testbed_jitter, "--testbed-jitter")
+                if args.testbed_jitter else 0.0)
     testbed = TestbedOptions(kind=args.testbed, latency=args.testbed_latency or "delay",
                              downlink=args.testbed_downlink != "off", jitter_s=jitter_s)
-    launch_on_testbed(cfg, settings, options, testbed, resolved=resolved)
+    return launch_on_testbed(cfg, settings, options, testbed, resolved=resolved)
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    launch_run(args)
     return 0
 
 
 # ------------------------------------------------------------------------ main
+
+HANDLERS: dict[str, Any] = {"init": cmd_init, "worker": cmd_worker, "ps": cmd_worker,
+                            "launch": cmd_launch, "merge": cmd_merge}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -479,7 +326,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     prog = f"akorun {args.command}"
     try:
-        return int(args.handler(args))
+        handler = getattr(args, "handler", None) or HANDLERS[args.command]
+        return int(handler(args))
     except (UsageError, ConfigError, UnitError) as error:
         sys.stderr.write(f"{prog}: error: {one_line(error)}\n")
         return EXIT_USAGE

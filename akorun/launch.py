@@ -14,6 +14,9 @@ signals) counts as interrupted, not failed. The exit status is
 non-zero if any rank failed, and the message names it and shows the tail of
 its log.
 
+Calling this module is the public call: ``akorun.launch(out="runs/demo", workers=3)``
+is `akorun.run_api.launch` (keyword settings, the merged RunResult back).
+
 The ranks die with the launcher: they share one process group of their own
 (``kill -- -PGID`` stops them all; the terminal's Ctrl-C reaches only the
 launcher, which stops them as above), and each asks Linux for SIGTERM when the
@@ -40,9 +43,11 @@ import signal
 import subprocess
 import sys
 import time
+import types
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -388,3 +393,16 @@ def worker_flags(*, progress_every_s: float | None = None, checkpoint_dir: str |
         flags += ["--checkpoint-dir", checkpoint_dir]
     flags += list(extra)
     return tuple(flags)
+
+
+class _CallableModule(types.ModuleType):
+    """``akorun.launch(out=..., **settings)`` is the public call (akorun.run_api.launch), and
+    ``akorun.launch`` stays this module: the attribute of a package is its submodule once
+    imported."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # looked up by name when called: the API is built on this module
+        return import_module("akorun.run_api").launch(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

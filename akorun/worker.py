@@ -25,8 +25,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import signal
 import ssl
+import sys
+import threading
 import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +45,7 @@ from akocore.messages import Partial
 from akocore.results import RankResult
 from akocore.schemes import SchemeError
 from akocore.settings.key_registry import default_of
+from akocore.workload import FlatWorkload
 from akorun.client import ControlClient, binary_answer_cap, make_session
 from akorun.cluster import AkorunSettings, allowed_networks, split_host
 from akorun.control import ControlKind
@@ -168,7 +172,8 @@ class Worker:
                            signer=self.signer, verifier=self.verifier,
                            peer_timeout_s=options.peer_timeout_s, deliver=self._on_relayed,
                            lost_here=lambda peer: self._suspended(peer)
-                           or self.liveness.rejoining(peer))
+                           or self.liveness.rejoining(peer),
+                           budget_bytes=options.settings.relay_budget_bytes)
         self.relay.before_answer = relay_answer_hook(options.faults)
         self.liveness = Liveness(
             rank=self.rank, peers=self.peers, timeout_s=options.peer_timeout_s,
@@ -193,17 +198,18 @@ class Worker:
 
     # ================================================================ wiring
 
-    def prepare(self) -> None:
+    def prepare(self, workload: FlatWorkload | None = None) -> None:
         """Build the workload (same seed on every rank), load a checkpoint for --resume,
         and wire the collaborators that need them.
 
         Synchronous and before the event loop starts; user mistakes raise UsageError.
+        `workload`: trained instead of the configured one (akorun.Exchange's bridge).
         """
         options = self.options
         restrict_new_files()
         self.prepared = prepare(self.cfg, self.role, run_id=self.run_id,
                                 config_hash=self.config_hash, resume=options.resume,
-                                checkpoint_dir=options.checkpoint_dir)
+                                checkpoint_dir=options.checkpoint_dir, workload=workload)
         identity = Identity(self.rank, self.run_id, self.config_hash,
                             self.prepared.params_sha256,
                             workload=self.prepared.workload_identity,
@@ -381,8 +387,9 @@ class Worker:
         """The whole life of the process (after prepare)."""
         options = self.options
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, self._on_signal, signal.Signals(signum).name)
+        if threading.current_thread() is threading.main_thread():  # not akorun.Exchange's
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, self._on_signal, signal.Signals(signum).name)
         session: aiohttp.ClientSession = make_session(peers=len(self.peers))
         client_ssl = options.tls.client_context()
         control = ControlClient(session, self.signer, self.base_urls, ssl_context=client_ssl)
@@ -449,6 +456,24 @@ class Worker:
 
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
+
+
+def run_rank(options: WorkerOptions) -> Worker:
+    """Run one rank to its end in this thread (`akorun worker`, `akorun.run_worker`); its
+    record is `worker.rank_result`, and with an out directory it is written there."""
+    worker = Worker(options)
+    worker.prepare()
+    asyncio.run(worker.run())
+    out = options.out_dir
+    if out is not None and not options.quiet:
+        sys.stderr.write(summary_line(worker.rank_result) + "\n")
+    from akorun.launch import LAUNCHER_PID_ENV
+    from akorun.merge_command import merge_if_complete
+
+    if out is not None and LAUNCHER_PID_ENV not in os.environ:
+        merge_if_complete(out, options.settings.run_id, options.config.cluster.workers,
+                          quiet=options.quiet)
+    return worker
 
 
 def summary_line(result: RankResult) -> str:

@@ -1,1 +1,52 @@
-"""akosim: the simulator shell (network model, SimPy processes, CLI, reports)."""
+"""akosim: predict what a cluster will do before renting it (a simulation of links, NICs and
+partition rounds, timing only or really training).
+
+The public API mirrors the command line (keyword settings are its flags; ``config=`` a
+settings file, ``set=`` dotted settings) and returns typed records (akocore.results):
+
+- `plan` compares the schemes and recommends p and s (a `PlanResult`: its ``runs`` are
+  the table's rows, ``explanation`` and ``advice`` the recommendation);
+- `simulate` times one configuration (a `RunResult`);
+- `train` really trains the workload in simulated time (a `RunResult` with accuracy);
+- `predict` predicts an akorun run from its directory (a `Prediction`).
+
+Example::
+
+    import akosim
+    plan = akosim.plan(workers=64, bandwidth="40mbps", p="auto", compute="0.3s",
+                       gradient_size="17MB")
+    print(plan.explanation)
+    run = akosim.simulate(workers=8, scheme="ako", p=4, compute="50ms",
+                          gradient_size="4MB", bandwidth="100mbps", rounds=50)
+    print(run.round_time_s)
+
+``akosim.plan`` is also the package of the application layer (akosim.plan.setup,
+akosim.plan.execute) and ``akosim.predict`` the module of ``akosim predict``: calling
+them plans and predicts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from akosim.sim_api import simulate, train
+
+__all__ = ["plan", "predict", "simulate", "train"]
+
+
+def __getattr__(name: str) -> Any:
+    """The public calls, imported when first used (``import akosim`` stays light)."""
+    if name == "plan":
+        import akosim.plan  # a callable package: calling it is akosim.sim_api.plan
+
+        return akosim.plan
+    if name == "predict":
+        import akosim.predict  # a callable module: calling it is akosim.sim_api.predict
+
+        return akosim.predict
+    if name in ("simulate", "train"):
+        from akosim import sim_api as api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'akosim' has no attribute {name!r}")

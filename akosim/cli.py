@@ -19,6 +19,7 @@ import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from akocore.cli_support import OneLineParser, UsageError, fail
 from akocore.config import (
@@ -26,11 +27,9 @@ from akocore.config import (
     Layer,
     Origin,
     ResolvedSettings,
-    RunConfig,
     Tool,
     add_akosim_argument,
     add_shared_arguments,
-    config_to_dict,
     resolve_args,
 )
 from akocore.settings.key_registry import RUN_SECTIONS
@@ -48,6 +47,9 @@ from akosim.runspec import (
     USER_ERRORS,
     load_workload,
 )
+
+if TYPE_CHECKING:
+    from akosim.plan import PlanOutcome
 
 __all__ = ["TIMING_DEFAULTS", "TRAIN_DEFAULTS", "USER_ERRORS", "OneLineParser", "UsageError",
            "build_parser", "fail", "load_workload", "main"]
@@ -232,8 +234,8 @@ def describe_settings(resolved: ResolvedSettings, *, training: bool) -> list[str
 
 
 def run_plan(args: argparse.Namespace, *, training: bool = False) -> int:
-    """akosim plan / train: simulate the configured scheme, or compare them all."""
-    from akosim.plan import SimulationOptions, plan_runs
+    """akosim plan / train: the API's plan_outcome of the flags, printed (and written)."""
+    from akosim.plan import SimulationOptions, plan_outcome
 
     resolved = resolve_settings(args, training=training)
     if args.show_config:
@@ -245,23 +247,20 @@ def run_plan(args: argparse.Namespace, *, training: bool = False) -> int:
         cache = Path.home() / ".cache" / "akosim" / "jax"
         enable_compilation_cache(str(cache))
     factory = progress_factory(not args.quiet and sys.stderr.isatty())
-    planned = plan_runs(resolved, SimulationOptions.from_args(args, resolved), training=training,
-                        trace=bool(args.trace), factory=factory)
-    return _finish(args, planned.setup.config, planned.setup, planned.runs, training,
-                   ssp_chosen=planned.ssp_chosen)
+    outcome = plan_outcome(resolved, SimulationOptions.from_args(args, resolved),
+                           training=training, trace=bool(args.trace), factory=factory,
+                           max_staleness_rounds=args.max_staleness)
+    _print_outcome(args, outcome, training)
+    return 0
 
 
-def _finish(args: argparse.Namespace, cfg: RunConfig, setup, runs, training: bool, *,
-            ssp_chosen: bool = False) -> int:
-    from akosim.advice import MAX_STALENESS_ROUNDS, explain
-    from akosim.result_tables import format_table, json_safe, plan_result, write_json
+def _print_outcome(args: argparse.Namespace, outcome: PlanOutcome, training: bool) -> None:
+    from akosim.result_tables import format_table, json_safe, write_json
     from akosim.trace import write_trace
 
+    setup, runs = outcome.planned.setup, outcome.planned.runs
     compute = setup.compute
-    workers = cfg.cluster.workers
-    max_staleness = MAX_STALENESS_ROUNDS if args.max_staleness is None else args.max_staleness
-    if max_staleness < 0:
-        raise UsageError(f"--max-staleness: got {args.max_staleness}, expected rounds >= 0")
+    workers = setup.config.cluster.workers
     print(f"akosim: {workers} nodes, gradient {format_size(setup.gradient_bytes)} "
           f"({setup.length:,} float32), compute {format_duration(compute.mean_s(workers))}"
           f"/round, batch {setup.batch_size}, "
@@ -270,35 +269,23 @@ def _finish(args: argparse.Namespace, cfg: RunConfig, setup, runs, training: boo
              else ""))
     if setup.compute_source:
         print(f"akosim: {setup.compute_source}")
-    if cfg.exchange.codec != "none":
-        print(f"akosim: codec {cfg.exchange.codec} on gradients, pushes and reduce steps "
+    codec = setup.config.exchange.codec
+    if codec != "none":
+        print(f"akosim: codec {codec} on gradients, pushes and reduce steps "
               f"(parameters and all-gather steps travel as float32), error feedback on")
     print(format_table(runs, training=training))
-    explanation = None if training else explain(setup, runs, ssp_chosen=ssp_chosen,
-                                                max_staleness_rounds=max_staleness)
-    if explanation is not None:
-        print(explanation.line)
-        for line in explanation.advice:
+    if outcome.explanation is not None:
+        print(outcome.explanation.line)
+        for line in outcome.explanation.advice:
             print(line)
-    recommendation: tuple[str, ...] = ()
-    if not training:
-        from akosim.advice import recommend
-
-        recommendation = recommend(runs, max_staleness_rounds=max_staleness)
-        for line in recommendation:
-            print(line)
+    for line in outcome.recommendation:
+        print(line)
     if args.out:
-        plan = plan_result(runs, config=config_to_dict(cfg), training=training,
-                           gradient_bytes=setup.gradient_bytes,
-                           compute_s=[compute.base_s(i) for i in range(workers)],
-                           batch_size=setup.batch_size, compute_source=setup.compute_source,
-                           explanation=explanation, recommendation=recommendation)
-        write_json(args.out, json_safe(plan.to_json()))
+        write_json(args.out, json_safe(outcome.record.to_json()))
         print(f"wrote {args.out}")
     if args.trace:
         write_trace(args.trace, runs)
         print(f"wrote {args.trace} (open in https://ui.perfetto.dev)")
-    return 0
 
 
 def _bound(value: float) -> str:

@@ -29,6 +29,9 @@ What is taken from where, so that nothing is counted twice:
   own stays a per-message delay, since the run's measured compute already holds
   the time its message handling took from the steps.
 
+Calling this module is the public call: ``akosim.predict("runs/mine")`` is
+`akosim.sim_api.predict`.
+
 Flags that restate the run are accepted; one that contradicts it (``--workers
 8`` for a 3-rank run) is a user error, as is a run directory without a result.
 """
@@ -38,8 +41,12 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
+import types
 from dataclasses import dataclass, replace
+from importlib import import_module
 from pathlib import Path
+from typing import Any
 
 from akocore.cli_support import UsageError
 from akocore.config import (
@@ -54,7 +61,7 @@ from akocore.config import (
 )
 from akocore.host_calibration import TcpParameters
 from akocore.jsonrecord import RecordError
-from akocore.results import Calibration, RunResult, read_result
+from akocore.results import Calibration, PlanResult, RunResult, read_result
 from akocore.schemes.registry import is_partitioned
 from akocore.settings.normalise import network_layers
 from akocore.settings.schema import NetworkConfig
@@ -269,9 +276,32 @@ def _loopback(cfg: RunConfig) -> bool:
                                            for h in cfg.cluster.hosts)
 
 
-def predict_command(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class Prediction:
+    """What `akosim predict` found: the predicted and measured round times, the prediction
+    as a plan record (its one run; `explanation` is the prediction line) and the lines the
+    command prints before its table (what was taken from where)."""
+
+    predicted_round_time_s: float
+    measured_round_time_s: float | None
+    record: PlanResult
+    lines: tuple[str, ...]
+    runs: tuple[Any, ...]  # akosim.scenario.SimRun: the table's rows
+
+    @property
+    def relative_error(self) -> float | None:
+        """predicted / measured - 1 (None when the run measured no round time)."""
+        measured = self.measured_round_time_s
+        if measured is None or not math.isfinite(measured) or measured <= 0:
+            return None
+        return self.predicted_round_time_s / measured - 1
+
+
+def predict_run(args: argparse.Namespace) -> Prediction:
+    """The prediction of the run `args.run_dir` names, with the command's flags in `args`
+    (the one path of `akosim predict` and `akosim.predict`); UsageError for a mistake."""
     from akosim.plan.setup import build_setup, fixed_compute, stop_rule, tcp_parameters_for
-    from akosim.result_tables import format_table, json_safe, plan_result, write_json
+    from akosim.result_tables import plan_result
     from akosim.runspec import configured_runs, load_workload
 
     path = result_path(args.run_dir)
@@ -354,22 +384,32 @@ def predict_command(args: argparse.Namespace) -> int:
     predicted = runs[0].round_time_s
     measured = run.round_time_s
     label = run.label if run.label and run.label != run.scheme else ""
-    print(f"akosim predict: {path}: {run.scheme} {label}".rstrip()
-          + f", {workers} nodes, {rounds} rounds, network model {model}")
-    for line in sources:
-        print(f"akosim: {line}")
+    lines = [f"akosim predict: {path}: {run.scheme} {label}".rstrip()
+             + f", {workers} nodes, {rounds} rounds, network model {model}"]
+    lines += [f"akosim: {line}" for line in sources]
     if "tcp-core" in network_layers(model) and testbed is None and _loopback(cfg):
-        print("akosim: note: the run's ranks are on loopback, where akorun emulates the "
-              "network in-process by default (a fluid model); --network-model maxmin "
-              "predicts an emulated run")
-    print(format_table(runs, training=False))
+        lines.append("akosim: note: the run's ranks are on loopback, where akorun emulates "
+                     "the network in-process by default (a fluid model); --network-model "
+                     "maxmin predicts an emulated run")
     line = prediction_line(predicted, measured)
-    print(line)
+    plan = plan_result(runs, config=config_to_dict(cfg), training=False,
+                       gradient_bytes=length * 4, compute_s=list(compute_s),
+                       batch_size=setup.batch_size, compute_source=setup.compute_source)
+    return Prediction(predicted, measured, replace(plan, explanation=line), tuple(lines),
+                      tuple(runs))
+
+
+def predict_command(args: argparse.Namespace) -> int:
+    """`akosim predict`: print the prediction (and write it with --out)."""
+    from akosim.result_tables import format_table, json_safe, write_json
+
+    prediction = predict_run(args)
+    for line in prediction.lines:
+        print(line)
+    print(format_table(list(prediction.runs), training=False))
+    print(prediction.record.explanation)
     if args.out:
-        plan = plan_result(runs, config=config_to_dict(cfg), training=False,
-                           gradient_bytes=length * 4, compute_s=list(compute_s),
-                           batch_size=setup.batch_size, compute_source=setup.compute_source)
-        write_json(args.out, json_safe(replace(plan, explanation=line).to_json()))
+        write_json(args.out, json_safe(prediction.record.to_json()))
         print(f"wrote {args.out}")
     return 0
 
@@ -384,5 +424,18 @@ def prediction_line(predicted_s: float, measured_s: float | None) -> str:
 
 __all__ = ["COMPUTE_SOURCES", "Colocation", "DESCRIPTION", "EPILOG", "add_predict_arguments",
            "colocated_compute_s", "host_measured_compute_s", "message_cpu_stretched",
-           "with_message_cpu",
-           "predict_command", "prediction_line", "read_run", "read_testbed", "testbed_network"]
+           "with_message_cpu", "Prediction", "predict_command", "predict_run",
+           "prediction_line", "read_run", "read_testbed", "testbed_network"]
+
+
+class _CallableModule(types.ModuleType):
+    """``akosim.predict(run_dir)`` is the public call (akosim.sim_api.predict), and
+    ``akosim.predict`` stays this module: the attribute of a package is its submodule
+    once imported."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # looked up by name when called: the API is built on this module
+        return import_module("akosim.sim_api").predict(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -339,6 +339,13 @@ KEYS: tuple[Key, ...] = (
         "messages owed to one peer before sending waits (backpressure)",
         flag="--queue-messages", metavar="N", tools=AKORUN_TOOLS,
         flag_help="messages owed to one peer before sending waits (backpressure), e.g. 64"),
+    Key("akorun", "relay_budget", "relay_budget_bytes",
+        "bytes of peers' partials a rank keeps to repair a lost peer's rounds; 0 = two "
+        "gradients per peer",
+        flag="--relay-budget", metavar="SIZE", tools=AKORUN_TOOLS,
+        flag_help="bytes of peers' partials each rank keeps to repair a lost peer's rounds "
+                  "for the others (at least one partial per peer), e.g. 256MB; default 0: "
+                  "two gradients per peer, 2 x (n - 1) x 4 D bytes"),
     Key("akorun", "tls_cert", "tls_cert", 'PEM certificate each rank serves with; "" = plain HTTP',
         dump=lambda v: v or "", flag="--tls-cert", metavar="PEM", kind=FlagKind.TEXT,
         tools=frozenset({Tool.AKORUN_INIT, Tool.AKORUN_RANK}),

@@ -64,7 +64,7 @@ from akocore.settings.normalise import (
     show,
     unit_error,
 )
-from akocore.units import UnitError, parse_duration
+from akocore.units import UnitError, parse_duration, parse_size
 
 SECRET_MIN_BYTES = 16
 ALLOW_HOSTS = "hosts"  # akorun.allow: every address of cluster.hosts
@@ -424,6 +424,7 @@ class AkorunConfig:
     tls_key: str | None = None
     keys: str | None = None  # this rank's key file (`akorun init --per-rank-keys`); {rank}
     allow: tuple[str, ...] = ()  # peer addresses/networks let in; "hosts" = cluster.hosts'
+    relay_budget_bytes: int = 0  # the relay's copies of peers' partials; 0 = two gradients
 
     def __post_init__(self) -> None:
         run_id = None if is_unset(self.run_id) else str(self.run_id)
@@ -471,6 +472,15 @@ class AkorunConfig:
                 raise bad_value("akorun.allow", item, 'IP addresses or networks, e.g. '
                                 '"10.0.0.1" or "10.0.0.0/24", or "hosts"') from None
         set_field(self, "allow", allow)
+        budget = self.relay_budget_bytes
+        try:
+            budget_bytes = parse_size(budget) if isinstance(budget, str) else int(budget)
+        except (UnitError, TypeError, ValueError):
+            budget_bytes = -1
+        if budget_bytes < 0 or isinstance(budget, bool):
+            raise bad_value("akorun.relay_budget", budget,
+                            'a size such as "256MB", or 0 for two gradients per peer')
+        set_field(self, "relay_budget_bytes", budget_bytes)
 
 
 COMPUTE_MEASURES = ("measure", "remeasure")  # akosim.compute: time the workload's step here

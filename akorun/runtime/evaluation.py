@@ -46,7 +46,7 @@ class Evaluator:
     def start(self, params: np.ndarray, round_: int, round_end_s: float) -> None:
         """Evaluate a copy of `params` (round `round_`, ended `round_end_s` after the start
         of training) unless an evaluation is running already."""
-        if self.running:
+        if self.running or not self.evaluates:
             return
         self.running = True
         loop = asyncio.get_running_loop()
@@ -73,8 +73,16 @@ class Evaluator:
         self.waiter.request_stop(f"target accuracy {target} reached ({accuracy:.4f} at round "
                                  f"{round_})")
 
-    async def final(self, params: np.ndarray) -> float:
-        """The final accuracy (also the last one in the metrics)."""
+    @property
+    def evaluates(self) -> bool:
+        """Whether the workload has an evaluation (akorun.Exchange's may have none)."""
+        return bool(getattr(self.workload, "evaluates", True))
+
+    async def final(self, params: np.ndarray) -> float | None:
+        """The final accuracy (also the last one in the metrics); None without an
+        evaluation."""
+        if not self.evaluates:
+            return None
         self.final_accuracy = await asyncio.get_running_loop().run_in_executor(
             self._pool, self.workload.evaluate, np.array(params, copy=True))
         self.metrics.accuracy = self.final_accuracy

@@ -41,14 +41,17 @@ class Prepared:
 
 
 def prepare(cfg: RunConfig, role: Role, *, run_id: str, config_hash: str, resume: bool,
-            checkpoint_dir: Path | None) -> Prepared:
+            checkpoint_dir: Path | None, workload: FlatWorkload | None = None) -> Prepared:
+    """The configured workload built (or `workload`, given ready: akorun.Exchange's) and
+    what the rank needs with it; UsageError for a user mistake."""
     cache = os.environ.get("AKO_JAX_CACHE")
     if cache:
         enable_compilation_cache(cache)
     train = cfg.train
     try:
-        workload = build_workload(train.workload, batch_size=train.batch_size,
-                                  seed=train.seed, data_path=train.data_path)
+        if workload is None:
+            workload = build_workload(train.workload, batch_size=train.batch_size,
+                                      seed=train.seed, data_path=train.data_path)
     except ValueError as error:  # unknown workload or option, a broken factory, DataError
         raise UsageError(f"train.workload: {error}") from None
     for notice in workload.notices:  # e.g. bf16 parameters trained as float32

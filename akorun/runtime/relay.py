@@ -19,9 +19,10 @@ So akorun does (a):
   other rank, keyed with that rank's session key, over the header that
   commits to the body). Memory is bounded: per peer, its last
   ``RELAY_KEEP_GRADIENTS * p`` messages, i.e. at most two full gradients
-  (2 x D float32) per peer; a survivor further behind than that on a lost
-  rank gets the newest of what it lacks and the log says how many rounds
-  could not be repaired.
+  (2 x D float32) per peer, or with ``akorun.relay_budget`` B a share of B
+  (`keep_messages`: at most max(B, (n - 1) x one partial) per rank); a
+  survivor further behind than that on a lost rank gets the newest of what it
+  lacks and the log says how many rounds could not be repaired.
 - Pull: when this rank suspends a peer (silent past the peer timeout: dead,
   paused or cut off), it asks every other live peer (control ``relay``, sealed
   like every control message) for the messages of the lost peer that it does
@@ -120,6 +121,20 @@ class HeldPartial:
     partial: Partial
     endorsements: bytes
     origin_nonce: bytes
+
+
+def keep_messages(p: int, budget_bytes: int, *, peers: int, length: int) -> int:
+    """How many of one sender's last messages are kept: ``RELAY_KEEP_GRADIENTS * p`` (two
+    full gradients per peer: 2 x 4 D bytes each, 2 x (n - 1) x 4 D per rank), or with a
+    budget B (akorun.relay_budget) its share, B / (n - 1) bytes, in whole messages of
+    4 x ceil(D / p) bytes and at least one: at most max(B, (n - 1) x 4 ceil(D / p)) bytes
+    per rank, whatever n. Rounds older than what is kept cannot be repaired after a loss;
+    the survivors then disagree and the run fails, saying so, rather than end unequal."""
+    keep = RELAY_KEEP_GRADIENTS * p
+    if budget_bytes <= 0 or length <= 0:
+        return keep
+    message_bytes = 4 * -(-length // p)
+    return max(1, min(keep, budget_bytes // (max(1, peers) * message_bytes)))
 
 
 class RelayStore:
@@ -232,9 +247,10 @@ class Relay:
                  signer: Signer, verifier: RequestVerifier, peer_timeout_s: float,
                  deliver: Callable[[Partial], bool],
                  lost_here: Callable[[int], bool] = lambda peer: True,
-                 codec: Codec | None = None) -> None:
+                 codec: Codec | None = None, budget_bytes: int = 0) -> None:
         self.rank = rank
         self.codec = codec  # the run's codec: forwarded messages may be coded with it
+        self.budget_bytes = budget_bytes  # akorun.relay_budget; 0: RELAY_KEEP_GRADIENTS
         self.peers = list(peers)
         self.node = node
         self.signer = signer
@@ -271,7 +287,8 @@ class Relay:
     def _keep_of(self, sender: int) -> int:
         node = self._ako()
         p = node.p_of[sender] if node is not None else 1
-        return RELAY_KEEP_GRADIENTS * p
+        return keep_messages(p, self.budget_bytes, peers=len(self.peers),
+                             length=node.length if node is not None else 0)
 
     # ---------------------------------------------------------------- keep
 

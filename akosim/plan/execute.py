@@ -5,7 +5,8 @@ rule says so (akosim.advice.with_overlap_ssp) and simulates either the
 configured scheme alone (akosim.runspec.configured_runs) or the comparison
 of every scheme (akosim.compare.compare_all). `plan_runs` is the whole path
 of `akosim plan` / `akosim train` from resolved settings, for the command
-line, the analysis and the public API alike.
+line, the analysis and the public API alike; `plan_outcome` adds what they
+report (the plan record and the explanation).
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from akocore.cli_support import UsageError
 from akocore.config import ResolvedSettings
 from akocore.schemes.registry import scheme_named
 from akosim.plan.setup import SimulationOptions, chooses_ssp_with_p, simulation_setup, with_plan
 
 if TYPE_CHECKING:
+    from akocore.results import PlanResult
+    from akosim.advice import Explanation
     from akosim.runspec import ProgressFactory
     from akosim.scenario import Setup, SimRun
 
@@ -69,3 +73,40 @@ def plan_runs(resolved: ResolvedSettings, options: SimulationOptions, *,
                      compare=not resolved.given("exchange.scheme"), training=training,
                      factory=factory, **kwargs)
 
+
+@dataclass(frozen=True)
+class PlanOutcome:
+    """What one plan or train computed: the record (what `plan` returns and ``--out``
+    writes), the simulated runs and setup (the table, the trace) and the explanation."""
+
+    record: PlanResult
+    planned: PlannedRuns
+    explanation: Explanation | None
+    recommendation: tuple[str, ...] = ()  # the winner within the staleness limit, in words
+
+
+def plan_outcome(resolved: ResolvedSettings, options: SimulationOptions, *,
+                 training: bool = False, trace: bool = False,
+                 factory: ProgressFactory | None = None,
+                 max_staleness_rounds: int | None = None) -> PlanOutcome:
+    """Plan (or, with `training`, simulate training of) resolved settings: the one path of
+    ``akosim plan``, ``akosim train`` and akosim.sim_api's plan, simulate and train."""
+    from akocore.config import config_to_dict
+    from akosim.advice import MAX_STALENESS_ROUNDS, explain, recommend
+    from akosim.result_tables import plan_result
+
+    limit = MAX_STALENESS_ROUNDS if max_staleness_rounds is None else max_staleness_rounds
+    if limit < 0:
+        raise UsageError(f"--max-staleness: got {max_staleness_rounds}, expected rounds >= 0")
+    planned = plan_runs(resolved, options, training=training, trace=trace, factory=factory)
+    setup, runs = planned.setup, planned.runs
+    explanation = None if training else explain(setup, runs, ssp_chosen=planned.ssp_chosen,
+                                                max_staleness_rounds=limit)
+    recommendation = () if training else recommend(runs, max_staleness_rounds=limit)
+    workers = setup.config.cluster.workers
+    record = plan_result(runs, config=config_to_dict(setup.config), training=training,
+                         gradient_bytes=setup.gradient_bytes,
+                         compute_s=[setup.compute.base_s(i) for i in range(workers)],
+                         batch_size=setup.batch_size, compute_source=setup.compute_source,
+                         explanation=explanation, recommendation=recommendation)
+    return PlanOutcome(record, planned, explanation, recommendation)
