@@ -16,7 +16,7 @@ ACKs), so the model works before any calibration.
 ``host-calibration``): the parameters, which of them were measured on this
 host (`measured`, the rest are defaults), the raw figures behind them
 (loopback RTT, goodput, fresh and warm transfer times), the host fingerprint
-and when. No I/O here: akosim.host_calibration_io reads and writes the files.
+and when. No I/O here: akosim.calibration.host_calibration_io reads and writes the files.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ Your own loop, on each of the ranks of ``akorun.init("run/cluster.toml", workers
         for batch in batches:
             params = ex.step(jax.grad(loss)(params, batch))
 
-``akorun.launch`` is also the module of the local launcher: calling it launches.
+``akorun.launch`` is also the package of the launchers: calling it launches.
 """
 
 from __future__ import annotations
@@ -30,20 +30,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from akorun.launch.run_merge import merge_run
     from akorun.run_api import Exchange, init, run_worker
-    from akorun.run_merge import merge_run
 
 __all__ = ["Exchange", "init", "launch", "merge_run", "run_worker"]
 
 
 def __getattr__(name: str) -> Any:
-    """The public names, imported when first used (``import akorun.wire`` stays light)."""
+    """The public names, imported when first used (``import akorun.transport.wire`` stays light)."""
     if name == "merge_run":
-        from akorun.run_merge import merge_run
+        from akorun.launch.run_merge import merge_run
 
         return merge_run
     if name == "launch":
-        import akorun.launch  # a callable module: calling it is akorun.run_api.launch
+        import akorun.launch  # a callable package: calling it is akorun.run_api.launch
 
         return akorun.launch
     if name in ("Exchange", "init", "run_worker"):

@@ -2,6 +2,6 @@
 
 import sys
 
-from akorun.commands import main
+from akorun.launch.commands import main
 
 sys.exit(main())

@@ -1,11 +1,11 @@
 """``akorun measure-messages``: akorun's per-message software cost, measured on loopback.
 
 This module owns the microbenchmark and its subcommand. It starts the real server
-(akorun.server) on 127.0.0.1 with a host that verifies, decodes and applies what
+(akorun.transport.server) on 127.0.0.1 with a host that verifies, decodes and applies what
 arrives (adds it into a gradient buffer, as a node applies a partition), and sends it
 messages from a real `PeerSender` lane, one at a time, sizes from 1 kB to a few MB.
 Each sample is the time from before the sender encodes the message (wire header and
-BLAKE3 digest) to the acknowledged answer: sealing, the data path (akorun.datapath; HTTP
+BLAKE3 digest) to the acknowledged answer: sealing, the data path (akorun.transport.datapath; HTTP
 with ``AKORUN_PARTIALS_OVER=http``) on both sides, the receiver's seal check, body
 hashing, decode, apply and the sealed answer. On loopback without
 emulation the wire itself costs next to nothing, so this is the software cost that a
@@ -37,7 +37,7 @@ from akocore.hostinfo import host_fingerprint
 from akocore.message_cost import MessageCost, MessageSample, fit_message_cost
 from akocore.messages import Kind, Partial
 from akorun.errors import UsageError
-from akorun.wire import HEADER_SIZE
+from akorun.transport.wire import HEADER_SIZE
 
 DEFAULT_SIZES_BYTES = (1_000, 10_000, 100_000, 1_000_000, 4_000_000)
 DEFAULT_REPETITIONS = 30
@@ -80,12 +80,12 @@ def _applying_sink() -> Any:
 async def measure(sizes_bytes: Sequence[int], repetitions: int,
                   progress: Callable[[str], None] = lambda line: None) -> list[MessageSample]:
     """Time `repetitions` messages of each size (wire bytes), round-robin over sizes."""
-    from akorun.client import make_session
-    from akorun.cluster import free_ports
-    from akorun.keys import PARTIAL_PATH, PartialSealer
+    from akorun.launch.cluster import free_ports
     from akorun.metrics import PeerCounters
-    from akorun.sender import Outcome, Outgoing, PeerSender
-    from akorun.server import Server
+    from akorun.transport.client import make_session
+    from akorun.transport.keys import PARTIAL_PATH, PartialSealer
+    from akorun.transport.sender import Outcome, Outgoing, PeerSender
+    from akorun.transport.server import Server
 
     host = _applying_sink()
     (port,) = free_ports(1)
@@ -160,7 +160,7 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def add_parser(commands: Any, formatter_class: Any) -> None:
-    """The ``measure-messages`` subcommand, under `commands` (akorun.commands)."""
+    """The ``measure-messages`` subcommand, under `commands` (akorun.launch.commands)."""
     sub = commands.add_parser(
         "measure-messages", help="measure akorun's per-message software cost on loopback",
         description="Time messages of several sizes through akorun's real sender and "

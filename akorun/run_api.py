@@ -5,7 +5,7 @@ Keyword settings mirror the command line's flags (``workers=3`` is ``--workers 3
 ``rounds=100``, ``workload="./mymodel.py:make"``, ``quiet=True`` is ``--quiet``), ``config=``
 a settings or cluster file and ``set=`` dotted settings; they resolve in the same layers as
 the command line's. The commands are thin layers over the same functions
-(akorun.commands.launch_run, rank_options, run_rank). A mistake raises a ValueError
+(akorun.launch.commands.launch_run, rank_options, run_rank). A mistake raises a ValueError
 (`akorun.errors.UsageError`, `akocore.config.ConfigError`, ...) with the line the command
 would print; an
 unknown keyword is a TypeError naming the keywords there are.
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from akocore.results import RankResult, RunResult
     from akocore.workload import FlatWorkload
-    from akorun.worker import Worker
+    from akorun.runtime.worker import Worker
 
 
 def init(out: str | os.PathLike[str], *, config: str | os.PathLike[str] | None = None,
@@ -42,7 +42,7 @@ def init(out: str | os.PathLike[str], *, config: str | os.PathLike[str] | None =
         import akorun
         cluster = akorun.init("run/cluster.toml", workers=3, rounds=50, force=True)
     """
-    from akorun.commands import cmd_init
+    from akorun.launch.commands import cmd_init
 
     args = _parse("init", ["--out", os.fspath(out), *_flags("init", config, set, settings)])
     with contextlib.redirect_stderr(io.StringIO()):
@@ -60,7 +60,7 @@ def launch(*, out: str | os.PathLike[str], config: str | os.PathLike[str] | None
                             workload="examples/flax_cnn/model.py:make", quiet=True)
         print(run.accuracy, run.max_relative_difference)
     """
-    from akorun.commands import launch_run
+    from akorun.launch.commands import launch_run
 
     workload = settings.get("workload")
     if workload is not None and not isinstance(workload, str):
@@ -83,7 +83,7 @@ def run_worker(rank: int, config: str | os.PathLike[str], *,
         record = akorun.run_worker(0, "run/cluster.toml", out="run")
         print(record.rounds, record.accuracy)
     """
-    from akorun.commands import rank_options, run_rank
+    from akorun.launch.commands import rank_options, run_rank
 
     argv = ["--rank", str(rank), *_flags("worker", config, set, settings)]
     if out is not None:
@@ -163,8 +163,8 @@ class Exchange:
 
     def start(self) -> Any:
         """Join the peers (in the background thread) and return the first parameters."""
-        from akorun.commands import rank_options
-        from akorun.worker import Worker
+        from akorun.launch.commands import rank_options
+        from akorun.runtime.worker import Worker
 
         options = rank_options(self._args)
         self.rounds = options.config.train.rounds or 0
@@ -245,7 +245,7 @@ class Exchange:
             self.result = worker.rank_result
             options = worker.options
             if options.out_dir is not None:  # the last rank to end writes result.json
-                from akorun.merge_command import merge_if_complete
+                from akorun.launch.merge_command import merge_if_complete
 
                 merge_if_complete(options.out_dir, options.settings.run_id,
                                   options.config.cluster.workers, quiet=True)
@@ -317,7 +317,7 @@ def _bridge(exchange: Exchange, cfg: Any) -> FlatWorkload:
 
 
 def _subparser(command: str) -> argparse.ArgumentParser:
-    from akorun.commands import build_parser
+    from akorun.launch.commands import build_parser
 
     for action in build_parser()._actions:
         if isinstance(action, argparse._SubParsersAction):
@@ -354,7 +354,7 @@ def _flags(command: str, config: Any, dotted: Mapping[str, Any] | None,
 
 
 def _parse(command: str, argv: Sequence[str]) -> argparse.Namespace:
-    from akorun.commands import build_parser
+    from akorun.launch.commands import build_parser
 
     error = io.StringIO()
     try:

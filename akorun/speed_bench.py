@@ -2,7 +2,7 @@
 
 This module owns the side-by-side comparison. 4 MiB messages go from this process to
 a receiver in another process over loopback through a blocking socket (``sendall``
-into ``recv_into`` on a preallocated buffer), akorun's data path (akorun.datapath)
+into ``recv_into`` on a preallocated buffer), akorun's data path (akorun.transport.datapath)
 and its HTTP path, in turn within one run and repeated, so a busy moment of the
 machine hits every path alike. Security is on for both akorun paths (a seal per
 attempt, the body digest checked by the receiver, the tagged answer checked by the
@@ -27,7 +27,7 @@ import numpy as np
 
 from akocore.hostinfo import host_fingerprint
 from akocore.messages import Kind, Partial
-from akorun.wire import HEADER_SIZE
+from akorun.transport.wire import HEADER_SIZE
 
 _SECRET = b"measure-messages: loopback only!"
 STREAM_MESSAGES = 24
@@ -71,8 +71,8 @@ def _socket_receiver(port: int, ready: Any, report: Any, count: int, nbytes: int
 
 
 def _akorun_receiver(port: int, ready: Any, report: Any, count: int) -> None:
-    from akorun.server import Server
     from akorun.testing import SinkHost
+    from akorun.transport.server import Server
 
     async def main() -> None:
         host: Any = SinkHost(_SECRET, _BENCH_RUN, bytes(8), max_body_bytes=1 << 28)
@@ -131,7 +131,7 @@ def _bench_partials(count: int, nbytes: int) -> list[Partial]:
 
 
 def _encode(partial: Partial) -> bytes:
-    from akorun.wire import encode_bytes
+    from akorun.transport.wire import encode_bytes
 
     return encode_bytes(partial, run_id=_BENCH_RUN, config_hash=bytes(8))
 
@@ -141,7 +141,7 @@ def socket_seconds(messages: Sequence[bytes], *, ack_each: bool) -> list[float]:
     figure: seconds for the whole stream."""
     import socket
 
-    from akorun.cluster import free_ports
+    from akorun.launch.cluster import free_ports
 
     (port,) = free_ports(1)
     process, report = _spawn(_socket_receiver, port, len(messages), len(messages[0]),
@@ -173,11 +173,11 @@ def akorun_seconds(messages: Sequence[bytes], *, data_path: bool, ack_each: bool
     """As `socket_seconds`, through PeerSender -> Server, security on. With `partials`
     (stream only), each message is encoded in a thread inside the timed loop, as a
     worker's outbox does, so the sender's body digest is timed too."""
-    from akorun.client import ControlClient, make_session
-    from akorun.cluster import free_ports
-    from akorun.keys import PARTIAL_PATH, PartialSealer, RunKeys, Signer
+    from akorun.launch.cluster import free_ports
     from akorun.metrics import PeerCounters
-    from akorun.sender import Outcome, Outgoing, PeerSender
+    from akorun.transport.client import ControlClient, make_session
+    from akorun.transport.keys import PARTIAL_PATH, PartialSealer, RunKeys, Signer
+    from akorun.transport.sender import Outcome, Outgoing, PeerSender
 
     (port,) = free_ports(1)
     process, report = _spawn(_akorun_receiver, port, len(messages) + 1)

@@ -1,6 +1,6 @@
 """Helpers for multi-process tests and benchmarks of akorun (not used by akorun itself).
 
-`SinkHost` stands in for a worker behind a real akorun.server.Server.
+`SinkHost` stands in for a worker behind a real akorun.transport.server.Server.
 `LocalCluster` writes a loopback cluster file with free ports into a
 directory and starts ranks as ``python -m akorun worker|ps`` subprocesses
 (single-threaded XLA, the project's JAX compilation cache), so a test can
@@ -26,7 +26,7 @@ import numpy as np
 
 from akocore.config import RunConfig, config_from_dict
 from akocore.messages import Partial
-from akorun.cluster import (
+from akorun.launch.cluster import (
     AkorunSettings,
     loopback_hosts,
     new_settings,
@@ -34,12 +34,12 @@ from akorun.cluster import (
     with_hosts,
     write_cluster_file,
 )
-from akorun.control import ControlError, ControlKind
-from akorun.keys import RequestVerifier, RunKeys, Signer
-from akorun.launch import SINGLE_THREAD_XLA_FLAGS, child_env
+from akorun.launch.local import SINGLE_THREAD_XLA_FLAGS, child_env
 from akorun.metrics import Metrics, render_prometheus
-from akorun.node_plan import role_of
-from akorun.routing import ControlAnswerBody, ControlTable
+from akorun.runtime.node_plan import role_of
+from akorun.transport.control import ControlError, ControlKind
+from akorun.transport.keys import RequestVerifier, RunKeys, Signer
+from akorun.transport.routing import ControlAnswerBody, ControlTable
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RANK_VARIABLES = ("AKORUN_RANK", "AKORUN_WORLD_SIZE", "RANK", "WORLD_SIZE", "SLURM_PROCID",
@@ -180,7 +180,8 @@ class LocalCluster:
 
 
 class SinkHost:
-    """Just enough of akorun.worker.Worker for akorun.server.Server: it records what
+    """Just enough of akorun.runtime.worker.Worker for akorun.transport.server.Server: it
+    records what
     arrives (loop time, bytes, key) and answers duplicates, for transport tests and
     benchmarks. The first `not_ready_answers` partials are answered 503 "starting"."""
 

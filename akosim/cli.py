@@ -34,14 +34,14 @@ from akocore.config import (
 )
 from akocore.settings.key_registry import RUN_SECTIONS
 from akocore.units import format_duration, format_size
-from akosim.calibration import (  # noqa: F401 (rank_overhead_s: re-exported)
+from akosim.calibration.run_calibration import (  # noqa: F401 (rank_overhead_s: re-exported)
     compute_from_result,
     message_overhead_from_result,
     message_software_from_result,
     overhead_from_result,
     rank_overhead_s,
 )
-from akosim.runspec import (
+from akosim.plan.runspec import (
     TIMING_DEFAULTS,
     TRAIN_DEFAULTS,
     USER_ERRORS,
@@ -134,9 +134,9 @@ def _add_sim_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> OneLineParser:
     """The akosim parser: one subparser per command (main puts `plan` first when none is named)."""
-    from akosim.sweep import DESCRIPTION as SWEEP_DESCRIPTION
-    from akosim.sweep import EPILOG as SWEEP_EPILOG
-    from akosim.sweep import add_sweep_arguments
+    from akosim.sweep.sweep_grid import DESCRIPTION as SWEEP_DESCRIPTION
+    from akosim.sweep.sweep_grid import EPILOG as SWEEP_EPILOG
+    from akosim.sweep.sweep_grid import add_sweep_arguments
 
     formatter = argparse.RawDescriptionHelpFormatter
     parser = OneLineParser(prog="akosim", description=PLAN_DESCRIPTION, epilog=EPILOG_RUN,
@@ -158,7 +158,8 @@ def build_parser() -> OneLineParser:
                                 formatter_class=formatter)
     add_sweep_arguments(sweep)
     sweep.set_defaults(handler=_sweep_handler)
-    from akosim import host_calibrate, predict
+    from akosim import predict
+    from akosim.calibration import host_calibrate
 
     calibrate = commands.add_parser("calibrate", help="measure the TCP model on this host",
                                     description=host_calibrate.DESCRIPTION,
@@ -174,7 +175,7 @@ def build_parser() -> OneLineParser:
 
 
 def _sweep_handler(args: argparse.Namespace) -> int:
-    from akosim.sweep import sweep_command
+    from akosim.sweep.sweep_grid import sweep_command
 
     return sweep_command(args)
 
@@ -209,7 +210,7 @@ def resolve_settings(args: argparse.Namespace, *, training: bool) -> ResolvedSet
     name = "akosim train" if training else "akosim plan"
     adopted: list[Given] = []
     if getattr(args, "compute_from", None):  # the run's gradient and batch go with its compute
-        from akosim.calibration import check_run_training, run_training_layer
+        from akosim.calibration.run_calibration import check_run_training, run_training_layer
 
         adopted = run_training_layer(args.compute_from)
     resolved = resolve_args(args, defaults, defaults_origin=Origin(Layer.DEFAULT,
@@ -255,8 +256,8 @@ def run_plan(args: argparse.Namespace, *, training: bool = False) -> int:
 
 
 def _print_outcome(args: argparse.Namespace, outcome: PlanOutcome, training: bool) -> None:
-    from akosim.result_tables import format_table, json_safe, write_json
-    from akosim.trace import write_trace
+    from akosim.plan.result_tables import format_table, json_safe, write_json
+    from akosim.plan.trace import write_trace
 
     setup, runs = outcome.planned.setup, outcome.planned.runs
     compute = setup.compute

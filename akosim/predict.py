@@ -25,7 +25,7 @@ What is taken from where, so that nothing is counted twice:
   from the run), else the host calibration's (``akosim calibrate``). Never
   ``message_overhead_s``: on a real network it contains the network time, which
   the model adds itself. On a testbed whose ranks fill the host's cores the
-  host's cost is also charged as CPU of the ranks (akosim.rank_cpu); the run's
+  host's cost is also charged as CPU of the ranks (akosim.network.rank_cpu); the run's
   own stays a per-message delay, since the run's measured compute already holds
   the time its message handling took from the steps.
 
@@ -67,8 +67,8 @@ from akocore.settings.normalise import network_layers
 from akocore.settings.schema import NetworkConfig
 from akocore.testbed_record import TESTBED_RECORD_FILE, TestbedRecord
 from akocore.units import format_duration
-from akosim.calibration import run_message_software_s
-from akosim.host_calibration_io import tcp_parameters
+from akosim.calibration.host_calibration_io import tcp_parameters
+from akosim.calibration.run_calibration import run_message_software_s
 
 DESCRIPTION = ("Predict an akorun run exactly as it was configured (workload, batch, "
                "optimizer, scheme, each rank's p, s, rounds, network, each rank's compute) "
@@ -243,9 +243,9 @@ class Colocation:
 
 def colocated_compute_s(cfg: RunConfig, training_ranks: int) -> Colocation:
     """The run's workload stepped by `training_ranks` processes at once on this host
-    (akosim.colocated_compute: measured once, cached beside the compute cache), as the
+    (akosim.calibration.colocated_compute: measured once, cached beside the compute cache), as the
     testbed ran every rank here; never timed by the run being predicted."""
-    from akosim.colocated_compute import colocated_compute
+    from akosim.calibration.colocated_compute import colocated_compute
 
     train = cfg.train
     record, fresh = colocated_compute(train.workload, train.batch_size, train.optimizer,
@@ -286,7 +286,7 @@ class Prediction:
     measured_round_time_s: float | None
     record: PlanResult
     lines: tuple[str, ...]
-    runs: tuple[Any, ...]  # akosim.scenario.SimRun: the table's rows
+    runs: tuple[Any, ...]  # akosim.sim.scenario.SimRun: the table's rows
 
     @property
     def relative_error(self) -> float | None:
@@ -300,9 +300,9 @@ class Prediction:
 def predict_run(args: argparse.Namespace) -> Prediction:
     """The prediction of the run `args.run_dir` names, with the command's flags in `args`
     (the one path of `akosim predict` and `akosim.predict`); UsageError for a mistake."""
+    from akosim.plan.result_tables import plan_result
+    from akosim.plan.runspec import configured_runs, load_workload
     from akosim.plan.setup import build_setup, fixed_compute, stop_rule, tcp_parameters_for
-    from akosim.result_tables import plan_result
-    from akosim.runspec import configured_runs, load_workload
 
     path = result_path(args.run_dir)
     if args.compute_source not in COMPUTE_SOURCES:
@@ -401,7 +401,7 @@ def predict_run(args: argparse.Namespace) -> Prediction:
 
 def predict_command(args: argparse.Namespace) -> int:
     """`akosim predict`: print the prediction (and write it with --out)."""
-    from akosim.result_tables import format_table, json_safe, write_json
+    from akosim.plan.result_tables import format_table, json_safe, write_json
 
     prediction = predict_run(args)
     for line in prediction.lines:

@@ -74,7 +74,7 @@ def call_akosim(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
 def _measured_compute_s(config_path: str) -> float:
     from akocore.config import file_layer, resolve
     from akosim.plan import measured_compute
-    from akosim.runspec import TIMING_DEFAULTS
+    from akosim.plan.runspec import TIMING_DEFAULTS
 
     cfg = resolve(file_layer(config_path), defaults=TIMING_DEFAULTS).config
     return float(measured_compute(cfg, announce=False).record.compute_s)

@@ -15,7 +15,7 @@ parameter server and ring all-reduce):
   akosim's own compute measurement of the workload (``--compute measure``,
   cached in RESULTS/cache under the XLA threading akorun's ranks use), on the
   testbed the step timed with as many processes at once as the run's training
-  ranks (akosim.colocated_compute, cached there too: the ranks share this host's
+  ranks (akosim.calibration.colocated_compute, cached there too: the ranks share this host's
   cores) and the host's message cost as the ranks' CPU: nothing timed by the run
   being predicted;
 - run-calibrated: the TCP-aware model with the run's compute per rank, its
@@ -345,7 +345,7 @@ def host_compute_s(results: Path, workload: str) -> float:
 def colocated_summaries(results: Path) -> tuple[str, ...]:
     """One line per co-located step measurement cached in RESULTS/cache."""
     from akocore.jsonrecord import RecordError
-    from akosim.colocated_compute import ColocatedCompute
+    from akosim.calibration.colocated_compute import ColocatedCompute
 
     lines = []
     for path in sorted((results / "cache").glob("colocated-*.json")):

@@ -92,7 +92,8 @@ class FidelityTcpRecord:
     rows: tuple[FidelityTcpRow, ...] = field(metadata=meta("", "one per configuration"))
     columns: tuple[ColumnSummary, ...] = field(metadata=meta("", "one per prediction"))
     colocated_compute: tuple[str, ...] = field(default=(), metadata=meta(
-        "", "akosim's step measured with k processes at once (akosim.colocated_compute), "
+        "", "akosim's step measured with k processes at once "
+        "(akosim.calibration.colocated_compute), "
         "one line per k the grid's predictions used"))
 
     def to_json(self) -> dict[str, Any]:

@@ -155,7 +155,8 @@ def markdown_report(record: FidelityTcpRecord, analysis: str = "") -> str:
         "- **max-min**: the pure fluid model, akosim's own compute as above, no per-message "
         "cost.",
         "",
-        *(["akosim's step with k processes at once (`akosim.colocated_compute`, measured "
+        *(["akosim's step with k processes at once "
+           "(`akosim.calibration.colocated_compute`, measured "
            "once and cached in the results folder): "
            + "; ".join(record.colocated_compute) + ".", ""]
           if record.colocated_compute else []),

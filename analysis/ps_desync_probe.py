@@ -38,8 +38,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from akocore.settings.schema import NetworkConfig
-from akorun.testbed.netns import NetnsTestbed, TestbedNames, missing_requirements
-from akorun.testbed.shaping import burst_bytes, plan_shaping, queue_limit_bytes
+from akorun.launch.testbed.netns import NetnsTestbed, TestbedNames, missing_requirements
+from akorun.launch.testbed.shaping import burst_bytes, plan_shaping, queue_limit_bytes
 
 PORT = 7171
 START_DELAY_S = 1.5

@@ -3,7 +3,7 @@
 Three akorun ranks, each in its own network namespace on one bridge, each rank's egress
 shaped by the kernel (`tc tbf`, 20 Mbit/s by default), in-process emulation off,
 digits-cnn, p in {1, 3} and s in {0, 2}. For every configuration the two senders run
-side by side (window 1, then window 2, via ``AKORUN_SEND_WINDOW``, `akorun.sender`), so
+side by side (window 1, then window 2, via ``AKORUN_SEND_WINDOW``, `akorun.transport.sender`), so
 both see the same machine load. Per run it reports the steady round time (rank 0's
 round ends, the first `WARMUP_ROUNDS` and the last skipped): mean, coefficient of variation, and the
 alternation index (mean |d_t - d_{t-1}| / mean d: 0 for steady rounds, near 2 for
@@ -33,9 +33,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from akocore.config import config_from_dict
-from akorun.cluster import new_settings, write_cluster_file
-from akorun.sender import WINDOW_ENV
+from akorun.launch.cluster import new_settings, write_cluster_file
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
+from akorun.transport.sender import WINDOW_ENV
 
 WORKERS = 3
 WARMUP_ROUNDS = 5

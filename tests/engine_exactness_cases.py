@@ -1,6 +1,6 @@
 """Small simulations whose every round end is pinned: the exactness check of akosim's speed work.
 
-Each case runs the engine (akosim.engine.Simulation over akosim.network.fluidnet) on a
+Each case runs the engine (akosim.sim.engine.Simulation over akosim.network.fluidnet) on a
 few workers and returns every worker's round end times, in simulated seconds.
 tests/data/engine_round_ends.json holds the values the engine gave before its
 event path and solver were made faster; tests/test_engine_speed_exact.py
@@ -21,9 +21,9 @@ import numpy as np
 from akocore.config import config_from_dict
 from akocore.resolve import scheme_spec
 from akocore.schemes import build_nodes
-from akosim.compute import ComputeModel
-from akosim.engine import Simulation, StopRule
-from akosim.scenario import network_spec
+from akosim.plan.compute import ComputeModel
+from akosim.sim.engine import Simulation, StopRule
+from akosim.sim.scenario import network_spec
 
 GOLDEN = Path(__file__).parent / "data" / "engine_round_ends.json"
 LENGTH = 250_000  # float32 gradient elements: 1 MB

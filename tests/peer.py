@@ -19,9 +19,9 @@ import json
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from akorun import control
-from akorun.control import ControlKind
-from akorun.keys import (
+from akorun.transport import control
+from akorun.transport.control import ControlKind
+from akorun.transport.keys import (
     AUTH_HEADER,
     PARTIAL_PATH,
     SESSION_PATH,

@@ -21,8 +21,7 @@ import pytest
 
 from akocore.messages import Kind, Partial
 from akocore.workload import build_workload
-from akorun import control, wire
-from akorun.node_plan import params_digest, wire_hash
+from akorun.runtime.node_plan import params_digest, wire_hash
 from akorun.testing import (
     REPO_ROOT,
     LocalCluster,
@@ -31,6 +30,7 @@ from akorun.testing import (
     launched_rank_status,
     wait_for,
 )
+from akorun.transport import control, wire
 from tests.peer import Peer
 
 pytestmark = pytest.mark.timeout(150)
@@ -275,7 +275,7 @@ def test_a_rank_with_a_different_config_is_refused_at_hello(tmp_path: Path) -> N
 def test_workers_talk_over_tls_with_the_run_certificate(tmp_path: Path) -> None:
     import shutil
 
-    from akorun.cluster import new_settings
+    from akorun.launch.cluster import new_settings
 
     if shutil.which("openssl") is None:
         pytest.skip("needs the openssl command to make a test certificate")

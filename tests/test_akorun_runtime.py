@@ -12,17 +12,17 @@ import pytest
 from akocore.config import config_from_dict
 from akocore.messages import Kind, Partial
 from akocore.schemes import AkoWorker, Replica
-from akorun.cluster import new_settings, with_hosts
-from akorun.control import ControlError, ControlKind
 from akorun.errors import UsageError
+from akorun.launch.cluster import new_settings, with_hosts
 from akorun.metrics import Metrics
-from akorun.routing import ControlTable
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.phase import IllegalTransition, Phase, PhaseMachine
 from akorun.runtime.roles import AkoRole, PSServerRole, PSWorkerRole, Role, role_for
-from akorun.server import Server
+from akorun.runtime.worker import Worker, WorkerOptions
 from akorun.testing import SinkHost
-from akorun.worker import Worker, WorkerOptions
+from akorun.transport.control import ControlError, ControlKind
+from akorun.transport.routing import ControlTable
+from akorun.transport.server import Server
 
 LEGAL = {(Phase.STARTING, Phase.RUNNING), (Phase.STARTING, Phase.REJOINING),
          (Phase.REJOINING, Phase.RUNNING), (Phase.RUNNING, Phase.FINISHING),

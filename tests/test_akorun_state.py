@@ -13,17 +13,16 @@ import pytest
 from akocore.results import Figures, RankResult, RunResult
 from akocore.schemes import AkoWorker, Replica
 from akocore.workload import build_workload
-from akorun import control
-from akorun.checkpoint_file import (
+from akorun.errors import UsageError
+from akorun.faults import faults_for
+from akorun.runtime.checkpoint_file import (
     Checkpoint,
     load_checkpoint,
     optimizer_leaves,
     restore_optimizer_state,
     save_checkpoint,
 )
-from akorun.errors import UsageError
-from akorun.faults import faults_for
-from akorun.result_files import (
+from akorun.runtime.result_files import (
     RankDiagnostics,
     RankSummary,
     max_relative_difference,
@@ -31,7 +30,8 @@ from akorun.result_files import (
     steady_round_time_s,
     worker_summary,
 )
-from akorun.worker import summary_line
+from akorun.runtime.worker import summary_line
+from akorun.transport import control
 
 
 def test_a_checkpoint_round_trips_params_buffers_log_and_adam_state(tmp_path: Path) -> None:

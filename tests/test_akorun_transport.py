@@ -20,15 +20,15 @@ import numpy as np
 import pytest
 
 from akocore.messages import Kind, Partial
-from akorun import control, wire
-from akorun.answers import Verdict, verdict
-from akorun.cluster import free_ports
-from akorun.emulated_links import LinkShaper
-from akorun.keys import AUTH_HEADER, PARTIAL_PATH, PartialSealer, Signer, digest
+from akorun.launch.cluster import free_ports
 from akorun.metrics import PeerCounters
-from akorun.sender import Outcome, Outgoing, PeerSender, RetryPolicy
-from akorun.server import Server
 from akorun.testing import SinkHost
+from akorun.transport import control, wire
+from akorun.transport.answers import Verdict, verdict
+from akorun.transport.emulated_links import LinkShaper
+from akorun.transport.keys import AUTH_HEADER, PARTIAL_PATH, PartialSealer, Signer, digest
+from akorun.transport.sender import Outcome, Outgoing, PeerSender, RetryPolicy
+from akorun.transport.server import Server
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -62,7 +62,7 @@ async def serving(host: SinkHost, body: Callable[[str, Any], Awaitable[T]]) -> T
     """Run `body(base_url, session)` against a live server for `host`."""
     import aiohttp
 
-    from akorun.client import make_session
+    from akorun.transport.client import make_session
 
     (port,) = free_ports(1)
     server = Server(host, max_concurrent_reads=4)
@@ -225,7 +225,7 @@ def test_the_receivers_downlink_hold_is_the_networks_not_the_message_overhead() 
     least 1 s before applying it, says so in its answer, and the sender counts that
     hold as network time: its per-message overhead (stack_s) excludes it, and so
     does the receiver's software time."""
-    from akorun.emulated_links import DownlinkShaper
+    from akorun.transport.emulated_links import DownlinkShaper
 
     host = SinkHost(SECRET, RUN, WIRE_HASH)
     host.downlink = DownlinkShaper(0.8e6, lambda _sender: math.inf)  # type: ignore[attr-defined]
@@ -284,7 +284,7 @@ def test_software_cost_is_counted_on_both_sides_and_network_overhead_only_when_e
 def test_one_post_in_flight_per_peer_by_default_unless_the_benchmark_asks_for_two() -> None:
     """The default window keeps a peer's messages on one connection, in order; only
     AKORUN_SEND_WINDOW (analysis/tcp_connections.py) changes it."""
-    from akorun.sender import DEFAULT_WINDOW, WINDOW_ENV, configured_window
+    from akorun.transport.sender import DEFAULT_WINDOW, WINDOW_ENV, configured_window
 
     assert DEFAULT_WINDOW == 1 and configured_window({}) == 1
     assert configured_window({WINDOW_ENV: "2"}) == 2
@@ -323,7 +323,7 @@ def test_the_sender_tells_the_receivers_downlink_how_long_the_message_was_on_the
 ) -> None:
     """Paced at 8 Mbit/s, a 100 kB message spends >= 0.1 s on the sender's wire; the
     receiver's downlink is told so (and can credit what it carried meanwhile)."""
-    from akorun.emulated_links import DownlinkShaper
+    from akorun.transport.emulated_links import DownlinkShaper
 
     seen: list[float | None] = []
 
@@ -459,7 +459,7 @@ class RecordingHost(SinkHost):
 
 def test_large_bodies_arrive_intact_through_the_hashing_lanes() -> None:
     # below and above server.HASH_IN_THREAD_BYTES, two in flight at once
-    from akorun.server import HASH_IN_THREAD_BYTES
+    from akorun.transport.server import HASH_IN_THREAD_BYTES
 
     host = RecordingHost(SECRET, RUN, WIRE_HASH)
     lengths = [1000, HASH_IN_THREAD_BYTES // 4, 3 * HASH_IN_THREAD_BYTES + 1, 1 << 20, 1 << 20]

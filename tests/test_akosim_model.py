@@ -9,9 +9,9 @@ import pytest
 
 from akocore.config import ClusterConfig, ExchangeConfig, NetworkConfig, RunConfig, TrainConfig
 from akocore.schemes import SchemeSpec, build_nodes
-from akosim.compute import ComputeModel
-from akosim.engine import StopRule
-from akosim.scenario import Setup, Variant, simulate
+from akosim.plan.compute import ComputeModel
+from akosim.sim.engine import StopRule
+from akosim.sim.scenario import Setup, Variant, simulate
 
 B = 40e6  # bits/s
 
@@ -107,7 +107,7 @@ def train_setup(n: int, ssp: float, p: int, rounds: int, workload) -> tuple[Setu
 @pytest.fixture
 def spy(monkeypatch):
     """Keep the nodes and the gradient source a simulation builds."""
-    from akosim import scenario
+    from akosim.sim import scenario
 
     seen: dict = {}
     build, source = scenario.build_nodes, scenario.BatchedGradients
@@ -140,7 +140,7 @@ def test_training_mode_conserves_every_gradient(workload, spy, ssp: float, p: in
 def test_lockstep_training_follows_the_schemes_driven_directly(workload, spy) -> None:
     """With s = 0 the simulation applies the same updates as a plain lockstep loop
     over the akocore nodes: identical parameters after the same rounds."""
-    from akosim.sim_training import step_seed
+    from akosim.sim.sim_training import step_seed
 
     rounds, n, p = 8, 3, 2
     setup, variant = train_setup(n, 0, p, rounds, workload)

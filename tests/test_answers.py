@@ -1,7 +1,8 @@
 """Answers nobody on the path can abuse: forged refusals are not final, bodies are bounded.
 
-A small asyncio TCP proxy on 127.0.0.1 stands between a sender (akorun.sender,
-akorun.client) and a real akorun.server.Server: it forwards requests and answers,
+A small asyncio TCP proxy on 127.0.0.1 stands between a sender (akorun.transport.sender,
+akorun.transport.client) and a real akorun.transport.server.Server:
+it forwards requests and answers,
 except the ones it is told to answer itself, as an attacker on the path (or a broken
 middlebox) would: a forged ``HTTP/1.1 400`` to a partial, or an answer that declares
 512 MiB. These tests pin that the message is not lost (it arrives exactly once), that
@@ -21,31 +22,31 @@ import numpy as np
 import pytest
 
 from akocore.messages import Kind, Partial
-from akorun import wire
-from akorun.answers import (
+from akorun.launch.cluster import free_ports
+from akorun.metrics import PeerCounters
+from akorun.testing import SinkHost
+from akorun.transport import wire
+from akorun.transport.answers import (
     CONTROL_ANSWER_MAX_BYTES,
     DAMAGED,
     Verdict,
     verdict,
 )
-from akorun.client import ControlClient, make_session
-from akorun.cluster import free_ports
-from akorun.control import ControlKind
-from akorun.datapath import (
+from akorun.transport.client import ControlClient, make_session
+from akorun.transport.control import ControlKind
+from akorun.transport.datapath import (
     ANSWER,
     PREAMBLE,
     decode_answer_head,
     encode_answer,
     meta_lengths,
 )
-from akorun.datapath import (
+from akorun.transport.datapath import (
     MAGIC as DATA_PATH_MAGIC,
 )
-from akorun.keys import PARTIAL_PATH, PartialSealer
-from akorun.metrics import PeerCounters
-from akorun.sender import Outgoing, PeerSender, RetryPolicy
-from akorun.server import Server
-from akorun.testing import SinkHost
+from akorun.transport.keys import PARTIAL_PATH, PartialSealer
+from akorun.transport.sender import Outgoing, PeerSender, RetryPolicy
+from akorun.transport.server import Server
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -70,7 +71,7 @@ class Proxy:
     (from 0) is answered by `forge(n, head)` instead when that returns bytes (then the
     connection is closed). `huge` requests get a 503 declaring `HUGE_BYTES`, streamed
     until the client goes away; `pushed` counts what the client let through.
-    Partials on akorun's data path (akorun.datapath) are forwarded too; a forged HTTP
+    Partials on akorun's data path (akorun.transport.datapath) are forwarded too; a forged HTTP
     answer to one goes back in the data path's framing, untagged, as a forger there
     would send it."""
 

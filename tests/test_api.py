@@ -116,7 +116,7 @@ def test_launch_refuses_a_workload_object() -> None:
 
 
 def test_init_writes_a_cluster_file_a_rank_reads(tmp_path: Path) -> None:
-    from akorun.commands import rank_options
+    from akorun.launch.commands import rank_options
     from akorun.run_api import _parse
 
     path = akorun.init(tmp_path / "c.toml", workers=3, rounds=7, lr=0.2)

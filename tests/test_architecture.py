@@ -281,9 +281,9 @@ def test_every_scheme_is_one_object_that_builds_its_own_nodes():
 
 APPLICATION_LAYER = "akosim.plan"
 # constructors of a simulation's pieces: only the application layer calls them (and the
-# simulation itself, inside akosim.scenario)
+# simulation itself, inside akosim.sim.scenario)
 SETUP_CONSTRUCTORS = {"Setup": APPLICATION_LAYER, "StopRule": APPLICATION_LAYER,
-                      "ComputeModel": APPLICATION_LAYER, "Simulation": "akosim.scenario"}
+                      "ComputeModel": APPLICATION_LAYER, "Simulation": "akosim.sim.scenario"}
 
 
 def _called_name(call: ast.Call) -> str:
@@ -305,7 +305,7 @@ def test_only_the_application_layer_builds_a_simulation_setup():
     assert offenders == []
 
 
-@pytest.mark.parametrize("entry_point", ["akosim.cli", "akosim.sweep", "akosim.predict",
+@pytest.mark.parametrize("entry_point", ["akosim.cli", "akosim.sweep.sweep_grid", "akosim.predict",
                                          "analysis.akosim_calls"])
 def test_every_entry_point_uses_the_application_layer(entry_point):
     graph = import_graph()

@@ -10,9 +10,9 @@ import pytest
 
 from akocore.host_calibration import HostCalibration, TcpParameters
 from akocore.message_cost import MessageCost, MessageSample
-from akosim import host_calibration_io
+from akosim.calibration import host_calibration_io
+from akosim.calibration.host_calibrate import calibrate
 from akosim.cli import main
-from akosim.host_calibrate import calibrate
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -107,7 +107,7 @@ def test_a_bad_host_calibration_file_is_one_line_and_exit_2(tmp_path: Path, caps
 
 
 def test_netns_rate_measures_the_goodput_fraction_of_a_shaped_link(tmp_path: Path):
-    from akosim.netns_probe import netns_available
+    from akosim.calibration.netns_probe import netns_available
 
     why = netns_available()
     if why is not None:

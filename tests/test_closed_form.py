@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 from akocore.config import ClusterConfig, ExchangeConfig, NetworkConfig, RunConfig, TrainConfig
-from akosim import closed_form
-from akosim.closed_form import closed_form_run
-from akosim.compare import ps_server_candidates, run_variant
-from akosim.compute import ComputeModel
-from akosim.engine import StopRule
-from akosim.scenario import Setup, Variant, simulate
+from akosim.plan.compare import ps_server_candidates, run_variant
+from akosim.plan.compute import ComputeModel
+from akosim.sim import closed_form
+from akosim.sim.closed_form import closed_form_run
+from akosim.sim.engine import StopRule
+from akosim.sim.scenario import Setup, Variant, simulate
 
 FIGURES = ("round_time_s", "samples_per_s", "nic_utilisation", "max_uplink_utilisation",
            "max_downlink_utilisation", "wait_s_per_round", "compute_s_per_round",

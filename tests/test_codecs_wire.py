@@ -11,8 +11,8 @@ import pytest
 from akocore.codecs import codec_named
 from akocore.codecs.exchange import SendEncoder, decoded
 from akocore.messages import Kind, Partial
-from akorun import wire
-from akorun.wire import HEADER_SIZE, Status, WireError
+from akorun.transport import wire
+from akorun.transport.wire import HEADER_SIZE, Status, WireError
 
 KEYS = dict(run_id=uuid.UUID(int=7).bytes, config_hash=b"12345678")
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from akocore.workload import build_workload
-from akosim.compute import StepTiming, measure_step_timing, median_interval, timing_is_enough
-from akosim.compute_cache import CacheKey, measured_compute
+from akosim.plan.compute import StepTiming, measure_step_timing, median_interval, timing_is_enough
+from akosim.plan.compute_cache import CacheKey, measured_compute
 
 
 def test_the_median_interval_needs_five_values_for_90_percent() -> None:

@@ -1,4 +1,5 @@
-"""akorun's data path (akorun.datapath*): partials without HTTP, under the HTTP path's rules.
+"""akorun's data path (akorun.transport.datapath*): partials without HTTP, under the HTTP
+path's rules.
 
 Pinned here: a partial arrives exactly once over one reused connection into pooled
 buffers; unauthenticated bytes are refused untagged before a buffer is taken and the
@@ -19,10 +20,12 @@ import numpy as np
 import pytest
 
 from akocore.messages import Kind, Partial
-from akorun import wire
-from akorun.client import make_session
-from akorun.cluster import free_ports
-from akorun.datapath import (
+from akorun.launch.cluster import free_ports
+from akorun.metrics import PeerCounters
+from akorun.testing import SinkHost
+from akorun.transport import wire
+from akorun.transport.client import make_session
+from akorun.transport.datapath import (
     ANSWER,
     PREAMBLE,
     decode_answer_head,
@@ -30,11 +33,9 @@ from akorun.datapath import (
     encode_request_meta,
     meta_lengths,
 )
-from akorun.keys import PARTIAL_PATH, PartialSealer
-from akorun.metrics import PeerCounters
-from akorun.sender import Outcome, Outgoing, PeerSender, RetryPolicy
-from akorun.server import Server
-from akorun.testing import SinkHost
+from akorun.transport.keys import PARTIAL_PATH, PartialSealer
+from akorun.transport.sender import Outcome, Outgoing, PeerSender, RetryPolicy
+from akorun.transport.server import Server
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -264,7 +265,7 @@ def test_the_filling_protocol_keeps_every_byte_in_order_and_reads_only_when_aske
     """Bytes primed from the first read, a read that lands while no buffer is given, and
     reads straight into the given buffer come out in order; reading is paused whenever
     no buffer waits."""
-    from akorun.datapath import FillingProtocol
+    from akorun.transport.datapath import FillingProtocol
 
     async def main() -> tuple[bytes, bytes, list[bool]]:
         protocol = FillingProtocol()

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from akocore.config import ClusterConfig, ExchangeConfig, NetworkConfig, RunConfig, TrainConfig
-from akosim.compute import ComputeModel
-from akosim.engine import StopRule
-from akosim.runspec import configured_runs
-from akosim.scenario import Setup
+from akosim.plan.compute import ComputeModel
+from akosim.plan.runspec import configured_runs
+from akosim.sim.engine import StopRule
+from akosim.sim.scenario import Setup
 
 WORKERS = 4
 LENGTH = 40_000

@@ -3,7 +3,7 @@
 * NIC accounting (akosim.network.fluid keeps carried bits and busy time as flows start
   and end) equals integrating every NIC's load between wake-ups, coalesced
   early ends included.
-* The multicast gate watch (akosim.multicast) counts exactly the peers an ako
+* The multicast gate watch (akosim.sim.multicast) counts exactly the peers an ako
   worker waits for and says when the last one arrived; it refuses to watch
   what it cannot count (known final rounds).
 """
@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from akocore.schemes import SchemeSpec, build_nodes
-from akosim.multicast import MulticastDelivery
 from akosim.network.fluidnet import FluidNetwork
 from akosim.network.netspec import NetworkSpec
+from akosim.sim.multicast import MulticastDelivery
 
 MBPS = 1e6
 

@@ -18,12 +18,12 @@ import pytest
 
 from akocore.messages import Kind, Partial
 from akocore.partition import partition_slice
-from akorun.cluster import free_ports
-from akorun.keys import PARTIAL_PATH, PartialSealer
+from akorun.launch.cluster import free_ports
 from akorun.metrics import PeerCounters
-from akorun.sender import Outgoing, OwedGap, PeerSender, RetryPolicy
-from akorun.server import Server
 from akorun.testing import SinkHost
+from akorun.transport.keys import PARTIAL_PATH, PartialSealer
+from akorun.transport.sender import Outgoing, OwedGap, PeerSender, RetryPolicy
+from akorun.transport.server import Server
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -85,7 +85,7 @@ def test_a_folded_final_marker_makes_the_folded_message_final() -> None:
 
 
 def test_a_folded_message_survives_the_wire() -> None:
-    from akorun.wire import decode, encode_bytes
+    from akorun.transport.wire import decode, encode_bytes
 
     gap = OwedGap()
     for m in [grad(r) for r in range(3, 11)]:
@@ -125,7 +125,7 @@ def test_a_suspended_peers_full_queue_folds_and_everything_arrives_once_it_is_ba
     async def main() -> PeerSender:
         import aiohttp
 
-        from akorun.client import make_session
+        from akorun.transport.client import make_session
 
         (port,) = free_ports(1)
         server = Server(host, max_concurrent_reads=4)

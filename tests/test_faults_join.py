@@ -17,16 +17,16 @@ from typing import Any
 
 import pytest
 
-from akorun.client import ControlAnswer
-from akorun.cluster import new_settings
-from akorun.control import ControlKind
 from akorun.errors import RunError
+from akorun.launch.cluster import new_settings
 from akorun.metrics import Metrics
 from akorun.runtime.join import Identity, Join
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.phase import PhaseMachine
 from akorun.runtime.waiting import Waiter
 from akorun.testing import LocalCluster
+from akorun.transport.client import ControlAnswer
+from akorun.transport.control import ControlKind
 
 pytestmark = pytest.mark.timeout(150)
 

@@ -21,12 +21,12 @@ import numpy as np
 import pytest
 
 from akocore.messages import Kind, Partial
-from akorun.checkpoint_file import remove_stale_temp_files
-from akorun.cluster import free_ports
-from akorun.keys import AUTH_HEADER, PARTIAL_PATH
-from akorun.server import Server
+from akorun.launch.cluster import free_ports
+from akorun.runtime.checkpoint_file import remove_stale_temp_files
 from akorun.testing import REPO_ROOT, LocalCluster, SinkHost, akorun_command, child_test_env
-from akorun.validation import NonFiniteValues, refuse_non_finite
+from akorun.transport.keys import AUTH_HEADER, PARTIAL_PATH
+from akorun.transport.server import Server
+from akorun.transport.validation import NonFiniteValues, refuse_non_finite
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -213,7 +213,7 @@ def _donor() -> tuple[Any, Any, Any]:
     from akorun.runtime.phase import Phase, PhaseMachine
     from akorun.runtime.rejoin import Rejoin
     from akorun.runtime.waiting import Waiter
-    from akorun.sender import OwedGap
+    from akorun.transport.sender import OwedGap
 
     node = AkoWorker(0, 3, 6, (1, 1, 1), replica=Replica(None, None), staleness=0)
     for round_ in range(4):  # rank 2's rounds 0..3 held
@@ -237,7 +237,7 @@ def _donor() -> tuple[Any, Any, Any]:
 
 
 def test_a_restart_is_taken_only_from_a_rejoining_rank_after_the_rounds_we_hold() -> None:
-    from akorun.control import ControlError
+    from akorun.transport.control import ControlError
 
     rejoin, node, gap = _donor()
     with pytest.raises(ControlError) as not_rejoining:

@@ -10,7 +10,7 @@ loss (iptables statistic DROP, no netem here), a full checkpoint disk (a tiny
 tmpfs, filled, then freed), and absences that leave thousands of rounds owed
 (fast rounds: a pause of 5 peer timeouts, a cut, a one-way cut, an interface
 taken down), which the returning peer gets back folded into one message
-(akorun.sender.OwedGap). Every surviving rank must exit 0 with the same
+(akorun.transport.sender.OwedGap). Every surviving rank must exit 0 with the same
 number of rounds and replicas equal within `replica_rtol(rounds)` (plain
 SGD). The stall (the longest gap between two round ends of a rank), the
 stall after the return (the longest gap from the fault's end on), the owed
@@ -32,7 +32,7 @@ the cases that found such bugs): the bound still tells loss from rounding.
 
 Needs root, `ip`, `iptables` and network namespaces (tmpfs for the disk
 case): skipped with the reason otherwise. The namespaces, bridge and veths
-are the testbed's (akorun.testbed.netns, unshaped here): names unique to
+are the testbed's (akorun.launch.testbed.netns, unshaped here): names unique to
 this process, removed in a finally, like the mount.
 """
 
@@ -54,9 +54,9 @@ import numpy as np
 import pytest
 
 from akocore.config import config_from_dict
-from akorun.cluster import new_settings, write_cluster_file
-from akorun.result_files import max_relative_difference
-from akorun.testbed import netns
+from akorun.launch.cluster import new_settings, write_cluster_file
+from akorun.launch.testbed import netns
+from akorun.runtime.result_files import max_relative_difference
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(150)]
@@ -79,7 +79,7 @@ def _run(*command: str) -> None:
 
 
 class Net:
-    """Three rank namespaces on one bridge in a hub namespace (akorun.testbed.netns),
+    """Three rank namespaces on one bridge in a hub namespace (akorun.launch.testbed.netns),
     unshaped, with iptables faults."""
 
     def __init__(self) -> None:

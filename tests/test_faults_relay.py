@@ -24,12 +24,12 @@ import pytest
 from akocore.messages import Kind, Partial
 from akocore.optim import PlainSGD
 from akocore.schemes import AkoWorker, Replica
-from akorun.cluster import new_settings
-from akorun.control import ControlError
-from akorun.keys import RELAY_TAG_BYTES, RequestVerifier, RunKeys, Signer
+from akorun.launch.cluster import new_settings
 from akorun.runtime.relay import HeldPartial, Relay, RelayStore, pack_messages, unpack_messages
 from akorun.testing import LocalCluster
-from akorun.wire import HEADER_SIZE
+from akorun.transport.control import ControlError
+from akorun.transport.keys import RELAY_TAG_BYTES, RequestVerifier, RunKeys, Signer
+from akorun.transport.wire import HEADER_SIZE
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -231,7 +231,7 @@ class _RoutedClient:
         self.answer = answer
 
     async def call(self, rank: int, kind: Any, payload: dict[str, Any], **_: Any) -> Any:
-        from akorun.client import ControlAnswer
+        from akorun.transport.client import ControlAnswer
 
         handler = self.relays[rank].on_relay
         if rank == 0 and self.answer is not None:
@@ -346,7 +346,7 @@ def test_four_ranks_with_key_files_agree_when_a_holder_withholds_from_one_and_is
     was asked once)."""
     import dataclasses
 
-    from akorun.keys import rank_key_file, write_rank_key_files
+    from akorun.transport.keys import rank_key_file, write_rank_key_files
 
     kill_round = 12
     settings = new_settings(peer_timeout_s=3.0)

@@ -25,7 +25,7 @@ import pytest
 
 from akocore.results import RankResult, RunResult
 from akocore.workload import build_workload
-from akorun.result_files import merge_results, worker_summary
+from akorun.runtime.result_files import merge_results, worker_summary
 from akorun.runtime.training import RoundTimes
 from akosim.cli import (
     compute_from_result,
@@ -34,7 +34,7 @@ from akosim.cli import (
     overhead_from_result,
     rank_overhead_s,
 )
-from akosim.compute import ComputeModel
+from akosim.plan.compute import ComputeModel
 from analysis.matrix import select
 from analysis.records import Record, p_text
 from analysis.run import calibration_file, command, resolved_p, run_dir
@@ -263,7 +263,7 @@ def test_report_shows_p_and_overhead() -> None:
 
 def test_akosim_measures_with_akoruns_xla_flags_when_akorun_would_use_them(
         monkeypatch) -> None:
-    from akorun.launch import SINGLE_THREAD_XLA_FLAGS
+    from akorun.launch.local import SINGLE_THREAD_XLA_FLAGS
     from analysis.run import _env
 
     [exp] = select("uniform-wan/2w-ako-p4", "all")

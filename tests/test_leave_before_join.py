@@ -19,17 +19,17 @@ import pytest
 
 from akocore.config import config_from_dict
 from akocore.schemes import AkoWorker, Replica
-from akorun.client import ControlAnswer
-from akorun.cluster import new_settings
-from akorun.control import ControlError, ControlKind
 from akorun.errors import Interrupted, RunError
 from akorun.faults import Faults, faults_for
-from akorun.launch import Launcher, LaunchOptions
+from akorun.launch.cluster import new_settings
+from akorun.launch.local import Launcher, LaunchOptions
 from akorun.metrics import Metrics
 from akorun.runtime.join import Identity, Join
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.phase import PhaseMachine
 from akorun.runtime.waiting import Waiter
+from akorun.transport.client import ControlAnswer
+from akorun.transport.control import ControlError, ControlKind
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -195,9 +195,9 @@ def test_whole_simulations_under_random_pair_caps_keep_their_round_times(seed, m
 
     import akosim.network.fluidnet
     from akocore.config import config_from_dict
-    from akosim.compute import ComputeModel
-    from akosim.engine import StopRule
-    from akosim.scenario import Setup, ako_variant, simulate
+    from akosim.plan.compute import ComputeModel
+    from akosim.sim.engine import StopRule
+    from akosim.sim.scenario import Setup, ako_variant, simulate
 
     n = 12
     rng = np.random.default_rng(seed)

@@ -1,4 +1,4 @@
-"""Tests for akosim.multicast: the simulator's one-step multicast gives exactly
+"""Tests for akosim.sim.multicast: the simulator's one-step multicast gives exactly
 what delivering to each node's own `receive` gives."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from akocore.optim import PlainSGD
 from akocore.schemes import SchemeSpec, build_nodes
 from akocore.ssp import DeliveryLog
-from akosim.multicast import MulticastDelivery
+from akosim.sim.multicast import MulticastDelivery
 
 
 @settings(max_examples=60, deadline=None)

@@ -12,14 +12,14 @@ from akocore.resolve import scheme_spec
 from akocore.schemes import build_nodes
 from akocore.settings.normalise import NETWORK_MODELS, ConfigError, network_layers
 from akocore.settings.schema import NetworkConfig
-from akosim.compute import ComputeModel
-from akosim.engine import Simulation, StopRule
 from akosim.network.fluidnet import FluidNetwork
 from akosim.network.layer import NetworkLayer
 from akosim.network.netmodel import build_network_model
 from akosim.network.netspec import NetworkSpec
 from akosim.network.senderfifo import SenderFifo
 from akosim.network.tcpmodel import ConnectionQueue, TcpCorrections
+from akosim.plan.compute import ComputeModel
+from akosim.sim.engine import Simulation, StopRule
 
 SPEC = NetworkSpec.uniform(3, 40e6, 1e-3)
 

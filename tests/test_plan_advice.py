@@ -8,12 +8,12 @@ import pytest
 
 from akocore.config import ClusterConfig, ExchangeConfig, NetworkConfig, RunConfig, TrainConfig
 from akocore.planner import PlanInputs, overlap_ssp, plan, send_time_s, ways_out
-from akosim.advice import explain, with_overlap_ssp
 from akosim.cli import main
-from akosim.compare import compare_all
-from akosim.compute import ComputeModel
-from akosim.engine import StopRule
-from akosim.scenario import Setup, ako_variant, simulate
+from akosim.plan.advice import explain, with_overlap_ssp
+from akosim.plan.compare import compare_all
+from akosim.plan.compute import ComputeModel
+from akosim.sim.engine import StopRule
+from akosim.sim.scenario import Setup, ako_variant, simulate
 
 
 def _inputs(n: int = 8, bandwidth: float = 40e6, compute_s: float = 0.3,
@@ -116,7 +116,7 @@ def test_a_given_ssp_is_kept(capsys) -> None:
 def test_the_recommendation_never_fails_its_own_staleness_check() -> None:
     """On a slow link Ako's p makes it too stale: the plan names the fastest run within
     --max-staleness instead, and says what p, s, H and staleness mean."""
-    from akosim.advice import recommend
+    from akosim.plan.advice import recommend
 
     setup = with_overlap_ssp(_setup(n=32))
     runs = compare_all(setup)

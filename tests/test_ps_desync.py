@@ -16,15 +16,15 @@ from akocore.config import RunConfig
 from akocore.host_calibration import HostCalibration, TcpParameters
 from akocore.settings.normalise import network_layers
 from akocore.settings.schema import ClusterConfig, ExchangeConfig, NetworkConfig
-from akosim.compute import ComputeModel
-from akosim.engine import StopRule
 from akosim.network.fluidnet import FluidNetwork
 from akosim.network.layer import NetworkModel
 from akosim.network.netmodel import tcp_layers
 from akosim.network.netspec import NetworkSpec
 from akosim.network.senderfifo import SenderFifo
 from akosim.network.tcpmodel import effective_spec, round_trip_s
-from akosim.scenario import Setup, Variant, simulate
+from akosim.plan.compute import ComputeModel
+from akosim.sim.engine import StopRule
+from akosim.sim.scenario import Setup, Variant, simulate
 from analysis.ps_desync_probe import leader_share, summarise
 
 RATE_BPS = 80e6

@@ -2,7 +2,7 @@
 
 Random heterogeneous clusters (NIC up and down speeds, per-pair caps, latencies,
 per-worker compute, uneven chunks): every worker's round ends in the simulation
-(akosim.engine at exact precision) equal akosim.closed_form.ring_round_ends (ring
+(akosim.sim.engine at exact precision) equal akosim.sim.closed_form.ring_round_ends (ring
 all-reduce) and sync_ps_round_ends (synchronous ps, one server) to a relative
 1e-9, and raising any one capacity never makes a ring round end later. (Under
 max-min sharing that last property does not hold for ps or Ako: a faster receiver
@@ -20,15 +20,15 @@ from hypothesis import strategies as st
 from akocore.config import config_from_dict
 from akocore.resolve import scheme_spec
 from akocore.schemes import build_nodes
-from akosim.closed_form import (
+from akosim.network.netspec import NetworkSpec
+from akosim.plan.compute import ComputeModel
+from akosim.sim.closed_form import (
     ring_links,
     ring_round_ends,
     ring_step_sizes,
     sync_ps_round_ends,
 )
-from akosim.compute import ComputeModel
-from akosim.engine import Simulation, StopRule
-from akosim.network.netspec import NetworkSpec
+from akosim.sim.engine import Simulation, StopRule
 
 MBPS = 1e6
 

@@ -82,10 +82,10 @@ EXPECTED_BOUNDS = {"sync-sgd": 0.0, "sync-sgd-lr-per-worker": 0.0, "sdag": 3.0,
 
 @pytest.mark.parametrize("name", sorted(NAMED_SCHEMES))
 def test_akosim_reports_each_named_schemes_staleness_bound(name: str) -> None:
-    from akosim.compute import ComputeModel
-    from akosim.engine import StopRule
-    from akosim.runspec import configured_runs
-    from akosim.scenario import Setup
+    from akosim.plan.compute import ComputeModel
+    from akosim.plan.runspec import configured_runs
+    from akosim.sim.engine import StopRule
+    from akosim.sim.scenario import Setup
 
     cfg = resolve([Given("exchange.scheme", name, Layer.FLAG, "by --scheme"),
                    Given("cluster.workers", 5, Layer.FLAG, "by --workers")]).config

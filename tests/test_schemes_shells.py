@@ -14,10 +14,10 @@ import pytest
 
 from akocore.config import NetworkConfig, TrainConfig
 from akocore.settings.toml_io import load_config
-from akosim.compute import ComputeModel
-from akosim.engine import StopRule
-from akosim.runspec import configured_runs
-from akosim.scenario import Setup, Variant, simulate
+from akosim.plan.compute import ComputeModel
+from akosim.plan.runspec import configured_runs
+from akosim.sim.engine import StopRule
+from akosim.sim.scenario import Setup, Variant, simulate
 
 PRESETS = Path(__file__).resolve().parent.parent / "configs" / "presets"
 NAMES = ("wagma", "hogwild", "downpour", "adag", "sdag", "sync-sgd", "sync-sgd-lr-per-worker",

@@ -1,6 +1,6 @@
 """Connections before any request: the peer address allow-list and the HTTP header deadline.
 
-A real akorun.server.Server (behind a sink host) on 127.0.0.1. The
+A real akorun.transport.server.Server (behind a sink host) on 127.0.0.1. The
 allow-list test connects from 127.0.0.2 (another loopback source address)
 and from 127.0.0.1; the deadline test dribbles a request header a byte at a
 time and is cut off, while a client that pauses between whole requests on
@@ -19,9 +19,9 @@ import pytest
 
 from akocore.config import ConfigError
 from akocore.settings.schema import AkorunConfig
-from akorun.cluster import allowed_networks, free_ports
-from akorun.server import Server
+from akorun.launch.cluster import allowed_networks, free_ports
 from akorun.testing import SinkHost
+from akorun.transport.server import Server
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -25,13 +25,13 @@ import pytest
 
 from akocore.messages import Kind, Partial
 from akocore.workload import build_workload
-from akorun import wire
-from akorun.control import ControlKind
-from akorun.datapath import MAGIC as DATA_PATH_MAGIC
-from akorun.datapath import PREAMBLE, encode_request_meta
-from akorun.keys import AUTH_HEADER, SEAL_FORMAT, SEAL_VERSION, TAG_BYTES
-from akorun.node_plan import params_digest, wire_hash
+from akorun.runtime.node_plan import params_digest, wire_hash
 from akorun.testing import LocalCluster, wait_for
+from akorun.transport import wire
+from akorun.transport.control import ControlKind
+from akorun.transport.datapath import MAGIC as DATA_PATH_MAGIC
+from akorun.transport.datapath import PREAMBLE, encode_request_meta
+from akorun.transport.keys import AUTH_HEADER, SEAL_FORMAT, SEAL_VERSION, TAG_BYTES
 from tests.peer import Peer, Sent, replay
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]

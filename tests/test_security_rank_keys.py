@@ -22,12 +22,12 @@ import numpy as np
 import pytest
 
 from akocore.messages import Kind, Partial
-from akorun import wire
-from akorun.cluster import read_cluster_file
-from akorun.commands import main
-from akorun.control import ControlKind
-from akorun.keys import RankKeys, read_rank_keys, write_rank_key_files
+from akorun.launch.cluster import read_cluster_file
+from akorun.launch.commands import main
 from akorun.testing import REPO_ROOT, SinkHost, akorun_command, child_test_env
+from akorun.transport import wire
+from akorun.transport.control import ControlKind
+from akorun.transport.keys import RankKeys, read_rank_keys, write_rank_key_files
 from tests.test_security_sessions import serving
 
 SECRET = b"rank key file test secret, 32 B!"

@@ -1,6 +1,6 @@
 """Sessions and per-rank keys against a real server: replays across runs and restarts, forgery.
 
-A sink host (akorun.testing.SinkHost, rank 1) behind the real akorun.server
+A sink host (akorun.testing.SinkHost, rank 1) behind the real akorun.transport.server
 records every control message its table dispatches and every partial it takes.
 `tests.peer.Peer` speaks to it as rank 0 or 2 would (own keys, own nonce) and
 records each request byte for byte; the tests then send those exact bytes
@@ -23,12 +23,12 @@ import numpy as np
 import pytest
 
 from akocore.messages import Kind, Partial
-from akorun import control, wire
-from akorun.cluster import free_ports
-from akorun.control import ControlKind
-from akorun.keys import AUTH_HEADER, PARTIAL_PATH, Seal, digest, request_tag
-from akorun.server import Server
+from akorun.launch.cluster import free_ports
 from akorun.testing import SinkHost
+from akorun.transport import control, wire
+from akorun.transport.control import ControlKind
+from akorun.transport.keys import AUTH_HEADER, PARTIAL_PATH, Seal, digest, request_tag
+from akorun.transport.server import Server
 from tests.peer import Peer, Sent, post, replay
 
 pytestmark = pytest.mark.timeout(60)
@@ -207,7 +207,7 @@ def test_a_member_of_another_cluster_file_is_refused_even_at_discovery() -> None
 
 
 def test_pairwise_keys_differ_per_pair_and_a_rank_holds_only_its_row() -> None:
-    from akorun.keys import RankKeys, pair_key
+    from akorun.transport.keys import RankKeys, pair_key
 
     rows = [RankKeys.from_secret(SECRET, RUN, rank, 4) for rank in range(4)]
     pairs = {(a, b): pair_key(SECRET, RUN, a, b) for a in range(4) for b in range(a + 1, 4)}
@@ -222,7 +222,7 @@ def test_pairwise_keys_differ_per_pair_and_a_rank_holds_only_its_row() -> None:
 def test_admission_slots_are_limited_per_sender_and_buffers_reused_only_when_free() -> None:
     import numpy as np
 
-    from akorun.admission import Admission, BufferPool
+    from akorun.transport.admission import Admission, BufferPool
 
     admission = Admission(lambda: None, max_concurrent_reads=4, max_reads_per_sender=2)
     with admission.slot(0), admission.slot(0):

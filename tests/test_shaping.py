@@ -1,4 +1,5 @@
-"""akorun.emulated_links: token-bucket pacing, shared uplink, latency and paced body chunks.
+"""akorun.transport.emulated_links: token-bucket pacing, shared uplink, latency and paced
+body chunks.
 
 Exact timing is checked on `VirtualClockLoop`, an event loop whose clock jumps
 to the next timer instead of sleeping, so these tests are exact and instant.
@@ -19,8 +20,8 @@ import numpy as np
 import pytest
 
 from akocore.messages import Kind, Partial
-from akorun import wire
-from akorun.emulated_links import PIECE_BYTES, DownlinkShaper, LinkShaper, SerialLink
+from akorun.transport import wire
+from akorun.transport.emulated_links import PIECE_BYTES, DownlinkShaper, LinkShaper, SerialLink
 
 T = TypeVar("T")
 
@@ -214,7 +215,7 @@ def test_infinite_rate_never_sleeps(monkeypatch: pytest.MonkeyPatch) -> None:
     async def no_sleep(delay: float) -> None:
         raise AssertionError(f"slept {delay} s")
 
-    monkeypatch.setattr(asyncio, "sleep", no_sleep)  # what akorun.emulated_links awaits
+    monkeypatch.setattr(asyncio, "sleep", no_sleep)  # what akorun.transport.emulated_links awaits
 
     async def main() -> float:
         shaper = LinkShaper(math.inf)

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from akorun.client import ControlAnswer
-from akorun.control import ControlKind
 from akorun.runtime.stopping import StopAgreement
 from akorun.runtime.waiting import Waiter
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
+from akorun.transport.client import ControlAnswer
+from akorun.transport.control import ControlKind
 
 pytestmark = pytest.mark.timeout(200)
 

@@ -14,14 +14,14 @@ import pytest
 
 from akocore.results import RunResult, run_fields
 from akosim.cli import UsageError, main
-from akosim.sweep import (
+from akosim.sweep.sweep_grid import (
     build_parser,
     expand_grid,
     parse_shard,
     shard_of,
     sim_settings,
 )
-from akosim.sweepfiles import CSV_RESULT_COLUMNS, POINT_FORMAT, SweepPoint
+from akosim.sweep.sweepfiles import CSV_RESULT_COLUMNS, POINT_FORMAT, SweepPoint
 
 TINY = ["--gradient-size", "40KB", "--compute", "10ms", "--rounds", "3"]
 
@@ -242,7 +242,7 @@ def test_point_files_of_another_format_are_ignored_not_misread(tmp_path, capsys)
 
 
 def test_sweep_refuses_a_compute_time_without_a_unit(capsys) -> None:
-    from akosim.sweep import run_sweep
+    from akosim.sweep.sweep_grid import run_sweep
 
     with pytest.raises(SystemExit) as exited:
         run_sweep(["--workers", "2", "--compute", "300", "--gradient-size", "40KB",
@@ -256,10 +256,10 @@ def test_ako_points_choose_s_with_p_as_the_plan_does_unless_ssp_is_given(tmp_pat
     # At 40 Mbit/s the sends of a 40 kB gradient outlast 10 ms of compute: the
     # plan's rule picks s > 0 so they overlap; --ssp (or --set) fixes s instead.
     from akocore.config import config_from_dict
-    from akosim.advice import with_overlap_ssp
-    from akosim.compute import ComputeModel
-    from akosim.engine import StopRule
-    from akosim.scenario import Setup
+    from akosim.plan.advice import with_overlap_ssp
+    from akosim.plan.compute import ComputeModel
+    from akosim.sim.engine import StopRule
+    from akosim.sim.scenario import Setup
 
     assert sweep(tmp_path / "chosen", "--workers", "4,6", "--bandwidth", "40mbps") == 0
     assert sweep(tmp_path / "given", "--workers", "4,6", "--bandwidth", "40mbps",

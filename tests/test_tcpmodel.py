@@ -17,15 +17,15 @@ from akocore.host_calibration import HostCalibration, TcpParameters, wire_goodpu
 from akocore.jsonrecord import RecordError
 from akocore.settings.normalise import network_layers
 from akocore.settings.schema import ClusterConfig, ExchangeConfig, NetworkConfig
-from akosim.compute import ComputeModel
-from akosim.engine import StopRule
 from akosim.network.fluidnet import FluidNetwork
 from akosim.network.layer import NetworkModel
 from akosim.network.netmodel import tcp_layers
 from akosim.network.netspec import NetworkSpec
+from akosim.network.rank_cpu import RankCpu
 from akosim.network.tcpmodel import effective_spec, round_trip_s, slow_start_extra_s
-from akosim.rank_cpu import RankCpu
-from akosim.scenario import Setup, Variant, ako_variant, simulate
+from akosim.plan.compute import ComputeModel
+from akosim.sim.engine import StopRule
+from akosim.sim.scenario import Setup, Variant, ako_variant, simulate
 
 WARM = TcpParameters()  # with WARM_MODEL (no slow start): goodput and window only
 WARM_MODEL = "tcp-core+one-per-connection"

@@ -12,12 +12,12 @@ from akocore import testbed_record
 from akocore.config import config_from_dict
 from akocore.jsonrecord import RecordError
 from akocore.testbed_record import ShapedQueue
-from akorun.cluster import new_settings
 from akorun.errors import UsageError
-from akorun.testbed import netns, runner
-from akorun.testbed.netns import missing_requirements
-from akorun.testbed.runner import check_testbed
-from akorun.testbed.shaping import (
+from akorun.launch.cluster import new_settings
+from akorun.launch.testbed import netns, runner
+from akorun.launch.testbed.netns import missing_requirements
+from akorun.launch.testbed.runner import check_testbed
+from akorun.launch.testbed.shaping import (
     MIN_QUEUE_BYTES,
     burst_bytes,
     plan_shaping,

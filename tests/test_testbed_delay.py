@@ -34,12 +34,12 @@ from akocore.results import RunResult
 from akocore.testbed_record import TESTBED_RECORD_FILE
 from akocore.testbed_record import TestbedRecord as Record
 from akorun.errors import UsageError
-from akorun.testbed import delaypath, netns
-from akorun.testbed.delayline import VNET_HDR_BYTES, DelayLine, DelaySchedule, pair_of
-from akorun.testbed.netns import SUBNET, SUBNET_PREFIX, NetnsTestbed, entered
-from akorun.testbed.probe import measure_transfer
-from akorun.testbed.runner import DELAY_LINE_FILE
-from akorun.testbed.shaping import plan_shaping
+from akorun.launch.testbed import delaypath, netns
+from akorun.launch.testbed.delayline import VNET_HDR_BYTES, DelayLine, DelaySchedule, pair_of
+from akorun.launch.testbed.netns import SUBNET, SUBNET_PREFIX, NetnsTestbed, entered
+from akorun.launch.testbed.probe import measure_transfer
+from akorun.launch.testbed.runner import DELAY_LINE_FILE
+from akorun.launch.testbed.shaping import plan_shaping
 from akorun.testing import REPO_ROOT, child_test_env
 
 A, B = "10.77.0.1", "10.77.0.2"

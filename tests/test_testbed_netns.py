@@ -26,12 +26,12 @@ from akocore.config import config_from_dict
 from akocore.results import RunResult
 from akocore.testbed_record import TESTBED_RECORD_FILE
 from akocore.testbed_record import TestbedRecord as Record
-from akorun.cluster import new_settings
 from akorun.errors import Interrupted
-from akorun.launch import LaunchOptions
-from akorun.testbed import netns, runner
-from akorun.testbed.probe import measure_transfer
-from akorun.testbed.shaping import plan_shaping
+from akorun.launch.cluster import new_settings
+from akorun.launch.local import LaunchOptions
+from akorun.launch.testbed import netns, runner
+from akorun.launch.testbed.probe import measure_transfer
+from akorun.launch.testbed.shaping import plan_shaping
 from akorun.testing import REPO_ROOT, child_test_env
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(240)]

@@ -1,4 +1,4 @@
-"""akorun.wire: round trips, body digests, run checks, caps and malformed input."""
+"""akorun.transport.wire: round trips, body digests, run checks, caps and malformed input."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from akocore.messages import Kind, Partial
-from akorun import wire
-from akorun.wire import (
+from akorun.transport import wire
+from akorun.transport.wire import (
     FIELDS_SIZE,
     HEADER_SIZE,
     BodyHasher,
@@ -157,7 +157,7 @@ def test_flipping_any_byte_of_digest_or_body_is_refused_with_401() -> None:
         with pytest.raises(WireError) as err:
             checked(tampered)
         assert err.value.status == Status.BAD_SIGNATURE, index
-    # a flipped field changes the header, which akorun.keys' seal commits to
+    # a flipped field changes the header, which akorun.transport.keys' seal commits to
     # (tests/test_security_sessions.py)
 
 

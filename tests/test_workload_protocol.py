@@ -276,8 +276,8 @@ def test_the_fingerprint_tells_workloads_apart_and_agrees_across_builds(factory_
 
 
 def test_the_join_refuses_a_peer_with_another_workload():
-    from akorun.control import ControlError
     from akorun.runtime.join import Identity
+    from akorun.transport.control import ControlError
 
     ours = Identity(0, "run", "config", "params", workload="mymodel.py:make 1a2b")
     theirs = Identity(1, "run", "config", "params", workload="mymodel.py:make 9f9f")
@@ -451,7 +451,7 @@ def test_from_flax_takes_its_example_input_from_array_data_and_names_are_checked
 
 
 def test_pytree_batches_step_singly_and_stacked_in_akosims_batched_gradients():
-    from akosim.sim_training import BatchedGradients
+    from akosim.sim.sim_training import BatchedGradients
 
     def train(rank, ranks, batch_size, seed):
         rng = np.random.default_rng([seed, rank])

@@ -30,7 +30,7 @@ class Codec(ABC):
     """One way of putting a float32 vector on the wire."""
 
     name: str  # the canonical text form, as --codec takes it: "int8", "topk:0.01"
-    wire_id: ClassVar[int]  # the header's codec byte (akorun.wire)
+    wire_id: ClassVar[int]  # the header's codec byte (akorun.transport.wire)
     lossy: ClassVar[bool] = True  # False: decode(encode(x)) == x, no residual kept
     encode_s_per_element: ClassVar[float] = 0.0
     decode_s_per_element: ClassVar[float] = 0.0

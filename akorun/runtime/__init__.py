@@ -1,4 +1,4 @@
-"""The collaborators of one akorun rank, wired together by akorun.worker.Worker.
+"""The collaborators of one akorun rank, wired together by akorun.runtime.worker.Worker.
 
 phase (run phase state machine), roles (what differs per scheme and role),
 prepare (workload, warm-up, checkpoint to resume from), join and rejoin

@@ -2,7 +2,7 @@
 
 What the checkpoint holds beyond the common fields is the role's
 (`Role.checkpoint`: ako workers add their buffers and delivery log). The file
-format is akorun.checkpoint_file's.
+format is akorun.runtime.checkpoint_file's.
 
 A failed periodic write (a full or broken disk: any OSError) is logged as one
 line, counted (`failures`), its temp file removed, and training goes on: the
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from akorun.checkpoint_file import (
+from akorun.runtime.checkpoint_file import (
     Checkpoint,
     checkpoint_path,
     optimizer_leaves,

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from akocore.workload import FlatWorkload
-from akorun.client import ControlClient
 from akorun.metrics import Metrics
 from akorun.runtime.waiting import Waiter
+from akorun.transport.client import ControlClient
 
 
 class Evaluator:

@@ -16,7 +16,7 @@ peer that sent nothing new for `grace_s` (a dead or unreachable one, which
 the peer timeout has also suspended by then) is given up on, with one line
 naming it. So a peer paused or cut off past the peer timeout that comes back
 within `grace_s` of our end still gets every message owed to it (the
-suspension folded them, akorun.sender) and we still get its last rounds;
+suspension folded them, akorun.transport.sender) and we still get its last rounds;
 one that stays away longer finishes without ours (it says so in its log).
 A hard stop (second signal) gives up every wait at once.
 
@@ -37,8 +37,6 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
-from akorun.client import ControlClient
-from akorun.control import ControlKind
 from akorun.errors import RunError
 from akorun.runtime.checkpoints import CheckpointFailed, CheckpointWriter
 from akorun.runtime.evaluation import Evaluator
@@ -49,6 +47,8 @@ from akorun.runtime.rank_result import ResultBuilder
 from akorun.runtime.roles import Role
 from akorun.runtime.training import TrainingLoop
 from akorun.runtime.waiting import Waiter
+from akorun.transport.client import ControlClient
+from akorun.transport.control import ControlKind
 
 log = logging.getLogger("akorun")
 

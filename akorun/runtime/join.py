@@ -42,7 +42,7 @@ secret or run id differs) is a mismatch as well: exit 2, one line.
 
 The per-start nonces that key every later message are exchanged here, below
 the payload: the first call to a peer is a discovery hello answered with the
-peer's nonce (akorun.client.ControlClient), and every hello after it is sealed
+peer's nonce (akorun.transport.client.ControlClient), and every hello after it is sealed
 for both processes' nonces, which is how each peer learns this process's
 (akorun.keys). A hello recorded in another run, or sent by an earlier instance
 of a rank, is refused before `on_hello` sees it.
@@ -60,12 +60,12 @@ from typing import Any, TypeVar
 
 from akocore.config import RunConfig
 from akocore.settings.toml_io import config_to_dict
-from akorun.client import ControlClient
-from akorun.control import ControlError, ControlKind
 from akorun.errors import Interrupted, RunError, UsageError
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.phase import Phase, PhaseMachine
 from akorun.runtime.waiting import Waiter
+from akorun.transport.client import ControlClient
+from akorun.transport.control import ControlError, ControlKind
 
 log = logging.getLogger("akorun")
 _T = TypeVar("_T")

@@ -28,10 +28,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from akocore.schemes import SchemeNode
-from akorun.client import ControlClient
-from akorun.control import ControlError, ControlKind
 from akorun.metrics import Metrics
 from akorun.runtime.phase import Phase, PhaseMachine
+from akorun.transport.client import ControlClient
+from akorun.transport.control import ControlError, ControlKind
 
 log = logging.getLogger("akorun")
 

@@ -20,10 +20,10 @@ import aiohttp
 
 from akocore.config import RunConfig
 from akocore.messages import Send
-from akorun.emulated_links import DownlinkShaper, LinkShaper
-from akorun.keys import PARTIAL_PATH, PartialSealer, Signer
 from akorun.metrics import Metrics, timed_call
-from akorun.sender import Outgoing, PeerSender
+from akorun.transport.emulated_links import DownlinkShaper, LinkShaper
+from akorun.transport.keys import PARTIAL_PATH, PartialSealer, Signer
+from akorun.transport.sender import Outgoing, PeerSender
 
 ENCODE_IN_THREAD_BYTES = 1 << 20  # encode (BLAKE3 digest) bigger messages off the loop
 

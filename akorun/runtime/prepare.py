@@ -19,9 +19,9 @@ from akocore.config import RunConfig
 from akocore.optim import FlatOptimizer
 from akocore.process_setup import enable_compilation_cache
 from akocore.workload import FlatWorkload, build_workload, workload_fingerprint
-from akorun.checkpoint_file import Checkpoint, load_checkpoint
 from akorun.errors import UsageError
-from akorun.node_plan import params_digest
+from akorun.runtime.checkpoint_file import Checkpoint, load_checkpoint
+from akorun.runtime.node_plan import params_digest
 from akorun.runtime.roles import Role
 
 log = logging.getLogger("akorun")

@@ -2,8 +2,8 @@
 
 `ResultBuilder.result` gathers what the run measured from the collaborators
 that measured it into a `RankResult` (akocore.results; the summary fields from
-akorun.result_files.worker_summary, the diagnostics the schema does not compare as
-akorun.result_files.RankDiagnostics).
+akorun.runtime.result_files.worker_summary, the diagnostics the schema does not compare as
+akorun.runtime.result_files.RankDiagnostics).
 """
 
 from __future__ import annotations
@@ -20,17 +20,17 @@ from akocore.config import config_to_dict
 from akocore.results import RankResult
 from akocore.schemes import AkoWorker, SchemeNode
 from akorun.metrics import Metrics
-from akorun.node_plan import params_digest
-from akorun.result_files import (
+from akorun.runtime.evaluation import Evaluator
+from akorun.runtime.node_plan import params_digest
+from akorun.runtime.outbox import Outbox
+from akorun.runtime.prepare import Prepared
+from akorun.runtime.relay import Relay
+from akorun.runtime.result_files import (
     RankDiagnostics,
     checked_rank_result,
     worker_summary,
     write_rank_result,
 )
-from akorun.runtime.evaluation import Evaluator
-from akorun.runtime.outbox import Outbox
-from akorun.runtime.prepare import Prepared
-from akorun.runtime.relay import Relay
 from akorun.runtime.roles import Role
 from akorun.runtime.training import TrainingLoop
 from akorun.runtime.waiting import Waiter

@@ -25,18 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from akocore.schemes import AkoState, AkoWorker, RejoinSnapshot, SchemeError
-from akorun import control
-from akorun.checkpoint_file import (
+from akorun.errors import RunError, UsageError
+from akorun.metrics import Metrics
+from akorun.runtime.checkpoint_file import (
     Checkpoint,
     checkpoint_path,
     log_from_json,
     log_to_json,
     restore_optimizer_state,
 )
-from akorun.client import ControlClient
-from akorun.control import ControlError, ControlKind
-from akorun.errors import RunError, UsageError
-from akorun.metrics import Metrics
 from akorun.runtime.join import Identity, greet, until
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.outbox import Outbox
@@ -44,6 +41,9 @@ from akorun.runtime.phase import Phase, PhaseMachine
 from akorun.runtime.relay import Relay
 from akorun.runtime.roles import Role
 from akorun.runtime.waiting import Waiter
+from akorun.transport import control
+from akorun.transport.client import ControlClient
+from akorun.transport.control import ControlError, ControlKind
 
 log = logging.getLogger("akorun")
 

@@ -15,7 +15,7 @@ partial (`SchemeNode.receive` refuses a (sender, round, part) held already).
 So akorun does (a):
 
 - Keep: every partial accepted from a peer is also kept here (`RelayStore`),
-  with the sender's endorsements (akorun.keys.Signer.endorse: one tag per
+  with the sender's endorsements (akorun.transport.keys.Signer.endorse: one tag per
   other rank, keyed with that rank's session key, over the header that
   commits to the body). Memory is bounded: per peer, its last
   ``RELAY_KEEP_GRADIENTS * p`` messages, i.e. at most two full gradients
@@ -33,7 +33,7 @@ So akorun does (a):
   asker retries for 2 T + 1 s, and stops as soon as the peer speaks to it
   again): a peer that only the asker cannot hear (a cut between two ranks) is
   not dead, and after the heal it sends the asker the rounds it folded for it
-  (akorun.sender.OwedGap: one message summing them), which must not
+  (akorun.transport.sender.OwedGap: one message summing them), which must not
   meet forwarded copies of the same rounds (the copy would be kept, the sum
   dropped as a duplicate).
   A donor also pulls before it hands a rejoining rank a snapshot, and every
@@ -43,11 +43,11 @@ So akorun does (a):
   verifies with the session key of the lost rank's instance that sent it
   (current, or an earlier one for rounds before its restart): the forwarder
   cannot make or alter one, so the replay and forgery defences of
-  akorun.keys still hold (partials are idempotent by (sender, round, part);
+  akorun.transport.keys still hold (partials are idempotent by (sender, round, part);
   the control request that carries them has its own seal and counter).
   Forwarded messages are not evidence that the lost rank lives.
 - Meet: a peer that was only paused or cut off comes back and sends again
-  what it owed, possibly folded (akorun.sender.OwedGap: one message summing
+  what it owed, possibly folded (akorun.transport.sender.OwedGap: one message summing
   a range of rounds); where this rank already took some of those rounds
   forwarded, their forwarded values are taken out of the folded sum before
   the node records the rounds it lacks (`fold_in`), and a plain message that
@@ -100,11 +100,11 @@ from akocore.codecs.exchange import decoded
 from akocore.messages import Partial
 from akocore.partition import partition_slice
 from akocore.schemes import AkoWorker, SchemeError, SchemeNode
-from akorun import control
-from akorun.client import ControlClient
-from akorun.control import ControlError, ControlKind
-from akorun.keys import NONCE_BYTES, RequestVerifier, Signer
-from akorun.wire import HEADER_SIZE, WireError, decode
+from akorun.transport import control
+from akorun.transport.client import ControlClient
+from akorun.transport.control import ControlError, ControlKind
+from akorun.transport.keys import NONCE_BYTES, RequestVerifier, Signer
+from akorun.transport.wire import HEADER_SIZE, WireError, decode
 
 log = logging.getLogger("akorun")
 
@@ -545,7 +545,7 @@ class Relay:
         """Forward `origin`'s partials only when this rank has lost it too (suspended or
         rejoining), or for rounds before a restart of it taken here. A peer that only
         the asker cannot hear (a cut between two ranks) still sends its own rounds, and
-        after a heal the rounds folded for the asker (akorun.sender) must not meet
+        after a heal the rounds folded for the asker (akorun.transport.sender) must not meet
         forwarded copies of the same rounds."""
         if self.lost_here(origin):
             return True
@@ -578,7 +578,7 @@ class Relay:
 
         A sender that had suspended this rank folds the rounds its full queue dropped and
         sends them again as one summed message per partition followed by zero-valued
-        ones (akorun.sender.OwedGap); if some of those rounds reached this rank forwarded
+        ones (akorun.transport.sender.OwedGap); if some of those rounds reached this rank forwarded
         meanwhile, the duplicates carry the sum differently split. Taking, for each
         forwarded round, (what its sender now sent - the forwarded values) keeps the
         total exact: the incoming messages sum to what was folded. A plain re-send of

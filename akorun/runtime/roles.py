@@ -6,7 +6,7 @@ whose answer depends on the scheme or the role: what to check and compile
 before the join, whether the rank trains, whether it can rejoin or donate a
 rejoin snapshot, what its checkpoint and /status carry, where its parameters
 start in the full vector, and whether one signal stops it at once. The rest of
-the runtime asks the role instead of checking the scheme. (akorun.node_plan holds
+the runtime asks the role instead of checking the scheme. (akorun.runtime.node_plan holds
 the config-level helpers these build on: role_of, plan_node, make_node.)
 """
 
@@ -24,10 +24,9 @@ from akocore.optim import FlatOptimizer
 from akocore.schemes import AkoWorker, PSLayout, PSServer, SchemeNode
 from akocore.schemes.registry import registered
 from akocore.workload import FlatWorkload
-from akorun.checkpoint_file import Checkpoint
-from akorun.control import ControlError
 from akorun.errors import RunError, UsageError
-from akorun.node_plan import (
+from akorun.runtime.checkpoint_file import Checkpoint
+from akorun.runtime.node_plan import (
     NodePlan,
     make_node,
     params_digest,
@@ -37,6 +36,7 @@ from akorun.node_plan import (
     scheme_of,
     training_workers,
 )
+from akorun.transport.control import ControlError
 
 log = logging.getLogger("akorun")
 

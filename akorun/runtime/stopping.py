@@ -27,9 +27,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from akorun.client import ControlClient
-from akorun.control import ControlError, ControlKind
 from akorun.runtime.waiting import Waiter
+from akorun.transport.client import ControlClient
+from akorun.transport.control import ControlError, ControlKind
 
 log = logging.getLogger("akorun")
 

@@ -25,11 +25,11 @@ from functools import partial
 import numpy as np
 import simpy
 
-from akosim.compute import ComputeModel
 from akosim.network.fluid import COALESCE_REL, Delivery, FluidFlows, check_send
 from akosim.network.layer import DeliveryCallback, TransferListener
 from akosim.network.netspec import NetworkSpec
 from akosim.network.netstats import NetworkStats, NetworkUtilisation, TrafficCounters
+from akosim.plan.compute import ComputeModel
 
 __all__ = ["DeliveryCallback", "FluidNetwork"]
 

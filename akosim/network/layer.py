@@ -22,9 +22,9 @@ from typing import Any, Protocol
 import numpy as np
 import simpy
 
-from akosim.compute import ComputeModel
 from akosim.network.netspec import NetworkSpec
 from akosim.network.netstats import NetworkStats, NetworkUtilisation
+from akosim.plan.compute import ComputeModel
 
 DeliveryCallback = Callable[[np.ndarray, Any], None]
 TransferListener = Callable[[np.ndarray, np.ndarray], None]

@@ -22,7 +22,7 @@ simulated):
 
 The numbers the layers use are a TcpParameters record (measured by `akosim
 calibrate` or the defaults); which behaviours a run has is this choice alone.
-`build_network_model` is what every entry point calls (akosim.scenario today);
+`build_network_model` is what every entry point calls (akosim.sim.scenario today);
 `tcp_layers` stacks the layers on a fluid network someone else built (the layer
 tests, the ns-3 cross-check).
 """

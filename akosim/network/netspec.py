@@ -4,7 +4,7 @@
 no flows). Node i has a full-duplex NIC with an uplink of `uplink_bps[i]` and a
 downlink of `downlink_bps[i]`; every ordered pair (i, j) may add its own cap
 `link_bps[i, j]` (np.inf: no cap) and a one-way latency `latency_s[i, j]`.
-akosim.scenario builds one from a run's configuration; akosim.network.maxmin and
+akosim.sim.scenario builds one from a run's configuration; akosim.network.maxmin and
 akosim.network.fluid read it.
 
 Units: capacities in bits per second, latencies in seconds.

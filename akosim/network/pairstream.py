@@ -1,7 +1,7 @@
 """One stream per ordered pair: a node's messages to one peer leave in the order sent.
 
 akorun sends to each peer over one lane (one POST at a time, in queue order,
-akorun.sender), and ring all-reduce implementations keep one in-order channel
+akorun.transport.sender), and ring all-reduce implementations keep one in-order channel
 per neighbour: a message to a peer starts when the previous one to that peer
 has left (its last byte sent; latency does not hold the stream). The fluid
 model alone shares a pair's concurrent messages fairly instead, so a ring node

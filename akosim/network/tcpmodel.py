@@ -51,7 +51,7 @@ to the inputs of the max-min solver, and a per-message delay after it.
 (f) Message CPU. With the layer message-cpu, the software cost (d) is also
     CPU time of the ranks: half charged to the sender as the message leaves,
     half to each receiver as it arrives, and owed as per-round overhead by a
-    rank that was busy at that moment (akosim.rank_cpu), so a CPU-bound rank's
+    rank that was busy at that moment (akosim.network.rank_cpu), so a CPU-bound rank's
     round is not shorter than its step plus its message handling. The
     layer's `with_cpu(compute)` (the NetworkModel hook the engine calls) gives
     the simulation's compute model that ledger.
@@ -97,10 +97,10 @@ import numpy as np
 import simpy
 
 from akocore.host_calibration import TcpParameters
-from akosim.compute import ComputeModel
 from akosim.network.layer import DeliveryCallback, NetworkLayer, NetworkModel
 from akosim.network.netspec import NetworkSpec
-from akosim.rank_cpu import RankCpu
+from akosim.network.rank_cpu import RankCpu
+from akosim.plan.compute import ComputeModel
 
 BITS_PER_BYTE = 8
 

@@ -1,9 +1,9 @@
 """The runs a command asks for, from a setup: the configured scheme, or every scheme compared.
 
 `run_setup` takes a setup from akosim.plan.setup, chooses s with p when the
-rule says so (akosim.advice.with_overlap_ssp) and simulates either the
-configured scheme alone (akosim.runspec.configured_runs) or the comparison
-of every scheme (akosim.compare.compare_all). `plan_runs` is the whole path
+rule says so (akosim.plan.advice.with_overlap_ssp) and simulates either the
+configured scheme alone (akosim.plan.runspec.configured_runs) or the comparison
+of every scheme (akosim.plan.compare.compare_all). `plan_runs` is the whole path
 of `akosim plan` / `akosim train` from resolved settings, for the command
 line, the analysis and the public API alike; `plan_outcome` adds what they
 report (the plan record and the explanation).
@@ -21,9 +21,9 @@ from akosim.plan.setup import SimulationOptions, chooses_ssp_with_p, simulation_
 
 if TYPE_CHECKING:
     from akocore.results import PlanResult
-    from akosim.advice import Explanation
-    from akosim.runspec import ProgressFactory
-    from akosim.scenario import Setup, SimRun
+    from akosim.plan.advice import Explanation
+    from akosim.plan.runspec import ProgressFactory
+    from akosim.sim.scenario import Setup, SimRun
 
 
 @dataclass
@@ -40,13 +40,13 @@ def run_setup(setup: Setup, *, choose_ssp: bool, compare: bool, training: bool =
               factory: ProgressFactory | None = None, **kwargs: Any) -> PlannedRuns:
     """Simulate `setup`: the configured scheme only, or (`compare`) every scheme side by
     side; with `choose_ssp`, s is first chosen with p."""
-    from akosim.compare import compare_all
-    from akosim.runspec import configured_runs
+    from akosim.plan.compare import compare_all
+    from akosim.plan.runspec import configured_runs
 
     if compare or scheme_named(setup.config.exchange.scheme).partitioned:
         setup = with_plan(setup)  # p resolved once for the choice of s, the runs, the advice
     if choose_ssp:  # p and s together: the smallest s that lets sending overlap compute
-        from akosim.advice import with_overlap_ssp
+        from akosim.plan.advice import with_overlap_ssp
 
         setup = with_overlap_ssp(setup)
     run = compare_all if compare else configured_runs
@@ -59,7 +59,7 @@ def plan_runs(resolved: ResolvedSettings, options: SimulationOptions, *,
               factory: ProgressFactory | None = None) -> PlannedRuns:
     """`akosim plan` (or, with `training`, `akosim train`) of resolved settings: the
     configured scheme when a layer chose one, else every scheme compared."""
-    from akosim.runspec import check_fits
+    from akosim.plan.runspec import check_fits
 
     cfg = resolved.config
     setup, workload = simulation_setup(cfg, options, training=training)
@@ -92,8 +92,8 @@ def plan_outcome(resolved: ResolvedSettings, options: SimulationOptions, *,
     """Plan (or, with `training`, simulate training of) resolved settings: the one path of
     ``akosim plan``, ``akosim train`` and akosim.sim_api's plan, simulate and train."""
     from akocore.config import config_to_dict
-    from akosim.advice import MAX_STALENESS_ROUNDS, explain, recommend
-    from akosim.result_tables import plan_result
+    from akosim.plan.advice import MAX_STALENESS_ROUNDS, explain, recommend
+    from akosim.plan.result_tables import plan_result
 
     limit = MAX_STALENESS_ROUNDS if max_staleness_rounds is None else max_staleness_rounds
     if limit < 0:

@@ -8,13 +8,13 @@ once:
   compute time comes from, per-round and per-message overheads, speeds and
   stragglers, coalescing, the TCP calibration file), typed;
 - `measured_compute`: the workload's gradient step timed on this machine
-  through the per-machine compute cache (akosim.compute_cache), MEASURE_STEPS
+  through the per-machine compute cache (akosim.plan.compute_cache), MEASURE_STEPS
   steps; plan, train, sweep and predict share the cache entry;
 - `tcp_parameters_for`: the TCP-aware network model's parameters when the
-  config asks for that model (akosim.host_calibration_io), else None;
+  config asks for that model (akosim.calibration.host_calibration_io), else None;
 - `chooses_ssp_with_p`: the rule that lets akosim choose s together with p
   (a partitioned scheme, timing only, and no layer set exchange.ssp);
-- `build_setup`: the only constructor of akosim.scenario.Setup; `with_plan`
+- `build_setup`: the only constructor of akosim.sim.scenario.Setup; `with_plan`
   resolves p once for the setup (the choice of s, the runs, the advice);
 - `simulation_setup`: the whole path from a resolved config and the options
   to a setup (and the workload when the workers really train).
@@ -33,20 +33,20 @@ from akocore.host_calibration import TcpParameters
 from akocore.schemes.registry import scheme_named
 from akocore.settings.normalise import network_layers
 from akocore.units import format_duration
-from akosim.calibration import (
+from akosim.calibration.run_calibration import (
     compute_from_result,
     message_overhead_from_result,
     message_software_from_result,
     overhead_from_result,
 )
-from akosim.runspec import gradient_length_of_size, load_workload, parse_duration_flag
+from akosim.plan.runspec import gradient_length_of_size, load_workload, parse_duration_flag
 
 if TYPE_CHECKING:
     from akocore.workload import FlatWorkload as Workload
-    from akosim.compute import ComputeModel
-    from akosim.compute_cache import Measured
-    from akosim.engine import StopRule
-    from akosim.scenario import Setup
+    from akosim.plan.compute import ComputeModel
+    from akosim.plan.compute_cache import Measured
+    from akosim.sim.engine import StopRule
+    from akosim.sim.scenario import Setup
 
 MEASURE_STEPS = 30  # --compute measure: at most this many timed gradient steps (median)
 TRAINING_ROUNDS_CAP = 10_000  # akosim train without rounds or duration: bounded by accuracy
@@ -99,9 +99,9 @@ def measured_compute(cfg: RunConfig, *, load: Callable[[], Workload] | None = No
                      refresh: bool = False, announce: bool = True) -> Measured:
     """The configured workload's gradient step on this machine, from the per-machine cache
     or measured now (MEASURE_STEPS steps) and cached; `load` builds the workload."""
-    from akosim.compute import StepTiming, measure_step_timing
-    from akosim.compute_cache import key_for
-    from akosim.compute_cache import measured_compute as cached_or_measured
+    from akosim.plan.compute import StepTiming, measure_step_timing
+    from akosim.plan.compute_cache import key_for
+    from akosim.plan.compute_cache import measured_compute as cached_or_measured
 
     train = cfg.train
     key = key_for(train.workload, train.batch_size, train.optimizer)
@@ -122,7 +122,7 @@ def measured_compute(cfg: RunConfig, *, load: Callable[[], Workload] | None = No
 def compute_model(options: SimulationOptions, workers: int, compute_s: float) -> ComputeModel:
     """Each worker's compute time per round: the base, --compute-from's, speeds, stragglers,
     jitter and the per-round overhead; UsageError for a value out of range."""
-    from akosim.compute import ComputeModel
+    from akosim.plan.compute import ComputeModel
 
     per_worker: tuple[float, ...] = ()
     overhead: float | tuple[float, ...] = 0.0
@@ -151,7 +151,7 @@ def compute_model(options: SimulationOptions, workers: int, compute_s: float) ->
 def fixed_compute(compute_s: float | tuple[float, ...], *, jitter: float = 0.0,
                   overhead_s: float | tuple[float, ...] = 0.0) -> ComputeModel:
     """A compute model of given seconds per round (one for all, or one per worker)."""
-    from akosim.compute import ComputeModel
+    from akosim.plan.compute import ComputeModel
 
     if isinstance(compute_s, tuple):
         return ComputeModel(0.0, jitter=jitter, per_worker_s=compute_s, overhead_s=overhead_s)
@@ -200,7 +200,7 @@ def tcp_parameters_for(cfg: RunConfig, host_calibration: str | None = None, *,
     given or measured by the run, they would count twice)."""
     if "tcp-core" not in network_layers(cfg.network.model):
         return None
-    from akosim.host_calibration_io import tcp_parameters
+    from akosim.calibration.host_calibration_io import tcp_parameters
 
     source = tcp_parameters(host_calibration)
     params = source.params
@@ -221,7 +221,7 @@ def chooses_ssp_with_p(resolved: ResolvedSettings, *, training: bool = False) ->
 
 def stop_rule(cfg: RunConfig, *, training: bool = False) -> StopRule:
     """When the simulation stops: the configured rounds or duration (training drains)."""
-    from akosim.engine import StopRule
+    from akosim.sim.engine import StopRule
 
     rounds = cfg.train.rounds
     if training and rounds is None and cfg.train.duration_s is None:
@@ -236,7 +236,7 @@ def build_setup(config: RunConfig, *, length: int, compute: ComputeModel, stop: 
     """The setup every variant of one question shares (the one place that builds it).
     `network_model` (a preset or LAYER+LAYER...) defaults to the configured one."""
     from akosim.network.fluid import COALESCE_REL
-    from akosim.scenario import Setup
+    from akosim.sim.scenario import Setup
 
     coalesce = COALESCE_REL if coalesce_rel is None else coalesce_rel
     return Setup(config, length, compute,

@@ -5,7 +5,7 @@
   encoded with its BLAKE3 body digest in a thread and queued, as
   ``Outbox.dispatch`` does, then PeerSender, which seals every attempt for the
   receiver's session, with its 2 POSTs in flight -> aiohttp ->
-  akorun.server.Server, which opens the seal from the HTTP header, streams the
+  akorun.transport.server.Server, which opens the seal from the HTTP header, streams the
   body into a pooled float32 buffer while checking the digest, hands the
   partial to the host, here a sink that applies nothing, and answers with a
   tag bound to the request, which the sender checks) against a blocking socket
@@ -55,9 +55,9 @@ from typing import Any
 import numpy as np
 
 from akocore.messages import Kind, Partial
-from akorun import wire
-from akorun.cluster import free_ports
+from akorun.launch.cluster import free_ports
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
+from akorun.transport import wire
 from tests.bench.common import Figure
 
 PARTITION_BYTES = 4 * 1024 * 1024
@@ -114,7 +114,7 @@ class _NullHasher:
 
 def _open_verifier(host: Any) -> None:
     """Let every partial in unchecked (the unauthenticated comparison only)."""
-    from akorun.keys import NO_NONCE, Opened, Seal
+    from akorun.transport.keys import NO_NONCE, Opened, Seal
 
     opened = Opened(Seal(0, 1, NO_NONCE, NO_NONCE, 0, NO_DIGEST))
     host.verifier.open = lambda *args, **kwargs: opened
@@ -123,8 +123,8 @@ def _open_verifier(host: Any) -> None:
 
 
 def _akorun_receiver(port: int, ready: Any, count: int, secure: bool) -> None:
-    from akorun.server import Server
     from akorun.testing import SinkHost
+    from akorun.transport.server import Server
 
     async def main() -> None:
         host = SinkHost(SECRET, RUN, WIRE_HASH)
@@ -199,10 +199,10 @@ def akorun_mb_per_s(messages: list[bytes], partials: list[Partial] | None = None
     messages not yet encoded), each is encoded inside the timed loop as Outbox.dispatch
     does (in a thread, then queued), so the sender's digest is measured too. `secure`
     False: no seal, digest or check anywhere (the comparison)."""
-    from akorun.client import ControlClient, make_session
-    from akorun.keys import PARTIAL_PATH, PartialSealer, RunKeys, Signer
     from akorun.metrics import PeerCounters
-    from akorun.sender import Outgoing, PeerSender
+    from akorun.transport.client import ControlClient, make_session
+    from akorun.transport.keys import PARTIAL_PATH, PartialSealer, RunKeys, Signer
+    from akorun.transport.sender import Outgoing, PeerSender
 
     (port,) = free_ports(1)
     process = _start(_akorun_receiver, port, len(messages), secure)

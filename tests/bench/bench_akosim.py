@@ -53,9 +53,9 @@ import numpy as np
 import simpy
 
 from akocore.config import ClusterConfig, RunConfig, TrainConfig, config_from_dict
-from akosim.compute import ComputeModel, measure_compute_s
-from akosim.engine import StopRule
-from akosim.scenario import Setup, SimRun, Variant, ako_variant, simulate
+from akosim.plan.compute import ComputeModel, measure_compute_s
+from akosim.sim.engine import StopRule
+from akosim.sim.scenario import Setup, SimRun, Variant, ako_variant, simulate
 from tests.bench.common import Figure, Pairs, best_of, paired
 
 SEED_CNN_LENGTH = 4_263_434  # float32 values: 17.05 MB

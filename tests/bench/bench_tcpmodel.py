@@ -83,9 +83,9 @@ def all_to_all_ratios(tcp: TcpParameters | None = None) -> dict[float, list[floa
 def _scenario_cpu_s(tcp: TcpParameters | None, model: str = "tcp") -> float:
     from akocore.config import RunConfig
     from akocore.settings.schema import ClusterConfig, ExchangeConfig, NetworkConfig
-    from akosim.compute import ComputeModel
-    from akosim.engine import StopRule
-    from akosim.scenario import Setup, ako_variant, simulate
+    from akosim.plan.compute import ComputeModel
+    from akosim.sim.engine import StopRule
+    from akosim.sim.scenario import Setup, ako_variant, simulate
 
     cfg = RunConfig(cluster=ClusterConfig(workers=16),
                     network=NetworkConfig(bandwidth_bps=(40e6,), latency_s=(5e-3,)),

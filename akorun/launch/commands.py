@@ -1,0 +1,346 @@
+"""The `akorun` command line: init, worker, ps, launch, merge, measure-messages.
+
+This module owns argument parsing and exit statuses, nothing else: each
+subcommand turns its flags into the dataclasses of the module that does the
+work (akorun.launch.cluster, akorun.runtime.worker, akorun.launch.local). Every subcommand takes
+the shared run flags of akocore.config (the same vocabulary as akosim).
+
+Exit statuses: 0 done; 1 the run failed (one line naming the rank and why;
+launch adds the tail of the failed rank's log); 2 a user mistake (ONE line on
+stderr saying what was wrong and what is allowed, never a traceback);
+130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from akocore.cli_support import OneLineParser, one_line
+from akocore.config import (
+    ConfigError,
+    ResolvedSettings,
+    TrainConfig,
+    resolve_args,
+)
+from akocore.results import RunResult
+from akocore.units import UnitError
+from akorun.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_RUN_FAILED,
+    EXIT_USAGE,
+    Interrupted,
+    RunError,
+    UsageError,
+)
+from akorun.faults import faults_for
+from akorun.launch.cli_parser import build_parser, parse_duration_arg, parse_whole_arg
+from akorun.launch.cluster import (
+    DEFAULT_BASE_PORT,
+    AkorunSettings,
+    check_distinct_endpoints,
+    check_writable_directory,
+    hosts_from_text,
+    loopback_hosts,
+    new_settings,
+    resolve_rank,
+    settings_of,
+    should_emulate,
+    warn_if_readable_by_others,
+    with_hosts,
+    write_cluster_file,
+)
+from akorun.launch.local import (
+    LaunchOptions,
+    check_run_directory,
+    launch,
+    worker_flags,
+)
+from akorun.launch.merge_command import cmd_merge
+from akorun.launch.testbed.runner import TestbedOptions, launch_on_testbed
+from akorun.runtime.node_plan import check_role
+from akorun.runtime.worker import TLSOptions, WorkerOptions, run_rank
+from akorun.transport.keys import rank_key_file, write_rank_key_files
+
+ArgumentParser = OneLineParser  # one-line errors: `akorun worker: error: ... (see --help)`, 2
+
+_FORMATTER = argparse.RawDescriptionHelpFormatter
+
+INIT_EPILOG = """\
+examples:
+  akorun init --workers 3 --out cluster.toml
+      loopback, free ports picked now
+  akorun init --workers 4 --hosts node1,node2,node3,node4 --out cluster.toml \\
+      --link-bandwidth 40mbps --p auto --ssp 2
+      one rank per host, port 7070 on each
+  akorun init --workers 3 --hosts 10.0.0.1:7000,10.0.0.2:7000,10.0.0.3:7000 \\
+      --scheme ps --set exchange.ps_servers=1 --out cluster.toml
+
+The file holds the run's secret (mode 0600): copy it unchanged to every host.
+"""
+
+WORKER_EPILOG = """\
+examples:
+  akorun worker --rank 0 --config cluster.toml --out runs/a
+  AKORUN_RANK=2 akorun worker --config cluster.toml
+  srun -n 4 akorun worker --config cluster.toml --out runs/a      (rank from SLURM_PROCID)
+  torchrun-style: RANK=1 WORLD_SIZE=4 akorun worker --config cluster.toml
+  akorun worker --rank 2 --config cluster.toml --resume --checkpoint-dir runs/a/checkpoints
+
+Writes OUT/worker-R.json (result) and OUT/worker-R.npz (final params). Started by hand
+(not by `akorun launch`), each rank at its end merges OUT/result.json when OUT holds every
+rank's record of this run (a directory all hosts share): the last rank to finish writes it.
+Otherwise run `akorun merge OUT` once the records are together.
+Serves GET /metrics (Prometheus) and GET /status (JSON), read-only and unauthenticated.
+Shared flags given here override the cluster file and must be the same on every rank
+(the hello handshake refuses a rank whose config differs).
+Test hook: AKORUN_FAULT (see akorun/faults.py), e.g. AKORUN_FAULT=kill_after_round:5.
+"""
+
+PS_EPILOG = """\
+examples:
+  akorun ps --rank 3 --config cluster.toml --out runs/ps
+      rank 3 of a 4-rank config with exchange.scheme = "ps" and ps_servers = 1
+
+Parameter servers are the last exchange.ps_servers ranks; the others run `akorun worker`.
+"""
+
+LAUNCH_EPILOG = """\
+examples:
+  akorun launch --workers 3 --rounds 200 --out runs/three
+  akorun launch --workers 4 --link-bandwidth 40mbps --p auto --ssp 2 --out runs/wan
+  akorun launch --config configs/uniform-lan.toml --optimizer sgd --out runs/lan
+  akorun launch --workers 3 --scheme ps --set exchange.ps_servers=1 --out runs/ps
+  sudo akorun launch --testbed netns --workers 3 --bandwidth 20mbps --rounds 50 --out runs/tb
+      real kernel TCP: one network namespace per rank on a bridge, tc htb shaping
+  sudo akorun launch --testbed netns --workers 3 --bandwidth 40mbps --latency 20ms \\
+        --out runs/tb-wan
+      with 20 ms one-way latency per pair (40 ms RTT), held by the testbed's delay line
+
+Writes OUT/cluster.toml, OUT/worker-R.log, OUT/worker-R.json, OUT/worker-R.npz and
+OUT/result.json (config, per-rank results, summary keys as akosim names them);
+with --testbed also OUT/testbed.json (akocore.testbed_record: the rates, bursts,
+queue limits, addresses, delays and tc commands the testbed applied) and, with
+latency, OUT/delay_line.json (the delay line's packets, timer lateness and CPU).
+The testbed needs root, `ip` and `tc` (and /dev/net/tun for latency); its
+namespaces are deleted when the run ends, fails or is stopped.
+Ctrl-C stops the ranks gracefully (SIGTERM, then SIGKILL after --kill-grace).
+The ranks die with the launcher: if it is killed (even SIGKILL), each gets SIGTERM,
+finishes its round and writes its record; `akorun merge OUT` then writes OUT/result.json.
+"""
+
+MERGE_EPILOG = """\
+examples:
+  akorun merge runs/by-hand
+      after `akorun init` and `akorun worker --rank R --out runs/by-hand` on each host
+      (a shared directory, or every host's worker-R.json and worker-R.npz copied into it)
+  akorun merge runs/three
+      a run whose launcher was killed: its ranks wrote their records as they stopped
+
+Writes RUN_DIR/result.json, the same record `akorun launch` writes, which
+`akosim predict RUN_DIR` reads. Ranks with no record are merged as failed and the
+result is marked partial ("partial": true, "missing_ranks": [...]); the exit status
+is 0 unless there is nothing to merge (2).
+"""
+
+
+# ------------------------------------------------------------------------ commands
+
+
+def _check_tls_files(*paths: str | None) -> None:
+    for path in paths:
+        if path is not None and not os.path.isfile(path):
+            raise UsageError(f"{path}: TLS file not found")
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    resolved = resolve_args(args)
+    cfg = resolved.config
+    _check_workload(cfg.train)
+    n = cfg.cluster.workers
+    base_port = parse_whole_arg(args.base_port, "--base-port", 1)
+    if args.hosts is not None:
+        hosts = hosts_from_text(args.hosts, n, base_port or DEFAULT_BASE_PORT)
+    elif cfg.cluster.hosts:
+        hosts = cfg.cluster.hosts
+    else:
+        hosts = loopback_hosts(n)
+    try:
+        cfg = with_hosts(cfg, hosts)
+    except ConfigError as error:
+        raise UsageError(f"--hosts: {error}") from None
+    settings = new_settings(resolved.akorun)
+    _check_tls_files(settings.tls_cert, settings.tls_key)
+    if args.per_rank_keys is None:
+        path = write_cluster_file(args.out, cfg, settings, force=args.force, resolved=resolved)
+        sys.stderr.write(f"wrote {path} (mode 0600): {n} ranks at {', '.join(hosts)}\n"
+                         f"start each with: akorun worker --rank R --config {path}\n")
+        return 0
+    key_dir = Path(args.per_rank_keys)
+    taken = [rank_key_file(key_dir, rank) for rank in range(n)
+             if rank_key_file(key_dir, rank).exists()]
+    if taken and not args.force:
+        raise UsageError(f"{taken[0]} exists; pass --force to overwrite the key files")
+    path = write_cluster_file(args.out, cfg, dataclasses.replace(settings, secret=None),
+                              force=args.force, resolved=resolved)
+    write_rank_key_files(key_dir, settings.secret_bytes, settings.run_id_bytes, n)
+    sys.stderr.write(f"wrote {path} (mode 0600, no secret): {n} ranks at {', '.join(hosts)}, "
+                     f"and {rank_key_file(key_dir, 'R')} (0600) for R = 0..{n - 1}\n"
+                     f"copy to host R only its own key file; start each with: akorun worker "
+                     f"--rank R --config {path} --keys {rank_key_file(key_dir, 'R')}\n")
+    return 0
+
+
+def _setup_logging(prefix: str, quiet: bool) -> None:
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING if quiet else logging.INFO,
+                        format=f"%(asctime)s {prefix} %(levelname)s %(message)s",
+                        datefmt="%H:%M:%S", force=True)
+
+
+def worker_settings(args: argparse.Namespace) -> tuple[ResolvedSettings, AkorunSettings]:
+    """A rank's settings: the cluster file < --set < flags, and its [akorun] settings."""
+    if args.config is None:
+        raise UsageError("--config FILE is required: the cluster file written by `akorun init`")
+    resolved = resolve_args(args)
+    settings = settings_of(resolved, args.config)
+    if settings.secret is not None:
+        warn_if_readable_by_others(args.config, "the cluster file (it holds the run's secret)")
+    return resolved, settings
+
+
+def rank_options(args: argparse.Namespace) -> WorkerOptions:
+    """One rank's options from `akorun worker` / `akorun ps` flags (the cluster file <
+    --set < flags); UsageError for a mistake, before anything starts."""
+    resolved, settings = worker_settings(args)
+    cfg = resolved.config
+    try:
+        check_distinct_endpoints(cfg.cluster.hosts)
+    except ConfigError as error:
+        raise UsageError(f"{args.config}: {error}") from None
+    _check_workload(cfg.train)
+    rank = resolve_rank(parse_whole_arg(args.rank, "--rank"), os.environ, cfg.cluster.workers)
+    check_role(cfg, rank, args.role)
+    settings.rank_keys(rank, cfg.cluster.workers)  # a missing or foreign key file: exit 2 now
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        check_writable_directory(out, "--out")  # before training, not after it
+    checkpoint_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else (
+        out / "checkpoints" if out else None)
+    if args.resume and checkpoint_dir is None:
+        checkpoint_dir = Path(".")
+    tls = TLSOptions(cert=settings.tls_cert, key=settings.tls_key, ca=args.tls_ca)
+    _check_tls_files(tls.cert, tls.key, tls.ca)
+    optional: dict[str, Any] = {}
+    if args.progress_every:
+        optional["progress_every_s"] = parse_duration_arg(args.progress_every, "--progress-every")
+    return WorkerOptions(
+        rank=rank, config=cfg, settings=settings, out_dir=out, checkpoint_dir=checkpoint_dir,
+        checkpoint_every=settings.checkpoint_every, resume=args.resume,
+        listen_host=args.listen, emulate=should_emulate(settings, cfg),
+        peer_timeout_s=settings.peer_timeout_s, join_timeout_s=settings.join_timeout_s,
+        grace_s=parse_duration_arg(args.grace, "--grace") if args.grace else None,
+        quiet=args.quiet, tls=tls, faults=faults_for(rank, os.environ),
+        queue_messages=settings.queue_messages, **optional)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    options = rank_options(args)
+    _setup_logging(f"akorun[{args.role} {options.rank}]", args.quiet)
+    run_rank(options)
+    return 0
+
+
+def _check_workload(train: TrainConfig) -> None:
+    """Refuse an unknown workload or a broken factory before starting any process (a
+    built-in's options and data are checked when each rank builds it)."""
+    from akocore.workloads.naming import WorkloadError, load_workload_spec, parse_workload_name
+
+    try:
+        name = parse_workload_name(train.workload)
+        if name.builtin is None:  # import the user's file and call the factory once
+            load_workload_spec(name, seed=train.seed, data_path=train.data_path)
+    except WorkloadError as error:
+        raise UsageError(f"train.workload: {error}") from None
+
+
+def launch_settings(args: argparse.Namespace) -> tuple[ResolvedSettings, AkorunSettings]:
+    """What `akorun launch` runs: defaults < --config (a run config or a cluster file) <
+    --set < flags, with a fresh run id and secret."""
+    resolved = resolve_args(args)
+    return resolved, new_settings(resolved.akorun)
+
+
+def launch_run(args: argparse.Namespace) -> RunResult:
+    """Every rank of `akorun launch` flags on this machine, to the merged result (the one
+    path of `akorun launch` and `akorun.launch`)."""
+    resolved, settings = launch_settings(args)
+    cfg = resolved.config
+    _check_workload(cfg.train)
+    progress: dict[str, Any] = {}  # given process flags; LaunchOptions holds the defaults
+    if args.progress_every:
+        progress["progress_every_s"] = parse_duration_arg(args.progress_every, "--progress-every")
+    if args.kill_grace:
+        progress["kill_grace_s"] = parse_duration_arg(args.kill_grace, "--kill-grace")
+    out_dir = Path(args.out)
+    check_run_directory(out_dir, force=args.force)
+    options = LaunchOptions(
+        out_dir=out_dir, quiet=args.quiet,
+        timeout_s=parse_duration_arg(args.timeout, "--timeout") if args.timeout else None,
+        worker_args=worker_flags(quiet=args.quiet, checkpoint_dir=args.checkpoint_dir,
+                                 progress_every_s=progress.get("progress_every_s")),
+        **progress)
+    if args.testbed is None:
+        given = [flag for flag, value in (("--testbed-latency", args.testbed_latency),
+                                          ("--testbed-downlink", args.testbed_downlink),
+                                          ("--testbed-jitter", args.testbed_jitter))
+                 if value is not None]
+        if given:
+            raise UsageError(f"{given[0]} needs --testbed netns")
+        return launch(cfg, settings, options, resolved=resolved)
+    jitter_s = (parse_duration_arg(args.testbed_jitter, "--testbed-jitter")
+                if args.testbed_jitter else 0.0)
+    testbed = TestbedOptions(kind=args.testbed, latency=args.testbed_latency or "delay",
+                             downlink=args.testbed_downlink != "off", jitter_s=jitter_s)
+    return launch_on_testbed(cfg, settings, options, testbed, resolved=resolved)
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    launch_run(args)
+    return 0
+
+
+# ------------------------------------------------------------------------ main
+
+HANDLERS: dict[str, Any] = {"init": cmd_init, "worker": cmd_worker, "ps": cmd_worker,
+                            "launch": cmd_launch, "merge": cmd_merge}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    prog = f"akorun {args.command}"
+    try:
+        handler = getattr(args, "handler", None) or HANDLERS[args.command]
+        return int(handler(args))
+    except (UsageError, ConfigError, UnitError) as error:
+        sys.stderr.write(f"{prog}: error: {one_line(error)}\n")
+        return EXIT_USAGE
+    except RunError as error:
+        sys.stderr.write(f"{prog}: failed: {error}\n")
+        return EXIT_RUN_FAILED
+    except Interrupted as error:
+        sys.stderr.write(f"{prog}: interrupted: {error}\n")
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{prog}: interrupted\n")
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""One run's ``result.json`` from the records its ranks wrote (``akorun merge``).
+
+Every rank writes ``OUT/worker-R.json`` (its RankResult, which carries the run
+id and the configuration in its details) and ``OUT/worker-R.npz`` (its final
+parameters). `merge_ranks` reads those of one run from a directory and writes
+the run's ``OUT/result.json`` in the schema `akorun launch` writes
+(akocore.results.RunResult, assembled by akorun.runtime.result_files.merge_results): the
+launcher calls it with the exit statuses it saw; `merge_run` is the same from
+the files alone, for a run whose ranks were started by hand (with a shared
+``--out`` directory, or their records copied into one).
+
+A rank with no record of this run (never started, killed, or a record of
+another run) is merged as failed and the result says so: ``partial`` true and
+``missing_ranks``. Nothing to merge (no record of any rank) is a UsageError.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from akocore.config import ConfigError, RunConfig, config_from_dict, config_to_dict
+from akocore.results import RankResult, RecordError, RunResult
+from akorun.errors import UsageError
+from akorun.runtime.node_plan import role_of
+from akorun.runtime.result_files import merge_results, write_json
+
+__all__ = ["MergeOutcome", "merge_ranks", "merge_run", "rank_records", "records_complete"]
+
+RESULT_NAME = "result.json"
+_RECORD_NAME = re.compile(r"worker-(\d+)\.json")
+
+
+@dataclass(frozen=True)
+class MergeOutcome:
+    """What a merge wrote: the file, the run's result and the ranks without a record."""
+
+    path: Path
+    result: RunResult
+    missing_ranks: tuple[int, ...]
+
+
+def rank_records(run_dir: Path) -> dict[int, RankResult]:
+    """Every ``worker-R.json`` in `run_dir`, by rank; UsageError names an unreadable one."""
+    records: dict[int, RankResult] = {}
+    for path in sorted(run_dir.glob("worker-*.json")):
+        match = _RECORD_NAME.fullmatch(path.name)
+        if match is None:
+            continue
+        try:
+            record = RankResult.from_json(json.loads(path.read_text(encoding="utf-8")),
+                                          path.name)
+        except (OSError, ValueError) as error:  # RecordError and bad JSON are ValueErrors
+            raise UsageError(f"{path}: not a rank record ({error})") from None
+        records[int(match.group(1))] = record
+    return records
+
+
+def _run_id(record: RankResult) -> str | None:
+    value = record.details.get("run_id")
+    return value if isinstance(value, str) else None
+
+
+def _config_of(record: RankResult, where: Path) -> RunConfig:
+    data = record.details.get("config")
+    if not isinstance(data, Mapping):
+        raise UsageError(f"{where}: rank {record.rank}'s record holds no configuration")
+    try:
+        return config_from_dict(dict(data))
+    except (ConfigError, RecordError, ValueError, TypeError) as error:
+        raise UsageError(f"{where}: rank {record.rank}'s configuration is not readable "
+                         f"({error})") from None
+
+
+def records_complete(run_dir: Path, run_id: str, workers: int) -> bool:
+    """True when `run_dir` holds a record of run `run_id` for every rank 0..workers-1."""
+    try:
+        records = rank_records(run_dir)
+    except UsageError:
+        return False
+    return all(rank in records and _run_id(records[rank]) == run_id
+               for rank in range(workers))
+
+
+def merge_ranks(run_dir: str | Path, *, config: RunConfig | None = None,
+                run_id: str | None = None,
+                exit_codes: Mapping[int, int | None] | None = None,
+                allow_empty: bool = False) -> MergeOutcome:
+    """Merge the rank records of one run in `run_dir` into ``run_dir/result.json``.
+
+    `config` and `run_id` default to those the records carry (all records must be of
+    one run); `exit_codes`, when the caller started the ranks, are written into
+    each rank's entry. Ranks with no record of the run are merged as failed and the
+    result is marked partial; no record at all is a UsageError unless `allow_empty`
+    (the launcher's run whose every rank failed before writing one).
+    """
+    directory = Path(run_dir)
+    if not directory.is_dir():
+        raise UsageError(f"{directory}: not a directory (give the run directory, the --out "
+                         f"of its ranks)")
+    records = rank_records(directory)
+    if run_id is None:
+        ids = sorted({i for i in map(_run_id, records.values()) if i is not None})
+        if len(ids) > 1:
+            raise UsageError(f"{directory}: records of {len(ids)} runs ({', '.join(ids)}); "
+                             f"merge one run per directory")
+        run_id = ids[0] if ids else None
+    ours = {rank: record for rank, record in records.items() if _run_id(record) == run_id}
+    if not ours and not (allow_empty and config is not None):
+        raise UsageError(f"{directory}: nothing to merge (no worker-R.json of this run; each "
+                         f"rank writes one at its end when started with --out)")
+    if config is None:  # `ours` is not empty here
+        first = min(ours)
+        config = _config_of(ours[first], directory / f"worker-{first}.json")
+    codes = dict(exit_codes or {})
+    ranks: list[RankResult] = []
+    replicas: list[np.ndarray] = []
+    missing: list[int] = []
+    for rank in range(config.cluster.workers):
+        record = ours.get(rank)
+        if record is None:
+            missing.append(rank)
+            ranks.append(RankResult(rank, role_of(config, rank), exit_code=codes.get(rank),
+                                    failed=True))
+            continue
+        if rank in codes:
+            record = replace(record, exit_code=codes[rank])
+        ranks.append(record)
+        npz = directory / f"worker-{rank}.npz"
+        if record.role == "worker" and npz.exists():
+            with np.load(npz) as data:
+                replicas.append(np.array(data["params"]))
+    merged = merge_results(config_to_dict(config), ranks, replicas,
+                           batch_size=config.train.batch_size, run_id=run_id)
+    merged = replace(merged, partial=bool(missing), missing_ranks=tuple(missing))
+    path = write_json(directory / RESULT_NAME, merged.to_json())
+    return MergeOutcome(path, merged, tuple(missing))
+
+
+def merge_run(run_dir: str | Path) -> Path:
+    """Write ``run_dir/result.json`` from the ranks' records in `run_dir`; its path.
+
+    For a run whose ranks were started by hand (``akorun init`` + ``akorun worker``
+    on each host, one shared ``--out`` directory, or the ranks' ``worker-R.json``
+    and ``worker-R.npz`` copied into one). Missing ranks are merged as failed and
+    the result is marked partial (``partial``, ``missing_ranks``).
+
+    >>> import akorun
+    >>> akorun.merge_run("runs/by-hand")  # doctest: +SKIP
+    PosixPath('runs/by-hand/result.json')
+    """
+    return merge_ranks(run_dir).path

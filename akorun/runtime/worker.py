@@ -1,0 +1,497 @@
+"""One akorun process: the composition root that wires this rank's collaborators together.
+
+The life of a rank follows the driving loop in the docstring of akocore.schemes:
+
+    prepare (workload, warm-up compile, checkpoint)       runtime.prepare
+    join (hello every rank, p auto, build the node)       runtime.join
+      or rejoin (--resume, ako only)                      runtime.rejoin
+    the rounds, with evaluations and checkpoints          runtime.training
+    finish: flush, drain, settle, results, "done"         runtime.finishing
+
+while the server (akorun.transport.server) takes partials straight to the node (their
+Receipt effects are queued like any send, runtime.outbox) and control messages
+through the one `ControlTable` built here, and runtime.liveness suspends peers
+silent past the peer timeout and resumes them when they speak again (runtime.relay
+then has the survivors forward each other what a lost rank sent to only some of
+them). The run's
+phase is a state machine (runtime.phase); what differs between ako, ps and
+all-reduce ranks is the role object chosen once (runtime.roles); the fault test
+hooks are injected (runtime.fault_hooks, none by default). `Worker` itself
+only builds these, serves as the server's host and runs them in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import signal
+import ssl
+import sys
+import threading
+import time
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from akocore.codecs import Codec, codec_named
+from akocore.codecs.exchange import decoded
+from akocore.config import RunConfig, config_hash
+from akocore.messages import Partial
+from akocore.results import RankResult
+from akocore.schemes import SchemeError
+from akocore.settings.key_registry import default_of
+from akocore.workload import FlatWorkload
+from akorun.errors import Interrupted, RunError, UsageError
+from akorun.faults import Faults
+from akorun.launch.cluster import AkorunSettings, allowed_networks, split_host
+from akorun.metrics import Metrics
+from akorun.runtime.checkpoints import CheckpointWriter
+from akorun.runtime.evaluation import Evaluator
+from akorun.runtime.fault_hooks import fault_hooks, relay_answer_hook
+from akorun.runtime.finishing import Finisher
+from akorun.runtime.join import Identity, Join, JoinFacts, compared_settings
+from akorun.runtime.liveness import Liveness
+from akorun.runtime.node_plan import wire_hash
+from akorun.runtime.outbox import Outbox, emulated_links
+from akorun.runtime.phase import Phase, PhaseMachine
+from akorun.runtime.prepare import Prepared, prepare
+from akorun.runtime.rank_result import ResultBuilder
+from akorun.runtime.rejoin import Rejoin
+from akorun.runtime.relay import Relay
+from akorun.runtime.reporting import Reporter
+from akorun.runtime.roles import role_for
+from akorun.runtime.stopping import StopAgreement
+from akorun.runtime.training import TrainingLoop
+from akorun.runtime.waiting import GATE_STALL_TIMEOUTS, Waiter
+from akorun.transport.client import ControlClient, binary_answer_cap, make_session
+from akorun.transport.control import ControlKind
+from akorun.transport.emulated_links import DownlinkShaper
+from akorun.transport.keys import RequestVerifier, RunKeys, Signer, restrict_new_files
+from akorun.transport.routing import ControlTable
+from akorun.transport.sender import DEFAULT_QUEUE_MESSAGES
+from akorun.transport.server import Server
+from akorun.transport.validation import refuse_non_finite
+
+log = logging.getLogger("akorun")
+
+
+@dataclass(frozen=True)
+class TLSOptions:
+    cert: str | None = None
+    key: str | None = None
+    ca: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.cert is not None
+
+    def server_context(self) -> ssl.SSLContext | None:
+        if self.cert is None or self.key is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.cert, self.key)
+        return context
+
+    def client_context(self) -> ssl.SSLContext | None:
+        """Verify peers against --tls-ca (else the system CAs) and the run's own
+        certificate, so a self-signed cluster certificate works without a CA."""
+        if not self.enabled:
+            return None
+        context = ssl.create_default_context(cafile=self.ca)
+        if self.cert is not None:
+            context.load_verify_locations(cafile=self.cert)
+        return context
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """Everything one process needs beyond the run config."""
+
+    rank: int
+    config: RunConfig
+    settings: AkorunSettings
+    out_dir: Path | None = None
+    checkpoint_dir: Path | None = None
+    checkpoint_every: int = default_of("akorun.checkpoint_every")
+    resume: bool = False
+    listen_host: str | None = None
+    emulate: bool = True
+    peer_timeout_s: float = default_of("akorun.peer_timeout")
+    join_timeout_s: float = default_of("akorun.join_timeout")
+    grace_s: float | None = None  # default: the peer timeout
+    progress_every_s: float = 5.0
+    quiet: bool = False
+    tls: TLSOptions = field(default_factory=TLSOptions)
+    faults: Faults = field(default_factory=Faults)
+    queue_messages: int = DEFAULT_QUEUE_MESSAGES
+
+
+def _loop_time() -> float:
+    return asyncio.get_running_loop().time()
+
+
+class Worker:
+    """One rank: builds its collaborators, hosts its server and runs its life in order."""
+
+    def __init__(self, options: WorkerOptions) -> None:
+        cfg = options.config
+        self.options = options
+        self.cfg = cfg
+        self.rank = options.rank
+        self.world = cfg.cluster.workers
+        self.peers = [j for j in range(self.world) if j != self.rank]
+        if len(cfg.cluster.hosts) != self.world:
+            raise UsageError("cluster.hosts is empty: akorun needs one host:port per rank "
+                             "(`akorun init` writes them)")
+        self.endpoints = [split_host(entry) for entry in cfg.cluster.hosts]
+        scheme = "https" if options.tls.enabled else "http"
+        self.base_urls = [f"{scheme}://{_url_host(h)}:{port}" for h, port in self.endpoints]
+        self.role = role_for(cfg, self.rank)
+        self.run_id = options.settings.run_id
+        self.config_hash = config_hash(cfg)
+        # the server takes float32 bodies or this codec's
+        self.codec: Codec | None = codec_named(cfg.exchange.codec)
+        self.metrics = Metrics(self.rank, self.role.name)
+        self.phase = PhaseMachine()
+        self.waiter = Waiter(report_every_s=max(5.0, options.peer_timeout_s / 2),
+                             stall_limit_s=GATE_STALL_TIMEOUTS * options.peer_timeout_s)
+        self.waiter.scheme = cfg.exchange.scheme
+        self.waiter.can_continue_without = self.role.can_continue_without
+        self.keys = RunKeys(options.settings.rank_keys(self.rank, self.world))
+        self.signer = Signer(self.keys)
+        self.verifier = RequestVerifier(self.keys, world=self.world)
+        self.outbox = Outbox(signer=self.signer, metrics=self.metrics,
+                             in_rounds=lambda: self.phase.is_(Phase.RUNNING))
+        self.relay = Relay(rank=self.rank, peers=self.peers, node=lambda: self.role.node,
+                           codec=self.codec,
+                           signer=self.signer, verifier=self.verifier,
+                           peer_timeout_s=options.peer_timeout_s, deliver=self._on_relayed,
+                           lost_here=lambda peer: self._suspended(peer)
+                           or self.liveness.rejoining(peer),
+                           budget_bytes=options.settings.relay_budget_bytes)
+        self.relay.before_answer = relay_answer_hook(options.faults)
+        self.liveness = Liveness(
+            rank=self.rank, peers=self.peers, timeout_s=options.peer_timeout_s,
+            node=lambda: self.role.node, clock=_loop_time, metrics=self.metrics,
+            phase=self.phase, on_change=self.waiter.wake_up, notify_sender=self.outbox.notify,
+            on_lost=self.relay.peer_lost)
+        self.downlink: DownlinkShaper | None = None  # emulated incoming NIC, set by run
+        self.wall_start_s = time.perf_counter()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._signals = 0
+        # wired by prepare, once the workload exists
+        self.prepared: Prepared
+        self.join: Join
+        self.rejoin: Rejoin
+        self.evaluator: Evaluator
+        self.training: TrainingLoop
+        self.results: ResultBuilder
+        self.finisher: Finisher
+        self.reporter: Reporter
+        self.control_table: ControlTable
+        self.stopping: StopAgreement
+
+    # ================================================================ wiring
+
+    def prepare(self, workload: FlatWorkload | None = None) -> None:
+        """Build the workload (same seed on every rank), load a checkpoint for --resume,
+        and wire the collaborators that need them.
+
+        Synchronous and before the event loop starts; user mistakes raise UsageError.
+        `workload`: trained instead of the configured one (akorun.Exchange's bridge).
+        """
+        options = self.options
+        restrict_new_files()
+        self.prepared = prepare(self.cfg, self.role, run_id=self.run_id,
+                                config_hash=self.config_hash, resume=options.resume,
+                                checkpoint_dir=options.checkpoint_dir, workload=workload)
+        identity = Identity(self.rank, self.run_id, self.config_hash,
+                            self.prepared.params_sha256,
+                            workload=self.prepared.workload_identity,
+                            settings=compared_settings(JoinFacts(
+                                self.cfg, self.prepared.params_sha256,
+                                self.prepared.workload_identity)))
+        hooks = fault_hooks(options.faults, outbox=self.outbox, gone=self._suspended,
+                            hard_stop=lambda: self.waiter.hard_stop,
+                            stop_requested=lambda: self.waiter.stop_reason is not None)
+        self.join = Join(identity=identity, peers=self.peers, hosts=self.cfg.cluster.hosts,
+                         compute_measured_s=self.prepared.compute_measured_s,
+                         timeout_s=options.join_timeout_s, phase=self.phase,
+                         waiter=self.waiter, liveness=self.liveness,
+                         node_built=lambda: self.role.node is not None,
+                         build_node=self._build_node, peer_timeout_s=options.peer_timeout_s,
+                         on_greeted=hooks.greeted, held=hooks.in_join)
+        self.rejoin = Rejoin(identity=identity, peers=self.peers, role=self.role,
+                             peer_timeout_s=options.peer_timeout_s, phase=self.phase,
+                             waiter=self.waiter, liveness=self.liveness, outbox=self.outbox,
+                             metrics=self.metrics, relay=self.relay,
+                             checkpoint=self.prepared.checkpoint,
+                             checkpoint_dir=options.checkpoint_dir, build_node=self._build_node)
+        self.evaluator = Evaluator(rank=self.rank, peers=self.peers,
+                                   workload=self.prepared.workload, metrics=self.metrics,
+                                   waiter=self.waiter,
+                                   target_accuracy=self.cfg.train.target_accuracy,
+                                   heard=self.liveness.heard, spawn=self._spawn)
+        checkpoints = CheckpointWriter(self.role, options.checkpoint_dir, run_id=self.run_id,
+                                       config_hash=self.config_hash)
+        self.training = TrainingLoop(
+            cfg=self.cfg, rank=self.rank, training_workers=self.role.training_workers,
+            workload=self.prepared.workload, metrics=self.metrics, outbox=self.outbox,
+            waiter=self.waiter, faults=hooks, evaluator=self.evaluator,
+            checkpoints=checkpoints, checkpoint_every=options.checkpoint_every)
+        self.stopping = StopAgreement(
+            rank=self.rank, training_peers=[j for j in self.peers
+                                            if role_for(self.cfg, j).trains],
+            waiter=self.waiter, gone=self._out_of_gate, spawn=self._spawn,
+            heard=self.liveness.heard, patience_s=GATE_STALL_TIMEOUTS * options.peer_timeout_s)
+        self.training.agreement = self.stopping
+        self.results = ResultBuilder(
+            role=self.role, prepared=self.prepared, metrics=self.metrics,
+            training=self.training, outbox=self.outbox, evaluator=self.evaluator,
+            waiter=self.waiter, run_id=self.run_id, config_hash=self.config_hash,
+            out_dir=options.out_dir, wall_start_s=self.wall_start_s, relay=self.relay)
+        self.finisher = Finisher(
+            rank=self.rank, peers=self.peers, role=self.role, phase=self.phase,
+            waiter=self.waiter, outbox=self.outbox, liveness=self.liveness,
+            training=self.training, evaluator=self.evaluator, checkpoints=checkpoints,
+            results=self.results, relay_idle=self.relay.idle,
+            grace_s=options.grace_s if options.grace_s is not None else options.peer_timeout_s)
+        self.reporter = Reporter(role=self.role, phase=self.phase, metrics=self.metrics,
+                                 outbox=self.outbox, liveness=self.liveness, waiter=self.waiter,
+                                 run_id=self.run_id, config_hash=self.config_hash)
+        self.control_table = ControlTable({
+            ControlKind.HELLO: self.join.on_hello,
+            ControlKind.STOP: self.stopping.on_stop if self.role.trains
+            else self.evaluator.on_stop,
+            ControlKind.HEARTBEAT: self.liveness.on_heartbeat,
+            ControlKind.DONE: self.liveness.on_done,
+            ControlKind.REJOIN_HELLO: self.rejoin.on_rejoin_hello,
+            ControlKind.SNAPSHOT: self.rejoin.on_snapshot,
+            ControlKind.RESTART: self.rejoin.on_restart,
+            ControlKind.RELAY: self.relay.on_relay,
+            ControlKind.LEAVE: self.join.on_leave,
+        }, rank=self.rank, world=self.world)
+
+    def _build_node(self, compute_s: float | None, p_of: Sequence[int] | None = None) -> None:
+        prepared = self.prepared
+        plan = self.role.build_node(prepared.workload, prepared.optimizer, compute_s, p_of)
+        self.keys.bind_wire_hash(wire_hash(self.cfg, prepared.params_sha256, plan.p_of))
+
+    def _write_unjoined_result(self) -> None:
+        """Stopped before the join ended: the result says so (no round); a failed write
+        is one log line (the stop is what the user asked for)."""
+        try:
+            self.results.write()
+        except OSError as error:
+            log.error("%s: results not written: %s", self.results.out_dir,
+                      error.strerror or error)
+
+    def _suspended(self, peer: int) -> bool:
+        node = self.role.node
+        return node is not None and peer in node.suspended
+
+    def _out_of_gate(self, peer: int) -> bool:
+        """Not waited for by the stop agreement: suspended, left, lost or done."""
+        return self._suspended(peer) or peer in self.liveness.left_peers \
+            or peer in self.waiter.lost_peers or peer in self.liveness.done_peers
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        self._tasks.append(asyncio.create_task(coroutine))
+
+    @property
+    def rank_result(self) -> RankResult:
+        """This rank's result, as written at the end of `run`."""
+        if self.results.last is None:
+            raise RuntimeError("rank_result: the run has not finished")
+        return self.results.last
+
+    # ================================================================ server host
+
+    def not_accepting(self) -> str | None:
+        if self.role.node is None or not self.verifier.ready:
+            return Phase.STARTING.value
+        if self.phase.is_(Phase.REJOINING):
+            return Phase.REJOINING.value
+        return None
+
+    def max_body_bytes(self) -> int:
+        return self.prepared.workload.gradient_bytes
+
+    def note_endorsements(self, key: tuple[int, int, int], text: str | None) -> None:
+        self.relay.note_endorsements(key, text)
+
+    async def on_partial(self, partial: Partial, nbytes: int) -> bool:
+        node = self.role.node
+        assert node is not None
+        partial = _decoded(partial)
+        partial, refusal = refuse_non_finite(partial)
+        if partial.folded:  # rounds owed while we were away: less any taken forwarded
+            partial = self.relay.fold_in(partial)
+        receipt = node.receive(partial)  # SchemeError -> 400 in the server
+        counters = self.metrics.peer(partial.sender)
+        self.liveness.received(partial.sender, receipt.accepted)
+        if receipt.accepted and refusal is None:
+            self.relay.accepted(partial)  # kept for survivors, should its sender be lost
+        if receipt.accepted:
+            counters.bytes_received += nbytes
+            counters.messages_received += 1
+            self.waiter.wake_up()
+        else:
+            self.metrics.duplicates_dropped += 1
+            if refusal is None:
+                self.relay.duplicate(partial)  # held already: perhaps forwarded
+        if receipt.effects:
+            await self.outbox.dispatch(receipt.effects)
+        if refusal is not None:
+            raise refusal  # 422 in the server: recorded with zero values, sender told
+        return receipt.accepted
+
+    def _on_relayed(self, partial: Partial) -> bool:
+        """A partial of a lost peer another survivor forwarded (its endorsement checked,
+        akorun.runtime.relay): taken like one of its own, but no evidence that it lives."""
+        node = self.role.node
+        assert node is not None
+        partial = _decoded(partial)
+        partial, refusal = refuse_non_finite(partial)
+        if refusal is not None:
+            log.warning("repair: %s", refusal)
+        receipt = node.receive(partial)
+        if receipt.accepted:
+            self.waiter.wake_up()
+        else:
+            self.metrics.duplicates_dropped += 1
+        return receipt.accepted
+
+    def status(self, digest: bool = False) -> dict[str, Any]:
+        return self.reporter.status(digest)
+
+    def prometheus(self) -> str:
+        return self.reporter.prometheus()
+
+    # ================================================================ main
+
+    def _on_signal(self, name: str) -> None:
+        self._signals += 1
+        if self._signals > 1 or self.role.hard_stop_on_first_signal \
+                or self.phase.is_(Phase.FINISHING, Phase.DONE):
+            self.waiter.stop_now()
+            log.warning("%s: stopping now", name)
+        self.waiter.request_stop(f"{name}: finish this round, flush, checkpoint, exit")
+
+    async def run(self) -> None:
+        """The whole life of the process (after prepare)."""
+        options = self.options
+        loop = asyncio.get_running_loop()
+        if threading.current_thread() is threading.main_thread():  # not akorun.Exchange's
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, self._on_signal, signal.Signals(signum).name)
+        session: aiohttp.ClientSession = make_session(peers=len(self.peers))
+        client_ssl = options.tls.client_context()
+        control = ControlClient(session, self.signer, self.base_urls, ssl_context=client_ssl)
+        control.binary_answer_max_bytes = binary_answer_cap(self.prepared.workload.gradient_bytes)
+        self.evaluator.control = control
+        self.relay.control = control
+        self.stopping.control = control
+        server = Server(self, max_concurrent_reads=max(4, 3 * len(self.peers)))
+        host, port = self.endpoints[self.rank]
+        try:
+            await server.start(options.listen_host or host, port,
+                               options.tls.server_context(), allow=allowed_networks(
+                                   options.settings.allow, self.cfg.cluster.hosts))
+            shaper = None
+            if options.emulate:
+                shaper, self.downlink = emulated_links(self.cfg, self.rank, self.peers)
+            self.outbox.start(rank=self.rank, session=session, shaper=shaper,
+                              peer_urls={j: self.base_urls[j] + "/v1/partial"
+                                         for j in self.peers},
+                              queue_messages=options.queue_messages, ssl=client_ssl or True,
+                              may_drop=self.liveness.may_drop,
+                              on_delivered=self.liveness.heard)
+            if options.resume:
+                self.training.first_round = await self.rejoin.rejoin(control)
+            else:
+                try:
+                    await self.join.join(control)
+                except (Interrupted, RunError) as error:
+                    await self.join.leave(control, str(error),  # so that no peer waits
+                                          failed=isinstance(error, RunError))
+                    if isinstance(error, RunError):
+                        await self.join.linger_failed()  # for the ranks still starting
+                    if isinstance(error, Interrupted):
+                        self._write_unjoined_result()
+                    raise
+            self.metrics.state = self.phase.name
+            self._spawn(self.liveness.monitor(control))
+            if not options.quiet:
+                self._spawn(self.reporter.progress(options.progress_every_s))
+            node = self.role.node
+            assert node is not None
+            if self.role.trains:
+                await self.training.train(node)
+            await self.finisher.finish(control)
+            log.info("done: %d rounds, stop: %s", len(self.training.times.end_s),
+                     self.waiter.stop_reason)
+            if self.relay.disagreements:
+                raise RunError("; ".join(self.relay.disagreements[origin]
+                                         for origin in sorted(self.relay.disagreements)))
+            refused = self.metrics.refused_for_good
+            if refused:
+                raise RunError(f"{sum(refused.values())} message(s) refused for good by peer(s) "
+                               f"{sorted(refused)} (an authenticated refusal, in the log and "
+                               f"the result's refused_for_good): replicas are not equal")
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self.outbox.stop()
+            await session.close()
+            await server.close()
+            self.evaluator.shutdown()
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def run_rank(options: WorkerOptions) -> Worker:
+    """Run one rank to its end in this thread (`akorun worker`, `akorun.run_worker`); its
+    record is `worker.rank_result`, and with an out directory it is written there."""
+    worker = Worker(options)
+    worker.prepare()
+    asyncio.run(worker.run())
+    out = options.out_dir
+    if out is not None and not options.quiet:
+        sys.stderr.write(summary_line(worker.rank_result) + "\n")
+    from akorun.launch.local import LAUNCHER_PID_ENV
+    from akorun.launch.merge_command import merge_if_complete
+
+    if out is not None and LAUNCHER_PID_ENV not in os.environ:
+        merge_if_complete(out, options.settings.run_id, options.config.cluster.workers,
+                          quiet=options.quiet)
+    return worker
+
+
+def summary_line(result: RankResult) -> str:
+    """One human line for the end of a run."""
+    round_time = result.round_time_s
+    parts = [f"rank {result.rank} ({result.role})", f"{result.rounds} rounds"]
+    if round_time is not None and math.isfinite(round_time):
+        parts.append(f"{round_time * 1e3:.2f} ms/round")
+    if result.final_accuracy is not None:
+        parts.append(f"accuracy {result.final_accuracy:.4f}")
+    parts.append(f"sent {result.bytes_sent / 1e6:.2f} MB")
+    return ", ".join(parts)
+
+
+def _decoded(partial: Partial) -> Partial:
+    """A coded partial (akocore.codecs) with its values decoded from its payload; a
+    payload no sender of this codec produces is refused like any malformed message."""
+    try:
+        return decoded(partial)
+    except ValueError as error:
+        raise SchemeError(f"message from {partial.sender}: {error}") from None

@@ -1,0 +1,337 @@
+"""The receiving end of akorun's data path: one connection that carries partials.
+
+This module owns serving a data-path connection (framing in akorun.transport.datapath) once
+akorun.transport.server's connection guard has seen its first bytes. Each request passes the
+checks of the HTTP path in the same order (akorun.transport.server, akorun.transport.admission): 503
+while the host is not ready; the seal opened from the preamble's auth text (401, 421);
+a read slot (503 ``inbox_full``); the 100-byte header within the header deadline and
+against the seal's digest (400 ``damaged``), bounds (400, 413), sender and run (401,
+409); only then a pooled float32 buffer, which the socket fills directly
+(``recv_into``, no allocation per read) within the minimum body rate (503
+``too_slow``) while a hashing thread checks the body against the header's digest as
+it lands. Every answer once the seal is open is tagged as on the HTTP path. A refusal
+before the body was read closes the connection after the answer, so no unread body
+is left on it. Unauthenticated bytes hold at most the connection's first socket read
+(asyncio reads at most 256 KiB at a time, less than an HTTP connection's read buffer)
+and then the preamble and its texts (`akorun.transport.datapath.META_MAX_BYTES`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from akocore.schemes import SchemeError
+from akorun.metrics import ByteWaits
+from akorun.transport.answers import ANSWER_TEXT_MAX_CHARS, DAMAGED
+from akorun.transport.datapath import (
+    PREAMBLE,
+    FillingProtocol,
+    FramingError,
+    decode_request_meta,
+    encode_answer,
+    meta_lengths,
+)
+from akorun.transport.keys import PARTIAL_PATH, Opened, ack_body
+from akorun.transport.sender import seconds_header
+from akorun.transport.validation import NonFiniteValues
+from akorun.transport.wire import (
+    HEADER_SIZE,
+    BodyHasher,
+    Status,
+    WireError,
+    decode_header,
+    to_partial,
+)
+
+if TYPE_CHECKING:
+    from akorun.transport.server import Server
+
+log = logging.getLogger("akorun")
+
+IDLE_TIMEOUT_S = 75.0  # between requests; longer than the client's, so the client closes first
+HASH_BATCH_BYTES = 256 * 1024  # body bytes handed to the hashing thread at a time
+HASH_IN_THREAD_BYTES = 256 * 1024  # bodies from this size are hashed in a thread
+_REASONS = {Status.MALFORMED: "malformed", Status.BAD_SIGNATURE: "bad_signature",
+            Status.WRONG_RUN: "wrong_run", Status.TOO_LARGE: "too_large",
+            Status.INBOX_FULL: "inbox_full", Status.STALE_SESSION: "stale_session"}
+
+
+class _Refused(Exception):
+    """Answer `answer` and, unless `keep`, close the connection."""
+
+    def __init__(self, answer: bytes, keep: bool) -> None:
+        super().__init__()
+        self.answer = answer
+        self.keep = keep
+
+
+class DigestLane:
+    """A thread that hashes body pieces in the order given, while the loop keeps reading.
+
+    `feed` hands over a view of bytes already in the body's buffer (a queue put, no
+    copy); `drained` resolves once everything fed so far is hashed."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="digest-lane", daemon=True)
+        self._thread.start()
+
+    def feed(self, hasher: BodyHasher, piece: memoryview) -> None:
+        self._queue.put((hasher, piece))
+
+    def drained(self) -> asyncio.Future[None]:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self._queue.put((loop, done, None))
+        return done
+
+    def stop(self) -> None:
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            if len(item) == 3:
+                loop, done, _ = item
+                try:
+                    loop.call_soon_threadsafe(_settle, done)
+                except RuntimeError:  # the loop is closed: nobody waits any more
+                    pass
+            else:
+                hasher, piece = item
+                hasher.update(piece)
+            item = piece = None  # hold no view of a body between bodies
+
+
+def _settle(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)
+
+
+class _Batcher:
+    """Hands landed body bytes to a `DigestLane` in pieces of `HASH_BATCH_BYTES`."""
+
+    def __init__(self, lane: DigestLane, hasher: BodyHasher, body: memoryview) -> None:
+        self.lane, self.hasher, self.body = lane, hasher, body
+        self.landed = 0
+        self.fed = 0
+
+    def __call__(self, piece: memoryview) -> None:
+        self.landed += piece.nbytes
+        if self.landed - self.fed >= HASH_BATCH_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.landed > self.fed:
+            self.lane.feed(self.hasher, self.body[self.fed:self.landed])
+            self.fed = self.landed
+
+
+class DataConnection(FillingProtocol):
+    """One data-path connection of `server`, handed over by its guard."""
+
+    def __init__(self, server: Server, guard: Any) -> None:
+        super().__init__()
+        self.server = server
+        self.guard = guard
+        self.task: asyncio.Task[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.task = asyncio.get_running_loop().create_task(self.serve())
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self.server.guards.pop(self.guard, None)
+
+    async def serve(self) -> None:
+        first = True
+        try:
+            while True:
+                preamble = bytearray(PREAMBLE.size)
+                try:
+                    await asyncio.wait_for(
+                        self.fill(memoryview(preamble)),
+                        self.server.header_deadline_s if first else IDLE_TIMEOUT_S)
+                except TimeoutError:
+                    if first:
+                        self.server.host.metrics.rejected["header_too_slow"] += 1
+                    return
+                first = False
+                try:
+                    answer, keep = await self.request(preamble)
+                except _Refused as refused:
+                    answer, keep = refused.answer, refused.keep
+                if self.transport is None or self.transport.is_closing():
+                    return
+                self.transport.write(answer)
+                if not keep:
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.close()
+
+    # ---------------------------------------------------------------- one request
+
+    def _refusal(self, status: int, reason: str, detail: str, opened: Opened | None, *,
+                 keep: bool = False) -> _Refused:
+        host = self.server.host
+        host.metrics.rejected[reason] += 1
+        if status != 503:
+            log.warning("refused a request with %d %s: %s", status, reason, detail)
+        text = f"{reason}: {detail}"[:ANSWER_TEXT_MAX_CHARS].encode("utf-8", "replace") + b"\n"
+        tag = None if opened is None else host.verifier.seal_answer(opened, status, text)
+        return _Refused(encode_answer(status, False, 0.0, tag, text), keep)
+
+    def _wire_refusal(self, error: WireError, opened: Opened | None, *,
+                      keep: bool = False) -> _Refused:
+        return self._refusal(int(error.status), _REASONS.get(error.status, "malformed"),
+                             error.reason, opened, keep=keep)
+
+    async def request(self, preamble: bytearray) -> tuple[bytes, bool]:
+        """Read, check and apply one partial; its answer and whether to keep the connection."""
+        start_s = time.perf_counter()
+        server = self.server
+        host = server.host
+        admission = server.admission
+        try:
+            lengths = meta_lengths(preamble)
+        except FramingError as error:
+            raise self._refusal(400, "malformed", str(error), None) from None
+        meta_nbytes = sum(lengths)
+        head = bytearray(meta_nbytes + HEADER_SIZE)
+        waits = ByteWaits()
+        try:
+            await waits.wait(asyncio.wait_for(self.fill(memoryview(head)),
+                                              admission.header_deadline_s))
+        except TimeoutError:
+            host.metrics.rejected["header_too_slow"] += 1
+            raise _Refused(b"", False) from None
+        try:
+            meta = decode_request_meta(memoryview(head)[:meta_nbytes], lengths)
+        except FramingError as error:
+            raise self._refusal(400, "malformed", str(error), None) from None
+        wire_head = bytes(memoryview(head)[meta_nbytes:])
+        refusal = admission.refusal(HEADER_SIZE)
+        if refusal is not None:
+            raise self._refusal(refusal.status, refusal.reason, refusal.detail, None)
+        try:
+            opened = host.verifier.open(meta.auth, PARTIAL_PATH, control=False)
+        except WireError as error:
+            raise self._wire_refusal(error, None) from None
+        self.guard.trusted = True
+        refusal = admission.slot_refusal(opened.sender)
+        if refusal is not None:
+            raise self._refusal(refusal.status, refusal.reason, refusal.detail, opened)
+        with admission.slot(opened.sender):
+            return await self._read_partial(opened, meta.relay, meta.wire_s, wire_head,
+                                            waits, start_s)
+
+    async def _read_partial(self, opened: Opened, relay: str | None, wire_s_text: str | None,
+                            wire_head: bytes, waits: ByteWaits,
+                            start_s: float) -> tuple[bytes, bool]:
+        server = self.server
+        host = server.host
+        try:
+            host.verifier.check_digest(opened, wire_head)
+        except WireError as error:
+            raise self._refusal(400, DAMAGED, f"header: {error.reason}", opened) from None
+        try:
+            header = decode_header(wire_head, max_body_bytes=host.max_body_bytes(),
+                                   codec=host.codec)
+            if header.sender != opened.sender:
+                raise WireError(f"header says sender {header.sender}, the seal is rank "
+                                f"{opened.sender}'s", Status.BAD_SIGNATURE)
+            host.verifier.check_run(header)
+        except WireError as error:
+            raise self._wire_refusal(error, opened) from None
+        nbytes = header.body_nbytes
+        values = server.buffers.take(header.length)
+        hasher = server.body_hasher()
+        body = memoryview(values.data).cast("B")[:nbytes]  # a coded body is shorter
+        try:
+            if nbytes >= HASH_IN_THREAD_BYTES:
+                await self._fill_hashing_in_lane(body, hasher, nbytes, waits, opened)
+            else:  # a small body: hashed on the loop (no thread hop)
+                await self._fill(body, hasher.update, nbytes, waits, opened)
+            del body
+            try:
+                hasher.check(header.digest)
+            except WireError as error:  # the whole body was read: the connection stays usable
+                raise self._refusal(400, DAMAGED, f"body: {error.reason}", opened,
+                                    keep=True) from None
+            return await self._apply(opened, header, values, relay, wire_s_text, waits,
+                                     start_s)
+        finally:
+            server.buffers.give_back(values)
+
+    async def _fill(self, body: memoryview, on_chunk: Any, nbytes: int, waits: ByteWaits,
+                    opened: Opened) -> None:
+        try:
+            await waits.wait(asyncio.wait_for(self.fill(body, on_chunk),
+                                              self.server.admission.body_deadline_s(nbytes)))
+        except TimeoutError:
+            raise self._refusal(503, "too_slow", "body slower than the minimum rate",
+                                opened) from None
+
+    async def _fill_hashing_in_lane(self, body: memoryview, hasher: BodyHasher, nbytes: int,
+                                    waits: ByteWaits, opened: Opened) -> None:
+        """Fill a large body while a lane thread hashes what has landed; returns once the
+        lane is done with it, even on error, so that no body outlives its read slot."""
+        server = self.server
+        lane = server.take_digest_lane()
+        batcher = _Batcher(lane, hasher, body)
+        try:
+            await self._fill(body, batcher, nbytes, waits, opened)
+        finally:
+            batcher.flush()
+            drained = lane.drained()
+            server.give_back_digest_lane(lane)
+            await drained
+
+    async def _apply(self, opened: Opened, header: Any, values: np.ndarray, relay: str | None,
+                     wire_s_text: str | None, waits: ByteWaits,
+                     start_s: float) -> tuple[bytes, bool]:
+        host = self.server.host
+        # a coded body (akocore.codecs) fills the buffer's first nbytes: the runtime decodes it
+        partial = to_partial(header, values if header.codec == "none"
+                             else values.view(np.uint8)[:header.body_nbytes])
+        if partial.values is None and partial.payload is None:  # an empty marker (final,
+            # PULL) still carries its values
+            partial = dataclasses.replace(partial, values=values)
+        nbytes = HEADER_SIZE + header.body_nbytes
+        wait_s = 0.0
+        if host.downlink is not None:
+            loop = asyncio.get_running_loop()
+            arrived_s = loop.time()
+            await host.downlink.admit(header.sender, nbytes, seconds_header(wire_s_text) or None)
+            wait_s = loop.time() - arrived_s
+        host.note_endorsements(partial.key, relay)
+        try:
+            accepted = await host.on_partial(partial, nbytes)
+        except (SchemeError, KeyError) as error:
+            raise self._refusal(400, "malformed", f"scheme refused the message: {error}",
+                                opened, keep=True) from None
+        except NonFiniteValues as error:  # recorded as zeros by the host (transport.validation)
+            raise self._refusal(error.status, error.reason, str(error), opened,
+                                keep=True) from None
+        del partial
+        duplicate = not accepted
+        tag = host.verifier.seal_answer(opened, 200, ack_body(duplicate))
+        counters = host.metrics.peer(header.sender)
+        counters.software_receive_s += max(
+            0.0, time.perf_counter() - start_s - waits.total_s - wait_s)
+        counters.software_received += 1
+        return encode_answer(200, duplicate, wait_s, tag, b""), True

@@ -1,0 +1,1 @@
+"""Calibration: adopting a run's measurements, host probes, their caches."""

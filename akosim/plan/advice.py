@@ -1,0 +1,135 @@
+"""The plan a user can act on: s chosen with p, and the answer in one line.
+
+akocore.planner chooses p so that one round's sends take about u x compute;
+that only pays off when the sends overlap the next round's compute, which a
+staleness bound s = 0 forbids. `with_overlap_ssp` picks the smallest s that
+lets them overlap (unless some layer set ``exchange.ssp``). `explain` says
+what the chosen Ako run means: round time, NIC use, how many rounds and
+seconds until a round's gradient has reached every peer (p - 1 + s rounds),
+and which constraint bound p; when that exceeds ``--max-staleness`` it says
+so and lists the cheapest ways out, each quantified (a larger batch, faster
+links, fewer workers) and the best baseline of the comparison within the bound.
+`recommend` names the comparison's winner: the highest throughput among the runs
+whose staleness bound passes ``--max-staleness`` (never one that fails it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from akocore.planner import Plan, PlanInputs, overlap_ssp, ways_out
+from akocore.resolve import coded_gradient_bytes, network_arrays
+from akocore.schemes.registry import is_partitioned
+from akocore.units import format_duration
+from akosim.sim.scenario import Setup, SimRun
+
+MAX_STALENESS_ROUNDS = 64  # --max-staleness default: a gradient older than this is news
+
+
+def plan_inputs(setup: Setup) -> PlanInputs:
+    config = setup.config
+    n = setup.nodes
+    arrays = network_arrays(config)
+    return PlanInputs(
+        workers=n, gradient_bytes=coded_gradient_bytes(config, setup.gradient_bytes,
+                                                        setup.length),
+        compute_s=tuple(setup.compute.base_s(i) for i in range(n)),
+        uplink_bps=tuple(arrays.uplink_bps), downlink_bps=tuple(arrays.downlink_bps),
+        link_bps=tuple(map(tuple, arrays.link_bps)), utilisation=config.exchange.utilisation,
+        p_max=config.exchange.p_max, length=setup.length, staleness=config.exchange.ssp)
+
+
+def chosen_plan(setup: Setup) -> Plan:
+    """The planner's answer for the configured p (the setup's, resolved once)."""
+    return setup.configured_plan()
+
+
+def with_overlap_ssp(setup: Setup) -> Setup:
+    """`setup` with s = the smallest staleness bound that lets sending overlap compute."""
+    arrays = network_arrays(setup.config)
+    off_diagonal = arrays.latency_s[~np.eye(setup.nodes, dtype=bool)]
+    latency_s = float(off_diagonal.max()) if off_diagonal.size else 0.0
+    latency_s += max(setup.message_overhead_s, default=0.0)
+    plan = chosen_plan(setup)
+    ssp = overlap_ssp(plan_inputs(setup), plan.p_of, latency_s)
+    exchange = replace(setup.config.exchange, ssp=float(ssp))
+    return replace(setup, config=replace(setup.config, exchange=exchange),
+                   plan=replace(plan, staleness=float(ssp)))
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What the chosen Ako run means, in the user's units."""
+
+    line: str
+    ssp: float
+    propagation_rounds: float
+    propagation_s: float
+    max_staleness_rounds: float
+    advice: tuple[str, ...]
+
+
+def explain(setup: Setup, runs: list[SimRun], *, ssp_chosen: bool,
+            max_staleness_rounds: float = MAX_STALENESS_ROUNDS) -> Explanation | None:
+    """The one line (and the ways out when propagation is too slow) for the first Ako run
+    whose p the planner chose; None when there is none (a given p, or no Ako run)."""
+    ako = next((run for run in runs if is_partitioned(run.scheme)), None)
+    if ako is None:
+        return None
+    plan = chosen_plan(setup)
+    propagation_rounds = ako.p - 1 + ako.ssp
+    propagation_s = propagation_rounds * ako.round_time_s
+    s_words = "chosen so sends overlap compute" if ssp_chosen else "given"
+    why = "given" if ako.p_reason in ("", "given") else ako.p_reason
+    line = (f"plan: Ako p={ako.p}, s={_rounds(ako.ssp)} ({s_words}): rounds of "
+            f"{format_duration(ako.round_time_s)}, NIC {100 * ako.nic_utilisation:.0f}% busy; "
+            f"a gradient reaches every peer within {_rounds(propagation_rounds)} rounds "
+            f"({format_duration(propagation_s)}); p bound by {why}")
+    advice: list[str] = []
+    if math.isfinite(propagation_rounds) and propagation_rounds > max_staleness_rounds:
+        advice.append(f"too stale: {_rounds(propagation_rounds)} rounds > --max-staleness "
+                      f"{_rounds(max_staleness_rounds)}; the network cannot carry more of "
+                      f"each gradient per round. Cheapest ways out:")
+        ways = ways_out(plan_inputs(setup), replace(plan, staleness=ako.ssp),
+                        max_staleness_rounds, setup.batch_size)
+        advice += [f"  - {way.text}" for way in ways]
+        others = [run for run in runs if not is_partitioned(run.scheme)
+                  and run.staleness_bound_rounds <= max_staleness_rounds]
+        if others:
+            best = max(others, key=lambda run: run.samples_per_s)
+            ratio = best.samples_per_s / ako.samples_per_s
+            stale = ("with no staleness" if best.staleness_bound_rounds == 0 else
+                     f"with staleness <= {_rounds(best.staleness_bound_rounds)} rounds")
+            advice.append(f"  - or {best.label}: {best.samples_per_s:,.1f} samples/s {stale} "
+                          f"({ratio:.2g}x Ako's {ako.samples_per_s:,.1f})")
+    return Explanation(line, ako.ssp, propagation_rounds, propagation_s, max_staleness_rounds,
+                       tuple(advice))
+
+
+def _rounds(value: float) -> str:
+    return "inf" if math.isinf(value) else f"{value:g}"
+
+
+GLOSSARY = ("p = partitions of each gradient (one is sent per round), s = rounds a worker "
+            "may run ahead of the slowest (SSP), H = local steps between DiLoCo syncs; "
+            "staleness = rounds of the other workers' updates a replica can miss")
+
+
+def recommend(runs: list[SimRun], *, max_staleness_rounds: float) -> tuple[str, ...]:
+    """The comparison's winner in two lines: the run of the highest throughput among those
+    within `max_staleness_rounds` (never one that fails that check), and what p, s, H and
+    staleness mean; () for fewer than two runs."""
+    if len(runs) < 2:
+        return ()
+    fit = [run for run in runs if run.staleness_bound_rounds <= max_staleness_rounds]
+    if not fit:
+        return (f"recommend: none of these runs keeps staleness within --max-staleness "
+                f"{_rounds(max_staleness_rounds)} rounds", GLOSSARY)
+    best = max(fit, key=lambda run: run.samples_per_s)
+    return (f"recommend: {best.label}: {best.samples_per_s:,.1f} samples/s, staleness <= "
+            f"{_rounds(best.staleness_bound_rounds)} rounds (within --max-staleness "
+            f"{_rounds(max_staleness_rounds)}): the highest throughput within that bound",
+            GLOSSARY)

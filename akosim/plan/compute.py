@@ -1,0 +1,210 @@
+"""How long each simulated worker computes each round.
+
+A `ComputeModel` gives the seconds worker i spends on the gradient of round t:
+a base time, per-worker speed factors (heterogeneous machines), a relative
+jitter (lognormal, mean-preserving) and stragglers (chosen workers slowed by a
+factor). Times are deterministic for a seed, so runs are reproducible, and
+drawn in blocks so a 1,000-round run does not pay a generator call per round.
+
+`overhead_s` is a per-round cost that is not the gradient: what a real process
+spends each round dispatching its sends, folding its inbox, applying the
+optimizer and running its event loop (akorun measures it as
+``overhead_s_per_round``). It is not scaled by speed factors, stragglers or
+jitter; the engine spends it after the gradient and before the round's sends
+leave (where akorun spends most of it), as a span of its own, so
+``compute_s`` stays the gradient time.
+
+`cpu` (an akosim.network.rank_cpu.RankCpu, one per simulation, set by the TCP-aware
+network when message handling is CPU of the ranks) marks each step's start and
+adds the message CPU a rank owes to its per-round overhead (`overhead_of`).
+
+`measure_compute_s` times the workload's gradient step with the wall clock
+(akocore takes the clock from here); `measure_step_timing` is `--compute
+measure`: it stops timing as soon as the median step time is known within
+±5% at 90% confidence (a distribution-free interval of order statistics,
+`median_interval`), after at least 5 steps, or after a few seconds of
+timed steps, or at the most steps it is given, and says the interval it reached.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from akocore.workload import FlatWorkload
+    from akosim.network.rank_cpu import RankCpu
+
+_BLOCK = 256
+
+
+@dataclass(frozen=True)
+class ComputeModel:
+    compute_s: float
+    speed_factors: tuple[float, ...] = ()  # time multiplier per worker, assigned in turn
+    jitter: float = 0.0  # relative standard deviation of each round's time
+    stragglers: tuple[int, ...] = ()
+    straggler_factor: float = 1.0
+    per_worker_s: tuple[float, ...] = ()  # measured times per worker (overrides compute_s)
+    seed: int = 0
+    overhead_s: float | tuple[float, ...] = 0.0  # per round; a tuple: per worker, in turn
+    cpu: RankCpu | None = field(default=None, compare=False, repr=False)  # per simulation
+    _cache: dict[int, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.compute_s >= 0:
+            raise ValueError(f"compute time must be >= 0 s, got {self.compute_s}")
+        if any(f <= 0 for f in self.speed_factors):
+            raise ValueError("speed factors must be > 0")
+        if self.jitter < 0:
+            raise ValueError(f"jitter must be >= 0, got {self.jitter}")
+        if self.straggler_factor <= 0:
+            raise ValueError("straggler factor must be > 0")
+        if any(t < 0 for t in self.per_worker_s):
+            raise ValueError("measured compute times must be >= 0 s")
+        overheads = self.overhead_s if isinstance(self.overhead_s, tuple) else (self.overhead_s,)
+        if not overheads or not all(t >= 0 for t in overheads):
+            raise ValueError(f"round overhead must be >= 0 s, got {self.overhead_s}")
+
+    def overhead_of(self, rank: int) -> float:
+        """Seconds per round worker `rank` spends outside the gradient (not jittered),
+        with `cpu`: called at the end of its step, plus the message CPU it owes."""
+        if isinstance(self.overhead_s, tuple):
+            base = float(self.overhead_s[rank % len(self.overhead_s)])
+        else:
+            base = float(self.overhead_s)
+        if self.cpu is not None:
+            return base + self.cpu.settle(rank, base)
+        return base
+
+    def base_s(self, rank: int) -> float:
+        base = self.per_worker_s[rank % len(self.per_worker_s)] if self.per_worker_s \
+            else self.compute_s
+        if self.speed_factors:
+            base *= self.speed_factors[rank % len(self.speed_factors)]
+        if rank in self.stragglers:
+            base *= self.straggler_factor
+        return base
+
+    def mean_s(self, workers: int) -> float:
+        return float(np.mean([self.base_s(i) for i in range(workers)]))
+
+    def time_s(self, rank: int, round_: int) -> float:
+        """Seconds of worker `rank`'s step of `round_` (with `cpu`: called as it starts)."""
+        if self.cpu is not None:
+            self.cpu.begin_step(rank)
+        base = self.base_s(rank)
+        if self.jitter == 0 or base == 0:
+            return base
+        block, index = divmod(round_, _BLOCK)
+        key = rank * 1_000_003 + block
+        draws = self._cache.get(key)
+        if draws is None:
+            rng = np.random.default_rng((self.seed, rank, block))
+            sigma = np.sqrt(np.log1p(self.jitter**2))
+            draws = rng.lognormal(-sigma**2 / 2, sigma, _BLOCK)
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            self._cache[key] = draws
+        return base * float(draws[index])
+
+
+def measure_compute_s(workload: FlatWorkload, steps: int | None = None) -> float:
+    """`--compute measure`: median wall seconds of one gradient step of `workload`
+    (`steps` timed steps, the workload's default if None), timed with this
+    process's monotonic clock (the shell's job, not akocore's)."""
+    if steps is None:
+        return workload.measure_compute_s(time.perf_counter)
+    return workload.measure_compute_s(time.perf_counter, steps=steps)
+
+
+# --compute measure's stopping rule: the median step time within ±5% at 90% confidence.
+TIMING_CONFIDENCE = 0.9
+TIMING_REL_HALFWIDTH = 0.05
+TIMING_MIN_STEPS = 5  # the fewest steps whose order statistics give a 90% interval
+TIMING_BUDGET_S = 4.0  # timed seconds after which the interval reached is what it is
+TIMING_WARMUP = 2  # untimed steps: the compile, then one to settle (the median absorbs more)
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """A measured gradient step: the median of `steps` timed steps and a distribution-free
+    interval [low_s, high_s] that holds the true median with probability >= confidence
+    (None when too few steps give no such interval)."""
+
+    compute_s: float
+    steps: int
+    low_s: float | None
+    high_s: float | None
+    confidence: float
+
+    def rel_halfwidth(self) -> float:
+        """The interval's larger distance from the median, relative to it (inf if none)."""
+        if self.low_s is None or self.high_s is None or self.compute_s <= 0:
+            return math.inf
+        return max(self.compute_s - self.low_s, self.high_s - self.compute_s) / self.compute_s
+
+    def describe(self) -> str:
+        """E.g. "median of 7 steps, within ±3.1% at 90% confidence"."""
+        text = f"median of {self.steps} step{'s' if self.steps != 1 else ''}"
+        width = self.rel_halfwidth()
+        if math.isfinite(width):
+            text += f", within ±{width:.1%} at {self.confidence:.0%} confidence"
+        return text
+
+
+def median_interval(durations_s: list[float],
+                    confidence: float = TIMING_CONFIDENCE) -> tuple[float, float] | None:
+    """The narrowest order-statistic interval [x(k), x(n+1-k)] of the sorted durations
+    that holds the population median with probability >= `confidence`, whatever the
+    distribution (binomial with p = 1/2); None when n is too small for any."""
+    n = len(durations_s)
+    ordered = sorted(durations_s)
+    best: tuple[float, float] | None = None
+    below = 0.0  # P(Binomial(n, 1/2) <= k - 1)
+    for k in range(1, n // 2 + 1):
+        below += math.comb(n, k - 1) / 2 ** n
+        if 1 - 2 * below < confidence:
+            break
+        best = (ordered[k - 1], ordered[n - k])
+    return best
+
+
+def timing_is_enough(durations_s: list[float], *, min_steps: int = TIMING_MIN_STEPS,
+                     rel_halfwidth: float = TIMING_REL_HALFWIDTH,
+                     confidence: float = TIMING_CONFIDENCE,
+                     budget_s: float = TIMING_BUDGET_S) -> bool:
+    """Stop timing: at least `min_steps`, and the median's interval within
+    `rel_halfwidth` of it or `budget_s` seconds already timed."""
+    if len(durations_s) < min_steps:
+        return False
+    if sum(durations_s) >= budget_s:
+        return True
+    interval = median_interval(durations_s, confidence)
+    if interval is None:
+        return False
+    median = statistics.median(durations_s)
+    return max(median - interval[0], interval[1] - median) <= rel_halfwidth * median
+
+
+def measure_step_timing(workload: FlatWorkload, max_steps: int,
+                        clock: Callable[[], float] = time.perf_counter) -> StepTiming:
+    """`--compute measure`: the workload's gradient step timed until its median is known
+    within ±5% at 90% confidence (at least 5 steps, at most `max_steps`, and no more
+    once 4 s have been timed), with the interval reached."""
+    seen: list[float] = []
+
+    def enough(durations_s: list[float]) -> bool:
+        seen[:] = durations_s
+        return timing_is_enough(durations_s)
+
+    median_s = workload.measure_compute_s(clock, steps=max_steps,
+                                          warmup=TIMING_WARMUP, enough=enough)
+    low_s, high_s = median_interval(seen) or (None, None)
+    return StepTiming(median_s, len(seen), low_s, high_s, TIMING_CONFIDENCE)

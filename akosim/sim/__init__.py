@@ -1,0 +1,1 @@
+"""The simulation: the SimPy engine, scenarios, closed forms, simulated training."""

@@ -1,0 +1,475 @@
+"""akosim sweep: a grid of timing-only simulations, run in parallel, resumable, shardable.
+
+    akosim sweep --workers 4,16,64 --bandwidth 40mbps,1gbps --p 1,4,auto --out sweep/
+
+A comma in a grid flag separates grid values; the grid is their cartesian
+product, expanded in a fixed order (flags in the order of GRID_FLAGS, values
+in the order given). Every point is one resolved RunConfig plus the simulation
+settings (gradient size, compute time); its id is a hash of both, so the same
+point has the same id in every sweep and every shard. Each point runs one
+variant, the scheme of its config (ako unless --scheme, --config or --set say
+otherwise), and writes DIR/points/<id>.json atomically; an Ako point whose
+staleness bound no layer sets gets s chosen with p as the plan command does
+(akosim.plan.advice.with_overlap_ssp: the smallest s that lets sending overlap
+compute), and its file holds the config with that s; a point whose file
+exists is skipped, so an interrupted sweep resumes where it stopped. `--shard
+I/N` keeps the points whose index modulo N is I (a SLURM array task runs
+`--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT`). At the end every point
+found in DIR/points is collected into DIR/sweep.json and DIR/sweep.csv
+(akosim.sweep.sweepfiles: the point record and the collected files).
+
+Points run in a ProcessPoolExecutor; what crosses to a worker process is plain
+data (the config as a dict, numbers), and the worker rebuilds the setup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import hashlib
+import itertools
+import json
+import math
+import multiprocessing
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from akocore.cli_support import OneLineParser, UsageError, fail
+from akocore.config import (
+    Given,
+    RunConfig,
+    config_from_dict,
+    config_hash,
+    config_to_dict,
+    file_layer,
+    flag_layer,
+    resolve,
+    set_layer,
+    workload_arg_layer,
+)
+from akocore.units import format_duration
+from akosim.plan.runspec import (
+    TIMING_DEFAULTS,
+    USER_ERRORS,
+    check_fits,
+    configured_runs,
+    gradient_length_of_size,
+    load_workload,
+)
+from akosim.plan.setup import chooses_ssp_with_p, compute_setting
+from akosim.sweep.sweepfiles import POINT_FORMAT, SweepPoint, collect
+
+# Grid flags in nesting order (first = outermost): argparse dest and flag.
+GRID_FLAGS: tuple[tuple[str, str], ...] = (
+    ("workers", "--workers"),
+    ("bandwidth", "--bandwidth"),
+    ("p", "--p"),
+    ("ssp", "--ssp"),
+    ("scheme", "--scheme"),
+    ("latency", "--latency"),
+)
+# Single-valued run settings a sweep passes on to every point.
+FIXED_FLAGS: tuple[str, ...] = ("rounds", "workload", "batch_size")
+
+DESCRIPTION = """\
+Simulate every point of a parameter grid (timing only) and collect the results.
+A comma in a grid flag (--workers --bandwidth --p --ssp --scheme --latency)
+separates grid VALUES: --bandwidth 40mbps,1gbps is two points, not two NICs.
+Per-node bandwidth lists, per-link caps and per-worker p lists therefore come
+from --config files or --set (e.g. --set network.link_bandwidth=40,20,10mbps).
+Each point runs ONE configuration: the scheme of its config (ako unless
+--scheme, --config or --set choose another), not the side-by-side comparison
+of plain `akosim`; put --scheme ako,ps,allreduce in the grid to compare.
+Results: DIR/points/<id>.json per point (the id hashes the resolved config and
+the simulation settings), then DIR/sweep.json (every point in DIR/points) and
+DIR/sweep.csv (one row per point). Points already in DIR are skipped, so
+running the same command again resumes an interrupted sweep."""
+
+EPILOG = """\
+examples:
+  akosim sweep --workers 4,16,64 --bandwidth 40mbps,1gbps --p 1,4,auto \\
+      --compute 0.3s --out sweep/
+      3 x 2 x 3 = 18 Ako points on every core; run it again to resume
+  akosim sweep --workers 16 --scheme ako,ps,allreduce --latency 0ms,20ms \\
+      --gradient-size 17MB --compute 0.3s --out schemes/
+      the three schemes side by side at two latencies (6 points)
+  akosim sweep --config configs/hetero-wan.toml --workers 4,8 --p 1,2,4,auto --out wan/
+      per-link caps and per-node NICs from the preset, p and n swept
+  sbatch --array=0-7 --wrap 'akosim sweep --workers 8,16,32,64 --p 1,2,4,8,auto \\
+      --out big/ --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT'
+      one eighth of the points per array task (array ids must run 0..N-1); then
+      run the same command once without --shard: every point is skipped and
+      sweep.json and sweep.csv are written for all of them
+"""
+
+
+def _fail(message: str) -> NoReturn:
+    fail(message, "akosim sweep")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of `akosim sweep` alone (akosim.cli adds the same flags to its subparser)."""
+    parser = OneLineParser(prog="akosim sweep", description=DESCRIPTION, epilog=EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_sweep_arguments(parser)
+    return parser
+
+
+def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of akosim sweep: grid values, what every point shares, how to run."""
+    grid = parser.add_argument_group(
+        "grid (a comma separates values; the grid is every combination)")
+    add = grid.add_argument
+    add("--workers", metavar="N[,N...]", help="numbers of nodes, e.g. 4,16,64")
+    add("--bandwidth", metavar="RATE[,RATE...]",
+        help="every node's NIC, one value per point, e.g. 40mbps,1gbps")
+    add("--p", metavar="P[,P...]",
+        help="partitions per gradient: numbers or auto / auto-per-worker, e.g. 1,4,auto")
+    add("--ssp", metavar="S[,S...]",
+        help="staleness bounds in rounds, e.g. 0,2,inf (default for ako: chosen with p, "
+             "the smallest s that lets sending overlap compute, as the plan does)")
+    add("--scheme", metavar="NAME[,NAME...]",
+        help="exchange schemes among ako, ps, allreduce (default: the config's, ako)")
+    add("--latency", metavar="DURATION[,DURATION...]",
+        help="one-way latency of every link, e.g. 0ms,20ms")
+    fixed = parser.add_argument_group("every point")
+    add = fixed.add_argument
+    add("--config", metavar="FILE",
+        help="TOML run config under every point (grid flags override it), e.g. "
+             "configs/uniform-wan.toml")
+    add("--set", metavar="SECTION.KEY=VALUE", action="append", dest="set",
+        help="override one config value for every point, repeatable, e.g. "
+             "--set network.link_bandwidth=40,20,10mbps")
+    add("--compute", metavar="DURATION|measure|remeasure", default="measure",
+        help="compute seconds per round, e.g. 0.3s; 'measure' takes the --workload's "
+             "gradient step on this machine from the compute cache the plan command uses "
+             "(measured once and cached when absent), for every point (default); "
+             "'remeasure' times it again and refreshes the cache")
+    add("--gradient-size", metavar="SIZE",
+        help="gradient bytes per worker, e.g. 17MB (default: the --workload's)")
+    add("--rounds", metavar="N", help="simulated rounds per point (default 30)")
+    add("--workload", metavar="NAME",
+        help="workload whose gradient size and compute time are used "
+             "(default synthetic-cnn, the seeds' 17 MB CNN)")
+    add("--workload-arg", metavar="KEY=VALUE", action="append", dest="workload_arg",
+        help="an argument of the workload, repeatable, e.g. --workload-arg width=64")
+    add("--batch-size", metavar="N", help="examples per worker per round (default 104)")
+    run = parser.add_argument_group("running")
+    add = run.add_argument
+    add("--out", metavar="DIR", required=True,
+        help="result folder: points/<id>.json, sweep.json, sweep.csv")
+    add("--jobs", metavar="N", type=int, default=None,
+        help="points simulated at once, in separate processes (default: every CPU; "
+             "1 runs them in this process)")
+    add("--shard", metavar="I/N",
+        help="run only the points whose index modulo N is I, e.g. 0/4; for a SLURM "
+             "array: --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT")
+    add("--quiet", action="store_true", help="no progress bar")
+
+
+# ------------------------------------------------------------------ the grid
+
+
+@dataclass(frozen=True)
+class Point:
+    """One grid point: its values as given, its resolved config, its id."""
+
+    index: int
+    grid: dict[str, str]  # dest -> value text as given
+    config: RunConfig
+    id: str
+    # Ako with no staleness bound from any layer: s is chosen with p, as the
+    # plan command does (the smallest s that lets sending overlap compute).
+    choose_ssp: bool = False
+
+
+def parse_shard(text: str | None) -> tuple[int, int]:
+    """"I/N" -> (I, N) with 0 <= I < N; None -> (0, 1)."""
+    if text is None:
+        return 0, 1
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if match is None or not 0 <= int(match[1]) < int(match[2]):
+        raise UsageError(f"--shard: got {text!r}, expected I/N with 0 <= I < N, e.g. 0/4 "
+                         f"(SLURM: --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT "
+                         f"with --array=0-(N-1))")
+    return int(match[1]), int(match[2])
+
+
+def grid_values(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    """(dest, values) of every grid flag given, in nesting order."""
+    axes = []
+    for dest, flag in GRID_FLAGS:
+        text = getattr(args, dest, None)
+        if text is None:
+            continue
+        values = [value.strip() for value in text.split(",")]
+        if not all(values):
+            raise UsageError(f"{flag}: got {text!r}, expected values separated by commas, "
+                             f"e.g. {_EXAMPLES[dest]} (per-node lists go in --config or --set)")
+        axes.append((dest, values))
+    return axes
+
+
+_EXAMPLES = {"workers": "4,16,64", "bandwidth": "40mbps,1gbps", "p": "1,4,auto",
+             "ssp": "0,2,inf", "scheme": "ako,ps,allreduce", "latency": "0ms,20ms"}
+
+
+def _grid_flags(args: argparse.Namespace, values: dict[str, str]) -> argparse.Namespace:
+    """The flags of one point: the fixed run flags and the point's grid values."""
+    names = {dest: getattr(args, dest) for dest in FIXED_FLAGS}
+    names.update(values)
+    return argparse.Namespace(**names)
+
+
+def sim_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What besides the config decides a point's result: gradient and compute."""
+    settings: dict[str, Any] = {"mode": "timing", "format": POINT_FORMAT}
+    if args.gradient_size:
+        settings["gradient_length"] = gradient_length_of_size(args.gradient_size)
+    else:
+        settings["gradient_length"] = "workload"
+    compute = compute_setting(args.compute)  # seconds, "measure" or "remeasure"
+    settings["compute_s"] = "measure" if isinstance(compute, str) else compute
+    return settings
+
+
+def point_id(config: RunConfig, settings: dict[str, Any]) -> str:
+    """A stable id: sha256 of the config's hash and the simulation settings, 16 hex digits."""
+    sim = settings if config.network.model == "maxmin" else {
+        **settings, "network_model": config.network.model}  # not in the run's hash
+    canonical = json.dumps({"config": config_hash(config), "sim": sim}, sort_keys=True,
+                           separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def expand_grid(args: argparse.Namespace, settings: dict[str, Any]) -> list[Point]:
+    """Every grid point in nesting order, equal configs merged (first one kept)."""
+    axes = grid_values(args)
+    dests = [dest for dest, _ in axes]
+    shared: list[Given] = file_layer(args.config) if args.config else []
+    shared += set_layer(args.set)
+    points: list[Point] = []
+    seen: set[str] = set()
+    for combination in itertools.product(*(values for _, values in axes)):
+        values = dict(zip(dests, combination, strict=True))
+        layers = [*shared, *flag_layer(_grid_flags(args, values)),
+                  *workload_arg_layer(getattr(args, "workload_arg", None))]
+        resolved = resolve(layers, defaults=TIMING_DEFAULTS)
+        config = resolved.config
+        identity = point_id(config, settings)
+        if identity in seen:
+            continue
+        seen.add(identity)
+        choose_ssp = chooses_ssp_with_p(resolved)
+        points.append(Point(len(points), values, config, identity, choose_ssp))
+    return points
+
+
+def shard_of(points: list[Point], shard: tuple[int, int]) -> list[Point]:
+    index, count = shard
+    return [point for point in points if point.index % count == index]
+
+
+# ------------------------------------------------------------------ one point
+
+
+def _ignore_interrupts() -> None:
+    """Worker processes leave Ctrl-C to the parent (which stops them)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def run_point(task: dict[str, Any]) -> tuple[str, float]:
+    """Simulate one point and write its file; returns (id, wall seconds).
+
+    `task` is plain data (it crosses to a worker process): id, grid, the
+    config as config_to_dict gives it, gradient length, compute seconds,
+    the simulation settings, the output folder and whether to choose s with p
+    (the point's file then holds the config with the chosen s).
+    """
+    from akosim.plan.result_tables import json_safe, run_result, write_json
+    from akosim.plan.setup import build_setup, fixed_compute, stop_rule, tcp_parameters_for
+
+    started = time.perf_counter()
+    config = config_from_dict(task["config"])
+    tcp = tcp_parameters_for(config)  # this host's cached calibration, else defaults
+    setup = build_setup(config, length=task["length"], compute=fixed_compute(task["compute_s"]),
+                        stop=stop_rule(config), tcp=None if tcp is None else tcp.params)
+    config_record = task["config"]
+    if task.get("choose_ssp"):
+        from akosim.plan.advice import with_overlap_ssp
+
+        setup = with_overlap_ssp(setup)
+        config_record = config_to_dict(setup.config)
+    runs = configured_runs(setup)
+    wall_s = time.perf_counter() - started
+    point = SweepPoint(
+        id=task["id"], grid=task["grid"], config=config_record, sim=task["settings"],
+        gradient_bytes=setup.gradient_bytes, compute_s=task["compute_s"], wall_s=wall_s,
+        runs=tuple(run_result(run, config=config_record, mode="timing",
+                              batch_size=config.train.batch_size) for run in runs))
+    write_json(Path(task["out"]) / "points" / f"{task['id']}.json", json_safe(point.to_json()))
+    return task["id"], wall_s
+
+
+# ------------------------------------------------------------------ running
+
+
+def _cached_workload(config: RunConfig, cache: dict[str, Any]):
+    """Build the workload once per process (building it compiles nothing, but loads data)."""
+    if "workload" not in cache:
+        cache["workload"] = load_workload(config)
+    return cache["workload"]
+
+
+def _gradient_length(config: RunConfig, settings: dict[str, Any], cache: dict[str, Any]) -> int:
+    if settings["gradient_length"] != "workload":
+        return int(settings["gradient_length"])
+    if settings["compute_s"] == "measure":  # the cache holds it beside the compute time
+        return int(_measured(config, cache).record.param_count)
+    return int(_cached_workload(config, cache).param_count)
+
+
+def _measured(config: RunConfig, cache: dict[str, Any]):
+    """The workload's gradient step on this machine, from the compute cache the plan
+    command uses (measured and cached once when absent)."""
+    from akosim.plan.setup import measured_compute
+
+    if "measured" not in cache:
+        cache["measured"] = measured_compute(
+            config, load=lambda: _cached_workload(config, cache),
+            refresh=cache.get("remeasure", False))
+    return cache["measured"]
+
+
+def _compute_s(config: RunConfig, settings: dict[str, Any], cache: dict[str, Any]) -> float:
+    """The compute seconds per round of every point (from the compute cache if measured)."""
+    if settings["compute_s"] != "measure":
+        return float(settings["compute_s"])
+    measured = _measured(config, cache)
+    print(f"akosim sweep: {measured.provenance()} ({config.train.workload}, batch "
+          f"{config.train.batch_size})")
+    return float(measured.record.compute_s)
+
+
+def _run_all(tasks: list[dict[str, Any]], jobs: int, progress: bool) -> list[str]:
+    """Run the tasks; returns one line per failed point."""
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(tasks), desc="sweep", unit="point", file=sys.stderr,
+                   mininterval=0.2)
+    failures: list[str] = []
+
+    def failed(task: dict[str, Any], error: BaseException) -> None:
+        values = ", ".join(f"{k}={v}" for k, v in task["grid"].items()) or "no grid values"
+        failures.append(f"point {task['id']} ({values}) failed: "
+                        f"{type(error).__name__}: {error}")
+
+    try:
+        if jobs == 1:
+            for task in tasks:
+                try:
+                    run_point(task)
+                except Exception as error:  # one bad point does not stop the sweep
+                    failed(task, error)
+                if bar is not None:
+                    bar.update(1)
+            return failures
+        context = multiprocessing.get_context("spawn")
+        executor = concurrent.futures.ProcessPoolExecutor(
+            max_workers=jobs, mp_context=context, initializer=_ignore_interrupts)
+        try:
+            futures = {executor.submit(run_point, task): task for task in tasks}
+            for future in concurrent.futures.as_completed(futures):
+                problem = future.exception()
+                if problem is not None:
+                    failed(futures[future], problem)
+                if bar is not None:
+                    bar.update(1)
+        except BaseException:
+            # Ctrl-C: drop what has not started and stop the worker processes we started;
+            # finished points are on disk, so the same command resumes.
+            for process in list(getattr(executor, "_processes", {}).values()):
+                process.terminate()
+            executor.shutdown(wait=False, cancel_futures=True)
+            raise
+        executor.shutdown()
+        return failures
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def run_sweep(argv: Sequence[str]) -> int:
+    """`akosim sweep` from its own arguments (without the word sweep)."""
+    return sweep_command(build_parser().parse_args(list(argv)))
+
+
+def sweep_command(args: argparse.Namespace) -> int:
+    """The `akosim sweep` command; user mistakes exit 2 with one line."""
+    try:
+        return _sweep(args)
+    except USER_ERRORS as error:
+        _fail(str(error))
+    except OSError as error:  # the result folder cannot be written
+        _fail(f"--out {args.out}: {error}")
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    shard = parse_shard(args.shard)
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs: got {args.jobs}, expected a number of processes >= 1")
+    settings = sim_settings(args)
+    cache: dict[str, Any] = {"remeasure": args.compute.strip() == "remeasure"}
+    points = expand_grid(args, settings)
+    mine = shard_of(points, shard)
+    out = Path(args.out)
+    points_dir = out / "points"
+    todo = [p for p in mine if not (points_dir / f"{p.id}.json").exists()]
+    skipped = len(mine) - len(todo)
+    jobs = min(args.jobs or os.cpu_count() or 1, max(len(todo), 1))
+    length = 0
+    if todo:
+        length = _gradient_length(todo[0].config, settings, cache)
+        for point in todo:
+            check_fits(point.config, length)
+    where = f"; shard {shard[0]}/{shard[1]} has {len(mine)}" if shard[1] > 1 else ""
+    combinations = math.prod(len(values) for _, values in grid_values(args))
+    if combinations > len(points):
+        where = f" ({combinations - len(points)} equal to another merged){where}"
+    print(f"akosim sweep: {len(points)} point(s){where}; {skipped} already in {points_dir} "
+          f"(skipped), {len(todo)} to run" + (f" on {jobs} process(es)" if todo else ""))
+    failures: list[str] = []
+    if todo:
+        compute_s = _compute_s(todo[0].config, settings, cache)
+        cache.clear()
+        tasks = [{"id": p.id, "grid": p.grid, "config": config_to_dict(p.config),
+                  "settings": settings, "length": length, "compute_s": compute_s,
+                  "out": str(out), "choose_ssp": p.choose_ssp} for p in todo]
+        points_dir.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        failures = _run_all(tasks, jobs, progress=not args.quiet and sys.stderr.isatty())
+        print(f"akosim sweep: ran {len(todo) - len(failures)} point(s) in "
+              f"{format_duration(time.perf_counter() - started)}")
+        for line in failures:
+            print(f"akosim sweep: {line}", file=sys.stderr)
+    found = collect(out, [dest for dest, _ in GRID_FLAGS], order=[p.id for p in points])
+    print(f"wrote {out / 'sweep.json'} ({found.points} point(s)) and {out / 'sweep.csv'} "
+          f"({found.rows} row(s))")
+    print_sweep_summary(out)
+    return 1 if failures else 0
+
+
+def print_sweep_summary(out: Path) -> None:
+    """The summary table at the end: the best configuration of each group."""
+    from akosim.sweep.sweep_summary import print_summary
+
+    print_summary(out)
