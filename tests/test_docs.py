@@ -101,3 +101,20 @@ def test_a_broken_link_fails_the_build(tmp_path: Path) -> None:
     built = _build(project, tmp_path / "site")
     assert built.returncode != 0
     assert "no-such-page.md" in built.stdout + built.stderr
+
+
+def test_the_readmes_own_model_loads_and_takes_a_gradient_step(tmp_path: Path) -> None:
+    """The README's "train your own model" file, written outside the repository, is a
+    working factory: it loads by path, has the parameters its code says, and steps."""
+    import numpy as np
+
+    from akocore.workload import build_workload
+
+    text = README.read_text(encoding="utf-8")
+    start = text.index("```python\n# mymodel.py") + len("```python\n")
+    (tmp_path / "mymodel.py").write_text(text[start:text.index("```", start)])
+    workload = build_workload(f"{tmp_path}/mymodel.py:make", batch_size=16)
+    assert workload.param_count == 16 * 64 + 64 + 64 * 2 + 2
+    batch = workload.batches(0, 1).next()
+    loss, grad = workload.grad_step(workload.init_params, batch.x, batch.y)
+    assert np.isfinite(loss) and grad.shape == (workload.param_count,)
