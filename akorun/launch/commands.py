@@ -1,9 +1,10 @@
 """The `akorun` command line: init, worker, ps, launch, merge, measure-messages.
 
-This module owns argument parsing and exit statuses, nothing else: each
-subcommand turns its flags into the dataclasses of the module that does the
-work (akorun.launch.cluster, akorun.runtime.worker, akorun.launch.local). Every subcommand takes
-the shared run flags of akocore.config (the same vocabulary as akosim).
+This module owns the commands and exit statuses (the flags and help are
+akorun.launch.cli_parser's): each subcommand turns its flags into the dataclasses
+of the module that does the work (akorun.launch.cluster, akorun.runtime.worker,
+akorun.launch.local). Every subcommand takes the shared run flags of
+akocore.config (the same vocabulary as akosim).
 
 Exit statuses: 0 done; 1 the run failed (one line naming the rank and why;
 launch adds the tail of the failed rank's log); 2 a user mistake (ONE line on
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from akocore.cli_support import OneLineParser, one_line
+from akocore.cli_support import one_line
 from akocore.config import (
     ConfigError,
     ResolvedSettings,
@@ -67,88 +68,6 @@ from akorun.launch.testbed.runner import TestbedOptions, launch_on_testbed
 from akorun.runtime.node_plan import check_role
 from akorun.runtime.worker import TLSOptions, WorkerOptions, run_rank
 from akorun.transport.keys import rank_key_file, write_rank_key_files
-
-ArgumentParser = OneLineParser  # one-line errors: `akorun worker: error: ... (see --help)`, 2
-
-_FORMATTER = argparse.RawDescriptionHelpFormatter
-
-INIT_EPILOG = """\
-examples:
-  akorun init --workers 3 --out cluster.toml
-      loopback, free ports picked now
-  akorun init --workers 4 --hosts node1,node2,node3,node4 --out cluster.toml \\
-      --link-bandwidth 40mbps --p auto --ssp 2
-      one rank per host, port 7070 on each
-  akorun init --workers 3 --hosts 10.0.0.1:7000,10.0.0.2:7000,10.0.0.3:7000 \\
-      --scheme ps --set exchange.ps_servers=1 --out cluster.toml
-
-The file holds the run's secret (mode 0600): copy it unchanged to every host.
-"""
-
-WORKER_EPILOG = """\
-examples:
-  akorun worker --rank 0 --config cluster.toml --out runs/a
-  AKORUN_RANK=2 akorun worker --config cluster.toml
-  srun -n 4 akorun worker --config cluster.toml --out runs/a      (rank from SLURM_PROCID)
-  torchrun-style: RANK=1 WORLD_SIZE=4 akorun worker --config cluster.toml
-  akorun worker --rank 2 --config cluster.toml --resume --checkpoint-dir runs/a/checkpoints
-
-Writes OUT/worker-R.json (result) and OUT/worker-R.npz (final params). Started by hand
-(not by `akorun launch`), each rank at its end merges OUT/result.json when OUT holds every
-rank's record of this run (a directory all hosts share): the last rank to finish writes it.
-Otherwise run `akorun merge OUT` once the records are together.
-Serves GET /metrics (Prometheus) and GET /status (JSON), read-only and unauthenticated.
-Shared flags given here override the cluster file and must be the same on every rank
-(the hello handshake refuses a rank whose config differs).
-Test hook: AKORUN_FAULT (see akorun/faults.py), e.g. AKORUN_FAULT=kill_after_round:5.
-"""
-
-PS_EPILOG = """\
-examples:
-  akorun ps --rank 3 --config cluster.toml --out runs/ps
-      rank 3 of a 4-rank config with exchange.scheme = "ps" and ps_servers = 1
-
-Parameter servers are the last exchange.ps_servers ranks; the others run `akorun worker`.
-"""
-
-LAUNCH_EPILOG = """\
-examples:
-  akorun launch --workers 3 --rounds 200 --out runs/three
-  akorun launch --workers 4 --link-bandwidth 40mbps --p auto --ssp 2 --out runs/wan
-  akorun launch --config configs/uniform-lan.toml --optimizer sgd --out runs/lan
-  akorun launch --workers 3 --scheme ps --set exchange.ps_servers=1 --out runs/ps
-  sudo akorun launch --testbed netns --workers 3 --bandwidth 20mbps --rounds 50 --out runs/tb
-      real kernel TCP: one network namespace per rank on a bridge, tc htb shaping
-  sudo akorun launch --testbed netns --workers 3 --bandwidth 40mbps --latency 20ms \\
-        --out runs/tb-wan
-      with 20 ms one-way latency per pair (40 ms RTT), held by the testbed's delay line
-
-Writes OUT/cluster.toml, OUT/worker-R.log, OUT/worker-R.json, OUT/worker-R.npz and
-OUT/result.json (config, per-rank results, summary keys as akosim names them);
-with --testbed also OUT/testbed.json (akocore.testbed_record: the rates, bursts,
-queue limits, addresses, delays and tc commands the testbed applied) and, with
-latency, OUT/delay_line.json (the delay line's packets, timer lateness and CPU).
-The testbed needs root, `ip` and `tc` (and /dev/net/tun for latency); its
-namespaces are deleted when the run ends, fails or is stopped.
-Ctrl-C stops the ranks gracefully (SIGTERM, then SIGKILL after --kill-grace).
-The ranks die with the launcher: if it is killed (even SIGKILL), each gets SIGTERM,
-finishes its round and writes its record; `akorun merge OUT` then writes OUT/result.json.
-"""
-
-MERGE_EPILOG = """\
-examples:
-  akorun merge runs/by-hand
-      after `akorun init` and `akorun worker --rank R --out runs/by-hand` on each host
-      (a shared directory, or every host's worker-R.json and worker-R.npz copied into it)
-  akorun merge runs/three
-      a run whose launcher was killed: its ranks wrote their records as they stopped
-
-Writes RUN_DIR/result.json, the same record `akorun launch` writes, which
-`akosim predict RUN_DIR` reads. Ranks with no record are merged as failed and the
-result is marked partial ("partial": true, "missing_ranks": [...]); the exit status
-is 0 unless there is nothing to merge (2).
-"""
-
 
 # ------------------------------------------------------------------------ commands
 
