@@ -205,7 +205,7 @@ def test_ranks_whose_workload_files_differ_refuse_each_other_naming_both(
              for rank, folder in enumerate((user_folder, other))]
     outputs = [rank.communicate(timeout=120) for rank in ranks]
     for rank, (_, stderr) in zip(ranks, outputs, strict=True):
-        assert rank.returncode != 0, stderr
-        assert re.search(r"its workload .* ./mymodel.py:make \w+ differs from ours "
-                         r"./mymodel.py:make \w+; give every rank the same workload file",
-                         stderr), stderr
+        assert rank.returncode == 2, stderr  # a setting that differs: a user mistake
+        assert re.search(r"setting workload .* differs between ranks: rank \d has "
+                         r"./mymodel.py:make \w+, rank \d has ./mymodel.py:make \w+; "
+                         r"give every rank the same workload file", stderr), stderr
