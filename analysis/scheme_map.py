@@ -10,16 +10,21 @@ highest throughput (samples/s) among the configurations whose staleness bound is
 within 64 rounds (the plan's ``--max-staleness`` rule). Then `akosim.train` trains the
 built-in digits workload on a few cells to see which scheme reaches 0.9 accuracy first.
 
-Run: ``python -m analysis.scheme_map --out analysis/data --docs docs/reports [--quick]``.
+Run: ``python -m analysis.scheme_map --out analysis/data --docs docs/reports
+--discussion analysis/data/scheme_map_discussion.md [--quick]`` (the discussion is
+written by hand from the numbers, so regenerate it when they change).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +57,7 @@ QUICK_SCHEMES = ("ako p=auto", "allreduce")
 TRAIN_CELLS = (("10mbps", "10ms"), ("1gbps", "10ms"))
 TRAIN_SCHEMES = ("ako p=auto", "diloco H=10", "allreduce")
 TRAIN_WORKLOAD = "digits-mlp"
+TRAIN_HIDDEN = (32, 2048)  # the MLP's hidden width: its default, and a 19x larger gradient
 TARGET_ACCURACY = 0.9
 TRAIN_BUDGET_S = 300.0  # simulated seconds of training per run
 
@@ -83,6 +89,8 @@ class Cell:
     runner_up: str | None
     best_ako: str | None  # Ako's best eligible configuration
     best_ako_samples_per_s: float | None
+    best_other: str | None  # the best eligible configuration that is not Ako
+    best_other_samples_per_s: float | None
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,7 @@ class TrainRow:
 
     bandwidth: str
     latency: str
+    hidden: int
     scheme: str
     label: str
     time_to_target_s: float | None
@@ -113,6 +122,8 @@ class SchemeMap:
     latencies: tuple[str, ...]
     cells: list[Cell] = field(default_factory=list)
     training: list[TrainRow] = field(default_factory=list)
+    generated_utc: str = ""  # when it ran
+    machine: str = ""  # where it ran (the training check's CPU time; the timing is simulated)
 
 
 def configurations(schemes: Sequence[str]) -> list[tuple[str, str, dict[str, Any]]]:
@@ -155,37 +166,47 @@ def simulate_cell(bandwidth: str, latency: str, schemes: Sequence[str], *,
             eligible=bound <= max_staleness_rounds))
     winner, runner_up = pick_winner(rows)
     ako = pick_winner([r for r in rows if r.scheme.startswith("ako")])[0]
+    other = pick_winner([r for r in rows if not r.scheme.startswith("ako")])[0]
     margin = (winner.samples_per_s / runner_up.samples_per_s - 1.0
               if winner and runner_up and runner_up.samples_per_s > 0 else None)
     return Cell(bandwidth=bandwidth, latency=latency, rows=tuple(rows),
                 winner=_name(winner),
                 winner_samples_per_s=winner.samples_per_s if winner else None,
                 margin_over_runner_up=margin, runner_up=_name(runner_up),
-                best_ako=_name(ako), best_ako_samples_per_s=ako.samples_per_s if ako else None)
+                best_ako=_name(ako), best_ako_samples_per_s=ako.samples_per_s if ako else None,
+                best_other=_name(other),
+                best_other_samples_per_s=other.samples_per_s if other else None)
 
 
 def train_check(cells: Sequence[tuple[str, str]], schemes: Sequence[str], *,
-                budget_s: float = TRAIN_BUDGET_S) -> list[TrainRow]:
-    """`akosim.train` of the digits workload per cell and scheme (codec none)."""
+                budget_s: float = TRAIN_BUDGET_S,
+                hidden_widths: Sequence[int] = TRAIN_HIDDEN) -> list[TrainRow]:
+    """`akosim.train` of the digits workload per cell, MLP width and scheme (codec none),
+    for `budget_s` simulated seconds; the time to target is the first evaluation at or
+    above it (the run does not stop there, so the accuracy is the one after the budget)."""
     import akosim
 
     by_name = dict(SCHEMES)
     out = []
     for bandwidth, latency in cells:
-        for name in schemes:
-            run = akosim.train(workers=WORKERS, bandwidth=bandwidth, latency=latency,
-                               compute=COMPUTE, workload=TRAIN_WORKLOAD,
-                               target_accuracy=TARGET_ACCURACY, duration=f"{budget_s:g}s",
-                               eval_every=10, quiet=True, **by_name[name])
-            rounds = next((e[1] for e in run.evaluations if e[2] >= TARGET_ACCURACY), None)
-            per_round = run.bytes_sent_per_worker_per_round
-            out.append(TrainRow(
-                bandwidth=bandwidth, latency=latency, scheme=name, label=run.label,
-                time_to_target_s=run.time_to_target_s, final_accuracy=run.final_accuracy,
-                simulated_s=run.simulated_s, bytes_sent_per_worker_per_round=per_round,
-                bytes_to_target_per_worker=(per_round * rounds
-                                            if per_round is not None and rounds else None),
-                rounds_to_target=int(rounds) if rounds else None))
+        for hidden in hidden_widths:
+            for name in schemes:
+                run = akosim.train(workers=WORKERS, bandwidth=bandwidth, latency=latency,
+                                   compute=COMPUTE, workload=TRAIN_WORKLOAD,
+                                   workload_arg=[f"hidden={hidden}"],
+                                   duration=f"{budget_s:g}s", eval_every=10, quiet=True,
+                                   **by_name[name])
+                reached = next((e for e in run.evaluations if e[2] >= TARGET_ACCURACY), None)
+                per_round = run.bytes_sent_per_worker_per_round
+                out.append(TrainRow(
+                    bandwidth=bandwidth, latency=latency, hidden=hidden, scheme=name,
+                    label=run.label,
+                    time_to_target_s=float(reached[0]) if reached else None,
+                    final_accuracy=run.final_accuracy, simulated_s=run.simulated_s,
+                    bytes_sent_per_worker_per_round=per_round,
+                    bytes_to_target_per_worker=(per_round * reached[1]
+                                                if per_round is not None and reached else None),
+                    rounds_to_target=int(reached[1]) if reached else None))
     return out
 
 
@@ -196,7 +217,10 @@ def scheme_map(*, quick: bool = False, train: bool = True) -> SchemeMap:
     schemes = QUICK_SCHEMES if quick else tuple(name for name, _ in SCHEMES)
     record = SchemeMap(workers=WORKERS, gradient_size=GRADIENT_SIZE, compute=COMPUTE,
                        max_staleness_rounds=MAX_STALENESS_ROUNDS,
-                       bandwidths=bandwidths, latencies=latencies)
+                       bandwidths=bandwidths, latencies=latencies,
+                       generated_utc=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                       machine=f"{platform.system()} {platform.machine()}, "
+                               f"{os.cpu_count()} cores, Python {platform.python_version()}")
     for bandwidth in bandwidths:
         for latency in latencies:
             record.cells.append(simulate_cell(bandwidth, latency, schemes))
@@ -268,6 +292,9 @@ def markdown(record: SchemeMap, png_name: str, discussion: str = "") -> str:
         "(H=10) and Streaming DiLoCo (H=10, P=2, tau=1), each with `--codec none` and "
         "`int8`, and `topk:0.01` for Ako p=auto and DiLoCo.",
         "",
+        f"Generated {record.generated_utc} on {record.machine} (the timing is simulated, "
+        "so the machine matters only for the time the run takes, about 90 s here).",
+        "",
         "**The winner rule** (the plan's): the highest throughput (samples/s) among the "
         "configurations whose staleness bound is within "
         f"{record.max_staleness_rounds:g} rounds (`--max-staleness`). The margin is the "
@@ -275,13 +302,14 @@ def markdown(record: SchemeMap, png_name: str, discussion: str = "") -> str:
         "which reaches an accuracy first: see the training check below.",
         "",
         "Regenerate with `python -m analysis.scheme_map --out analysis/data --docs "
-        "docs/reports` (the record is `analysis/data/scheme_map.json`).",
+        "docs/reports --discussion analysis/data/scheme_map_discussion.md` (the record is "
+        "`analysis/data/scheme_map.json`; the discussion is written from its numbers).",
         "",
         f"![winner per cell]({png_name})",
         "",
         "| bandwidth | latency | winner | samples/s | margin over runner-up | runner-up "
-        "| Ako's best | Ako samples/s |",
-        "|---|---|---|---:|---:|---|---|---:|",
+        "| Ako's best | Ako samples/s | best other | its samples/s |",
+        "|---|---|---|---:|---:|---|---|---:|---|---:|",
     ]
     for c in record.cells:
         margin = c.margin_over_runner_up
@@ -290,7 +318,8 @@ def markdown(record: SchemeMap, png_name: str, discussion: str = "") -> str:
             f"{_fmt(c.winner_samples_per_s, '.0f')} | "
             f"{'-' if margin is None else f'{100 * margin:.1f} %'}"
             f" | {c.runner_up or '-'} | {c.best_ako or '-'} | "
-            f"{_fmt(c.best_ako_samples_per_s, '.0f')} |")
+            f"{_fmt(c.best_ako_samples_per_s, '.0f')} | {c.best_other or '-'} | "
+            f"{_fmt(c.best_other_samples_per_s, '.0f')} |")
     lines += ["", "## Every configuration in two corners of the grid", ""]
     corners = [record.cells[0], record.cells[-1]]
     for c in corners:
@@ -309,14 +338,16 @@ def markdown(record: SchemeMap, png_name: str, discussion: str = "") -> str:
             f"`akosim train` on the built-in `{TRAIN_WORKLOAD}` workload, the same "
             f"{record.workers} workers and {record.compute} compute, target accuracy "
             f"{TARGET_ACCURACY:g}, a budget of {TRAIN_BUDGET_S:g} simulated seconds, "
-            "codec none. Bytes to target = bytes per worker per round x rounds until the "
-            "first evaluation at or above the target.",
+            "codec none, evaluated every 10 rounds; the MLP's hidden width is its default "
+            "(32) or 2048 (a larger gradient, so the network matters more). Bytes to "
+            "target = bytes per worker per round x rounds until the first evaluation at "
+            "or above the target.",
             "",
-            "| bandwidth | latency | scheme | time to target (s) | accuracy after budget "
+            "| bandwidth | latency | hidden | scheme | time to target (s) | accuracy after budget "
             "| rounds to target | bytes per worker per round | bytes to target |",
-            "|---|---|---|---:|---:|---:|---:|---:|",
+            "|---|---|---:|---|---:|---:|---:|---:|---:|",
         ]
-        lines += [f"| {t.bandwidth} | {t.latency} | {t.label} | "
+        lines += [f"| {t.bandwidth} | {t.latency} | {t.hidden} | {t.label} | "
                   f"{_fmt(t.time_to_target_s, '.1f')} | {_fmt(t.final_accuracy, '.3f')} | "
                   f"{t.rounds_to_target if t.rounds_to_target is not None else '-'} | "
                   f"{_fmt_bytes(t.bytes_sent_per_worker_per_round)} | "
