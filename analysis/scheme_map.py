@@ -129,7 +129,7 @@ class SchemeMap:
 def configurations(schemes: Sequence[str]) -> list[tuple[str, str, dict[str, Any]]]:
     """(scheme name, codec, settings) of every configuration of the named schemes."""
     by_name = dict(SCHEMES)
-    out = []
+    out: list[tuple[str, str, dict[str, Any]]] = []
     for name in schemes:
         codecs = CODECS + ((TOPK,) if name in TOPK_SCHEMES else ())
         out.extend((name, codec, {**by_name[name], "codec": codec}) for codec in codecs)
