@@ -39,8 +39,9 @@ class Kind(IntEnum):
 
 
 # what a codec may carry, with error feedback: contributions a sender produced
-# (gradients, pushes, reduce-scatter sums), never parameters or averaged models
-CODED_KINDS = frozenset({Kind.GRAD, Kind.PUSH, Kind.REDUCE})
+# (gradients, pushes, reduce-scatter sums, pseudo-gradients), never parameters or
+# averaged models
+CODED_KINDS = frozenset({Kind.GRAD, Kind.PUSH, Kind.REDUCE, Kind.PSEUDO})
 
 
 @dataclass(frozen=True, slots=True)

@@ -111,6 +111,16 @@ class SchemeNode(ABC):
         """Apply whatever arrived after the last step (after drained())."""
         return None
 
+    def coded(self, message: Partial) -> Partial:
+        """`message` as the run's codec puts it on the wire: its `values` are what every
+        receiver decodes, and error feedback keeps what the codec did not carry (see
+        akocore.codecs.exchange). A scheme whose own contribution must be the value its
+        peers decode (diloco averages its own pseudo-gradient with theirs) encodes its
+        message here and keeps the returned values; the hook leaves an already coded
+        message as it is. Without a codec (or for a kind the codec never carries) it is
+        `message` itself."""
+        return message if self.encoder is None else self.encoder.encode_message(message)
+
     def withdraw(self, residual: np.ndarray) -> None:
         """The run's codec will never send `residual` (what error feedback still held
         at the drain). A scheme that applied its own contribution in full takes that

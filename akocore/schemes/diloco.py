@@ -224,14 +224,17 @@ class DilocoWorker(SchemeNode):
         if starting is not None:
             fragment, due = starting
             window = self._slice(fragment)
-            own = None
+            produced = None
             if self.anchor is not None and self.replica.params is not None:
-                own = (self.anchor[window] - self.replica.params[window]).astype(np.float32)
+                produced = (self.anchor[window] - self.replica.params[window]).astype(np.float32)
+            # coded here, not by the hook on the way out: the sync averages the value
+            # every peer decodes, own contribution included, so replicas stay equal
+            message = self.coded(Partial(Kind.PSEUDO, self.rank, round_, fragment,
+                                         self.fragments, window.start,
+                                         window.stop - window.start, produced))
+            own = None if message.values is None else message.values.copy()
             sync = _Sync(round_, due, fragment, own, self.early.pop((round_, fragment), {}))
             self.pending.append(sync)
-            message = Partial(Kind.PSEUDO, self.rank, round_, fragment, self.fragments,
-                              window.start, window.stop - window.start,
-                              None if own is None else own.copy())
             effects.append(Send(self.peers, message))
         self._try_apply()
         return effects
