@@ -4,6 +4,8 @@ lengthens a round."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from akocore.codecs import codec_named
@@ -59,6 +61,41 @@ def test_the_codecs_cpu_lengthens_each_round() -> None:
     chunk = LENGTH // N
     cpu = codec_named("fp16").cpu_s(chunk) - codec_named("bf16").cpu_s(chunk)
     assert fp16 - bf16 == pytest.approx((N - 1) * cpu, rel=1e-6)
+
+
+def diloco_setup(codec: str, scheme: str, **knobs: int) -> Setup:
+    plain = setup(codec)
+    exchange = ExchangeConfig(scheme=scheme, codec=codec, **knobs)
+    return replace(plain, config=replace(plain.config, exchange=exchange))
+
+
+DILOCO_CASES = [("diloco", {"inner_steps": 4}, 1),
+                ("streaming-diloco", {"inner_steps": 4, "fragments": 2, "overlap_steps": 1}, 2)]
+
+
+@pytest.mark.parametrize("codec", ["fp16", "int8", "topk:0.01"])
+@pytest.mark.parametrize(("scheme", "knobs", "fragments"), DILOCO_CASES)
+def test_diloco_pseudo_gradient_bytes_per_round_scale_by_the_codecs_ratio(
+        codec: str, scheme: str, knobs: dict, fragments: int) -> None:
+    """Every sync sends one fragment's pseudo-gradient, coded (the final marker is empty)."""
+    plain = simulate(diloco_setup("none", scheme, **knobs), Variant(scheme))
+    coded = simulate(diloco_setup(codec, scheme, **knobs), Variant(scheme))
+    share = coded_share(codec, LENGTH // fragments)
+    assert coded.bytes_sent_per_worker_per_round / plain.bytes_sent_per_worker_per_round \
+        == pytest.approx(share, rel=1e-9)
+
+
+@pytest.mark.parametrize(("scheme", "knobs", "fragments"), DILOCO_CASES)
+def test_diloco_rounds_carry_the_codecs_cpu_once_per_sync(
+        scheme: str, knobs: dict, fragments: int) -> None:
+    """fp16 and bf16 weigh the same: the rounds differ by the CPU difference of one
+    fragment's encode and decode, once per window of H / P rounds."""
+    times = {codec: simulate(diloco_setup(codec, scheme, **knobs), Variant(scheme)).round_time_s
+             for codec in ("fp16", "bf16")}
+    chunk = LENGTH // fragments
+    cpu = codec_named("fp16").cpu_s(chunk) - codec_named("bf16").cpu_s(chunk)
+    window = knobs["inner_steps"] // fragments
+    assert times["fp16"] - times["bf16"] == pytest.approx(cpu / window, rel=1e-6)
 
 
 def test_p_auto_weighs_the_gradient_at_its_encoded_size() -> None:

@@ -4,7 +4,9 @@ DiLoCo: a run whose rounds are a multiple of H ends on a full sync, so every rep
 holds the same parameters (bit for bit: each rank sums the pseudo-gradients in rank
 order). Streaming DiLoCo: the fragment synced last is equal on every replica. A member
 killed around an outer sync does not stall the others: they apply the sync without it
-once the peer timeout suspends it and go on to the last round.
+once the peer timeout suspends it and go on to the last round. With a codec on the
+pseudo-gradients (int8, top-k) the replicas stay bit-equal where they synced last, and
+each sync's message weighs exactly the codec's encoded size.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from akocore.codecs import codec_named
 from akocore.partition import partition_bounds
 from akocore.workload import build_workload
 from akorun.testing import REPO_ROOT, LocalCluster, akorun_command, child_test_env
+from akorun.transport.wire import HEADER_SIZE
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -64,6 +68,30 @@ def test_streaming_diloco_ends_with_the_last_synced_fragment_equal(
     last = slice(int(bounds[1]), int(bounds[2]))  # windows of 5 rounds: 0,1,0,1
     for replica in replicas[1:]:
         np.testing.assert_array_equal(replica[last], replicas[0][last])
+    assert float(np.max(np.abs(replicas[0] - theta0))) > 1e-3
+
+
+@pytest.mark.parametrize(("codec", "knobs", "fragments"), [
+    ("int8", ("--scheme", "diloco", "--inner-steps", "5"), 1),
+    ("topk:0.1", ("--scheme", "streaming-diloco", "--inner-steps", "10", "--fragments", "2",
+                  "--overlap-steps", "1"), 2),
+])
+def test_coded_pseudo_gradients_leave_equal_replicas_and_weigh_the_encoded_size(
+        tmp_path: Path, theta0: np.ndarray, codec: str, knobs: tuple[str, ...],
+        fragments: int) -> None:
+    merged, replicas = _launch(tmp_path, *knobs, "--codec", codec)
+    assert merged["config"]["exchange"]["codec"] == codec
+    bounds = partition_bounds(theta0.size, fragments)
+    last = slice(int(bounds[-2]), int(bounds[-1]))  # the fragment synced after round 19
+    for replica in replicas[1:]:
+        np.testing.assert_array_equal(replica[last], replicas[0][last])
+    # 4 syncs of 20 rounds (DiLoCo H = 5; Streaming windows of 5 rounds), each fragment's
+    # pseudo-gradient sent to the 2 peers: the codec's exact bytes plus the header
+    sizes = np.diff(bounds)
+    per_sync = [codec_named(codec).encoded_bytes(int(sizes[k % fragments])) for k in range(4)]
+    expected = 2 * sum(size + HEADER_SIZE for size in per_sync)
+    assert [w["bytes_sent_rounds"] for w in merged["per_worker"]] == [expected] * 3
+    assert expected < 0.3 * 2 * 4 * (theta0.size // fragments) * 4  # well under float32
     assert float(np.max(np.abs(replicas[0] - theta0))) > 1e-3
 
 
