@@ -207,3 +207,49 @@ def test_workers_stopping_at_different_rounds_never_deadlock_the_others(
     drive(nodes, {r: rounds[r] for r in range(n)}, seed=case["seed"], length=length,
           duplicate_prob=case["duplicate_prob"])
     assert all(not node.pending for node in nodes)
+
+
+@SLOW
+@given(case=cases, fragments=st.integers(1, 3), window=st.integers(1, 3),
+       cycles=st.integers(0, 3), codec=st.sampled_from(["none", "int8", "topk:0.5"]))
+def test_eager_streaming_diloco_without_overlap_is_streaming_diloco_bit_for_bit(
+        case: dict, fragments: int, window: int, cycles: int, codec: str) -> None:
+    n, length = case["workers"], max(case["length"], fragments)
+    runs = []
+    for eager in (False, True):
+        spec = SchemeSpec("streaming-diloco", n, codec=codec, options=(
+            ("inner_steps", fragments * window), ("fragments", fragments),
+            ("overlap_steps", 0), ("eager", eager)))
+        nodes = build_nodes(spec, length, _theta0(length), PlainSGD(LR))
+        drive(nodes, {r: fragments * window * cycles for r in range(n)}, seed=case["seed"],
+              length=length, duplicate_prob=case["duplicate_prob"])
+        assert all(node.eager == eager for node in nodes)
+        runs.append(nodes)
+    for plain, eager in zip(*runs, strict=True):
+        np.testing.assert_array_equal(eager.params, plain.params)
+        np.testing.assert_array_equal(eager.anchor, plain.anchor)
+
+
+def test_eager_updates_average_the_own_delta_as_of_the_outer_step() -> None:
+    """2 workers, H = 2, P = 1, tau = 1, outer SGD lr 1: the sync starts after round 0 and
+    lands after round 1. Non-eager, every rank averages both round-0 deltas; eager, each
+    rank takes its own delta with its round-1 step and the other's round-0 delta."""
+    theta0 = _theta0(4)
+    g = {(0, 0): np.array([1, 0, 0, 0], np.float32), (0, 1): np.array([0, 2, 0, 0], np.float32),
+         (1, 0): np.array([0, 0, 4, 0], np.float32), (1, 1): np.array([0, 0, 0, 8], np.float32)}
+    for eager in (False, True):
+        spec = SchemeSpec("streaming-diloco", 2, options=(
+            ("inner_steps", 2), ("outer_lr", 1.0), ("outer_momentum", 0.0), ("fragments", 1),
+            ("overlap_steps", 1), ("eager", eager)))
+        nodes = build_nodes(spec, 4, theta0, PlainSGD(LR))
+        sends = [nodes[r].local_step(0, g[(r, 0)]) for r in (0, 1)]
+        for r in (0, 1):
+            nodes[1 - r].receive(sends[r][0].message)
+            nodes[r].local_step(1, g[(r, 1)])
+        for r in (0, 1):
+            own = g[(r, 0)] + (g[(r, 1)] if eager else 0)
+            np.testing.assert_allclose(nodes[r].params,
+                                       theta0 - LR * (own + g[(1 - r, 0)]) / 2, rtol=1e-6)
+    assert scheme_named("streaming-diloco").label(ExchangeConfig(
+        scheme="streaming-diloco", inner_steps=4, fragments=2, overlap_steps=1,
+        eager=True)) == "H=4 P=2 tau=1 eager"

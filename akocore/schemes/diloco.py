@@ -120,6 +120,7 @@ class _Sync:
     fragment: int
     own: np.ndarray | None
     deltas: dict[int, np.ndarray | None]
+    at_start: np.ndarray | None = None  # eager: the fragment's local values at the start
 
 
 class DilocoWorker(SchemeNode):
@@ -127,7 +128,7 @@ class DilocoWorker(SchemeNode):
 
     def __init__(self, rank: int, workers: int, length: int, *, replica: Replica,
                  inner_steps: int = DEFAULT_INNER_STEPS, fragments: int = 1,
-                 overlap_steps: int = 0, merge_alpha: float = 0.0,
+                 overlap_steps: int = 0, merge_alpha: float = 0.0, eager: bool = False,
                  outer: FlatOptimizer | None = None) -> None:
         super().__init__(rank, length, replica)
         check_diloco_knobs(workers, length, inner_steps, fragments, overlap_steps, merge_alpha)
@@ -137,6 +138,7 @@ class DilocoWorker(SchemeNode):
         self.window = inner_steps // fragments
         self.overlap_steps = overlap_steps
         self.merge_alpha = merge_alpha
+        self.eager = eager
         self.bounds = partition_bounds(length, fragments)
         self.peers = tuple(r for r in range(workers) if r != rank)
         self.outer: FlatOptimizer = outer if outer is not None else NesterovSGD(DEFAULT_OUTER_LR)
@@ -179,7 +181,10 @@ class DilocoWorker(SchemeNode):
         if self.anchor is None or self.replica.params is None:
             return
         window = self._slice(sync.fragment)
-        contributions = {self.rank: sync.own, **sync.deltas}
+        own = sync.own
+        if sync.at_start is not None and own is not None:  # eager: own delta as of now
+            own = (own + (sync.at_start - self.replica.params[window])).astype(np.float32)
+        contributions = {self.rank: own, **sync.deltas}
         total = np.zeros(window.stop - window.start, np.float64)
         for rank in sorted(contributions):
             delta = contributions[rank]
@@ -234,6 +239,8 @@ class DilocoWorker(SchemeNode):
                                          window.stop - window.start, produced))
             own = None if message.values is None else message.values.copy()
             sync = _Sync(round_, due, fragment, own, self.early.pop((round_, fragment), {}))
+            if self.eager and self.replica.params is not None:
+                sync.at_start = self.replica.params[window].copy()
             self.pending.append(sync)
             effects.append(Send(self.peers, message))
         self._try_apply()
@@ -329,13 +336,13 @@ class DilocoScheme(Scheme):
     pattern = "all-to-all"
     _fragmented: ClassVar[bool] = False  # whether exchange.fragments is read
 
-    def _streaming(self, spec: SchemeSpec) -> tuple[int, int, float]:
-        return 1, 0, 0.0
+    def _streaming(self, spec: SchemeSpec) -> dict[str, Any]:
+        """The Streaming knobs of `spec`: DiLoCo is one fragment, no overlap."""
+        return {"fragments": 1, "overlap_steps": 0, "merge_alpha": 0.0, "eager": False}
 
     def _knobs(self, spec: SchemeSpec) -> dict[str, Any]:
-        fragments, overlap, alpha = self._streaming(spec)
         return {"inner_steps": int(spec.option("inner_steps", DEFAULT_INNER_STEPS)),
-                "fragments": fragments, "overlap_steps": overlap, "merge_alpha": alpha}
+                **self._streaming(spec)}
 
     def check_spec(self, spec: SchemeSpec) -> None:
         knobs = self._knobs(spec)
@@ -377,19 +384,22 @@ class StreamingDilocoScheme(DilocoScheme):
     name = "streaming-diloco"
     summary = "DiLoCo syncing P fragments in turn, each sync overlapped with tau inner steps"
     keys: ClassVar[tuple[str, ...]] = ("inner_steps", "outer_lr", "outer_momentum",
-                                       "fragments", "overlap_steps", "merge_alpha")
+                                       "fragments", "overlap_steps", "merge_alpha", "eager")
     _fragmented: ClassVar[bool] = True
 
-    def _streaming(self, spec: SchemeSpec) -> tuple[int, int, float]:
-        return (int(spec.option("fragments", DEFAULT_FRAGMENTS)),
-                int(spec.option("overlap_steps", DEFAULT_OVERLAP_STEPS)),
-                float(spec.option("merge_alpha", 0.0)))
+    def _streaming(self, spec: SchemeSpec) -> dict[str, Any]:
+        return {"fragments": int(spec.option("fragments", DEFAULT_FRAGMENTS)),
+                "overlap_steps": int(spec.option("overlap_steps", DEFAULT_OVERLAP_STEPS)),
+                "merge_alpha": float(spec.option("merge_alpha", 0.0)),
+                "eager": bool(spec.option("eager", False))}
 
     def _tau(self, exchange: ExchangeConfig) -> int:
         return int(exchange.overlap_steps)
 
     def label(self, exchange: ExchangeConfig) -> str:
-        return f"H={exchange.inner_steps} P={exchange.fragments} tau={exchange.overlap_steps}"
+        eager = " eager" if exchange.eager else ""
+        return (f"H={exchange.inner_steps} P={exchange.fragments} "
+                f"tau={exchange.overlap_steps}{eager}")
 
 
 DILOCO = DilocoScheme()

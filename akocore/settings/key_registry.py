@@ -271,13 +271,18 @@ KEYS: tuple[Key, ...] = (
     _run("exchange", "merge_alpha", "merge_alpha",
          "scheme streaming-diloco: weight of the local fragment when its outer update lands "
          "(0 = take the global value)"),
+    _run("exchange", "eager", "eager",
+         "scheme streaming-diloco: eager updates, each rank averages its own pseudo-gradient "
+         "as of the outer update (the tau overlapped steps included) with the others' as sent "
+         "(false = every replica averages the same values)"),
     _run("exchange", "codec", "codec",
-         "what gradient-like messages carry: none | fp16 | bf16 | int8 | topk:FRACTION "
+         "what gradient-like messages (partials, pushes, reduce steps, pseudo-gradients) "
+         "carry: none | fp16 | bf16 | int8 | topk:FRACTION "
          "(lossy ones keep an error-feedback residual)",
          flag="--codec", metavar="{none,fp16,bf16,int8,topk:FRACTION}", kind=FlagKind.TEXT,
          flag_help="compress what every exchange sends (ako partials, ps pushes, all-reduce "
-                   "reduce steps), with error feedback for the lossy ones: none, fp16, bf16, "
-                   "int8 or topk:FRACTION, e.g. topk:0.01"),
+                   "reduce steps, diloco pseudo-gradients), with error feedback for the lossy "
+                   "ones: none, fp16, bf16, int8 or topk:FRACTION, e.g. topk:0.01"),
     # ------------------------------------------------------------------ train
     _run("train", "workload", "workload",
          "a built-in (digits-mlp) or your factory (path/to/mymodel.py:make, pkg.mod:make)",

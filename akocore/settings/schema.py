@@ -238,6 +238,7 @@ class ExchangeConfig:
     fragments: int = 2  # streaming-diloco: P, fragments synced in turn
     overlap_steps: int = 1  # streaming-diloco: tau, inner steps a fragment's sync overlaps
     merge_alpha: float = 0.0  # streaming-diloco: weight of the local fragment at the merge
+    eager: bool = False  # streaming-diloco: own delta as of the apply (eager updates)
     codec: str = "none"  # what gradient-like sends carry: none, fp16, bf16, int8, topk:F
 
     def __post_init__(self) -> None:
@@ -283,7 +284,7 @@ class ExchangeConfig:
         set_field(self, "elastic_alpha", as_float(
             "exchange.elastic_alpha", self.elastic_alpha, lambda a: 0 <= a < 1,
             "a moving rate 0 < alpha < 1, or 0 for 0.9 / workers"))
-        for name in ("local_steps", "push_average"):
+        for name in ("local_steps", "push_average", "eager"):
             value = getattr(self, name)
             if isinstance(value, str) and value.strip().lower() in ("true", "false"):
                 value = value.strip().lower() == "true"
