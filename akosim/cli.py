@@ -272,8 +272,8 @@ def _print_outcome(args: argparse.Namespace, outcome: PlanOutcome, training: boo
         print(f"akosim: {setup.compute_source}")
     codec = setup.config.exchange.codec
     if codec != "none":
-        print(f"akosim: codec {codec} on gradients, pushes and reduce steps "
-              f"(parameters and all-gather steps travel as float32), error feedback on")
+        print(f"akosim: codec {codec} on gradients, pushes, reduce steps and pseudo-gradients "
+              f"(parameters, models and all-gather steps travel as float32), error feedback on")
     print(format_table(runs, training=training))
     if outcome.explanation is not None:
         print(outcome.explanation.line)

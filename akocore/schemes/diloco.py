@@ -29,7 +29,16 @@ progress made since the sync started; alpha = ``exchange.merge_alpha``
 defaults to 0 (torchft's default: the global value replaces the local one, so
 after each sync every replica holds the same fragment). tau < H/P, as torchft
 asserts. DiLoCo is the case P = 1, tau = 0; both schemes build `DilocoWorker`.
-The eager variant (2502.12996) is not implemented.
+Eager updates (Kale et al., arXiv 2502.12996; ``exchange.eager``): at the apply
+a worker averages its own delta as of now (what it sent plus the tau steps made
+since the sync started) with the others' deltas as sent, so the overlap does
+not delay its own contribution; replicas then differ by 1/n of each worker's
+overlapped steps on the fragment. With tau = 0 eager is non-eager, bit for bit.
+
+Codecs: the run's codec (akocore.codecs) carries the deltas. The worker codes
+its delta itself (`SchemeNode.coded`, error feedback per fragment range) and
+averages the *decoded* value of its own delta, the value every peer decodes,
+so every replica sums the same values and the anchors stay bit-equal.
 
 The exchange is an **all-to-all of the fragment's pseudo-gradient** (each
 worker multicasts its delta to every peer, Kind.PSEUDO, keyed (sender, round
