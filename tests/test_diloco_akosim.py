@@ -2,7 +2,8 @@
 
 Timing: a worker computes H inner steps between syncs and sends its pseudo-gradient
 (one fragment of it, for Streaming DiLoCo) to each of the n - 1 others per sync, so it
-sends (n - 1)·S/H bytes per round on average either way. Training: both learn digits.
+sends (n - 1)·S/H bytes per round on average either way. Training: both learn digits,
+with and without a codec on the pseudo-gradients.
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ def workload():
 @pytest.mark.parametrize(("scheme", "knobs"), [
     ("diloco", {"inner_steps": 5}),
     ("streaming-diloco", {"inner_steps": 10, "fragments": 2, "overlap_steps": 1}),
+    ("diloco", {"inner_steps": 5, "codec": "int8"}),
+    ("streaming-diloco", {"inner_steps": 10, "fragments": 2, "overlap_steps": 1,
+                          "codec": "topk:0.1", "eager": True}),
 ])
 def test_akosim_train_learns_digits(scheme: str, knobs: dict, workload) -> None:
     setup = _setup(scheme, workload.param_count, 60, **knobs)
