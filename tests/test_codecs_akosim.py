@@ -63,7 +63,7 @@ def test_the_codecs_cpu_lengthens_each_round() -> None:
     assert fp16 - bf16 == pytest.approx((N - 1) * cpu, rel=1e-6)
 
 
-def diloco_setup(codec: str, scheme: str, **knobs: int) -> Setup:
+def scheme_setup(codec: str, scheme: str, **knobs: int) -> Setup:
     plain = setup(codec)
     exchange = ExchangeConfig(scheme=scheme, codec=codec, **knobs)
     return replace(plain, config=replace(plain.config, exchange=exchange))
@@ -78,8 +78,8 @@ DILOCO_CASES = [("diloco", {"inner_steps": 4}, 1),
 def test_diloco_pseudo_gradient_bytes_per_round_scale_by_the_codecs_ratio(
         codec: str, scheme: str, knobs: dict, fragments: int) -> None:
     """Every sync sends one fragment's pseudo-gradient, coded (the final marker is empty)."""
-    plain = simulate(diloco_setup("none", scheme, **knobs), Variant(scheme))
-    coded = simulate(diloco_setup(codec, scheme, **knobs), Variant(scheme))
+    plain = simulate(scheme_setup("none", scheme, **knobs), Variant(scheme))
+    coded = simulate(scheme_setup(codec, scheme, **knobs), Variant(scheme))
     share = coded_share(codec, LENGTH // fragments)
     assert coded.bytes_sent_per_worker_per_round / plain.bytes_sent_per_worker_per_round \
         == pytest.approx(share, rel=1e-9)
@@ -90,12 +90,21 @@ def test_diloco_rounds_carry_the_codecs_cpu_once_per_sync(
         scheme: str, knobs: dict, fragments: int) -> None:
     """fp16 and bf16 weigh the same: the rounds differ by the CPU difference of one
     fragment's encode and decode, once per window of H / P rounds."""
-    times = {codec: simulate(diloco_setup(codec, scheme, **knobs), Variant(scheme)).round_time_s
+    times = {codec: simulate(scheme_setup(codec, scheme, **knobs), Variant(scheme)).round_time_s
              for codec in ("fp16", "bf16")}
     chunk = LENGTH // fragments
     cpu = codec_named("fp16").cpu_s(chunk) - codec_named("bf16").cpu_s(chunk)
     window = knobs["inner_steps"] // fragments
     assert times["fp16"] - times["bf16"] == pytest.approx(cpu / window, rel=1e-6)
+
+
+def test_wagma_models_travel_as_float32_whatever_the_codec() -> None:
+    """Models are parameters, which no codec carries: akosim charges wagma as akorun sends
+    it, float32 bytes and no codec CPU."""
+    plain = simulate(scheme_setup("none", "wagma"), Variant("wagma"))
+    coded = simulate(scheme_setup("int8", "wagma"), Variant("wagma"))
+    assert coded.bytes_sent_per_worker_per_round == plain.bytes_sent_per_worker_per_round
+    assert coded.round_time_s == plain.round_time_s
 
 
 def test_p_auto_weighs_the_gradient_at_its_encoded_size() -> None:
