@@ -3,7 +3,10 @@
 A scheme never calls a codec. `attach_codec` wraps the node's three entry
 points that return `Send` effects (local_step, finish, receive) so that every
 outgoing message of a kind in `akocore.messages.CODED_KINDS` is encoded once,
-before it is multicast or queued: its payload is the codec's bytes, its
+before it is multicast or queued (a scheme that must use the decoded value of
+its own contribution, as DiLoCo's average does, has its message encoded
+earlier through `SchemeNode.coded`, which asks this encoder; the wrapper then
+leaves the coded message as it is): its payload is the codec's bytes, its
 `values` are what each receiver decodes (so a retransmission carries the same
 values and exactly-once holds for the decoded values), its `nbytes` the
 encoded size. Error feedback: `SendEncoder.residual` (one float32 vector of
