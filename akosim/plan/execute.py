@@ -37,14 +37,20 @@ class PlannedRuns:
 
 
 def run_setup(setup: Setup, *, choose_ssp: bool, compare: bool, training: bool = False,
-              factory: ProgressFactory | None = None, **kwargs: Any) -> PlannedRuns:
+              factory: ProgressFactory | None = None,
+              max_staleness_rounds: float | None = None, **kwargs: Any) -> PlannedRuns:
     """Simulate `setup`: the configured scheme only, or (`compare`) every scheme side by
-    side; with `choose_ssp`, s is first chosen with p."""
+    side; with `choose_ssp`, s is first chosen with p; with `max_staleness_rounds`, p = auto
+    is held within that staleness bound (akosim.plan.advice.within_staleness)."""
     from akosim.plan.compare import compare_all
     from akosim.plan.runspec import configured_runs
 
     if compare or scheme_named(setup.config.exchange.scheme).partitioned:
         setup = with_plan(setup)  # p resolved once for the choice of s, the runs, the advice
+        if max_staleness_rounds is not None:
+            from akosim.plan.advice import within_staleness
+
+            setup = within_staleness(setup, max_staleness_rounds, choose_ssp=choose_ssp)
     if choose_ssp:  # p and s together: the smallest s that lets sending overlap compute
         from akosim.plan.advice import with_overlap_ssp
 
@@ -56,7 +62,8 @@ def run_setup(setup: Setup, *, choose_ssp: bool, compare: bool, training: bool =
 
 def plan_runs(resolved: ResolvedSettings, options: SimulationOptions, *,
               training: bool = False, trace: bool = False,
-              factory: ProgressFactory | None = None) -> PlannedRuns:
+              factory: ProgressFactory | None = None,
+              max_staleness_rounds: float | None = None) -> PlannedRuns:
     """`akosim plan` (or, with `training`, `akosim train`) of resolved settings: the
     configured scheme when a layer chose one, else every scheme compared."""
     from akosim.plan.runspec import check_fits
@@ -71,7 +78,7 @@ def plan_runs(resolved: ResolvedSettings, options: SimulationOptions, *,
                       target_accuracy=cfg.train.target_accuracy)
     return run_setup(setup, choose_ssp=chooses_ssp_with_p(resolved, training=training),
                      compare=not resolved.given("exchange.scheme"), training=training,
-                     factory=factory, **kwargs)
+                     factory=factory, max_staleness_rounds=max_staleness_rounds, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -98,7 +105,8 @@ def plan_outcome(resolved: ResolvedSettings, options: SimulationOptions, *,
     limit = MAX_STALENESS_ROUNDS if max_staleness_rounds is None else max_staleness_rounds
     if limit < 0:
         raise UsageError(f"--max-staleness: got {max_staleness_rounds}, expected rounds >= 0")
-    planned = plan_runs(resolved, options, training=training, trace=trace, factory=factory)
+    planned = plan_runs(resolved, options, training=training, trace=trace, factory=factory,
+                        max_staleness_rounds=limit)
     setup, runs = planned.setup, planned.runs
     explanation = None if training else explain(setup, runs, ssp_chosen=planned.ssp_chosen,
                                                 max_staleness_rounds=limit)
