@@ -131,8 +131,12 @@ def _outcome(command: str, config: Any, dotted: Mapping[str, Any] | None,
     if one_scheme and not resolved.given("exchange.scheme"):
         args = _parse(command, _flags(command, {**settings, "scheme": "ako"}))
         resolved = resolve_settings(args, training=training)
+    from akosim.cli import time_budget_s
+
     return plan_outcome(resolved, SimulationOptions.from_args(args, resolved),
-                        training=training, max_staleness_rounds=args.max_staleness)
+                        training=training, max_staleness_rounds=args.max_staleness,
+                        time_budget_s=time_budget_s(args),
+                        explain_more=bool(getattr(args, "explain", False)))
 
 
 def workload_name(workload: Any) -> str:

@@ -11,16 +11,19 @@ report (the plan record and the explanation).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from akocore.cli_support import UsageError
 from akocore.config import ResolvedSettings
 from akocore.schemes.registry import scheme_named
+from akocore.units import format_duration
 from akosim.plan.setup import SimulationOptions, chooses_ssp_with_p, simulation_setup, with_plan
 
 if TYPE_CHECKING:
     from akocore.results import PlanResult
+    from akosim.plan.accuracy_ranking import Ranking
     from akosim.plan.advice import Explanation
     from akosim.plan.runspec import ProgressFactory
     from akosim.sim.scenario import Setup, SimRun
@@ -90,14 +93,23 @@ class PlanOutcome:
     planned: PlannedRuns
     explanation: Explanation | None
     recommendation: tuple[str, ...] = ()  # the winner within the staleness limit, in words
+    ranking: Ranking | None = None  # --target-accuracy / --time-budget: ranked by training
+    explained: tuple[str, ...] = ()  # --explain: the longer version
 
 
 def plan_outcome(resolved: ResolvedSettings, options: SimulationOptions, *,
                  training: bool = False, trace: bool = False,
                  factory: ProgressFactory | None = None,
-                 max_staleness_rounds: int | None = None) -> PlanOutcome:
+                 max_staleness_rounds: int | None = None,
+                 time_budget_s: float | None = None, explain_more: bool = False,
+                 announce: Callable[[str], None] | None = None) -> PlanOutcome:
     """Plan (or, with `training`, simulate training of) resolved settings: the one path of
-    ``akosim plan``, ``akosim train`` and akosim.sim_api's plan, simulate and train."""
+    ``akosim plan``, ``akosim train`` and akosim.sim_api's plan, simulate and train.
+
+    A plan with a target accuracy (``train.target_accuracy``) or `time_budget_s` also
+    ranks the comparison's candidates by simulated training
+    (akosim.plan.accuracy_ranking), `announce` hearing one line per candidate;
+    `explain_more` adds the longer explanation (akosim.plan.long_explanation)."""
     from akocore.config import config_to_dict
     from akosim.plan.advice import MAX_STALENESS_ROUNDS, explain, recommend
     from akosim.plan.result_tables import plan_result
@@ -105,16 +117,69 @@ def plan_outcome(resolved: ResolvedSettings, options: SimulationOptions, *,
     limit = MAX_STALENESS_ROUNDS if max_staleness_rounds is None else max_staleness_rounds
     if limit < 0:
         raise UsageError(f"--max-staleness: got {max_staleness_rounds}, expected rounds >= 0")
+    if time_budget_s is not None and (training or not time_budget_s > 0):
+        raise UsageError(f"--time-budget: got {time_budget_s} s, expected a duration > 0 "
+                         f"on akosim plan" if not training else
+                         "--time-budget is for akosim plan (akosim train takes --duration)")
     planned = plan_runs(resolved, options, training=training, trace=trace, factory=factory,
                         max_staleness_rounds=limit)
     setup, runs = planned.setup, planned.runs
     explanation = None if training else explain(setup, runs, ssp_chosen=planned.ssp_chosen,
                                                 max_staleness_rounds=limit)
     recommendation = () if training else recommend(runs, max_staleness_rounds=limit)
+    ranking = None
+    target = resolved.config.train.target_accuracy
+    if not training and (target is not None or time_budget_s is not None):
+        ranking = _ranking(resolved, setup, runs, limit, time_budget_s, factory, announce)
+        recommendation = ranked_recommendation(ranking, recommendation)
+    explained: tuple[str, ...] = ()
+    if explain_more and not training:
+        from akosim.plan.long_explanation import explain_long
+
+        explained = explain_long(setup, runs, max_staleness_rounds=limit, ranking=ranking)
     workers = setup.config.cluster.workers
     record = plan_result(runs, config=config_to_dict(setup.config), training=training,
                          gradient_bytes=setup.gradient_bytes,
                          compute_s=[setup.compute.base_s(i) for i in range(workers)],
                          batch_size=setup.batch_size, compute_source=setup.compute_source,
-                         explanation=explanation, recommendation=recommendation)
-    return PlanOutcome(record, planned, explanation, recommendation)
+                         explanation=explanation, recommendation=recommendation,
+                         ranking=ranking, explained=explained)
+    return PlanOutcome(record, planned, explanation, recommendation, ranking, explained)
+
+
+def _ranking(resolved: ResolvedSettings, setup: Setup, runs: list[SimRun], limit: float,
+             time_budget_s: float | None, factory: ProgressFactory | None,
+             announce: Callable[[str], None] | None) -> Ranking:
+    """The comparison's candidates ranked by simulated training of the configured workload
+    (its round budget: a given --rounds, else RANKING_ROUNDS)."""
+    from akosim.plan.accuracy_ranking import RANKING_ROUNDS, RankingGoal, rank_by_accuracy
+    from akosim.plan.runspec import load_workload
+
+    cfg = resolved.config
+    rounds = cfg.train.rounds if resolved.given("train.rounds") and cfg.train.rounds \
+        else RANKING_ROUNDS
+    goal = RankingGoal(cfg.train.target_accuracy, time_budget_s, rounds, cfg.train.eval_every)
+    return rank_by_accuracy(setup, runs, load_workload(cfg), goal, max_staleness_rounds=limit,
+                            factory=factory, announce=announce)
+
+
+def ranked_recommendation(ranking: Ranking, by_throughput: tuple[str, ...]) -> tuple[str, ...]:
+    """The recommendation when the plan ranked by accuracy: the ranking's winner (the
+    throughput rule's when no candidate reached the target), with the glossary."""
+    from akosim.plan.advice import GLOSSARY
+
+    goal = ranking.goal
+    if not ranking.ranked or (goal.target_accuracy is not None
+                              and not ranking.ranked[0].reached):
+        return by_throughput
+    first = ranking.ranked[0]
+    if goal.target_accuracy is not None:
+        assert first.trained.time_to_target_s is not None
+        why = (f"first to {100 * goal.target_accuracy:.4g}% in "
+               f"{format_duration(first.trained.time_to_target_s)} simulated")
+    else:
+        why = (f"{100 * (first.trained.final_accuracy or 0.0):.4g}% after "
+               f"{format_duration(goal.time_budget_s or 0.0)} simulated, the most accurate")
+    return (f"recommend: {first.timing.label}: {why}, staleness <= "
+            f"{first.timing.staleness_bound_rounds:g} rounds (ranked by simulated training "
+            f"of the workload)", GLOSSARY)
