@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from akocore.schemes.registry import is_partitioned, scheme_named
 from akocore.units import format_duration, format_size
+from akosim.plan.advice import held_by_staleness
 from akosim.sim.scenario import Setup, SimRun
 
 if TYPE_CHECKING:
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 
 COMPUTE_BOUND = 0.9  # a run whose rounds are >= 90% compute is bound by compute
 NIC_BOUND = 0.8  # else one whose busiest NIC is >= 80% busy is bound by that NIC
+NIC_IN_TURNS = 0.4  # else one whose busiest NIC is >= 40% busy uses it in phases
 
 
 def _rounds(value: float) -> str:
@@ -40,6 +42,10 @@ def bound_by(run: SimRun, *, max_staleness_rounds: float) -> str:
         return f"compute: {100 * share:.0f}% of each round computes"
     if busiest >= NIC_BOUND:
         return f"the NIC: {run.bottleneck} ({100 * share:.0f}% of a round computes)"
+    if busiest >= NIC_IN_TURNS:
+        return (f"the NIC in turns: {run.bottleneck}; the phases of a round (push and pull, "
+                f"or send and wait) take turns instead of overlapping ({100 * share:.0f}% "
+                f"of a round computes)")
     return (f"latency and synchronisation: {100 * share:.0f}% of a round computes, the "
             f"busiest NIC is {100 * busiest:.0f}% busy, the rest is waiting "
             f"({format_duration(run.wait_s_per_round)} a round)")
@@ -60,7 +66,7 @@ def _terms(setup: Setup, runs: list[SimRun]) -> list[str]:
             f"{n - 1} peers, so a whole gradient has left after {ako.p} rounds")
         lines.append(
             f"  s = {_rounds(ako.ssp)}: a worker may start round t + 1 while it still misses "
-            f"up to {_rounds(ako.ssp)} rounds of some peer's partitions (s = 0: lockstep)")
+            f"up to {_rounds(ako.ssp)} round(s) of some peer's partitions (s = 0: lockstep)")
         lines.append(
             f"  staleness (Ako) = p - 1 + s = {_rounds(ako.staleness_bound_rounds)} rounds "
             f"(~{format_duration(ako.staleness_bound_rounds * ako.round_time_s)} at "
@@ -100,9 +106,10 @@ def explain_long(setup: Setup, runs: list[SimRun], *, max_staleness_rounds: floa
     lines.append("what bounds each configuration:")
     width = max((len(run.label) for run in runs), default=0)
     for run in runs:
-        lines.append(f"  {run.label.ljust(width)}  {bound_by(run, max_staleness_rounds=max_staleness_rounds)}")
+        bound = bound_by(run, max_staleness_rounds=max_staleness_rounds)
+        lines.append(f"  {run.label.ljust(width)}  {bound}")
     plan = setup.plan
-    if plan is not None and plan.binding.startswith("--max-staleness"):
+    if plan is not None and held_by_staleness(plan):
         lines.append(f"  (Ako's p is held by --max-staleness: {plan.binding})")
     lines += _why(runs, max_staleness_rounds, ranking)
     return tuple(lines)
@@ -112,8 +119,9 @@ def _why(runs: list[SimRun], limit: float, ranking: Ranking | None) -> list[str]
     if ranking is not None and ranking.ranked and (
             ranking.goal.target_accuracy is None or ranking.ranked[0].reached):
         first = ranking.ranked[0]
-        text = [f"why {first.timing.label} wins: it reaches the goal first in simulated "
-                f"training, bound by "
+        goal = ("reaches the target accuracy first" if ranking.goal.target_accuracy is not None
+                else "is the most accurate when the time budget ends")
+        text = [f"why {first.timing.label} wins: it {goal} in simulated training, bound by "
                 f"{bound_by(first.timing, max_staleness_rounds=limit)}"]
         fastest = max((r.timing for r in ranking.ranked), key=lambda run: run.samples_per_s)
         if fastest is not first.timing:
