@@ -135,8 +135,8 @@ def test_explain_says_what_bounds_each_configuration_and_why_the_winner_won(caps
 
 
 def test_bound_by_names_compute_nic_and_the_staleness_limit() -> None:
-    from akosim.plan.compare import compare_all
     from akosim.plan.advice import with_overlap_ssp
+    from akosim.plan.compare import compare_all
     from akosim.plan.long_explanation import bound_by
     from tests.test_plan_advice import _setup
 
