@@ -174,3 +174,44 @@ def test_plan_records_of_version_1_still_read(ranked) -> None:
     assert PlanResult.from_json(data).ranking  # and this one round-trips with its ranking
     with pytest.raises(RecordError, match="schema_version"):
         PlanResult.from_json({**data, "schema_version": 3})
+
+
+def _recommended(record: PlanResult):
+    line = record.recommendation[0]
+    assert line.startswith("recommend: ")
+    return next(run for run in sorted(record.runs, key=lambda r: -len(r.label))
+                if line.startswith(f"recommend: {run.label}: "))
+
+
+@pytest.mark.parametrize("workers, bandwidth", [(8, "10mbps"), (64, "40mbps")])
+def test_the_design_card_names_a_configuration_that_passes_its_own_checks(
+        workers: int, bandwidth: str) -> None:
+    """The design card's cluster (the seed CNN's 17 MB gradient at its compute time): the
+    recommended run is within --max-staleness, no row is called too stale, and the DiLoCo
+    rows stand beside Ako's."""
+    import akosim
+
+    record = akosim.plan(workers=workers, bandwidth=bandwidth, p="auto", compute="0.3s",
+                         gradient_size="17052KB", quiet=True)
+    limit = record.max_staleness_rounds
+    best = _recommended(record)
+    assert best.staleness_bound_rounds <= limit
+    assert not any(line.startswith("too stale") for line in record.advice)
+    schemes = [run.scheme for run in record.runs]
+    assert {"ako", "diloco", "streaming-diloco"} <= set(schemes)
+    ako = next(run for run in record.runs if run.scheme == "ako")
+    assert ako.staleness_bound_rounds <= limit  # p = auto held within the limit
+
+
+def test_the_design_card_with_a_target_names_a_configuration_within_its_limit() -> None:
+    import akosim
+
+    record = akosim.plan(workers=8, bandwidth="10mbps", p="auto", compute="10ms", rounds=30,
+                         target_accuracy=0.6, quiet=True)
+    assert {r.scheme for r in record.ranking} >= {"ako", "diloco", "streaming-diloco"}
+    assert all(r.staleness_bound_rounds <= record.max_staleness_rounds
+               for r in record.ranking)
+    best = _recommended(record)
+    assert best.staleness_bound_rounds <= record.max_staleness_rounds
+    if record.ranking[0].reached:
+        assert best.label == record.ranking[0].label

@@ -72,14 +72,14 @@ def _terms(setup: Setup, runs: list[SimRun]) -> list[str]:
             f"(~{format_duration(ako.staleness_bound_rounds * ako.round_time_s)} at "
             f"{format_duration(ako.round_time_s)} a round): the oldest part of another "
             f"worker's gradient a replica can still be missing")
-    names = {run.scheme for run in runs}
-    if names & {"diloco", "streaming-diloco"}:
+    keys = {key for run in runs for key in scheme_named(run.scheme).keys}  # their knobs
+    if "inner_steps" in keys:
         lines.append(
             f"  H = {exchange.inner_steps}: DiLoCo workers take {exchange.inner_steps} local "
             f"optimizer steps, then average their pseudo-gradients (the change since the "
             f"last sync) and take one outer step; staleness H - 1 = "
             f"{exchange.inner_steps - 1} rounds of the others' steps")
-    if "streaming-diloco" in names:
+    if "fragments" in keys:
         lines.append(
             f"  P = {exchange.fragments}, tau = {exchange.overlap_steps}: Streaming DiLoCo "
             f"syncs one of {exchange.fragments} fragments of the model in turn (one every "
