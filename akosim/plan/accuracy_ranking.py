@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from akocore.cli_support import UsageError
 from akocore.schemes.registry import is_partitioned
 from akocore.units import format_duration
 from akosim.sim.engine import StopRule
@@ -98,7 +99,7 @@ def rank_by_accuracy(setup: Setup, runs: list[SimRun], workload: FlatWorkload,
     """Train each candidate of `runs` (`ranking_candidates`) in simulated time and order
     them by `goal`; `announce` hears one line per candidate (progress on stderr)."""
     if workload.param_count != setup.length:
-        raise ValueError(f"the ranking trains the workload's {workload.param_count:,} "
+        raise UsageError(f"the ranking trains the workload's {workload.param_count:,} "
                          f"parameters, the plan timed {setup.length:,}")
     candidates = ranking_candidates(runs, max_staleness_rounds=max_staleness_rounds)
     stop = StopRule(rounds=goal.rounds, duration_s=goal.time_budget_s, drain=True)
