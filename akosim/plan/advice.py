@@ -3,12 +3,16 @@
 akocore.planner chooses p so that one round's sends take about u x compute;
 that only pays off when the sends overlap the next round's compute, which a
 staleness bound s = 0 forbids. `with_overlap_ssp` picks the smallest s that
-lets them overlap (unless some layer set ``exchange.ssp``). `explain` says
+lets them overlap (unless some layer set ``exchange.ssp``). `within_staleness`
+holds p = auto within ``--max-staleness``: the largest p whose staleness bound
+(the scheme's, p - 1 + s with s chosen for that p) fits, the NIC then pacing
+the rounds; the held p names ``--max-staleness`` as its bound. `explain` says
 what the chosen Ako run means: round time, NIC use, how many rounds and
 seconds until a round's gradient has reached every peer (p - 1 + s rounds),
 and which constraint bound p; when that exceeds ``--max-staleness`` it says
 so and lists the cheapest ways out, each quantified (a larger batch, faster
-links, fewer workers) and the best baseline of the comparison within the bound.
+links, fewer workers) and the best baseline of the comparison within the bound;
+when the limit held p, how to let p keep up (the same levers).
 `recommend` names the comparison's winner: the highest throughput among the runs
 whose staleness bound passes ``--max-staleness`` (never one that fails it).
 """

@@ -1,12 +1,15 @@
 """The runs a command asks for, from a setup: the configured scheme, or every scheme compared.
 
-`run_setup` takes a setup from akosim.plan.setup, chooses s with p when the
+`run_setup` takes a setup from akosim.plan.setup, holds p = auto within the
+staleness limit (akosim.plan.advice.within_staleness), chooses s with p when the
 rule says so (akosim.plan.advice.with_overlap_ssp) and simulates either the
 configured scheme alone (akosim.plan.runspec.configured_runs) or the comparison
 of every scheme (akosim.plan.compare.compare_all). `plan_runs` is the whole path
 of `akosim plan` / `akosim train` from resolved settings, for the command
 line, the analysis and the public API alike; `plan_outcome` adds what they
-report (the plan record and the explanation).
+report (the plan record, the explanation, the recommendation, the ranking by
+simulated training of akosim.plan.accuracy_ranking and the --explain text of
+akosim.plan.long_explanation).
 """
 
 from __future__ import annotations
