@@ -95,7 +95,7 @@ def test_a_time_budget_ranks_by_accuracy_within_it() -> None:
     import akosim
 
     record = akosim.plan(workers=4, bandwidth="10mbps", compute="10ms", rounds=60,
-                         time_budget="150ms", quiet=True)
+                         time_budget="150ms", explain=True, quiet=True)
     assert record.time_budget_s == pytest.approx(0.15) and record.target_accuracy is None
     accuracies = [r.accuracy for r in record.ranking]
     assert accuracies == sorted(accuracies, reverse=True)
@@ -104,6 +104,9 @@ def test_a_time_budget_ranks_by_accuracy_within_it() -> None:
         assert r.simulated_s < 0.15 + 0.05  # stopped at the budget (plus the drain)
     assert record.ranking_verdict[0].startswith(
         f"rank: most accurate after 150 ms simulated: {record.ranking[0].label} at ")
+    assert "what bounds each configuration:" in record.explained  # explain=True
+    assert f"why {record.ranking[0].label} wins: it is the most accurate when the time " \
+        "budget ends" in "\n".join(record.explained)
 
 
 def test_bad_budgets_are_one_line_errors(capsys) -> None:
