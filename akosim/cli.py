@@ -117,9 +117,10 @@ def _add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         help="compute time multiplier of the stragglers (default 4)")
     add_akosim_argument(group, "coalesce")
     add("--max-staleness", type=int, default=None, metavar="ROUNDS",
-        help="the most rounds a gradient may take to reach every peer (p - 1 + s) before "
-             "the plan says it is too stale and lists the cheapest ways out (default "
-             "64)")
+        help="the most rounds a gradient may take to reach every peer (p - 1 + s; H - 1 "
+             "for DiLoCo): p = auto stays within it (the largest p that fits), the plan "
+             "recommends only configurations within it, and a given p beyond it is called "
+             "too stale with the cheapest ways out (default 64)")
     add("--host-calibration", metavar="FILE.json",
         help="--network-model tcp: the model's parameters from this `akosim calibrate "
              "--out` file (default: this host's cached calibration, else defaults)")
@@ -318,6 +319,12 @@ def _print_outcome(args: argparse.Namespace, outcome: PlanOutcome, training: boo
         print(f"akosim: codec {codec} on gradients, pushes and reduce steps "
               f"(parameters and all-gather steps travel as float32), error feedback on")
     print(format_table(runs, training=training))
+    if training and setup.plan is not None:
+        from akosim.plan.advice import held_by_staleness
+
+        if held_by_staleness(setup.plan):
+            print(f"akosim: p = auto held to {setup.plan.p}: p bound by "
+                  f"{setup.plan.binding}")
     if outcome.explanation is not None:
         print(outcome.explanation.line)
         for line in outcome.explanation.advice:

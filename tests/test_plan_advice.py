@@ -171,3 +171,12 @@ def test_the_plan_holds_p_auto_and_recommends_a_run_within_its_limit(capsys) -> 
     ako = next(line for line in text.splitlines() if line.startswith("ako p="))
     stale = int(ako.split("<= ")[1].split(" rounds")[0])
     assert stale <= 24
+
+
+def test_akosim_train_says_when_the_limit_holds_p_auto(capsys) -> None:
+    code = main(["train", "--workers", "4", "--bandwidth", "10mbps", "--compute", "1ms",
+                 "--scheme", "ako", "--rounds", "4", "--quiet", "--max-staleness", "8"])
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "akosim: p = auto held to 9: p bound by --max-staleness 8 (the network needs" in text
+    assert "ako p=9 (auto)" in text  # s = 0 in training: p - 1 <= 8
