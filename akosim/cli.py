@@ -332,7 +332,8 @@ def _print_outcome(args: argparse.Namespace, outcome: PlanOutcome, training: boo
     if outcome.ranking is not None:
         from akosim.plan.accuracy_ranking import format_ranking
 
-        print(format_ranking(outcome.ranking))
+        if outcome.ranking.ranked:
+            print(format_ranking(outcome.ranking))
         for line in outcome.ranking.verdict():
             print(line)
     for line in outcome.recommendation:
