@@ -83,9 +83,13 @@ def test_a_candidate_trains_as_akosim_train_does(ranked) -> None:
 
 
 def test_no_candidate_reaching_the_target_is_said_plainly(capsys) -> None:
-    code = main([*SMALL[:-3], "--rounds", "10", "--quiet", "--target-accuracy", "0.99"])
-    text = capsys.readouterr().out
+    code = main([*SMALL[:-3], "--rounds", "10", "--target-accuracy", "0.99"])
+    captured = capsys.readouterr()
+    text = captured.out
     assert code == 0
+    progress = [line for line in captured.err.splitlines() if line.startswith("akosim: train")]
+    assert progress[0].startswith("akosim: training 1/") and "(to 99%, at most 10 rounds)" \
+        in progress[0]  # one line per candidate on stderr
     assert "rank: no candidate reached 99% within 10 rounds; the closest was " in text
     # the recommendation falls back on throughput within the staleness limit
     assert "the highest throughput within that bound" in text
