@@ -64,11 +64,15 @@ from akocore.jsonrecord import (
 from akocore.message_cost import MessageCost, MessageSample
 from akocore.schemes.registry import is_partitioned
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# versions this toolkit reads: 1 lacks only the plan's ranking by accuracy (its fields
+# default to "no ranking"), so a version-1 file reads as it was written
+READABLE_VERSIONS = (1, 2)
 
 __all__ = [
-    "SCHEMA_VERSION", "SUMMARY_FIELDS", "Calibration", "ComputeMeasurement", "Figures",
-    "LinkResult", "PlanResult", "RankCalibration", "RankResult", "RecordError", "RunResult",
+    "READABLE_VERSIONS", "SCHEMA_VERSION", "SUMMARY_FIELDS", "Calibration",
+    "ComputeMeasurement", "Figures", "LinkResult", "PlanResult", "RankCalibration",
+    "RankResult", "RankedRun", "RecordError", "RunResult",
     "rank_overhead_s", "read_result", "run_compute_jitter", "run_fields", "schema_markdown",
 ]
 
@@ -77,9 +81,10 @@ Evaluation = tuple[float, int, float]  # (seconds since training start, round, a
 
 def _check_header(data: Mapping[str, Any], kind: str, where: str) -> None:
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if type(version) is not int or version not in READABLE_VERSIONS:
         raise RecordError(f"{where}schema_version: this toolkit reads version "
-                          f"{SCHEMA_VERSION}, the file has {version!r}")
+                          f"{SCHEMA_VERSION} (and {', '.join(map(str, READABLE_VERSIONS[:-1]))})"
+                          f", the file has {version!r}")
     if data.get("kind", kind) != kind:
         raise RecordError(f"{where}kind: expected {kind!r}, got {data.get('kind')!r}")
 
@@ -341,6 +346,33 @@ class RunResult:
 
 
 @dataclass(frozen=True)
+class RankedRun:
+    """One candidate of the plan's ranking by accuracy: its simulated training run."""
+
+    position: int = field(metadata=meta("", "1 = the winner", "akosim"))
+    label: str = field(metadata=meta("", "the configuration, as the comparison names it",
+                                     "akosim"))
+    scheme: str = field(metadata=meta("", "its scheme", "akosim"))
+    reached: bool = field(metadata=meta(
+        "", "whether it reached the target accuracy within the round (and time) budget",
+        "akosim"))
+    time_to_target_s: float | None = field(metadata=meta(
+        "s", "simulated seconds to the target accuracy (null: not reached or no target)",
+        "akosim"))
+    accuracy: float | None = field(metadata=meta(
+        "fraction", "accuracy when its training stopped (at the target, the time budget or "
+                    "the round budget)", "akosim"))
+    rounds: int = field(metadata=meta("rounds", "rounds its first worker trained", "akosim"))
+    simulated_s: float = field(metadata=meta("s", "simulated seconds it trained", "akosim"))
+    samples_per_s: float = field(metadata=meta(
+        "samples/s", "its throughput in the timing comparison", "akosim"))
+    staleness_bound_rounds: float = field(metadata=meta(
+        "rounds", "its staleness bound (within max_staleness_rounds)", "akosim"))
+    evaluations: tuple[tuple[float, int, float], ...] = field(default=(), metadata=meta(
+        "", "(simulated seconds, round, accuracy) of each evaluation", "akosim"))
+
+
+@dataclass(frozen=True)
 class PlanResult:
     """akosim's --out file: the simulated configurations of one question."""
 
@@ -375,6 +407,24 @@ class PlanResult:
         "", "the comparison's winner (the highest throughput among the runs within "
             "--max-staleness, never one outside it) and what p, s, H and staleness mean",
         "akosim"))
+    target_accuracy: float | None = field(default=None, metadata=meta(
+        "fraction", "--target-accuracy: the ranking orders by simulated time to it (null: "
+                    "no ranking by accuracy)", "akosim"))
+    time_budget_s: float | None = field(default=None, metadata=meta(
+        "s", "--time-budget: the ranking orders by accuracy within it (null: none)",
+        "akosim"))
+    ranking_rounds: int | None = field(default=None, metadata=meta(
+        "rounds", "the round budget each candidate trained within (null: no ranking)",
+        "akosim"))
+    ranking: tuple[RankedRun, ...] = field(default=(), metadata=meta(
+        "", "the candidates (the fastest configuration of each scheme within "
+            "--max-staleness) in the order of the ranking, winner first", "akosim"))
+    ranking_verdict: tuple[str, ...] = field(default=(), metadata=meta(
+        "", "the ranking in words: the winner, or that no candidate reached the target",
+        "akosim"))
+    explained: tuple[str, ...] = field(default=(), metadata=meta(
+        "", "--explain: what p, s, H, tau, staleness and the codec mean for this run and "
+            "which resource bounds each configuration", "akosim"))
 
     def to_json(self) -> dict[str, Any]:
         data = record_to_json(self)
@@ -724,11 +774,14 @@ def schema_markdown() -> str:
     """docs/reference/result-schema.md: one table per record, one row per key."""
     out = ["# Result schema (generated from akocore/results.py; "
            "tests/test_result_schema.py checks it)", "",
-           f"Every record's JSON carries `schema_version` ({SCHEMA_VERSION}) and `kind` "
+           f"Every record's JSON carries `schema_version` ({SCHEMA_VERSION}; version 1 files, "
+           "which lack the plan's ranking, are read too) and `kind` "
            "(`plan`, `run`, `rank`, `calibration`, `compute`). Files without `schema_version` were "
            "written before the schema and are converted when read. Non-finite numbers are "
            'written as "inf" / "-inf"; a figure that could not be measured is null.', ""]
     for cls, title in ((PlanResult, "`akosim --out FILE.json` (kind `plan`)"),
+                       (RankedRun, "one candidate of a plan's `ranking` (akosim plan "
+                                   "--target-accuracy or --time-budget)"),
                        (RunResult, "one run (kind `run`): akorun's `OUT/result.json`, "
                                    "each of akosim's `runs`"),
                        (RankResult, "one rank (kind `rank`): akorun's `OUT/worker-R.json`, "

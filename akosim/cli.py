@@ -117,9 +117,10 @@ def _add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         help="compute time multiplier of the stragglers (default 4)")
     add_akosim_argument(group, "coalesce")
     add("--max-staleness", type=int, default=None, metavar="ROUNDS",
-        help="the most rounds a gradient may take to reach every peer (p - 1 + s) before "
-             "the plan says it is too stale and lists the cheapest ways out (default "
-             "64)")
+        help="the most rounds a gradient may take to reach every peer (p - 1 + s; H - 1 "
+             "for DiLoCo): p = auto stays within it (the largest p that fits), the plan "
+             "recommends only configurations within it, and a given p beyond it is called "
+             "too stale with the cheapest ways out (default 64)")
     add("--host-calibration", metavar="FILE.json",
         help="--network-model tcp: the model's parameters from this `akosim calibrate "
              "--out` file (default: this host's cached calibration, else defaults)")
@@ -130,6 +131,28 @@ def _add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         help="print every resolved setting and the layer it came from (default, --config, "
              "--set or a flag), then stop")
     add("--quiet", action="store_true", help="no progress bars")
+
+
+def _add_ranking_arguments(parser: argparse.ArgumentParser) -> None:
+    """akosim plan only: rank by simulated training, and the longer explanation."""
+    group = parser.add_argument_group("ranking by accuracy (with --target-accuracy)")
+    add = group.add_argument
+    add("--time-budget", metavar="DURATION",
+        help="rank the schemes by the accuracy their simulated training reaches within "
+             "this much simulated time, e.g. 60s (with --target-accuracy: the target must "
+             "be reached within it); --target-accuracy alone ranks by time to the target. "
+             "Each scheme's fastest configuration within --max-staleness trains the "
+             "workload for at most --rounds rounds (default 300)")
+    add("--explain", action="store_true",
+        help="the longer explanation: what p, s, H, tau, staleness and the codec mean for "
+             "this run, what bounds each configuration (compute, NIC, latency, staleness) "
+             "and why the winner won")
+
+
+def ranks_by_accuracy(args: argparse.Namespace, resolved: ResolvedSettings) -> bool:
+    """Whether a plan ranks by simulated training (a target accuracy or a time budget)."""
+    return (resolved.config.train.target_accuracy is not None
+            or bool(getattr(args, "time_budget", None)))
 
 
 def build_parser() -> OneLineParser:
@@ -147,6 +170,7 @@ def build_parser() -> OneLineParser:
                                description=PLAN_DESCRIPTION, epilog=EPILOG_RUN,
                                formatter_class=formatter)
     _add_sim_arguments(plan)
+    _add_ranking_arguments(plan)
     plan.set_defaults(handler=lambda args: run_plan(args, training=False))
     train = commands.add_parser("train", help="simulate and really train",
                                 description=TRAIN_DESCRIPTION, epilog=EPILOG_TRAIN,
@@ -216,6 +240,11 @@ def resolve_settings(args: argparse.Namespace, *, training: bool) -> ResolvedSet
     resolved = resolve_args(args, defaults, defaults_origin=Origin(Layer.DEFAULT,
                                                                    f"{name} default"),
                             below=adopted)
+    if not training and ranks_by_accuracy(args, resolved):
+        # a plan ranking by accuracy trains: the workload, batch and data of akosim train
+        # (the timing rows then time that same workload)
+        resolved = resolve_args(args, TRAIN_DEFAULTS, defaults_origin=Origin(
+            Layer.DEFAULT, "akosim plan default (ranking by accuracy)"), below=adopted)
     if adopted:
         check_run_training(resolved, args.compute_from)
     return resolved
@@ -250,9 +279,24 @@ def run_plan(args: argparse.Namespace, *, training: bool = False) -> int:
     factory = progress_factory(not args.quiet and sys.stderr.isatty())
     outcome = plan_outcome(resolved, SimulationOptions.from_args(args, resolved),
                            training=training, trace=bool(args.trace), factory=factory,
-                           max_staleness_rounds=args.max_staleness)
+                           max_staleness_rounds=args.max_staleness,
+                           time_budget_s=time_budget_s(args),
+                           explain_more=bool(getattr(args, "explain", False)),
+                           announce=None if args.quiet else _to_stderr)
     _print_outcome(args, outcome, training)
     return 0
+
+
+def time_budget_s(args: argparse.Namespace) -> float | None:
+    """--time-budget in seconds (None: not given); a bare number is refused."""
+    from akosim.plan.runspec import parse_duration_flag
+
+    text = getattr(args, "time_budget", None)
+    return None if text is None else parse_duration_flag("--time-budget", text)
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _print_outcome(args: argparse.Namespace, outcome: PlanOutcome, training: bool) -> None:
@@ -275,11 +319,26 @@ def _print_outcome(args: argparse.Namespace, outcome: PlanOutcome, training: boo
         print(f"akosim: codec {codec} on gradients, pushes, reduce steps and pseudo-gradients "
               f"(parameters, models and all-gather steps travel as float32), error feedback on")
     print(format_table(runs, training=training))
+    if training and setup.plan is not None:
+        from akosim.plan.advice import held_by_staleness
+
+        if held_by_staleness(setup.plan):
+            print(f"akosim: p = auto held to {setup.plan.p}: p bound by "
+                  f"{setup.plan.binding}")
     if outcome.explanation is not None:
         print(outcome.explanation.line)
         for line in outcome.explanation.advice:
             print(line)
+    if outcome.ranking is not None:
+        from akosim.plan.accuracy_ranking import format_ranking
+
+        if outcome.ranking.ranked:
+            print(format_ranking(outcome.ranking))
+        for line in outcome.ranking.verdict():
+            print(line)
     for line in outcome.recommendation:
+        print(line)
+    for line in outcome.explained:
         print(line)
     if args.out:
         write_json(args.out, json_safe(outcome.record.to_json()))

@@ -59,6 +59,14 @@ def plan(config: str | os.PathLike[str] | None = None, *,
         for run in plan.runs:
             print(run.label, run.round_time_s, run.nic_utilisation)
         print(plan.explanation)
+
+    With ``target_accuracy`` (or ``time_budget="60s"``) each scheme's fastest
+    configuration within ``max_staleness`` also trains the workload in simulated time,
+    and ``ranking`` orders them by time to that accuracy (or accuracy within the budget);
+    ``explain=True`` fills ``explained`` with the longer explanation::
+
+        ranked = akosim.plan(workers=8, bandwidth="10mbps", target_accuracy=0.9)
+        print(ranked.ranking[0].label, ranked.ranking[0].time_to_target_s)
     """
     return _outcome("plan", config, set, settings).record
 
@@ -131,8 +139,12 @@ def _outcome(command: str, config: Any, dotted: Mapping[str, Any] | None,
     if one_scheme and not resolved.given("exchange.scheme"):
         args = _parse(command, _flags(command, {**settings, "scheme": "ako"}))
         resolved = resolve_settings(args, training=training)
+    from akosim.cli import time_budget_s
+
     return plan_outcome(resolved, SimulationOptions.from_args(args, resolved),
-                        training=training, max_staleness_rounds=args.max_staleness)
+                        training=training, max_staleness_rounds=args.max_staleness,
+                        time_budget_s=time_budget_s(args),
+                        explain_more=bool(getattr(args, "explain", False)))
 
 
 def workload_name(workload: Any) -> str:

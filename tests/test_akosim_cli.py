@@ -69,7 +69,7 @@ def test_training_mode_reports_accuracy(capsys) -> None:
     (["--scheme", "ring"], "--scheme"),
     (["--compute", "fast"], "duration"),
     (["--gradient-size", "17"], "--gradient-size"),
-    (["--target-accuracy", "0.9"], "akosim train"),
+    (["--target-accuracy", "0.9"], "--gradient-size is for timing-only plans"),
     (["--compute-from", "/nonexistent/result.json"], "--compute-from"),
     (["--bandwidth", "40"], "--bandwidth 40: add a unit, e.g. 40mbps"),
     (["--latency", "20"], "--latency 20: add a unit, e.g. 20ms"),

@@ -127,3 +127,56 @@ def test_the_recommendation_never_fails_its_own_staleness_check() -> None:
         best = max(fit, key=lambda run: run.samples_per_s)
         assert line.startswith(f"recommend: {best.label}: ")
         assert "p = " in glossary and "H = " in glossary and "staleness = " in glossary
+
+
+def test_p_auto_is_held_within_max_staleness() -> None:
+    """p = auto chooses the largest p whose staleness bound (p - 1 + s, s chosen with that
+    p) fits --max-staleness; a p the limit holds says so, and how large the network needs."""
+    from akosim.plan.advice import held_by_staleness, within_staleness
+    from akosim.plan.setup import with_plan
+
+    setup = with_plan(_setup(n=32))
+    free = setup.configured_plan()
+    assert free.p > 20  # the network needs more partitions than the limit below allows
+
+    def bound(s: Setup) -> int:
+        return with_overlap_ssp(s).configured_plan().staleness_bound_rounds
+
+    held = within_staleness(setup, 20, choose_ssp=True)
+    plan = held.configured_plan()
+    assert held_by_staleness(plan) and not held_by_staleness(free)
+    assert bound(held) <= 20
+    assert plan.binding.startswith(f"--max-staleness 20 (the network needs p={free.p};")
+    bigger = replace_plan(held, plan.p + 1)
+    assert bound(bigger) > 20  # the largest p that fits
+    given_s = within_staleness(setup, 20, choose_ssp=False)  # s as configured (0)
+    assert given_s.configured_plan().p == 21
+    assert within_staleness(setup, 10_000, choose_ssp=True) is setup  # fits: unchanged
+
+
+def replace_plan(setup: Setup, p: int) -> Setup:
+    from dataclasses import replace
+
+    plan = setup.configured_plan()
+    return replace(setup, plan=replace(plan, p_of=(p,) * len(plan.p_of)))
+
+
+def test_the_plan_holds_p_auto_and_recommends_a_run_within_its_limit(capsys) -> None:
+    code = main(["--workers", "8", "--bandwidth", "10mbps", "--p", "auto", "--compute", "0.3s",
+                 "--gradient-size", "4MB", "--rounds", "12", "--quiet", "--max-staleness", "24"])
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "p bound by --max-staleness 24 (the network needs p=" in text
+    assert "p held to " in text and "too stale" not in text
+    ako = next(line for line in text.splitlines() if line.startswith("ako p="))
+    stale = int(ako.split("<= ")[1].split(" rounds")[0])
+    assert stale <= 24
+
+
+def test_akosim_train_says_when_the_limit_holds_p_auto(capsys) -> None:
+    code = main(["train", "--workers", "4", "--bandwidth", "10mbps", "--compute", "1ms",
+                 "--scheme", "ako", "--rounds", "4", "--quiet", "--max-staleness", "8"])
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "akosim: p = auto held to 9: p bound by --max-staleness 8 (the network needs" in text
+    assert "ako p=9 (auto)" in text  # s = 0 in training: p - 1 <= 8

@@ -62,8 +62,8 @@ def test_quick_winners_follow_the_rule(quick: tuple[dict, dict]) -> None:
         if len(others) > 1:
             assert cell["margin_over_runner_up"] == pytest.approx(others[0] / others[1] - 1)
         assert f"| {cell['bandwidth']} | {cell['latency']} | {cell['winner']} |" in texts["page"]
-    # at 10 Mbit/s Ako with p chosen and no codec is too stale to be picked
+    # at 10 Mbit/s the network needs a p too stale for the limit: p = auto is held within it
     slow = sm.cells_by_key(record)[("10mbps", "1ms")]
-    too_stale = [r for r in slow["rows"] if r["scheme"] == "ako p=auto" and r["codec"] == "none"]
-    assert not too_stale[0]["eligible"]
-    assert slow["winner"] != "ako p=auto / none"
+    held = [r for r in slow["rows"] if r["scheme"] == "ako p=auto" and r["codec"] == "none"]
+    assert held[0]["eligible"]
+    assert held[0]["staleness_bound_rounds"] <= record["max_staleness_rounds"]

@@ -7,6 +7,9 @@ simulation setup, used by every entry point (plan, train, sweep, predict, the an
   chooses s with p, `build_setup` (the only constructor of a scenario setup) and
   `simulation_setup`, from resolved settings to a setup.
 - akosim.plan.execute: `run_setup` / `plan_runs`, the runs a command asks for.
+- akosim.plan.advice (p held within --max-staleness, s chosen with p, the one-line
+  plan and the recommendation), akosim.plan.accuracy_ranking (the ranking by simulated
+  training), akosim.plan.long_explanation (--explain).
 
 Calling the package plans: ``akosim.plan(workers=64, bandwidth="40mbps")`` is
 `akosim.sim_api.plan` (the public call shares the package's name).

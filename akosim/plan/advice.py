@@ -3,12 +3,16 @@
 akocore.planner chooses p so that one round's sends take about u x compute;
 that only pays off when the sends overlap the next round's compute, which a
 staleness bound s = 0 forbids. `with_overlap_ssp` picks the smallest s that
-lets them overlap (unless some layer set ``exchange.ssp``). `explain` says
+lets them overlap (unless some layer set ``exchange.ssp``). `within_staleness`
+holds p = auto within ``--max-staleness``: the largest p whose staleness bound
+(the scheme's, p - 1 + s with s chosen for that p) fits, the NIC then pacing
+the rounds; the held p names ``--max-staleness`` as its bound. `explain` says
 what the chosen Ako run means: round time, NIC use, how many rounds and
 seconds until a round's gradient has reached every peer (p - 1 + s rounds),
 and which constraint bound p; when that exceeds ``--max-staleness`` it says
 so and lists the cheapest ways out, each quantified (a larger batch, faster
-links, fewer workers) and the best baseline of the comparison within the bound.
+links, fewer workers) and the best baseline of the comparison within the bound;
+when the limit held p, how to let p keep up (the same levers).
 `recommend` names the comparison's winner: the highest throughput among the runs
 whose staleness bound passes ``--max-staleness`` (never one that fails it).
 """
@@ -22,7 +26,7 @@ import numpy as np
 
 from akocore.planner import Plan, PlanInputs, overlap_ssp, ways_out
 from akocore.resolve import coded_gradient_bytes, network_arrays
-from akocore.schemes.registry import is_partitioned
+from akocore.schemes.registry import is_partitioned, scheme_named
 from akocore.units import format_duration
 from akosim.sim.scenario import Setup, SimRun
 
@@ -47,17 +51,66 @@ def chosen_plan(setup: Setup) -> Plan:
     return setup.configured_plan()
 
 
-def with_overlap_ssp(setup: Setup) -> Setup:
-    """`setup` with s = the smallest staleness bound that lets sending overlap compute."""
+def _latency_s(setup: Setup) -> float:
+    """The slowest link's latency plus the largest per-message overhead."""
     arrays = network_arrays(setup.config)
     off_diagonal = arrays.latency_s[~np.eye(setup.nodes, dtype=bool)]
     latency_s = float(off_diagonal.max()) if off_diagonal.size else 0.0
-    latency_s += max(setup.message_overhead_s, default=0.0)
+    return latency_s + max(setup.message_overhead_s, default=0.0)
+
+
+def with_overlap_ssp(setup: Setup) -> Setup:
+    """`setup` with s = the smallest staleness bound that lets sending overlap compute."""
     plan = chosen_plan(setup)
-    ssp = overlap_ssp(plan_inputs(setup), plan.p_of, latency_s)
+    ssp = overlap_ssp(plan_inputs(setup), plan.p_of, _latency_s(setup))
     exchange = replace(setup.config.exchange, ssp=float(ssp))
     return replace(setup, config=replace(setup.config, exchange=exchange),
                    plan=replace(plan, staleness=float(ssp)))
+
+
+STALENESS_BOUND = "--max-staleness"  # how a p held within the limit names its bound
+
+
+def within_staleness(setup: Setup, max_staleness_rounds: float, *, choose_ssp: bool) -> Setup:
+    """`setup` with p = auto held within `max_staleness_rounds`: the largest p whose
+    staleness bound (the scheme's `staleness_bound`, p - 1 + s for Ako) fits, s being the
+    one the plan runs with (chosen with that p when `choose_ssp`, else the configured one).
+
+    Unchanged when p was given, when the planner's p already fits, or when not even p = 1
+    fits (the advice then says how stale it is). A held p leaves the NIC the bottleneck;
+    its reason says so and how large a p the network needs (`Plan.required_p` keeps that).
+    """
+    exchange = setup.config.exchange
+    scheme = scheme_named(exchange.scheme)
+    if not scheme.partitioned or isinstance(exchange.p, tuple):
+        return setup
+    plan = chosen_plan(setup)
+    inputs, latency_s = plan_inputs(setup), _latency_s(setup)
+
+    def bound(p_of: tuple[int, ...]) -> float:
+        ssp = overlap_ssp(inputs, p_of, latency_s) if choose_ssp else exchange.ssp
+        return scheme.staleness_bound(exchange, p_max=max(p_of), ssp=ssp)
+
+    if bound(plan.p_of) <= max_staleness_rounds:
+        return setup
+    start = int(min(plan.p, max(1, math.floor(max_staleness_rounds + 1))))
+    for p in range(start, 0, -1):
+        p_of = tuple(min(q, p) for q in plan.p_of)
+        if bound(p_of) <= max_staleness_rounds:
+            break
+    else:
+        return setup
+    reasons = tuple(
+        f"{STALENESS_BOUND} {_rounds(max_staleness_rounds)} (the network needs "
+        f"p={math.ceil(required - 1e-9)}; {reason} stays saturated)" if held < q else reason
+        for held, q, required, reason in zip(p_of, plan.p_of, plan.required_p, plan.bound_by,
+                                              strict=True))
+    return replace(setup, plan=replace(plan, p_of=p_of, bound_by=reasons))
+
+
+def held_by_staleness(plan: Plan) -> bool:
+    """Whether `within_staleness` held this plan's p below what the network needs."""
+    return plan.binding.startswith(STALENESS_BOUND)
 
 
 @dataclass(frozen=True)
@@ -89,17 +142,28 @@ def explain(setup: Setup, runs: list[SimRun], *, ssp_chosen: bool,
             f"a gradient reaches every peer within {_rounds(propagation_rounds)} rounds "
             f"({format_duration(propagation_s)}); p bound by {why}")
     advice: list[str] = []
-    if math.isfinite(propagation_rounds) and propagation_rounds > max_staleness_rounds:
+    too_stale = math.isfinite(propagation_rounds) and propagation_rounds > max_staleness_rounds
+    if too_stale:
         advice.append(f"too stale: {_rounds(propagation_rounds)} rounds > --max-staleness "
                       f"{_rounds(max_staleness_rounds)}; the network cannot carry more of "
                       f"each gradient per round. Cheapest ways out:")
         ways = ways_out(plan_inputs(setup), replace(plan, staleness=ako.ssp),
                         max_staleness_rounds, setup.batch_size)
         advice += [f"  - {way.text}" for way in ways]
+    elif held_by_staleness(plan):
+        needed = max(math.ceil(r - 1e-9) for r in plan.required_p)
+        advice.append(f"p held to {ako.p} by --max-staleness {_rounds(max_staleness_rounds)} "
+                      f"(the network needs p={needed} to keep up with compute): Ako's rounds "
+                      f"wait for the NIC. To run at compute speed within that bound:")
+        ways = ways_out(plan_inputs(setup), replace(plan, p_of=(needed,) * len(plan.p_of),
+                                                    staleness=ako.ssp),
+                        max_staleness_rounds, setup.batch_size)
+        advice += [f"  - {way.text}" for way in ways]
+    if advice:
         others = [run for run in runs if not is_partitioned(run.scheme)
                   and run.staleness_bound_rounds <= max_staleness_rounds]
-        if others:
-            best = max(others, key=lambda run: run.samples_per_s)
+        best = max(others, key=lambda run: run.samples_per_s) if others else None
+        if best is not None and (too_stale or best.samples_per_s > ako.samples_per_s):
             ratio = best.samples_per_s / ako.samples_per_s
             stale = ("with no staleness" if best.staleness_bound_rounds == 0 else
                      f"with staleness <= {_rounds(best.staleness_bound_rounds)} rounds")

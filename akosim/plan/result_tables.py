@@ -26,6 +26,7 @@ from akocore.units import format_duration, format_size
 from akosim.sim.scenario import SimRun
 
 if TYPE_CHECKING:
+    from akosim.plan.accuracy_ranking import Ranking
     from akosim.plan.advice import Explanation
 
 
@@ -109,13 +110,22 @@ def run_result(run: SimRun, *, config: dict[str, Any], mode: str,
 def plan_result(runs: list[SimRun], *, config: dict[str, Any], training: bool,
                 gradient_bytes: int, compute_s: list[float], batch_size: int,
                 compute_source: str = "", explanation: Explanation | None = None,
-                recommendation: tuple[str, ...] = ()) -> PlanResult:
+                recommendation: tuple[str, ...] = (), ranking: Ranking | None = None,
+                explained: tuple[str, ...] = ()) -> PlanResult:
     """What `akosim --out` writes: every simulated configuration of one question, the
-    plan's explanation when there is one and the recommendation (akosim.plan.advice.recommend)."""
+    plan's explanation when there is one, the recommendation (akosim.plan.advice.recommend),
+    the ranking by accuracy (akosim.plan.accuracy_ranking) and the --explain text."""
     mode = "train" if training else "timing"
-    explained: dict[str, Any] = {"recommendation": recommendation}
+    extra: dict[str, Any] = {"recommendation": recommendation, "explained": explained}
+    if ranking is not None:
+        from akosim.plan.accuracy_ranking import ranked_records
+
+        extra |= dict(target_accuracy=ranking.goal.target_accuracy,
+                      time_budget_s=ranking.goal.time_budget_s,
+                      ranking_rounds=ranking.goal.rounds, ranking=ranked_records(ranking),
+                      ranking_verdict=ranking.verdict())
     if explanation is not None:
-        explained |= dict(explanation=explanation.line, chosen_ssp=explanation.ssp,
+        extra |= dict(explanation=explanation.line, chosen_ssp=explanation.ssp,
                          propagation_rounds=explanation.propagation_rounds,
                          propagation_s=explanation.propagation_s,
                          max_staleness_rounds=explanation.max_staleness_rounds,
@@ -123,7 +133,7 @@ def plan_result(runs: list[SimRun], *, config: dict[str, Any], training: bool,
     return PlanResult(config=config, mode=mode, gradient_bytes=gradient_bytes,
                       compute_s=tuple(compute_s),
                       runs=tuple(run_result(r, config=config, mode=mode, batch_size=batch_size)
-                                 for r in runs), compute_source=compute_source, **explained)
+                                 for r in runs), compute_source=compute_source, **extra)
 
 
 def _finite(value: float) -> float | None:

@@ -39,7 +39,12 @@ from akosim.calibration.run_calibration import (
     message_software_from_result,
     overhead_from_result,
 )
-from akosim.plan.runspec import gradient_length_of_size, load_workload, parse_duration_flag
+from akosim.plan.runspec import (
+    TIMING_DEFAULTS,
+    gradient_length_of_size,
+    load_workload,
+    parse_duration_flag,
+)
 
 if TYPE_CHECKING:
     from akocore.workload import FlatWorkload as Workload
@@ -224,8 +229,10 @@ def stop_rule(cfg: RunConfig, *, training: bool = False) -> StopRule:
     from akosim.sim.engine import StopRule
 
     rounds = cfg.train.rounds
-    if training and rounds is None and cfg.train.duration_s is None:
-        rounds = TRAINING_ROUNDS_CAP
+    if rounds is None and cfg.train.duration_s is None:
+        # training: bounded by accuracy; a timing plan ranking by accuracy (a target
+        # cleared the rounds): the timing rows run the timing plan's rounds
+        rounds = TRAINING_ROUNDS_CAP if training else TIMING_DEFAULTS.train.rounds
     return StopRule(rounds=rounds, duration_s=cfg.train.duration_s, drain=training)
 
 
@@ -260,9 +267,9 @@ def simulation_setup(cfg: RunConfig, options: SimulationOptions, *, training: bo
     if training and options.gradient_size:
         raise UsageError("--gradient-size is for timing-only runs; akosim train takes "
                          "the gradient of --workload")
-    if not training and cfg.train.target_accuracy is not None:
-        raise UsageError("--target-accuracy needs training mode: akosim train "
-                         "--target-accuracy ...")
+    if options.gradient_size and cfg.train.target_accuracy is not None:
+        raise UsageError("--gradient-size is for timing-only plans; ranking by "
+                         "--target-accuracy trains the gradient of --workload")
     compute_s, source, param_count = 0.0, "", None
     if options.compute_from:
         source = f"compute measured by akorun ({options.compute_from})"
