@@ -37,8 +37,22 @@ and one line naming the setting and both values (`SettingMismatch`): the
 rank that receives the hello answers it normally (so the sender sees the
 difference too) and remembers it, and a rank that found one keeps answering
 hellos for up to `MISMATCH_LINGER_S` so that a peer started a moment later
-learns it too. A peer whose hello cannot be authenticated at all (401: its
-secret or run id differs) is a mismatch as well: exit 2, one line.
+learns it too.
+
+A refusal ends the join only if the peer itself gave it: its answer must carry
+the tag bound to our request (akorun.transport.answers, as a partial's answer
+on the data path). An untagged or badly tagged 400/401/409 (or a 200 without a
+tag) is what anyone on the path can forge, so it is treated like a peer that
+does not answer yet: logged once per peer and status ("not authenticated,
+retrying") and the hello goes again until the join timeout (`Unverified`). A
+forger can thus delay a join (as dropping packets can), never end it early. A
+peer whose keys differ from ours (another cluster secret, run id or key file)
+cannot tag anything for us either: its 401 is indistinguishable from a forged
+one, and nothing it could send would prove otherwise. So a peer that gave only
+untagged 401s ends the join AT the join timeout, not before, with exit 2 and
+one line naming the likely cause (its secret, run id or key file differs); a
+tagged refusal (the peer's join failed: 409; its hashes differ: 409) still
+ends the join at once.
 
 The per-start nonces that key every later message are exchanged here, below
 the payload: the first call to a peer is a discovery hello answered with the
@@ -171,19 +185,46 @@ class Identity:
                 raise ControlError(409, message)
 
 
+@dataclass
+class Unverified:
+    """The refusals of one handshake that carried no tag bound to our request: never
+    final (anyone on the path can forge them), logged once per peer and status, and
+    remembered so that a handshake that times out can name the likely cause."""
+
+    what: str  # "hello", "rejoin"
+    timeout_s: float  # how long the handshake retries
+    statuses: dict[int, set[int]] = field(default_factory=dict)  # peer -> statuses seen
+
+    def note(self, peer: int, status: int, error: str) -> None:
+        seen = self.statuses.setdefault(peer, set())
+        if status in seen:
+            return
+        seen.add(status)
+        hint = (": if this lasts, its cluster secret, run id or key file differs from ours"
+                if status == 401 else "")
+        log.warning("rank %d refused our %s with %d (%s), not authenticated, retrying until "
+                    "the timeout %g s%s", peer, self.what, status,
+                    error[:120] or "no reason", self.timeout_s, hint)
+
+    def keys_differ(self, peer: int) -> bool:
+        """`peer` refused us with untagged 401s: likely its keys differ from ours."""
+        return 401 in self.statuses.get(peer, set())
+
+
 async def greet(control: ControlClient, peer: int, kind: ControlKind, payload: dict[str, Any],
-                what: str) -> dict[str, Any] | None:
+                what: str, unverified: Unverified | None = None) -> dict[str, Any] | None:
     """One control call of a handshake: the answer, None to try again, or RunError
-    when the peer refuses us for good (400/401/409)."""
+    when the peer refuses us for good (a 400/401/409 tagged for our request; an
+    untagged one is noted in `unverified` and tried again, see the module docstring)."""
     answer = await control.call(peer, kind, payload, timeout_s=GREET_TIMEOUT_S)
     if answer.ok:
         return answer.payload
-    if answer.status == 401 and kind is ControlKind.HELLO:
-        raise UsageError(f"rank {peer} cannot authenticate our hello (401: {answer.error[:120]})"
-                         f": its secret, run id or key file differs from ours; start every "
-                         f"rank from the same cluster file (and key files of one `akorun init`)")
     if answer.status in (400, 401, 409):
-        raise RunError(f"rank {peer} refused our {what} ({answer.status}): {answer.error}")
+        if answer.authentic:
+            raise RunError(f"rank {peer} refused our {what} ({answer.status}): "
+                           f"{answer.error}")
+        if unverified is not None:
+            unverified.note(peer, answer.status, answer.error)
     return None
 
 
@@ -230,6 +271,7 @@ class Join:
         self.failed: str | None = None  # our join failed: hellos are refused with this
         self.told_failed: set[int] = set()
         self.ready_peers: set[int] = set()  # peers that said they hold every answer too
+        self.unverified = Unverified("hello", timeout_s)  # untagged refusals (retried)
 
     async def join(self, control: ControlClient) -> None:
         """Hello every rank (refusing mismatches), agree on p, build the node.
@@ -271,7 +313,8 @@ class Join:
                     raise Interrupted(f"{self.waiter.stop_reason} (before every rank said "
                                       f"hello)")
                 self._unless_one_left()
-                return await greet(control, peer, ControlKind.HELLO, payload, "hello")
+                return await greet(control, peer, ControlKind.HELLO, payload, "hello",
+                                   self.unverified)
             answer = await until(deadline, once)
             if answer is not None:
                 self._check_settings(peer, answer)
@@ -283,10 +326,23 @@ class Join:
             asyncio.gather(*(hello(j) for j in self.peers)),
             self._watch(control, payload, answered_s))
         missing = [j for j, a in zip(self.peers, answers, strict=True) if a is None]
+        keys_differ = [j for j in missing if self.unverified.keys_differ(j)]
+        if keys_differ:
+            where = ", ".join(f"{j} at {self.hosts[j]}" for j in keys_differ)
+            raise UsageError(f"rank(s) {where} cannot authenticate our hello: every answer "
+                             f"within the join timeout {self.timeout_s:g} s was a 401 without "
+                             f"a tag we can check, so its secret, run id or key file likely "
+                             f"differs from ours; start every rank from the same cluster file "
+                             f"(and key files of one `akorun init`)")
         if missing:
             where = ", ".join(f"{j} at {self.hosts[j]}" for j in missing)
+            forged = sorted({status for j in missing
+                             for status in self.unverified.statuses.get(j, set())})
+            seen = (f" (only refusals {forged} without a tag bound to our request came back: "
+                    f"not from the peer itself)" if forged else "")
             raise RunError(f"no hello answer within {self.timeout_s:g} s from "
-                           f"rank(s) {where}: are they started with the same cluster file?")
+                           f"rank(s) {where}{seen}: are they started with the same cluster "
+                           f"file?")
         for peer, answer in zip(self.peers, answers, strict=True):
             assert answer is not None
             try:
