@@ -23,6 +23,7 @@ import pytest
 from akorun.errors import RunError, UsageError
 from akorun.launch.cluster import free_ports, new_settings, with_hosts, write_cluster_file
 from akorun.metrics import Metrics
+from akorun.runtime import join as join_module
 from akorun.runtime.join import Identity, Join
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.phase import PhaseMachine
@@ -35,6 +36,12 @@ from tests.test_answers import Proxy, forged_answer
 pytestmark = pytest.mark.timeout(150)
 
 IDENTITY = Identity(0, "run", "config", "params")
+
+
+@pytest.fixture
+def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hellos again after 10 ms (not 200): the scripted handshakes take milliseconds."""
+    monkeypatch.setattr(join_module, "RETRY_S", 0.01)
 NOT_AUTHENTICATED = "not authenticated, retrying"
 
 
@@ -75,6 +82,7 @@ def join_of(*, timeout_s: float) -> tuple[Join, list[str]]:
 
 
 @pytest.mark.parametrize("status", [400, 401, 409])
+@pytest.mark.usefixtures("quick_retries")
 def test_untagged_refusals_are_retried_logged_once_and_the_join_completes(
         status: int, caplog: pytest.LogCaptureFixture) -> None:
     control = ScriptedControl([(status, False)] * 4)
@@ -87,6 +95,7 @@ def test_untagged_refusals_are_retried_logged_once_and_the_join_completes(
     assert len(lines) == 1 and f"rank 1 refused our hello with {status}" in lines[0], lines
 
 
+@pytest.mark.usefixtures("quick_retries")
 def test_a_tagged_refusal_ends_the_join_at_once() -> None:
     control = ScriptedControl([(409, False), (409, True)])
     join, built = join_of(timeout_s=600.0)
@@ -95,6 +104,7 @@ def test_a_tagged_refusal_ends_the_join_at_once() -> None:
     assert control.calls == 2 and not built  # the untagged one was retried, the tagged not
 
 
+@pytest.mark.usefixtures("quick_retries")
 def test_only_untagged_401s_end_the_join_at_its_timeout_naming_the_keys() -> None:
     """What a peer of another cluster secret looks like (and what a forger could send)."""
     control = ScriptedControl([(401, False)], forever=True)
@@ -113,8 +123,10 @@ def test_only_untagged_401s_end_the_join_at_its_timeout_naming_the_keys() -> Non
                                          r".*join timeout 0.6 s.*secret, run id or key file"):
         asyncio.run(run())
     assert loop_times[0] >= 0.6 and control.calls >= 2 and not built  # not before it
+    assert control.calls <= 15  # backing off (60 hellos at a fixed 10 ms), see Unverified
 
 
+@pytest.mark.usefixtures("quick_retries")
 def test_only_untagged_409s_end_the_join_at_its_timeout_as_no_answer() -> None:
     control = ScriptedControl([(409, False)], forever=True)
     join, _ = join_of(timeout_s=0.6)

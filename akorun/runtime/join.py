@@ -87,6 +87,7 @@ _T = TypeVar("_T")
 GREET_TIMEOUT_S = 5.0
 LEAVE_TIMEOUT_S = 2.0
 RETRY_S = 0.2
+UNVERIFIED_RETRY_MAX_S = 1.0  # greeting a peer that refuses us untagged: at most this pause
 FAILED_LINGER_S = 30.0  # a rank whose join failed refuses hellos at most this long
 MISMATCH_LINGER_S = 3.0  # a rank that found a mismatch answers hellos this long before exit
 _WHAT = {"run_id": "run id", "config_hash": "config hash",
@@ -194,8 +195,10 @@ class Unverified:
     what: str  # "hello", "rejoin"
     timeout_s: float  # how long the handshake retries
     statuses: dict[int, set[int]] = field(default_factory=dict)  # peer -> statuses seen
+    counts: dict[int, int] = field(default_factory=dict)  # peer -> untagged refusals so far
 
     def note(self, peer: int, status: int, error: str) -> None:
+        self.counts[peer] = self.counts.get(peer, 0) + 1
         seen = self.statuses.setdefault(peer, set())
         if status in seen:
             return
@@ -205,6 +208,15 @@ class Unverified:
         log.warning("rank %d refused our %s with %d (%s), not authenticated, retrying until "
                     "the timeout %g s%s", peer, self.what, status,
                     error[:120] or "no reason", self.timeout_s, hint)
+
+    def backoff_s(self, peer: int) -> float:
+        """How much longer than RETRY_S to wait before greeting `peer` again: doubling
+        from 0 up to a pause of UNVERIFIED_RETRY_MAX_S, so that a peer of other keys is
+        not asked five times a second for the whole join timeout."""
+        count = self.counts.get(peer, 0)
+        if count < 2:
+            return 0.0
+        return min(UNVERIFIED_RETRY_MAX_S, RETRY_S * 2 ** min(count - 1, 8)) - RETRY_S
 
     def keys_differ(self, peer: int) -> bool:
         """`peer` refused us with untagged 401s: likely its keys differ from ours."""
@@ -225,6 +237,7 @@ async def greet(control: ControlClient, peer: int, kind: ControlKind, payload: d
                            f"{answer.error}")
         if unverified is not None:
             unverified.note(peer, answer.status, answer.error)
+            await asyncio.sleep(unverified.backoff_s(peer))
     return None
 
 
@@ -280,7 +293,8 @@ class Join:
         try:
             await self._join(control)
         except UsageError:
-            await self._linger()
+            if self.mismatch is not None:  # not for keys that differ: none could read us
+                await self._linger()
             raise
         except RunError as error:
             self.failed = str(error)  # later hellos are refused with it (`linger_failed`)
