@@ -27,6 +27,7 @@ from akorun.runtime import join as join_module
 from akorun.runtime.join import Identity, Join
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.phase import PhaseMachine
+from akorun.runtime.rejoin import Rejoin
 from akorun.runtime.waiting import Waiter
 from akorun.testing import LocalCluster
 from akorun.transport.client import ControlAnswer
@@ -195,3 +196,32 @@ def test_a_409_forged_by_a_man_in_the_middle_does_not_end_the_join(tmp_path: Pat
         lines = [line for line in log.splitlines() if NOT_AUTHENTICATED in line]
         assert len(lines) == 1 and "rank 0 refused our hello with 409" in lines[0], log
         np.testing.assert_allclose(cluster.params(1), cluster.params(0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.usefixtures("quick_retries")
+def test_a_rejoin_refused_only_untagged_is_retried_then_names_the_keys() -> None:
+    """The rejoin handshake judges refusals the same way: an untagged 401 is retried for
+    the rejoin window (max(3 s, the peer timeout)), then, as nobody answered, ends with
+    the likely cause instead of resuming alone."""
+    class Refusing:
+        calls = 0
+
+        async def call(self, rank: int, kind: ControlKind, payload: dict[str, Any], *,
+                       timeout_s: float = 10.0, binary: bool = False) -> ControlAnswer:
+            assert kind is ControlKind.REJOIN_HELLO
+            self.calls += 1
+            await asyncio.sleep(0)
+            return ControlAnswer(401, error="bad_signature: not ours", authentic=False)
+
+    phase = PhaseMachine()
+    liveness = Liveness(rank=0, peers=[1], timeout_s=0.1, node=lambda: None,
+                        clock=lambda: 0.0, metrics=Metrics(0, "worker"), phase=phase)
+    rejoin = Rejoin(identity=IDENTITY, peers=[1], role=None,  # type: ignore[arg-type]
+                    peer_timeout_s=0.1, phase=phase, waiter=Waiter(report_every_s=5.0),
+                    liveness=liveness, outbox=None,  # type: ignore[arg-type]
+                    metrics=Metrics(0, "worker"), checkpoint=None, checkpoint_dir=None,
+                    build_node=lambda compute_s, p_of: None)
+    client = Refusing()
+    with pytest.raises(UsageError, match="only 401s without a tag we can check"):
+        asyncio.run(rejoin.rejoin(client))  # type: ignore[arg-type]
+    assert client.calls >= 2
