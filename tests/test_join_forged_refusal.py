@@ -23,7 +23,7 @@ import pytest
 from akorun.errors import RunError, UsageError
 from akorun.launch.cluster import free_ports, new_settings, with_hosts, write_cluster_file
 from akorun.metrics import Metrics
-from akorun.runtime import join as join_module
+from akorun.runtime import greeting
 from akorun.runtime.join import Identity, Join
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.phase import PhaseMachine
@@ -42,7 +42,7 @@ IDENTITY = Identity(0, "run", "config", "params")
 @pytest.fixture
 def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     """Hellos again after 10 ms (not 200): the scripted handshakes take milliseconds."""
-    monkeypatch.setattr(join_module, "RETRY_S", 0.01)
+    monkeypatch.setattr(greeting, "RETRY_S", 0.01)
 NOT_AUTHENTICATED = "not authenticated, retrying"
 
 

@@ -25,8 +25,8 @@ refuses hellos for a moment longer (`linger_failed`) so that a rank still
 starting ends at once, and a peer that started anyway (the hello it took as
 the last "ready" crossed the failure) stops with exit 1 on that ``leave``.
 Every rank then plans with the MAX of all measured compute times,
-so all choose the same p, and builds its node. `greet` and `until` are the
-retrying calls the rejoin handshake uses too.
+so all choose the same p, and builds its node. `greet` and `until`
+(akorun.runtime.greeting) are the retrying calls the rejoin handshake uses too.
 
 Bad configuration across ranks is found here, by name. Each rank's hello and
 its answer carry its `compared_settings`: every setting of the run (the keys
@@ -44,7 +44,8 @@ the tag bound to our request (akorun.transport.answers, as a partial's answer
 on the data path). An untagged or badly tagged 400/401/409 (or a 200 without a
 tag) is what anyone on the path can forge, so it is treated like a peer that
 does not answer yet: logged once per peer and status ("not authenticated,
-retrying") and the hello goes again until the join timeout (`Unverified`). A
+retrying") and the hello goes again, backing off, until the join timeout
+(akorun.runtime.greeting `Unverified`). A
 forger can thus delay a join (as dropping packets can), never end it early. A
 peer whose keys differ from ours (another cluster secret, run id or key file)
 cannot tag anything for us either: its 401 is indistinguishable from a forged
@@ -75,6 +76,7 @@ from typing import Any, TypeVar
 from akocore.config import RunConfig
 from akocore.settings.toml_io import config_to_dict
 from akorun.errors import Interrupted, RunError, UsageError
+from akorun.runtime.greeting import GREET_TIMEOUT_S, RETRY_S, Unverified, greet, until
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.phase import Phase, PhaseMachine
 from akorun.runtime.waiting import Waiter
@@ -84,10 +86,7 @@ from akorun.transport.control import ControlError, ControlKind
 log = logging.getLogger("akorun")
 _T = TypeVar("_T")
 
-GREET_TIMEOUT_S = 5.0
 LEAVE_TIMEOUT_S = 2.0
-RETRY_S = 0.2
-UNVERIFIED_RETRY_MAX_S = 1.0  # greeting a peer that refuses us untagged: at most this pause
 FAILED_LINGER_S = 30.0  # a rank whose join failed refuses hellos at most this long
 MISMATCH_LINGER_S = 3.0  # a rank that found a mismatch answers hellos this long before exit
 _WHAT = {"run_id": "run id", "config_hash": "config hash",
@@ -186,72 +185,6 @@ class Identity:
                 raise ControlError(409, message)
 
 
-@dataclass
-class Unverified:
-    """The refusals of one handshake that carried no tag bound to our request: never
-    final (anyone on the path can forge them), logged once per peer and status, and
-    remembered so that a handshake that times out can name the likely cause."""
-
-    what: str  # "hello", "rejoin"
-    timeout_s: float  # how long the handshake retries
-    statuses: dict[int, set[int]] = field(default_factory=dict)  # peer -> statuses seen
-    counts: dict[int, int] = field(default_factory=dict)  # peer -> untagged refusals so far
-
-    def note(self, peer: int, status: int, error: str) -> None:
-        self.counts[peer] = self.counts.get(peer, 0) + 1
-        seen = self.statuses.setdefault(peer, set())
-        if status in seen:
-            return
-        seen.add(status)
-        hint = (": if this lasts, its cluster secret, run id or key file differs from ours"
-                if status == 401 else "")
-        log.warning("rank %d refused our %s with %d (%s), not authenticated, retrying until "
-                    "the timeout %g s%s", peer, self.what, status,
-                    error[:120] or "no reason", self.timeout_s, hint)
-
-    def backoff_s(self, peer: int) -> float:
-        """How much longer than RETRY_S to wait before greeting `peer` again: doubling
-        from 0 up to a pause of UNVERIFIED_RETRY_MAX_S, so that a peer of other keys is
-        not asked five times a second for the whole join timeout."""
-        count = self.counts.get(peer, 0)
-        if count < 2:
-            return 0.0
-        return min(UNVERIFIED_RETRY_MAX_S, RETRY_S * 2 ** min(count - 1, 8)) - RETRY_S
-
-    def keys_differ(self, peer: int) -> bool:
-        """`peer` refused us with untagged 401s: likely its keys differ from ours."""
-        return 401 in self.statuses.get(peer, set())
-
-
-async def greet(control: ControlClient, peer: int, kind: ControlKind, payload: dict[str, Any],
-                what: str, unverified: Unverified | None = None) -> dict[str, Any] | None:
-    """One control call of a handshake: the answer, None to try again, or RunError
-    when the peer refuses us for good (a 400/401/409 tagged for our request; an
-    untagged one is noted in `unverified` and tried again, see the module docstring)."""
-    answer = await control.call(peer, kind, payload, timeout_s=GREET_TIMEOUT_S)
-    if answer.ok:
-        return answer.payload
-    if answer.status in (400, 401, 409):
-        if answer.authentic:
-            raise RunError(f"rank {peer} refused our {what} ({answer.status}): "
-                           f"{answer.error}")
-        if unverified is not None:
-            unverified.note(peer, answer.status, answer.error)
-            await asyncio.sleep(unverified.backoff_s(peer))
-    return None
-
-
-async def until(deadline_s: float,
-                attempt: Callable[[], Awaitable[dict[str, Any] | None]]) -> dict[str, Any] | None:
-    """`attempt()` every RETRY_S until it answers or the loop time passes `deadline_s`."""
-    loop = asyncio.get_running_loop()
-    while True:
-        result = await attempt()
-        if result is not None or loop.time() > deadline_s:
-            return result
-        await asyncio.sleep(RETRY_S)
-
-
 class Join:
     """Both sides of the hello handshake."""
 
@@ -343,8 +276,8 @@ class Join:
         keys_differ = [j for j in missing if self.unverified.keys_differ(j)]
         if keys_differ:
             where = ", ".join(f"{j} at {self.hosts[j]}" for j in keys_differ)
-            raise UsageError(f"rank(s) {where} cannot authenticate our hello: every answer "
-                             f"within the join timeout {self.timeout_s:g} s was a 401 without "
+            raise UsageError(f"rank(s) {where} cannot authenticate our hello: until the join "
+                             f"timeout {self.timeout_s:g} s it answered only with 401s without "
                              f"a tag we can check, so its secret, run id or key file likely "
                              f"differs from ours; start every rank from the same cluster file "
                              f"(and key files of one `akorun init`)")

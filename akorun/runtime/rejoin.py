@@ -34,7 +34,8 @@ from akorun.runtime.checkpoint_file import (
     log_to_json,
     restore_optimizer_state,
 )
-from akorun.runtime.join import Identity, Unverified, greet, until
+from akorun.runtime.greeting import Unverified, greet, until
+from akorun.runtime.join import Identity
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.outbox import Outbox
 from akorun.runtime.phase import Phase, PhaseMachine
