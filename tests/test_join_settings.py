@@ -57,7 +57,9 @@ def test_ranks_started_with_different_learning_rates_both_exit_2_naming_it(
 
 
 def test_ranks_of_different_secrets_both_exit_2_saying_so(tmp_path: Path) -> None:
-    settings = new_settings(peer_timeout_s=2.0, join_timeout_s=100.0)
+    """Their 401s carry no tag the other can check (it could be forged on the path), so
+    each retries until its join timeout, then ends with exit 2 and one line."""
+    settings = new_settings(peer_timeout_s=2.0, join_timeout_s=10.0)
     with LocalCluster(tmp_path, TABLES, settings=settings) as cluster:
         other = write_cluster_file(tmp_path / "other.toml", cluster.config,
                                    replace(settings, secret=new_settings().secret))
@@ -70,3 +72,7 @@ def test_ranks_of_different_secrets_both_exit_2_saying_so(tmp_path: Path) -> Non
         for rank in (0, 1):
             log = cluster.log(rank)
             assert "Traceback" not in log and "cannot authenticate our hello" in log, log
+            assert "join timeout 10 s" in log and "secret, run id or key file" in log, log
+            # the hellos back off and the server logs unauthenticated refusals at 1, 2, 4, ...
+            assert log.count("refused a request") <= 6, log
+            assert log.count("not authenticated, retrying") == 1, log

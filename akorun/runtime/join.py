@@ -25,8 +25,8 @@ refuses hellos for a moment longer (`linger_failed`) so that a rank still
 starting ends at once, and a peer that started anyway (the hello it took as
 the last "ready" crossed the failure) stops with exit 1 on that ``leave``.
 Every rank then plans with the MAX of all measured compute times,
-so all choose the same p, and builds its node. `greet` and `until` are the
-retrying calls the rejoin handshake uses too.
+so all choose the same p, and builds its node. `greet` and `until`
+(akorun.runtime.greeting) are the retrying calls the rejoin handshake uses too.
 
 Bad configuration across ranks is found here, by name. Each rank's hello and
 its answer carry its `compared_settings`: every setting of the run (the keys
@@ -37,8 +37,23 @@ and one line naming the setting and both values (`SettingMismatch`): the
 rank that receives the hello answers it normally (so the sender sees the
 difference too) and remembers it, and a rank that found one keeps answering
 hellos for up to `MISMATCH_LINGER_S` so that a peer started a moment later
-learns it too. A peer whose hello cannot be authenticated at all (401: its
-secret or run id differs) is a mismatch as well: exit 2, one line.
+learns it too.
+
+A refusal ends the join only if the peer itself gave it: its answer must carry
+the tag bound to our request (akorun.transport.answers, as a partial's answer
+on the data path). An untagged or badly tagged 400/401/409 (or a 200 without a
+tag) is what anyone on the path can forge, so it is treated like a peer that
+does not answer yet: logged once per peer and status ("not authenticated,
+retrying") and the hello goes again, backing off, until the join timeout
+(akorun.runtime.greeting `Unverified`). A
+forger can thus delay a join (as dropping packets can), never end it early. A
+peer whose keys differ from ours (another cluster secret, run id or key file)
+cannot tag anything for us either: its 401 is indistinguishable from a forged
+one, and nothing it could send would prove otherwise. So a peer that gave only
+untagged 401s ends the join AT the join timeout, not before, with exit 2 and
+one line naming the likely cause (its secret, run id or key file differs); a
+tagged refusal (the peer's join failed: 409; its hashes differ: 409) still
+ends the join at once.
 
 The per-start nonces that key every later message are exchanged here, below
 the payload: the first call to a peer is a discovery hello answered with the
@@ -61,6 +76,7 @@ from typing import Any, TypeVar
 from akocore.config import RunConfig
 from akocore.settings.toml_io import config_to_dict
 from akorun.errors import Interrupted, RunError, UsageError
+from akorun.runtime.greeting import GREET_TIMEOUT_S, RETRY_S, Unverified, greet, until
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.phase import Phase, PhaseMachine
 from akorun.runtime.waiting import Waiter
@@ -70,9 +86,7 @@ from akorun.transport.control import ControlError, ControlKind
 log = logging.getLogger("akorun")
 _T = TypeVar("_T")
 
-GREET_TIMEOUT_S = 5.0
 LEAVE_TIMEOUT_S = 2.0
-RETRY_S = 0.2
 FAILED_LINGER_S = 30.0  # a rank whose join failed refuses hellos at most this long
 MISMATCH_LINGER_S = 3.0  # a rank that found a mismatch answers hellos this long before exit
 _WHAT = {"run_id": "run id", "config_hash": "config hash",
@@ -171,33 +185,6 @@ class Identity:
                 raise ControlError(409, message)
 
 
-async def greet(control: ControlClient, peer: int, kind: ControlKind, payload: dict[str, Any],
-                what: str) -> dict[str, Any] | None:
-    """One control call of a handshake: the answer, None to try again, or RunError
-    when the peer refuses us for good (400/401/409)."""
-    answer = await control.call(peer, kind, payload, timeout_s=GREET_TIMEOUT_S)
-    if answer.ok:
-        return answer.payload
-    if answer.status == 401 and kind is ControlKind.HELLO:
-        raise UsageError(f"rank {peer} cannot authenticate our hello (401: {answer.error[:120]})"
-                         f": its secret, run id or key file differs from ours; start every "
-                         f"rank from the same cluster file (and key files of one `akorun init`)")
-    if answer.status in (400, 401, 409):
-        raise RunError(f"rank {peer} refused our {what} ({answer.status}): {answer.error}")
-    return None
-
-
-async def until(deadline_s: float,
-                attempt: Callable[[], Awaitable[dict[str, Any] | None]]) -> dict[str, Any] | None:
-    """`attempt()` every RETRY_S until it answers or the loop time passes `deadline_s`."""
-    loop = asyncio.get_running_loop()
-    while True:
-        result = await attempt()
-        if result is not None or loop.time() > deadline_s:
-            return result
-        await asyncio.sleep(RETRY_S)
-
-
 class Join:
     """Both sides of the hello handshake."""
 
@@ -230,6 +217,7 @@ class Join:
         self.failed: str | None = None  # our join failed: hellos are refused with this
         self.told_failed: set[int] = set()
         self.ready_peers: set[int] = set()  # peers that said they hold every answer too
+        self.unverified = Unverified("hello", timeout_s)  # untagged refusals (retried)
 
     async def join(self, control: ControlClient) -> None:
         """Hello every rank (refusing mismatches), agree on p, build the node.
@@ -238,7 +226,8 @@ class Join:
         try:
             await self._join(control)
         except UsageError:
-            await self._linger()
+            if self.mismatch is not None:  # not for keys that differ: none could read us
+                await self._linger()
             raise
         except RunError as error:
             self.failed = str(error)  # later hellos are refused with it (`linger_failed`)
@@ -271,7 +260,8 @@ class Join:
                     raise Interrupted(f"{self.waiter.stop_reason} (before every rank said "
                                       f"hello)")
                 self._unless_one_left()
-                return await greet(control, peer, ControlKind.HELLO, payload, "hello")
+                return await greet(control, peer, ControlKind.HELLO, payload, "hello",
+                                   self.unverified)
             answer = await until(deadline, once)
             if answer is not None:
                 self._check_settings(peer, answer)
@@ -283,10 +273,23 @@ class Join:
             asyncio.gather(*(hello(j) for j in self.peers)),
             self._watch(control, payload, answered_s))
         missing = [j for j, a in zip(self.peers, answers, strict=True) if a is None]
+        keys_differ = [j for j in missing if self.unverified.keys_differ(j)]
+        if keys_differ:
+            where = ", ".join(f"{j} at {self.hosts[j]}" for j in keys_differ)
+            raise UsageError(f"rank(s) {where} cannot authenticate our hello: until the join "
+                             f"timeout {self.timeout_s:g} s it answered only with 401s without "
+                             f"a tag we can check, so its secret, run id or key file likely "
+                             f"differs from ours; start every rank from the same cluster file "
+                             f"(and key files of one `akorun init`)")
         if missing:
             where = ", ".join(f"{j} at {self.hosts[j]}" for j in missing)
+            forged = sorted({status for j in missing
+                             for status in self.unverified.statuses.get(j, set())})
+            seen = (f" (only refusals {forged} without a tag bound to our request came back: "
+                    f"not from the peer itself)" if forged else "")
             raise RunError(f"no hello answer within {self.timeout_s:g} s from "
-                           f"rank(s) {where}: are they started with the same cluster file?")
+                           f"rank(s) {where}{seen}: are they started with the same cluster "
+                           f"file?")
         for peer, answer in zip(self.peers, answers, strict=True):
             assert answer is not None
             try:

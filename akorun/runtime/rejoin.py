@@ -34,7 +34,8 @@ from akorun.runtime.checkpoint_file import (
     log_to_json,
     restore_optimizer_state,
 )
-from akorun.runtime.join import Identity, greet, until
+from akorun.runtime.greeting import Unverified, greet, until
+from akorun.runtime.join import Identity
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.outbox import Outbox
 from akorun.runtime.phase import Phase, PhaseMachine
@@ -84,15 +85,22 @@ class Rejoin:
         self.phase.to(Phase.REJOINING)
         loop = asyncio.get_running_loop()
         payload = self.identity.payload()
+        window_s = max(3.0, self.peer_timeout_s)
+        unverified = Unverified("rejoin", window_s)  # untagged refusals: tried again
 
         async def ask(peer: int) -> dict[str, Any] | None:
             async def once() -> dict[str, Any] | None:
-                return await greet(client, peer, ControlKind.REJOIN_HELLO, payload, "rejoin")
-            return await until(loop.time() + max(3.0, self.peer_timeout_s), once)
+                return await greet(client, peer, ControlKind.REJOIN_HELLO, payload, "rejoin",
+                                   unverified)
+            return await until(loop.time() + window_s, once)
 
         replies = dict(zip(self.peers, await asyncio.gather(*(ask(j) for j in self.peers)),
                            strict=True))
         answered = {j: r for j, r in replies.items() if r is not None}
+        if not answered and any(unverified.keys_differ(j) for j in self.peers):
+            raise UsageError(f"--resume: no peer answered our rejoin within {window_s:g} s, "
+                             f"only 401s without a tag we can check: this rank's secret, run "
+                             f"id or key file likely differs from the run's")
         live = {j: r for j, r in answered.items() if not r.get("finished")}
         if not live:
             if answered:

@@ -527,8 +527,12 @@ class Server:
         like a 200 (bound to the request, its status and its body), so that the sender
         can tell it from one forged on the path: only a tagged refusal is final."""
         self.host.metrics.rejected[reason] += 1
-        if status != 503:
+        count = self.host.metrics.rejected[reason]
+        if status != 503 and opened is not None:
             log.warning("refused a request with %d %s: %s", status, reason, detail)
+        elif status != 503 and count & (count - 1) == 0:  # unauthenticated: 1, 2, 4, ...
+            log.warning("refused a request with %d %s (%d such so far): %s", status, reason,
+                        count, detail)
         body = f"{reason}: {detail}"[:ANSWER_TEXT_MAX_CHARS].encode("utf-8", "replace") + b"\n"
         headers = {} if opened is None else {
             AUTH_HEADER: self.host.verifier.seal_answer(opened, status, body)}
