@@ -84,7 +84,7 @@ def rank_by_accuracy(setup: Setup, runs: list[SimRun], workload: FlatWorkload,
         raise UsageError(f"the ranking trains the workload's {workload.param_count:,} "
                          f"parameters, the plan timed {setup.length:,}")
     candidates = pareto_candidates(setup, runs, max_staleness_rounds=max_staleness_rounds,
-                                   announce=announce)
+                                   training_rounds=goal.rounds, announce=announce)
     stop = StopRule(rounds=goal.rounds, duration_s=goal.time_budget_s, drain=True)
     ranked = []
     for index, candidate in enumerate(candidates, 1):

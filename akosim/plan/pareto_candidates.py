@@ -58,15 +58,20 @@ def variant_of(run: SimRun) -> Variant:
 
 
 def pareto_candidates(setup: Setup, runs: list[SimRun], *, max_staleness_rounds: float,
+                      training_rounds: int | None = None,
                       announce: Callable[[str], None] | None = None) -> list[Candidate]:
     """Up to `CANDIDATES_PER_SCHEME` configurations of every scheme of `runs` (in the
     comparison's order), each within `max_staleness_rounds`: the comparison's rows and
-    the scheme's ladder timed here, reduced to the Pareto front, then `pick`ed."""
+    the scheme's ladder timed here, reduced to the Pareto front, then `pick`ed. A ladder
+    setting whose period (DiLoCo: H) does not fit `PERIODS_TIMED` times into
+    `training_rounds` is left out: it would hardly sync while it trains."""
     chosen: list[Candidate] = []
     for name in dict.fromkeys(run.scheme for run in runs):
         scheme = scheme_named(name)
         rows = [Candidate(setup, variant_of(run), run) for run in runs if run.scheme == name]
-        ladder = list(_ladder(setup, scheme, rows, max_staleness_rounds))
+        ladder = [(s, v) for s, v in _ladder(setup, scheme, rows, max_staleness_rounds)
+                  if training_rounds is None or PERIODS_TIMED * scheme.period_rounds(
+                      s.config.exchange) <= training_rounds]
         retimed = [row for row in rows if _timing_setup(setup, scheme, row.variant)
                    is not setup and row.timing.staleness_bound_rounds <= max_staleness_rounds]
         if (ladder or retimed) and announce is not None:
