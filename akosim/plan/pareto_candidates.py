@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from akocore.planner import overlap_ssp
 from akocore.schemes.protocol import Scheme
@@ -34,6 +35,9 @@ from akocore.schemes.registry import is_partitioned, scheme_named
 from akosim.plan.advice import plan_inputs, slowest_latency_s
 from akosim.sim.engine import StopRule
 from akosim.sim.scenario import Setup, SimRun, Variant, ako_variant, simulate
+
+if TYPE_CHECKING:
+    from akocore.settings.schema import ExchangeConfig
 
 SLOWER_AT_MOST = 4.0  # the least stale candidate has at least 1/4 of the best's samples/s
 SAME_SPEED = 0.02  # a more stale point must beat every less stale one by more than 2%
@@ -151,14 +155,14 @@ def _knobs(scheme: Scheme, setup: Setup) -> dict[str, list[int]]:
         value = getattr(exchange, key, None)
         if not isinstance(value, int) or isinstance(value, bool):
             continue
-        probe = replace(exchange, **{key: value * 2 + 1})
+        probe = _exchange_with(exchange, key, value * 2 + 1)
         if scheme.staleness_bound(probe, p_max=1, ssp=exchange.ssp) == \
                 scheme.staleness_bound(exchange, p_max=1, ssp=exchange.ssp):
             continue
         values = []
         for candidate in sorted({0, 1, *(2 ** k for k in range(1, 7)), value}):
             try:
-                scheme.check_exchange(replace(exchange, **{key: candidate}))
+                scheme.check_exchange(_exchange_with(exchange, key, candidate))
             except ValueError:
                 continue
             values.append(candidate)
@@ -192,9 +196,16 @@ def _bound(scheme: Scheme, setup: Setup, p_max: int, ssp: float) -> float:
     return scheme.staleness_bound(setup.config.exchange, p_max=p_max, ssp=ssp)
 
 
-def _with(setup: Setup, **exchange_values: object) -> Setup:
+def _exchange_with(exchange: ExchangeConfig, key: str, value: Any) -> ExchangeConfig:
+    changes: dict[str, Any] = {key: value}
+    return replace(exchange, **changes)
+
+
+def _with(setup: Setup, **exchange_values: Any) -> Setup:
     """`setup` with some exchange settings changed (the planner's p kept)."""
-    exchange = replace(setup.config.exchange, **exchange_values)
+    exchange = setup.config.exchange
+    for key, value in exchange_values.items():
+        exchange = _exchange_with(exchange, key, value)
     return replace(setup, config=replace(setup.config, exchange=exchange))
 
 
