@@ -289,3 +289,26 @@ def test_the_design_card_with_a_target_names_a_configuration_within_its_limit() 
     assert best.staleness_bound_rounds <= record.max_staleness_rounds
     if record.ranking[0].reached:
         assert best.label == record.ranking[0].label
+
+
+def test_every_candidate_keeps_within_a_tight_staleness_limit() -> None:
+    """Timing only: with --max-staleness 4 the ladders stop at p - 1 + s <= 4 and H <= 5,
+    and a knob's period must come round three times within the training rounds."""
+    from akosim.plan.compare import compare_all
+    from akosim.plan.pareto_candidates import pareto_candidates
+    from tests.test_plan_advice import _setup
+
+    setup = _setup(n=4, rounds=12)
+    runs = compare_all(setup)
+    lines: list[str] = []
+    chosen = pareto_candidates(setup, runs, max_staleness_rounds=4, training_rounds=12,
+                               announce=lines.append)
+    assert chosen and all(c.timing.staleness_bound_rounds <= 4 for c in chosen)
+    assert {c.timing.scheme for c in chosen} >= {"ako", "diloco", "allreduce"}
+    for c in chosen:
+        exchange = c.setup.config.exchange
+        if c.timing.scheme == "diloco":
+            assert exchange.inner_steps * 3 <= 12
+    assert any(line.startswith("akosim: timing ") for line in lines)
+    ako = [c for c in chosen if c.timing.scheme == "ako"]
+    assert len({(c.timing.p, c.timing.ssp) for c in ako}) == len(ako) <= 3
