@@ -417,8 +417,9 @@ class PlanResult:
         "rounds", "the round budget each candidate trained within (null: no ranking)",
         "akosim"))
     ranking: tuple[RankedRun, ...] = field(default=(), metadata=meta(
-        "", "the candidates (the fastest configuration of each scheme within "
-            "--max-staleness) in the order of the ranking, winner first", "akosim"))
+        "", "the candidates (up to three configurations of each scheme within "
+            "--max-staleness: its fastest, the least stale not much slower, one between) "
+            "in the order of the ranking, winner first", "akosim"))
     ranking_verdict: tuple[str, ...] = field(default=(), metadata=meta(
         "", "the ranking in words: the winner, or that no candidate reached the target",
         "akosim"))

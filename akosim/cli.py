@@ -141,8 +141,9 @@ def _add_ranking_arguments(parser: argparse.ArgumentParser) -> None:
         help="rank the schemes by the accuracy their simulated training reaches within "
              "this much simulated time, e.g. 60s (with --target-accuracy: the target must "
              "be reached within it); --target-accuracy alone ranks by time to the target. "
-             "Each scheme's fastest configuration within --max-staleness trains the "
-             "workload for at most --rounds rounds (default 300)")
+             "Up to three configurations of each scheme within --max-staleness (the "
+             "fastest, the least stale not much slower, one between) train the workload "
+             "for at most --rounds rounds (default 300)")
     add("--explain", action="store_true",
         help="the longer explanation: what p, s, H, tau, staleness and the codec mean for "
              "this run, what bounds each configuration (compute, NIC, latency, staleness) "

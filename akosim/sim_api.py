@@ -60,8 +60,9 @@ def plan(config: str | os.PathLike[str] | None = None, *,
             print(run.label, run.round_time_s, run.nic_utilisation)
         print(plan.explanation)
 
-    With ``target_accuracy`` (or ``time_budget="60s"``) each scheme's fastest
-    configuration within ``max_staleness`` also trains the workload in simulated time,
+    With ``target_accuracy`` (or ``time_budget="60s"``) up to three configurations of
+    each scheme within ``max_staleness`` (the fastest, the least stale not much slower,
+    one between) also train the workload in simulated time,
     and ``ranking`` orders them by time to that accuracy (or accuracy within the budget);
     ``explain=True`` fills ``explained`` with the longer explanation::
 

@@ -12,7 +12,6 @@ import pytest
 
 from akocore.results import SCHEMA_VERSION, PlanResult, RecordError
 from akosim.cli import main
-from akosim.plan.accuracy_ranking import ranking_candidates
 
 SMALL = ["--workers", "4", "--bandwidth", "10mbps", "--compute", "10ms", "--rounds", "60",
          "--quiet"]
@@ -32,21 +31,33 @@ def ranked(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
     return text.getvalue(), json.loads(out.read_text())
 
 
-def test_one_candidate_per_scheme_the_fastest_within_the_staleness_limit(ranked) -> None:
+def test_up_to_three_candidates_per_scheme_on_its_pareto_front(ranked) -> None:
+    """Each scheme's candidates are within the limit, none beaten on both staleness and
+    samples/s by another of the same scheme, the least stale at least a quarter of the
+    fastest's samples/s; a scheme without a staleness knob keeps its fastest row."""
+    from akosim.plan.pareto_candidates import SAME_SPEED, SLOWER_AT_MOST
+
     _, data = ranked
     record = PlanResult.from_json(data)
-    labels = [r.label for r in record.ranking]
-    schemes = [r.scheme for r in record.ranking]
-    assert len(schemes) == len(set(schemes))  # at most one per scheme
-    runs = {run.label: run for run in record.runs}
-    for ranked_run in record.ranking:
-        same = [run for run in record.runs if run.scheme == ranked_run.scheme
-                and run.staleness_bound_rounds <= record.max_staleness_rounds]
-        best = max(same, key=lambda run: run.samples_per_s)
-        assert ranked_run.label == best.label
-        assert ranked_run.samples_per_s == runs[ranked_run.label].samples_per_s
-    assert "diloco H=10" in labels and "ring allreduce" in labels
-    assert "ako p=1" not in labels  # Ako's chosen p has more samples/s
+    limit = record.max_staleness_rounds
+    by_scheme: dict[str, list] = {}
+    for r in record.ranking:
+        assert r.staleness_bound_rounds <= limit
+        by_scheme.setdefault(r.scheme, []).append(r)
+    for scheme, mine in by_scheme.items():
+        assert 1 <= len(mine) <= 3, scheme
+        mine.sort(key=lambda r: r.staleness_bound_rounds)
+        speeds = [r.samples_per_s for r in mine]
+        assert all(b > (1 + SAME_SPEED) * a for a, b in zip(speeds, speeds[1:], strict=False)),\
+            scheme
+        assert speeds[0] >= speeds[-1] / SLOWER_AT_MOST
+    assert len(by_scheme["ako"]) == 3 and len(by_scheme["diloco"]) >= 2  # trade-offs
+    assert {r.label for r in by_scheme["allreduce"]} == {"ring allreduce"}
+    ps_rows = [run for run in record.runs if run.scheme == "ps"]
+    assert [r.label for r in by_scheme["ps"]] == [
+        max(ps_rows, key=lambda run: run.samples_per_s).label]  # 1 server: as stale, slower
+    diloco_h = {int(r.label.split("H=")[1]) for r in by_scheme["diloco"]}
+    assert max(diloco_h) * 3 <= record.ranking_rounds  # it syncs while it trains
 
 
 def test_the_ranking_orders_by_time_to_target_and_the_winner_is_recommended(ranked) -> None:
@@ -76,8 +87,10 @@ def test_a_candidate_trains_as_akosim_train_does(ranked) -> None:
     _, data = ranked
     record = PlanResult.from_json(data)
     diloco = next(r for r in record.ranking if r.scheme == "diloco")
+    inner_steps = int(diloco.label.split("H=")[1])
     run = akosim.train(workers=4, bandwidth="10mbps", compute="10ms", rounds=60,
-                       scheme="diloco", target_accuracy=0.7, quiet=True)
+                       scheme="diloco", inner_steps=inner_steps, target_accuracy=0.7,
+                       quiet=True)
     assert run.time_to_target_s == diloco.time_to_target_s
     assert run.final_accuracy == diloco.accuracy
 
@@ -157,15 +170,68 @@ def test_bound_by_names_compute_nic_and_the_staleness_limit() -> None:
         assert bound_by(run, max_staleness_rounds=1e9).startswith("compute: ")
 
 
-def test_ranking_candidates_skip_runs_over_the_limit() -> None:
-    from akosim.plan.compare import compare_all
+def _point(staleness: float, samples_per_s: float):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(timing=SimpleNamespace(staleness_bound_rounds=staleness,
+                                                  samples_per_s=samples_per_s))
+
+
+def test_the_front_drops_dominated_points_and_the_pick_spans_it() -> None:
+    from akosim.plan.pareto_candidates import front, pick
+
+    points = [_point(64, 1000), _point(45, 990), _point(30, 700), _point(22, 500),
+              _point(22, 400), _point(11, 260), _point(5, 120), _point(0, 20),
+              _point(80, 5000)]
+    kept = front(points, max_staleness_rounds=64)  # type: ignore[arg-type]
+    # 64 rounds is hardly faster than 45 (within 2%), 22 at 400 is beaten, 80 is over
+    assert [(c.timing.staleness_bound_rounds, c.timing.samples_per_s) for c in kept] == [
+        (0, 20), (5, 120), (11, 260), (22, 500), (30, 700), (45, 990)]
+    picked = pick(kept)
+    # the best, the one nearest sqrt(12 x 46) = 23.5 rounds + 1, the least stale >= 990/4
+    assert [c.timing.staleness_bound_rounds for c in picked] == [45, 22, 11]
+    assert pick([kept[0]]) == [kept[0]] and pick([]) == []
+    assert front(points, max_staleness_rounds=0)[0].timing.samples_per_s == 20
+
+
+def test_staleness_knobs_come_from_the_scheme_objects() -> None:
+    """The integer keys whose value changes a scheme's staleness bound, whatever its name;
+    none for a parameter server in sync mode or ring all-reduce."""
+    from akocore.schemes.protocol import Scheme
+    from akocore.schemes.registry import scheme_named
+    from akosim.plan.pareto_candidates import _knobs
     from tests.test_plan_advice import _setup
 
-    runs = compare_all(_setup(n=4, rounds=12))
-    assert all(run.staleness_bound_rounds <= 0
-               for run in ranking_candidates(runs, max_staleness_rounds=0))
-    assert {r.scheme for r in ranking_candidates(runs, max_staleness_rounds=1e9)} == \
-        {r.scheme for r in runs}
+    setup = _setup(n=4, rounds=12)
+    assert list(_knobs(scheme_named("diloco"), setup)) == ["inner_steps"]
+    streaming = _knobs(scheme_named("streaming-diloco"), setup)
+    assert list(streaming) == ["inner_steps", "overlap_steps"]
+    assert 1 not in streaming["inner_steps"] and 0 in streaming["overlap_steps"]  # P = 2
+    assert _knobs(scheme_named("ps"), setup) == {} == _knobs(scheme_named("allreduce"), setup)
+
+    class Windowed(Scheme):
+        name = "windowed"
+        keys = ("global_every", "group_size")
+
+        def staleness_bound(self, exchange, *, p_max, ssp):
+            return float(exchange.global_every)
+
+    assert list(_knobs(Windowed(), setup)) == ["global_every"]
+
+
+def test_a_compared_scheme_runs_with_its_own_configured_keys() -> None:
+    """The comparison's DiLoCo row runs the configured H (the config's scheme is Ako)."""
+    import akosim
+
+    common = dict(workers=4, bandwidth="10mbps", compute="10ms", gradient_size="40KB",
+                  rounds=60, quiet=True)
+    compared = akosim.plan(**common, inner_steps=20)
+    row = next(run for run in compared.runs if run.scheme == "diloco")
+    alone = akosim.simulate(**common, scheme="diloco", inner_steps=20)
+    default = next(run for run in akosim.plan(**common).runs if run.scheme == "diloco")
+    assert row.label == "diloco H=20"
+    assert row.bytes_sent_per_worker_per_round == alone.bytes_sent_per_worker_per_round
+    assert row.bytes_sent_per_worker_per_round < default.bytes_sent_per_worker_per_round
 
 
 def test_plan_records_of_version_1_still_read(ranked) -> None:
@@ -186,8 +252,9 @@ def test_plan_records_of_version_1_still_read(ranked) -> None:
 def _recommended(record: PlanResult):
     line = record.recommendation[0]
     assert line.startswith("recommend: ")
-    return next(run for run in sorted(record.runs, key=lambda r: -len(r.label))
-                if line.startswith(f"recommend: {run.label}: "))
+    return next(run for run in sorted((*record.runs, *record.ranking),
+                                      key=lambda r: -len(r.label))
+                if line.startswith(f"recommend: {run.label}: "))  # a row or a candidate
 
 
 @pytest.mark.parametrize("workers, bandwidth", [(8, "10mbps"), (64, "40mbps")])
@@ -222,3 +289,26 @@ def test_the_design_card_with_a_target_names_a_configuration_within_its_limit() 
     assert best.staleness_bound_rounds <= record.max_staleness_rounds
     if record.ranking[0].reached:
         assert best.label == record.ranking[0].label
+
+
+def test_every_candidate_keeps_within_a_tight_staleness_limit() -> None:
+    """Timing only: with --max-staleness 4 the ladders stop at p - 1 + s <= 4 and H <= 5,
+    and a knob's period must come round three times within the training rounds."""
+    from akosim.plan.compare import compare_all
+    from akosim.plan.pareto_candidates import pareto_candidates
+    from tests.test_plan_advice import _setup
+
+    setup = _setup(n=4, rounds=12)
+    runs = compare_all(setup)
+    lines: list[str] = []
+    chosen = pareto_candidates(setup, runs, max_staleness_rounds=4, training_rounds=12,
+                               announce=lines.append)
+    assert chosen and all(c.timing.staleness_bound_rounds <= 4 for c in chosen)
+    assert {c.timing.scheme for c in chosen} >= {"ako", "diloco", "allreduce"}
+    for c in chosen:
+        exchange = c.setup.config.exchange
+        if c.timing.scheme == "diloco":
+            assert exchange.inner_steps * 3 <= 12
+    assert any(line.startswith("akosim: timing ") for line in lines)
+    ako = [c for c in chosen if c.timing.scheme == "ako"]
+    assert len({(c.timing.p, c.timing.ssp) for c in ako}) == len(ako) <= 3

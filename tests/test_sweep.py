@@ -281,3 +281,29 @@ def test_ako_points_choose_s_with_p_as_the_plan_does_unless_ssp_is_given(tmp_pat
     assert all(point["config"]["exchange"]["ssp"] > 0 for point in points)
     assert not any(p.choose_ssp for p in points_of("--workers", "4", "--ssp", "0"))
     assert not any(p.choose_ssp for p in points_of("--workers", "4", "--scheme", "ps"))
+
+
+def test_max_staleness_holds_p_auto_within_the_limit_as_the_plan_does(tmp_path, capsys):
+    # 6 nodes on 10 Mbit/s: p = auto is 18 (staleness 18 rounds with s = 1); held within
+    # 8 rounds it is the plan's held p, and the limit is part of the point's identity.
+    import akosim
+
+    assert sweep(tmp_path / "free", "--workers", "6", "--bandwidth", "10mbps") == 0
+    assert sweep(tmp_path / "held", "--workers", "6", "--bandwidth", "10mbps",
+                 "--max-staleness", "8") == 0
+    free = read_csv(tmp_path / "free" / "sweep.csv")[0]
+    held = read_csv(tmp_path / "held" / "sweep.csv")[0]
+    assert float(free["staleness_bound_rounds"]) > 8
+    assert float(held["staleness_bound_rounds"]) <= 8 and int(held["p"]) < int(free["p"])
+    planned = akosim.plan(workers=6, bandwidth="10mbps", scheme="ako", gradient_size="40KB",
+                          compute="10ms", rounds=3, max_staleness=8, quiet=True).runs[0]
+    assert (int(held["p"]), float(held["ssp"])) == (planned.p, planned.ssp)
+    assert held["point_id"] != free["point_id"]
+    assert [p.id for p in points_of("--workers", "6")] == [
+        p.id for p in points_of("--workers", "6")]  # without the flag: the ids as before
+    assert "max_staleness_rounds" not in sim_settings(
+        build_parser().parse_args([*TINY, "--out", "unused"]))
+    with pytest.raises(SystemExit) as exited:
+        sweep(tmp_path / "bad", "--workers", "6", "--max-staleness", "-1")
+    assert exited.value.code == 2
+    assert "--max-staleness: got -1, expected rounds >= 0" in capsys.readouterr().err

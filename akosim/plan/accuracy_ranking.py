@@ -1,9 +1,10 @@
 """Which scheme reaches the user's accuracy first: the plan's comparison ranked by training.
 
 With ``--target-accuracy`` (or ``--time-budget``) the plan does not stop at
-throughput. `ranking_candidates` takes, of each scheme, its configuration of
-the highest throughput among the comparison's runs within ``--max-staleness``
-(so at most one training per scheme: a handful, not the whole table);
+throughput. akosim.plan.pareto_candidates takes, of each scheme, up to three
+configurations of its staleness/throughput Pareto front within
+``--max-staleness`` (the throughput-best, the least stale not much slower, one
+between; a handful of trainings, not the whole table);
 `rank_by_accuracy` trains each of them in simulated time (akosim.sim.scenario's
 training mode: the workload's real JAX gradients, every message applied at its
 simulated arrival) up to a round budget, stopping a candidate at the target,
@@ -21,10 +22,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from akocore.cli_support import UsageError
-from akocore.schemes.registry import is_partitioned
 from akocore.units import format_duration
+from akosim.plan.pareto_candidates import pareto_candidates
 from akosim.sim.engine import StopRule
-from akosim.sim.scenario import Setup, SimRun, Variant, simulate
+from akosim.sim.scenario import Setup, SimRun, simulate
 
 if TYPE_CHECKING:
     from akocore.results import RankedRun
@@ -72,47 +73,29 @@ class Ranking:
         return verdict(self)
 
 
-def ranking_candidates(runs: list[SimRun], *, max_staleness_rounds: float) -> list[SimRun]:
-    """Of each scheme, its run of the highest samples/s within `max_staleness_rounds` (the
-    comparison's order kept): what is worth training."""
-    best: dict[str, SimRun] = {}
-    for run in runs:
-        if run.staleness_bound_rounds > max_staleness_rounds:
-            continue
-        kept = best.get(run.scheme)
-        if kept is None or run.samples_per_s > kept.samples_per_s:
-            best[run.scheme] = run
-    return [run for run in runs if best.get(run.scheme) is run]
-
-
-def variant_of(run: SimRun) -> Variant:
-    """The configuration a comparison row simulated, to simulate it again (training)."""
-    p_of = tuple(run.p_of) if is_partitioned(run.scheme) else (1,)
-    return Variant(run.scheme, p_of=p_of, ps_servers=run.ps_servers, ssp=run.ssp,
-                   label=run.label, p_reason=run.p_reason)
-
-
 def rank_by_accuracy(setup: Setup, runs: list[SimRun], workload: FlatWorkload,
                      goal: RankingGoal, *, max_staleness_rounds: float,
                      factory: ProgressFactory | None = None,
                      announce: Callable[[str], None] | None = None) -> Ranking:
-    """Train each candidate of `runs` (`ranking_candidates`) in simulated time and order
-    them by `goal`; `announce` hears one line per candidate (progress on stderr)."""
+    """Train each candidate (akosim.plan.pareto_candidates: up to three of each scheme
+    of `runs`) in simulated time and order them by `goal`; `announce` hears one line per
+    scheme timed for the ladder and per candidate trained (progress on stderr)."""
     if workload.param_count != setup.length:
         raise UsageError(f"the ranking trains the workload's {workload.param_count:,} "
                          f"parameters, the plan timed {setup.length:,}")
-    candidates = ranking_candidates(runs, max_staleness_rounds=max_staleness_rounds)
+    candidates = pareto_candidates(setup, runs, max_staleness_rounds=max_staleness_rounds,
+                                   training_rounds=goal.rounds, announce=announce)
     stop = StopRule(rounds=goal.rounds, duration_s=goal.time_budget_s, drain=True)
-    training_setup = replace(setup, stop=stop)
     ranked = []
-    for index, timing in enumerate(candidates, 1):
+    for index, candidate in enumerate(candidates, 1):
+        timing = candidate.timing
         if announce is not None:
             announce(f"akosim: training {index}/{len(candidates)}: {timing.label} "
                      f"({goal.describe()})")
         progress = factory(timing.label, goal.rounds) if factory is not None else None
-        trained = simulate(training_setup, variant_of(timing), workload=workload,
-                           eval_every=goal.eval_every, target_accuracy=goal.target_accuracy,
-                           on_progress=progress)
+        trained = simulate(replace(candidate.setup, stop=stop), candidate.variant,
+                           workload=workload, eval_every=goal.eval_every,
+                           target_accuracy=goal.target_accuracy, on_progress=progress)
         reached = goal.target_accuracy is not None and trained.time_to_target_s is not None
         ranked.append(Ranked(timing, trained, reached))
     return Ranking(goal, tuple(sorted(ranked, key=lambda r: _order(r, goal))))

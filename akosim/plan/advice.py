@@ -51,7 +51,7 @@ def chosen_plan(setup: Setup) -> Plan:
     return setup.configured_plan()
 
 
-def _latency_s(setup: Setup) -> float:
+def slowest_latency_s(setup: Setup) -> float:
     """The slowest link's latency plus the largest per-message overhead."""
     arrays = network_arrays(setup.config)
     off_diagonal = arrays.latency_s[~np.eye(setup.nodes, dtype=bool)]
@@ -62,7 +62,7 @@ def _latency_s(setup: Setup) -> float:
 def with_overlap_ssp(setup: Setup) -> Setup:
     """`setup` with s = the smallest staleness bound that lets sending overlap compute."""
     plan = chosen_plan(setup)
-    ssp = overlap_ssp(plan_inputs(setup), plan.p_of, _latency_s(setup))
+    ssp = overlap_ssp(plan_inputs(setup), plan.p_of, slowest_latency_s(setup))
     exchange = replace(setup.config.exchange, ssp=float(ssp))
     return replace(setup, config=replace(setup.config, exchange=exchange),
                    plan=replace(plan, staleness=float(ssp)))
@@ -85,7 +85,7 @@ def within_staleness(setup: Setup, max_staleness_rounds: float, *, choose_ssp: b
     if not scheme.partitioned or isinstance(exchange.p, tuple):
         return setup
     plan = chosen_plan(setup)
-    inputs, latency_s = plan_inputs(setup), _latency_s(setup)
+    inputs, latency_s = plan_inputs(setup), slowest_latency_s(setup)
 
     def bound(p_of: tuple[int, ...]) -> float:
         ssp = overlap_ssp(inputs, p_of, latency_s) if choose_ssp else exchange.ssp

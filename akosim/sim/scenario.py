@@ -186,9 +186,12 @@ def simulate(setup: Setup, variant: Variant, *, trace: bool = False,
              on_progress: Callable[[int], None] | None = None) -> SimRun:
     """Run one variant. With `workload`, the workers really train (training mode)."""
     config = setup.config
-    spec = scheme_spec(config, variant.p_of, ps_servers=variant.ps_servers)
-    if variant.scheme != spec.scheme or variant.ssp != spec.staleness:
-        spec = replace(spec, scheme=variant.scheme, staleness=variant.ssp)
+    # the variant's scheme reads its own keys (a compared DiLoCo row its configured H,
+    # not the defaults: the config's scheme may be another)
+    own = replace(config, exchange=replace(config.exchange, scheme=variant.scheme))
+    spec = scheme_spec(own, variant.p_of, ps_servers=variant.ps_servers)
+    if variant.ssp != spec.staleness:
+        spec = replace(spec, staleness=variant.ssp)
     params0 = optimizer = None
     if workload is not None:
         params0 = np.array(workload.init_params, dtype=np.float32)

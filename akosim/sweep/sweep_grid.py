@@ -11,8 +11,11 @@ variant, the scheme of its config (ako unless --scheme, --config or --set say
 otherwise), and writes DIR/points/<id>.json atomically; an Ako point whose
 staleness bound no layer sets gets s chosen with p as the plan command does
 (akosim.plan.advice.with_overlap_ssp: the smallest s that lets sending overlap
-compute), and its file holds the config with that s; a point whose file
-exists is skipped, so an interrupted sweep resumes where it stopped. `--shard
+compute), and its file holds the config with that s; with `--max-staleness
+ROUNDS` an Ako point's p = auto is held within that staleness bound as the plan
+holds it (akosim.plan.advice.within_staleness, through
+akosim.plan.execute.run_setup: the largest p whose bound p - 1 + s fits); a
+point whose file exists is skipped, so an interrupted sweep resumes where it stopped. `--shard
 I/N` keeps the points whose index modulo N is I (a SLURM array task runs
 `--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT`). At the end every point
 found in DIR/points is collected into DIR/sweep.json and DIR/sweep.csv
@@ -59,7 +62,6 @@ from akosim.plan.runspec import (
     TIMING_DEFAULTS,
     USER_ERRORS,
     check_fits,
-    configured_runs,
     gradient_length_of_size,
     load_workload,
 )
@@ -161,6 +163,10 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     add("--workload-arg", metavar="KEY=VALUE", action="append", dest="workload_arg",
         help="an argument of the workload, repeatable, e.g. --workload-arg width=64")
     add("--batch-size", metavar="N", help="examples per worker per round (default 104)")
+    add("--max-staleness", metavar="ROUNDS", type=int, default=None,
+        help="hold p = auto within this staleness bound in rounds (p - 1 + s), as akosim "
+             "plan does: the largest p that fits, the NIC then pacing the rounds "
+             "(default: no limit; the plan's default is 64)")
     run = parser.add_argument_group("running")
     add = run.add_argument
     add("--out", metavar="DIR", required=True,
@@ -237,6 +243,11 @@ def sim_settings(args: argparse.Namespace) -> dict[str, Any]:
         settings["gradient_length"] = "workload"
     compute = compute_setting(args.compute)  # seconds, "measure" or "remeasure"
     settings["compute_s"] = "measure" if isinstance(compute, str) else compute
+    limit = getattr(args, "max_staleness", None)
+    if limit is not None:  # only when given: the ids of sweeps without it stay the same
+        if limit < 0:
+            raise UsageError(f"--max-staleness: got {limit}, expected rounds >= 0")
+        settings["max_staleness_rounds"] = limit
     return settings
 
 
@@ -290,9 +301,12 @@ def run_point(task: dict[str, Any]) -> tuple[str, float]:
 
     `task` is plain data (it crosses to a worker process): id, grid, the
     config as config_to_dict gives it, gradient length, compute seconds,
-    the simulation settings, the output folder and whether to choose s with p
-    (the point's file then holds the config with the chosen s).
+    the simulation settings (with --max-staleness, the limit p = auto is held
+    within), the output folder and whether to choose s with p (the point's file
+    then holds the config with the chosen s). The runs come from the plan layer's
+    akosim.plan.execute.run_setup, as the plan's do.
     """
+    from akosim.plan.execute import run_setup
     from akosim.plan.result_tables import json_safe, run_result, write_json
     from akosim.plan.setup import build_setup, fixed_compute, stop_rule, tcp_parameters_for
 
@@ -301,13 +315,11 @@ def run_point(task: dict[str, Any]) -> tuple[str, float]:
     tcp = tcp_parameters_for(config)  # this host's cached calibration, else defaults
     setup = build_setup(config, length=task["length"], compute=fixed_compute(task["compute_s"]),
                         stop=stop_rule(config), tcp=None if tcp is None else tcp.params)
-    config_record = task["config"]
-    if task.get("choose_ssp"):
-        from akosim.plan.advice import with_overlap_ssp
-
-        setup = with_overlap_ssp(setup)
-        config_record = config_to_dict(setup.config)
-    runs = configured_runs(setup)
+    choose_ssp = bool(task.get("choose_ssp"))
+    planned = run_setup(setup, choose_ssp=choose_ssp, compare=False,
+                        max_staleness_rounds=task["settings"].get("max_staleness_rounds"))
+    setup, runs = planned.setup, planned.runs
+    config_record = config_to_dict(setup.config) if choose_ssp else task["config"]
     wall_s = time.perf_counter() - started
     point = SweepPoint(
         id=task["id"], grid=task["grid"], config=config_record, sim=task["settings"],
