@@ -58,6 +58,9 @@ _LOCAL_SOLVE_MIN_FLOWS = 32
 
 _NO_DELIVERIES: tuple[Delivery, ...] = ()
 _NO_FLOWS: tuple[np.ndarray, np.ndarray] = (np.empty(0, np.intp), np.empty(0, np.intp))
+_NO_NEW_FLOWS = (np.empty(0, np.intp), np.empty(0, np.intp), np.empty(0), np.empty(0, np.intp),
+                 np.empty(0, np.int64))
+_NO_CAPACITY = np.empty(0)
 # (sender, receivers, size in bytes (one for all or one each), pair keys, batch id)
 _Start = tuple[int, np.ndarray, float | np.ndarray, np.ndarray | None, int]
 
@@ -139,6 +142,9 @@ class FluidFlows:
         n = spec.n
         self._n = n
         self._resources = ResourceIndex(spec, scan_pairs=True)
+        # With the compiled kernels, a whole `advance` is one call
+        # (akosim.network.fluid_compiled.advance) where they build the columns.
+        self._one_call = not self._resources.any_pairs or self._resources.dense
         off_diagonal = spec.latency_s[~np.eye(n, dtype=bool)]
         self._uniform_latency_s: float | None = None
         if off_diagonal.size == 0:
@@ -202,6 +208,8 @@ class FluidFlows:
         """Bring the flows to `now_s`: (deliveries of the transfers that ended,
         time of the next completion or inf). Call it at the time it returned
         (or earlier, after a `start`); later is allowed but ends flows late."""
+        if self._books is not None and self._one_call:
+            return self._advance_compiled(now_s)
         finished: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         need_solve = bool(self._pending)
         if self._src.size > self._dead:
@@ -218,6 +226,42 @@ class FluidFlows:
         next_s = float(self._finish_s.min()) if self._src.size > self._dead else np.inf
         deliveries = self._deliveries(*finished) if finished is not None else []
         return deliveries, next_s
+
+    def _advance_compiled(self, now_s: float) -> tuple[list[Delivery], float]:
+        """`advance` in one call of the compiled kernel (the same steps, the same bits)."""
+        books = self._books
+        assert books is not None
+        has_new = bool(self._pending)
+        new_src, new_dst, new_sizes, new_keys, new_batch = (
+            self._take_pending() if has_new else _NO_NEW_FLOWS)
+        resources = self._resources
+        keys = self._pair_key
+        (self._src, self._dst, out_keys, self._batch, self._size_bytes, self._rate_bps,
+         self._finish_s, self._early_s, self._pinned, self._dead, self._saturated_nics,
+         src, dst, batch, size, ended, solved, local, next_s) = books.advance(
+            now_s, _FINISH_REL * abs(now_s) + _FINISH_ABS_S, self.coalesce_rel * BITS_PER_BYTE,
+            self.incremental, _LOCAL_SOLVE_MIN_FLOWS, keys is not None, self._n,
+            resources.nic_capacity_bps,
+            _NO_CAPACITY if resources.dense_capacity_bps is None
+            else resources.dense_capacity_bps,
+            resources.pair_capacity_bps, self._src, self._dst,
+            keys if keys is not None else _NO_FLOWS[0], self._batch, self._size_bytes,
+            self._rate_bps, self._finish_s, self._early_s, self._pinned, self._dead,
+            self._saturated_nics, self._nic_active, self._nic_ended_bits, self._nic_busy_s,
+            self._nic_busy_since_s, has_new, new_src, new_dst, new_keys, new_batch, new_sizes)
+        if keys is not None:
+            self._pair_key = out_keys
+        if solved:
+            self.rate_solves += 1
+            self.local_solves += local
+        if not ended:
+            return [], next_s
+        self.flow_completions += ended
+        # Deliveries are grouped by batch: keep batch order.
+        if ended > 1 and bool((batch[1:] < batch[:-1]).any()):
+            order = np.argsort(batch, kind="stable")
+            src, dst, batch, size = src[order], dst[order], batch[order], size[order]
+        return self._deliveries(src, dst, batch, size), next_s
 
     @property
     def active_flows(self) -> int:
@@ -407,6 +451,32 @@ class FluidFlows:
         self._pinned = self._pinned[live]
         self._dead = 0
 
+    def _take_pending(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                      np.ndarray]:
+        """The queued starts as flow arrays (src, dst, size, pair key (empty without
+        pair caps), batch), in the order queued; the queue is emptied."""
+        pending = self._pending
+        self._pending = []
+        if len(pending) == 1:
+            src, dst, size, keys, batch_id = pending[0]
+            count = dst.size
+            return (np.full(count, src, dtype=np.intp), dst,
+                    np.full(count, size) if isinstance(size, float) else size,
+                    keys if keys is not None else _NO_FLOWS[0],
+                    np.full(count, batch_id, dtype=np.int64))
+        counts = [start[1].size for start in pending]
+        sizes = [start[2] for start in pending]
+        if all(isinstance(size, float) for size in sizes):
+            new_sizes = np.repeat(np.array(sizes, dtype=np.float64), counts)
+        else:
+            new_sizes = np.concatenate([np.broadcast_to(size, (count,))
+                                        for size, count in zip(sizes, counts, strict=True)])
+        keys_list = [start[3] for start in pending if start[3] is not None]
+        return (np.repeat(np.array([start[0] for start in pending]), counts),
+                np.concatenate([start[1] for start in pending]), new_sizes,
+                np.concatenate(keys_list) if keys_list else _NO_FLOWS[0],
+                np.repeat(np.array([start[4] for start in pending], dtype=np.int64), counts))
+
     def _solve(self, now: float, local: bool = False) -> None:
         """Bring in pending flows and recompute rates: every rate, or with `local`
         only those of the flows around what started or ended (proved max-min
@@ -420,44 +490,12 @@ class FluidFlows:
             np.maximum(remaining_bytes, 0.0, out=remaining_bytes)
         old_count = self._src.size
         if self._pending:
-            pending = self._pending
-            self._pending = []
-            if len(pending) == 1:
-                src, dst, size, keys, batch_id = pending[0]
-                count = dst.size
-                self._src = np.concatenate([self._src, np.full(count, src, dtype=np.intp)])
-                self._dst = np.concatenate([self._dst, dst])
-                new_sizes = np.full(count, size) if isinstance(size, float) else size
-                if self._pair_key is not None and keys is not None:
-                    self._pair_key = np.concatenate([self._pair_key, keys])
-                self._batch = np.concatenate(
-                    [self._batch, np.full(count, batch_id, dtype=np.int64)])
-            else:
-                counts = [start[1].size for start in pending]
-                self._src = np.concatenate(
-                    [self._src, np.repeat(np.array([start[0] for start in pending]), counts)]
-                )
-                self._dst = np.concatenate([self._dst] + [start[1] for start in pending])
-                sizes = [start[2] for start in pending]
-                if all(isinstance(size, float) for size in sizes):
-                    new_sizes = np.repeat(np.array(sizes, dtype=np.float64), counts)
-                else:
-                    new_sizes = np.concatenate(
-                        [
-                            np.broadcast_to(size, (count,))
-                            for size, count in zip(sizes, counts, strict=True)
-                        ]
-                    )
-                if self._pair_key is not None:
-                    keys_list = [start[3] for start in pending if start[3] is not None]
-                    self._pair_key = np.concatenate([self._pair_key, *keys_list])
-                self._batch = np.concatenate(
-                    [
-                        self._batch,
-                        np.repeat(np.array([start[4] for start in pending], dtype=np.int64),
-                                  counts),
-                    ]
-                )
+            new_src, new_dst, new_sizes, new_keys, new_batch = self._take_pending()
+            self._src = np.concatenate([self._src, new_src])
+            self._dst = np.concatenate([self._dst, new_dst])
+            if self._pair_key is not None:
+                self._pair_key = np.concatenate([self._pair_key, new_keys])
+            self._batch = np.concatenate([self._batch, new_batch])
             self._size_bytes = np.concatenate([self._size_bytes, new_sizes])
             self._nics_busy(self._src[old_count:], self._dst[old_count:], now)
             remaining_bytes = np.concatenate([remaining_bytes, new_sizes])
