@@ -127,3 +127,14 @@ def test_every_recorded_engine_case_gives_the_same_round_ends_compiled(name, mon
     reference = run_case(name)
     monkeypatch.setattr(fluid, "_COMPILE_AFTER_FLOWS", 0)
     assert run_case(name) == reference
+
+
+def test_warming_the_compiled_kernels_runs_each_of_them():
+    # The benchmark warms the kernels before timing: every kernel a run calls is then
+    # compiled (or loaded), the incremental update and the filling included.
+    from akosim.network import fluid_compiled
+    from akosim.network.fluid import warm_compiled
+
+    for solves, local_solves in warm_compiled():  # without and with per-pair caps
+        assert 0 < local_solves < solves
+    assert fluid_compiled.advance.signatures
