@@ -137,4 +137,4 @@ def test_warming_the_compiled_kernels_runs_each_of_them():
 
     for solves, local_solves in warm_compiled():  # without and with per-pair caps
         assert 0 < local_solves < solves
-    assert fluid_compiled.advance.signatures
+    assert fluid_compiled.retire_due.signatures and fluid_compiled.solve.signatures

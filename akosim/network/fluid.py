@@ -255,40 +255,57 @@ class FluidFlows:
         return deliveries, next_s
 
     def _advance_compiled(self, now_s: float) -> tuple[list[Delivery], float]:
-        """`advance` in one call of the compiled kernel (the same steps, the same bits)."""
+        """`advance` through the compiled kernels in at most two calls
+        (akosim.network.fluid_compiled.retire_due and solve): the same steps, the same bits."""
         books = self._books
         assert books is not None
-        has_new = bool(self._pending)
-        new_src, new_dst, new_sizes, new_keys, new_batch = (
-            self._take_pending() if has_new else _NO_NEW_FLOWS)
-        resources = self._resources
-        keys = self._pair_key
-        (self._src, self._dst, out_keys, self._batch, self._size_bytes, self._rate_bps,
-         self._finish_s, self._early_s, self._pinned, self._dead, self._saturated_nics,
-         src, dst, batch, size, ended, solved, local, next_s) = books.advance(
-            now_s, _FINISH_REL * abs(now_s) + _FINISH_ABS_S, self.coalesce_rel * BITS_PER_BYTE,
-            self.incremental, _LOCAL_SOLVE_MIN_FLOWS, keys is not None, self._n,
-            resources.nic_capacity_bps,
-            _NO_CAPACITY if resources.dense_capacity_bps is None
-            else resources.dense_capacity_bps,
-            resources.pair_capacity_bps, self._src, self._dst,
-            keys if keys is not None else _NO_FLOWS[0], self._batch, self._size_bytes,
-            self._rate_bps, self._finish_s, self._early_s, self._pinned, self._dead,
-            self._saturated_nics, self._nic_active, self._nic_ended_bits, self._nic_busy_s,
-            self._nic_busy_since_s, has_new, new_src, new_dst, new_keys, new_batch, new_sizes)
-        if keys is not None:
-            self._pair_key = out_keys
-        if solved:
-            self.rate_solves += 1
-            self.local_solves += local
-        if not ended:
-            return [], next_s
-        self.flow_completions += ended
-        # Deliveries are grouped by batch: keep batch order.
-        if ended > 1 and bool((batch[1:] < batch[:-1]).any()):
-            order = np.argsort(batch, kind="stable")
-            src, dst, batch, size = src[order], dst[order], batch[order], size[order]
-        return self._deliveries(src, dst, batch, size), next_s
+        deliveries: list[Delivery] = []
+        need_solve = bool(self._pending)
+        next_s = np.inf
+        freed = _NO_FLOWS
+        if self._src.shape[0] > self._dead:
+            src, dst, batch, size, pinned_done, ended, n_pinned, next_s = books.retire_due(
+                now_s, _FINISH_REL * abs(now_s) + _FINISH_ABS_S, self._src, self._dst,
+                self._batch, self._size_bytes, self._rate_bps, self._finish_s, self._early_s,
+                self._pinned, self._n, self._nic_active, self._nic_ended_bits,
+                self._nic_busy_s, self._nic_busy_since_s)
+            if ended:
+                self.flow_completions += ended
+                self._dead += ended
+                if self._dead == self._src.shape[0]:
+                    self._clear_flows()
+                elif n_pinned:
+                    need_solve = True
+                    freed = (src[pinned_done], dst[pinned_done])
+                # Deliveries are grouped by batch: keep batch order.
+                if ended > 1 and bool((batch[1:] < batch[:-1]).any()):
+                    order = np.argsort(batch, kind="stable")
+                    src, dst, batch, size = src[order], dst[order], batch[order], size[order]
+                deliveries = self._deliveries(src, dst, batch, size)
+        if need_solve:
+            new_src, new_dst, new_sizes, new_keys, new_batch = (
+                self._take_pending() if self._pending else _NO_NEW_FLOWS)
+            resources = self._resources
+            keys = self._pair_key
+            (self._src, self._dst, out_keys, self._batch, self._size_bytes, self._rate_bps,
+             self._finish_s, self._early_s, self._pinned, self._saturated_nics, solved, local,
+             next_s) = books.solve(
+                now_s, self.coalesce_rel * BITS_PER_BYTE, self.incremental,
+                _LOCAL_SOLVE_MIN_FLOWS, keys is not None, self._n, resources.nic_capacity_bps,
+                _NO_CAPACITY if resources.dense_capacity_bps is None
+                else resources.dense_capacity_bps,
+                resources.pair_capacity_bps, self._src, self._dst,
+                keys if keys is not None else _NO_FLOWS[0], self._batch, self._size_bytes,
+                self._rate_bps, self._finish_s, self._early_s, self._pinned,
+                self._saturated_nics, freed[0], freed[1], self._nic_active,
+                self._nic_busy_since_s, new_src, new_dst, new_keys, new_batch, new_sizes)
+            self._dead = 0
+            if keys is not None:
+                self._pair_key = out_keys
+            if solved:
+                self.rate_solves += 1
+                self.local_solves += local
+        return deliveries, float(next_s)
 
     @property
     def active_flows(self) -> int:

@@ -8,9 +8,10 @@ own per-call cost, which at a few thousand flows costs more than the solve
 itself (`dense_columns` builds the solver's resource columns). These kernels
 do the same steps in one pass each, with the same floating-point operations
 in the same order (the results are the numpy steps' bit for bit:
-tests/test_maxmin_compiled.py runs whole fluid runs both ways). `advance` is
-the fluid model's whole wake-up in one call (retire, solve, next finish time),
-so a wake-up crosses from Python into compiled code once. Loaded with
+tests/test_maxmin_compiled.py runs whole fluid runs both ways). `retire_due` and
+`solve` are the fluid model's wake-up in at most two calls (what ended and
+the next finish time; the rate solve with its bookkeeping), so a wake-up
+crosses from Python into compiled code once or twice. Loaded with
 akosim.network.maxmin_compiled, once a run has solved enough flows.
 """
 
@@ -207,144 +208,100 @@ def _nics_busy(src: np.ndarray, dst: np.ndarray, now_s: float, n: int, nic_activ
 
 
 @njit(cache=True, error_model="numpy")
-def advance(now_s: float, tolerance_s: float, early_bits_per_byte: float, incremental: bool,
-            local_min_flows: int, has_keys: bool, n: int, nic_capacity_bps: np.ndarray,
-            dense_capacity_bps: np.ndarray, pair_capacity_bps: np.ndarray,
-            src: np.ndarray, dst: np.ndarray, pair_key: np.ndarray, batch: np.ndarray,
-            size_bytes: np.ndarray, rate_bps: np.ndarray, finish_s: np.ndarray,
-            early_s: np.ndarray, pinned: np.ndarray, dead: int, saturated_nics: np.ndarray,
-            nic_active: np.ndarray, nic_ended_bits: np.ndarray, nic_busy_s: np.ndarray,
-            nic_busy_since_s: np.ndarray, has_new: bool, new_src: np.ndarray,
-            new_dst: np.ndarray, new_key: np.ndarray, new_batch: np.ndarray,
-            new_size_bytes: np.ndarray):
-    """The fluid model's whole `advance(now_s)` in one call, for the cases whose
-    resource columns the kernels build (no pair caps, or a dense pair index):
-    retire the flows due by `now_s` (`retire`), and if a saturated flow ended
-    or flows start (`new_*`, `has_new`), compact, bring the new flows in, solve
-    (the incremental update when it applies, else the filling) and set the
-    finish times (`compact`, `dense_columns`, `local_seed`, `update`, `fill`,
-    `timing`): the steps of akosim.network.fluid in their order, so the same bits.
-    `pair_key` and `new_key` have a key per flow when `has_keys` (the spec has pair
-    caps), else none. NIC arrays are updated in place. Returns (the flow arrays after
-    the step, dead flows, saturated NICs, the ended flows' src, dst, batch and
-    size in retirement order, how many ended, whether it solved, whether that
-    solve was local, the next finish time or inf)."""
+def retire_due(now_s: float, tolerance_s: float, src: np.ndarray, dst: np.ndarray,
+               batch: np.ndarray, size_bytes: np.ndarray, rate_bps: np.ndarray,
+               finish_s: np.ndarray, early_s: np.ndarray, pinned: np.ndarray, n: int,
+               nic_active: np.ndarray, nic_ended_bits: np.ndarray, nic_busy_s: np.ndarray,
+               nic_busy_since_s: np.ndarray):
+    """The first half of the fluid model's `advance(now_s)`: the flows that count as
+    finished by `now_s` (early_s <= now_s + tolerance_s) are retired (`retire`), in one
+    pass that also finds the next finish time of the others. Returns the ended flows'
+    (src, dst, batch, size, whether each was pinned), how many and how many of them were
+    pinned, and the next finish time of the flows left (inf if none)."""
     m = src.shape[0]
-    ended = 0
-    need_solve = has_new
-    done_src = np.empty(0, src.dtype)
-    done_dst = np.empty(0, dst.dtype)
-    done_batch = np.empty(0, batch.dtype)
-    done_size = np.empty(0)
-    freed_src = np.empty(0, src.dtype)
-    freed_dst = np.empty(0, dst.dtype)
-    if m > dead:
-        due_s = now_s + tolerance_s
-        count = 0
+    due_s = now_s + tolerance_s
+    idx = np.empty(m, np.intp)
+    count = 0
+    next_s = np.inf
+    for f in range(m):
+        if early_s[f] <= due_s:
+            idx[count] = f
+            count += 1
+        elif finish_s[f] < next_s:
+            next_s = finish_s[f]
+    done_src, done_dst, done_batch, done_size, pinned_done = retire(
+        idx[:count], now_s, tolerance_s, src, dst, batch, size_bytes, rate_bps, finish_s,
+        early_s, pinned, n, nic_active, nic_ended_bits, nic_busy_s, nic_busy_since_s)
+    n_pinned = 0
+    for i in range(count):
+        if pinned_done[i]:
+            n_pinned += 1
+    return done_src, done_dst, done_batch, done_size, pinned_done, count, n_pinned, next_s
+
+
+@njit(cache=True, error_model="numpy")
+def solve(now_s: float, early_bits_per_byte: float, incremental: bool, local_min_flows: int,
+          has_keys: bool, n: int, nic_capacity_bps: np.ndarray, dense_capacity_bps: np.ndarray,
+          pair_capacity_bps: np.ndarray, src: np.ndarray, dst: np.ndarray,
+          pair_key: np.ndarray, batch: np.ndarray, size_bytes: np.ndarray,
+          rate_bps: np.ndarray, finish_s: np.ndarray, early_s: np.ndarray,
+          pinned: np.ndarray, saturated_nics: np.ndarray, freed_src: np.ndarray,
+          freed_dst: np.ndarray, nic_active: np.ndarray, nic_busy_since_s: np.ndarray,
+          new_src: np.ndarray, new_dst: np.ndarray, new_key: np.ndarray,
+          new_batch: np.ndarray, new_size_bytes: np.ndarray):
+    """The fluid model's `_solve` with the compiled kernels, in one call, for the cases
+    whose resource columns they build (no pair caps, or a dense pair index): compact,
+    bring the new flows (`new_*`) in, solve (the incremental update when it applies,
+    else the filling) and set the finish times: `compact`, `dense_columns`,
+    `local_seed`, `update`, `fill` and `timing` in the order the fluid model calls
+    them, so the same bits. `pair_key` and `new_key` have a key per flow when
+    `has_keys` (the spec has pair caps), else none. Returns the flow arrays, the
+    saturated NICs, whether it solved (False: no flow left), whether the update
+    proved its result, and the next finish time (inf if no flow is left)."""
+    (src, dst, pair_key, batch, size_bytes, rate_bps, finish_s, early_s, pinned,
+     remaining_bytes) = compact(finish_s, now_s, src, dst, pair_key, batch, size_bytes,
+                                rate_bps, early_s, pinned)
+    old_count = src.shape[0]
+    if new_src.shape[0]:
+        src = np.concatenate((src, new_src))
+        dst = np.concatenate((dst, new_dst))
+        size_bytes = np.concatenate((size_bytes, new_size_bytes))
+        if has_keys:
+            pair_key = np.concatenate((pair_key, new_key))
+        batch = np.concatenate((batch, new_batch))
+        _nics_busy(new_src, new_dst, now_s, n, nic_active, nic_busy_since_s)
+        remaining_bytes = np.concatenate((remaining_bytes, new_size_bytes))
+    m = src.shape[0]
+    if m == 0:
+        return (src, dst, pair_key, batch, size_bytes, rate_bps, finish_s, early_s, pinned,
+                np.zeros(2 * n, np.bool_), False, False, np.inf)
+    local = (incremental and m > local_min_flows and m - old_count <= m // 2)
+    if has_keys:
+        columns, flow_cap_bps, has_cap = dense_columns(src, dst, pair_key, n,
+                                                       pair_capacity_bps)
+        capacity_bps = dense_capacity_bps if columns.shape[0] == 3 else nic_capacity_bps
+    else:
+        columns = np.empty((2, m), np.intp)
         for f in range(m):
-            if early_s[f] <= due_s:
-                count += 1
-        if count:
-            idx = np.empty(count, np.intp)
-            at = 0
-            for f in range(m):
-                if early_s[f] <= due_s:
-                    idx[at] = f
-                    at += 1
-            done_src, done_dst, done_batch, done_size, pinned_done = retire(
-                idx, now_s, tolerance_s, src, dst, batch, size_bytes, rate_bps, finish_s,
-                early_s, pinned, n, nic_active, nic_ended_bits, nic_busy_s, nic_busy_since_s)
-            ended = count
-            dead += count
-            if dead == m:  # no flow left in flight
-                src = np.empty(0, src.dtype)
-                dst = np.empty(0, dst.dtype)
-                pair_key = np.empty(0, pair_key.dtype)
-                batch = np.empty(0, batch.dtype)
-                size_bytes = np.empty(0)
-                rate_bps = np.empty(0)
-                finish_s = np.empty(0)
-                early_s = np.empty(0)
-                pinned = np.empty(0, np.bool_)
-                dead = 0
-                saturated_nics = np.zeros(2 * n, np.bool_)
-            else:
-                n_freed = 0
-                for i in range(count):
-                    if pinned_done[i]:
-                        n_freed += 1
-                if n_freed:
-                    need_solve = True
-                    freed_src = np.empty(n_freed, src.dtype)
-                    freed_dst = np.empty(n_freed, dst.dtype)
-                    at = 0
-                    for i in range(count):
-                        if pinned_done[i]:
-                            freed_src[at] = done_src[i]
-                            freed_dst[at] = done_dst[i]
-                            at += 1
-    solved = False
-    local_done = False
-    if need_solve:
-        (src, dst, pair_key, batch, size_bytes, rate_bps, finish_s, early_s, pinned,
-         remaining_bytes) = compact(finish_s, now_s, src, dst, pair_key, batch, size_bytes,
-                                    rate_bps, early_s, pinned)
-        dead = 0
-        old_count = src.shape[0]
-        if has_new:
-            src = np.concatenate((src, new_src))
-            dst = np.concatenate((dst, new_dst))
-            size_bytes = np.concatenate((size_bytes, new_size_bytes))
-            if has_keys:
-                pair_key = np.concatenate((pair_key, new_key))
-            batch = np.concatenate((batch, new_batch))
-            _nics_busy(new_src, new_dst, now_s, n, nic_active, nic_busy_since_s)
-            remaining_bytes = np.concatenate((remaining_bytes, new_size_bytes))
-        m = src.shape[0]
-        if m == 0:
-            pair_key = np.empty(0, pair_key.dtype)
-            rate_bps = np.empty(0)
-            finish_s = np.empty(0)
-            early_s = np.empty(0)
-            pinned = np.empty(0, np.bool_)
-            saturated_nics = np.zeros(2 * n, np.bool_)
-        else:
-            local = (incremental and m > local_min_flows and m - old_count <= m // 2)
-            if has_keys:
-                columns, flow_cap_bps, has_cap = dense_columns(src, dst, pair_key, n,
-                                                               pair_capacity_bps)
-                capacity_bps = (dense_capacity_bps if columns.shape[0] == 3
-                                else nic_capacity_bps)
-            else:
-                columns = np.empty((2, m), np.intp)
-                for f in range(m):
-                    columns[0, f] = src[f]
-                    columns[1, f] = dst[f] + n
-                flow_cap_bps = np.full(m, np.inf)
-                has_cap = False
-                capacity_bps = nic_capacity_bps
-            proved = False
-            new_rate_bps = rate_bps
-            saturated_shared = saturated_nics
-            if local:
-                old_rate_bps = rate_bps
-                if m > old_count:
-                    old_rate_bps = np.concatenate((rate_bps, np.zeros(m - old_count)))
-                seed = local_seed(columns, capacity_bps.shape[0], old_count, freed_src,
-                                  freed_dst, saturated_nics, n)
-                proved, new_rate_bps, saturated_shared, _ = update(
-                    columns, capacity_bps, flow_cap_bps, has_cap, old_rate_bps, seed, m // 2)
-            if not proved:
-                new_rate_bps, saturated_shared = fill(columns, capacity_bps, flow_cap_bps,
-                                                      has_cap)
-            local_done = proved
-            saturated_nics = saturated_shared[:2 * n]
-            rate_bps = new_rate_bps
-            pinned, finish_s, early_s = timing(columns, saturated_shared, now_s,
-                                               remaining_bytes, size_bytes, rate_bps,
-                                               early_bits_per_byte)
-            solved = True
-    next_s = finish_s.min() if src.shape[0] > dead else np.inf
-    return (src, dst, pair_key, batch, size_bytes, rate_bps, finish_s, early_s, pinned, dead,
-            saturated_nics, done_src, done_dst, done_batch, done_size, ended, solved,
-            local_done, next_s)
+            columns[0, f] = src[f]
+            columns[1, f] = dst[f] + n
+        flow_cap_bps = np.full(m, np.inf)
+        has_cap = False
+        capacity_bps = nic_capacity_bps
+    proved = False
+    new_rate_bps = rate_bps
+    saturated_shared = saturated_nics
+    if local:
+        old_rate_bps = rate_bps
+        if m > old_count:
+            old_rate_bps = np.concatenate((rate_bps, np.zeros(m - old_count)))
+        seed = local_seed(columns, capacity_bps.shape[0], old_count, freed_src, freed_dst,
+                          saturated_nics, n)
+        proved, new_rate_bps, saturated_shared, _ = update(
+            columns, capacity_bps, flow_cap_bps, has_cap, old_rate_bps, seed, m // 2)
+    if not proved:
+        new_rate_bps, saturated_shared = fill(columns, capacity_bps, flow_cap_bps, has_cap)
+    pinned, finish_s, early_s = timing(columns, saturated_shared, now_s, remaining_bytes,
+                                       size_bytes, new_rate_bps, early_bits_per_byte)
+    return (src, dst, pair_key, batch, size_bytes, new_rate_bps, finish_s, early_s, pinned,
+            saturated_shared[:2 * n], True, proved, finish_s.min())
