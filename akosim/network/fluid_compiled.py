@@ -252,49 +252,86 @@ def solve(now_s: float, early_bits_per_byte: float, incremental: bool, local_min
     """The fluid model's `_solve` with the compiled kernels, in one call, for the cases
     whose resource columns they build (no pair caps, or a dense pair index): compact,
     bring the new flows (`new_*`) in, solve (the incremental update when it applies,
-    else the filling) and set the finish times: `compact`, `dense_columns`,
-    `local_seed`, `update`, `fill` and `timing` in the order the fluid model calls
-    them, so the same bits. `pair_key` and `new_key` have a key per flow when
-    `has_keys` (the spec has pair caps), else none. Returns the flow arrays, the
-    saturated NICs, whether it solved (False: no flow left), whether the update
-    proved its result, and the next finish time (inf if no flow is left)."""
-    (src, dst, pair_key, batch, size_bytes, rate_bps, finish_s, early_s, pinned,
-     remaining_bytes) = compact(finish_s, now_s, src, dst, pair_key, batch, size_bytes,
-                                rate_bps, early_s, pinned)
-    old_count = src.shape[0]
-    if new_src.shape[0]:
-        src = np.concatenate((src, new_src))
-        dst = np.concatenate((dst, new_dst))
-        size_bytes = np.concatenate((size_bytes, new_size_bytes))
+    else the filling) and set the finish times: `compact` and `dense_columns` (fused
+    in one pass), `local_seed`, `update`, `fill` and `timing`, the same arithmetic in
+    the order the fluid model does it, so the same bits. `pair_key` and `new_key`
+    have a key per flow when `has_keys` (the spec has pair caps), else none. Returns
+    the flow arrays, the saturated NICs, whether it solved (False: no flow left),
+    whether the update proved its result, and the next finish time (inf if none)."""
+    # One pass over the flows in flight and the new ones: `compact`, the new flows
+    # appended, and `dense_columns`' two resource columns and flow caps (a pair
+    # crossed by several flows needs the third column: built after, as it does).
+    m_old = src.shape[0]
+    old_count = 0
+    for f in range(m_old):
+        if finish_s[f] < np.inf:
+            old_count += 1
+    n_new = new_src.shape[0]
+    m = old_count + n_new
+    out_src = np.empty(m, src.dtype)
+    out_dst = np.empty(m, dst.dtype)
+    out_key = np.empty(m if has_keys else 0, pair_key.dtype)
+    out_batch = np.empty(m, batch.dtype)
+    out_size = np.empty(m)
+    old_rate_bps = np.zeros(m)  # what `update` is given: 0 for the new flows
+    remaining_bytes = np.empty(m)
+    columns = np.empty((2, m), np.intp)
+    flow_cap_bps = np.full(m, np.inf)
+    uses = np.zeros(n * n if has_keys else 0, np.int64)
+    any_pair = False
+    at = 0
+    for f in range(m_old + n_new):
+        if f < m_old:
+            if not finish_s[f] < np.inf:
+                continue
+            i, j, s_bytes = src[f], dst[f], size_bytes[f]
+            key = pair_key[f] if has_keys else -1
+            out_batch[at] = batch[f]
+            old_rate_bps[at] = rate_bps[f]
+            left = rate_bps[f] * (finish_s[f] - now_s) / BITS_PER_BYTE
+            remaining_bytes[at] = 0.0 if left < 0.0 else left
+        else:
+            g = f - m_old
+            i, j, s_bytes = new_src[g], new_dst[g], new_size_bytes[g]
+            key = new_key[g] if has_keys else -1
+            out_batch[at] = new_batch[g]
+            remaining_bytes[at] = s_bytes
+        out_src[at] = i
+        out_dst[at] = j
+        out_size[at] = s_bytes
+        columns[0, at] = i
+        columns[1, at] = j + n
         if has_keys:
-            pair_key = np.concatenate((pair_key, new_key))
-        batch = np.concatenate((batch, new_batch))
+            out_key[at] = key
+            if key >= 0:
+                uses[key] += 1
+                any_pair = True
+                flow_cap_bps[at] = pair_capacity_bps[key]
+        at += 1
+    if n_new:
         _nics_busy(new_src, new_dst, now_s, n, nic_active, nic_busy_since_s)
-        remaining_bytes = np.concatenate((remaining_bytes, new_size_bytes))
-    m = src.shape[0]
+    src, dst, pair_key, batch, size_bytes = out_src, out_dst, out_key, out_batch, out_size
     if m == 0:
-        return (src, dst, pair_key, batch, size_bytes, rate_bps, finish_s, early_s, pinned,
-                np.zeros(2 * n, np.bool_), False, False, np.inf)
+        return (src, dst, pair_key, batch, size_bytes, old_rate_bps, np.empty(0),
+                np.empty(0), np.empty(0, np.bool_), np.zeros(2 * n, np.bool_), False, False,
+                np.inf)
     local = (incremental and m > local_min_flows and m - old_count <= m // 2)
-    if has_keys:
+    has_cap = any_pair
+    capacity_bps = nic_capacity_bps
+    shared = False
+    if any_pair:
+        for f in range(m):
+            if pair_key[f] >= 0 and uses[pair_key[f]] > 1:
+                shared = True
+                break
+    if shared:
         columns, flow_cap_bps, has_cap = dense_columns(src, dst, pair_key, n,
                                                        pair_capacity_bps)
-        capacity_bps = dense_capacity_bps if columns.shape[0] == 3 else nic_capacity_bps
-    else:
-        columns = np.empty((2, m), np.intp)
-        for f in range(m):
-            columns[0, f] = src[f]
-            columns[1, f] = dst[f] + n
-        flow_cap_bps = np.full(m, np.inf)
-        has_cap = False
-        capacity_bps = nic_capacity_bps
+        capacity_bps = dense_capacity_bps
     proved = False
-    new_rate_bps = rate_bps
+    new_rate_bps = old_rate_bps
     saturated_shared = saturated_nics
     if local:
-        old_rate_bps = rate_bps
-        if m > old_count:
-            old_rate_bps = np.concatenate((rate_bps, np.zeros(m - old_count)))
         seed = local_seed(columns, capacity_bps.shape[0], old_count, freed_src, freed_dst,
                           saturated_nics, n)
         proved, new_rate_bps, saturated_shared, _ = update(
