@@ -277,11 +277,7 @@ class FluidFlows:
                 elif n_pinned:
                     need_solve = True
                     freed = (src[pinned_done], dst[pinned_done])
-                # Deliveries are grouped by batch: keep batch order.
-                if ended > 1 and bool((batch[1:] < batch[:-1]).any()):
-                    order = np.argsort(batch, kind="stable")
-                    src, dst, batch, size = src[order], dst[order], batch[order], size[order]
-                deliveries = self._deliveries(src, dst, batch, size)
+                deliveries = self._deliveries(src, dst, batch, size)  # in batch order
         if need_solve:
             new_src, new_dst, new_sizes, new_keys, new_batch = (
                 self._take_pending() if self._pending else _NO_NEW_FLOWS)

@@ -216,8 +216,9 @@ def retire_due(now_s: float, tolerance_s: float, src: np.ndarray, dst: np.ndarra
     """The first half of the fluid model's `advance(now_s)`: the flows that count as
     finished by `now_s` (early_s <= now_s + tolerance_s) are retired (`retire`), in one
     pass that also finds the next finish time of the others. Returns the ended flows'
-    (src, dst, batch, size, whether each was pinned), how many and how many of them were
-    pinned, and the next finish time of the flows left (inf if none)."""
+    (src, dst, batch, size, whether each was pinned) in batch order (stable), how many
+    and how many of them were pinned, and the next finish time of the flows left (inf
+    if none)."""
     m = src.shape[0]
     due_s = now_s + tolerance_s
     idx = np.empty(m, np.intp)
@@ -233,9 +234,16 @@ def retire_due(now_s: float, tolerance_s: float, src: np.ndarray, dst: np.ndarra
         idx[:count], now_s, tolerance_s, src, dst, batch, size_bytes, rate_bps, finish_s,
         early_s, pinned, n, nic_active, nic_ended_bits, nic_busy_s, nic_busy_since_s)
     n_pinned = 0
+    in_order = True
     for i in range(count):
         if pinned_done[i]:
             n_pinned += 1
+        if i and done_batch[i] < done_batch[i - 1]:
+            in_order = False
+    if not in_order:  # deliveries are grouped by batch: a stable sort, as np.argsort's
+        order = np.argsort(done_batch, kind="mergesort")
+        done_src, done_dst, done_batch = done_src[order], done_dst[order], done_batch[order]
+        done_size, pinned_done = done_size[order], pinned_done[order]
     return done_src, done_dst, done_batch, done_size, pinned_done, count, n_pinned, next_s
 
 
