@@ -17,7 +17,9 @@ on the resources that changed (new flows' NICs, the saturated NICs of flows
 that ended), grown until the whole allocation is proved max-min fair
 (akosim.network.maxmin.max_min_update), unless that is over half of them; once
 a run has solved enough flows, the solver is the compiled one
-(akosim.network.maxmin_compiled: the same rates to the bit, less CPU). A message
+(akosim.network.maxmin_compiled: the same rates to the bit, less CPU), and a
+wake-up is at most two compiled calls (akosim.network.fluid_compiled.retire_due,
+then solve if rates change) where those kernels build the resource columns. A message
 arrives `latency_s[i, j]` after its last byte left (bandwidth is used from the
 start of the flow). What each NIC carried and how long it was busy are kept as
 flows start and end (`nic_carried_bits`, `nic_busy_s`), so a wake-up that
@@ -253,55 +255,6 @@ class FluidFlows:
         next_s = float(self._finish_s.min()) if self._src.size > self._dead else np.inf
         deliveries = self._deliveries(*finished) if finished is not None else []
         return deliveries, next_s
-
-    def _advance_compiled(self, now_s: float) -> tuple[list[Delivery], float]:
-        """`advance` through the compiled kernels in at most two calls
-        (akosim.network.fluid_compiled.retire_due and solve): the same steps, the same bits."""
-        books = self._books
-        assert books is not None
-        deliveries: list[Delivery] = []
-        need_solve = bool(self._pending)
-        next_s = np.inf
-        freed = _NO_FLOWS
-        if self._src.shape[0] > self._dead:
-            src, dst, batch, size, pinned_done, ended, n_pinned, next_s = books.retire_due(
-                now_s, _FINISH_REL * abs(now_s) + _FINISH_ABS_S, self._src, self._dst,
-                self._batch, self._size_bytes, self._rate_bps, self._finish_s, self._early_s,
-                self._pinned, self._n, self._nic_active, self._nic_ended_bits,
-                self._nic_busy_s, self._nic_busy_since_s)
-            if ended:
-                self.flow_completions += ended
-                self._dead += ended
-                if self._dead == self._src.shape[0]:
-                    self._clear_flows()
-                elif n_pinned:
-                    need_solve = True
-                    freed = (src[pinned_done], dst[pinned_done])
-                deliveries = self._deliveries(src, dst, batch, size)  # in batch order
-        if need_solve:
-            new_src, new_dst, new_sizes, new_keys, new_batch = (
-                self._take_pending() if self._pending else _NO_NEW_FLOWS)
-            resources = self._resources
-            keys = self._pair_key
-            (self._src, self._dst, out_keys, self._batch, self._size_bytes, self._rate_bps,
-             self._finish_s, self._early_s, self._pinned, self._saturated_nics, solved, local,
-             next_s) = books.solve(
-                now_s, self.coalesce_rel * BITS_PER_BYTE, self.incremental,
-                _LOCAL_SOLVE_MIN_FLOWS, keys is not None, self._n, resources.nic_capacity_bps,
-                _NO_CAPACITY if resources.dense_capacity_bps is None
-                else resources.dense_capacity_bps,
-                resources.pair_capacity_bps, self._src, self._dst,
-                keys if keys is not None else _NO_FLOWS[0], self._batch, self._size_bytes,
-                self._rate_bps, self._finish_s, self._early_s, self._pinned,
-                self._saturated_nics, freed[0], freed[1], self._nic_active,
-                self._nic_busy_since_s, new_src, new_dst, new_keys, new_batch, new_sizes)
-            self._dead = 0
-            if keys is not None:
-                self._pair_key = out_keys
-            if solved:
-                self.rate_solves += 1
-                self.local_solves += local
-        return deliveries, float(next_s)
 
     @property
     def active_flows(self) -> int:
@@ -626,6 +579,55 @@ class FluidFlows:
 
         self._kernel = maxmin_compiled
         self._books = fluid_compiled
+
+    def _advance_compiled(self, now_s: float) -> tuple[list[Delivery], float]:
+        """`advance` through the compiled kernels in at most two calls
+        (akosim.network.fluid_compiled.retire_due and solve): the same steps, the same bits."""
+        books = self._books
+        assert books is not None
+        deliveries: list[Delivery] = []
+        need_solve = bool(self._pending)
+        next_s = np.inf
+        freed = _NO_FLOWS
+        if self._src.shape[0] > self._dead:
+            src, dst, batch, size, pinned_done, ended, n_pinned, next_s = books.retire_due(
+                now_s, _FINISH_REL * abs(now_s) + _FINISH_ABS_S, self._src, self._dst,
+                self._batch, self._size_bytes, self._rate_bps, self._finish_s, self._early_s,
+                self._pinned, self._n, self._nic_active, self._nic_ended_bits,
+                self._nic_busy_s, self._nic_busy_since_s)
+            if ended:
+                self.flow_completions += ended
+                self._dead += ended
+                if self._dead == self._src.shape[0]:
+                    self._clear_flows()
+                elif n_pinned:
+                    need_solve = True
+                    freed = (src[pinned_done], dst[pinned_done])
+                deliveries = self._deliveries(src, dst, batch, size)  # in batch order
+        if need_solve:
+            new_src, new_dst, new_sizes, new_keys, new_batch = (
+                self._take_pending() if self._pending else _NO_NEW_FLOWS)
+            resources = self._resources
+            keys = self._pair_key
+            (self._src, self._dst, out_keys, self._batch, self._size_bytes, self._rate_bps,
+             self._finish_s, self._early_s, self._pinned, self._saturated_nics, solved, local,
+             next_s) = books.solve(
+                now_s, self.coalesce_rel * BITS_PER_BYTE, self.incremental,
+                _LOCAL_SOLVE_MIN_FLOWS, keys is not None, self._n, resources.nic_capacity_bps,
+                _NO_CAPACITY if resources.dense_capacity_bps is None
+                else resources.dense_capacity_bps,
+                resources.pair_capacity_bps, self._src, self._dst,
+                keys if keys is not None else _NO_FLOWS[0], self._batch, self._size_bytes,
+                self._rate_bps, self._finish_s, self._early_s, self._pinned,
+                self._saturated_nics, freed[0], freed[1], self._nic_active,
+                self._nic_busy_since_s, new_src, new_dst, new_keys, new_batch, new_sizes)
+            self._dead = 0
+            if keys is not None:
+                self._pair_key = out_keys
+            if solved:
+                self.rate_solves += 1
+                self.local_solves += local
+        return deliveries, float(next_s)
 
     def _compact_compiled(self, now_s: float) -> np.ndarray:
         """`_compact` (whether or not a flow ended) and what each flow has left to send,
