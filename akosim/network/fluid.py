@@ -17,7 +17,9 @@ on the resources that changed (new flows' NICs, the saturated NICs of flows
 that ended), grown until the whole allocation is proved max-min fair
 (akosim.network.maxmin.max_min_update), unless that is over half of them; once
 a run has solved enough flows, the solver is the compiled one
-(akosim.network.maxmin_compiled: the same rates to the bit, less CPU). A message
+(akosim.network.maxmin_compiled: the same rates to the bit, less CPU), and a
+wake-up is at most two compiled calls (akosim.network.fluid_compiled.retire_due,
+then solve if rates change) where those kernels build the resource columns. A message
 arrives `latency_s[i, j]` after its last byte left (bandwidth is used from the
 start of the flow). What each NIC carried and how long it was busy are kept as
 flows start and end (`nic_carried_bits`, `nic_busy_s`), so a wake-up that
@@ -58,6 +60,9 @@ _LOCAL_SOLVE_MIN_FLOWS = 32
 
 _NO_DELIVERIES: tuple[Delivery, ...] = ()
 _NO_FLOWS: tuple[np.ndarray, np.ndarray] = (np.empty(0, np.intp), np.empty(0, np.intp))
+_NO_NEW_FLOWS = (np.empty(0, np.intp), np.empty(0, np.intp), np.empty(0), np.empty(0, np.intp),
+                 np.empty(0, np.int64))
+_NO_CAPACITY = np.empty(0)
 # (sender, receivers, size in bytes (one for all or one each), pair keys, batch id)
 _Start = tuple[int, np.ndarray, float | np.ndarray, np.ndarray | None, int]
 
@@ -100,6 +105,33 @@ def check_send(n: int, src: int, dsts: np.ndarray | Sequence[int],
     return src, dst, sizes
 
 
+def warm_compiled() -> list[tuple[int, int]]:
+    """Load the compiled kernels (akosim.network.maxmin_compiled, fluid_compiled) and run
+    each once on two small networks, without and with per-pair caps, through full and
+    incremental solves: their one-time cost (compiling on a machine's first call,
+    loading numba's cache after) is then paid here, not inside what is timed next
+    (the benchmark's per-round figures). Returns (rate solves, incremental ones) of each
+    network."""
+    solves = []
+    n = 8
+    ring = np.add.outer(np.arange(n), np.arange(n)) % 5
+    for pair_caps in (False, True):
+        link_bps = 1e6 * (1.0 + ring) if pair_caps else np.full((n, n), np.inf)
+        np.fill_diagonal(link_bps, np.inf)
+        spec = NetworkSpec(uplink_bps=np.full(n, 4e6), downlink_bps=np.full(n, 4e6),
+                           link_bps=link_bps, latency_s=np.zeros((n, n)))
+        flows = FluidFlows(spec, compiled=True)
+        for src in range(n):
+            flows.start(src, np.array([d for d in range(n) if d != src], dtype=np.intp),
+                        1e5 * (1 + src), src)
+        _, next_s = flows.advance(0.0)
+        flows.start(0, np.arange(1, n, dtype=np.intp), 1e5, n)  # a local solve
+        while next_s < np.inf:
+            _, next_s = flows.advance(next_s)
+        solves.append((flows.rate_solves, flows.local_solves))
+    return solves
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Delivery:
     """Messages whose transfer ended, all arriving `latency_s` after it ended.
@@ -139,6 +171,9 @@ class FluidFlows:
         n = spec.n
         self._n = n
         self._resources = ResourceIndex(spec, scan_pairs=True)
+        # With the compiled kernels, a whole `advance` is one call
+        # (akosim.network.fluid_compiled.advance) where they build the columns.
+        self._one_call = not self._resources.any_pairs or self._resources.dense
         off_diagonal = spec.latency_s[~np.eye(n, dtype=bool)]
         self._uniform_latency_s: float | None = None
         if off_diagonal.size == 0:
@@ -202,6 +237,8 @@ class FluidFlows:
         """Bring the flows to `now_s`: (deliveries of the transfers that ended,
         time of the next completion or inf). Call it at the time it returned
         (or earlier, after a `start`); later is allowed but ends flows late."""
+        if self._books is not None and self._one_call:
+            return self._advance_compiled(now_s)
         finished: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         need_solve = bool(self._pending)
         if self._src.size > self._dead:
@@ -407,6 +444,32 @@ class FluidFlows:
         self._pinned = self._pinned[live]
         self._dead = 0
 
+    def _take_pending(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                      np.ndarray]:
+        """The queued starts as flow arrays (src, dst, size, pair key (empty without
+        pair caps), batch), in the order queued; the queue is emptied."""
+        pending = self._pending
+        self._pending = []
+        if len(pending) == 1:
+            src, dst, size, keys, batch_id = pending[0]
+            count = dst.size
+            return (np.full(count, src, dtype=np.intp), dst,
+                    np.full(count, size) if isinstance(size, float) else size,
+                    keys if keys is not None else _NO_FLOWS[0],
+                    np.full(count, batch_id, dtype=np.int64))
+        counts = [start[1].size for start in pending]
+        sizes = [start[2] for start in pending]
+        if all(isinstance(size, float) for size in sizes):
+            new_sizes = np.repeat(np.array(sizes, dtype=np.float64), counts)
+        else:
+            new_sizes = np.concatenate([np.broadcast_to(size, (count,))
+                                        for size, count in zip(sizes, counts, strict=True)])
+        keys_list = [start[3] for start in pending if start[3] is not None]
+        return (np.repeat(np.array([start[0] for start in pending]), counts),
+                np.concatenate([start[1] for start in pending]), new_sizes,
+                np.concatenate(keys_list) if keys_list else _NO_FLOWS[0],
+                np.repeat(np.array([start[4] for start in pending], dtype=np.int64), counts))
+
     def _solve(self, now: float, local: bool = False) -> None:
         """Bring in pending flows and recompute rates: every rate, or with `local`
         only those of the flows around what started or ended (proved max-min
@@ -420,44 +483,12 @@ class FluidFlows:
             np.maximum(remaining_bytes, 0.0, out=remaining_bytes)
         old_count = self._src.size
         if self._pending:
-            pending = self._pending
-            self._pending = []
-            if len(pending) == 1:
-                src, dst, size, keys, batch_id = pending[0]
-                count = dst.size
-                self._src = np.concatenate([self._src, np.full(count, src, dtype=np.intp)])
-                self._dst = np.concatenate([self._dst, dst])
-                new_sizes = np.full(count, size) if isinstance(size, float) else size
-                if self._pair_key is not None and keys is not None:
-                    self._pair_key = np.concatenate([self._pair_key, keys])
-                self._batch = np.concatenate(
-                    [self._batch, np.full(count, batch_id, dtype=np.int64)])
-            else:
-                counts = [start[1].size for start in pending]
-                self._src = np.concatenate(
-                    [self._src, np.repeat(np.array([start[0] for start in pending]), counts)]
-                )
-                self._dst = np.concatenate([self._dst] + [start[1] for start in pending])
-                sizes = [start[2] for start in pending]
-                if all(isinstance(size, float) for size in sizes):
-                    new_sizes = np.repeat(np.array(sizes, dtype=np.float64), counts)
-                else:
-                    new_sizes = np.concatenate(
-                        [
-                            np.broadcast_to(size, (count,))
-                            for size, count in zip(sizes, counts, strict=True)
-                        ]
-                    )
-                if self._pair_key is not None:
-                    keys_list = [start[3] for start in pending if start[3] is not None]
-                    self._pair_key = np.concatenate([self._pair_key, *keys_list])
-                self._batch = np.concatenate(
-                    [
-                        self._batch,
-                        np.repeat(np.array([start[4] for start in pending], dtype=np.int64),
-                                  counts),
-                    ]
-                )
+            new_src, new_dst, new_sizes, new_keys, new_batch = self._take_pending()
+            self._src = np.concatenate([self._src, new_src])
+            self._dst = np.concatenate([self._dst, new_dst])
+            if self._pair_key is not None:
+                self._pair_key = np.concatenate([self._pair_key, new_keys])
+            self._batch = np.concatenate([self._batch, new_batch])
             self._size_bytes = np.concatenate([self._size_bytes, new_sizes])
             self._nics_busy(self._src[old_count:], self._dst[old_count:], now)
             remaining_bytes = np.concatenate([remaining_bytes, new_sizes])
@@ -548,6 +579,55 @@ class FluidFlows:
 
         self._kernel = maxmin_compiled
         self._books = fluid_compiled
+
+    def _advance_compiled(self, now_s: float) -> tuple[list[Delivery], float]:
+        """`advance` through the compiled kernels in at most two calls
+        (akosim.network.fluid_compiled.retire_due and solve): the same steps, the same bits."""
+        books = self._books
+        assert books is not None
+        deliveries: list[Delivery] = []
+        need_solve = bool(self._pending)
+        next_s = np.inf
+        freed = _NO_FLOWS
+        if self._src.shape[0] > self._dead:
+            src, dst, batch, size, pinned_done, ended, n_pinned, next_s = books.retire_due(
+                now_s, _FINISH_REL * abs(now_s) + _FINISH_ABS_S, self._src, self._dst,
+                self._batch, self._size_bytes, self._rate_bps, self._finish_s, self._early_s,
+                self._pinned, self._n, self._nic_active, self._nic_ended_bits,
+                self._nic_busy_s, self._nic_busy_since_s)
+            if ended:
+                self.flow_completions += ended
+                self._dead += ended
+                if self._dead == self._src.shape[0]:
+                    self._clear_flows()
+                elif n_pinned:
+                    need_solve = True
+                    freed = (src[pinned_done], dst[pinned_done])
+                deliveries = self._deliveries(src, dst, batch, size)  # in batch order
+        if need_solve:
+            new_src, new_dst, new_sizes, new_keys, new_batch = (
+                self._take_pending() if self._pending else _NO_NEW_FLOWS)
+            resources = self._resources
+            keys = self._pair_key
+            (self._src, self._dst, out_keys, self._batch, self._size_bytes, self._rate_bps,
+             self._finish_s, self._early_s, self._pinned, self._saturated_nics, solved, local,
+             next_s) = books.solve(
+                now_s, self.coalesce_rel * BITS_PER_BYTE, self.incremental,
+                _LOCAL_SOLVE_MIN_FLOWS, keys is not None, self._n, resources.nic_capacity_bps,
+                _NO_CAPACITY if resources.dense_capacity_bps is None
+                else resources.dense_capacity_bps,
+                resources.pair_capacity_bps, self._src, self._dst,
+                keys if keys is not None else _NO_FLOWS[0], self._batch, self._size_bytes,
+                self._rate_bps, self._finish_s, self._early_s, self._pinned,
+                self._saturated_nics, freed[0], freed[1], self._nic_active,
+                self._nic_busy_since_s, new_src, new_dst, new_keys, new_batch, new_sizes)
+            self._dead = 0
+            if keys is not None:
+                self._pair_key = out_keys
+            if solved:
+                self.rate_solves += 1
+                self.local_solves += local
+        return deliveries, float(next_s)
 
     def _compact_compiled(self, now_s: float) -> np.ndarray:
         """`_compact` (whether or not a flow ended) and what each flow has left to send,

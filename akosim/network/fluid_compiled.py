@@ -8,7 +8,10 @@ own per-call cost, which at a few thousand flows costs more than the solve
 itself (`dense_columns` builds the solver's resource columns). These kernels
 do the same steps in one pass each, with the same floating-point operations
 in the same order (the results are the numpy steps' bit for bit:
-tests/test_maxmin_compiled.py runs whole fluid runs both ways). Loaded with
+tests/test_maxmin_compiled.py runs whole fluid runs both ways). `retire_due` and
+`solve` are the fluid model's wake-up in at most two calls (what ended and
+the next finish time; the rate solve with its bookkeeping), so a wake-up
+crosses from Python into compiled code once or twice. Loaded with
 akosim.network.maxmin_compiled, once a run has solved enough flows.
 """
 
@@ -16,6 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+from akosim.network.maxmin_compiled import fill, update
 
 BITS_PER_BYTE = 8
 
@@ -187,3 +192,161 @@ def retire(idx: np.ndarray, now_s: float, tolerance_s: float, src: np.ndarray,
         if before[q] > 0 and nic_active[q] == 0:
             nic_busy_s[q] += now_s - nic_busy_since_s[q]
     return out_src, out_dst, out_batch, out_size, out_pinned
+
+
+@njit(cache=True, error_model="numpy")
+def _nics_busy(src: np.ndarray, dst: np.ndarray, now_s: float, n: int, nic_active: np.ndarray,
+               nic_busy_since_s: np.ndarray) -> None:
+    """Flows src[k] -> dst[k] are in flight from `now_s` (the fluid model's `_nics_busy`)."""
+    before = nic_active.copy()
+    for i in range(src.shape[0]):
+        nic_active[src[i]] += 1
+        nic_active[dst[i] + n] += 1
+    for q in range(2 * n):
+        if before[q] == 0 and nic_active[q] > 0:
+            nic_busy_since_s[q] = now_s
+
+
+@njit(cache=True, error_model="numpy")
+def retire_due(now_s: float, tolerance_s: float, src: np.ndarray, dst: np.ndarray,
+               batch: np.ndarray, size_bytes: np.ndarray, rate_bps: np.ndarray,
+               finish_s: np.ndarray, early_s: np.ndarray, pinned: np.ndarray, n: int,
+               nic_active: np.ndarray, nic_ended_bits: np.ndarray, nic_busy_s: np.ndarray,
+               nic_busy_since_s: np.ndarray):
+    """The first half of the fluid model's `advance(now_s)`: the flows that count as
+    finished by `now_s` (early_s <= now_s + tolerance_s) are retired (`retire`), in one
+    pass that also finds the next finish time of the others. Returns the ended flows'
+    (src, dst, batch, size, whether each was pinned) in batch order (stable), how many
+    and how many of them were pinned, and the next finish time of the flows left (inf
+    if none)."""
+    m = src.shape[0]
+    due_s = now_s + tolerance_s
+    idx = np.empty(m, np.intp)
+    count = 0
+    next_s = np.inf
+    for f in range(m):
+        if early_s[f] <= due_s:
+            idx[count] = f
+            count += 1
+        elif finish_s[f] < next_s:
+            next_s = finish_s[f]
+    done_src, done_dst, done_batch, done_size, pinned_done = retire(
+        idx[:count], now_s, tolerance_s, src, dst, batch, size_bytes, rate_bps, finish_s,
+        early_s, pinned, n, nic_active, nic_ended_bits, nic_busy_s, nic_busy_since_s)
+    n_pinned = 0
+    in_order = True
+    for i in range(count):
+        if pinned_done[i]:
+            n_pinned += 1
+        if i and done_batch[i] < done_batch[i - 1]:
+            in_order = False
+    if not in_order:  # deliveries are grouped by batch: a stable sort, as np.argsort's
+        order = np.argsort(done_batch, kind="mergesort")
+        done_src, done_dst, done_batch = done_src[order], done_dst[order], done_batch[order]
+        done_size, pinned_done = done_size[order], pinned_done[order]
+    return done_src, done_dst, done_batch, done_size, pinned_done, count, n_pinned, next_s
+
+
+@njit(cache=True, error_model="numpy")
+def solve(now_s: float, early_bits_per_byte: float, incremental: bool, local_min_flows: int,
+          has_keys: bool, n: int, nic_capacity_bps: np.ndarray, dense_capacity_bps: np.ndarray,
+          pair_capacity_bps: np.ndarray, src: np.ndarray, dst: np.ndarray,
+          pair_key: np.ndarray, batch: np.ndarray, size_bytes: np.ndarray,
+          rate_bps: np.ndarray, finish_s: np.ndarray, early_s: np.ndarray,
+          pinned: np.ndarray, saturated_nics: np.ndarray, freed_src: np.ndarray,
+          freed_dst: np.ndarray, nic_active: np.ndarray, nic_busy_since_s: np.ndarray,
+          new_src: np.ndarray, new_dst: np.ndarray, new_key: np.ndarray,
+          new_batch: np.ndarray, new_size_bytes: np.ndarray):
+    """The fluid model's `_solve` with the compiled kernels, in one call, for the cases
+    whose resource columns they build (no pair caps, or a dense pair index): compact,
+    bring the new flows (`new_*`) in, solve (the incremental update when it applies,
+    else the filling) and set the finish times: `compact` and `dense_columns` (fused
+    in one pass), `local_seed`, `update`, `fill` and `timing`, the same arithmetic in
+    the order the fluid model does it, so the same bits. `pair_key` and `new_key`
+    have a key per flow when `has_keys` (the spec has pair caps), else none. Returns
+    the flow arrays, the saturated NICs, whether it solved (False: no flow left),
+    whether the update proved its result, and the next finish time (inf if none)."""
+    # One pass over the flows in flight and the new ones: `compact`, the new flows
+    # appended, and `dense_columns`' two resource columns and flow caps (a pair
+    # crossed by several flows needs the third column: built after, as it does).
+    m_old = src.shape[0]
+    old_count = 0
+    for f in range(m_old):
+        if finish_s[f] < np.inf:
+            old_count += 1
+    n_new = new_src.shape[0]
+    m = old_count + n_new
+    out_src = np.empty(m, src.dtype)
+    out_dst = np.empty(m, dst.dtype)
+    out_key = np.empty(m if has_keys else 0, pair_key.dtype)
+    out_batch = np.empty(m, batch.dtype)
+    out_size = np.empty(m)
+    old_rate_bps = np.zeros(m)  # what `update` is given: 0 for the new flows
+    remaining_bytes = np.empty(m)
+    columns = np.empty((2, m), np.intp)
+    flow_cap_bps = np.full(m, np.inf)
+    uses = np.zeros(n * n if has_keys else 0, np.int64)
+    any_pair = False
+    at = 0
+    for f in range(m_old + n_new):
+        if f < m_old:
+            if not finish_s[f] < np.inf:
+                continue
+            i, j, s_bytes = src[f], dst[f], size_bytes[f]
+            key = pair_key[f] if has_keys else -1
+            out_batch[at] = batch[f]
+            old_rate_bps[at] = rate_bps[f]
+            left = rate_bps[f] * (finish_s[f] - now_s) / BITS_PER_BYTE
+            remaining_bytes[at] = 0.0 if left < 0.0 else left
+        else:
+            g = f - m_old
+            i, j, s_bytes = new_src[g], new_dst[g], new_size_bytes[g]
+            key = new_key[g] if has_keys else -1
+            out_batch[at] = new_batch[g]
+            remaining_bytes[at] = s_bytes
+        out_src[at] = i
+        out_dst[at] = j
+        out_size[at] = s_bytes
+        columns[0, at] = i
+        columns[1, at] = j + n
+        if has_keys:
+            out_key[at] = key
+            if key >= 0:
+                uses[key] += 1
+                any_pair = True
+                flow_cap_bps[at] = pair_capacity_bps[key]
+        at += 1
+    if n_new:
+        _nics_busy(new_src, new_dst, now_s, n, nic_active, nic_busy_since_s)
+    src, dst, pair_key, batch, size_bytes = out_src, out_dst, out_key, out_batch, out_size
+    if m == 0:
+        return (src, dst, pair_key, batch, size_bytes, old_rate_bps, np.empty(0),
+                np.empty(0), np.empty(0, np.bool_), np.zeros(2 * n, np.bool_), False, False,
+                np.inf)
+    local = (incremental and m > local_min_flows and m - old_count <= m // 2)
+    has_cap = any_pair
+    capacity_bps = nic_capacity_bps
+    shared = False
+    if any_pair:
+        for f in range(m):
+            if pair_key[f] >= 0 and uses[pair_key[f]] > 1:
+                shared = True
+                break
+    if shared:
+        columns, flow_cap_bps, has_cap = dense_columns(src, dst, pair_key, n,
+                                                       pair_capacity_bps)
+        capacity_bps = dense_capacity_bps
+    proved = False
+    new_rate_bps = old_rate_bps
+    saturated_shared = saturated_nics
+    if local:
+        seed = local_seed(columns, capacity_bps.shape[0], old_count, freed_src, freed_dst,
+                          saturated_nics, n)
+        proved, new_rate_bps, saturated_shared, _ = update(
+            columns, capacity_bps, flow_cap_bps, has_cap, old_rate_bps, seed, m // 2)
+    if not proved:
+        new_rate_bps, saturated_shared = fill(columns, capacity_bps, flow_cap_bps, has_cap)
+    pinned, finish_s, early_s = timing(columns, saturated_shared, now_s, remaining_bytes,
+                                       size_bytes, new_rate_bps, early_bits_per_byte)
+    return (src, dst, pair_key, batch, size_bytes, new_rate_bps, finish_s, early_s, pinned,
+            saturated_shared[:2 * n], True, proved, finish_s.min())
