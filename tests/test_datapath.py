@@ -142,7 +142,7 @@ def test_a_forged_seal_is_refused_untagged_before_a_buffer_is_taken_and_closed()
 
 
 def test_texts_past_the_bound_are_refused_from_the_preamble() -> None:
-    preamble = PREAMBLE.pack(b"AKOP", 60000, 60000, 0)
+    preamble = PREAMBLE.pack(b"AKOP", 1, 60000, 60000, 0)
     with pytest.raises(Exception, match="exceed"):
         meta_lengths(preamble)
     host = SinkHost(SECRET, RUN, WIRE_HASH)
@@ -190,9 +190,9 @@ async def _fake_peer(answer: bytes) -> tuple[asyncio.Server, int]:
 
 
 @pytest.mark.parametrize("answer", [
-    encode_answer(400, False, 0.0, None, b"malformed: forged\n"),
-    encode_answer(401, False, 0.0, "Zm9yZ2Vk", b"bad_signature: forged\n"),
-    ANSWER.pack(b"AKOA", 400, 0, 0.0, 0, 512 << 20),  # declares a 512 MiB text
+    encode_answer(400, False, 0.0, None, b"malformed: forged\n", 1),
+    encode_answer(401, False, 0.0, "Zm9yZ2Vk", b"bad_signature: forged\n", 1),
+    ANSWER.pack(b"AKOA", 1, 400, 0, 0.0, 0, 512 << 20),  # declares a 512 MiB text
     b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n",
 ], ids=["untagged", "wrong_tag", "huge_text", "not_an_answer"])
 def test_an_answer_forged_on_the_path_is_not_final(answer: bytes) -> None:

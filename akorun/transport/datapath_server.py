@@ -38,6 +38,7 @@ from akorun.transport.datapath import (
     decode_request_meta,
     encode_answer,
     meta_lengths,
+    request_id_of,
 )
 from akorun.transport.keys import PARTIAL_PATH, Opened, ack_body
 from akorun.transport.sender import seconds_header
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("akorun")
 
 IDLE_TIMEOUT_S = 75.0  # between requests; longer than the client's, so the client closes first
+LINGER_S = 2.0  # after a refusal that ends the connection: bytes written behind it dropped
 HASH_BATCH_BYTES = 256 * 1024  # body bytes handed to the hashing thread at a time
 HASH_IN_THREAD_BYTES = 256 * 1024  # bodies from this size are hashed in a thread
 _REASONS = {Status.MALFORMED: "malformed", Status.BAD_SIGNATURE: "bad_signature",
@@ -145,6 +147,7 @@ class DataConnection(FillingProtocol):
         self.server = server
         self.guard = guard
         self.task: asyncio.Task[None] | None = None
+        self.request_id = 0  # the id of the request being served (its answer carries it)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -168,6 +171,7 @@ class DataConnection(FillingProtocol):
                         self.server.host.metrics.rejected["header_too_slow"] += 1
                     return
                 first = False
+                self.request_id = request_id_of(preamble)
                 try:
                     answer, keep = await self.request(preamble)
                 except _Refused as refused:
@@ -176,6 +180,9 @@ class DataConnection(FillingProtocol):
                     return
                 self.transport.write(answer)
                 if not keep:
+                    if answer and self.transport.can_write_eof():
+                        self.transport.write_eof()  # the answer, then the end: no reset
+                        await self.drain_until_closed(LINGER_S)
                     return
         except (ConnectionError, asyncio.IncompleteReadError):
             return
@@ -193,7 +200,7 @@ class DataConnection(FillingProtocol):
             log.warning("refused a request with %d %s: %s", status, reason, detail)
         text = f"{reason}: {detail}"[:ANSWER_TEXT_MAX_CHARS].encode("utf-8", "replace") + b"\n"
         tag = None if opened is None else host.verifier.seal_answer(opened, status, text)
-        return _Refused(encode_answer(status, False, 0.0, tag, text), keep)
+        return _Refused(encode_answer(status, False, 0.0, tag, text, self.request_id), keep)
 
     def _wire_refusal(self, error: WireError, opened: Opened | None, *,
                       keep: bool = False) -> _Refused:
@@ -334,4 +341,4 @@ class DataConnection(FillingProtocol):
         counters.software_receive_s += max(
             0.0, time.perf_counter() - start_s - waits.total_s - wait_s)
         counters.software_received += 1
-        return encode_answer(200, duplicate, wait_s, tag, b""), True
+        return encode_answer(200, duplicate, wait_s, tag, b"", self.request_id), True

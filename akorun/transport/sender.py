@@ -93,8 +93,8 @@ from akorun.transport.answers import (
     read_bounded,
     verdict,
 )
-from akorun.transport.datapath import FramingError, encode_request_meta
-from akorun.transport.datapath_client import DataLink
+from akorun.transport.datapath import FramingError
+from akorun.transport.datapath_client import PIPELINE_DEPTH, DataLink
 from akorun.transport.emulated_links import LinkShaper
 from akorun.transport.keys import AUTH_HEADER, RELAY_HEADER, STALE_SESSION, PartialSealer, Seal
 from akorun.transport.owed import OwedGap
@@ -123,12 +123,13 @@ _FATAL_STATUSES = {400: "malformed", 401: "bad_signature", 409: "wrong_run", 413
                    422: "non_finite"}
 
 
-def configured_window(environ: Mapping[str, str] = os.environ) -> int:
-    """POSTs in flight per peer: `WINDOW_ENV` if set (a whole number >= 1), else
-    `DEFAULT_WINDOW`. Only the connection benchmark sets it (analysis/tcp_connections.py)."""
+def configured_window(environ: Mapping[str, str] = os.environ,
+                      default: int = DEFAULT_WINDOW) -> int:
+    """Requests in flight per peer: `WINDOW_ENV` if set (a whole number >= 1), else
+    `default`. Only the connection benchmark sets it (analysis/tcp_connections.py)."""
     text = environ.get(WINDOW_ENV)
     if text is None or not text.strip():
-        return DEFAULT_WINDOW
+        return default
     try:
         window = int(text)
     except ValueError:
@@ -212,8 +213,14 @@ class PeerSender:
                  ssl: object = True, seed: int = 0, window: int | None = None,
                  encode: Callable[[Partial], bytes] | None = None,
                  sealer: PartialSealer | None = None, data_path: bool | None = None) -> None:
-        if window is None:
-            window = configured_window()
+        # partials over akorun's data path (akorun.transport.datapath) instead of HTTP POSTs (None:
+        # as `configured_data_path` says); only to an http:// URL (over TLS they stay HTTP)
+        if data_path is None:
+            data_path = configured_data_path()
+        self.datalink = DataLink.for_url(url) if data_path else None
+        if window is None:  # the data path pipelines its requests on one connection
+            window = configured_window(
+                default=DEFAULT_WINDOW if self.datalink is None else PIPELINE_DEPTH)
         if maxsize < 1 or window < 1:
             raise ValueError(f"maxsize and window must be >= 1, got {maxsize}, {window}")
         self.dest = dest
@@ -227,11 +234,6 @@ class PeerSender:
         self.on_delivered = on_delivered
         self.ssl = ssl
         self.sealer = sealer  # seals each attempt for dest's current session (akorun.keys)
-        # partials over akorun's data path (akorun.transport.datapath) instead of HTTP POSTs (None:
-        # as `configured_data_path` says); only to an http:// URL (over TLS they stay HTTP)
-        if data_path is None:
-            data_path = configured_data_path()
-        self.datalink = DataLink.for_url(url) if data_path else None
         self.queue: deque[Outgoing] = deque()
         self.encode = encode  # re-encodes a folded round (no encoder: dropped, not folded)
         self.gap = OwedGap()
@@ -467,9 +469,8 @@ class PeerSender:
         if self.datalink is not None:
             try:
                 answer = await self.datalink.exchange(
-                    encode_request_meta(headers.get(AUTH_HEADER, ""), headers.get(RELAY_HEADER),
-                                        headers.get(WIRE_TIME_HEADER)),
-                    message.data, PARTIAL_ANSWER_MAX_BYTES)
+                    headers.get(AUTH_HEADER, ""), headers.get(RELAY_HEADER),
+                    headers.get(WIRE_TIME_HEADER), message.data, PARTIAL_ANSWER_MAX_BYTES)
             except AnswerTooLarge as error:
                 self._unauthentic(message, f"an answer: {error}")
                 return Outcome.RETRY
