@@ -263,8 +263,8 @@ class _FakeTransport(asyncio.Transport):
 
 def test_the_filling_protocol_keeps_every_byte_in_order_and_reads_only_when_asked() -> None:
     """Bytes primed from the first read, a read that lands while no buffer is given, and
-    reads straight into the given buffer come out in order; reading is paused whenever
-    no buffer waits."""
+    reads straight into the given buffer come out in order; reading pauses as soon as
+    bytes land while no buffer waits, and only then."""
     from akorun.transport.datapath import FillingProtocol
 
     async def main() -> tuple[bytes, bytes, list[bool]]:
@@ -292,10 +292,16 @@ def test_the_filling_protocol_keeps_every_byte_in_order_and_reads_only_when_aske
         feeder = asyncio.ensure_future(feed())
         await protocol.fill(memoryview(second), lambda piece: seen.append(bytes(piece)))
         await feeder
-        reading.append(transport.reading)
+        reading.append(transport.reading)  # left on between one reader's fills
+        spare = protocol.get_buffer(-1)  # bytes that land while no buffer waits ...
+        spare[:2] = b"kl"
+        protocol.buffer_updated(2)
+        reading.append(transport.reading)  # ... are kept, and reading pauses
+        third = bytearray(2)
+        await protocol.fill(memoryview(third))
         assert seen == [b"ef", b"ghij"]
-        return bytes(first), bytes(second), reading
+        return bytes(first), bytes(second) + bytes(third), reading
 
     first, second, reading = asyncio.run(main())
-    assert (first, second) == (b"abcd", b"efghij")
-    assert reading == [False, False, True, False]
+    assert (first, second) == (b"abcd", b"efghijkl")
+    assert reading == [False, False, True, True, False]

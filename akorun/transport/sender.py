@@ -24,9 +24,12 @@ often as needed:
 - `PeerSender.run` is the peer's lane: it takes messages in queue order,
   paces each through the emulated link if there is one, and starts its
   delivery, which POSTs it until the peer answers 200 (applied, or a
-  duplicate). ONE POST to a peer runs at a time (`DEFAULT_WINDOW`), so a
-  peer's messages travel in queue order over one keep-alive connection and
-  round t+1's bytes never compete with round t's for the same path. Two
+  duplicate). A peer's messages travel in queue order over ONE connection, so
+  round t+1's bytes never compete with round t's for the same path: over HTTP
+  one POST runs at a time (`DEFAULT_WINDOW`); on the data path up to
+  `akorun.transport.datapath_client.PIPELINE_DEPTH` requests are written back
+  to back on that connection (pipelined: the next body flows while the peer
+  applies the one before; the peer still reads and applies them one by one). Two
   POSTs at once (the former default, ``AKORUN_SEND_WINDOW=2``) put them on
   two pooled connections; on real kernel TCP (3 ranks in network namespaces,
   tc tbf 20 Mbit/s egress, digits-cnn, p in {1, 3}, s in {0, 2};
@@ -35,7 +38,8 @@ often as needed:
   rounds 11-31 % shorter and a coefficient of variation 2-4.5x smaller in every
   configuration (figures in docs/guide/testbed.md). What one
   connection costs is one receiver turnaround (verify, apply, answer: about
-  a millisecond, `akorun measure-messages`) per message between bodies.
+  a millisecond, `akorun measure-messages`) per message between bodies, which
+  the data path's pipelining hides.
   The receivers' delivery logs do not rely on order either way.
   Every answer is judged by akorun.transport.answers before the lane acts on it: its body
   is read only up to a small cap, and only an answer tagged by the peer for
@@ -108,8 +112,9 @@ DOWNLINK_WAIT_HEADER = "X-Ako-Downlink-Wait-S"
 # receiver), so the receiver's emulated downlink knows how fast they came; informational
 WIRE_TIME_HEADER = "X-Ako-Wire-S"
 DEFAULT_QUEUE_MESSAGES: int = default_of("akorun.queue_messages")  # the registry's
-DEFAULT_WINDOW = 1  # POSTs in flight to one peer: one, so one connection carries a peer's
-# messages in order and round t+1 never competes with round t (see the module docstring)
+DEFAULT_WINDOW = 1  # HTTP POSTs in flight to one peer: one, so one connection carries a
+# peer's messages in order and round t+1 never competes with round t (see the module
+# docstring); the data path pipelines PIPELINE_DEPTH requests on its one connection
 DATA_PATH_ENV = "AKORUN_PARTIALS_OVER"  # "http": partials as HTTP POSTs (a comparison)
 WINDOW_ENV = "AKORUN_SEND_WINDOW"  # a benchmark's override of DEFAULT_WINDOW (1 or 2)
 # A connect attempt started while the path was cut waits for the kernel's SYN retransmits
