@@ -42,7 +42,6 @@ IDLE_S = 15.0  # a connection idle longer than this is closed, not reused (the s
 # requests to one peer written before their answers came: enough to keep a body on the
 # wire while the peer checks and applies the one before (two), one more for small ones
 PIPELINE_DEPTH = 3
-SOCKET_BUFFER_BYTES = 4 << 20  # send buffer asked of the kernel: one large body ahead
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,8 +178,9 @@ class DataLink:
         sock = socket.socket(family, type_, proto)
         try:
             sock.setblocking(False)
+            # no Nagle delay for a request's small preamble; the send buffer is left to
+            # the kernel's autotuning (a fixed SO_SNDBUF would switch it off)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
             await asyncio.wait_for(loop.sock_connect(sock, address), CONNECT_TIMEOUT_S)
         except BaseException:
             sock.close()
