@@ -121,9 +121,9 @@ def _two_exchanges(answers: Any) -> list[Any]:
         listener, port = await _scripted_peer(answers)
         link = DataLink("127.0.0.1", port)
         try:
-            return await asyncio.gather(
+            return await asyncio.wait_for(asyncio.gather(
                 *(link.exchange("seal", None, None, message(r, 64).data, 4096)
-                  for r in range(2)), return_exceptions=True)
+                  for r in range(2)), return_exceptions=True), 20)
         finally:
             link.close()
             listener.close()
@@ -215,8 +215,11 @@ def test_a_connection_cut_with_requests_in_flight_loses_none_of_them() -> None:
         for round_ in range(6):
             await sender.put(message(round_))
         await host.entered.wait()
-        while sender.datalink is not None and sender.datalink.in_flight < 3:
+        for _ in range(2000):  # until three are in flight (10 s at most)
+            if sender.datalink is not None and sender.datalink.in_flight == 3:
+                break
             await asyncio.sleep(0.005)
+        assert sender.datalink is not None and sender.datalink.in_flight == 3
         for connection in list(server.data_connections):  # the peer goes away mid-way
             assert connection.transport is not None
             connection.transport.abort()
