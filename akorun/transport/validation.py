@@ -23,6 +23,7 @@ import dataclasses
 
 import numpy as np
 
+from akocore.codecs import Codec
 from akocore.messages import Partial
 from akorun.transport.keys import Opened, RequestVerifier
 from akorun.transport.wire import Header, Status, WireError, decode_header, to_partial
@@ -56,7 +57,7 @@ class DamagedInTransit(Exception):
 
 
 def checked_header(verifier: RequestVerifier, opened: Opened, head: bytes, *, max_body_bytes: int,
-                   codec: str) -> Header:
+                   codec: Codec | None) -> Header:
     """The decoded wire header `head` of a request whose seal `opened` was opened:
     DamagedInTransit if it is not the header the seal commits to, WireError if it is
     malformed, over `max_body_bytes`, of another run, or names another sender."""
