@@ -26,6 +26,7 @@ kernel's socket buffers (TCP's flow control is the backpressure).
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import time
 from dataclasses import dataclass
@@ -42,6 +43,24 @@ IDLE_S = 15.0  # a connection idle longer than this is closed, not reused (the s
 # requests to one peer written before their answers came: enough to keep a body on the
 # wire while the peer checks and applies the one before (two), one more for small ones
 PIPELINE_DEPTH = 3
+
+
+@functools.cache
+def send_buffer_bytes() -> int | None:
+    """The send buffer a data-path socket asks for: the most TCP's autotuning could
+    reach (``tcp_wmem``'s maximum), fixed at once, so that a pipelined body goes into
+    the kernel in one or two writes instead of one per wake-up as the buffer grows
+    (fewer system calls and event-loop wake-ups per message). Only where the system
+    allows that much (``wmem_max``): a capped SO_SNDBUF would switch autotuning off
+    and leave a smaller buffer than it reaches, so then None (the kernel's default)."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_wmem", encoding="ascii") as file:
+            autotuned_max = int(file.read().split()[2])
+        with open("/proc/sys/net/core/wmem_max", encoding="ascii") as file:
+            allowed = int(file.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return autotuned_max if allowed >= autotuned_max else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,9 +197,10 @@ class DataLink:
         sock = socket.socket(family, type_, proto)
         try:
             sock.setblocking(False)
-            # no Nagle delay for a request's small preamble; the send buffer is left to
-            # the kernel's autotuning (a fixed SO_SNDBUF would switch it off)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no Nagle delay
+            send_buffer = send_buffer_bytes()
+            if send_buffer is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
             await asyncio.wait_for(loop.sock_connect(sock, address), CONNECT_TIMEOUT_S)
         except BaseException:
             sock.close()
