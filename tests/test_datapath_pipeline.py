@@ -233,3 +233,30 @@ def test_a_connection_cut_with_requests_in_flight_loses_none_of_them() -> None:
     assert connects >= 2 and counters.retries >= 3  # every request in flight went again
     assert counters.refused_for_good == 0 and counters.messages_sent == 6
     assert sorted(host.seen) == [(0, r, 0) for r in range(6)]  # each applied exactly once
+
+
+def test_a_write_under_way_ends_when_the_connection_fails_beside_it() -> None:
+    """A peer that reads nothing and answers a request never made: the connection ends,
+    and the request whose body is still being written fails at once instead of waiting
+    forever on a socket closed under it."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(encode_answer(200, False, 0.0, None, b"", 99))
+        await writer.drain()
+        await asyncio.sleep(30)  # reads nothing: the client's write cannot finish
+        writer.close()
+
+    async def main() -> Any:
+        (port,) = free_ports(1)
+        listener = await asyncio.start_server(serve, "127.0.0.1", port)
+        link = DataLink("127.0.0.1", port)
+        body = bytes(64 << 20)  # far more than the socket buffers hold
+        try:
+            return await asyncio.wait_for(asyncio.gather(
+                link.exchange("seal", None, None, body, 4096), return_exceptions=True), 20)
+        finally:
+            link.close()
+            listener.close()
+
+    (outcome,) = asyncio.run(main())
+    assert isinstance(outcome, (OSError, FramingError)), outcome

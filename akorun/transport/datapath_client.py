@@ -26,6 +26,7 @@ kernel's socket buffers (TCP's flow control is the backpressure).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import socket
 import time
@@ -106,6 +107,7 @@ class _Pipe:
         self.broken: BaseException | None = None
         self.answered = 0  # answers read on it (a connection that answered was alive)
         self._reader: asyncio.Task[None] | None = None
+        self._reading = False  # the reader task is inside its loop
 
     @property
     def usable(self) -> bool:
@@ -122,10 +124,15 @@ class _Pipe:
         return waiting
 
     def fail(self, error: BaseException) -> None:
-        """End the connection: every request still waiting on it fails with `error`."""
+        """End the connection: every request still waiting on it fails with `error`.
+
+        The socket is shut down at once, which ends a write or a read under way on it
+        with an error (closing it under them would leave them waiting for an event that
+        never comes), and closed once neither is under way (`close_if_done`)."""
         if self.broken is None:
             self.broken = error
-            self.sock.close()
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)
         waitings, self.waiting = list(self.waiting.values()), {}
         for waiting in waitings:
             if not waiting.answer.done():
@@ -133,9 +140,16 @@ class _Pipe:
                 waiting.answer.exception()  # retrieved: an abandoned request logs nothing
         if self._reader is not None and self._reader is not asyncio.current_task():
             self._reader.cancel()
+        self.close_if_done()
+
+    def close_if_done(self) -> None:
+        """Close a failed connection's socket once no write and no read is under way."""
+        if self.broken is not None and not self.writing.locked() and not self._reading:
+            self.sock.close()
 
     async def _read_answers(self) -> None:
         loop = asyncio.get_running_loop()
+        self._reading = True
         try:
             while True:
                 head = decode_answer_head(await _recv_exactly(loop, self.sock, ANSWER.size))
@@ -161,6 +175,9 @@ class _Pipe:
         except (OSError, asyncio.IncompleteReadError, FramingError,
                 AnswerTooLarge) as error:
             self.fail(error)
+        finally:
+            self._reading = False
+            self.close_if_done()
 
 
 class DataLink:
@@ -262,6 +279,7 @@ class DataLink:
                                                     "abandoned"))
             raise
         finally:
+            pipe.close_if_done()
             if pipe is self._pipe and pipe.broken is not None:
                 self._pipe = None
 
