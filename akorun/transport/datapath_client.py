@@ -3,8 +3,9 @@
 This module owns talking to one peer's data path (framing in akorun.transport.datapath): one
 plain non-blocking socket per peer (replaced when it breaks, closed once idle past
 `IDLE_S`) that carries up to `PIPELINE_DEPTH` requests at once. Requests are written
-whole and back to back in the order they were made (``sock_sendall`` of the preamble,
-then of the caller's encoded message as it is: no concatenation, no copy of the body),
+whole and back to back in the order they were made (the preamble and the caller's
+encoded message as it is in one scatter/gather ``sendmsg``, then what the socket did
+not take at once: no concatenation, no copy of the body),
 so the next body flows while the peer still checks and applies the one before; the
 peer serves them in order and a reader task matches each answer to its request by
 the request's id (in whatever order answers come). An answer to no waiting request
@@ -93,6 +94,22 @@ async def _recv_exactly(loop: asyncio.AbstractEventLoop, sock: socket.socket,
             raise asyncio.IncompleteReadError(bytes(buffer[:filled]), nbytes)
         filled += got
     return buffer
+
+
+async def _send_request(loop: asyncio.AbstractEventLoop, sock: socket.socket, meta: bytes,
+                        data: bytes | memoryview) -> None:
+    """`meta` then `data` on `sock`: first as one scatter/gather write (``sendmsg``: one
+    system call, the preamble not a packet of its own), the rest as the socket takes it."""
+    try:
+        sent = sock.sendmsg([meta, data])
+    except (BlockingIOError, InterruptedError):
+        sent = 0
+    if sent < len(meta):
+        await loop.sock_sendall(sock, memoryview(meta)[sent:])
+        sent = len(meta)
+    rest = memoryview(data).cast("B")[sent - len(meta):]
+    if rest.nbytes:
+        await loop.sock_sendall(sock, rest)
 
 
 class _Pipe:
@@ -266,8 +283,7 @@ class DataLink:
             async with pipe.writing:  # written whole and in the order the requests came
                 if pipe.broken is not None:
                     raise ConnectionResetError(f"the connection failed: {pipe.broken!r}")
-                await loop.sock_sendall(pipe.sock, meta)
-                await loop.sock_sendall(pipe.sock, data)
+                await _send_request(loop, pipe.sock, meta, data)
             pipe.used_s = time.monotonic()
             return await asyncio.wait_for(asyncio.shield(waiting.answer), READ_TIMEOUT_S)
         except BaseException as error:
