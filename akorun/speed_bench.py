@@ -2,9 +2,10 @@
 
 This module owns the side-by-side comparison. 4 MiB messages go from this process to
 a receiver in another process over loopback through a blocking socket (``sendall``
-into ``recv_into`` on a preallocated buffer), akorun's data path (akorun.transport.datapath)
-and its HTTP path, in turn within one run and repeated, so a busy moment of the
-machine hits every path alike. Security is on for both akorun paths (a seal per
+into ``recv_into`` on a preallocated buffer), akorun's data path (akorun.transport.datapath),
+pipelined as a worker sends (``datapath``) and one request at a time
+(``datapath_serial``), and its HTTP path, in turn within one run and repeated, so a
+busy moment of the machine hits every path alike. Security is on for both akorun paths (a seal per
 attempt, the body digest checked by the receiver, the tagged answer checked by the
 sender). Reported: stream MB/s and its ratio to the socket, one message's round trip
 (sent alone, acknowledged), and CPU seconds and page faults per message on each side,
@@ -33,7 +34,9 @@ _SECRET = b"measure-messages: loopback only!"
 STREAM_MESSAGES = 24
 STREAM_MESSAGE_BYTES = 4 * 1024 * 1024
 ROUND_TRIPS = 20
-_PATHS = ("socket", "datapath", "http")
+# the data path pipelined (several requests in flight on one connection, the default)
+# and one request at a time (``datapath_serial``: what pipelining gains, same run)
+_PATHS = ("socket", "datapath", "datapath_serial", "http")
 
 
 def _usage() -> tuple[float, int]:
@@ -76,14 +79,22 @@ def _akorun_receiver(port: int, ready: Any, report: Any, count: int) -> None:
 
     async def main() -> None:
         host: Any = SinkHost(_SECRET, _BENCH_RUN, bytes(8), max_body_bytes=1 << 28)
+        arrived = asyncio.Event()  # set by each arrival: no polling loop shares the server's
+        sink = host.on_partial
+
+        async def on_partial(partial: Partial, nbytes: int) -> bool:
+            arrived.set()
+            return bool(await sink(partial, nbytes))
+
+        host.on_partial = on_partial
         server = Server(host)
         await server.start("127.0.0.1", port)
         ready.set()
-        while not host.arrivals:  # the warm-up message
-            await asyncio.sleep(0.001)
+        await arrived.wait()  # the warm-up message
         start = _usage()
         while len(host.arrivals) < count:
-            await asyncio.sleep(0.001)
+            arrived.clear()
+            await arrived.wait()
         end = _usage()
         report.put((end[0] - start[0], end[1] - start[1]))
         await asyncio.sleep(0.2)
@@ -169,10 +180,12 @@ def socket_seconds(messages: Sequence[bytes], *, ack_each: bool) -> list[float]:
 
 
 def akorun_seconds(messages: Sequence[bytes], *, data_path: bool, ack_each: bool,
-                   partials: Sequence[Partial] | None = None) -> list[float]:
+                   partials: Sequence[Partial] | None = None,
+                   window: int | None = None) -> list[float]:
     """As `socket_seconds`, through PeerSender -> Server, security on. With `partials`
     (stream only), each message is encoded in a thread inside the timed loop, as a
-    worker's outbox does, so the sender's body digest is timed too."""
+    worker's outbox does, so the sender's body digest is timed too. `window`: requests
+    in flight to the peer (None: the sender's default)."""
     from akorun.launch.cluster import free_ports
     from akorun.metrics import PeerCounters
     from akorun.transport.client import ControlClient, make_session
@@ -190,7 +203,7 @@ def akorun_seconds(messages: Sequence[bytes], *, data_path: bool, ack_each: bool
         assert failed is None, failed
         sender = PeerSender(1, url + PARTIAL_PATH, session, counters=PeerCounters(),
                             maxsize=len(messages) + 1, data_path=data_path,
-                            sealer=PartialSealer(signer, PARTIAL_PATH))
+                            window=window, sealer=PartialSealer(signer, PARTIAL_PATH))
         times: list[float] = []
         try:
             warm_partial = Partial(Kind.GRAD, 0, 10**6, 0, 1, 0, 1, np.ones(1, np.float32))
@@ -211,7 +224,7 @@ def akorun_seconds(messages: Sequence[bytes], *, data_path: bool, ack_each: bool
                 if partials is not None:
                     data = await asyncio.to_thread(_encode, partials[round_])
                 await sender.put(Outgoing(data, Kind.GRAD, round_, 0))
-            await sender.wait(lambda: sender.idle, poll_s=0.001)
+            await sender.wait(lambda: sender.idle)  # woken by each delivery, no 1 ms polling
             elapsed_s = time.perf_counter() - start_s
             SENDER_CPU_S.append(_usage()[0] - cpu_start_s)
             return [elapsed_s]
@@ -244,11 +257,13 @@ def compare(repetitions: int, progress: Callable[[str], None]) -> dict[str, Any]
                 seconds = socket_seconds(messages, ack_each=False)[0]
                 trips = socket_seconds(messages[:ROUND_TRIPS], ack_each=True)
             else:
-                data_path = path == "datapath"
-                seconds = akorun_seconds(messages, data_path=data_path, ack_each=False)[0]
+                data_path = path != "http"
+                window = 1 if path == "datapath_serial" else None
+                seconds = akorun_seconds(messages, data_path=data_path, ack_each=False,
+                                         window=window)[0]
                 trips = akorun_seconds(messages[:ROUND_TRIPS], data_path=data_path,
-                                       ack_each=True)
-                if data_path:
+                                       ack_each=True, window=window)
+                if path == "datapath":
                     stream["datapath_encoding"].append(total_bytes / 1e6 / akorun_seconds(
                         messages, data_path=True, ack_each=False, partials=partials)[0])
             stream[path].append(total_bytes / 1e6 / seconds)
@@ -293,11 +308,11 @@ def _summary(result: dict[str, Any]) -> str:
     for path, values in result["receiver_cpu_ms_per_message"].items():
         faults = result["receiver_minor_faults_per_message"][path]
         if values:
-            lines.append(f"  receiver per message {path:8s} {spread(values)} ms CPU, "
+            lines.append(f"  receiver per message {path:15s} {spread(values)} ms CPU, "
                          f"{spread(faults, form='.0f')} minor page faults")
     for path, values in result["sender_cpu_ms_per_message"].items():
         if values:
-            lines.append(f"  sender per message   {path:8s} {spread(values)} ms CPU "
+            lines.append(f"  sender per message   {path:15s} {spread(values)} ms CPU "
                          f"(pre-encoded messages)")
     return "\n".join(lines)
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from akocore.config import config_from_dict
 from akorun.launch.cluster import new_settings, write_cluster_file
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
-from akorun.transport.sender import WINDOW_ENV
+from akorun.transport.sender import DATA_PATH_ENV, WINDOW_ENV
 
 WORKERS = 3
 WARMUP_ROUNDS = 5
@@ -128,7 +128,9 @@ def run_once(bed: Testbed, directory: Path, *, window: int, p: int, ssp: int,
             with open(directory / f"rank-{rank}.log", "wb") as log:
                 procs.append(subprocess.Popen(
                     command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                    env=child_test_env({WINDOW_ENV: str(window)})))
+                    # POSTs over HTTP: there a window of 2 is two connections (the data
+                    # path pipelines any window on its one connection)
+                    env=child_test_env({WINDOW_ENV: str(window), DATA_PATH_ENV: "http"})))
         codes = [proc.wait(timeout=600) for proc in procs]
     finally:
         for proc in procs:

@@ -281,12 +281,16 @@ def test_software_cost_is_counted_on_both_sides_and_network_overhead_only_when_e
     assert Metrics(0, "worker").message_software_s() is None
 
 
-def test_one_post_in_flight_per_peer_by_default_unless_the_benchmark_asks_for_two() -> None:
-    """The default window keeps a peer's messages on one connection, in order; only
-    AKORUN_SEND_WINDOW (analysis/tcp_connections.py) changes it."""
+def test_a_peers_messages_share_one_connection_in_order_unless_the_benchmark_asks() -> None:
+    """By default a peer's messages travel on one connection and are applied in order,
+    one at a time: one POST at a time over HTTP, several requests written ahead
+    (pipelined) on the data path; only AKORUN_SEND_WINDOW (analysis/tcp_connections.py)
+    changes the window."""
+    from akorun.transport.datapath_client import PIPELINE_DEPTH
     from akorun.transport.sender import DEFAULT_WINDOW, WINDOW_ENV, configured_window
 
     assert DEFAULT_WINDOW == 1 and configured_window({}) == 1
+    assert configured_window({}, default=PIPELINE_DEPTH) == PIPELINE_DEPTH
     assert configured_window({WINDOW_ENV: "2"}) == 2
     for bad in ("0", "two", "-1"):
         with pytest.raises(ValueError, match=WINDOW_ENV):
@@ -315,8 +319,10 @@ def test_one_post_in_flight_per_peer_by_default_unless_the_benchmark_asks_for_tw
         return sender
 
     sender = asyncio.run(serving(host, body))
-    assert sender.window == 1 and most[0] == 1
+    assert sender.window == PIPELINE_DEPTH and most[0] == 1
+    assert sender.datalink is not None and sender.datalink.connects == 1
     assert [key[1] for _, _, key in host.arrivals] == list(range(6))
+    assert sender_to("http://127.0.0.1:9", None, data_path=False).window == 1
 
 
 def test_the_sender_tells_the_receivers_downlink_how_long_the_message_was_on_the_wire(

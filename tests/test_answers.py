@@ -13,6 +13,7 @@ is refused before it is read (the proxy cannot push more than socket buffers hol
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -40,6 +41,7 @@ from akorun.transport.datapath import (
     decode_answer_head,
     encode_answer,
     meta_lengths,
+    request_id_of,
 )
 from akorun.transport.datapath import (
     MAGIC as DATA_PATH_MAGIC,
@@ -113,8 +115,13 @@ class Proxy:
                 own = self.forge(number, head)
                 if own is not None:
                     self.forged += 1
-                    writer.write(as_datapath_answer(own) if datapath else own)
+                    writer.write(as_datapath_answer(own, request_id_of(head)) if datapath else own)
                     await writer.drain()
+                    if datapath:  # then the end, as the server does: requests written
+                        writer.write_eof()  # behind it are dropped, not reset
+                        with contextlib.suppress(TimeoutError):
+                            while await asyncio.wait_for(reader.read(1 << 16), 2.0):
+                                pass
                     return
                 if upstream is None:
                     upstream = await asyncio.open_connection(self.upstream_host,
@@ -179,11 +186,12 @@ async def _read_datapath_answer(reader: asyncio.StreamReader) -> tuple[bytes | N
         return None, b""
 
 
-def as_datapath_answer(http_answer: bytes) -> bytes:
-    """An HTTP answer's status and body in the data path's framing, with no tag."""
+def as_datapath_answer(http_answer: bytes, request_id: int) -> bytes:
+    """An HTTP answer's status and body in the data path's framing, with no tag, as the
+    answer to request `request_id` (a forger on the path sees the request's id)."""
     head, _, body = http_answer.partition(b"\r\n\r\n")
     status = int(head.split(b" ", 2)[1])
-    return encode_answer(status, False, 0.0, None, body)
+    return encode_answer(status, False, 0.0, None, body, request_id)
 
 
 def forged_answer(status: int, text: bytes) -> bytes:

@@ -142,7 +142,7 @@ def test_a_forged_seal_is_refused_untagged_before_a_buffer_is_taken_and_closed()
 
 
 def test_texts_past_the_bound_are_refused_from_the_preamble() -> None:
-    preamble = PREAMBLE.pack(b"AKOP", 60000, 60000, 0)
+    preamble = PREAMBLE.pack(b"AKOP", 1, 60000, 60000, 0)
     with pytest.raises(Exception, match="exceed"):
         meta_lengths(preamble)
     host = SinkHost(SECRET, RUN, WIRE_HASH)
@@ -190,9 +190,9 @@ async def _fake_peer(answer: bytes) -> tuple[asyncio.Server, int]:
 
 
 @pytest.mark.parametrize("answer", [
-    encode_answer(400, False, 0.0, None, b"malformed: forged\n"),
-    encode_answer(401, False, 0.0, "Zm9yZ2Vk", b"bad_signature: forged\n"),
-    ANSWER.pack(b"AKOA", 400, 0, 0.0, 0, 512 << 20),  # declares a 512 MiB text
+    encode_answer(400, False, 0.0, None, b"malformed: forged\n", 1),
+    encode_answer(401, False, 0.0, "Zm9yZ2Vk", b"bad_signature: forged\n", 1),
+    ANSWER.pack(b"AKOA", 1, 400, 0, 0.0, 0, 512 << 20),  # declares a 512 MiB text
     b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n",
 ], ids=["untagged", "wrong_tag", "huge_text", "not_an_answer"])
 def test_an_answer_forged_on_the_path_is_not_final(answer: bytes) -> None:
@@ -263,8 +263,8 @@ class _FakeTransport(asyncio.Transport):
 
 def test_the_filling_protocol_keeps_every_byte_in_order_and_reads_only_when_asked() -> None:
     """Bytes primed from the first read, a read that lands while no buffer is given, and
-    reads straight into the given buffer come out in order; reading is paused whenever
-    no buffer waits."""
+    reads straight into the given buffer come out in order; reading pauses as soon as
+    bytes land while no buffer waits, and only then."""
     from akorun.transport.datapath import FillingProtocol
 
     async def main() -> tuple[bytes, bytes, list[bool]]:
@@ -292,10 +292,16 @@ def test_the_filling_protocol_keeps_every_byte_in_order_and_reads_only_when_aske
         feeder = asyncio.ensure_future(feed())
         await protocol.fill(memoryview(second), lambda piece: seen.append(bytes(piece)))
         await feeder
-        reading.append(transport.reading)
+        reading.append(transport.reading)  # left on between one reader's fills
+        spare = protocol.get_buffer(-1)  # bytes that land while no buffer waits ...
+        spare[:2] = b"kl"
+        protocol.buffer_updated(2)
+        reading.append(transport.reading)  # ... are kept, and reading pauses
+        third = bytearray(2)
+        await protocol.fill(memoryview(third))
         assert seen == [b"ef", b"ghij"]
-        return bytes(first), bytes(second), reading
+        return bytes(first), bytes(second) + bytes(third), reading
 
     first, second, reading = asyncio.run(main())
-    assert (first, second) == (b"abcd", b"efghij")
-    assert reading == [False, False, True, False]
+    assert (first, second) == (b"abcd", b"efghijkl")
+    assert reading == [False, False, True, True, False]

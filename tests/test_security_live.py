@@ -137,7 +137,7 @@ def attack_request(kind: int, host: str) -> bytes:
         header[60:68] = (big // 4).to_bytes(8, "little")
         return encode_request_meta(forged_seal(), None, None) + bytes(header)
     if kind == 6:  # the data path: a preamble whose texts never end
-        return PREAMBLE.pack(DATA_PATH_MAGIC, 4000, 0, 0)
+        return PREAMBLE.pack(DATA_PATH_MAGIC, 1, 4000, 0, 0)
     return b""  # connected, silent
 
 

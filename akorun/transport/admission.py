@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from akorun.transport.wire import HEADER_SIZE
+from akorun.transport.keys import Opened, RequestVerifier
+from akorun.transport.wire import HEADER_SIZE, Status, WireError
 
 HEADER_DEADLINE_S = 10.0
 BODY_GRACE_S = 10.0
@@ -44,6 +45,25 @@ class Refusal:
     status: int
     reason: str
     detail: str
+
+
+_REASONS = {Status.MALFORMED: "malformed", Status.BAD_SIGNATURE: "bad_signature",
+            Status.WRONG_RUN: "wrong_run", Status.TOO_LARGE: "too_large",
+            Status.INBOX_FULL: "inbox_full", Status.STALE_SESSION: "stale_session"}
+
+
+def wire_refusal(error: WireError) -> Refusal:
+    """The answer to a request refused with `error` (its status; its reason as a label)."""
+    return Refusal(int(error.status), _REASONS.get(error.status, "malformed"), error.reason)
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A partial's request at its door: its seal once open (answers are then tagged) and
+    why it may not take a read slot (None: it may)."""
+
+    opened: Opened | None
+    refusal: Refusal | None
 
 
 class Admission:
@@ -75,6 +95,21 @@ class Admission:
             return Refusal(400, "malformed", f"body of {content_length} bytes is shorter "
                                              f"than the {HEADER_SIZE}-byte header")
         return None
+
+    def admit_partial(self, verifier: RequestVerifier, auth: str | None, path: str,
+                      content_length: int | None, trust: Callable[[], None]) -> Admitted:
+        """The checks before a partial's read slot, in order, on either path: not ready or
+        no usable length (`refusal`), the seal (`verifier`; `trust` is called once it
+        opened), then the slot (`slot_refusal`). The caller takes the slot (`slot`)."""
+        refusal = self.refusal(content_length)
+        if refusal is not None:
+            return Admitted(None, refusal)
+        try:
+            opened = verifier.open(auth, path, control=False)
+        except WireError as error:
+            return Admitted(None, wire_refusal(error))
+        trust()
+        return Admitted(opened, self.slot_refusal(opened.sender))
 
     def slot_refusal(self, sender: int) -> Refusal | None:
         """Why the authenticated `sender` may not take a read slot now, or None."""

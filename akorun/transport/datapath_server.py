@@ -19,7 +19,6 @@ and then the preamble and its texts (`akorun.transport.datapath.META_MAX_BYTES`)
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import queue
 import threading
@@ -30,6 +29,7 @@ import numpy as np
 
 from akocore.schemes import SchemeError
 from akorun.metrics import ByteWaits
+from akorun.transport.admission import wire_refusal
 from akorun.transport.answers import ANSWER_TEXT_MAX_CHARS, DAMAGED
 from akorun.transport.datapath import (
     PREAMBLE,
@@ -38,17 +38,20 @@ from akorun.transport.datapath import (
     decode_request_meta,
     encode_answer,
     meta_lengths,
+    request_id_of,
 )
 from akorun.transport.keys import PARTIAL_PATH, Opened, ack_body
 from akorun.transport.sender import seconds_header
-from akorun.transport.validation import NonFiniteValues
+from akorun.transport.validation import (
+    DamagedInTransit,
+    NonFiniteValues,
+    checked_header,
+    partial_of,
+)
 from akorun.transport.wire import (
     HEADER_SIZE,
     BodyHasher,
-    Status,
     WireError,
-    decode_header,
-    to_partial,
 )
 
 if TYPE_CHECKING:
@@ -57,13 +60,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("akorun")
 
 IDLE_TIMEOUT_S = 75.0  # between requests; longer than the client's, so the client closes first
+LINGER_S = 2.0  # after a refusal that ends the connection: bytes written behind it dropped
 HASH_BATCH_BYTES = 256 * 1024  # body bytes handed to the hashing thread at a time
 HASH_IN_THREAD_BYTES = 256 * 1024  # bodies from this size are hashed in a thread
-_REASONS = {Status.MALFORMED: "malformed", Status.BAD_SIGNATURE: "bad_signature",
-            Status.WRONG_RUN: "wrong_run", Status.TOO_LARGE: "too_large",
-            Status.INBOX_FULL: "inbox_full", Status.STALE_SESSION: "stale_session"}
-
-
 class _Refused(Exception):
     """Answer `answer` and, unless `keep`, close the connection."""
 
@@ -145,6 +144,7 @@ class DataConnection(FillingProtocol):
         self.server = server
         self.guard = guard
         self.task: asyncio.Task[None] | None = None
+        self.request_id = 0  # the id of the request being served (its answer carries it)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -153,6 +153,9 @@ class DataConnection(FillingProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         self.server.guards.pop(self.guard, None)
+
+    def _trust(self) -> None:
+        self.guard.trusted = True
 
     async def serve(self) -> None:
         first = True
@@ -168,6 +171,7 @@ class DataConnection(FillingProtocol):
                         self.server.host.metrics.rejected["header_too_slow"] += 1
                     return
                 first = False
+                self.request_id = request_id_of(preamble)
                 try:
                     answer, keep = await self.request(preamble)
                 except _Refused as refused:
@@ -176,6 +180,9 @@ class DataConnection(FillingProtocol):
                     return
                 self.transport.write(answer)
                 if not keep:
+                    if answer and self.transport.can_write_eof():
+                        self.transport.write_eof()  # the answer, then the end: no reset
+                        await self.drain_until_closed(LINGER_S)
                     return
         except (ConnectionError, asyncio.IncompleteReadError):
             return
@@ -193,12 +200,12 @@ class DataConnection(FillingProtocol):
             log.warning("refused a request with %d %s: %s", status, reason, detail)
         text = f"{reason}: {detail}"[:ANSWER_TEXT_MAX_CHARS].encode("utf-8", "replace") + b"\n"
         tag = None if opened is None else host.verifier.seal_answer(opened, status, text)
-        return _Refused(encode_answer(status, False, 0.0, tag, text), keep)
+        return _Refused(encode_answer(status, False, 0.0, tag, text, self.request_id), keep)
 
     def _wire_refusal(self, error: WireError, opened: Opened | None, *,
                       keep: bool = False) -> _Refused:
-        return self._refusal(int(error.status), _REASONS.get(error.status, "malformed"),
-                             error.reason, opened, keep=keep)
+        refusal = wire_refusal(error)
+        return self._refusal(refusal.status, refusal.reason, refusal.detail, opened, keep=keep)
 
     async def request(self, preamble: bytearray) -> tuple[bytes, bool]:
         """Read, check and apply one partial; its answer and whether to keep the connection."""
@@ -224,17 +231,12 @@ class DataConnection(FillingProtocol):
         except FramingError as error:
             raise self._refusal(400, "malformed", str(error), None) from None
         wire_head = bytes(memoryview(head)[meta_nbytes:])
-        refusal = admission.refusal(HEADER_SIZE)
-        if refusal is not None:
-            raise self._refusal(refusal.status, refusal.reason, refusal.detail, None)
-        try:
-            opened = host.verifier.open(meta.auth, PARTIAL_PATH, control=False)
-        except WireError as error:
-            raise self._wire_refusal(error, None) from None
-        self.guard.trusted = True
-        refusal = admission.slot_refusal(opened.sender)
+        admitted = admission.admit_partial(host.verifier, meta.auth, PARTIAL_PATH, HEADER_SIZE,
+                                           self._trust)
+        refusal, opened = admitted.refusal, admitted.opened
         if refusal is not None:
             raise self._refusal(refusal.status, refusal.reason, refusal.detail, opened)
+        assert opened is not None
         with admission.slot(opened.sender):
             return await self._read_partial(opened, meta.relay, meta.wire_s, wire_head,
                                             waits, start_s)
@@ -245,16 +247,10 @@ class DataConnection(FillingProtocol):
         server = self.server
         host = server.host
         try:
-            host.verifier.check_digest(opened, wire_head)
-        except WireError as error:
-            raise self._refusal(400, DAMAGED, f"header: {error.reason}", opened) from None
-        try:
-            header = decode_header(wire_head, max_body_bytes=host.max_body_bytes(),
-                                   codec=host.codec)
-            if header.sender != opened.sender:
-                raise WireError(f"header says sender {header.sender}, the seal is rank "
-                                f"{opened.sender}'s", Status.BAD_SIGNATURE)
-            host.verifier.check_run(header)
+            header = checked_header(host.verifier, opened, wire_head,
+                                    max_body_bytes=host.max_body_bytes(), codec=host.codec)
+        except DamagedInTransit as error:
+            raise self._refusal(400, DAMAGED, str(error), opened) from None
         except WireError as error:
             raise self._wire_refusal(error, opened) from None
         nbytes = header.body_nbytes
@@ -305,12 +301,7 @@ class DataConnection(FillingProtocol):
                      wire_s_text: str | None, waits: ByteWaits,
                      start_s: float) -> tuple[bytes, bool]:
         host = self.server.host
-        # a coded body (akocore.codecs) fills the buffer's first nbytes: the runtime decodes it
-        partial = to_partial(header, values if header.codec == "none"
-                             else values.view(np.uint8)[:header.body_nbytes])
-        if partial.values is None and partial.payload is None:  # an empty marker (final,
-            # PULL) still carries its values
-            partial = dataclasses.replace(partial, values=values)
+        partial = partial_of(header, values)
         nbytes = HEADER_SIZE + header.body_nbytes
         wait_s = 0.0
         if host.downlink is not None:
@@ -334,4 +325,4 @@ class DataConnection(FillingProtocol):
         counters.software_receive_s += max(
             0.0, time.perf_counter() - start_s - waits.total_s - wait_s)
         counters.software_received += 1
-        return encode_answer(200, duplicate, wait_s, tag, b""), True
+        return encode_answer(200, duplicate, wait_s, tag, b"", self.request_id), True

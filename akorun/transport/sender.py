@@ -24,9 +24,12 @@ often as needed:
 - `PeerSender.run` is the peer's lane: it takes messages in queue order,
   paces each through the emulated link if there is one, and starts its
   delivery, which POSTs it until the peer answers 200 (applied, or a
-  duplicate). ONE POST to a peer runs at a time (`DEFAULT_WINDOW`), so a
-  peer's messages travel in queue order over one keep-alive connection and
-  round t+1's bytes never compete with round t's for the same path. Two
+  duplicate). A peer's messages travel in queue order over ONE connection, so
+  round t+1's bytes never compete with round t's for the same path: over HTTP
+  one POST runs at a time (`DEFAULT_WINDOW`); on the data path up to
+  `akorun.transport.datapath_client.PIPELINE_DEPTH` requests are written back
+  to back on that connection (pipelined: the next body flows while the peer
+  applies the one before; the peer still reads and applies them one by one). Two
   POSTs at once (the former default, ``AKORUN_SEND_WINDOW=2``) put them on
   two pooled connections; on real kernel TCP (3 ranks in network namespaces,
   tc tbf 20 Mbit/s egress, digits-cnn, p in {1, 3}, s in {0, 2};
@@ -35,7 +38,8 @@ often as needed:
   rounds 11-31 % shorter and a coefficient of variation 2-4.5x smaller in every
   configuration (figures in docs/guide/testbed.md). What one
   connection costs is one receiver turnaround (verify, apply, answer: about
-  a millisecond, `akorun measure-messages`) per message between bodies.
+  a millisecond, `akorun measure-messages`) per message between bodies, which
+  the data path's pipelining hides.
   The receivers' delivery logs do not rely on order either way.
   Every answer is judged by akorun.transport.answers before the lane acts on it: its body
   is read only up to a small cap, and only an answer tagged by the peer for
@@ -93,8 +97,8 @@ from akorun.transport.answers import (
     read_bounded,
     verdict,
 )
-from akorun.transport.datapath import FramingError, encode_request_meta
-from akorun.transport.datapath_client import DataLink
+from akorun.transport.datapath import FramingError
+from akorun.transport.datapath_client import PIPELINE_DEPTH, DataLink
 from akorun.transport.emulated_links import LinkShaper
 from akorun.transport.keys import AUTH_HEADER, RELAY_HEADER, STALE_SESSION, PartialSealer, Seal
 from akorun.transport.owed import OwedGap
@@ -108,8 +112,9 @@ DOWNLINK_WAIT_HEADER = "X-Ako-Downlink-Wait-S"
 # receiver), so the receiver's emulated downlink knows how fast they came; informational
 WIRE_TIME_HEADER = "X-Ako-Wire-S"
 DEFAULT_QUEUE_MESSAGES: int = default_of("akorun.queue_messages")  # the registry's
-DEFAULT_WINDOW = 1  # POSTs in flight to one peer: one, so one connection carries a peer's
-# messages in order and round t+1 never competes with round t (see the module docstring)
+DEFAULT_WINDOW = 1  # HTTP POSTs in flight to one peer: one, so one connection carries a
+# peer's messages in order and round t+1 never competes with round t (see the module
+# docstring); the data path pipelines PIPELINE_DEPTH requests on its one connection
 DATA_PATH_ENV = "AKORUN_PARTIALS_OVER"  # "http": partials as HTTP POSTs (a comparison)
 WINDOW_ENV = "AKORUN_SEND_WINDOW"  # a benchmark's override of DEFAULT_WINDOW (1 or 2)
 # A connect attempt started while the path was cut waits for the kernel's SYN retransmits
@@ -123,12 +128,13 @@ _FATAL_STATUSES = {400: "malformed", 401: "bad_signature", 409: "wrong_run", 413
                    422: "non_finite"}
 
 
-def configured_window(environ: Mapping[str, str] = os.environ) -> int:
-    """POSTs in flight per peer: `WINDOW_ENV` if set (a whole number >= 1), else
-    `DEFAULT_WINDOW`. Only the connection benchmark sets it (analysis/tcp_connections.py)."""
+def configured_window(environ: Mapping[str, str] = os.environ,
+                      default: int = DEFAULT_WINDOW) -> int:
+    """Requests in flight per peer: `WINDOW_ENV` if set (a whole number >= 1), else
+    `default`. Only the connection benchmark sets it (analysis/tcp_connections.py)."""
     text = environ.get(WINDOW_ENV)
     if text is None or not text.strip():
-        return DEFAULT_WINDOW
+        return default
     try:
         window = int(text)
     except ValueError:
@@ -212,8 +218,14 @@ class PeerSender:
                  ssl: object = True, seed: int = 0, window: int | None = None,
                  encode: Callable[[Partial], bytes] | None = None,
                  sealer: PartialSealer | None = None, data_path: bool | None = None) -> None:
-        if window is None:
-            window = configured_window()
+        # partials over akorun's data path (akorun.transport.datapath) instead of HTTP POSTs (None:
+        # as `configured_data_path` says); only to an http:// URL (over TLS they stay HTTP)
+        if data_path is None:
+            data_path = configured_data_path()
+        self.datalink = DataLink.for_url(url) if data_path else None
+        if window is None:  # the data path pipelines its requests on one connection
+            window = configured_window(
+                default=DEFAULT_WINDOW if self.datalink is None else PIPELINE_DEPTH)
         if maxsize < 1 or window < 1:
             raise ValueError(f"maxsize and window must be >= 1, got {maxsize}, {window}")
         self.dest = dest
@@ -227,11 +239,6 @@ class PeerSender:
         self.on_delivered = on_delivered
         self.ssl = ssl
         self.sealer = sealer  # seals each attempt for dest's current session (akorun.keys)
-        # partials over akorun's data path (akorun.transport.datapath) instead of HTTP POSTs (None:
-        # as `configured_data_path` says); only to an http:// URL (over TLS they stay HTTP)
-        if data_path is None:
-            data_path = configured_data_path()
-        self.datalink = DataLink.for_url(url) if data_path else None
         self.queue: deque[Outgoing] = deque()
         self.encode = encode  # re-encodes a folded round (no encoder: dropped, not folded)
         self.gap = OwedGap()
@@ -467,9 +474,8 @@ class PeerSender:
         if self.datalink is not None:
             try:
                 answer = await self.datalink.exchange(
-                    encode_request_meta(headers.get(AUTH_HEADER, ""), headers.get(RELAY_HEADER),
-                                        headers.get(WIRE_TIME_HEADER)),
-                    message.data, PARTIAL_ANSWER_MAX_BYTES)
+                    headers.get(AUTH_HEADER, ""), headers.get(RELAY_HEADER),
+                    headers.get(WIRE_TIME_HEADER), message.data, PARTIAL_ANSWER_MAX_BYTES)
             except AnswerTooLarge as error:
                 self._unauthentic(message, f"an answer: {error}")
                 return Outcome.RETRY

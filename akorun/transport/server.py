@@ -56,7 +56,6 @@ state across modules per message.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import errno
 import ipaddress
 import json
@@ -78,7 +77,7 @@ from akocore.schemes import SchemeError
 from akorun.errors import UsageError
 from akorun.metrics import PROMETHEUS_CONTENT_TYPE, ByteWaits, Metrics
 from akorun.transport import control
-from akorun.transport.admission import Admission, BufferPool, Refusal
+from akorun.transport.admission import Admission, BufferPool, Refusal, wire_refusal
 from akorun.transport.answers import ANSWER_TEXT_MAX_CHARS, DAMAGED
 from akorun.transport.control import CONTROL_BODY_MAX_BYTES, ControlError, ControlKind
 from akorun.transport.datapath import MAGIC as DATA_PATH_MAGIC
@@ -99,14 +98,17 @@ from akorun.transport.sender import (
     WIRE_TIME_HEADER,
     seconds_header,
 )
-from akorun.transport.validation import NonFiniteValues
+from akorun.transport.validation import (
+    DamagedInTransit,
+    NonFiniteValues,
+    checked_header,
+    partial_of,
+)
 from akorun.transport.wire import (
     HEADER_SIZE,
     BodyHasher,
     Status,
     WireError,
-    decode_header,
-    to_partial,
 )
 
 log = logging.getLogger("akorun")
@@ -116,11 +118,6 @@ HASH_IN_THREAD_BYTES = 256 * 1024  # bodies from this size are hashed off the lo
 KEEPALIVE_TIMEOUT_S = 75.0  # longer than the client's 15 s, so the client closes first
 HEADER_DEADLINE_S = 10.0  # from a connection's (or a request's) first byte to its last header
 READ_BUFFER_BYTES = 1 << 20  # body bytes buffered before the socket is paused (x2)
-_REASONS = {Status.MALFORMED: "malformed", Status.BAD_SIGNATURE: "bad_signature",
-            Status.WRONG_RUN: "wrong_run", Status.TOO_LARGE: "too_large",
-            Status.INBOX_FULL: "inbox_full", Status.STALE_SESSION: "stale_session"}
-
-
 # open connections a server holds (each may buffer up to 2 x READ_BUFFER_BYTES): past
 # this, the oldest never authenticated one is closed for a new one (a member's are kept)
 CONNECTIONS_PER_RANK = 32
@@ -157,11 +154,6 @@ class ConnectionLog:
         if count <= _LOUD_FIRST or count % 100 == 0:
             log.warning("connection dropped (%d so far): %s: %s", count, type(error).__name__,
                         str(error).splitlines()[0][:200] if str(error) else "")
-
-
-class DamagedInTransit(Exception):
-    """A sealed request's header or body is not what its seal commits to (altered or cut
-    on the way): answered 400 ``damaged``, tagged, which tells the sender to send again."""
 
 
 async def _read_body_inline(content: StreamReader, values: np.ndarray,
@@ -543,27 +535,20 @@ class Server:
         return self._reject(refusal.status, refusal.reason, refusal.detail, opened)
 
     def _refuse_error(self, error: WireError, opened: Opened | None = None) -> web.Response:
-        return self._reject(int(error.status), _REASONS.get(error.status, "malformed"),
-                            error.reason, opened)
+        return self._refuse(wire_refusal(error), opened)
 
     # ---------------------------------------------------------------- partials
 
     async def partial(self, request: web.Request) -> web.Response:
         start_s = time.perf_counter()
         length = request.content_length
-        refusal = self.admission.refusal(length)
-        if refusal is not None:
-            return self._refuse(refusal)
-        assert length is not None
-        try:
-            opened = self.host.verifier.open(request.headers.get(AUTH_HEADER), request.path,
-                                             control=False)
-        except WireError as error:
-            return self._refuse_error(error)
-        self._trust(request)
-        refusal = self.admission.slot_refusal(opened.sender)
-        if refusal is not None:
-            return self._refuse(refusal, opened)
+        admitted = self.admission.admit_partial(
+            self.host.verifier, request.headers.get(AUTH_HEADER), request.path, length,
+            lambda: self._trust(request))
+        if admitted.refusal is not None:
+            return self._refuse(admitted.refusal, admitted.opened)
+        opened = admitted.opened
+        assert length is not None and opened is not None
         try:
             with self.admission.slot(opened.sender):
                 return await self._read_partial(request, length, opened, start_s)
@@ -593,18 +578,11 @@ class Server:
         waits = ByteWaits()
         head = await waits.wait(asyncio.wait_for(content.readexactly(HEADER_SIZE),
                                                  self.admission.header_deadline_s))
-        try:
-            host.verifier.check_digest(opened, head)
-        except WireError as error:
-            raise DamagedInTransit(f"header: {error.reason}") from None
-        header = decode_header(head, max_body_bytes=host.max_body_bytes(), codec=host.codec)
+        header = checked_header(host.verifier, opened, head,
+                                max_body_bytes=host.max_body_bytes(), codec=host.codec)
         if header.body_nbytes != length - HEADER_SIZE:  # Content-Length changed on the way
             raise DamagedInTransit(f"header says {header.body_nbytes} body bytes, the request "
                                    f"has {length - HEADER_SIZE}")
-        if header.sender != opened.sender:
-            raise WireError(f"header says sender {header.sender}, the seal is rank "
-                            f"{opened.sender}'s", Status.BAD_SIGNATURE)
-        host.verifier.check_run(header)
         nbytes = header.body_nbytes
         values = self.buffers.take(header.length)
         hasher = self.body_hasher()
@@ -617,12 +595,7 @@ class Server:
             hasher.check(header.digest)
         except WireError as error:  # short, long or not the body the header commits to
             raise DamagedInTransit(f"body: {error.reason}") from None
-        # a coded body (akocore.codecs) fills the buffer's first nbytes: the runtime decodes it
-        partial = to_partial(header, values if header.codec == "none"
-                             else values.view(np.uint8)[:nbytes])
-        # an empty marker (final, PULL) still carries its values
-        if partial.values is None and partial.payload is None:
-            partial = dataclasses.replace(partial, values=values)
+        partial = partial_of(header, values)
         downlink = host.downlink
         wait_s = 0.0
         if downlink is not None:
