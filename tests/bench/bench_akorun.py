@@ -34,6 +34,13 @@
   the seed's CNN (4.26 M parameters, 17 MB of float32), beside the model size,
   and ``akorun.worker_rss_over_bare_mb``: that minus the peak RSS of a bare
   process that builds, steps and evaluates the same workload (akorun's part).
+- ``akorun.rank_memory_over_bound_cnn`` and ``akorun.rank_memory_over_bound_lm``: the
+  largest peak RSS of the ranks of a 3-rank launch (from the OS: each rank's
+  getrusage ru_maxrss) over the stated bound of akorun.memory_bound (a bare process
+  stepping the same workload, measured beside it, plus akorun's terms: vectors, relay,
+  queues, receive buffers, runtime), for the seed's CNN (4.26 M parameters) and the
+  27.35 M-parameter synthetic-lm, p = 2, ssp = 0, a few rounds. Goal <= 1: the bound
+  holds (docs/reference/memory.md).
 """
 
 from __future__ import annotations
@@ -307,6 +314,39 @@ def peak_rss() -> tuple[float, float, str]:
         f"step, message buffers, queues)")
 
 
+RANK_MEMORY_CASES = {  # figure suffix -> (workload, batch size, rounds)
+    "cnn": ("synthetic-cnn", 32, 12),
+    "lm": ("synthetic-lm", 8, 4),
+}
+
+
+def rank_memory_over_bound(workload: str, batch_size: int, rounds: int, *, workers: int = 3,
+                           p: int = 2, ssp: int = 0) -> tuple[float, str]:
+    """(largest rank peak RSS / its stated bound, note) of a `workers`-rank launch."""
+    from akorun.memory_bound import memory_bound
+
+    with tempfile.TemporaryDirectory() as tmp:
+        merged = _launch(Path(tmp) / "run", "--workers", str(workers), "--workload", workload,
+                         "--batch-size", str(batch_size), "--rounds", str(rounds),
+                         "--p", str(p), "--ssp", str(ssp), "--optimizer", "sgd",
+                         "--bandwidth", "100gbps", "--set", "train.eval_every=1000000")
+    bare = bare_workload_rss_bytes(workload, batch_size)
+    length = merged["per_worker"][0]["model_bytes"] // 4
+    ratios, parts = [], []
+    for w in merged["per_worker"]:
+        bound = memory_bound(length=length, p_of=[p] * workers, rank=w["rank"],
+                             staleness=ssp, optimizer="sgd", workload_bytes=bare)
+        ratios.append(w["peak_rss_bytes"] / bound.total_bytes)
+        parts.append(f"rank {w['rank']} {w['peak_rss_bytes'] / 1e6:.0f} MB")
+    worst = max(range(workers), key=lambda i: ratios[i])
+    bound = memory_bound(length=length, p_of=[p] * workers, rank=worst, staleness=ssp,
+                         optimizer="sgd", workload_bytes=bare)
+    return max(ratios), (
+        f"{workload} (D = {length / 1e6:.2f} M, 4 D = {4 * length / 1e6:.0f} MB), {workers} "
+        f"ranks, p={p}, ssp={ssp}, sgd, batch {batch_size}, {rounds} rounds: peak RSS "
+        f"{', '.join(parts)}; bound {bound.text()}")
+
+
 def rounds_under_attack(per_rank: int = 100, rounds: int = 300,
                         pairs: int = 3) -> tuple[tuple[float, ...], str]:
     """(attacked / clean rounds per second of each pair, note) of otherwise equal
@@ -358,6 +398,7 @@ def run() -> list[Figure]:
     gated, gated_note = compute_fraction("2")
     lan, lan_note = compute_fraction("inf", "1gbps")
     rss_mb, akorun_mb, rss_note = peak_rss()
+    memory = {name: rank_memory_over_bound(*case) for name, case in RANK_MEMORY_CASES.items()}
     return [
         Figure("akorun.transfer_vs_socket", statistics.median(secured), "ratio", goal=0.6,
                samples=secured, reference="blocking socket",
@@ -388,6 +429,10 @@ def run() -> list[Figure]:
                tolerance=RSS_TOLERANCE, note=rss_note),
         Figure("akorun.worker_rss_over_bare_mb", akorun_mb, "MB", higher_is_better=False,
                tolerance=RSS_DIFFERENCE_TOLERANCE, note="the akorun part of the above"),
+        *(Figure(f"akorun.rank_memory_over_bound_{name}", ratio, "ratio", goal=1.0,
+                 higher_is_better=False, tolerance=RSS_TOLERANCE,
+                 reference="the stated bound (akorun.memory_bound)", note=note)
+          for name, (ratio, note) in memory.items()),
     ]
 
 
