@@ -296,6 +296,38 @@ def bare_workload_rss_bytes(workload: str, batch_size: int) -> int:
     return int(result.stdout.split()[-1])
 
 
+_RANK_LIKE_STEPS = """
+import asyncio, concurrent.futures, os, resource, sys
+from akocore.process_setup import enable_compilation_cache
+from akocore.workload import build_workload
+if os.environ.get("AKO_JAX_CACHE"):
+    enable_compilation_cache(os.environ["AKO_JAX_CACHE"])  # as a rank does (prepare)
+workload = build_workload(sys.argv[1], batch_size=int(sys.argv[2]))
+batches = workload.batches(0, 3)
+params = workload.init_params.copy()
+
+async def main():
+    for step in range(int(sys.argv[3])):  # the step in a worker thread, as a rank's
+        batch = batches.next()
+        await asyncio.to_thread(workload.grad_step, params.copy(), batch.x, batch.y, step)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the evaluation thread
+        await asyncio.get_running_loop().run_in_executor(pool, workload.evaluate, params)
+
+asyncio.run(main())
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+def rank_like_workload_rss_bytes(workload: str, batch_size: int, steps: int) -> int:
+    """Peak RSS of a process that uses the workload as a rank does and nothing else: the
+    compilation cache, `steps` gradient steps in a worker thread, the evaluation in a
+    thread of its own (the workload term W of akorun.memory_bound)."""
+    result = subprocess.run([sys.executable, "-c", _RANK_LIKE_STEPS, workload, str(batch_size),
+                             str(steps)], capture_output=True, text=True,
+                            env=child_test_env(), cwd=REPO_ROOT, timeout=600, check=True)
+    return int(result.stdout.split()[-1])
+
+
 def peak_rss() -> tuple[float, float, str]:
     """(worker peak RSS MB, akorun's part of it MB, note) for the seed's CNN."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -330,7 +362,7 @@ def rank_memory_over_bound(workload: str, batch_size: int, rounds: int, *, worke
                          "--batch-size", str(batch_size), "--rounds", str(rounds),
                          "--p", str(p), "--ssp", str(ssp), "--optimizer", "sgd",
                          "--bandwidth", "100gbps", "--set", "train.eval_every=1000000")
-    bare = bare_workload_rss_bytes(workload, batch_size)
+    bare = rank_like_workload_rss_bytes(workload, batch_size, rounds)
     length = merged["per_worker"][0]["model_bytes"] // 4
     ratios, parts = [], []
     for w in merged["per_worker"]:
