@@ -182,8 +182,11 @@ def test_after_many_rounds_the_relay_holds_at_most_its_stated_bytes(
             relay.store.keep(HeldPartial(Partial(
                 Kind.GRAD, sender, round_, part, p, start, stop - start,
                 np.ones(stop - start, np.float32)), b"", b""))
-            peak = max(peak, relay.store.held_bytes())
-    assert peak <= bound
+            peak = max(peak, relay.store.held_bytes)
+            assert relay.store.held_bytes == sum(
+                item.partial.values.nbytes for queue in relay.store.held.values()
+                for item in queue if item.partial.values is not None)
+    assert peak == relay.store.peak_bytes <= bound
     for sender in (1, 2, 3):
         keep = keep_messages(p_of[sender], budget_bytes, peers=3, length=length,
                              staleness=staleness)

@@ -190,22 +190,22 @@ class RelayStore:
     def __init__(self, keep_of: Callable[[int], int]) -> None:
         self.keep_of = keep_of
         self.held: dict[int, list[HeldPartial]] = {}
+        self.held_bytes = 0  # bytes of values held now (what the memory bound counts)
+        self.peak_bytes = 0  # ... at most, so far
 
     def keep(self, item: HeldPartial) -> None:
         queue = self.held.setdefault(item.partial.sender, [])
         bisect.insort(queue, item, key=lambda held: held.partial.key)
+        self.held_bytes += _values_bytes(item)
         keep = max(1, self.keep_of(item.partial.sender))
         newest = queue[-1].partial.round
         drop = 0
         while drop < len(queue) and (queue[drop].partial.round <= newest - keep
                                      or len(queue) - drop > keep):
+            self.held_bytes -= _values_bytes(queue[drop])
             drop += 1
         del queue[:drop]
-
-    def held_bytes(self) -> int:
-        """Bytes of values held (what the memory bound counts)."""
-        return sum(item.partial.values.nbytes for queue in self.held.values()
-                   for item in queue if item.partial.values is not None)
+        self.peak_bytes = max(self.peak_bytes, self.held_bytes)
 
     def missing_for(self, origin: int, contiguous: int,
                     pending: set[tuple[int, int]]) -> list[HeldPartial]:
@@ -703,6 +703,11 @@ class Relay:
                         [item.partial.round for item, _ in encoded])
         record = record_of(node, origin) if node is not None else None
         return pack_messages(origin, encoded, record)
+
+
+def _values_bytes(item: HeldPartial) -> int:
+    values = item.partial.values
+    return 0 if values is None else int(values.nbytes)
 
 
 def _with_values(partial: Partial, values: np.ndarray | None) -> Partial:
