@@ -44,13 +44,15 @@ from akorun.runtime.relay import relay_bound_bytes
 from akorun.transport.wire import HEADER_SIZE
 
 FLOAT_BYTES = 4
-# replica params, unsent, inbox, update, scaled update, 2 optimizer temporaries, eval copy
-AKORUN_VECTORS = 8
+# replica params, unsent, inbox, update, scaled update, 2 optimizer temporaries, eval copy,
+# digest bytes
+AKORUN_VECTORS = 9
 STATE_VECTORS = {"sgd": 0, "momentum": 1, "adagrad": 1, "adam": 2}
-# akorun's own resident bytes beyond a bare process stepping the same workload, with a
-# tiny model (digits-mlp, 3 ranks, every vector term ~0): 110-150 MB measured on
-# 2026-11-25 (python 3.11, aiohttp 3, jax on CPU); stated with a margin.
-RUNTIME_BYTES = 200_000_000
+# akorun's own resident bytes beyond a process that uses the workload as a rank does, with
+# a tiny model (digits-mlp, 4,810 parameters, 3 ranks: every other term ~0): 14 MB
+# measured on 2026-11-25 (python 3.11, aiohttp 3, jax on CPU), stated with a margin for
+# the allocator.
+RUNTIME_BYTES = 100_000_000
 CONCURRENT_READS_MIN, CONCURRENT_READS_PER_PEER = 4, 3  # akorun.runtime.worker's Server
 
 
