@@ -251,12 +251,12 @@ def akorun_mb_per_s(messages: list[bytes], partials: list[Partial] | None = None
 # ------------------------------------------------------------------ launches
 
 
-def _launch(out: Path, *flags: str) -> dict[str, Any]:
-    command = akorun_command("launch", "--out", str(out), "--quiet", "--timeout", "300s",
-                             *flags)
+def _launch(out: Path, *flags: str, timeout_s: int = 300) -> dict[str, Any]:
+    command = akorun_command("launch", "--out", str(out), "--quiet", "--timeout",
+                             f"{timeout_s}s", *flags)
     env = child_test_env()
     result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO_ROOT,
-                            timeout=400)
+                            timeout=timeout_s + 100)
     if result.returncode != 0:
         raise RuntimeError(f"akorun launch failed:\n{result.stderr[-3000:]}")
     return dict(json.loads((out / "result.json").read_text()))
@@ -324,7 +324,7 @@ def rank_like_workload_rss_bytes(workload: str, batch_size: int, steps: int) -> 
     thread of its own (the workload term W of akorun.memory_bound)."""
     result = subprocess.run([sys.executable, "-c", _RANK_LIKE_STEPS, workload, str(batch_size),
                              str(steps)], capture_output=True, text=True,
-                            env=child_test_env(), cwd=REPO_ROOT, timeout=600, check=True)
+                            env=child_test_env(), cwd=REPO_ROOT, timeout=900, check=True)
     return int(result.stdout.split()[-1])
 
 
@@ -364,7 +364,8 @@ def rank_memory_over_bound(workload: str, batch_size: int, rounds: int, *, worke
         merged = _launch(Path(tmp) / "run", "--workers", str(workers), "--workload", workload,
                          "--batch-size", str(batch_size), "--rounds", str(rounds),
                          "--p", str(p), "--ssp", str(ssp), "--optimizer", "sgd",
-                         "--bandwidth", "100gbps", "--set", "train.eval_every=1000000")
+                         "--bandwidth", "100gbps", "--set", "train.eval_every=1000000",
+                         timeout_s=900)  # the 27 M model compiles for minutes on a busy machine
     length = merged["per_worker"][0]["model_bytes"] // 4
     ratios, parts = [], []
     for w in merged["per_worker"]:
