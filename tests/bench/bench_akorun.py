@@ -372,7 +372,8 @@ def rank_memory_over_bound(workload: str, batch_size: int, rounds: int, *, worke
         bound = memory_bound(length=length, p_of=[p] * workers, rank=w["rank"],
                              staleness=ssp, optimizer="sgd", workload_bytes=bare)
         ratios.append(w["peak_rss_bytes"] / bound.total_bytes)
-        parts.append(f"rank {w['rank']} {w['peak_rss_bytes'] / 1e6:.0f} MB")
+        parts.append(f"rank {w['rank']} {w['peak_rss_bytes'] / 1e6:.0f} MB (relay "
+                     f"{w.get('relay_peak_bytes', 0) / 1e6:.0f} MB)")
     worst = max(range(workers), key=lambda i: ratios[i])
     bound = memory_bound(length=length, p_of=[p] * workers, rank=worst, staleness=ssp,
                          optimizer="sgd", workload_bytes=bare)
