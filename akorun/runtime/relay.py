@@ -34,13 +34,14 @@ So akorun does (a):
   gated on j until it suspended it) and before a restart (``--resume``: the
   survivors still gate on j). So the default is exact for a kill
   mid-multicast of any training round, and O((2 s + 2) x 4 D (n - 1) / p):
-  4 D (2 s + 2) bytes at most with p >= n - 1, whatever n (at p < n - 1 the
-  cap of two gradients per peer, 8 D (n - 1), binds first). Not covered by
+  4 D (2 s + 2) bytes at most with p >= n - 1, whatever n (at p < n - 1,
+  (n - 1) / p times that, never more than the old 8 D (n - 1)). Not covered by
   default: j's final flush (its p - 1 owed partitions sent back to back after
   its last round, no gate between them) can put a survivor up to 2 s + p + 1
   rounds behind another; a kill inside that flush is repaired exactly only
-  when K >= 2 s + p + 1 (s >= p - 1, or a budget of 8 D (n - 1) bytes: the
-  old default of two gradients per peer). Otherwise -- as for any gap wider
+  when K >= 2 s + p + 1: by default only at p = 1 (no flush), with a budget of
+  8 D (n - 1) bytes (K = 2 p, the old default of two gradients per peer) when
+  p >= 2 s + 1. Otherwise -- as for any gap wider
   than the window, e.g. a peer one survivor suspended long before the others
   -- the survivors cannot agree, the run fails and says so (see Agree): it
   never ends with unequal replicas. The window is never larger than the old
