@@ -345,12 +345,13 @@ KEYS: tuple[Key, ...] = (
         flag="--queue-messages", metavar="N", tools=AKORUN_TOOLS,
         flag_help="messages owed to one peer before sending waits (backpressure), e.g. 64"),
     Key("akorun", "relay_budget", "relay_budget_bytes",
-        "bytes of peers' partials a rank keeps to repair a lost peer's rounds; 0 = two "
-        "gradients per peer",
+        "bytes of peers' partials a rank keeps to repair a lost peer's rounds; 0 = each "
+        "peer's last min(2 s + 2, 2 p) rounds",
         flag="--relay-budget", metavar="SIZE", tools=AKORUN_TOOLS,
         flag_help="bytes of peers' partials each rank keeps to repair a lost peer's rounds "
-                  "for the others (at least one partial per peer), e.g. 256MB; default 0: "
-                  "two gradients per peer, 2 x (n - 1) x 4 D bytes"),
+                  "for the others (at least one partial, at most 2 p, per peer), e.g. 256MB; "
+                  "default 0: each peer's last min(2 s + 2, 2 p) rounds, (n - 1) x that x "
+                  "4 ceil(D / p) bytes"),
     Key("akorun", "tls_cert", "tls_cert", 'PEM certificate each rank serves with; "" = plain HTTP',
         dump=lambda v: v or "", flag="--tls-cert", metavar="PEM", kind=FlagKind.TEXT,
         tools=frozenset({Tool.AKORUN_INIT, Tool.AKORUN_RANK}),

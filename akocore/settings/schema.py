@@ -425,7 +425,7 @@ class AkorunConfig:
     tls_key: str | None = None
     keys: str | None = None  # this rank's key file (`akorun init --per-rank-keys`); {rank}
     allow: tuple[str, ...] = ()  # peer addresses/networks let in; "hosts" = cluster.hosts'
-    relay_budget_bytes: int = 0  # the relay's copies of peers' partials; 0 = two gradients
+    relay_budget_bytes: int = 0  # the relay's copies of peers' partials; 0 = 2s+2 rounds
 
     def __post_init__(self) -> None:
         run_id = None if is_unset(self.run_id) else str(self.run_id)
@@ -480,7 +480,7 @@ class AkorunConfig:
             budget_bytes = -1
         if budget_bytes < 0 or isinstance(budget, bool):
             raise bad_value("akorun.relay_budget", budget,
-                            'a size such as "256MB", or 0 for two gradients per peer')
+                            'a size such as "256MB", or 0 for the default window')
         set_field(self, "relay_budget_bytes", budget_bytes)
 
 

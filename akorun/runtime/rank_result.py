@@ -102,6 +102,7 @@ class ResultBuilder:
             relayed_in=self.relay.received if self.relay is not None else 0,
             relayed_out=self.relay.served if self.relay is not None else 0,
             relay_refused=self.relay.refused if self.relay is not None else 0,
+            relay_peak_bytes=self.relay.store.peak_bytes if self.relay is not None else 0,
             held_through=_held_through(node),
             refused_for_good={str(j): n for j, n in metrics.refused_for_good.items()},
             unauthentic_answers=sum(c.unauthentic_answers for c in metrics.peers.values()),

@@ -17,12 +17,36 @@ So akorun does (a):
 - Keep: every partial accepted from a peer is also kept here (`RelayStore`),
   with the sender's endorsements (akorun.transport.keys.Signer.endorse: one tag per
   other rank, keyed with that rank's session key, over the header that
-  commits to the body). Memory is bounded: per peer, its last
-  ``RELAY_KEEP_GRADIENTS * p`` messages, i.e. at most two full gradients
-  (2 x D float32) per peer, or with ``akorun.relay_budget`` B a share of B
-  (`keep_messages`: at most max(B, (n - 1) x one partial) per rank); a
-  survivor further behind than that on a lost rank gets the newest of what it
-  lacks and the log says how many rounds could not be repaired.
+  commits to the body). Per peer, the messages of its last K rounds are kept
+  (a window of rounds, `keep_rounds`): K = min(2 s + 2, RELAY_KEEP_GRADIENTS x p)
+  for an SSP bound s (2 p for s = inf), one message per round, so a rank keeps
+  at most (n - 1) x K x 4 ceil(D / p) bytes of float32 values (with a codec,
+  the decoded values: the same). With ``akorun.relay_budget`` B the window is
+  what B buys instead (`keep_messages`: B / (n - 1) per peer in whole messages,
+  at least one, at most 2 p): at most max(B, (n - 1) x 4 ceil(D / p)) bytes.
+  Why 2 s + 2 rounds is enough. A survivor A that still gates on the lost rank
+  j holds j's rounds through r_A >= N_A - 2 - s (it started its round N_A - 1
+  only while (N_A - 2) - r_A <= s); j started its last training round R only
+  while (R - 1) - (A's rounds j held) <= s, and A had sent no round past
+  N_A - 1, so R <= N_A + s. What A lacks of j's training rounds is therefore
+  within (R - 2 s - 2, R]: the last 2 s + 2 rounds of j any holder got. The
+  same holds after a pause or a cut of j seen by every rank (each survivor
+  gated on j until it suspended it) and before a restart (``--resume``: the
+  survivors still gate on j). So the default is exact for a kill
+  mid-multicast of any training round, and O((2 s + 2) x 4 D (n - 1) / p):
+  4 D (2 s + 2) bytes at most with p >= n - 1, whatever n (at p < n - 1,
+  (n - 1) / p times that, never more than the old 8 D (n - 1)). Not covered by
+  default: j's final flush (its p - 1 owed partitions sent back to back after
+  its last round, no gate between them) can put a survivor up to 2 s + p + 1
+  rounds behind another; a kill inside that flush is repaired exactly only
+  when K >= 2 s + p + 1: by default only at p = 1 (no flush), with a budget of
+  8 D (n - 1) bytes (K = 2 p, the old default of two gradients per peer) when
+  p >= 2 s + 1. Otherwise -- as for any gap wider
+  than the window, e.g. a peer one survivor suspended long before the others
+  -- the survivors cannot agree, the run fails and says so (see Agree): it
+  never ends with unequal replicas. The window is never larger than the old
+  default of 2 p messages, so every case that default repaired within 2 s + 2
+  rounds is still repaired, with less memory when s < p - 1.
 - Pull: when this rank suspends a peer (silent past the peer timeout: dead,
   paused or cut off), it asks every other live peer (control ``relay``, sealed
   like every control message) for the messages of the lost peer that it does
@@ -85,9 +109,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import bisect
 import logging
+import math
 import struct
-from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -108,7 +133,7 @@ from akorun.transport.wire import HEADER_SIZE, WireError, decode
 
 log = logging.getLogger("akorun")
 
-RELAY_KEEP_GRADIENTS = 2  # per peer, keep its last 2 * p messages: two full gradients
+RELAY_KEEP_GRADIENTS = 2  # the window's cap: a peer's last 2 * p rounds (two full gradients)
 PULL_RETRY_S = 0.2
 AGREEMENT_PASSES = 8  # passes of pulls a lost origin's agreement makes at most
 
@@ -123,45 +148,76 @@ class HeldPartial:
     origin_nonce: bytes
 
 
-def keep_messages(p: int, budget_bytes: int, *, peers: int, length: int) -> int:
-    """How many of one sender's last messages are kept: ``RELAY_KEEP_GRADIENTS * p`` (two
-    full gradients per peer: 2 x 4 D bytes each, 2 x (n - 1) x 4 D per rank), or with a
-    budget B (akorun.relay_budget) its share, B / (n - 1) bytes, in whole messages of
-    4 x ceil(D / p) bytes and at least one: at most max(B, (n - 1) x 4 ceil(D / p)) bytes
-    per rank, whatever n. Rounds older than what is kept cannot be repaired after a loss;
-    the survivors then disagree and the run fails, saying so, rather than end unequal."""
-    keep = RELAY_KEEP_GRADIENTS * p
+def keep_rounds(p: int, staleness: float) -> int:
+    """The default window: a sender's last min(2 s + 2, RELAY_KEEP_GRADIENTS x p) rounds
+    (one message each), 2 p for s = inf. 2 s + 2 rounds hold every training round a
+    survivor that gates on the sender can lack (module docstring, Keep)."""
+    cap = RELAY_KEEP_GRADIENTS * p
+    if math.isinf(staleness) or staleness < 0:
+        return cap
+    return max(1, min(cap, 2 * int(staleness) + 2))
+
+
+def keep_messages(p: int, budget_bytes: int, *, peers: int, length: int,
+                  staleness: float = math.inf) -> int:
+    """How many of one sender's last rounds (one message each) are kept: by default
+    `keep_rounds(p, staleness)`: at most (n - 1) x min(2 s + 2, 2 p) x 4 ceil(D / p) bytes
+    per rank; with a budget B (akorun.relay_budget) its share, B / (n - 1) bytes, in whole
+    messages of 4 x ceil(D / p) bytes, at least one and at most 2 p: at most
+    max(B, (n - 1) x 4 ceil(D / p)) bytes per rank, whatever n. Rounds older than what
+    is kept cannot be repaired after a loss; the survivors then disagree and the run
+    fails, saying so, rather than end unequal."""
     if budget_bytes <= 0 or length <= 0:
-        return keep
+        return keep_rounds(p, staleness)
     message_bytes = 4 * -(-length // p)
-    return max(1, min(keep, budget_bytes // (max(1, peers) * message_bytes)))
+    return max(1, min(RELAY_KEEP_GRADIENTS * p,
+                      budget_bytes // (max(1, peers) * message_bytes)))
+
+
+def relay_bound_bytes(length: int, p_of: Sequence[int], rank: int, *, staleness: float,
+                      budget_bytes: int = 0) -> int:
+    """The most float32 bytes rank `rank`'s relay holds: the sum over its peers j of
+    keep_messages(p_j, ...) x 4 ceil(D / p_j) (the stated bound, docs/reference/memory.md)."""
+    peers = [j for j in range(len(p_of)) if j != rank]
+    return sum(keep_messages(p_of[j], budget_bytes, peers=len(peers), length=length,
+                             staleness=staleness) * 4 * -(-length // p_of[j]) for j in peers)
 
 
 class RelayStore:
-    """Per sender, the last messages accepted from it (bounded: `keep_of(sender)`)."""
+    """Per sender, the messages of its last rounds accepted here: those of rounds within
+    `keep_of(sender)` of the newest round held of it (one message per round), oldest
+    first."""
 
     def __init__(self, keep_of: Callable[[int], int]) -> None:
         self.keep_of = keep_of
-        self.held: dict[int, deque[HeldPartial]] = {}
+        self.held: dict[int, list[HeldPartial]] = {}
+        self.held_bytes = 0  # bytes of values held now (what the memory bound counts)
+        self.peak_bytes = 0  # ... at most, so far
 
     def keep(self, item: HeldPartial) -> None:
-        sender = item.partial.sender
-        queue = self.held.get(sender)
-        if queue is None:
-            queue = self.held[sender] = deque(maxlen=max(1, self.keep_of(sender)))
-        queue.append(item)
+        queue = self.held.setdefault(item.partial.sender, [])
+        bisect.insort(queue, item, key=lambda held: held.partial.key)
+        self.held_bytes += _values_bytes(item)
+        keep = max(1, self.keep_of(item.partial.sender))
+        newest = queue[-1].partial.round
+        drop = 0
+        while drop < len(queue) and (queue[drop].partial.round <= newest - keep
+                                     or len(queue) - drop > keep):
+            self.held_bytes -= _values_bytes(queue[drop])
+            drop += 1
+        del queue[:drop]
+        self.peak_bytes = max(self.peak_bytes, self.held_bytes)
 
     def missing_for(self, origin: int, contiguous: int,
                     pending: set[tuple[int, int]]) -> list[HeldPartial]:
         """Messages of `origin` held here that a peer with this record lacks, oldest first."""
-        return sorted((item for item in self.held.get(origin, ())
-                       if item.partial.round > contiguous
-                       and (item.partial.round, item.partial.part) not in pending),
-                      key=lambda item: item.partial.key)
+        return [item for item in self.held.get(origin, ())
+                if item.partial.round > contiguous
+                and (item.partial.round, item.partial.part) not in pending]
 
     def oldest_round(self, origin: int) -> int | None:
         queue = self.held.get(origin)
-        return min(item.partial.round for item in queue) if queue else None
+        return queue[0].partial.round if queue else None
 
 
 Record = tuple[int, tuple[tuple[int, int], ...]]  # (contiguous round, sorted pending parts)
@@ -250,7 +306,7 @@ class Relay:
                  codec: Codec | None = None, budget_bytes: int = 0) -> None:
         self.rank = rank
         self.codec = codec  # the run's codec: forwarded messages may be coded with it
-        self.budget_bytes = budget_bytes  # akorun.relay_budget; 0: RELAY_KEEP_GRADIENTS
+        self.budget_bytes = budget_bytes  # akorun.relay_budget; 0: keep_rounds
         self.peers = list(peers)
         self.node = node
         self.signer = signer
@@ -288,7 +344,8 @@ class Relay:
         node = self._ako()
         p = node.p_of[sender] if node is not None else 1
         return keep_messages(p, self.budget_bytes, peers=len(self.peers),
-                             length=node.length if node is not None else 0)
+                             length=node.length if node is not None else 0,
+                             staleness=node.staleness if node is not None else math.inf)
 
     # ---------------------------------------------------------------- keep
 
@@ -637,7 +694,7 @@ class Relay:
         oldest = self.store.oldest_round(origin)
         if oldest is not None and contiguous + 1 < oldest:
             log.warning("repair: rank %d lacks rank %d's rounds from %d, this rank keeps "
-                        "them from %d only (RELAY_KEEP_GRADIENTS): those cannot be repaired",
+                        "them from %d only (the relay window): those cannot be repaired",
                         sender, origin, contiguous + 1, oldest)
         encoded = [(item, self.signer.encode(item.partial)) for item in items]
         self.served += len(encoded)
@@ -647,6 +704,11 @@ class Relay:
                         [item.partial.round for item, _ in encoded])
         record = record_of(node, origin) if node is not None else None
         return pack_messages(origin, encoded, record)
+
+
+def _values_bytes(item: HeldPartial) -> int:
+    values = item.partial.values
+    return 0 if values is None else int(values.nbytes)
 
 
 def _with_values(partial: Partial, values: np.ndarray | None) -> Partial:

@@ -106,6 +106,7 @@ class RankDiagnostics:
     relayed_in: int = 0  # partials of lost peers forwarded here by survivors (runtime.relay)
     relayed_out: int = 0  # ... forwarded by this rank to survivors
     relay_refused: int = 0  # forwarded partials refused (endorsement or wire check failed)
+    relay_peak_bytes: int = 0  # most bytes of peers' values the relay held at once
     held_through: Mapping[str, int] = field(default_factory=dict)  # ako: per peer, the
     # round through which all its rounds are held (its delivery record's contiguous round)
     refused_for_good: Mapping[str, int] = field(default_factory=dict)  # per peer: messages

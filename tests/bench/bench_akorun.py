@@ -35,6 +35,13 @@
   the seed's CNN (4.26 M parameters, 17 MB of float32), beside the model size,
   and ``akorun.worker_rss_over_bare_mb``: that minus the peak RSS of a bare
   process that builds, steps and evaluates the same workload (akorun's part).
+- ``akorun.rank_memory_over_bound_cnn`` and ``akorun.rank_memory_over_bound_lm``: the
+  largest peak RSS of the ranks of a 3-rank launch (from the OS: each rank's
+  getrusage ru_maxrss) over the stated bound of akorun.memory_bound (a bare process
+  stepping the same workload, measured beside it, plus akorun's terms: vectors, relay,
+  queues, receive buffers, runtime), for the seed's CNN (4.26 M parameters) and the
+  27.35 M-parameter synthetic-lm, p = 2, ssp = 0, a few rounds. Goal <= 1: the bound
+  holds (docs/reference/memory.md).
 """
 
 from __future__ import annotations
@@ -245,12 +252,12 @@ def akorun_mb_per_s(messages: list[bytes], partials: list[Partial] | None = None
 # ------------------------------------------------------------------ launches
 
 
-def _launch(out: Path, *flags: str) -> dict[str, Any]:
-    command = akorun_command("launch", "--out", str(out), "--quiet", "--timeout", "300s",
-                             *flags)
+def _launch(out: Path, *flags: str, timeout_s: int = 300) -> dict[str, Any]:
+    command = akorun_command("launch", "--out", str(out), "--quiet", "--timeout",
+                             f"{timeout_s}s", *flags)
     env = child_test_env()
     result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO_ROOT,
-                            timeout=400)
+                            timeout=timeout_s + 100)
     if result.returncode != 0:
         raise RuntimeError(f"akorun launch failed:\n{result.stderr[-3000:]}")
     return dict(json.loads((out / "result.json").read_text()))
@@ -290,6 +297,38 @@ def bare_workload_rss_bytes(workload: str, batch_size: int) -> int:
     return int(result.stdout.split()[-1])
 
 
+_RANK_LIKE_STEPS = """
+import asyncio, concurrent.futures, os, resource, sys
+from akocore.process_setup import enable_compilation_cache
+from akocore.workload import build_workload
+if os.environ.get("AKO_JAX_CACHE"):
+    enable_compilation_cache(os.environ["AKO_JAX_CACHE"])  # as a rank does (prepare)
+workload = build_workload(sys.argv[1], batch_size=int(sys.argv[2]))
+batches = workload.batches(0, 3)
+params = workload.init_params.copy()
+
+async def main():
+    for step in range(int(sys.argv[3])):  # the step in a worker thread, as a rank's
+        batch = batches.next()
+        await asyncio.to_thread(workload.grad_step, params.copy(), batch.x, batch.y, step)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the evaluation thread
+        await asyncio.get_running_loop().run_in_executor(pool, workload.evaluate, params)
+
+asyncio.run(main())
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+def rank_like_workload_rss_bytes(workload: str, batch_size: int, steps: int) -> int:
+    """Peak RSS of a process that uses the workload as a rank does and nothing else: the
+    compilation cache, `steps` gradient steps in a worker thread, the evaluation in a
+    thread of its own (the workload term W of akorun.memory_bound)."""
+    result = subprocess.run([sys.executable, "-c", _RANK_LIKE_STEPS, workload, str(batch_size),
+                             str(steps)], capture_output=True, text=True,
+                            env=child_test_env(), cwd=REPO_ROOT, timeout=900, check=True)
+    return int(result.stdout.split()[-1])
+
+
 def peak_rss() -> tuple[float, float, str]:
     """(worker peak RSS MB, akorun's part of it MB, note) for the seed's CNN."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -306,6 +345,43 @@ def peak_rss() -> tuple[float, float, str]:
         f"steps (a bare process stepping the same workload), leaving {extra:.0f} MB = "
         f"{extra / model:.1f} x the model for akorun (params, unsent, inbox, copies for the "
         f"step, message buffers, queues)")
+
+
+RANK_MEMORY_CASES = {  # figure suffix -> (workload, batch size, rounds)
+    "cnn": ("synthetic-cnn", 32, 12),
+    "lm": ("synthetic-lm", 8, 4),
+}
+
+
+def rank_memory_over_bound(workload: str, batch_size: int, rounds: int, *, workers: int = 3,
+                           p: int = 2, ssp: int = 0) -> tuple[float, str]:
+    """(largest rank peak RSS / its stated bound, note) of a `workers`-rank launch."""
+    from akorun.memory_bound import memory_bound
+
+    # first, so that a cold compilation cache is paid here (the bound is then looser, never
+    # tighter: the ranks find the compiled step in the cache)
+    bare = rank_like_workload_rss_bytes(workload, batch_size, rounds)
+    with tempfile.TemporaryDirectory() as tmp:
+        merged = _launch(Path(tmp) / "run", "--workers", str(workers), "--workload", workload,
+                         "--batch-size", str(batch_size), "--rounds", str(rounds),
+                         "--p", str(p), "--ssp", str(ssp), "--optimizer", "sgd",
+                         "--bandwidth", "100gbps", "--set", "train.eval_every=1000000",
+                         timeout_s=900)  # the 27 M model compiles for minutes on a busy machine
+    length = merged["per_worker"][0]["model_bytes"] // 4
+    ratios, parts = [], []
+    for w in merged["per_worker"]:
+        bound = memory_bound(length=length, p_of=[p] * workers, rank=w["rank"],
+                             staleness=ssp, optimizer="sgd", workload_bytes=bare)
+        ratios.append(w["peak_rss_bytes"] / bound.total_bytes)
+        parts.append(f"rank {w['rank']} {w['peak_rss_bytes'] / 1e6:.0f} MB (relay "
+                     f"{w.get('relay_peak_bytes', 0) / 1e6:.0f} MB)")
+    worst = max(range(workers), key=lambda i: ratios[i])
+    bound = memory_bound(length=length, p_of=[p] * workers, rank=worst, staleness=ssp,
+                         optimizer="sgd", workload_bytes=bare)
+    return max(ratios), (
+        f"{workload} (D = {length / 1e6:.2f} M, 4 D = {4 * length / 1e6:.0f} MB), {workers} "
+        f"ranks, p={p}, ssp={ssp}, sgd, batch {batch_size}, {rounds} rounds: peak RSS "
+        f"{', '.join(parts)}; bound {bound.text()}")
 
 
 def rounds_under_attack(per_rank: int = 100, rounds: int = 300,
@@ -359,6 +435,7 @@ def run() -> list[Figure]:
     gated, gated_note = compute_fraction("2")
     lan, lan_note = compute_fraction("inf", "1gbps")
     rss_mb, akorun_mb, rss_note = peak_rss()
+    memory = {name: rank_memory_over_bound(*case) for name, case in RANK_MEMORY_CASES.items()}
     return [
         Figure("akorun.transfer_vs_socket", statistics.median(secured), "ratio", goal=0.6,
                samples=secured, reference="blocking socket",
@@ -390,6 +467,10 @@ def run() -> list[Figure]:
                tolerance=RSS_TOLERANCE, note=rss_note),
         Figure("akorun.worker_rss_over_bare_mb", akorun_mb, "MB", higher_is_better=False,
                tolerance=RSS_DIFFERENCE_TOLERANCE, note="the akorun part of the above"),
+        *(Figure(f"akorun.rank_memory_over_bound_{name}", ratio, "ratio", goal=1.0,
+                 higher_is_better=False, tolerance=RSS_TOLERANCE,
+                 reference="the stated bound (akorun.memory_bound)", note=note)
+          for name, (ratio, note) in memory.items()),
     ]
 
 
