@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from akorun.launch.testbed import netns
-from analysis.fidelity_tcp import DONE_FILE, RECORD_FILE, GridPoint, grid, main
+from analysis.fidelity_tcp import DONE_FILE, RECORD_FILE, GridPoint, grid, main, wan_grid
 from analysis.fidelity_tcp_record import (
     COLUMNS,
     FidelityTcpRecord,
@@ -44,6 +44,22 @@ def test_the_grid_spans_workers_rates_p_s_and_both_schemes():
     assert {p.scheme for p in points} == {"ako", "ps"}
     ps = GridPoint("ps", 3, "wan", "-", 0)
     assert ps.nodes == 4 and "exchange.ps_mode=async" in ps.launch_flags()
+
+
+def test_the_wan_grid_spans_round_trips_rates_workers_p_s_and_every_scheme():
+    points = wan_grid()
+    assert len(points) >= 24 and len({p.name for p in points}) == len(points)
+    assert {p.rtt_ms for p in points} == {10.0, 50.0, 100.0}
+    assert {p.rate for p in points} == {"5m", "20m", "100m"}
+    assert {p.workers for p in points} == {2, 3, 4}
+    assert {(p.p, p.ssp) for p in points if p.scheme == "ako"} == {
+        ("1", 0), ("1", 2), ("auto", 0), ("auto", 2)}
+    assert {p.scheme for p in points} == {"ako", "ps", "allreduce", "diloco",
+                                          "streaming-diloco"}
+    streaming = next(p for p in points if p.scheme == "streaming-diloco")
+    flags = streaming.launch_flags()
+    assert flags[flags.index("--inner-steps") + 1] == "4" and "--fragments" in flags
+    assert "--latency" in flags and streaming.name.endswith("-H4-s0-rtt50ms")
 
 
 def test_the_report_of_a_hand_made_record_has_every_column_error_and_group():
