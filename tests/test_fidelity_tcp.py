@@ -19,7 +19,12 @@ from analysis.fidelity_tcp_record import (
     FidelityTcpRow,
     summarise,
 )
-from analysis.fidelity_tcp_report import kept_analysis, markdown_report, summary_table
+from analysis.fidelity_tcp_report import (
+    kept_analysis,
+    markdown_report,
+    scheme_table,
+    summary_table,
+)
 
 
 def _row(name: str, scheme: str, ssp: int, rate: str, measured: float, host: float,
@@ -89,6 +94,17 @@ def test_the_report_of_a_hand_made_record_has_every_column_error_and_group():
     regenerated = markdown_report(record, kept_analysis(text))
     assert regenerated == text  # the hand-written analysis survives a regeneration
     assert kept_analysis(markdown_report(record)) == ""
+
+
+def test_the_scheme_table_ranks_schemes_by_their_share_of_the_error():
+    rows = (_row("a", "ako", 0, "wan", 0.20, 0.18, 0.21, 0.16),  # host error 0.1
+            _row("b", "ako", 2, "wan", 0.10, 0.11, 0.10, 0.09),  # 0.1
+            _row("c", "ako", 0, "lan", 0.30, 0.30, 0.30, 0.30),  # 0
+            _row("d", "ps", 0, "lan", 0.40, 0.60, 0.44, 0.52))  # 0.5
+    lines = scheme_table(rows).splitlines()
+    assert lines[2].startswith("| ps | 1 | 50.0% / - |") and lines[2].endswith("71.4% |")
+    # ako: MAPE (0.1 + 0.1 + 0) / 3, tau over its three rows (all pairs concordant)
+    assert lines[3].startswith("| ako | 3 | 6.7% / 1.00 |") and lines[3].endswith("28.6% |")
 
 
 def test_two_records_compare_by_scheme_p_and_s():
