@@ -90,6 +90,7 @@ class GridPoint:
     ssp: int
     rtt_ms: float = 0.0  # round trip; every pair gets half of it one way (the delay line)
     inner_steps: int = 0  # diloco, streaming-diloco: H (0: not that scheme)
+    fragments: int = 0  # streaming-diloco: fragments synced in turn, 1 step overlapped
 
     @property
     def name(self) -> str:
@@ -113,8 +114,8 @@ class GridPoint:
             flags += ["--set", "exchange.ps_mode=async", "--set", "exchange.ps_servers=1"]
         if self.inner_steps:
             flags += ["--inner-steps", str(self.inner_steps)]
-        if self.scheme == "streaming-diloco":
-            flags += ["--fragments", str(STREAMING_FRAGMENTS), "--overlap-steps", "1"]
+        if self.fragments:
+            flags += ["--fragments", str(self.fragments), "--overlap-steps", "1"]
         if self.rtt_ms > 0:
             flags += ["--latency", f"{self.rtt_ms / 2:g}ms"]
         return flags
@@ -166,7 +167,8 @@ def wan_grid() -> tuple[GridPoint, ...]:
                GridPoint("ps", 3, "20m", "-", 2, 50.0),
                GridPoint("diloco", 3, "20m", "-", 0, 10.0, inner_steps=4),
                GridPoint("diloco", 3, "20m", "-", 0, 100.0, inner_steps=4),
-               GridPoint("streaming-diloco", 3, "20m", "-", 0, 50.0, inner_steps=4)]
+               GridPoint("streaming-diloco", 3, "20m", "-", 0, 50.0, inner_steps=4,
+                         fragments=STREAMING_FRAGMENTS)]
     return tuple(points)
 
 
