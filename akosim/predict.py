@@ -13,7 +13,8 @@ What is taken from where, so that nothing is counted twice:
   prediction: nothing timed by the run, only its configuration and resolved p);
   on the testbed every rank ran on this host, so when the training ranks fill
   its cores the step is the one measured with as many processes stepping at
-  once (`colocated_compute_s`), and the host's per-message cost is stretched by
+  once (`colocated_compute_s`), varying from step to step as much as measured
+  there (the compute jitter), and the host's per-message cost is stretched by
   the same measured slowdown and charged as the ranks' CPU;
 - the network: the one the kernel realised when the run directory holds the
   testbed's ``testbed.json`` (akocore.testbed_record: each node's uplink, the
@@ -239,6 +240,7 @@ class Colocation:
     compute_s: float  # the step with `ranks` processes stepping at once on this host
     slowdown: float  # that over one process alone, measured side by side (>= 1)
     provenance: str
+    step_cv: float = 0.0  # relative standard deviation of one such step (0: not measured)
 
 
 def colocated_compute_s(cfg: RunConfig, training_ranks: int) -> Colocation:
@@ -251,7 +253,7 @@ def colocated_compute_s(cfg: RunConfig, training_ranks: int) -> Colocation:
     record, fresh = colocated_compute(train.workload, train.batch_size, train.optimizer,
                                       training_ranks)
     return Colocation(record.compute_s, record.slowdown,
-                      record.provenance() + ("" if fresh else ", cached"))
+                      record.provenance() + ("" if fresh else ", cached"), record.step_cv)
 
 
 def message_cpu_stretched(tcp: TcpParameters, slowdown: float) -> TcpParameters:
@@ -347,6 +349,10 @@ def predict_run(args: argparse.Namespace) -> Prediction:
             host_compute_s = colocation.compute_s
             compute_line = f"{colocation.provenance} (akosim's own, not the run's)"
         compute_s, overhead, jitter, software = (host_compute_s,) * workers, 0.0, 0.0, None
+        if colocation is not None:
+            # the co-located step varies as measured: it breaks the lockstep that equal
+            # steps keep under fair sharing (the asynchronous PS on delayed paths)
+            jitter = colocation.step_cv
     run_measured_software = software is not None
     tcp: TcpParameters | None = None
     sources = [compute_line]

@@ -72,6 +72,8 @@ PREDICT_FLAGS: dict[str, tuple[str, ...]] = {
 RATES_BPS: dict[str, tuple[float, ...]] = {"lan": (100e6,), "wan": (20e6,),
                                            "het": (100e6, 20e6), "5m": (5e6,),
                                            "20m": (20e6,), "100m": (100e6,)}
+# streaming-diloco rows: fragments synced in turn (each sync overlaps one inner step)
+STREAMING_FRAGMENTS = 2
 # given to both tools, so akosim's own compute measurement times the step the runs take
 TRAINING_FLAGS = ("--batch-size", "32", "--optimizer", "sgd", "--lr", "0.05")
 
@@ -80,16 +82,21 @@ TRAINING_FLAGS = ("--batch-size", "32", "--optimizer", "sgd", "--lr", "0.05")
 class GridPoint:
     """One configuration of the grid."""
 
-    scheme: str  # ako, ps (the asynchronous parameter server, one server) or allreduce
+    scheme: str  # ako, ps (the asynchronous parameter server, one server), allreduce,
+    # diloco or streaming-diloco
     workers: int  # training workers
     rate: str  # a key of RATES_BPS
-    p: str  # "1" or "auto" (ako); "-" (ps, allreduce)
+    p: str  # "1" or "auto" (ako); "-" (the others)
     ssp: int
     rtt_ms: float = 0.0  # round trip; every pair gets half of it one way (the delay line)
+    inner_steps: int = 0  # diloco, streaming-diloco: H (0: not that scheme)
+    fragments: int = 0  # streaming-diloco: fragments synced in turn, 1 step overlapped
 
     @property
     def name(self) -> str:
         exchange = f"ako-p{self.p}" if is_partitioned(self.scheme) else self.scheme
+        if self.inner_steps:
+            exchange += f"-H{self.inner_steps}"
         rtt = f"-rtt{self.rtt_ms:g}ms" if self.rtt_ms > 0 else ""
         return f"{self.rate}-{self.workers}w-{exchange}-s{self.ssp}{rtt}"
 
@@ -105,6 +112,10 @@ class GridPoint:
             flags += ["--p", self.p]
         elif has_servers(self.scheme):
             flags += ["--set", "exchange.ps_mode=async", "--set", "exchange.ps_servers=1"]
+        if self.inner_steps:
+            flags += ["--inner-steps", str(self.inner_steps)]
+        if self.fragments:
+            flags += ["--fragments", str(self.fragments), "--overlap-steps", "1"]
         if self.rtt_ms > 0:
             flags += ["--latency", f"{self.rtt_ms / 2:g}ms"]
         return flags
@@ -131,12 +142,14 @@ def grid() -> tuple[GridPoint, ...]:
 
 
 def wan_grid() -> tuple[GridPoint, ...]:
-    """20 configurations with latency: at 3 workers and 20 Mbit/s, RTT 10, 50 and 100 ms
+    """26 configurations with latency: at 3 workers and 20 Mbit/s, RTT 10, 50 and 100 ms
     for Ako p = 1 and auto (s = 0), the asynchronous parameter server and ring
     all-reduce (12); at 50 ms, 5 and 100 Mbit/s for Ako p = 1 and all-reduce (4); at
     50 ms and 20 Mbit/s, 2 and 4 workers for Ako p = auto, s = 2 and the parameter
-    server (4). The first rows span schemes and round trips, so an interrupted grid
-    still does."""
+    server (4); at 3 workers, 20 Mbit/s, 50 ms: Ako p = 1 and auto at s = 2, the
+    parameter server at s = 2 (3); DiLoCo (H = 4) at 10 and 100 ms and Streaming DiLoCo
+    (H = 4, 2 fragments, 1 overlapped step) at 50 ms (3). The first rows span schemes
+    and round trips, so an interrupted grid still does."""
     points = []
     for rtt_ms in (50.0, 10.0, 100.0):
         points += [GridPoint("ako", 3, "20m", "1", 0, rtt_ms),
@@ -149,6 +162,13 @@ def wan_grid() -> tuple[GridPoint, ...]:
     for workers in (2, 4):
         points += [GridPoint("ako", workers, "20m", "auto", 2, 50.0),
                    GridPoint("ps", workers, "20m", "-", 0, 50.0)]
+    points += [GridPoint("ako", 3, "20m", "1", 2, 50.0),
+               GridPoint("ako", 3, "20m", "auto", 2, 50.0),
+               GridPoint("ps", 3, "20m", "-", 2, 50.0),
+               GridPoint("diloco", 3, "20m", "-", 0, 10.0, inner_steps=4),
+               GridPoint("diloco", 3, "20m", "-", 0, 100.0, inner_steps=4),
+               GridPoint("streaming-diloco", 3, "20m", "-", 0, 50.0, inner_steps=4,
+                         fragments=STREAMING_FRAGMENTS)]
     return tuple(points)
 
 
@@ -179,7 +199,8 @@ def _run(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float) -> No
                               cwd=ROOT, timeout=timeout_s, check=False)
     if done.returncode != 0:
         tail = log.read_text().strip().splitlines()[-1:] or ["no output"]
-        raise RuntimeError(f"{cmd[2]} {cmd[3]} exited {done.returncode}: {tail[0]} "
+        at = cmd.index("-m") + 1 if "-m" in cmd else 0
+        raise RuntimeError(f"{' '.join(cmd[at:at + 2])} exited {done.returncode}: {tail[0]} "
                            f"(see {log})")
 
 
@@ -255,6 +276,7 @@ class GridSettings:
     host_compute_s: float
     timeout_s: float
     repredict: bool = False  # done configurations: predict again, keep the run
+    lock: Path | None = None  # each launch holds this file's lock (flock) while it runs
 
 
 def run_point(point: GridPoint, settings: GridSettings) -> FidelityTcpRow:
@@ -273,7 +295,8 @@ def run_point(point: GridPoint, settings: GridSettings) -> FidelityTcpRow:
         folder.mkdir(parents=True, exist_ok=True)
         log.write_text("")
         started = time.perf_counter()
-        _run(_python("akorun", "launch", "--testbed", "netns", *point.launch_flags(),
+        lock = ["flock", str(settings.lock)] if settings.lock else []
+        _run(lock + _python("akorun", "launch", "--testbed", "netns", *point.launch_flags(),
                      "--workload", settings.workload, *TRAINING_FLAGS,
                      "--rounds", str(settings.rounds), "--set", "train.eval_every=1000",
                      "--out", str(run_dir), "--force", "--quiet", "--timeout",
@@ -399,6 +422,9 @@ def main(argv: list[str] | None = None) -> int:
                              "lan grid, RESULTS/fidelity-wan.md for the wan grid)")
     parser.add_argument("--json", type=Path, default=None,
                         help="also copy the record here (e.g. analysis/data/fidelity-tcp.json)")
+    parser.add_argument("--lock", type=Path, metavar="FILE",
+                        help="run each launch under `flock FILE` (machines shared with other "
+                             "measurements: only the launch holds it, not the predictions)")
     parser.add_argument("--report-only", action="store_true",
                         help="run nothing: rebuild the record and report from finished rows")
     parser.add_argument("--repredict", action="store_true",
@@ -423,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
         given=args.host_calibration)
     compute_s = host_compute_s(results, args.workload)
     settings = GridSettings(results, args.workload, args.rounds, calibration, compute_s,
-                            args.timeout, repredict=args.repredict)
+                            args.timeout, repredict=args.repredict, lock=args.lock)
     rows, failed = [], 0
     for point in points:
         if args.report_only or args.repredict:

@@ -104,6 +104,32 @@ def grouped_table(rows: Sequence[FidelityTcpRow]) -> str:
     return "\n".join(lines)
 
 
+def scheme_table(rows: Sequence[FidelityTcpRow]) -> str:
+    """MAPE and Kendall's tau of each prediction within each scheme (tau needs three
+    rows), and the scheme's share of the grid's summed absolute host-calibrated error,
+    largest share first."""
+    groups: dict[str, list[FidelityTcpRow]] = {}
+    for row in rows:
+        groups.setdefault(row.scheme, []).append(row)
+    total = sum(abs(r.host_calibrated_s / r.measured_round_time_s - 1) for r in rows)
+    head = " | ".join(f"{c} MAPE / tau" for c in COLUMNS)
+    lines = [f"| scheme | n | {head} | share of host-calibrated error |",
+             "|---|---|" + "---|" * len(COLUMNS) + "---|"]
+    shares = {name: sum(abs(r.host_calibrated_s / r.measured_round_time_s - 1)
+                        for r in members) / total if total > 0 else 0.0
+              for name, members in groups.items()}
+    for name in sorted(groups, key=lambda g: -shares[g]):
+        members = groups[name]
+        cells = []
+        for column in COLUMNS:
+            summary = summarise(members, column)
+            tau = _num(summary.kendall_tau) if len(members) >= 3 else "-"
+            cells.append(f"{_abs_pct(summary.mape)} / {tau}")
+        lines.append(f"| {name} | {len(members)} | {' | '.join(cells)} | "
+                     f"{_abs_pct(shares[name])} |")
+    return "\n".join(lines)
+
+
 def kept_analysis(previous_report: str) -> str:
     """The hand-written analysis between the markers of a previous report ('' if none)."""
     start = previous_report.find(ANALYSIS_BEGIN)
@@ -148,10 +174,11 @@ def markdown_report(record: FidelityTcpRecord, analysis: str = "") -> str:
         "ranks run it; on the testbed, where every rank runs on this host, the step "
         "measured with as many processes stepping at once as the run had training ranks, "
         "and the host's per-message cost stretched by the same measured slowdown and "
-        "charged as the ranks' CPU): nothing timed by the run being predicted (its "
+        "charged as the ranks' CPU, the step varying from round to round by the relative "
+        "standard deviation measured there): nothing timed by the run being predicted (its "
         "resolved p is configuration, and is used);",
-        "- **run-calibrated**: TCP-aware model with the run's compute and per-round "
-        "overhead per rank and its `message_software_s`;",
+        "- **run-calibrated**: TCP-aware model with the run's compute, its variation and "
+        "per-round overhead per rank and its `message_software_s`;",
         "- **max-min**: the pure fluid model, akosim's own compute as above, no per-message "
         "cost.",
         "",
@@ -165,6 +192,11 @@ def markdown_report(record: FidelityTcpRecord, analysis: str = "") -> str:
         "## Summary",
         "",
         summary_table(record),
+        "",
+        "Per scheme (Kendall's tau within the scheme's rows; the last column: the "
+        "scheme's part of the summed absolute host-calibrated error, largest first):",
+        "",
+        scheme_table(rows),
         "",
     ]
     parts += ["## Where the remaining error comes from", "", ANALYSIS_BEGIN,
@@ -190,4 +222,4 @@ def markdown_report(record: FidelityTcpRecord, analysis: str = "") -> str:
 
 
 __all__ = ["ANALYSIS_BEGIN", "ANALYSIS_END", "GOALS", "grouped_table", "kept_analysis",
-           "markdown_report", "rows_table", "summary_table"]
+           "markdown_report", "rows_table", "scheme_table", "summary_table"]

@@ -38,7 +38,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from akocore.settings.schema import NetworkConfig
-from akorun.launch.testbed.netns import NetnsTestbed, TestbedNames, missing_requirements
+from akorun.launch.testbed.delayline import DelaySchedule
+from akorun.launch.testbed.delaypath import DelayLineProcess, RankPort, plan_delay_path
+from akorun.launch.testbed.netns import (
+    SUBNET,
+    SUBNET_PREFIX,
+    NetnsTestbed,
+    TestbedNames,
+    missing_requirements,
+)
 from akorun.launch.testbed.shaping import burst_bytes, plan_shaping, queue_limit_bytes
 
 PORT = 7171
@@ -134,6 +142,38 @@ else:  # source BYTES SCHEDULE: [[host, port, start_at], ...], one connection pe
 """
 
 
+def _testbed_up(names: TestbedNames, nodes: int, rate_bps: float,
+                one_way_s: float) -> tuple[NetnsTestbed, DelayLineProcess | None]:
+    """The testbed's namespaces and tc plan for `nodes` at `rate_bps`; with `one_way_s`
+    > 0 the hub routes every packet through the testbed's delay line (as `akorun launch
+    --testbed netns --latency`), which the caller stops."""
+    testbed = NetnsTestbed(names)
+    line = None
+    try:
+        testbed.up(bridged=one_way_s <= 0)
+        if one_way_s > 0:
+            ports = [RankPort(rank=r, namespace=names.namespace(r), device=names.device(r),
+                              hub_port=names.bridge_port(r), address=names.address(r))
+                     for r in range(nodes)]
+            plan = plan_delay_path(names.hub, names.tun, ports, SUBNET, SUBNET_PREFIX)
+            testbed.apply(plan.before_line)
+            matrix = [[0.0 if i == j else one_way_s for j in range(nodes)]
+                      for i in range(nodes)]
+            line = DelayLineProcess(names.hub, names.tun, DelaySchedule.from_matrix(
+                [names.address(r) for r in range(nodes)], matrix, 0.0))
+            line.start()
+            testbed.apply(plan.after_line)
+        testbed.apply(plan_shaping(NetworkConfig(bandwidth_bps=(rate_bps,)),
+                                   [names.node(r) for r in range(nodes)],
+                                   downlink=True).commands)
+    except BaseException:
+        if line is not None:
+            line.stop()
+        testbed.down()
+        raise
+    return testbed, line
+
+
 def _start_peer(names: TestbedNames, children: list[subprocess.Popen[str]], rank: int,
                 *args: str) -> subprocess.Popen[str]:
     """Start the probe's peer script in rank's namespace; `children` keeps it for cleanup."""
@@ -182,17 +222,14 @@ def _per_worker_leaf(namespace: str, device: str, address: str, *, classid: str,
 
 
 def run_twin(*, workers: int, rate_bps: float, message_bytes: int, rounds: int,
-             compute_s: float, server_queue: str, cc: str) -> TwinResult:
+             compute_s: float, server_queue: str, cc: str,
+             one_way_s: float = 0.0) -> TwinResult:
     """One twin run on a fresh testbed of workers + 1 namespaces (the last is the server)."""
     nodes = workers + 1
     names = TestbedNames.for_pid(os.getpid(), nodes)
-    testbed = NetnsTestbed(names)
+    testbed, line = _testbed_up(names, nodes, rate_bps, one_way_s)
     children: list[subprocess.Popen[str]] = []
     try:
-        testbed.up()
-        plan = plan_shaping(NetworkConfig(bandwidth_bps=(rate_bps,)),
-                            [names.node(r) for r in range(nodes)], downlink=True)
-        testbed.apply(plan.commands)
         server = names.node(workers)
         if server_queue == "per-worker":  # round robin between the answers to each worker
             for worker in range(workers):
@@ -226,8 +263,12 @@ def run_twin(*, workers: int, rate_bps: float, message_bytes: int, rounds: int,
             if child.poll() is None:
                 child.kill()
                 child.wait()
+        if line is not None:
+            line.stop()
         testbed.down()
-    result = summarise(f"{workers}w {rate_bps / 1e6:g} Mbit/s queue={server_queue} cc={cc}",
+    rtt = f" rtt={2e3 * one_way_s:g}ms" if one_way_s > 0 else ""
+    result = summarise(f"{workers}w {rate_bps / 1e6:g} Mbit/s queue={server_queue} cc={cc}"
+                       f"{rtt}",
                        times, start_at)
     return replace(result, server_drops=drops)
 
@@ -275,11 +316,14 @@ class ShareResult:
     first_done_s: float  # after the first message's start
     second_done_s: float
     leader_share: float  # of the rate while both were under way, what the first message got
+    # how much later the second message ended than right behind the first at full rate
+    # (strict FIFO, no loss: 0; a queued message's loss recovery shows here)
+    second_extra_s: float = 0.0
 
     def to_json(self) -> dict[str, object]:
         return {"direction": self.direction, "offset_s": self.offset_s,
                 "first_done_s": self.first_done_s, "second_done_s": self.second_done_s,
-                "leader_share": self.leader_share}
+                "leader_share": self.leader_share, "second_extra_s": self.second_extra_s}
 
 
 def leader_share(first_done_s: float, offset_s: float, message_bytes: int,
@@ -295,21 +339,19 @@ def leader_share(first_done_s: float, offset_s: float, message_bytes: int,
 
 
 def run_share(*, rate_bps: float, message_bytes: int, offsets_s: tuple[float, ...],
-              repeats: int, goodput_fraction: float) -> list[ShareResult]:
+              repeats: int, goodput_fraction: float,
+              one_way_s: float = 0.0) -> list[ShareResult]:
     """On a 3-node testbed: node 2 sends one message to each of nodes 0 and 1 (its uplink
     shared), and nodes 0 and 1 each send one to node 2 (its downlink shared), the second
     message `offset` after the first, over connections warmed by earlier messages."""
     names = TestbedNames.for_pid(os.getpid(), 3)
-    testbed = NetnsTestbed(names)
     children: list[subprocess.Popen[str]] = []
     alone_s = message_bytes * 8 / (rate_bps * goodput_fraction)
-    spacing_s = 4 * alone_s + max(offsets_s)
+    spacing_s = 4 * alone_s + max(offsets_s) + 8 * one_way_s
     trials = [(offset, order) for offset in offsets_s for order in (0, 1)] * repeats
     results: list[ShareResult] = []
+    testbed, line = _testbed_up(names, 3, rate_bps, one_way_s)
     try:
-        testbed.up()
-        testbed.apply(plan_shaping(NetworkConfig(bandwidth_bps=(rate_bps,)),
-                                   [names.node(r) for r in range(3)], downlink=True).commands)
 
         def peer(rank: int, *args: str) -> subprocess.Popen[str]:
             return _start_peer(names, children, rank, *args)
@@ -354,6 +396,8 @@ def run_share(*, rate_bps: float, message_bytes: int, offsets_s: tuple[float, ..
             if child.poll() is None:
                 child.kill()
                 child.wait()
+        if line is not None:
+            line.stop()
         testbed.down()
     goodput = rate_bps * goodput_fraction
     at_node = [next(iter(arrived[0].values())), next(iter(arrived[1].values()))]
@@ -364,10 +408,11 @@ def run_share(*, rate_bps: float, message_bytes: int, offsets_s: tuple[float, ..
                 ("one sender", at_node[first][warm + k], at_node[second][warm + k], start),
                 ("two senders", at_server[first][warm + k], at_server[second][warm + k],
                  start + spacing_s / 2)):
-            results.append(ShareResult(direction, offset, done_first - begin,
-                                       done_second - begin,
-                                       leader_share(done_first - begin, offset,
-                                                    message_bytes, goodput)))
+            # the one-way delay is in both arrival times: take it out of the shares
+            first_s, second_s = done_first - begin - one_way_s, done_second - begin - one_way_s
+            results.append(ShareResult(direction, offset, first_s, second_s,
+                                       leader_share(first_s, offset, message_bytes, goodput),
+                                       second_s - max(first_s, offset) - alone_s))
     return results
 
 
@@ -396,8 +441,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--goodput-fraction", type=float, default=0.927,
                         help="the host calibration's goodput fraction (for the shares)")
+    parser.add_argument("--rtt-ms", type=float, default=0.0,
+                        help="round trip of every pair, half each way, held by the testbed's "
+                             "delay line (default 0: bridged, no latency)")
     parser.add_argument("--json", help="write the records here")
     args = parser.parse_args(argv)
+    one_way_s = args.rtt_ms / 2e3
     why = missing_requirements()
     if why is not None:
         print(f"ps_desync_probe: {why}", file=sys.stderr)
@@ -406,15 +455,16 @@ def main(argv: list[str] | None = None) -> int:
         offsets = tuple(float(x) / 1e3 for x in args.offsets_ms.split(","))
         shares = run_share(rate_bps=args.rate_mbps * 1e6, message_bytes=args.message_bytes,
                            offsets_s=offsets, repeats=args.repeats,
-                           goodput_fraction=args.goodput_fraction)
+                           goodput_fraction=args.goodput_fraction, one_way_s=one_way_s)
         for direction in ("one sender", "two senders"):
             for offset in offsets:
                 mine = [r for r in shares if r.direction == direction and r.offset_s == offset]
                 print(f"{direction}, offset {1e3 * offset:g} ms: first done "
                       f"{1e3 * np.median([r.first_done_s for r in mine]):.1f} ms, second "
                       f"{1e3 * np.median([r.second_done_s for r in mine]):.1f} ms, leader "
-                      f"share {np.median([r.leader_share for r in mine]):.2f} (median of "
-                      f"{len(mine)})")
+                      f"share {np.median([r.leader_share for r in mine]):.2f}, second's "
+                      f"extra {1e3 * np.median([r.second_extra_s for r in mine]):.1f} ms "
+                      f"(median of {len(mine)})")
         if args.json:
             _write(args.json, [r.to_json() for r in shares])
         return 0
@@ -423,7 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     for queue, cc in variants:
         result = run_twin(workers=args.workers, rate_bps=args.rate_mbps * 1e6,
                           message_bytes=args.message_bytes, rounds=args.rounds,
-                          compute_s=args.compute_ms / 1e3, server_queue=queue, cc=cc)
+                          compute_s=args.compute_ms / 1e3, server_queue=queue, cc=cc,
+                          one_way_s=one_way_s)
         gaps = np.array(result.answer_gap_s)
         print(f"{result.label}: round {1e3 * np.mean(result.round_time_s):.1f} ms "
               f"(per worker {', '.join(f'{1e3 * r:.1f}' for r in result.round_time_s)}); "

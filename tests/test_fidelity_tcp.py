@@ -12,14 +12,19 @@ from pathlib import Path
 import pytest
 
 from akorun.launch.testbed import netns
-from analysis.fidelity_tcp import DONE_FILE, RECORD_FILE, GridPoint, grid, main
+from analysis.fidelity_tcp import DONE_FILE, RECORD_FILE, GridPoint, grid, main, wan_grid
 from analysis.fidelity_tcp_record import (
     COLUMNS,
     FidelityTcpRecord,
     FidelityTcpRow,
     summarise,
 )
-from analysis.fidelity_tcp_report import kept_analysis, markdown_report, summary_table
+from analysis.fidelity_tcp_report import (
+    kept_analysis,
+    markdown_report,
+    scheme_table,
+    summary_table,
+)
 
 
 def _row(name: str, scheme: str, ssp: int, rate: str, measured: float, host: float,
@@ -44,6 +49,22 @@ def test_the_grid_spans_workers_rates_p_s_and_both_schemes():
     assert {p.scheme for p in points} == {"ako", "ps"}
     ps = GridPoint("ps", 3, "wan", "-", 0)
     assert ps.nodes == 4 and "exchange.ps_mode=async" in ps.launch_flags()
+
+
+def test_the_wan_grid_spans_round_trips_rates_workers_p_s_and_every_scheme():
+    points = wan_grid()
+    assert len(points) >= 24 and len({p.name for p in points}) == len(points)
+    assert {p.rtt_ms for p in points} == {10.0, 50.0, 100.0}
+    assert {p.rate for p in points} == {"5m", "20m", "100m"}
+    assert {p.workers for p in points} == {2, 3, 4}
+    assert {(p.p, p.ssp) for p in points if p.scheme == "ako"} == {
+        ("1", 0), ("1", 2), ("auto", 0), ("auto", 2)}
+    assert {p.scheme for p in points} == {"ako", "ps", "allreduce", "diloco",
+                                          "streaming-diloco"}
+    streaming = next(p for p in points if p.scheme == "streaming-diloco")
+    flags = streaming.launch_flags()
+    assert flags[flags.index("--inner-steps") + 1] == "4" and "--fragments" in flags
+    assert "--latency" in flags and streaming.name.endswith("-H4-s0-rtt50ms")
 
 
 def test_the_report_of_a_hand_made_record_has_every_column_error_and_group():
@@ -73,6 +94,17 @@ def test_the_report_of_a_hand_made_record_has_every_column_error_and_group():
     regenerated = markdown_report(record, kept_analysis(text))
     assert regenerated == text  # the hand-written analysis survives a regeneration
     assert kept_analysis(markdown_report(record)) == ""
+
+
+def test_the_scheme_table_ranks_schemes_by_their_share_of_the_error():
+    rows = (_row("a", "ako", 0, "wan", 0.20, 0.18, 0.21, 0.16),  # host error 0.1
+            _row("b", "ako", 2, "wan", 0.10, 0.11, 0.10, 0.09),  # 0.1
+            _row("c", "ako", 0, "lan", 0.30, 0.30, 0.30, 0.30),  # 0
+            _row("d", "ps", 0, "lan", 0.40, 0.60, 0.44, 0.52))  # 0.5
+    lines = scheme_table(rows).splitlines()
+    assert lines[2].startswith("| ps | 1 | 50.0% / - |") and lines[2].endswith("71.4% |")
+    # ako: MAPE (0.1 + 0.1 + 0) / 3, tau over its three rows (all pairs concordant)
+    assert lines[3].startswith("| ako | 3 | 6.7% / 1.00 |") and lines[3].endswith("28.6% |")
 
 
 def test_two_records_compare_by_scheme_p_and_s():

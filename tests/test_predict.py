@@ -259,6 +259,10 @@ def test_colocated_record_round_trips_and_never_speeds_a_step_up():
     assert _colocated(0.004, 0.005).slowdown == 1.0  # a noisy "faster together" is 1
     with pytest.raises(RecordError):
         ColocatedCompute.from_json({**record.to_json(), "kind": "compute"})
+    # an older record, made before the step's variation was measured, reads as 0
+    older = {k: v for k, v in replace(record, step_cv=0.3).to_json().items() if k != "step_cv"}
+    assert ColocatedCompute.from_json(older).step_cv == 0.0
+    assert "varies by 0.30" in replace(record, step_cv=0.3).provenance()
 
 
 def test_colocated_compute_is_measured_once_then_cached(tmp_path: Path, monkeypatch):
@@ -285,6 +289,7 @@ def test_colocated_measurement_steps_k_processes_at_once():
     record = colocated.measure_colocated("digits-mlp", 16, "sgd", 2, window_s=0.3, repeats=1)
     assert record.processes == 2 and record.repeats == 1
     assert record.compute_s > 0 and record.single_compute_s > 0 and record.slowdown >= 1
+    assert record.step_cv > 0  # steps of a real process vary
     assert "2 processes stepping at once" in record.provenance()
 
 

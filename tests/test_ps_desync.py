@@ -20,7 +20,7 @@ from akosim.network.fluidnet import FluidNetwork
 from akosim.network.layer import NetworkModel
 from akosim.network.netmodel import tcp_layers
 from akosim.network.netspec import NetworkSpec
-from akosim.network.senderfifo import SenderFifo
+from akosim.network.senderfifo import FIFO_MAX_RTT_S, SenderFifo
 from akosim.network.tcpmodel import effective_spec, round_trip_s
 from akosim.plan.compute import ComputeModel
 from akosim.sim.engine import StopRule
@@ -69,6 +69,25 @@ def test_a_later_message_from_the_same_node_waits_for_the_earlier_one():
     # first come, first sent: the first in its alone time, the second after it
     assert fifo[(2, 0)] == pytest.approx(ALONE_S)
     assert fifo[(2, 1)] == pytest.approx(2 * ALONE_S)
+
+
+def _fifo_with_rtt(rtt_s: float) -> Callable[[simpy.Environment, NetworkSpec], NetworkModel]:
+    def build(env: simpy.Environment, spec: NetworkSpec) -> NetworkModel:
+        rtt = np.full((spec.n, spec.n), rtt_s)
+        np.fill_diagonal(rtt, 0.0)
+        return SenderFifo(FluidNetwork(env, spec), rtt)
+    return build
+
+
+def test_on_delayed_paths_a_later_message_shares_instead_of_waiting():
+    # measured with the testbed's delay line: from 4 ms round trip on, two messages of
+    # one node share its NIC about fairly; without latency they leave in order
+    sends = [(0.0, 2, [0]), (0.02, 2, [1])]
+    fair = arrivals(FluidNetwork, sends)
+    assert arrivals(_fifo_with_rtt(FIFO_MAX_RTT_S * 2), sends) == pytest.approx(fair)
+    in_order = arrivals(_fifo_with_rtt(FIFO_MAX_RTT_S / 2), sends)
+    assert in_order[(2, 0)] == pytest.approx(ALONE_S)
+    assert in_order[(2, 1)] == pytest.approx(2 * ALONE_S)
 
 
 def test_messages_sent_at_one_instant_share_fairly():

@@ -72,6 +72,9 @@ class ColocatedCompute:
     load_average: float = field(metadata=meta(
         "", "1-minute load average just before the measurement (other jobs)", "akosim"))
     measured_at: str = field(metadata=meta("", "when, ISO 8601 UTC", "akosim"))
+    step_cv: float = field(default=0.0, metadata=meta(
+        "fraction", "relative standard deviation of one step, all `processes` stepping at "
+        "once (median over the windows; 0: not measured, an older record)", "akosim"))
 
     @property
     def slowdown(self) -> float:
@@ -82,7 +85,9 @@ class ColocatedCompute:
         return (f"compute {self.compute_s * 1e3:.2f} ms/step with {self.processes} processes "
                 f"stepping at once on this host's {self.cores} cores (x{self.slowdown:.2f} "
                 f"over one alone, {self.single_compute_s * 1e3:.2f} ms, side by side; load "
-                f"average {self.load_average:.2f}; measured {self.measured_at[:16]})")
+                f"average {self.load_average:.2f}; measured {self.measured_at[:16]}"
+                + (f"; step varies by {self.step_cv:.2f} (relative std)" if self.step_cv
+                   else "") + ")")
 
     def to_json(self) -> dict[str, Any]:
         return {"schema_version": COLOCATED_VERSION, "kind": KIND, **record_to_json(self)}
@@ -102,7 +107,8 @@ class ColocatedCompute:
 
 # the child: build the workload, warm up, print "ready", read the windows (a JSON list
 # of [start, end, steps?] in wall-clock seconds), step in every window it is active in
-# and idle in the others, print each window's mean step seconds (null when idle)
+# and idle in the others, print each window's [mean step seconds, relative standard
+# deviation of a step] (null when idle)
 _CHILD = r"""
 import json, sys, time
 from akocore.workload import build_workload
@@ -122,23 +128,32 @@ for start_at, end_at, active in windows:
     if not active:
         means.append(None)
         continue
-    steps, spent = 0, 0.0
+    steps, spent, squares = 0, 0.0, 0.0
     while time.time() < end_at:
         b = batches[steps % 8]
         began = time.perf_counter()
         workload.grad_step(workload.init_params, b.x, b.y, 100 + steps)
-        spent += time.perf_counter() - began
+        took = time.perf_counter() - began
+        spent += took
+        squares += took * took
         steps += 1
-    means.append(spent / steps if steps else None)
+    if not steps:
+        means.append(None)
+        continue
+    mean = spent / steps
+    var = max(0.0, squares / steps - mean * mean)
+    means.append([mean, var ** 0.5 / mean if mean > 0 else 0.0])
 print(json.dumps(means), flush=True)
 """.replace("WARMUP", str(WARMUP_STEPS))
 
 
 def _interleaved_step_s(workload: str, batch_size: int, processes: int, env: dict[str, str],
-                        window_s: float, repeats: int) -> tuple[float, float]:
+                        window_s: float, repeats: int) -> tuple[float, float, float]:
     """(one process alone, `processes` at once): mean step seconds, medians over
     `repeats` pairs of windows that alternate (one alone, then all), so a load that
-    changes slowly weighs on both alike. Every process starts and compiles first."""
+    changes slowly weighs on both alike; and the relative standard deviation of a step
+    with all at once (median over those windows of the processes' mean). Every process
+    starts and compiles first."""
     children = [subprocess.Popen([sys.executable, "-c", _CHILD, workload, str(batch_size),
                                   str(rank)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                  text=True, env=env) for rank in range(processes)]
@@ -171,12 +186,17 @@ def _interleaved_step_s(workload: str, batch_size: int, processes: int, env: dic
                 child.wait()
     alone_s: list[float] = []
     together_s: list[float] = []
+    together_cv: list[float] = []
     for window, (_a, _b, all_step) in enumerate(plan):
         figures = [m[window] for m in means if m[window] is not None]
         if not figures:
             raise RuntimeError("a step process finished no step in a window")
-        (together_s if all_step else alone_s).append(sum(figures) / len(figures))
-    return statistics.median(alone_s), statistics.median(together_s)
+        (together_s if all_step else alone_s).append(
+            sum(f[0] for f in figures) / len(figures))
+        if all_step:
+            together_cv.append(sum(f[1] for f in figures) / len(figures))
+    return (statistics.median(alone_s), statistics.median(together_s),
+            statistics.median(together_cv))
 
 
 def measure_colocated(workload: str, batch_size: int, optimizer: str, processes: int, *,
@@ -195,7 +215,7 @@ def measure_colocated(workload: str, batch_size: int, optimizer: str, processes:
     if "XLA_FLAGS" not in env and processes >= cores:
         env["XLA_FLAGS"] = SINGLE_THREAD_XLA_FLAGS
     load = os.getloadavg()[0]
-    single, together = _interleaved_step_s(workload, batch_size, processes, env, window_s,
+    single, together, cv = _interleaved_step_s(workload, batch_size, processes, env, window_s,
                                            repeats)
     key = key_for(workload, batch_size, optimizer)
     return ColocatedCompute(
@@ -203,7 +223,8 @@ def measure_colocated(workload: str, batch_size: int, optimizer: str, processes:
         jax_version=key.jax_version, processes=processes, cores=cores, compute_s=together,
         single_compute_s=single, window_s=window_s, repeats=repeats,
         xla_flags=env.get("XLA_FLAGS", ""),
-        load_average=load, measured_at=datetime.now(UTC).isoformat(timespec="seconds"))
+        load_average=load, measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        step_cv=cv)
 
 
 def _file_name(key: CacheKey, processes: int) -> str:

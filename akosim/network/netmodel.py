@@ -8,8 +8,8 @@ simulated):
 
 - ``maxmin`` (no layer): every NIC and pair cap shared max-min fairly among the
   messages under way, each message arriving its latency after its last byte;
-- ``fifo``: a node's messages leave its NIC first come, first sent
-  (akosim.network.senderfifo); it sits right on the fluid network;
+- ``fifo``: a node's messages leave its NIC first come, first sent on paths
+  without latency (akosim.network.senderfifo); it sits right on the fluid network;
 - ``tcp-core``: the fluid network runs on the effective capacities (goodput, window)
   and deliveries arrive later by the software cost and the sharing loss
   (akosim.network.tcpmodel.TcpCorrections), which with ``slow-start`` also
@@ -48,7 +48,7 @@ def tcp_layers(fluid: NetworkModel, params: TcpParameters, rtt_s: np.ndarray,
                layers: tuple[str, ...]) -> NetworkModel:
     """The layers of `layers` (network_layers' order) over `fluid`, innermost first;
     `fluid` runs on the effective spec when `layers` has tcp-core."""
-    net: NetworkModel = SenderFifo(fluid) if "fifo" in layers else fluid
+    net: NetworkModel = SenderFifo(fluid, rtt_s) if "fifo" in layers else fluid
     if "tcp-core" in layers:
         fresh = "fresh-connections" in layers
         net = TcpCorrections(net, params, rtt_s, slow_start=fresh or "slow-start" in layers,

@@ -36,6 +36,16 @@ free when its last message arrives, so on a link with latency L a queued batch
 starts L late (exact on the testbed, which has no latency). Under the TCP-aware model it sits
 below the TCP layers (their per-pair queue and delays run first, then this
 order); akosim.network.netmodel stacks it.
+
+Only on paths without latency. With a round trip of 4 ms or more (the testbed's
+delay line, `python -m analysis.ps_desync_probe --share --rtt-ms R`, 20 Mbit/s,
+digits-cnn's 0.5 MB messages) two messages from one node started 0-100 ms apart
+shared its NIC about fairly (the first got 45-57% while both were under way,
+docs/design/ps-desync.md): a connection that paces over a delayed path leaves
+the sender's queue room for a newcomer. So a batch is held only when every
+destination's round trip is below `FIFO_MAX_RTT_S` (`rtt_s`, the TCP layers'
+round trips; none given: every pair is held as before); a batch to a delayed
+destination leaves at once and shares max-min.
 """
 
 from __future__ import annotations
@@ -53,6 +63,9 @@ __all__ = ["SenderFifo"]
 
 # a sender's uplink counts as full when its messages' rates reach this close to it
 _FULL_REL = 1e-6
+# round trips below this are served first come, first sent; above it messages share
+# (measured: strict order at 0 ms, 45-57% for the first at 4, 10 and 50 ms)
+FIFO_MAX_RTT_S = 2e-3
 
 
 class _Batch:
@@ -71,9 +84,11 @@ class _Batch:
 class SenderFifo(NetworkLayer):
     """Nodes send their batches in order while their NIC is full."""
 
-    def __init__(self, inner: NetworkModel) -> None:
+    def __init__(self, inner: NetworkModel, rtt_s: np.ndarray | None = None) -> None:
         super().__init__(inner)
         spec = self.spec
+        # pairs whose messages wait their turn (no latency); None: every pair
+        self._in_order = None if rtt_s is None else np.asarray(rtt_s) < FIFO_MAX_RTT_S
         self._leaving = np.zeros(spec.n, dtype=np.int64)  # messages under way per sender
         self._pairs: Counter[tuple[int, int]] = Counter()  # messages under way per pair
         self._incoming = np.zeros(spec.n, dtype=np.int64)  # messages under way per receiver
@@ -85,6 +100,9 @@ class SenderFifo(NetworkLayer):
              token: object = None) -> None:
         dst = np.array(dsts, dtype=np.intp).reshape(-1)
         if not dst.size:
+            return
+        if self._in_order is not None and not self._in_order[src, dst].all():
+            self._launch(src, dst, size_bytes, on_delivered, token)  # paced: it shares
             return
         if self._backlog.get(src) or (self._leaving[src] > 0 and self._uplink_full(src)):
             self._backlog.setdefault(src, deque()).append(

@@ -5,7 +5,9 @@ model's fifo layer) on and off side by
 side in one process (CPU seconds, 5 pairs run back to back, the median of their
 ratios): Ako with 16 workers and p = 4 (the tcpmodel benchmark's scenario,
 where a node's later messages often find its uplink full) and an asynchronous
-PS with 16 workers at s = 0 (every answer of the server queues). Rerun on a quiet machine with
+PS with 16 workers at s = 0 (every answer of the server queues), on paths without
+latency (where the layer holds messages; on delayed paths it lets them share). Rerun
+on a quiet machine with
 
     PYTHONPATH=. JAX_PLATFORMS=cpu python -m tests.bench --only ps_desync
 """
@@ -31,7 +33,7 @@ def _cpu_s(scheme: str, fifo: bool) -> float:
     exchange = (ExchangeConfig(scheme="ako", p=(4,)) if scheme == "ako" else
                 ExchangeConfig(scheme="ps", ssp=0.0, ps_mode="async"))
     cfg = RunConfig(cluster=ClusterConfig(workers=WORKERS + (scheme == "ps")),
-                    network=NetworkConfig(bandwidth_bps=(40e6,), latency_s=(5e-3,)),
+                    network=NetworkConfig(bandwidth_bps=(40e6,), latency_s=(0.0,)),
                     exchange=exchange)
     setup = Setup(cfg, 1_000_000, ComputeModel(0.05), 32, StopRule(rounds=ROUNDS, drain=False),
                   tcp=TcpParameters(),
