@@ -112,7 +112,7 @@ CONFIGS: tuple[Config, ...] = (
 
 
 @dataclass(frozen=True)
-class TestbedRow:
+class TtaRow:
     """One configuration: what akorun measured and what akosim predicted."""
 
     name: str
@@ -155,7 +155,7 @@ def launch_flags(network: Network, config: Config) -> list[str]:
 
 
 def run_one(network: Network, config: Config, results: Path, host_calibration: Path,
-            timeout_s: float) -> TestbedRow:
+            timeout_s: float) -> TtaRow:
     """Launch, predict and record one configuration (its row.json, unless it exists)."""
     folder = results / f"{network.name}--{config.name}"
     row_file = folder / ROW_FILE
@@ -193,7 +193,7 @@ def run_one(network: Network, config: Config, results: Path, host_calibration: P
     sent = [r.bytes_sent_per_worker_per_round or 0.0 for r in training]
     measured_evals = _evaluations(run.evaluations)
     predicted_evals = _evaluations(trained.get("evaluations"))
-    row = TestbedRow(
+    row = TtaRow(
         name=folder.name, network=network.name, config=config.name, scheme=config.scheme,
         codec=config.codec, label=run.label or config.name,
         rounds=max(r.rounds for r in training),
@@ -212,14 +212,14 @@ def run_one(network: Network, config: Config, results: Path, host_calibration: P
     return row
 
 
-def row_from_json(data: dict[str, Any]) -> TestbedRow:
+def row_from_json(data: dict[str, Any]) -> TtaRow:
     data = dict(data)
     for key in ("measured_evaluations", "predicted_evaluations"):
         data[key] = _evaluations(data[key])
-    return TestbedRow(**data)
+    return TtaRow(**data)
 
 
-def finished_rows(results: Path) -> list[TestbedRow]:
+def finished_rows(results: Path) -> list[TtaRow]:
     """Every row written so far, in grid order."""
     rows = []
     for network in NETWORKS:
