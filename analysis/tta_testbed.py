@@ -154,27 +154,44 @@ def launch_flags(network: Network, config: Config) -> list[str]:
             "--set", f"train.eval_every={EVAL_EVERY}"]
 
 
-def run_one(network: Network, config: Config, results: Path, host_calibration: Path,
-            timeout_s: float) -> TtaRow:
-    """Launch, predict and record one configuration (its row.json, unless it exists)."""
+LAUNCHED_FILE = "launched.json"
+
+
+def launch_one(network: Network, config: Config, results: Path, timeout_s: float) -> Path:
+    """Run one configuration on the testbed under the measurement lock (unless its
+    folder holds launched.json); its folder."""
     folder = results / f"{network.name}--{config.name}"
-    row_file = folder / ROW_FILE
-    if row_file.exists():
-        return row_from_json(json.loads(row_file.read_text()))
+    if (folder / LAUNCHED_FILE).exists():
+        return folder
     folder.mkdir(parents=True, exist_ok=True)
     env = child_env(results / "cache")
     log = folder / "run.log"
     log.write_text("")
-    run_dir = folder / "run"
     before = uptime()
     started = time.perf_counter()
     _run(["flock", LOCK, *_python("akorun", "launch", "--testbed", "netns",
                                   *launch_flags(network, config),
-                                  "--duration", f"{BUDGET_S:g}s", "--out", str(run_dir),
-                                  "--force", "--quiet", "--timeout", f"{timeout_s:g}s")],
-         env, log, timeout_s + 120)
-    wall_s = time.perf_counter() - started
-    after = uptime()
+                                  "--duration", f"{BUDGET_S:g}s", "--out",
+                                  str(folder / "run"), "--force", "--quiet", "--timeout",
+                                  f"{timeout_s:g}s")],
+         env, log, timeout_s + 600)  # the lock may be held by another measurement
+    (folder / LAUNCHED_FILE).write_text(json.dumps({
+        "wall_s": time.perf_counter() - started, "uptime_before": before,
+        "uptime_after": uptime()}, indent=1))
+    return folder
+
+
+def predict_one(network: Network, config: Config, results: Path,
+                host_calibration: Path) -> TtaRow:
+    """akosim's predictions of a launched configuration, and its row (row.json)."""
+    folder = results / f"{network.name}--{config.name}"
+    row_file = folder / ROW_FILE
+    if row_file.exists():
+        return row_from_json(json.loads(row_file.read_text()))
+    launched = json.loads((folder / LAUNCHED_FILE).read_text())
+    env = child_env(results / "cache")
+    log = folder / "run.log"
+    run_dir = folder / "run"
     run = read_run(run_dir / "result.json")
     calibration = ["--host-calibration", str(host_calibration)]
     predict_out = folder / "predict.json"
@@ -207,7 +224,8 @@ def run_one(network: Network, config: Config, results: Path, host_calibration: P
         predicted_time_to_target_s=time_to_target(predicted_evals, TARGET_ACCURACY),
         predicted_final_accuracy=trained.get("final_accuracy"),
         predicted_train_round_time_s=trained.get("round_time_s"),
-        uptime_before=before, uptime_after=after, wall_s=wall_s)
+        uptime_before=launched["uptime_before"], uptime_after=launched["uptime_after"],
+        wall_s=launched["wall_s"])
     row_file.write_text(json.dumps(asdict(row), indent=1))
     return row
 
@@ -237,6 +255,21 @@ def relative_error(predicted: float | None, measured: float | None) -> float | N
     return predicted / measured - 1.0
 
 
+def _predict(network: Network, config: Config, results: Path, calibration: Path) -> bool:
+    """Predict one launched configuration and print its line; False when it failed."""
+    name = f"{network.name}--{config.name}"
+    try:
+        row = predict_one(network, config, results, calibration.resolve())
+    except (RuntimeError, ValueError, KeyError, OSError) as error:
+        print(f"{name}: prediction FAILED: {error}", flush=True)
+        return False
+    print(f"{name}: round {row.measured_round_time_s * 1e3:.1f} ms (akosim "
+          f"{row.predicted_round_time_s * 1e3:.1f}), to {TARGET_ACCURACY:g}: "
+          f"{row.measured_time_to_target_s} s (akosim {row.predicted_time_to_target_s}), "
+          f"final {row.measured_final_accuracy} ({row.predicted_final_accuracy})", flush=True)
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m analysis.tta_testbed",
                                      description=__doc__.splitlines()[0], allow_abbrev=False)
@@ -247,6 +280,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="configuration names NETWORK--CONFIG, e.g. 'n10m-*'")
     parser.add_argument("--max-minutes", type=float, default=9.0,
                         help="start no launch after this many minutes (default 9)")
+    parser.add_argument("--phase", choices=("all", "launch", "predict"), default="all",
+                        help="launch and predict each configuration in turn (all), only "
+                             "launch, or only predict what was launched")
+    parser.add_argument("--follow", action="store_true",
+                        help="--phase predict: keep waiting for launches until every "
+                             "selected configuration has its row (or --max-minutes)")
     parser.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
                         help="stop one launch after this long (default 120)")
     args = parser.parse_args(argv)
@@ -256,30 +295,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = args.results.resolve()
     results.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    selected = [(n, c) for n in NETWORKS for c in CONFIGS if not args.only or any(
+        fnmatch.fnmatch(f"{n.name}--{c.name}", g) for g in args.only.split(","))]
     failed = 0
-    for network in NETWORKS:
-        for config in CONFIGS:
+    if args.phase in ("all", "launch"):
+        for network, config in selected:
             name = f"{network.name}--{config.name}"
-            if args.only and not any(fnmatch.fnmatch(name, g) for g in args.only.split(",")):
-                continue
-            if (results / name / ROW_FILE).exists():
+            if (results / name / LAUNCHED_FILE).exists() or (results / name / ROW_FILE).exists():
                 continue
             if time.perf_counter() - started > args.max_minutes * 60:
                 print("--max-minutes reached; run again to continue", flush=True)
-                return 0
+                break
             try:
-                row = run_one(network, config, results, args.host_calibration.resolve(),
-                              args.timeout)
-            except (RuntimeError, ValueError, KeyError, subprocess.TimeoutExpired) as error:
+                launch_one(network, config, results, args.timeout)
+            except (RuntimeError, subprocess.TimeoutExpired) as error:
                 failed += 1
                 print(f"{name}: FAILED: {error}", flush=True)
                 continue
-            print(f"{name}: round {row.measured_round_time_s * 1e3:.1f} ms (akosim "
-                  f"{row.predicted_round_time_s * 1e3:.1f}), to {TARGET_ACCURACY:g}: "
-                  f"{row.measured_time_to_target_s} s (akosim "
-                  f"{row.predicted_time_to_target_s}), final "
-                  f"{row.measured_final_accuracy} ({row.predicted_final_accuracy})",
-                  flush=True)
+            print(f"{name}: launched", flush=True)
+            if args.phase == "all":
+                failed += not _predict(network, config, results, args.host_calibration)
+    if args.phase == "predict":
+        given_up: set[str] = set()  # failed once: not tried again in this call
+        while True:
+            waiting = [(n, c) for n, c in selected if f"{n.name}--{c.name}" not in given_up
+                       and not (results / f"{n.name}--{c.name}" / ROW_FILE).exists()]
+            ready = [(n, c) for n, c in waiting
+                     if (results / f"{n.name}--{c.name}" / LAUNCHED_FILE).exists()]
+            for network, config in ready:
+                if not _predict(network, config, results, args.host_calibration):
+                    failed += 1
+                    given_up.add(f"{network.name}--{config.name}")
+            if not args.follow or not waiting or \
+                    time.perf_counter() - started > args.max_minutes * 60:
+                break
+            if not ready:
+                time.sleep(10)
     return 1 if failed else 0
 
 
