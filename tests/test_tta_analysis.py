@@ -24,8 +24,9 @@ def _row(config: str, codec: str, tta: float | None) -> MapRow:
 def test_the_winner_is_the_first_to_the_target_and_codec_none_excludes_codecs() -> None:
     rows = [_row("allreduce", "none", 3.0), _row("ako-int8", "int8", 1.0),
             _row("diloco", "none", 2.0), _row("ps", "none", None)]
-    assert winner(rows).config == "ako-int8"
-    assert winner(rows, codecs=False).config == "diloco"
+    first, plain = winner(rows), winner(rows, codecs=False)
+    assert first is not None and first.config == "ako-int8"
+    assert plain is not None and plain.config == "diloco"
     assert winner([_row("ps", "none", None)]) is None
 
 
