@@ -33,6 +33,7 @@ from analysis.tta_testbed import (
     WORKLOAD,
     WORKLOAD_ARG,
     TtaRow,
+    backfill,
     finished_rows,
     relative_error,
     row_from_json,
@@ -57,6 +58,7 @@ def read_testbed(source: Path) -> tuple[list[TtaRow], dict[str, Any]]:
     if calibration.exists():
         record = json.loads(calibration.read_text(encoding="utf-8"))
         notes["host_calibration_measured_at"] = record.get("measured_at")
+    backfill(source)
     return finished_rows(source), notes
 
 
@@ -108,6 +110,15 @@ def scheme_errors(rows: Sequence[TtaRow]) -> list[dict[str, Any]]:
     return out
 
 
+def _p(values: Sequence[int]) -> str:
+    return "-" if not values else (str(values[0]) if len(set(values)) == 1
+                                   else ",".join(map(str, values)))
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f} %"
+
+
 def _range(value: tuple[float, float] | None) -> str:
     return "-" if value is None else f"{_pct(value[0])} .. {_pct(value[1])}"
 
@@ -127,16 +138,19 @@ def testbed_tables(rows: Sequence[TtaRow]) -> list[str]:
             f"First to {TARGET_ACCURACY:g}: akorun **"
             f"{measured_winner.config if measured_winner else 'none'}**, akosim **"
             f"{predicted_winner.config if predicted_winner else 'none'}**.", "",
-            "| configuration | akorun label | round (ms) akorun | akosim | error | "
+            "| configuration | p | compute/round (ms) akorun | akosim | round (ms) akorun "
+            "| akosim | error | "
             f"to {TARGET_ACCURACY:g} (s) akorun | akosim | error | accuracy after "
             f"{BUDGET_S:g} s akorun | akosim | bytes/worker/round | bytes to target "
             "(akorun) | load (1 min) |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in mine:
             rounds = rounds_to_target(r.measured_evaluations)
             load = r.uptime_before.split("load average:")[-1].split(",")[0].strip()
             lines.append(
-                f"| {r.config} | {r.label} | {1e3 * r.measured_round_time_s:.1f} | "
+                f"| {r.config} | {_p(r.p_resolved)} | "
+                f"{_fmt(None if r.measured_compute_s is None else 1e3 * r.measured_compute_s)} | "
+                f"{1e3 * r.predicted_compute_s:.2f} | {1e3 * r.measured_round_time_s:.1f} | "
                 f"{1e3 * r.predicted_round_time_s:.1f} | "
                 f"{_pct(relative_error(r.predicted_round_time_s, r.measured_round_time_s))} | "
                 f"{_fmt(r.measured_time_to_target_s)} | {_fmt(r.predicted_time_to_target_s)} | "
@@ -158,9 +172,8 @@ def error_table(rows: Sequence[TtaRow]) -> list[str]:
     for e in scheme_errors(rows):
         lines.append(
             f"| {e['config']} | {e['networks']} | "
-            f"{_fmt(None if e['round_mean_abs'] is None else 100 * e['round_mean_abs'], '.0f')}"
-            f" % | {_range(e['round_range'])} | {e['tta_both']} | "
-            f"{_fmt(None if e['tta_mean_abs'] is None else 100 * e['tta_mean_abs'], '.0f')} % | "
+            f"{_percent(e['round_mean_abs'])} | {_range(e['round_range'])} | {e['tta_both']} | "
+            f"{_percent(e['tta_mean_abs'])} | "
             f"{_range(e['tta_range'])} | {e['reached_disagree']} |")
     return lines + [""]
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from akocore.figures import steady_round_time_s
+from akocore.results import RunResult
 from analysis.fidelity_tcp import _akosim, _python, _run, child_env, read_run, uptime
 
 LOCK = "/work/measure.lock"
@@ -136,6 +137,8 @@ class TtaRow:
     uptime_before: str
     uptime_after: str
     wall_s: float
+    p_resolved: tuple[int, ...] = ()  # each training rank's p (Ako's p=auto as chosen)
+    measured_compute_s: float | None = None  # the run's gradient step per round (mean)
 
 
 def time_to_target(evaluations: Sequence[Sequence[float]], target: float) -> float | None:
@@ -225,15 +228,40 @@ def predict_one(network: Network, config: Config, results: Path,
         predicted_final_accuracy=trained.get("final_accuracy"),
         predicted_train_round_time_s=trained.get("round_time_s"),
         uptime_before=launched["uptime_before"], uptime_after=launched["uptime_after"],
-        wall_s=launched["wall_s"])
+        wall_s=launched["wall_s"], p_resolved=tuple(int(p) for p in run.p_of),
+        measured_compute_s=run_compute_s(run))
     row_file.write_text(json.dumps(asdict(row), indent=1))
     return row
+
+
+def run_compute_s(run: RunResult) -> float | None:
+    """The run's gradient step per round, mean over its training ranks."""
+    values = [r.compute_s_per_round for r in run.training_ranks or run.per_worker
+              if r.compute_s_per_round is not None]
+    return sum(values) / len(values) if values else None
+
+
+def backfill(results: Path) -> int:
+    """Add the fields rows written before them lack (p, the run's compute) from each
+    run's result; the number of rows changed."""
+    changed = 0
+    for path in sorted(results.glob(f"*/{ROW_FILE}")):
+        data = json.loads(path.read_text())
+        if "p_resolved" in data and "measured_compute_s" in data:
+            continue
+        run = read_run(path.parent / "run" / "result.json")
+        data["p_resolved"] = [int(p) for p in run.p_of]
+        data["measured_compute_s"] = run_compute_s(run)
+        path.write_text(json.dumps(data, indent=1))
+        changed += 1
+    return changed
 
 
 def row_from_json(data: dict[str, Any]) -> TtaRow:
     data = dict(data)
     for key in ("measured_evaluations", "predicted_evaluations"):
         data[key] = _evaluations(data[key])
+    data["p_resolved"] = tuple(data.get("p_resolved") or ())
     return TtaRow(**data)
 
 
