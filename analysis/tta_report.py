@@ -140,10 +140,11 @@ def testbed_tables(rows: Sequence[TtaRow]) -> list[str]:
             f"{predicted_winner.config if predicted_winner else 'none'}**.", "",
             "| configuration | p | compute/round (ms) akorun | akosim | round (ms) akorun "
             "| akosim | error | "
-            f"to {TARGET_ACCURACY:g} (s) akorun | akosim | error | accuracy after "
+            f"to {TARGET_ACCURACY:g} (s) akorun | akosim | error | rounds to it akorun / akosim "
+            "| accuracy after "
             f"{BUDGET_S:g} s akorun | akosim | bytes/worker/round | bytes to target "
             "(akorun) | load (1 min) |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in mine:
             rounds = rounds_to_target(r.measured_evaluations)
             load = r.uptime_before.split("load average:")[-1].split(",")[0].strip()
@@ -155,6 +156,7 @@ def testbed_tables(rows: Sequence[TtaRow]) -> list[str]:
                 f"{_pct(relative_error(r.predicted_round_time_s, r.measured_round_time_s))} | "
                 f"{_fmt(r.measured_time_to_target_s)} | {_fmt(r.predicted_time_to_target_s)} | "
                 f"{_pct(relative_error(r.predicted_time_to_target_s, r.measured_time_to_target_s))}"
+                f" | {rounds or '-'} / {rounds_to_target(r.predicted_evaluations) or '-'}"
                 f" | {_fmt(r.measured_final_accuracy, '.3f')} | "
                 f"{_fmt(r.predicted_final_accuracy, '.3f')} | "
                 f"{_bytes(r.bytes_sent_per_worker_per_round)} | "
