@@ -268,6 +268,7 @@ def write_testbed_png(rows: Sequence[TtaRow], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     networks = [n for n in NETWORKS if any(r.network == n.name for r in rows)]
     fig, axes = plt.subplots(len(networks), 1, figsize=(8.5, 2.3 * len(networks) + 0.6),
@@ -275,13 +276,11 @@ def write_testbed_png(rows: Sequence[TtaRow], path: Path) -> None:
     for ax, network in zip(axes[:, 0], networks, strict=True):
         mine = [r for r in rows if r.network == network.name]
         xs = range(len(mine))
-        for offset, key, colour, label in (
-                (-0.2, "measured_time_to_target_s", "tab:blue", "akorun (testbed)"),
-                (0.2, "predicted_time_to_target_s", "tab:orange", "akosim")):
+        for offset, key, colour in ((-0.2, "measured_time_to_target_s", "tab:blue"),
+                                    (0.2, "predicted_time_to_target_s", "tab:orange")):
             values = [getattr(r, key) for r in mine]
             heights = [BUDGET_S if v is None else v for v in values]
-            bars = ax.bar([x + offset for x in xs], heights, width=0.4, color=colour,
-                          label=label)
+            bars = ax.bar([x + offset for x in xs], heights, width=0.4, color=colour)
             for bar, value in zip(bars, values, strict=True):
                 if value is None:
                     bar.set_hatch("//")
@@ -290,7 +289,8 @@ def write_testbed_png(rows: Sequence[TtaRow], path: Path) -> None:
         ax.set_xticks(list(xs), [r.config for r in mine], fontsize=7, rotation=20)
         ax.set_ylabel(f"s to {TARGET_ACCURACY:g}", fontsize=8)
         ax.set_title(network.description, fontsize=8)
-        ax.legend(fontsize=7)
+        ax.legend(handles=[Patch(color="tab:blue", label="akorun (testbed)"),
+                           Patch(color="tab:orange", label="akosim")], fontsize=7)
     fig.suptitle(f"Time to {TARGET_ACCURACY:g} test accuracy, {WORKERS} workers, "
                  f"{WORKLOAD}:{WORKLOAD_ARG} (hatched: not reached in {BUDGET_S:g} s)",
                  fontsize=8)
