@@ -34,6 +34,7 @@ from analysis.tta_testbed import (
     CONFIGS,
     EVAL_EVERY,
     TARGET_ACCURACY,
+    WORKERS,
     WORKLOAD,
     WORKLOAD_ARG,
     Config,
@@ -140,8 +141,7 @@ def tta_map(*, quick: bool = False, progress: bool = False) -> TtaMap:
     budget_s = QUICK_BUDGET_S if quick else BUDGET_S
     started = time.perf_counter()
     before = _uptime()
-    record = TtaMap(workload=f"{WORKLOAD}:{WORKLOAD_ARG}", workers=configs[0].nodes
-                    if configs[0].scheme != "ps" else configs[0].nodes - 1,
+    record = TtaMap(workload=f"{WORKLOAD}:{WORKLOAD_ARG}", workers=WORKERS,
                     target_accuracy=TARGET_ACCURACY, budget_s=budget_s,
                     bandwidths=bandwidths, latencies=latencies,
                     generated_utc=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),

@@ -38,6 +38,7 @@ from typing import Any
 
 from akocore.figures import steady_round_time_s
 from akocore.results import RunResult
+from akocore.schemes.registry import has_servers
 from analysis.fidelity_tcp import _akosim, _python, _run, child_env, read_run, uptime
 
 LOCK = "/work/measure.lock"
@@ -88,7 +89,7 @@ class Config:
 
     @property
     def nodes(self) -> int:
-        return WORKERS + (1 if self.scheme == "ps" else 0)
+        return WORKERS + (1 if has_servers(self.scheme) else 0)
 
 
 def _config(name: str, scheme: str, codec: str, *extra: str) -> Config:
