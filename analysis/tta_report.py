@@ -338,7 +338,10 @@ def write_curves_png(rows: Sequence[TtaRow], path: Path) -> None:
 
 def markdown(rows: Sequence[TtaRow], notes: dict[str, Any], record: TtaMap | None,
              discussion: str = "") -> str:
-    loads = [r.uptime_before.split("load average:")[-1].strip() for r in rows]
+    loads = sorted(float(r.uptime_before.split("load average:")[-1].split(",")[0])
+                   for r in rows if "load average:" in r.uptime_before)
+    load_text = (f"{loads[0]:.1f}-{loads[-1]:.1f}, median {statistics.median(loads):.1f}"
+                 if loads else "-")
     lines = [
         "# The 2026 baselines: which scheme reaches the accuracy first",
         "",
@@ -378,9 +381,8 @@ def markdown(rows: Sequence[TtaRow], notes: dict[str, Any], record: TtaMap | Non
         "",
         "**Machine**: Linux x86_64, 2 cores shared with other jobs. Host calibration "
         f"measured {notes.get('host_calibration_measured_at', '-')} on this host "
-        "(`akosim calibrate`, as analysis.fidelity_tcp). Load average (1, 5, 15 min) at the "
-        "start of the runs: " + ("; ".join(sorted(set(loads))[:3]) + " ... (each run's "
-                                 "1-minute load in the tables)" if loads else "-") + ".",
+        "(`akosim calibrate`, as analysis.fidelity_tcp). One-minute load average at the start "
+        f"of the runs: {load_text} (each run's in the tables).",
         "",
         "![time to target, akorun beside akosim](tta-testbed.png)",
         "",
