@@ -420,8 +420,9 @@ def write_all(rows: Sequence[TtaRow], notes: dict[str, Any], record: TtaMap | No
     data_dir.mkdir(parents=True, exist_ok=True)
     docs_dir.mkdir(parents=True, exist_ok=True)
     written = [data_dir / TESTBED_RECORD]
-    written[0].write_text(json.dumps({"notes": notes, "rows": [asdict(r) for r in rows]},
-                                     indent=1) + "\n", encoding="utf-8")
+    body = ",\n".join(json.dumps(asdict(r), separators=(",", ":")) for r in rows)
+    written[0].write_text(f'{{"notes": {json.dumps(notes)},\n"rows": [\n{body}\n]}}\n',
+                          encoding="utf-8")  # one line per row: a small, diffable record
     if rows:
         write_testbed_png(rows, docs_dir / "tta-testbed.png")
         write_curves_png(rows, docs_dir / "tta-curves.png")
