@@ -29,6 +29,17 @@ def test_the_goal_summary_says_what_is_met_and_by_how_much_a_goal_is_missed():
     assert lines[2].startswith("  MISSED sim.slow: 120 CPU s") and "MISSED by 4.00x" in lines[2]
 
 
+def test_a_missed_goal_says_why_where_the_reason_is_known():
+    figures = [
+        Figure("a.missed", 0.3, "ratio", goal=0.6, known_gap="CPU-bound receiver"),
+        Figure("a.met", 0.9, "ratio", goal=0.6, known_gap="not printed when met"),
+    ]
+    lines = runner.goal_summary(figures)
+    assert lines[1].startswith("  MISSED a.missed")
+    assert lines[2].strip() == "why: CPU-bound receiver"
+    assert len(lines) == 4 and "not printed" not in "".join(lines)
+
+
 @pytest.mark.parametrize(("value", "higher_is_better", "worse"), [
     (1.5, False, False), (1.7, False, True), (0.7, True, False), (0.5, True, True)])
 def test_a_figure_regresses_only_beyond_its_tolerance(value, higher_is_better, worse):

@@ -126,6 +126,8 @@ def goal_summary(figures: list[Figure]) -> list[str]:
         unit = fig.absolute_unit if fig.absolute is not None else fig.unit
         lines.append(f"  {'met   ' if fig.meets_goal() else 'MISSED'} {fig.name}: "
                      f"{fig.goal_value():.4g} {unit} ({goal_text(fig)})")
+        if not fig.meets_goal() and fig.known_gap:
+            lines.append(f"         why: {fig.known_gap}")
     return lines
 
 

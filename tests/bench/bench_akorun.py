@@ -68,6 +68,11 @@ from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 from akorun.transport import wire
 from tests.bench.common import Figure
 
+# Why the transfer goal misses where it does (measured; the benchmark reference page).
+TRANSFER_GAP = (
+    "per 4 MiB message the receiver spends ~2.1 ms of CPU (hash 0.56 ms, one copy ~0.4 ms, "
+    "~1 ms of asyncio and Python) and the sender ~1.3 ms, against 0.6 ms each for a bare "
+    "socket; on 2 shared cores the stream is CPU-bound, so pipelining does not raise it")
 PARTITION_BYTES = 4 * 1024 * 1024
 MESSAGES = 24
 TRANSFER_REPEATS = 5
@@ -438,7 +443,7 @@ def run() -> list[Figure]:
     memory = {name: rank_memory_over_bound(*case) for name, case in RANK_MEMORY_CASES.items()}
     return [
         Figure("akorun.transfer_vs_socket", statistics.median(secured), "ratio", goal=0.6,
-               samples=secured, reference="blocking socket",
+               samples=secured, reference="blocking socket", known_gap=TRANSFER_GAP,
                note=f"medians of {TRANSFER_REPEATS} pairs; "
                     f"4 MiB partitions over loopback as a worker sends them, security on: "
                     f"akorun {real:.0f} MB/s (BLAKE3 body digest by the sender, a keyed-"

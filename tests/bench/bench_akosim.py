@@ -76,6 +76,16 @@ COARSE_COALESCE = 0.03
 SHORT_ROUNDS = 10
 RANDOM_LONG_ROUNDS = 30
 BIG_LONG_ROUNDS = 20
+# Why the two estimated goals miss, where they do (the measured breakdown, in the benchmark
+# reference page): kept in one place so the summary and the docs say the same.
+RANDOM_LINKS_GAP = (
+    "every one of ~395 rate solves a round touches all ~2,500 flows in flight (their finish "
+    "times are recomputed and the settled checks sum over all flows): an incremental solve "
+    "that skips unchanged flows changes the last bits of the recorded cases, which must stay "
+    "bit-identical")
+BIG_CLUSTER_GAP = (
+    "1,024 senders' flows per round through SimPy's per-event Python path; near the goal on "
+    "a quiet machine (29.3 CPU s), over it under load")
 REPEATS = 3  # paired repetitions of each case (the verdict's interval is [min, max])
 # The reference every event-work figure is divided by: a bare SimPy loop.
 BARE_PROCESSES = 1_000
@@ -232,13 +242,14 @@ def run() -> list[Figure]:
                       note=f"{note}; case {pairs.median_case_s():.2f} CPU s, reference "
                            f"{pairs.median_reference_s():.3f} CPU s (medians of {REPEATS})")
 
-    def estimate(name: str, cpu_s: float, goal_s: float, note: str) -> Figure:
+    def estimate(name: str, cpu_s: float, goal_s: float, note: str,
+                 known_gap: str = "") -> Figure:
         """A goal's seconds estimated from the paired runs, as a multiple of the bare SimPy
         loop timed in this run (informational: the paired figure beside it is the one a
         regression is judged on)."""
         return Figure(name, cpu_s / bare_s, "x bare SimPy loop", higher_is_better=False,
                       goal=goal_s, absolute=cpu_s, absolute_unit="CPU s", tolerance=None,
-                      reference="bare SimPy loop", note=note)
+                      reference="bare SimPy loop", note=note, known_gap=known_gap)
 
     def event_ratio(name: str, pairs: Pairs, run: SimRun, note: str) -> Figure:
         ratios = tuple(events(run) / case_s * reference_s / BARE_EVENTS
@@ -273,7 +284,8 @@ def run() -> list[Figure]:
                  f"64 x 1,000 random per-pair caps, estimated: the paired {SHORT_ROUNDS}-round "
                  f"median plus the cost of a round from one {RANDOM_LONG_ROUNDS}-round run "
                  f"({long_cpu_s:.1f} CPU s, {long_wall_s:.1f} s wall, "
-                 f"{long_run.events['rate_solves']} rate solves)"),
+                 f"{long_run.events['rate_solves']} rate solves)",
+                 known_gap=RANDOM_LINKS_GAP),
         event_ratio(f"sim.ako64_random_links_{SHORT_ROUNDS}r_events_vs_simpy", pairs,
                     random.runs[-1], f"64 workers, random per-pair caps, {SHORT_ROUNDS} rounds"),
     ]
@@ -297,7 +309,8 @@ def run() -> list[Figure]:
         estimate("sim.ako1024_100r_est_vs_simpy", goal_cpu_s, 30.0,
                  f"1,024 x 100 on 40 Mbit/s, estimated: the paired {SHORT_ROUNDS}-round median "
                  f"plus the cost of a round from one {BIG_LONG_ROUNDS}-round run "
-                 f"({long_cpu_s:.1f} CPU s, {long_wall_s:.1f} s wall)"),
+                 f"({long_cpu_s:.1f} CPU s, {long_wall_s:.1f} s wall)",
+                 known_gap=BIG_CLUSTER_GAP),
         event_ratio(f"sim.ako1024_{SHORT_ROUNDS}r_events_vs_simpy", pairs, big.runs[-1],
                     f"1,024 x {SHORT_ROUNDS}"),
     ]

@@ -48,6 +48,8 @@ class Figure:
     tolerance: float | None = DEFAULT_TOLERANCE
     samples: tuple[float, ...] = ()  # the paired ratios behind `value` (their median)
     reference: str = ""  # what `value` is relative to, e.g. "bare SimPy loop"
+    # Why the goal is missed where it is known to be (printed only when it is missed).
+    known_gap: str = ""
 
     def goal_value(self) -> float:
         return self.value if self.absolute is None else self.absolute
