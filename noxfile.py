@@ -30,10 +30,17 @@ def _install_fault_tools(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """Install the package with its test extra and run the test suite."""
+    """Install the package with its test extra and run the test suite on two pytest-xdist
+    workers (`--dist loadscope` as tests/conftest.py refines it: a module's tests that share
+    a setup stay on one worker, every other test goes to whichever worker is free, the long
+    real-network modules first, a `solo` test alone).
+
+    `nox -s tests -- -n 0` runs it in one process; other arguments go to pytest.
+    """
     _install_fault_tools(session)
     session.install("-e", ".[test]")
-    session.run("pytest", "-q", *session.posargs, env=CACHE_ENV)
+    session.run("pytest", "-q", "-n", "2", "--dist", "loadscope", *session.posargs,
+                env=CACHE_ENV)
 
 
 @nox.session(python=PYTHON)

@@ -59,7 +59,8 @@ from akorun.launch.testbed import netns
 from akorun.runtime.result_files import max_relative_difference
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 
-pytestmark = [pytest.mark.netns, pytest.mark.timeout(150)]
+# hang detectors, not speed limits: generous, since the suite runs two tests at a time
+pytestmark = [pytest.mark.netns, pytest.mark.timeout(300)]
 
 WORKERS = 3
 PEER_TIMEOUT_S = 2.0
@@ -205,7 +206,7 @@ class Run:
     def logs(self) -> str:
         return "\n".join(f"--- rank {r} ---\n{self.log(r)[-3000:]}" for r in range(WORKERS))
 
-    def wait(self, ranks: list[int], timeout_s: float = 100) -> dict[int, int]:
+    def wait(self, ranks: list[int], timeout_s: float = 200) -> dict[int, int]:
         deadline = time.monotonic() + timeout_s
         codes = {}
         for rank in ranks:

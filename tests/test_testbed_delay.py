@@ -268,6 +268,7 @@ def _inet_checksum(data: bytes) -> int:
 
 
 @pytest.mark.netns
+@pytest.mark.solo
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("rate_bps", RATES_BPS)
 def test_rtt_and_rate_through_the_delay_line(pair_factory: list[_Pair], rate_bps: float) -> None:
