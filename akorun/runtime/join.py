@@ -378,7 +378,12 @@ class Join:
         loop = asyncio.get_running_loop()
 
         async def ready(peer: int) -> None:
-            while peer not in self.ready_peers:
+            # Tell every peer once that we are ready, even one that told us first: it may
+            # have asked while we were not ready yet, and without our word it would wait
+            # for a retry of its own; if we started and died meanwhile it would take us
+            # for a rank that died in the join and end a run the others already train.
+            told = False
+            while not told or peer not in self.ready_peers:
                 if self.waiter.stop_reason is not None:
                     raise Interrupted(f"{self.waiter.stop_reason} (before every rank had "
                                       f"joined)")
@@ -390,8 +395,10 @@ class Join:
                                    f"nothing trained")
                 answer = await control.call(peer, ControlKind.HELLO, payload,
                                             timeout_s=GREET_TIMEOUT_S)
+                told = told or answer.ok
                 if answer.ok and answer.payload is not None and answer.payload.get("ready"):
                     self.ready_peers.add(peer)
+                if told and peer in self.ready_peers:
                     return
                 await asyncio.sleep(RETRY_S)
 
