@@ -57,6 +57,14 @@ def test_merging_new_configurations_replaces_only_their_rows_in_grid_order() -> 
         merge_maps(old, other)
 
 
+def test_an_unknown_configuration_is_a_user_mistake(tmp_path, capsys) -> None:
+    from analysis.tta_map import main as map_main
+
+    assert map_main(["--out", str(tmp_path / "m.json"), "--configs", "diloco-int4"]) == 2
+    assert "unknown diloco-int4; allowed:" in capsys.readouterr().err
+    assert not (tmp_path / "m.json").exists()
+
+
 def test_time_to_target_and_errors() -> None:
     evaluations = [(0.5, 10, 0.8), (1.0, 20, 0.93), (1.5, 30, 0.91)]
     assert time_to_target(evaluations, 0.92) == 1.0
