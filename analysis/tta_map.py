@@ -2,18 +2,23 @@
 
 For each cell of a bandwidth x one-way-latency grid, every configuration of the testbed
 grid (analysis.tta_testbed.CONFIGS: ring all-reduce, DiLoCo, Streaming DiLoCo, Ako, a
-synchronous parameter server and WAGMA, and all-reduce, Ako and the PS with the int8
-codec) trains the same workload (digits-mlp, hidden 512, 3 workers, SGD, batch 32) with
-``akosim.train`` until the target accuracy or a budget of simulated seconds, evaluating
-every 10 rounds. The winner of a cell is the configuration with the shortest simulated
-time to the target, with codecs allowed and with codec none only; beside it, the bytes
-each worker sent until the target.
+synchronous parameter server and WAGMA, and all-reduce, DiLoCo, Streaming DiLoCo, Ako
+and the PS with the int8 codec) trains the same workload (digits-mlp, hidden 512, 3
+workers, SGD, batch 32) with ``akosim.train`` until the target accuracy or a budget of
+simulated seconds, evaluating every 10 rounds. The winner of a cell is the configuration
+with the shortest simulated time to the target, with codecs allowed and with codec none
+only; beside it, the bytes each worker sent until the target.
 
 akosim's compute per step is its own measurement of the workload on this host (one
 process alone, as on a machine per worker); the network model is max-min (the fluid
 ideal, akosim train's default).
 
     python -m analysis.tta_map --out analysis/data/tta_map.json [--quick]
+    python -m analysis.tta_map --out analysis/data/tta_map.json --configs NAME[,NAME]
+
+``--configs`` runs only those configurations and merges their rows into the record
+already at ``--out`` (replacing rows of the same configurations), so adding a
+configuration does not rerun the whole map.
 """
 
 from __future__ import annotations
@@ -133,11 +138,14 @@ def cells(record: TtaMap) -> dict[tuple[str, str], list[MapRow]]:
     return out
 
 
-def tta_map(*, quick: bool = False, progress: bool = False) -> TtaMap:
-    """The whole map; `quick`: one cell, two configurations, a 3 s budget."""
+def tta_map(*, quick: bool = False, progress: bool = False,
+            only: Sequence[str] = ()) -> TtaMap:
+    """The whole map; `quick`: one cell, two configurations, a 3 s budget; `only`: just
+    those configurations."""
     bandwidths = QUICK_BANDWIDTHS if quick else BANDWIDTHS
     latencies = QUICK_LATENCIES if quick else LATENCIES
-    configs = [c for c in CONFIGS if not quick or c.name in QUICK_CONFIGS]
+    configs = [c for c in CONFIGS if (not quick or c.name in QUICK_CONFIGS)
+               and (not only or c.name in only)]
     budget_s = QUICK_BUDGET_S if quick else BUDGET_S
     started = time.perf_counter()
     before = _uptime()
@@ -167,14 +175,50 @@ def read_map(path: Path) -> TtaMap:
     return TtaMap(**data, rows=rows)
 
 
+def merge_maps(old: TtaMap, new: TtaMap) -> TtaMap:
+    """`old` with the rows of `new`'s configurations replaced by `new`'s, in grid and
+    configuration order; elapsed time summed, both loads kept."""
+    replaced = {r.config for r in new.rows}
+    if (old.bandwidths, old.latencies, old.budget_s) != \
+            (new.bandwidths, new.latencies, new.budget_s):
+        raise ValueError("the record at --out has another grid or budget; rerun the map")
+    order = {c.name: i for i, c in enumerate(CONFIGS)}
+    cell = {(b, lat): i for i, (b, lat) in enumerate(
+        (b, lat) for b in old.bandwidths for lat in old.latencies)}
+    rows = [r for r in old.rows if r.config not in replaced] + new.rows
+    rows.sort(key=lambda r: (cell[(r.bandwidth, r.latency)], order.get(r.config, len(order))))
+    return TtaMap(workload=old.workload, workers=old.workers,
+                  target_accuracy=old.target_accuracy, budget_s=old.budget_s,
+                  bandwidths=old.bandwidths, latencies=old.latencies, rows=rows,
+                  generated_utc=f"{old.generated_utc}; {', '.join(sorted(replaced))}: "
+                                f"{new.generated_utc}",
+                  machine=old.machine, load=f"{old.load} || {new.load}",
+                  elapsed_s=old.elapsed_s + new.elapsed_s)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m analysis.tta_map",
                                      description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--out", type=Path, required=True, help="the record (JSON)")
     parser.add_argument("--quick", action="store_true",
                         help="one cell, two configurations, a 3 s budget")
+    parser.add_argument("--configs", metavar="NAME[,NAME]",
+                        help="run only these configurations and merge their rows into "
+                             "the record at --out")
     args = parser.parse_args(argv)
-    record = tta_map(quick=args.quick, progress=True)
+    only = tuple(args.configs.split(",")) if args.configs else ()
+    known = {c.name for c in CONFIGS}
+    if unknown := [name for name in only if name not in known]:
+        print(f"--configs: unknown {', '.join(unknown)}; allowed: {', '.join(sorted(known))}",
+              file=sys.stderr)
+        return 2
+    record = tta_map(quick=args.quick, progress=True, only=only)
+    if only and args.out.exists():
+        try:
+            record = merge_maps(read_map(args.out), record)
+        except ValueError as error:
+            print(f"--configs: {error}", file=sys.stderr)
+            return 2
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(asdict(record), indent=1) + "\n", encoding="utf-8")
     print(f"wrote {args.out} ({len(record.rows)} runs in {record.elapsed_s:.0f} s)")

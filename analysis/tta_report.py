@@ -355,9 +355,9 @@ def markdown(rows: Sequence[TtaRow], notes: dict[str, Any], record: TtaMap | Non
         f"parameter server is a fourth rank), evaluation every 10 rounds, target "
         f"**{TARGET_ACCURACY:g}** test accuracy. Configurations: "
         + ", ".join(f"`{c.name}` (`{' '.join(c.flags)}`)" for c in CONFIGS) + ". "
-        "DiLoCo, Streaming DiLoCo and WAGMA run with codec none only: in this version the "
-        "codecs apply to Ako partials, parameter-server pushes and all-reduce reduce steps, "
-        "not to pseudo-gradients or model averages.",
+        "WAGMA runs with codec none only: the codecs apply to Ako partials, "
+        "parameter-server pushes, all-reduce reduce steps and DiLoCo's and Streaming "
+        "DiLoCo's pseudo-gradients, not to WAGMA's model averages.",
         "",
         "Regenerate: `sudo python -m analysis.tta_testbed --results RESULTS "
         "--host-calibration H.json` (resumable), `python -m analysis.tta_map --out "

@@ -96,9 +96,8 @@ def _config(name: str, scheme: str, codec: str, *extra: str) -> Config:
     return Config(name, scheme, codec, ("--scheme", scheme, *extra, "--codec", codec))
 
 
-# DiLoCo, Streaming DiLoCo and WAGMA run with codec none only: in this tree the codec
-# hook covers Ako partials, PS pushes and all-reduce reduce steps, not pseudo-gradients
-# or model averages.
+# WAGMA runs with codec none only: the codec hook covers Ako partials, PS pushes,
+# all-reduce reduce steps and DiLoCo's pseudo-gradients, not WAGMA's model averages.
 CONFIGS: tuple[Config, ...] = (
     _config("allreduce", "allreduce", "none"),
     _config("diloco", "diloco", "none", "--inner-steps", "10"),
@@ -110,6 +109,9 @@ CONFIGS: tuple[Config, ...] = (
     _config("allreduce-int8", "allreduce", "int8"),
     _config("ako-int8", "ako", "int8", "--p", "auto"),
     _config("ps-int8", "ps", "int8"),
+    _config("diloco-int8", "diloco", "int8", "--inner-steps", "10"),
+    _config("streaming-diloco-int8", "streaming-diloco", "int8", "--inner-steps", "10",
+            "--fragments", "2", "--overlap-steps", "1"),
 )
 
 

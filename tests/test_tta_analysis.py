@@ -8,7 +8,15 @@ import json
 
 import pytest
 
-from analysis.tta_map import MapRow, TtaMap, read_map, settings_of, tta_map, winner
+from analysis.tta_map import (
+    MapRow,
+    TtaMap,
+    merge_maps,
+    read_map,
+    settings_of,
+    tta_map,
+    winner,
+)
 from analysis.tta_report import main as report_main
 from analysis.tta_report import scheme_errors
 from analysis.tta_testbed import CONFIGS, TtaRow, relative_error, time_to_target
@@ -28,6 +36,33 @@ def test_the_winner_is_the_first_to_the_target_and_codec_none_excludes_codecs() 
     assert first is not None and first.config == "ako-int8"
     assert plain is not None and plain.config == "diloco"
     assert winner([_row("ps", "none", None)]) is None
+
+
+def test_merging_new_configurations_replaces_only_their_rows_in_grid_order() -> None:
+    def record(rows: list[MapRow], elapsed_s: float) -> TtaMap:
+        return TtaMap(workload="w", workers=3, target_accuracy=0.92, budget_s=60.0,
+                      bandwidths=("10mbps",), latencies=("1ms",), rows=rows,
+                      elapsed_s=elapsed_s)
+
+    old = record([_row("allreduce", "none", 3.0), _row("diloco-int8", "int8", 9.0),
+                  _row("ps", "none", None)], 100.0)
+    new = record([_row("diloco-int8", "int8", 1.0)], 10.0)
+    merged = merge_maps(old, new)
+    assert [(r.config, r.time_to_target_s) for r in merged.rows] == [
+        ("allreduce", 3.0), ("ps", None), ("diloco-int8", 1.0)]  # CONFIGS order
+    assert merged.elapsed_s == 110.0
+    other = record([], 1.0)
+    other.latencies = ("10ms",)
+    with pytest.raises(ValueError, match="another grid"):
+        merge_maps(old, other)
+
+
+def test_an_unknown_configuration_is_a_user_mistake(tmp_path, capsys) -> None:
+    from analysis.tta_map import main as map_main
+
+    assert map_main(["--out", str(tmp_path / "m.json"), "--configs", "diloco-int4"]) == 2
+    assert "unknown diloco-int4; allowed:" in capsys.readouterr().err
+    assert not (tmp_path / "m.json").exists()
 
 
 def test_time_to_target_and_errors() -> None:
