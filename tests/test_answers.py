@@ -349,6 +349,37 @@ def test_a_tagged_refusal_of_a_control_request_is_authentic_and_a_forged_one_is_
     assert forged.status == 409 and not forged.authentic
 
 
+def test_untagged_answers_and_unauthenticated_refusals_are_logged_at_a_falling_pace(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Anyone on the path can send untagged 200s and unsealed requests as fast as they like:
+    the client's and the server's lines for them come at the 1st, 2nd, 4th, 8th... only."""
+    host = SinkHost(SECRET, RUN, WIRE_HASH)
+    text = b'{"rank": 1}'
+    forged_200 = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                  b"%d\r\nConnection: close\r\n\r\n%s" % (len(text), text))
+
+    async def body(url: str, session: Any, proxy: Proxy) -> list[int]:
+        client = ControlClient(session, host.peer_signer(0), [url, url])
+        statuses = [(await client.call(1, ControlKind.STOP, {"rank": 0})).status
+                    for _ in range(9)]
+        server_url = f"http://127.0.0.1:{proxy.upstream_port}"
+        for _ in range(9):  # unsealed requests straight to the server
+            async with session.post(server_url + PARTIAL_PATH, data=b"x" * 16) as answer:
+                statuses.append(answer.status)
+        return statuses
+
+    with caplog.at_level("WARNING", logger="akorun"):
+        statuses = asyncio.run(through_proxy(
+            host, lambda port: Proxy(port, lambda number, head: forged_200), body))
+    assert statuses[:9] == [401] * 9 and all(s in (400, 401) for s in statuses[9:])
+    lines = [r.getMessage() for r in caplog.records]
+    untagged = [line for line in lines if "without a tag bound to our request" in line]
+    assert [line.split("(")[-1] for line in untagged] == [
+        f"{n} such so far)" for n in (1, 2, 4, 8)], untagged
+    refused = [line for line in lines if line.startswith("refused a request")]
+    assert 1 <= len(refused) <= 4 and all("such so far" in line for line in refused), refused
+
+
 def test_the_verdict_on_answers() -> None:
     assert verdict(400, b"malformed: x\n", True) is Verdict.REFUSED
     assert verdict(400, DAMAGED.encode() + b": body cut\n", True) is Verdict.RETRY

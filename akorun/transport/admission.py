@@ -52,6 +52,13 @@ _REASONS = {Status.MALFORMED: "malformed", Status.BAD_SIGNATURE: "bad_signature"
             Status.INBOX_FULL: "inbox_full", Status.STALE_SESSION: "stale_session"}
 
 
+def refusal_worth_logging(count: int, *, authenticated: bool) -> bool:
+    """Whether the `count`-th refusal of one reason gets a log line: always when the
+    request was authenticated (a member's mistake), else only the 1st, 2nd, 4th, 8th...
+    (anyone can send unauthenticated requests; a log line each would let them flood it)."""
+    return authenticated or count & (count - 1) == 0
+
+
 def wire_refusal(error: WireError) -> Refusal:
     """The answer to a request refused with `error` (its status; its reason as a label)."""
     return Refusal(int(error.status), _REASONS.get(error.status, "malformed"), error.reason)

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import logging
 import ssl
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
 from akorun.transport import control
+from akorun.transport.admission import refusal_worth_logging
 from akorun.transport.answers import (
     CONTROL_ANSWER_MAX_BYTES,
     PARTIAL_ANSWER_MAX_BYTES,
@@ -86,6 +88,7 @@ class ControlClient:
         # the largest binary answer read (a relay's partials, a rejoin snapshot); the
         # worker sets it from the model's size once the workload exists
         self.binary_answer_max_bytes = DEFAULT_BINARY_ANSWER_MAX_BYTES
+        self.untagged_answers: Counter[int] = Counter()  # per rank, for the log's pace
 
     async def call(self, rank: int, kind: ControlKind, payload: dict[str, Any], *,
                    timeout_s: float = 10.0, binary: bool = False) -> ControlAnswer:
@@ -145,8 +148,11 @@ class ControlClient:
             return ControlAnswer(status, body=answer, authentic=authentic,
                                  error=answer[:300].decode("utf-8", "replace").strip())
         if not authentic:
-            log.error("rank %d answered %s without a tag bound to our request: ignored", rank,
-                      path)
+            self.untagged_answers[rank] += 1
+            count = self.untagged_answers[rank]
+            if refusal_worth_logging(count, authenticated=False):  # a forger sets the pace
+                log.error("rank %d answered %s without a tag bound to our request: ignored "
+                          "(%d such so far)", rank, path, count)
             return ControlAnswer(401, error="answer not bound to our request in this session")
         if binary:
             return ControlAnswer(200, body=answer, authentic=True)

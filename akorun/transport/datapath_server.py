@@ -29,7 +29,7 @@ import numpy as np
 
 from akocore.schemes import SchemeError
 from akorun.metrics import ByteWaits
-from akorun.transport.admission import wire_refusal
+from akorun.transport.admission import refusal_worth_logging, wire_refusal
 from akorun.transport.answers import ANSWER_TEXT_MAX_CHARS, DAMAGED
 from akorun.transport.datapath import (
     PREAMBLE,
@@ -196,8 +196,10 @@ class DataConnection(FillingProtocol):
                  keep: bool = False) -> _Refused:
         host = self.server.host
         host.metrics.rejected[reason] += 1
-        if status != 503:
-            log.warning("refused a request with %d %s: %s", status, reason, detail)
+        count = host.metrics.rejected[reason]
+        if status != 503 and refusal_worth_logging(count, authenticated=opened is not None):
+            so_far = "" if opened is not None else f" ({count} such so far)"
+            log.warning("refused a request with %d %s%s: %s", status, reason, so_far, detail)
         text = f"{reason}: {detail}"[:ANSWER_TEXT_MAX_CHARS].encode("utf-8", "replace") + b"\n"
         tag = None if opened is None else host.verifier.seal_answer(opened, status, text)
         return _Refused(encode_answer(status, False, 0.0, tag, text, self.request_id), keep)

@@ -77,7 +77,13 @@ from akocore.schemes import SchemeError
 from akorun.errors import UsageError
 from akorun.metrics import PROMETHEUS_CONTENT_TYPE, ByteWaits, Metrics
 from akorun.transport import control
-from akorun.transport.admission import Admission, BufferPool, Refusal, wire_refusal
+from akorun.transport.admission import (
+    Admission,
+    BufferPool,
+    Refusal,
+    refusal_worth_logging,
+    wire_refusal,
+)
 from akorun.transport.answers import ANSWER_TEXT_MAX_CHARS, DAMAGED
 from akorun.transport.control import CONTROL_BODY_MAX_BYTES, ControlError, ControlKind
 from akorun.transport.datapath import MAGIC as DATA_PATH_MAGIC
@@ -520,11 +526,9 @@ class Server:
         can tell it from one forged on the path: only a tagged refusal is final."""
         self.host.metrics.rejected[reason] += 1
         count = self.host.metrics.rejected[reason]
-        if status != 503 and opened is not None:
-            log.warning("refused a request with %d %s: %s", status, reason, detail)
-        elif status != 503 and count & (count - 1) == 0:  # unauthenticated: 1, 2, 4, ...
-            log.warning("refused a request with %d %s (%d such so far): %s", status, reason,
-                        count, detail)
+        if status != 503 and refusal_worth_logging(count, authenticated=opened is not None):
+            so_far = "" if opened is not None else f" ({count} such so far)"
+            log.warning("refused a request with %d %s%s: %s", status, reason, so_far, detail)
         body = f"{reason}: {detail}"[:ANSWER_TEXT_MAX_CHARS].encode("utf-8", "replace") + b"\n"
         headers = {} if opened is None else {
             AUTH_HEADER: self.host.verifier.seal_answer(opened, status, body)}
