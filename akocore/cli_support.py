@@ -88,3 +88,22 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         fail(f"{message} (see {self.prog} --help)", self.prog)
+
+
+def subcommand_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The parser of `command` among `parser`'s subcommands (the Python calls use it to
+    turn their keyword arguments into the flags the command line takes)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[command]  # type: ignore[no-any-return]
+    raise AssertionError(f"{parser.prog}'s parser has no commands")
+
+
+def flag_text(value: Any) -> str:
+    """A Python value as the command line writes it: lists and tuples comma-joined,
+    booleans ``true``/``false``, anything else as `str` gives it."""
+    if isinstance(value, (list, tuple)):
+        return ",".join(flag_text(v) for v in value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from akocore.cli_support import flag_text, subcommand_parser
 from akorun.errors import UsageError
 
 if TYPE_CHECKING:
@@ -319,18 +320,7 @@ def _bridge(exchange: Exchange, cfg: Any) -> FlatWorkload:
 def _subparser(command: str) -> argparse.ArgumentParser:
     from akorun.launch.commands import build_parser
 
-    for action in build_parser()._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action.choices[command]  # type: ignore[no-any-return]
-    raise AssertionError("akorun's parser has no commands")
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, (list, tuple)):
-        return ",".join(_text(v) for v in value)
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
+    return subcommand_parser(build_parser(), command)
 
 
 def _flags(command: str, config: Any, dotted: Mapping[str, Any] | None,
@@ -341,7 +331,7 @@ def _flags(command: str, config: Any, dotted: Mapping[str, Any] | None,
     if config is not None:
         flags += ["--config", os.fspath(config)]
     for key, value in (dotted or {}).items():
-        flags += ["--set", f"{key}={_text(value)}"]
+        flags += ["--set", f"{key}={flag_text(value)}"]
     for key, value in settings.items():
         flag = "--" + key.replace("_", "-")
         if flag not in known or flag in ("--config", "--set", "--out", "--rank"):
@@ -349,7 +339,7 @@ def _flags(command: str, config: Any, dotted: Mapping[str, Any] | None,
             raise TypeError(f"akorun {command}: no setting {key!r}; the settings are {names}")
         if value is None or value is False:
             continue
-        flags += [flag] if value is True else [flag, _text(value)]
+        flags += [flag] if value is True else [flag, flag_text(value)]
     return flags
 
 

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from akocore.cli_support import UsageError
+from akocore.cli_support import UsageError, flag_text, subcommand_parser
 
 if TYPE_CHECKING:
     from akocore.results import PlanResult, RunResult
@@ -130,7 +130,7 @@ def _outcome(command: str, config: Any, dotted: Mapping[str, Any] | None,
     if config is not None:
         settings["config"] = os.fspath(config)
     if dotted:
-        settings["set"] = [f"{key}={_text(value)}" for key, value in dotted.items()]
+        settings["set"] = [f"{key}={flag_text(value)}" for key, value in dotted.items()]
     workload = settings.get("workload")
     if workload is not None and not isinstance(workload, str):
         settings["workload"] = workload_name(workload)
@@ -172,19 +172,7 @@ def workload_name(workload: Any) -> str:
 def _subparser(command: str) -> argparse.ArgumentParser:
     from akosim.cli import build_parser
 
-    parser = build_parser()
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action.choices[command]  # type: ignore[no-any-return]
-    raise AssertionError("akosim's parser has no commands")
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, (list, tuple)):
-        return ",".join(_text(v) for v in value)
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
+    return subcommand_parser(build_parser(), command)
 
 
 def _flags(command: str, settings: Mapping[str, Any]) -> list[str]:
@@ -203,7 +191,7 @@ def _flags(command: str, settings: Mapping[str, Any]) -> list[str]:
             continue
         if flag not in known and key in by_field:  # a setting with no flag: eval_every
             if value is not None:
-                flags += ["--set", f"{by_field[key]}={_text(value)}"]
+                flags += ["--set", f"{by_field[key]}={flag_text(value)}"]
             continue
         if flag not in known:
             names = ", ".join(sorted({f[2:].replace("-", "_") for f in known} | set(by_field)))
@@ -213,7 +201,7 @@ def _flags(command: str, settings: Mapping[str, Any]) -> list[str]:
         if value is True:
             flags.append(flag)
         else:
-            flags += [flag, _text(value)]
+            flags += [flag, flag_text(value)]
     return flags
 
 
