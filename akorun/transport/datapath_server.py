@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
-import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +39,7 @@ from akorun.transport.datapath import (
     request_id_of,
 )
 from akorun.transport.keys import PARTIAL_PATH, Opened, ack_body
+from akorun.transport.ordered_lane import OrderedLane
 from akorun.transport.sender import seconds_header
 from akorun.transport.validation import (
     DamagedInTransit,
@@ -72,55 +71,10 @@ class _Refused(Exception):
         self.keep = keep
 
 
-class DigestLane:
-    """A thread that hashes body pieces in the order given, while the loop keeps reading.
-
-    `feed` hands over a view of bytes already in the body's buffer (a queue put, no
-    copy); `drained` resolves once everything fed so far is hashed."""
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="digest-lane", daemon=True)
-        self._thread.start()
-
-    def feed(self, hasher: BodyHasher, piece: memoryview) -> None:
-        self._queue.put((hasher, piece))
-
-    def drained(self) -> asyncio.Future[None]:
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
-        self._queue.put((loop, done, None))
-        return done
-
-    def stop(self) -> None:
-        self._queue.put(None)
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            if len(item) == 3:
-                loop, done, _ = item
-                try:
-                    loop.call_soon_threadsafe(_settle, done)
-                except RuntimeError:  # the loop is closed: nobody waits any more
-                    pass
-            else:
-                hasher, piece = item
-                hasher.update(piece)
-            item = piece = None  # hold no view of a body between bodies
-
-
-def _settle(done: asyncio.Future[None]) -> None:
-    if not done.done():
-        done.set_result(None)
-
-
 class _Batcher:
-    """Hands landed body bytes to a `DigestLane` in pieces of `HASH_BATCH_BYTES`."""
+    """Hands landed body bytes to an `OrderedLane` in pieces of `HASH_BATCH_BYTES`."""
 
-    def __init__(self, lane: DigestLane, hasher: BodyHasher, body: memoryview) -> None:
+    def __init__(self, lane: OrderedLane, hasher: BodyHasher, body: memoryview) -> None:
         self.lane, self.hasher, self.body = lane, hasher, body
         self.landed = 0
         self.fed = 0
@@ -132,7 +86,7 @@ class _Batcher:
 
     def flush(self) -> None:
         if self.landed > self.fed:
-            self.lane.feed(self.hasher, self.body[self.fed:self.landed])
+            self.lane.feed(self.hasher.update, self.body[self.fed:self.landed])
             self.fed = self.landed
 
 

@@ -60,9 +60,7 @@ import errno
 import ipaddress
 import json
 import logging
-import queue
 import ssl
-import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable
@@ -87,7 +85,7 @@ from akorun.transport.admission import (
 from akorun.transport.answers import ANSWER_TEXT_MAX_CHARS, DAMAGED
 from akorun.transport.control import CONTROL_BODY_MAX_BYTES, ControlError, ControlKind
 from akorun.transport.datapath import MAGIC as DATA_PATH_MAGIC
-from akorun.transport.datapath_server import DataConnection, DigestLane
+from akorun.transport.datapath_server import DataConnection
 from akorun.transport.emulated_links import DownlinkShaper
 from akorun.transport.keys import (
     AUTH_HEADER,
@@ -97,6 +95,7 @@ from akorun.transport.keys import (
     RequestVerifier,
     ack_body,
 )
+from akorun.transport.ordered_lane import OrderedLane
 from akorun.transport.routing import ControlTable
 from akorun.transport.sender import (
     DOWNLINK_WAIT_HEADER,
@@ -179,65 +178,11 @@ async def _read_body_inline(content: StreamReader, values: np.ndarray,
         filled = end
 
 
-class _HashLane:
-    """A thread that, for one body at a time, copies the received chunks into the
-    body's buffer and feeds its `BodyHasher`, strictly in the order they were read.
-
-    The loop hands a chunk over with `feed` (a queue put: no future, no executor
-    round trip per chunk) and keeps reading; `drained` resolves once every chunk fed
-    so far has been copied and hashed (with the lane's error, if one happened).
-    """
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="hash-lane", daemon=True)
-        self._thread.start()
-
-    def feed(self, target: np.ndarray, start: int, end: int, chunk: bytes,
-             verifier: BodyHasher) -> None:
-        self._queue.put((target, start, end, chunk, verifier))
-
-    def drained(self) -> asyncio.Future[None]:
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
-        self._queue.put((loop, done))
-        return done
-
-    def stop(self) -> None:
-        self._queue.put(None)
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            if len(item) == 2:
-                loop, done = item
-                error, self._error = self._error, None
-                try:
-                    loop.call_soon_threadsafe(_resolve, done, error)
-                except RuntimeError:  # the loop is closed: nobody waits any more
-                    pass
-            elif self._error is None:
-                target, start, end, chunk, verifier = item
-                try:
-                    target[start:end] = np.frombuffer(chunk, dtype=np.uint8)
-                    verifier.update(chunk)
-                except BaseException as error:  # reported to the loop by `drained`
-                    self._error = error
-                # hold no reference to the body's buffer between bodies (the pool's check)
-                target = chunk = None
-            item = None
-
-
-def _resolve(done: asyncio.Future[None], error: BaseException | None) -> None:
-    if done.done():
-        return
-    if error is None:
-        done.set_result(None)
-    else:
-        done.set_exception(error)
+def _copy_and_hash(target: np.ndarray, start: int, end: int, chunk: bytes,
+                   verifier: BodyHasher) -> None:
+    """One chunk of an HTTP body: into its buffer and its hasher (on an `OrderedLane`)."""
+    target[start:end] = np.frombuffer(chunk, dtype=np.uint8)
+    verifier.update(chunk)
 
 
 class Host(Protocol):
@@ -414,7 +359,7 @@ class Server:
         self.header_deadline_s = HEADER_DEADLINE_S
         self.guards: dict[asyncio.Protocol, _Guard] = {}
         self.data_connections: weakref.WeakSet[DataConnection] = weakref.WeakSet()
-        self._digest_lanes: list[DigestLane] = []  # idle data-path hashing threads
+        self._digest_lanes: list[OrderedLane] = []  # idle data-path hashing threads
         self.max_connections = max(MIN_CONNECTIONS, CONNECTIONS_PER_RANK * host.world)
         self._listener: asyncio.Server | None = None
         self.app.router.add_post("/v1/partial", self.partial)
@@ -423,7 +368,7 @@ class Server:
         self.app.router.add_get("/metrics", self.metrics)
         self.app.router.add_get("/status", self.status)
         self.runner: web.AppRunner | None = None
-        self._free_lanes: list[_HashLane] = []  # idle hashing threads (made on demand)
+        self._free_lanes: list[OrderedLane] = []  # idle hashing threads (made on demand)
         self._lanes_open = True
 
     # ---------------------------------------------------------------- lifecycle
@@ -493,11 +438,11 @@ class Server:
         while self._digest_lanes:
             self._digest_lanes.pop().stop()
 
-    def take_digest_lane(self) -> DigestLane:
+    def take_digest_lane(self) -> OrderedLane:
         """An idle hashing thread for a data-path body (made on demand)."""
-        return self._digest_lanes.pop() if self._digest_lanes else DigestLane()
+        return self._digest_lanes.pop() if self._digest_lanes else OrderedLane("digest-lane")
 
-    def give_back_digest_lane(self, lane: DigestLane) -> None:
+    def give_back_digest_lane(self, lane: OrderedLane) -> None:
         if self._lanes_open:
             self._digest_lanes.append(lane)
         else:
@@ -630,7 +575,7 @@ class Server:
         the hasher, in order, while the loop keeps reading (blake3 and numpy's copy
         release the GIL). Returns once the lane is done with every chunk, even on error,
         so that no body outlives its read slot."""
-        lane = self._free_lanes.pop() if self._free_lanes else _HashLane()
+        lane = self._free_lanes.pop() if self._free_lanes else OrderedLane("hash-lane")
         target = values.view(np.uint8)
         filled = 0
         try:
@@ -642,7 +587,7 @@ class Server:
                 end = filled + len(chunk)
                 if end > nbytes:
                     raise WireError(f"body longer than {nbytes} bytes", Status.MALFORMED)
-                lane.feed(target, filled, end, chunk, verifier)
+                lane.feed(_copy_and_hash, target, filled, end, chunk, verifier)
                 filled = end
         finally:
             drained = lane.drained()
