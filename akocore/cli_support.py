@@ -14,7 +14,9 @@ flag gets a did-you-mean line from the flags of the (sub)command that was given.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
+import io
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -107,3 +109,17 @@ def flag_text(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+def parse_quietly(parser: argparse.ArgumentParser, argv: Sequence[str],
+                  fallback: str) -> argparse.Namespace:
+    """`parser.parse_args(argv)` for a Python call: a bad argument raises `UsageError`
+    with the parser's own one-line message (`fallback` if it printed none) instead of
+    printing to stderr and exiting."""
+    error = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(error):
+            return parser.parse_args(list(argv))
+    except SystemExit:
+        lines = error.getvalue().strip().splitlines()
+        raise UsageError(lines[-1] if lines else fallback) from None

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from akocore.cli_support import flag_text, subcommand_parser
+from akocore.cli_support import flag_text, parse_quietly, subcommand_parser
 from akorun.errors import UsageError
 
 if TYPE_CHECKING:
@@ -346,13 +346,7 @@ def _flags(command: str, config: Any, dotted: Mapping[str, Any] | None,
 def _parse(command: str, argv: Sequence[str]) -> argparse.Namespace:
     from akorun.launch.commands import build_parser
 
-    error = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(error):
-            return build_parser().parse_args([command, *argv])
-    except SystemExit:
-        lines = error.getvalue().strip().splitlines()
-        raise UsageError(lines[-1] if lines else f"akorun {command}: bad settings") from None
+    return parse_quietly(build_parser(), [command, *argv], f"akorun {command}: bad settings")
 
 
 __all__ = ["Exchange", "init", "launch", "run_worker"]

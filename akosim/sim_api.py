@@ -20,8 +20,6 @@ TypeError naming the keywords there are.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
 import sys
 import uuid
@@ -29,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from akocore.cli_support import UsageError, flag_text, subcommand_parser
+from akocore.cli_support import flag_text, parse_quietly, subcommand_parser
 
 if TYPE_CHECKING:
     from akocore.results import PlanResult, RunResult
@@ -221,13 +219,7 @@ def _settings_without_flags() -> dict[str, str]:
 def _parse(command: str, argv: Sequence[str]) -> argparse.Namespace:
     from akosim.cli import build_parser
 
-    error = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(error):
-            return build_parser().parse_args([command, *argv])
-    except SystemExit:
-        line = error.getvalue().strip().splitlines()
-        raise UsageError(line[-1] if line else f"akosim {command}: bad settings") from None
+    return parse_quietly(build_parser(), [command, *argv], f"akosim {command}: bad settings")
 
 
 __all__ = ["plan", "predict", "simulate", "train", "workload_name"]
