@@ -80,6 +80,7 @@ from akorun.runtime.greeting import GREET_TIMEOUT_S, RETRY_S, Unverified, greet,
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.phase import Phase, PhaseMachine
 from akorun.runtime.waiting import Waiter
+from akorun.transport.cancelling import cancel_and_wait
 from akorun.transport.client import ControlClient
 from akorun.transport.control import ControlError, ControlKind
 
@@ -415,8 +416,7 @@ class Join:
         finally:
             watching.cancel()
         if not hellos.done():
-            hellos.cancel()
-            await asyncio.gather(hellos, return_exceptions=True)
+            await cancel_and_wait([hellos], what="the join's hellos")
             watching.result()  # its RunError
         return hellos.result()
 

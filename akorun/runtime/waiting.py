@@ -24,6 +24,7 @@ import logging
 from collections.abc import Callable, Collection
 
 from akocore.schemes import SchemeNode
+from akorun.transport.cancelling import raise_if_cancelling
 
 log = logging.getLogger("akorun")
 
@@ -82,6 +83,7 @@ class Waiter:
             await asyncio.wait_for(self.wake.wait(), poll_s)
         except TimeoutError:
             pass
+        raise_if_cancelling()  # a cancellation that wait_for returned over
 
     async def until(self, done: Callable[[], bool], timeout_s: float | None = None,
                     poll_s: float = POLL_S) -> bool:

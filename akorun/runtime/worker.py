@@ -68,6 +68,7 @@ from akorun.runtime.roles import role_for
 from akorun.runtime.stopping import StopAgreement
 from akorun.runtime.training import TrainingLoop
 from akorun.runtime.waiting import GATE_STALL_TIMEOUTS, Waiter
+from akorun.transport.cancelling import cancel_and_wait
 from akorun.transport.client import ControlClient, binary_answer_cap, make_session
 from akorun.transport.control import ControlKind
 from akorun.transport.emulated_links import DownlinkShaper
@@ -445,9 +446,7 @@ class Worker:
                                f"{sorted(refused)} (an authenticated refusal, in the log and "
                                f"the result's refused_for_good): replicas are not equal")
         finally:
-            for task in self._tasks:
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await cancel_and_wait(self._tasks, what="the rank's background tasks")
             await self.outbox.stop()
             await session.close()
             await server.close()

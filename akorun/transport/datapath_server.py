@@ -29,6 +29,7 @@ from akocore.schemes import SchemeError
 from akorun.metrics import ByteWaits
 from akorun.transport.admission import refusal_worth_logging, wire_refusal
 from akorun.transport.answers import ANSWER_TEXT_MAX_CHARS, DAMAGED
+from akorun.transport.cancelling import raise_if_cancelling
 from akorun.transport.datapath import (
     PREAMBLE,
     FillingProtocol,
@@ -125,6 +126,7 @@ class DataConnection(FillingProtocol):
                         self.server.host.metrics.rejected["header_too_slow"] += 1
                     return
                 first = False
+                raise_if_cancelling()  # a cancellation that wait_for returned over
                 self.request_id = request_id_of(preamble)
                 try:
                     answer, keep = await self.request(preamble)

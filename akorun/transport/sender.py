@@ -97,6 +97,7 @@ from akorun.transport.answers import (
     read_bounded,
     verdict,
 )
+from akorun.transport.cancelling import cancel_and_wait, raise_if_cancelling
 from akorun.transport.datapath import FramingError
 from akorun.transport.datapath_client import PIPELINE_DEPTH, DataLink
 from akorun.transport.emulated_links import LinkShaper
@@ -325,6 +326,7 @@ class PeerSender:
                 await asyncio.wait_for(self._changed.wait(), poll_s)
             except TimeoutError:
                 pass
+            raise_if_cancelling()  # a cancellation that wait_for returned over
 
     # ---------------------------------------------------------------- tasks
 
@@ -333,10 +335,8 @@ class PeerSender:
             self._task = asyncio.create_task(self.run(), name=f"sender-{self.dest}")
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._task, *self._deliveries) if t is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait([self._task, *self._deliveries],
+                              what=f"deliveries to peer {self.dest}")
         self._task = None
         self._deliveries.clear()
         if self.datalink is not None:
@@ -432,6 +432,7 @@ class PeerSender:
                 if outcome is Outcome.REJECTED:
                     return
                 self.counters.retries += 1
+                raise_if_cancelling()  # a stop an inner wait_for swallowed ends it here
                 if not kicked:
                     await asyncio.sleep(self.policy.delay_s(attempt, self._rng))
                 attempt += 1
