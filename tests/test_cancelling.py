@@ -7,6 +7,7 @@ in its shutdown (seen once in the suite: a rank paused past the others' end)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import threading
 from collections.abc import Callable, Coroutine
@@ -105,3 +106,28 @@ def test_cancel_and_wait_returns_at_once_for_ended_tasks() -> None:
         assert done.done() and not done.cancelled()
 
     run_guarded(main)
+
+
+def test_cancel_and_wait_retrieves_what_the_tasks_ended_with(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A task (or a gather) that ends with an error when cancelled: retrieved, so asyncio
+    logs no "exception was never retrieved" (a traceback in a rank's log otherwise)."""
+    async def fails_when_cancelled() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            raise ValueError("ended badly") from None
+
+    async def main() -> None:
+        tasks: list[asyncio.Future[Any] | None] = [
+            asyncio.create_task(fails_when_cancelled()),
+            asyncio.ensure_future(asyncio.gather(asyncio.sleep(3600)))]
+        await asyncio.sleep(0)
+        await cancel_and_wait(tasks)
+        tasks.clear()
+        gc.collect()
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        run_guarded(main)
+        gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]

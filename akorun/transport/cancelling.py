@@ -20,12 +20,13 @@ RECANCEL_EVERY_S = 0.5  # a lost cancellation is retried this often
 STUCK_WARNING_AFTER_S = 10.0  # tasks still running then are named in the log once
 
 
-async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any] | None], *,
+async def cancel_and_wait(maybe_tasks: Iterable[asyncio.Future[Any] | None], *,
                           what: str = "tasks") -> None:
-    """Cancel `tasks` (None entries skipped) and return once all have ended, cancelling
+    """Cancel `maybe_tasks` (None entries skipped) and return once all have ended, cancelling
     again every RECANCEL_EVERY_S those that swallowed the request; their results and
     errors are discarded (the caller is shutting them down)."""
-    pending = {task for task in tasks if task is not None and not task.done()}
+    tasks = [task for task in maybe_tasks if task is not None]
+    pending = {task for task in tasks if not task.done()}
     waited_s = 0.0
     warned = False
     while pending:
@@ -37,6 +38,9 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any] | None], *,
             warned = True
             log.warning("%s still ending after %.0f s of cancellation: %s", what, waited_s,
                         ", ".join(sorted(_name(task) for task in pending)))
+    for task in tasks:  # retrieved, as gather(return_exceptions=True) would: asyncio then
+        if not task.cancelled():  # logs no "exception was never retrieved" for them
+            task.exception()
 
 
 def raise_if_cancelling() -> None:
