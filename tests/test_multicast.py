@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from akocore.optim import PlainSGD
 from akocore.schemes import SchemeSpec, build_nodes
 from akocore.ssp import DeliveryLog
+from akosim.sim import multicast
 from akosim.sim.multicast import MulticastDelivery
 
 
@@ -18,6 +19,21 @@ from akosim.sim.multicast import MulticastDelivery
 @given(workers=st.integers(2, 6), p=st.integers(1, 3), rounds=st.integers(1, 6),
        seed=st.integers(0, 2**31))
 def test_one_step_multicast_matches_per_node_delivery(workers, p, rounds, seed):
+    matches_per_node_delivery(workers, p, rounds, seed)
+
+
+@settings(max_examples=60, deadline=None)
+@given(workers=st.integers(2, 6), p=st.integers(1, 3), rounds=st.integers(1, 6),
+       seed=st.integers(0, 2**31))
+def test_the_large_cluster_path_matches_per_node_delivery(workers, p, rounds, seed):
+    """The two-slice update a multicast to all other nodes takes in large clusters,
+    forced on for small ones."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(multicast, "SLICED_FROM_NODES", 2)
+        matches_per_node_delivery(workers, p, rounds, seed)
+
+
+def matches_per_node_delivery(workers, p, rounds, seed):
     spec = SchemeSpec("ako", workers, (p,), staleness=float("inf"))
     fast_nodes = build_nodes(spec, 12, None, None)
     slow_nodes = build_nodes(spec, 12, None, None)

@@ -94,16 +94,14 @@ class AkoWorker(SchemeNode):
         super().__init__(rank, length, replica)
         if len(p_of) != workers:
             raise ValueError(f"need one p per worker ({workers}), got {len(p_of)}")
-        for p in p_of:
-            check_p(length, p)
+        self.p_of = _checked_p_of(length, tuple(p_of))
         ako_partition(0, 0, 1, schedule)  # validates the schedule name
         self.workers = workers
-        self.p_of = tuple(int(p) for p in p_of)
         self.p = self.p_of[rank]
         self.staleness = staleness
         self.schedule = schedule
         self.scale = reduce_scale(reduce, workers)
-        self.peers = tuple(j for j in range(workers) if j != rank)
+        self.peers = (*range(rank), *range(rank + 1, workers))
         self.log = ssp.DeliveryLog(self.peers, lambda sender, round_: 1, size=workers)
         self.final_round: dict[int, int] = {}
         self._final = np.full(workers, np.inf)  # final round per peer, inf until known
@@ -132,19 +130,32 @@ class AkoWorker(SchemeNode):
     def _gate_peers(self) -> list[int]:
         return np.flatnonzero(self._gate_mask()).tolist()
 
+    def _gated_min_round(self) -> int | None:
+        """min over the gated peers of the round each is contiguous through (None: no
+        peer gates). With no final round known and no peer suspended every peer
+        gates: the two slices around this rank, without building a mask (a 1,024-worker
+        simulation asks this a few times per worker and round)."""
+        contiguous = self.log.contiguous
+        if self.final_round or self.suspended:
+            rounds = contiguous[self._gate_mask()]
+            return int(rounds.min()) if rounds.size else None
+        rank = self.rank
+        lows = [int(part.min()) for part in (contiguous[:rank], contiguous[rank + 1:])
+                if part.size]
+        return min(lows) if lows else None
+
     def may_start(self, round_: int) -> bool:
         if round_ <= 0 or math.isinf(self.staleness):
             return True
-        return ssp.may_start(round_, self.log.contiguous[self._gate_mask()], self.staleness)
+        low = self._gated_min_round()
+        return low is None or (round_ - 1) - low <= self.staleness
 
     def waiting_on(self, round_: int) -> list[int]:
         return ssp.blocking_peers(round_, self.log.contiguous, self._gate_peers(), self.staleness)
 
     def lag(self, round_: int) -> int:
-        rounds = self.log.contiguous[self._gate_mask()]
-        if round_ <= 0 or rounds.size == 0:
-            return 0
-        return max(0, round_ - 1 - int(rounds.min()))
+        low = self._gated_min_round() if round_ > 0 else None
+        return 0 if low is None else max(0, round_ - 1 - low)
 
     def _send_round(self, round_: int, final: bool) -> Send:
         k = ako_partition(self.rank, round_, self.p, self.schedule)
@@ -348,3 +359,15 @@ class AkoScheme(Scheme):
 
 
 AKO = AkoScheme()
+
+
+def _checked_p_of(length: int, p_of: tuple[int, ...]) -> tuple[int, ...]:
+    """`p_of` as ints once every p fits `length` (PartitionError naming the first that
+    does not): vectorised, since each of n nodes checks all n p's (n^2 at 1,024 workers)."""
+    values = np.asarray(p_of)
+    if values.dtype.kind == "i" and values.size and values.min() >= 1 \
+            and values.max() <= length:
+        return tuple(values.tolist())
+    for p in p_of:
+        check_p(length, p)
+    return tuple(int(p) for p in p_of)
