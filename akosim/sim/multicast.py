@@ -70,7 +70,10 @@ class MulticastDelivery:
                 node.log.share_rows(matrix.rounds[node.rank], matrix.pending[node.rank])
             self.matrix = matrix
         n = len(nodes)
-        self._others: dict[int, np.ndarray] = {}  # sender -> every other rank, ascending
+        # sender -> every other rank, ascending: made on first use, n^2 integers at most,
+        # as the shared matrix already is (comparing two slices with one arange instead
+        # measured 4% slower over a whole 1,024 x 100 run)
+        self._others: dict[int, np.ndarray] = {}
         # Per watched node: the round every peer must reach, and how many have not.
         self.watched = np.zeros(n, dtype=bool)
         self.need_round = np.zeros(n, dtype=np.int64)
