@@ -232,7 +232,9 @@ def scheme_map(*, quick: bool = False, train: bool = True) -> SchemeMap:
 # ------------------------------------------------------------------ writing
 
 
-def _fmt_bytes(value: float | None) -> str:
+def bytes_text(value: float | None) -> str:
+    """A byte count for a table cell, three significant digits: 463000 -> "463 kB"
+    (the time-to-target report's tables too)."""
     if value is None:
         return "-"
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
@@ -335,7 +337,7 @@ def markdown(record: SchemeMap, png_name: str, discussion: str = "") -> str:
                   "bytes per worker per round | within the limit |",
                   "|---|---|---:|---:|---:|---|"]
         lines += [f"| {r.label} | {r.codec} | {r.samples_per_s:.0f} | "
-                  f"{r.staleness_bound_rounds:g} | {_fmt_bytes(r.bytes_sent_per_worker_per_round)}"
+                  f"{r.staleness_bound_rounds:g} | {bytes_text(r.bytes_sent_per_worker_per_round)}"
                   f" | {'yes' if r.eligible else 'no'} |" for r in c.rows]
         lines.append("")
     if record.training:
@@ -357,8 +359,8 @@ def markdown(record: SchemeMap, png_name: str, discussion: str = "") -> str:
         lines += [f"| {t.bandwidth} | {t.latency} | {t.hidden} | {t.label} | "
                   f"{_fmt(t.time_to_target_s, '.1f')} | {_fmt(t.final_accuracy, '.3f')} | "
                   f"{t.rounds_to_target if t.rounds_to_target is not None else '-'} | "
-                  f"{_fmt_bytes(t.bytes_sent_per_worker_per_round)} | "
-                  f"{_fmt_bytes(t.bytes_to_target_per_worker)} |" for t in record.training]
+                  f"{bytes_text(t.bytes_sent_per_worker_per_round)} | "
+                  f"{bytes_text(t.bytes_to_target_per_worker)} |" for t in record.training]
         lines.append("")
     if discussion:
         lines += [discussion.strip(), ""]

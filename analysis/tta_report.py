@@ -23,6 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from analysis.scheme_map import bytes_text
 from analysis.tta_map import TtaMap, cells, read_map, winner
 from analysis.tta_testbed import (
     BUDGET_S,
@@ -68,15 +69,6 @@ def _fmt(value: float | None, spec: str = ".2f") -> str:
 
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:+.0f} %"
-
-
-def _bytes(value: float | None) -> str:
-    if value is None:
-        return "-"
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if value >= size:
-            return f"{value / size:.3g} {unit}"
-    return f"{value:.0f} B"
 
 
 def rounds_to_target(evaluations: Sequence[tuple[float, int, float]]) -> int | None:
@@ -159,8 +151,8 @@ def testbed_tables(rows: Sequence[TtaRow]) -> list[str]:
                 f" | {rounds or '-'} / {rounds_to_target(r.predicted_evaluations) or '-'}"
                 f" | {_fmt(r.measured_final_accuracy, '.3f')} | "
                 f"{_fmt(r.predicted_final_accuracy, '.3f')} | "
-                f"{_bytes(r.bytes_sent_per_worker_per_round)} | "
-                f"{_bytes(r.bytes_sent_per_worker_per_round * rounds if rounds else None)} | "
+                f"{bytes_text(r.bytes_sent_per_worker_per_round)} | "
+                f"{bytes_text(r.bytes_sent_per_worker_per_round * rounds if rounds else None)} | "
                 f"{load} |")
         lines.append("")
     return lines
