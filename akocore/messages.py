@@ -35,7 +35,8 @@ class Kind(IntEnum):
     GATHER = 6  # allreduce: an all-gather step of the ring
     MODEL = 7  # wagma, elastic: a replica's parameters sent for model averaging
     ELASTIC = 8  # elastic: the centre's elastic difference sent back to a worker
-    PSEUDO = 9  # diloco: a fragment of a worker's pseudo-gradient (theta_sync - theta)
+    PSEUDO = 9  # diloco: a fragment (or a chunk) of a worker's pseudo-gradient
+    PSEUDO_MEAN = 10  # diloco all-reduce: an owner's mean of one chunk of the pseudo-gradients
 
 
 # what a codec may carry, with error feedback: contributions a sender produced

@@ -1,8 +1,8 @@
 """akosim runs DiLoCo and Streaming DiLoCo: timing rows and real training (digits-mlp).
 
-Timing: a worker computes H inner steps between syncs and sends its pseudo-gradient
-(one fragment of it, for Streaming DiLoCo) to each of the n - 1 others per sync, so it
-sends (n - 1)·S/H bytes per round on average either way. Training: both learn digits,
+Timing: a worker computes H inner steps between syncs and all-reduces its
+pseudo-gradient (one fragment of it, for Streaming DiLoCo) per sync: 2(n - 1)/n·S/H
+bytes per round on average either way ((n - 1)·S/H with the all-to-all sync). Training: both learn digits,
 with and without a codec on the pseudo-gradients.
 """
 
@@ -32,17 +32,22 @@ def _setup(scheme: str, length: int, rounds: int, **exchange: object) -> Setup:
                  StopRule(rounds=rounds, drain=True))
 
 
+COPIES = {"allreduce": 2 * (WORKERS - 1) / WORKERS, "all-to-all": WORKERS - 1}
+
+
+@pytest.mark.parametrize("outer_sync", sorted(COPIES))
 @pytest.mark.parametrize(("scheme", "knobs", "label"), [
     ("diloco", {"inner_steps": 10}, "diloco H=10"),
     ("streaming-diloco", {"inner_steps": 10, "fragments": 5, "overlap_steps": 1},
      "streaming-diloco H=10 P=5 tau=1"),
 ])
 def test_timing_rows_charge_h_inner_steps_per_pseudo_gradient_exchange(
-        scheme: str, knobs: dict, label: str) -> None:
-    (run,) = configured_runs(_setup(scheme, LENGTH, 40, **knobs))
+        scheme: str, knobs: dict, label: str, outer_sync: str) -> None:
+    (run,) = configured_runs(_setup(scheme, LENGTH, 40, outer_sync=outer_sync, **knobs))
     assert run.bytes_sent_per_worker_per_round == pytest.approx(
-        (WORKERS - 1) * LENGTH * 4 / 10, rel=0.01)
-    assert run.label == label
+        COPIES[outer_sync] * LENGTH * 4 / 10, rel=0.01)
+    suffix = "" if outer_sync == "allreduce" else " all-to-all"
+    assert run.label == label + suffix
     assert run.staleness_bound_rounds == 9 + knobs.get("overlap_steps", 0)
 
 
@@ -83,11 +88,17 @@ def test_akosim_train_learns_digits(scheme: str, knobs: dict, workload) -> None:
     assert run.final_accuracy > max(0.7, before + 0.3), (before, run.final_accuracy)
 
 
-def test_the_round_time_counts_one_sync_per_h_rounds() -> None:
-    """1 Mbit/s NICs: a sync sends 3 pseudo-gradients of 160 kB from each uplink (3.84 s);
-    per H = 10 rounds that is 10 x 10 ms compute + 3.84 s + 2 ms latency, whatever the run's
-    length (the steady window is whole periods)."""
-    expected = (10 * 0.01 + 3 * LENGTH * 4 * 8 / 1e6 + 0.002) / 10
+@pytest.mark.parametrize("outer_sync", sorted(COPIES))
+def test_the_round_time_counts_one_sync_per_h_rounds(outer_sync: str) -> None:
+    """1 Mbit/s NICs, a 160 kB pseudo-gradient. All-reduce: each uplink sends its 3 chunks
+    of 40 kB to their owners (0.96 s), then each owner its mean to the 3 others (0.96 s),
+    each step a 2 ms latency. All-to-all: 3 whole copies (3.84 s) and one latency. Per
+    H = 10 rounds that is 10 x 10 ms compute plus the sync, whatever the run's length
+    (the steady window is whole periods)."""
+    steps = 2 if outer_sync == "allreduce" else 1
+    sync_s = COPIES[outer_sync] * LENGTH * 4 * 8 / 1e6 + steps * 0.002
+    expected = (10 * 0.01 + sync_s) / 10
     for rounds in (20, 27, 40):
-        (run,) = configured_runs(_setup("diloco", LENGTH, rounds, inner_steps=10))
+        (run,) = configured_runs(_setup("diloco", LENGTH, rounds, inner_steps=10,
+                                        outer_sync=outer_sync))
         assert run.round_time_s == pytest.approx(expected, rel=0.02), rounds

@@ -230,7 +230,17 @@ def test_eager_streaming_diloco_without_overlap_is_streaming_diloco_bit_for_bit(
         np.testing.assert_array_equal(eager.anchor, plain.anchor)
 
 
-def test_eager_updates_average_the_own_delta_as_of_the_outer_step() -> None:
+def _deliver_all(nodes: list, sends: list) -> None:
+    """Deliver `sends` and everything they cause, in order, until nothing is in flight."""
+    queue = list(sends)
+    while queue:
+        send = queue.pop(0)
+        for dest in send.dests:
+            queue.extend(nodes[dest].receive(send.message).effects)
+
+
+@pytest.mark.parametrize("outer_sync", ["allreduce", "all-to-all"])
+def test_eager_updates_average_the_own_delta_as_of_the_outer_step(outer_sync: str) -> None:
     """2 workers, H = 2, P = 1, tau = 1, outer SGD lr 1: the sync starts after round 0 and
     lands after round 1. Non-eager, every rank averages both round-0 deltas; eager, each
     rank takes its own delta with its round-1 step and the other's round-0 delta."""
@@ -240,11 +250,10 @@ def test_eager_updates_average_the_own_delta_as_of_the_outer_step() -> None:
     for eager in (False, True):
         spec = SchemeSpec("streaming-diloco", 2, options=(
             ("inner_steps", 2), ("outer_lr", 1.0), ("outer_momentum", 0.0), ("fragments", 1),
-            ("overlap_steps", 1), ("eager", eager)))
+            ("overlap_steps", 1), ("eager", eager), ("outer_sync", outer_sync)))
         nodes = build_nodes(spec, 4, theta0, PlainSGD(LR))
-        sends = [nodes[r].local_step(0, g[(r, 0)]) for r in (0, 1)]
+        _deliver_all(nodes, [send for r in (0, 1) for send in nodes[r].local_step(0, g[(r, 0)])])
         for r in (0, 1):
-            nodes[1 - r].receive(sends[r][0].message)
             nodes[r].local_step(1, g[(r, 1)])
         for r in (0, 1):
             own = g[(r, 0)] + (g[(r, 1)] if eager else 0)

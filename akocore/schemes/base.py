@@ -132,6 +132,12 @@ class SchemeNode(ABC):
         """The shell found `peer` silent past the peer timeout: leave the gate."""
         self.suspended.add(peer)
 
+    def take_effects(self) -> list[Send]:
+        """Sends an event that returns no effects made necessary (a suspended peer owned
+        what others must now send elsewhere: diloco's all-reduce re-forms); the shell
+        asks after `suspend_peer` and while it waits, and sends them."""
+        return []
+
     def resume_peer(self, peer: int) -> None:
         """`peer` spoke again: it rejoins the gate."""
         self.suspended.discard(peer)

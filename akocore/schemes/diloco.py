@@ -40,27 +40,28 @@ its delta itself (`SchemeNode.coded`, error feedback per fragment range) and
 averages the *decoded* value of its own delta, the value every peer decodes,
 so every replica sums the same values and the anchors stay bit-equal.
 
-The exchange is an **all-to-all of the fragment's pseudo-gradient** (each
-worker multicasts its delta to every peer, Kind.PSEUDO, keyed (sender, round
-the sync started, fragment)), not a ring all-reduce. Why: (1) it reuses the
-exactly-once machinery of Ako's partials (a re-sent delta is dropped by its
-key), (2) a member lost during a sync never stalls the others: the survivors
-average over the deltas they hold from live peers (a ring needs every member
-at every step, so allreduce stops the run on a lost rank), (3) the sync of a
-fragment is one message per peer, so the overlap of tau inner steps hides it
-whole, and (4) on the slow links DiLoCo is for, the (n-1)/n·2 volume advantage
-of a ring matters less than its 2(n-1) latency-bound steps. Its cost is (n-1)
-fragment copies leaving each uplink per sync instead of 2(n-1)/n.
+The exchange is an **all-reduce** of the fragment's pseudo-gradient by default
+(``exchange.outer_sync = "allreduce"``: a direct reduce-scatter to chunk owners,
+then an all-gather of the owners' means; akocore.schemes.diloco_sync), as
+every DiLoCo users compare against does: 2(n-1)/n fragment copies leave each
+uplink per sync, in two message latencies. ``outer_sync = "all-to-all"``
+keeps the earlier exchange (each worker multicasts its whole delta to every
+peer, Kind.PSEUDO keyed (sender, round the sync started, fragment)): (n-1)
+copies per uplink but one latency, so it can win for 2 workers (the same
+bytes) or on a path where latency dominates the fragment's transfer.
 
 Averaging: the mean over the contributing workers (own delta plus every peer
-delta that arrived or is awaited), summed in float64 in rank order, so every
-replica computes bit-identical anchors. A peer is awaited unless the shell
-suspended it (silent past the peer timeout) or its final marker says it
-stopped before that sync. After a member is killed during a sync, the
-survivors apply the sync without it once the peer timeout suspends it, and
-from then on average among themselves; if its delta reached some survivors
-and not others, their anchors differ by that one contribution (1/n of one
-pseudo-gradient) until the end of the run.
+delta that arrived or is awaited), summed in float64 in rank order (all-to-all:
+by every replica; all-reduce: by each chunk's owner, whose mean every replica
+applies), so every replica computes bit-identical anchors. A peer is awaited
+unless the shell suspended it (silent past the peer timeout) or its final
+marker says it stopped before that sync. After a member is killed during a
+sync, the survivors apply the sync without it once the peer timeout suspends
+it (all-reduce: the next live rank takes over the chunk it owned, and every
+survivor re-sends that chunk to it), and from then on average among
+themselves; if its delta reached some survivors and not others, their anchors
+differ by that one contribution (1/n of one pseudo-gradient) until the end of
+the run.
 
 Rounds are inner steps (one local gradient each), as for every other scheme,
 so ``train.rounds`` counts inner steps and a run whose rounds are a multiple
@@ -71,6 +72,7 @@ the other workers' last H - 1 + tau inner steps. ``exchange.reduce`` and
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -81,6 +83,14 @@ from akocore.messages import Kind, Partial, Receipt, Send
 from akocore.optim import FlatOptimizer
 from akocore.partition import check_p, partition_bounds
 from akocore.schemes.base import Replica, SchemeError, SchemeNode
+from akocore.schemes.diloco_sync import (
+    DEFAULT_OUTER_SYNC,
+    OUTER_SYNCS,
+    ChunkState,
+    chunk_bounds,
+    mean_of,
+    owner_of,
+)
 from akocore.schemes.protocol import ReplicaOf, Scheme
 
 if TYPE_CHECKING:
@@ -128,8 +138,9 @@ class _Sync:
     due: int
     fragment: int
     own: np.ndarray | None
-    deltas: dict[int, np.ndarray | None]
+    deltas: dict[int, np.ndarray | None]  # all-to-all: sender -> its delta
     at_start: np.ndarray | None = None  # eager: the fragment's local values at the start
+    chunks: ChunkState | None = None  # all-reduce: its chunks, owners and means
 
 
 class DilocoWorker(SchemeNode):
@@ -138,9 +149,13 @@ class DilocoWorker(SchemeNode):
     def __init__(self, rank: int, workers: int, length: int, *, replica: Replica,
                  inner_steps: int = DEFAULT_INNER_STEPS, fragments: int = 1,
                  overlap_steps: int = 0, merge_alpha: float = 0.0, eager: bool = False,
-                 outer: FlatOptimizer | None = None) -> None:
+                 outer: FlatOptimizer | None = None,
+                 outer_sync: str = DEFAULT_OUTER_SYNC) -> None:
         super().__init__(rank, length, replica)
         check_diloco_knobs(workers, length, inner_steps, fragments, overlap_steps, merge_alpha)
+        if outer_sync not in OUTER_SYNCS:
+            raise ValueError(f"exchange.outer_sync: got {outer_sync!r}, expected one of "
+                             f"{', '.join(OUTER_SYNCS)}")
         self.workers = workers
         self.inner_steps = inner_steps
         self.fragments = fragments
@@ -148,6 +163,7 @@ class DilocoWorker(SchemeNode):
         self.overlap_steps = overlap_steps
         self.merge_alpha = merge_alpha
         self.eager = eager
+        self.reduced = outer_sync == "allreduce"
         self.bounds = partition_bounds(length, fragments)
         self.peers = tuple(r for r in range(workers) if r != rank)
         self.outer: FlatOptimizer = outer if outer is not None else NesterovSGD(DEFAULT_OUTER_LR)
@@ -156,14 +172,20 @@ class DilocoWorker(SchemeNode):
         self.outer_state: list[Any] = [
             None if self.anchor is None else self.outer.init(self.anchor[self._slice(k)])
             for k in range(fragments)]
-        self.seen: set[tuple[int, int, int]] = set()
+        self.seen: set[tuple[int, int, int, int]] = set()  # (kind, sender, round, part)
         self.final_round: dict[int, int] = {}
         self.early: dict[tuple[int, int], dict[int, np.ndarray | None]] = {}  # (start, k)
+        self.early_chunks: dict[tuple[int, int], ChunkState] = {}  # all-reduce: (start, k)
         self.pending: list[_Sync] = []  # in start order; at most one while tau < H/P
         self.syncs_done = 0
+        self._due: list[Send] = []  # effects of a suspension, for take_effects
 
     def _slice(self, fragment: int) -> slice:
         return slice(int(self.bounds[fragment]), int(self.bounds[fragment + 1]))
+
+    def _chunk_bounds(self, fragment: int) -> np.ndarray:
+        window = self._slice(fragment)
+        return chunk_bounds(window.start, window.stop, self.workers)
 
     def sync_after(self, round_: int) -> tuple[int, int] | None:
         """(fragment, due round) when a sync starts after `round_`, else None."""
@@ -177,29 +199,69 @@ class DilocoWorker(SchemeNode):
     def _live(self, peer: int, start: int) -> bool:
         return peer not in self.suspended and self.final_round.get(peer, math.inf) > start
 
+    def _owner(self, chunk: int, start: int) -> int:
+        live = [r == self.rank or self._live(r, start) for r in range(self.workers)]
+        return owner_of(chunk, self.workers, live)
+
     def _missing(self, sync: _Sync) -> list[int]:
-        return [p for p in self.peers if p not in sync.deltas and self._live(p, sync.start)]
+        if sync.chunks is None:
+            return [p for p in self.peers if p not in sync.deltas and self._live(p, sync.start)]
+        missing: set[int] = set()
+        for c in sync.chunks.chunks():
+            if c in sync.chunks.means:
+                continue
+            owner = self._owner(c, sync.start)
+            if owner != self.rank:
+                missing.add(owner)
+            else:
+                held = sync.chunks.deltas.get(c, {})
+                missing.update(p for p in self.peers
+                               if p not in held and self._live(p, sync.start))
+        return sorted(missing)
+
+    def _complete(self, sync: _Sync) -> bool:
+        if sync.chunks is None:
+            return not self._missing(sync)
+        return sync.chunks.complete()
 
     def _try_apply(self) -> None:
         while self.pending and self.pending[0].due < self.next_round \
-                and not self._missing(self.pending[0]):
+                and self._complete(self.pending[0]):
             self._apply(self.pending.pop(0))
+
+    def _mean(self, sync: _Sync, window: slice) -> tuple[np.ndarray | None, np.ndarray]:
+        """(the mean delta of the sync, contributors per element as float32)."""
+        if sync.chunks is None:
+            own = sync.own
+            if sync.at_start is not None and own is not None:  # eager: own delta as of now
+                assert self.replica.params is not None
+                own = (own + (sync.at_start - self.replica.params[window])).astype(np.float32)
+            contributions = {self.rank: own, **sync.deltas}
+            count = np.full(window.stop - window.start, len(contributions), np.float32)
+            return mean_of(contributions, window.stop - window.start), count
+        mean = np.zeros(window.stop - window.start, np.float32)
+        count = np.ones(window.stop - window.start, np.float32)
+        for c in sync.chunks.chunks():
+            values, contributors = sync.chunks.means[c]
+            piece = slice(int(sync.chunks.bounds[c]) - window.start,
+                          int(sync.chunks.bounds[c + 1]) - window.start)
+            if values is None:
+                return None, count
+            mean[piece] = values
+            count[piece] = contributors
+        if sync.at_start is not None:  # eager: own delta as of now, with weight 1/count
+            assert self.replica.params is not None
+            moved = (sync.at_start - self.replica.params[window]).astype(np.float32)
+            mean = (mean + moved / count).astype(np.float32)
+        return mean, count
 
     def _apply(self, sync: _Sync) -> None:
         self.syncs_done += 1
         if self.anchor is None or self.replica.params is None:
             return
         window = self._slice(sync.fragment)
-        own = sync.own
-        if sync.at_start is not None and own is not None:  # eager: own delta as of now
-            own = (own + (sync.at_start - self.replica.params[window])).astype(np.float32)
-        contributions = {self.rank: own, **sync.deltas}
-        total = np.zeros(window.stop - window.start, np.float64)
-        for rank in sorted(contributions):
-            delta = contributions[rank]
-            assert delta is not None
-            total += delta
-        mean = (total / len(contributions)).astype(np.float32)
+        mean, _ = self._mean(sync, window)
+        assert mean is not None
         anchor, self.outer_state[sync.fragment] = self.outer.apply(
             self.anchor[window], self.outer_state[sync.fragment], mean)
         self.anchor[window] = anchor
@@ -222,6 +284,111 @@ class DilocoWorker(SchemeNode):
     def lag(self, round_: int) -> int:
         return 0 if not self.pending else max(0, round_ - self.pending[0].start - 1)
 
+    # ------------------------------------------------------------------ all-reduce
+
+    def _route(self, sync: _Sync) -> list[Send]:
+        """Send each chunk of the own delta whose mean is still to come to its owner, once
+        per owner (again when the owner changed), and reduce the chunks this rank owns."""
+        chunks = sync.chunks
+        assert chunks is not None
+        effects: list[Send] = []
+        for c in chunks.chunks():
+            if c in chunks.means:
+                continue
+            owner = self._owner(c, sync.start)
+            if owner != self.rank and chunks.sent_to.get(c) != owner:
+                effects.append(Send((owner,), chunks.own[c]))
+                chunks.sent_to[c] = owner
+        effects.extend(self._reduce_owned(sync))
+        return effects
+
+    def _reduce_owned(self, sync: _Sync) -> list[Send]:
+        """The means of the chunks this rank owns whose contributions are all in."""
+        chunks = sync.chunks
+        assert chunks is not None
+        effects: list[Send] = []
+        for c in chunks.chunks():
+            if c in chunks.means or self._owner(c, sync.start) != self.rank:
+                continue
+            held = chunks.deltas.get(c, {})
+            if any(p not in held and self._live(p, sync.start) for p in self.peers):
+                continue
+            piece = chunks.chunk(c)
+            mean = mean_of({self.rank: chunks.own[c].values, **held}, piece.stop - piece.start)
+            message = self._coded_mean(Partial(
+                Kind.PSEUDO_MEAN, self.rank, sync.start, self.workers + c, 1 + len(held),
+                piece.start, piece.stop - piece.start, mean))
+            chunks.means[c] = (message.values, message.p)
+            dests = tuple(p for p in self.peers if self._live(p, sync.start))
+            if dests:
+                effects.append(Send(dests, message))
+        return effects
+
+    def _coded_mean(self, message: Partial) -> Partial:
+        """The mean as the run's codec carries it, without error feedback: the owner
+        applies the decoded value its peers apply."""
+        if self.encoder is None:
+            return message
+        codec = self.encoder.codec
+        if message.values is None:
+            return dataclasses.replace(message, codec=codec.name)
+        payload, decoded, _ = codec.encode_decoded(message.values, None)
+        return dataclasses.replace(message, values=decoded, payload=payload, codec=codec.name)
+
+    def _start_chunks(self, sync: _Sync, produced: np.ndarray | None) -> list[Send]:
+        """Code every chunk of the own delta (error feedback per chunk) and route them."""
+        chunks = ChunkState(self._chunk_bounds(sync.fragment))
+        window = self._slice(sync.fragment)
+        for c in chunks.chunks():
+            piece = chunks.chunk(c)
+            values = None if produced is None else \
+                produced[piece.start - window.start:piece.stop - window.start]
+            message = self.coded(Partial(Kind.PSEUDO, self.rank, sync.start, c, self.workers,
+                                         piece.start, piece.stop - piece.start, values))
+            chunks.own[c] = message
+        early = self.early_chunks.pop((sync.start, sync.fragment), None)
+        if early is not None:
+            chunks.take_early(early)
+        sync.chunks = chunks
+        return self._route(sync)
+
+    def _reroute(self) -> list[Send]:
+        """Who is live changed: chunks whose owner changed go to the new owner, and a
+        contribution no longer awaited may complete a chunk this rank owns."""
+        effects: list[Send] = []
+        for sync in self.pending:
+            if sync.chunks is not None:
+                effects.extend(self._route(sync))
+        return effects
+
+    def take_effects(self) -> list[Send]:
+        due, self._due = self._due, []
+        return due
+
+    def _receive_chunk(self, msg: Partial, final: bool) -> list[Send]:
+        n = self.workers
+        if final:
+            self.final_round[msg.sender] = msg.round
+            return self._reroute()
+        c = msg.part % n
+        values = None if msg.values is None else msg.values.copy()
+        sync = next((s for s in self.pending if s.start == msg.round), None)
+        if sync is None:
+            if msg.round < self.next_round:
+                return []  # the sync was applied already: a late copy, or a second mean
+            fragment = self.sync_after(msg.round)
+            assert fragment is not None
+            target = self.early_chunks.setdefault(
+                (msg.round, fragment[0]), ChunkState(self._chunk_bounds(fragment[0])))
+        else:
+            assert sync.chunks is not None
+            target = sync.chunks
+        if msg.kind == Kind.PSEUDO_MEAN:
+            target.means.setdefault(c, (values, msg.p))
+            return []
+        target.deltas.setdefault(c, {})[msg.sender] = values
+        return [] if sync is None else self._reduce_owned(sync)
+
     # ------------------------------------------------------------------ events
 
     def local_step(self, round_: int, grad: np.ndarray | None) -> list[Send]:
@@ -241,37 +408,68 @@ class DilocoWorker(SchemeNode):
             produced = None
             if self.anchor is not None and self.replica.params is not None:
                 produced = (self.anchor[window] - self.replica.params[window]).astype(np.float32)
-            # coded here, not by the hook on the way out: the sync averages the value
-            # every peer decodes, own contribution included, so replicas stay equal
-            message = self.coded(Partial(Kind.PSEUDO, self.rank, round_, fragment,
-                                         self.fragments, window.start,
-                                         window.stop - window.start, produced))
-            own = None if message.values is None else message.values.copy()
-            sync = _Sync(round_, due, fragment, own, self.early.pop((round_, fragment), {}))
+            if self.reduced:
+                sync = _Sync(round_, due, fragment, None, {})
+            else:
+                # coded here, not by the hook on the way out: the sync averages the value
+                # every peer decodes, own contribution included, so replicas stay equal
+                message = self.coded(Partial(Kind.PSEUDO, self.rank, round_, fragment,
+                                             self.fragments, window.start,
+                                             window.stop - window.start, produced))
+                own = None if message.values is None else message.values.copy()
+                sync = _Sync(round_, due, fragment, own, self.early.pop((round_, fragment), {}))
+                effects.append(Send(self.peers, message))
             if self.eager and self.replica.params is not None:
                 sync.at_start = self.replica.params[window].copy()
             self.pending.append(sync)
-            effects.append(Send(self.peers, message))
+            if self.reduced:
+                effects.extend(self._start_chunks(sync, produced))
         self._try_apply()
         return effects
 
-    def receive(self, msg: Partial) -> Receipt:
-        if msg.kind != Kind.PSEUDO or msg.sender not in self.peers \
-                or not 0 <= msg.part <= self.fragments or msg.p != self.fragments:
+    def _check_message(self, msg: Partial) -> bool:
+        """SchemeError unless `msg` is one a correct peer sends; True for a final marker."""
+        n, parts = self.workers, self.fragments
+        if self.reduced:
+            kinds, last, p_ok = (Kind.PSEUDO, Kind.PSEUDO_MEAN), 2 * n, \
+                (msg.p == n if msg.kind == Kind.PSEUDO else 1 <= msg.p <= n)
+        else:
+            kinds, last, p_ok = (Kind.PSEUDO,), parts, msg.p == parts
+        if msg.kind not in kinds or msg.sender not in self.peers \
+                or not 0 <= msg.part <= last or not p_ok:
             raise SchemeError(f"diloco worker {self.rank}: unexpected {msg.kind.name} "
                               f"part {msg.part} of {msg.p} from node {msg.sender}")
-        final = msg.part == self.fragments
-        window = self._slice(msg.part) if not final else slice(0, 0)
-        if not final and (msg.offset, msg.length) != (window.start, window.stop - window.start):
-            raise SchemeError(f"a pseudo-gradient of fragment {msg.part} spans "
-                              f"[{window.start}, {window.stop})")
-        if not final and self.sync_after(msg.round) != (msg.part, msg.round + self.overlap_steps):
-            raise SchemeError(f"no sync of fragment {msg.part} starts after round {msg.round}")
-        self._check_values(msg)
-        if msg.key in self.seen:
-            return Receipt(False)
-        self.seen.add(msg.key)
+        final = msg.part == last and msg.kind == Kind.PSEUDO
         if final:
+            return True
+        starting = self.sync_after(msg.round)
+        fragment = msg.part if not self.reduced else None if starting is None else starting[0]
+        if starting is None or starting[0] != fragment \
+                or (self.reduced and (msg.part < n) != (msg.kind == Kind.PSEUDO)):
+            raise SchemeError(f"no sync of part {msg.part} starts after round {msg.round}")
+        if self.reduced:
+            bounds = self._chunk_bounds(fragment)
+            c = msg.part % n
+            span = (int(bounds[c]), int(bounds[c + 1] - bounds[c]))
+        else:
+            window = self._slice(fragment)
+            span = (window.start, window.stop - window.start)
+        if (msg.offset, msg.length) != span or not msg.length:
+            raise SchemeError(f"a pseudo-gradient of part {msg.part} spans "
+                              f"[{span[0]}, {span[0] + span[1]})")
+        return False
+
+    def receive(self, msg: Partial) -> Receipt:
+        final = self._check_message(msg)
+        self._check_values(msg)
+        key = (int(msg.kind), *msg.key)
+        if key in self.seen:
+            return Receipt(False)
+        self.seen.add(key)
+        effects: list[Send] = []
+        if self.reduced:
+            effects = self._receive_chunk(msg, final)
+        elif final:
             self.final_round[msg.sender] = msg.round
         else:
             values = None if msg.values is None else msg.values.copy()
@@ -283,17 +481,21 @@ class DilocoWorker(SchemeNode):
                 self.early.setdefault((msg.round, msg.part), {})[msg.sender] = values
             # else: the sync was applied without this peer (suspended): drop it
         self._try_apply()
-        return Receipt(True)
+        return Receipt(True, tuple(effects))
 
     def suspend_peer(self, peer: int) -> None:
         super().suspend_peer(peer)
+        if self.reduced:
+            self._due.extend(self._reroute())
         self._try_apply()
 
     def finish(self, rounds_done: int) -> list[Send]:
         if rounds_done != self.next_round:
             raise SchemeError(f"node {self.rank}: finish after {rounds_done} rounds")
         self.finished = True
-        marker = Partial(Kind.PSEUDO, self.rank, rounds_done, self.fragments, self.fragments,
+        last = 2 * self.workers if self.reduced else self.fragments
+        marker = Partial(Kind.PSEUDO, self.rank, rounds_done, last,
+                         self.workers if self.reduced else self.fragments,
                          0, 0, None if self.replica.params is None else np.zeros(0, np.float32),
                          True)
         return [Send(self.peers, marker)]
@@ -306,7 +508,7 @@ class DilocoWorker(SchemeNode):
     def _try_apply_finished(self) -> None:
         """After finish, a sync whose overlap runs past the last round applies when its
         deltas are in (the rounds that would have overlapped it never come)."""
-        while self.finished and self.pending and not self._missing(self.pending[0]):
+        while self.finished and self.pending and self._complete(self.pending[0]):
             self._apply(self.pending.pop(0))
 
     def settle(self) -> None:
@@ -336,13 +538,20 @@ def check_diloco_knobs(workers: int, length: int, inner_steps: int, fragments: i
         raise ValueError(f"exchange.merge_alpha: got {merge_alpha}, expected 0 <= alpha <= 1")
 
 
+def _sync_label(exchange: ExchangeConfig) -> str:
+    """" all-to-all" when the sync is not the default all-reduce."""
+    sync = getattr(exchange, "outer_sync", DEFAULT_OUTER_SYNC)
+    return "" if sync == DEFAULT_OUTER_SYNC else f" {sync}"
+
+
 class DilocoScheme(Scheme):
     """DiLoCo: H inner steps, then an outer Nesterov step on the mean pseudo-gradient."""
 
     name = "diloco"
     summary = "H local optimizer steps, then an outer step on averaged pseudo-gradients"
-    keys: ClassVar[tuple[str, ...]] = ("inner_steps", "outer_lr", "outer_momentum")
-    pattern = "all-to-all"
+    keys: ClassVar[tuple[str, ...]] = ("inner_steps", "outer_lr", "outer_momentum",
+                                       "outer_sync")
+    pattern = "all-reduce"
     _fragmented: ClassVar[bool] = False  # whether exchange.fragments is read
 
     def _streaming(self, spec: SchemeSpec) -> dict[str, Any]:
@@ -351,6 +560,7 @@ class DilocoScheme(Scheme):
 
     def _knobs(self, spec: SchemeSpec) -> dict[str, Any]:
         return {"inner_steps": int(spec.option("inner_steps", DEFAULT_INNER_STEPS)),
+                "outer_sync": str(spec.option("outer_sync", DEFAULT_OUTER_SYNC)),
                 **self._streaming(spec)}
 
     def check_spec(self, spec: SchemeSpec) -> None:
@@ -384,7 +594,7 @@ class DilocoScheme(Scheme):
         return int(exchange.inner_steps) // (int(exchange.fragments) if self._fragmented else 1)
 
     def label(self, exchange: ExchangeConfig) -> str:
-        return f"H={exchange.inner_steps}"
+        return f"H={exchange.inner_steps}{_sync_label(exchange)}"
 
 
 class StreamingDilocoScheme(DilocoScheme):
@@ -393,7 +603,8 @@ class StreamingDilocoScheme(DilocoScheme):
     name = "streaming-diloco"
     summary = "DiLoCo syncing P fragments in turn, each sync overlapped with tau inner steps"
     keys: ClassVar[tuple[str, ...]] = ("inner_steps", "outer_lr", "outer_momentum",
-                                       "fragments", "overlap_steps", "merge_alpha", "eager")
+                                       "outer_sync", "fragments", "overlap_steps",
+                                       "merge_alpha", "eager")
     _fragmented: ClassVar[bool] = True
 
     def _streaming(self, spec: SchemeSpec) -> dict[str, Any]:
@@ -408,7 +619,7 @@ class StreamingDilocoScheme(DilocoScheme):
     def label(self, exchange: ExchangeConfig) -> str:
         eager = " eager" if exchange.eager else ""
         return (f"H={exchange.inner_steps} P={exchange.fragments} "
-                f"tau={exchange.overlap_steps}{eager}")
+                f"tau={exchange.overlap_steps}{eager}{_sync_label(exchange)}")
 
 
 DILOCO = DilocoScheme()

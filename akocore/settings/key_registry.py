@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from akocore.schemes.diloco_sync import OUTER_SYNCS
 from akocore.schemes.named import SCHEME_NAMES
 from akocore.settings.normalise import (
     EMULATE_MODES,
@@ -257,6 +258,14 @@ KEYS: tuple[Key, ...] = (
          flag="--outer-momentum", metavar="M",
          tools=_DILOCO_TOOLS,
          flag_help="scheme diloco, streaming-diloco: outer Nesterov momentum, e.g. 0.9"),
+    _run("exchange", "outer_sync", "outer_sync",
+         "scheme diloco, streaming-diloco: how the pseudo-gradients are averaged: allreduce "
+         "(reduce-scatter to chunk owners, then all-gather: 2(n-1)/n copies per uplink) or "
+         "all-to-all (every worker sends its whole delta to every peer: n-1 copies, one "
+         "latency)",
+         flag="--outer-sync", choices=OUTER_SYNCS,
+         tools=_DILOCO_TOOLS,
+         flag_help="scheme diloco, streaming-diloco: allreduce (default) or all-to-all"),
     _run("exchange", "fragments", "fragments",
          "scheme streaming-diloco: P, fragments synced in turn (a divisor of inner_steps)",
          flag="--fragments", metavar="P",

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from akocore.codecs.codec_registry import CODEC_CHOICES, codec_named
+from akocore.schemes.diloco_sync import OUTER_SYNCS
 from akocore.schemes.ps_family import PS_MODES
 from akocore.schemes.registry import scheme_named, scheme_names
 from akocore.settings.normalise import (
@@ -235,6 +236,7 @@ class ExchangeConfig:
     inner_steps: int = 10  # diloco: H, inner optimizer steps between syncs of a fragment
     outer_lr: float = 0.7  # diloco: the outer optimizer's learning rate
     outer_momentum: float = 0.9  # diloco: the outer optimizer's Nesterov momentum
+    outer_sync: str = "allreduce"  # diloco: how pseudo-gradients are averaged
     fragments: int = 2  # streaming-diloco: P, fragments synced in turn
     overlap_steps: int = 1  # streaming-diloco: tau, inner steps a fragment's sync overlaps
     merge_alpha: float = 0.0  # streaming-diloco: weight of the local fragment at the merge
@@ -295,6 +297,8 @@ class ExchangeConfig:
                                 "factors > 0, one per training worker, e.g. [1, 0.5]")
                        for v in as_items(self.worker_lr_scale))
         set_field(self, "worker_lr_scale", scales)
+        set_field(self, "outer_sync", as_choice("exchange.outer_sync", self.outer_sync,
+                                                OUTER_SYNCS))
         for name, least in (("inner_steps", 1), ("fragments", 1), ("overlap_steps", 0)):
             set_field(self, name, as_int(f"exchange.{name}", getattr(self, name), least))
         for name, ok, expected in (  # diloco's; how they combine is checked by the scheme

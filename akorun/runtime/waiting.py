@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 
 from akocore.schemes import SchemeNode
 from akorun.transport.cancelling import raise_if_cancelling
@@ -46,6 +46,9 @@ class Waiter:
         self.scheme = "ako"  # the run's scheme, for the log (set with the next)
         self.can_continue_without: Callable[[int], bool] = lambda peer: True
         self.lost_peers: set[int] = set()  # peers the run stopped for (see `lose`)
+        # sends the scheme owes outside an event (a suspension re-forms diloco's
+        # all-reduce: SchemeNode.take_effects); every wait sends them as it polls
+        self.send_due: Callable[[], Awaitable[None]] | None = None
 
     def wake_up(self) -> None:
         self.wake.set()
@@ -84,6 +87,8 @@ class Waiter:
         except TimeoutError:
             pass
         raise_if_cancelling()  # a cancellation that wait_for returned over
+        if self.send_due is not None:
+            await self.send_due()
 
     async def until(self, done: Callable[[], bool], timeout_s: float | None = None,
                     poll_s: float = POLL_S) -> bool:

@@ -163,6 +163,7 @@ class Worker:
                              stall_limit_s=GATE_STALL_TIMEOUTS * options.peer_timeout_s)
         self.waiter.scheme = cfg.exchange.scheme
         self.waiter.can_continue_without = self.role.can_continue_without
+        self.waiter.send_due = self._send_due
         self.keys = RunKeys(options.settings.rank_keys(self.rank, self.world))
         self.signer = Signer(self.keys)
         self.verifier = RequestVerifier(self.keys, world=self.world)
@@ -351,6 +352,14 @@ class Worker:
         if refusal is not None:
             raise refusal  # 422 in the server: recorded with zero values, sender told
         return receipt.accepted
+
+    async def _send_due(self) -> None:
+        """Send what the scheme owes since a peer was suspended (SchemeNode.take_effects)."""
+        node = self.role.node
+        if node is not None:
+            due = node.take_effects()
+            if due:
+                await self.outbox.dispatch(due)
 
     def _on_relayed(self, partial: Partial) -> bool:
         """A partial of a lost peer another survivor forwarded (its endorsement checked,

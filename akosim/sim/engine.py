@@ -235,7 +235,10 @@ class Simulation:
         for send in effects:
             msg = send.message
             self.messages_sent += len(send.dests)
-            if line is not None and not self.nodes[src].finished:
+            node = self.nodes[src]
+            # the rounds' traffic: a sync or ring step of a round the node ran counts even
+            # when it leaves after the node's last round (what finish owes does not)
+            if line is not None and (not node.finished or msg.round < node.next_round):
                 line.bytes_sent += msg.nbytes * len(send.dests)
             token = _InFlight(msg, src, self.env.now, len(send.dests))
             net = self._streams if self.nodes[src].in_order_sends else self.net
