@@ -21,6 +21,7 @@ import pytest
 
 from akocore.codecs import codec_named
 from akocore.partition import partition_bounds
+from akocore.schemes.diloco_sync import chunk_bounds
 from akocore.workload import build_workload
 from akorun.testing import REPO_ROOT, LocalCluster, akorun_command, child_test_env
 from akorun.transport.wire import HEADER_SIZE
@@ -85,13 +86,23 @@ def test_coded_pseudo_gradients_leave_equal_replicas_and_weigh_the_encoded_size(
     last = slice(int(bounds[-2]), int(bounds[-1]))  # the fragment synced after round 19
     for replica in replicas[1:]:
         np.testing.assert_array_equal(replica[last], replicas[0][last])
-    # 4 syncs of 20 rounds (DiLoCo H = 5; Streaming windows of 5 rounds), each fragment's
-    # pseudo-gradient sent to the 2 peers: the codec's exact bytes plus the header
-    sizes = np.diff(bounds)
-    per_sync = [codec_named(codec).encoded_bytes(int(sizes[k % fragments])) for k in range(4)]
-    expected = 2 * sum(size + HEADER_SIZE for size in per_sync)
-    assert [w["bytes_sent_rounds"] for w in merged["per_worker"]] == [expected] * 3
-    assert expected < 0.3 * 2 * 4 * (theta0.size // fragments) * 4  # well under float32
+    # 4 syncs of 20 rounds (DiLoCo H = 5; Streaming windows of 5 rounds), each an
+    # all-reduce of the fragment in 3 chunks: rank r sends the 2 chunks it does not own to
+    # their owners and the mean of chunk r to the 2 peers, each message the codec's exact
+    # bytes plus the header
+    def sent_by(rank: int) -> int:
+        total = 0
+        for k in range(4):
+            chunks = np.diff(chunk_bounds(int(bounds[k % fragments]),
+                                          int(bounds[k % fragments + 1]), 3))
+            total += sum((2 if c == rank else 1)
+                         * (codec_named(codec).encoded_bytes(int(size)) + HEADER_SIZE)
+                         for c, size in enumerate(chunks))
+        return total
+
+    expected = [sent_by(rank) for rank in range(3)]
+    assert [w["bytes_sent_rounds"] for w in merged["per_worker"]] == expected
+    assert max(expected) < 0.3 * 2 * 4 * (theta0.size // fragments) * 4  # well under float32
     assert float(np.max(np.abs(replicas[0] - theta0))) > 1e-3
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 
 from akocore.config import RunConfig
-from akocore.messages import Send
+from akocore.messages import Partial, Send
 from akorun.metrics import Metrics, timed_call
 from akorun.transport.emulated_links import DownlinkShaper, LinkShaper
 from akorun.transport.keys import PARTIAL_PATH, PartialSealer, Signer
@@ -48,10 +48,11 @@ class Outbox:
     """The senders of one rank and what was handed to them."""
 
     def __init__(self, *, signer: Signer, metrics: Metrics,
-                 in_rounds: Callable[[], bool]) -> None:
+                 in_rounds: Callable[[Partial], bool]) -> None:
         self.signer = signer
         self.metrics = metrics
-        self.in_rounds = in_rounds  # are the rounds still going (else: the final flush)?
+        # does this message belong to the rounds (else: what finish owes, the final flush)?
+        self.in_rounds = in_rounds
         self.senders: dict[int, PeerSender] = {}
         self.bytes_queued_rounds = 0  # bytes handed to the senders during the rounds
         self.bytes_queued_flush = 0  # ... after them (node.finish, the final flush)
@@ -85,7 +86,7 @@ class Outbox:
             # as akosim counts: bytes handed to the network during the rounds; what
             # node.finish owes (the final flush) separately
             queued = len(data) * len(send.dests)
-            if self.in_rounds():
+            if self.in_rounds(message):
                 self.bytes_queued_rounds += queued
             else:
                 self.bytes_queued_flush += queued

@@ -168,7 +168,7 @@ class Worker:
         self.signer = Signer(self.keys)
         self.verifier = RequestVerifier(self.keys, world=self.world)
         self.outbox = Outbox(signer=self.signer, metrics=self.metrics,
-                             in_rounds=lambda: self.phase.is_(Phase.RUNNING))
+                             in_rounds=self._in_rounds)
         self.relay = Relay(rank=self.rank, peers=self.peers, node=lambda: self.role.node,
                            codec=self.codec,
                            signer=self.signer, verifier=self.verifier,
@@ -352,6 +352,15 @@ class Worker:
         if refusal is not None:
             raise refusal  # 422 in the server: recorded with zero values, sender told
         return receipt.accepted
+
+    def _in_rounds(self, message: Partial) -> bool:
+        """A message counts as the rounds' traffic while they run, and after them when it
+        belongs to a round that ran (a sync's mean leaving after the last round), as
+        akosim counts it; what finish owes (ako's flush, the markers) does not."""
+        if self.phase.is_(Phase.RUNNING):
+            return True
+        rounds_done = getattr(getattr(self, "training", None), "rounds_done", 0)
+        return not message.final and message.round < rounds_done
 
     async def _send_due(self) -> None:
         """Send what the scheme owes since a peer was suspended (SchemeNode.take_effects)."""
