@@ -26,6 +26,7 @@ from akocore.schemes.named import expansion
 from akocore.settings.key_registry import BY_DOTTED, RUN_SECTIONS, SECTIONS, SHELL_SECTIONS, Key
 from akocore.settings.normalise import ConfigError, is_unset, require_unit, show
 from akocore.settings.schema import AkorunConfig, AkosimConfig, RunConfig
+from akocore.settings.sites import BETWEEN_TABLE, SITE_TABLE, fold_sites
 
 STOP_KEYS = ("train.duration", "train.target_accuracy")
 ROUNDS_KEY = "train.rounds"
@@ -236,7 +237,7 @@ def resolve(givens: Iterable[Given], *, defaults: RunConfig | None = None,
     """Merge the layers over `defaults` (built-ins if None); errors say which layer gave
     the bad value. With `stop_rule` (the default), rounds is cleared as the module says;
     without it every value changes only its own key (for literal edits)."""
-    merged = _merge(fold_workload_args(list(givens), defaults))
+    merged = _merge(fold_sites(fold_workload_args(list(givens), defaults)))
     if stop_rule:
         _apply_stop_rule(merged)
     base = defaults if defaults is not None else RunConfig()
@@ -274,6 +275,12 @@ def layer_of(tables: Mapping[str, Any], layer: Layer, source: str = "") -> list[
         if section == WORKLOAD_TABLE and isinstance(body, Mapping):  # the workload's arguments
             givens += [Given(f"{WORKLOAD_TABLE}.{name}", value, layer, source)
                        for name, value in body.items()]
+            continue
+        if section == SITE_TABLE and isinstance(body, list):  # [[site]] tables
+            givens.append(Given(f"{SITE_TABLE}.list", body, layer, source))
+            continue
+        if section == BETWEEN_TABLE and isinstance(body, Mapping):  # [between]
+            givens.append(Given(f"{BETWEEN_TABLE}.link", dict(body), layer, source))
             continue
         if section not in SECTIONS:
             check_key(str(section), "")  # raises: unknown section
