@@ -37,11 +37,13 @@ uplink; each worker sends n-1 chunk messages and n-1 mean copies per sync.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from akocore.messages import Partial
+from akocore.messages import Kind, Partial, Send
 
 OUTER_SYNCS = ("allreduce", "all-to-all")  # exchange.outer_sync
 DEFAULT_OUTER_SYNC = "allreduce"
@@ -87,7 +89,7 @@ def mean_of(contributions: dict[int, np.ndarray | None], length: int) -> np.ndar
         return None
     total = np.zeros(length, np.float64)
     for rank in sorted(contributions):
-        total += contributions[rank]  # type: ignore[operator]
+        total += contributions[rank]  # type: ignore[operator,arg-type]
     return (total / len(contributions)).astype(np.float32)
 
 
@@ -99,3 +101,168 @@ def owner_of(chunk: int, workers: int, live: list[bool]) -> int:
         if live[rank]:
             return rank
     raise ValueError("no live rank owns the chunk")
+
+
+class AllReduceSync:
+    """DilocoWorker's all-reduce, as a mixin: routing chunks to their owners, reducing the
+    chunks a rank owns, taking chunks and means in, re-forming after a loss. It reads the
+    worker's state (rank, workers, peers, pending syncs, its codec) and its `_live`."""
+
+    rank: int
+    workers: int
+    peers: tuple[int, ...]
+    pending: list[Any]  # akocore.schemes.diloco._Sync, in start order
+    next_round: int
+    early_chunks: dict[tuple[int, int], ChunkState]
+    final_round: dict[int, int]
+    encoder: Any
+    _due: list[Send]
+
+    if TYPE_CHECKING:  # the worker's own, not overridden here
+        def _live(self, peer: int, start: int) -> bool: ...
+        def _slice(self, fragment: int) -> slice: ...
+        def sync_after(self, round_: int) -> tuple[int, int] | None: ...
+        def coded(self, message: Partial) -> Partial: ...
+
+    def _chunks_missing(self, sync: Any) -> list[int]:
+        """Whom the sync waits for: the owners of the chunks whose mean is still to come,
+        and, for a chunk this rank owns, the live peers whose contribution is missing."""
+        missing: set[int] = set()
+        for c in sync.chunks.chunks():
+            if c in sync.chunks.means:
+                continue
+            owner = self._owner(c, sync.start)
+            if owner != self.rank:
+                missing.add(owner)
+            else:
+                held = sync.chunks.deltas.get(c, {})
+                missing.update(p for p in self.peers
+                               if p not in held and self._live(p, sync.start))
+        return sorted(missing)
+
+    def _chunks_mean(self, sync: Any, window: slice) -> tuple[np.ndarray | None, np.ndarray]:
+        """The complete sync's mean over the fragment `window`, from its chunks' means, and
+        the number of contributors behind each element."""
+        mean = np.zeros(window.stop - window.start, np.float32)
+        count = np.ones(window.stop - window.start, np.float32)
+        for c in sync.chunks.chunks():
+            values, contributors = sync.chunks.means[c]
+            if values is None:
+                return None, count
+            piece = slice(int(sync.chunks.bounds[c]) - window.start,
+                          int(sync.chunks.bounds[c + 1]) - window.start)
+            mean[piece] = values
+            count[piece] = contributors
+        return mean, count
+
+    def _route(self, sync: Any) -> list[Send]:
+        """Send each chunk of the own delta whose mean is still to come to its owner, once
+        per owner (again when the owner changed), and reduce the chunks this rank owns."""
+        chunks = sync.chunks
+        assert chunks is not None
+        effects: list[Send] = []
+        for c in chunks.chunks():
+            if c in chunks.means:
+                continue
+            owner = self._owner(c, sync.start)
+            if owner != self.rank and chunks.sent_to.get(c) != owner:
+                effects.append(Send((owner,), chunks.own[c]))
+                chunks.sent_to[c] = owner
+        effects.extend(self._reduce_owned(sync))
+        return effects
+
+    def _reduce_owned(self, sync: Any) -> list[Send]:
+        """The means of the chunks this rank owns whose contributions are all in."""
+        chunks = sync.chunks
+        assert chunks is not None
+        effects: list[Send] = []
+        for c in chunks.chunks():
+            if c in chunks.means or self._owner(c, sync.start) != self.rank:
+                continue
+            held = chunks.deltas.get(c, {})
+            if any(p not in held and self._live(p, sync.start) for p in self.peers):
+                continue
+            piece = chunks.chunk(c)
+            mean = mean_of({self.rank: chunks.own[c].values, **held}, piece.stop - piece.start)
+            message = self._coded_mean(Partial(
+                Kind.PSEUDO_MEAN, self.rank, sync.start, self.workers + c, 1 + len(held),
+                piece.start, piece.stop - piece.start, mean))
+            chunks.means[c] = (message.values, message.p)
+            dests = tuple(p for p in self.peers if self._live(p, sync.start))
+            if dests:
+                effects.append(Send(dests, message))
+        return effects
+
+    def _coded_mean(self, message: Partial) -> Partial:
+        """The mean as the run's codec carries it, without error feedback: the owner
+        applies the decoded value its peers apply."""
+        if self.encoder is None:
+            return message
+        codec = self.encoder.codec
+        if message.values is None:
+            return dataclasses.replace(message, codec=codec.name)
+        payload, decoded, _ = codec.encode_decoded(message.values, None)
+        return dataclasses.replace(message, values=decoded, payload=payload, codec=codec.name)
+
+    def _start_chunks(self, sync: Any, produced: np.ndarray | None) -> list[Send]:
+        """Code every chunk of the own delta (error feedback per chunk) and route them."""
+        chunks = ChunkState(self._chunk_bounds(sync.fragment))
+        window = self._slice(sync.fragment)
+        for c in chunks.chunks():
+            piece = chunks.chunk(c)
+            values = None if produced is None else \
+                produced[piece.start - window.start:piece.stop - window.start]
+            message = self.coded(Partial(Kind.PSEUDO, self.rank, sync.start, c, self.workers,
+                                         piece.start, piece.stop - piece.start, values))
+            chunks.own[c] = message
+        early = self.early_chunks.pop((sync.start, sync.fragment), None)
+        if early is not None:
+            chunks.take_early(early)
+        sync.chunks = chunks
+        return self._route(sync)
+
+    def _reroute(self) -> list[Send]:
+        """Who is live changed: chunks whose owner changed go to the new owner, and a
+        contribution no longer awaited may complete a chunk this rank owns."""
+        effects: list[Send] = []
+        for sync in self.pending:
+            if sync.chunks is not None:
+                effects.extend(self._route(sync))
+        return effects
+
+    def take_effects(self) -> list[Send]:
+        due, self._due = self._due, []
+        return due
+
+    def _receive_chunk(self, msg: Partial, final: bool) -> list[Send]:
+        n = self.workers
+        if final:
+            self.final_round[msg.sender] = msg.round
+            return self._reroute()
+        c = msg.part % n
+        values = None if msg.values is None else msg.values.copy()
+        sync = next((s for s in self.pending if s.start == msg.round), None)
+        if sync is None:
+            if msg.round < self.next_round:
+                return []  # the sync was applied already: a late copy, or a second mean
+            fragment = self.sync_after(msg.round)
+            assert fragment is not None
+            target = self.early_chunks.setdefault(
+                (msg.round, fragment[0]), ChunkState(self._chunk_bounds(fragment[0])))
+        else:
+            assert sync.chunks is not None
+            target = sync.chunks
+        if msg.kind == Kind.PSEUDO_MEAN:
+            target.means.setdefault(c, (values, msg.p))
+            return []
+        target.deltas.setdefault(c, {})[msg.sender] = values
+        return [] if sync is None else self._reduce_owned(sync)
+
+    def _owner(self, chunk: int, start: int) -> int:
+        live = [r == self.rank or self._live(r, start) for r in range(self.workers)]
+        return owner_of(chunk, self.workers, live)
+
+    def _chunk_bounds(self, fragment: int) -> np.ndarray:
+        window = self._slice(fragment)
+        return chunk_bounds(window.start, window.stop, self.workers)
+

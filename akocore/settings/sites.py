@@ -168,30 +168,3 @@ def expand(sites: Sequence[Site], between: Between | None) -> dict[str, Any]:
             ["inf" if of_node[i] == of_node[j] else cap for j in range(n)] for i in range(n)]
     return values
 
-
-def fold_sites(givens: list[Any]) -> list[Any]:
-    """`givens` with the sites (``site.list`` / ``between.link`` givens, from --site,
-    --between or [[site]] / [between]) replaced by the per-node settings they mean, in
-    the highest layer that gave either. A per-node setting given in that layer or a
-    higher one as well is a conflict (one line naming both); lower ones are overridden."""
-    from akocore.settings.layers import Given
-
-    sites = sorted((g for g in givens if g.key == f"{SITE_TABLE}.list"), key=lambda g: g.layer)
-    betweens = sorted((g for g in givens if g.key == f"{BETWEEN_TABLE}.link"),
-                      key=lambda g: g.layer)
-    if not sites and not betweens:
-        return givens
-    rest = [g for g in givens if g.key not in (f"{SITE_TABLE}.list", f"{BETWEEN_TABLE}.link")]
-    site_list = [parse_site(value) for value in (sites[-1].value if sites else [])]
-    between = parse_between(betweens[-1].value) if betweens else None
-    layer = max(g.layer for g in (*sites[-1:], *betweens[-1:]))
-    source = ", ".join(dict.fromkeys(g.source for g in (*sites[-1:], *betweens[-1:])
-                                     if g.source))
-    for given in rest:
-        if given.key in DERIVED_KEYS and given.layer >= layer:
-            raise ConfigError(f"{given.key} (given {given.source or given.layer.name.lower()}) "
-                              f"and the sites ({source or 'given'}) both describe the "
-                              f"cluster: give one of them", given.key)
-    derived = [Given(key, value, layer, source or "by the sites")
-               for key, value in expand(site_list, between).items()]
-    return [*rest, *derived]
