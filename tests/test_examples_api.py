@@ -62,6 +62,8 @@ def test_notebook_style_plans_simulates_launches_and_reads(tmp_path: Path) -> No
                           env=_env(tmp_path), cwd=tmp_path, timeout=800)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "ring allreduce" in done.stdout and "plan: Ako p=" in done.stdout
+    assert "trained parameters: {'Conv_0': {'bias': (8,), 'kernel': (3, 3, 1, 8)}" \
+        in done.stdout  # akorun.load_params: the CNN's own pytree
     run = akocore.read_result(out / "result.json")
     assert isinstance(run, akocore.RunResult)
     assert run.training_workers == 3 and run.max_relative_difference is not None
