@@ -107,6 +107,19 @@ def test_load_params_names_a_missing_rank_and_a_file_of_another_run(
         akorun.load_params(mixed, rank=1)
 
 
+def test_a_parameter_servers_shard_is_refused_and_a_workers_model_given(
+        tmp_path: Path) -> None:
+    out = tmp_path / "ps"
+    run = akorun.launch(out=out, workers=3, scheme="ps", rounds=3, workload="digits-mlp",
+                        optimizer="sgd", lr=0.05, quiet=True)
+    assert [rank.role for rank in run.per_worker] == ["worker", "worker", "ps"]
+    with pytest.raises(UsageError, match="rank 2 is a parameter server; it holds a shard"):
+        akorun.load_params(out, rank=2)
+    params = akorun.load_params(out)
+    assert _layout(params) == _layout(initial_params(build_workload("digits-mlp").spec, 0))
+    np.testing.assert_array_equal(_raveled(params), _flat(out, 0))
+
+
 def test_a_bfloat16_model_comes_back_in_bfloat16() -> None:
     from akocore.workloads import ArrayData, Workload
 
