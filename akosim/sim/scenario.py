@@ -15,6 +15,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import simpy
@@ -146,6 +147,8 @@ class SimRun:
     time_to_target_s: float | None = None
     final_accuracy: float | None = None
     trace: list[TraceEvent] = field(default_factory=list, repr=False)
+    final_params: Any = field(default=None, repr=False)  # training: the first worker's
+    # replica at the end, as the workload's own pytree (FlatWorkload.params_tree)
 
 
 def network_spec(config: RunConfig, message_overhead_s: tuple[float, ...] = ()) -> NetworkSpec:
@@ -232,6 +235,7 @@ def simulate(setup: Setup, variant: Variant, *, trace: bool = False,
         params = nodes[watched].params
         assert params is not None
         run.final_accuracy = tracker.workload.evaluate(params)
+        run.final_params = tracker.workload.params_tree(params)
         run.evaluations = tracker.history
         if target_accuracy is not None:
             run.time_to_target_s = tracker.time_to(target_accuracy)
