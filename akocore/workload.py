@@ -14,8 +14,8 @@ pytree). The leaf order both ways is akocore.param_tree's.
 
 Parameters of another floating dtype (bfloat16, float16, float64) are held as
 float32 and cast back to their dtype at the edge, when the user's loss and
-evaluation are called (and by `params_tree`); `FlatWorkload.notices` says so in one line for the shell
-to print.
+evaluation are called (and by `params_tree`); `FlatWorkload.notices` says so in
+one line for the shell to print.
 
 `measure_compute_s` times gradient steps with a clock the shell hands it
 (akosim.compute and akorun pass time.perf_counter): akocore reads no clock

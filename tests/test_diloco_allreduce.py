@@ -170,3 +170,31 @@ def test_a_mean_from_a_second_owner_is_dropped_so_no_chunk_mixes_two_means() -> 
     assert node.may_start(1)
     chunk1 = slice(int(bounds[1]), int(bounds[2]))
     np.testing.assert_allclose(node.params[chunk1], _theta0(length)[chunk1] - 0.5)
+
+
+def test_a_mean_a_lost_owner_gave_some_survivors_is_adopted_by_its_successor() -> None:
+    """4 workers; rank 1 owns chunk 1, sends its mean to rank 0 only, then is lost. Rank 0
+    forwards that mean to the successor (rank 2) instead of its delta, rank 2 adopts it
+    and sends it on: every survivor applies the same mean, rank 1's contribution in."""
+    length = 8
+    nodes = _nodes(4, length, "allreduce", inner_steps=1, outer_lr=1.0, outer_momentum=0.0)
+    grads = [np.full(length, r + 1, np.float32) for r in range(4)]
+    sends = [send for r in range(4) for send in nodes[r].local_step(0, grads[r])]
+    queue = list(sends)
+    while queue:  # rank 1's mean reaches rank 0 alone; everything else flows
+        send = queue.pop(0)
+        for dest in send.dests:
+            if send.message.sender == 1 and send.message.kind == Kind.PSEUDO_MEAN \
+                    and dest != 0:
+                continue
+            queue.extend(nodes[dest].receive(send.message).effects)
+    assert nodes[0].may_start(1) and not nodes[2].may_start(1)
+    for r in (0, 2, 3):
+        nodes[r].suspend_peer(1)
+    _deliver(nodes, [s for r in (0, 2, 3) for s in nodes[r].take_effects()], {1})
+    expected = _theta0(length) - LR * sum(grads) / 4  # rank 1's delta counted everywhere
+    for r in (0, 2, 3):
+        assert nodes[r].may_start(1)
+        np.testing.assert_allclose(nodes[r].params, expected, rtol=1e-6)
+    np.testing.assert_array_equal(nodes[2].anchor, nodes[0].anchor)
+    np.testing.assert_array_equal(nodes[3].anchor, nodes[0].anchor)

@@ -174,6 +174,7 @@ class DilocoWorker(AllReduceSync, SchemeNode):
         self.final_round: dict[int, int] = {}
         self.early: dict[tuple[int, int], dict[int, np.ndarray | None]] = {}  # (start, k)
         self.early_chunks: dict[tuple[int, int], ChunkState] = {}  # all-reduce: (start, k)
+        self.applied: list[_Sync] = []  # all-reduce: the last syncs applied, for successors
         self.pending: list[_Sync] = []  # in start order; at most one while tau < H/P
         self.syncs_done = 0
         self._due: list[Send] = []  # effects of a suspension, for take_effects
@@ -227,6 +228,8 @@ class DilocoWorker(AllReduceSync, SchemeNode):
 
     def _apply(self, sync: _Sync) -> None:
         self.syncs_done += 1
+        if sync.chunks is not None:
+            self._keep_applied(sync)
         if self.anchor is None or self.replica.params is None:
             return
         window = self._slice(sync.fragment)

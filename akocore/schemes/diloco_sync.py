@@ -62,7 +62,9 @@ class ChunkState:
     own: dict[int, Partial] = field(default_factory=dict)  # chunk -> the own coded chunk
     sent_to: dict[int, int] = field(default_factory=dict)  # chunk -> owner it went to
     deltas: dict[int, dict[int, np.ndarray | None]] = field(default_factory=dict)
-    means: dict[int, tuple[np.ndarray | None, int]] = field(default_factory=dict)
+    # chunk -> its mean as first received (or made): values, contributors in `p`, sender
+    means: dict[int, Partial] = field(default_factory=dict)
+    announced: set[int] = field(default_factory=set)  # chunks whose mean this rank sent
 
     def chunk(self, c: int) -> slice:
         return slice(int(self.bounds[c]), int(self.bounds[c + 1]))
@@ -112,6 +114,8 @@ class AllReduceSync:
     workers: int
     peers: tuple[int, ...]
     pending: list[Any]  # akocore.schemes.diloco._Sync, in start order
+    applied: list[Any]  # the last syncs applied (_keep_applied)
+    inner_steps: int
     next_round: int
     early_chunks: dict[tuple[int, int], ChunkState]
     final_round: dict[int, int]
@@ -146,7 +150,8 @@ class AllReduceSync:
         mean = np.zeros(window.stop - window.start, np.float32)
         count = np.ones(window.stop - window.start, np.float32)
         for c in sync.chunks.chunks():
-            values, contributors = sync.chunks.means[c]
+            held = sync.chunks.means[c]
+            values, contributors = held.values, held.p
             if values is None:
                 return None, count
             piece = slice(int(sync.chunks.bounds[c]) - window.start,
@@ -156,38 +161,48 @@ class AllReduceSync:
         return mean, count
 
     def _route(self, sync: Any) -> list[Send]:
-        """Send each chunk of the own delta whose mean is still to come to its owner, once
-        per owner (again when the owner changed), and reduce the chunks this rank owns."""
+        """Send each chunk to its owner, once per owner (again when the owner changed): the
+        own delta while the chunk's mean is still to come, or the mean already held when
+        the owner is a successor that did not send it (so a successor adopts the mean a
+        lost owner gave some survivors rather than computing a second one); then reduce
+        the chunks this rank owns."""
         chunks = sync.chunks
         assert chunks is not None
         effects: list[Send] = []
         for c in chunks.chunks():
-            if c in chunks.means:
-                continue
             owner = self._owner(c, sync.start)
-            if owner != self.rank and chunks.sent_to.get(c) != owner:
+            if owner == self.rank or chunks.sent_to.get(c) == owner:
+                continue
+            held = chunks.means.get(c)
+            if held is None:
                 effects.append(Send((owner,), chunks.own[c]))
-                chunks.sent_to[c] = owner
+            elif held.sender != owner:
+                effects.append(Send((owner,), dataclasses.replace(held, sender=self.rank)))
+            chunks.sent_to[c] = owner
         effects.extend(self._reduce_owned(sync))
         return effects
 
     def _reduce_owned(self, sync: Any) -> list[Send]:
-        """The means of the chunks this rank owns whose contributions are all in."""
+        """For each chunk this rank owns: its mean once every live peer's contribution is
+        in (or the mean a lost owner gave, adopted), sent once to every live peer."""
         chunks = sync.chunks
         assert chunks is not None
         effects: list[Send] = []
         for c in chunks.chunks():
-            if c in chunks.means or self._owner(c, sync.start) != self.rank:
+            if c in chunks.announced or self._owner(c, sync.start) != self.rank:
                 continue
-            held = chunks.deltas.get(c, {})
-            if any(p not in held and self._live(p, sync.start) for p in self.peers):
-                continue
-            piece = chunks.chunk(c)
-            mean = mean_of({self.rank: chunks.own[c].values, **held}, piece.stop - piece.start)
-            message = self._coded_mean(Partial(
-                Kind.PSEUDO_MEAN, self.rank, sync.start, self.workers + c, 1 + len(held),
-                piece.start, piece.stop - piece.start, mean))
-            chunks.means[c] = (message.values, message.p)
+            if c not in chunks.means:
+                held = chunks.deltas.get(c, {})
+                if any(p not in held and self._live(p, sync.start) for p in self.peers):
+                    continue
+                piece = chunks.chunk(c)
+                mean = mean_of({self.rank: chunks.own[c].values, **held},
+                               piece.stop - piece.start)
+                chunks.means[c] = self._coded_mean(Partial(
+                    Kind.PSEUDO_MEAN, self.rank, sync.start, self.workers + c, 1 + len(held),
+                    piece.start, piece.stop - piece.start, mean))
+            chunks.announced.add(c)
+            message = dataclasses.replace(chunks.means[c], sender=self.rank)
             dests = tuple(p for p in self.peers if self._live(p, sync.start))
             if dests:
                 effects.append(Send(dests, message))
@@ -221,11 +236,22 @@ class AllReduceSync:
         sync.chunks = chunks
         return self._route(sync)
 
+    def _keep_applied(self, sync: Any) -> None:
+        """Keep an applied sync's means for a while: a survivor that applied it may hold
+        the mean a lost owner sent to it alone, which the successor must adopt. Kept: the
+        syncs started within the last 2H rounds (a peer still in a sync cannot be further
+        behind: the next sync waits for it); their deltas are no longer needed."""
+        sync.chunks.deltas.clear()
+        self.applied.append(sync)
+        horizon = sync.start - 2 * self.inner_steps
+        self.applied = [s for s in self.applied if s.start >= horizon]
+
     def _reroute(self) -> list[Send]:
-        """Who is live changed: chunks whose owner changed go to the new owner, and a
-        contribution no longer awaited may complete a chunk this rank owns."""
+        """Who is live changed: chunks whose owner changed go to the new owner (a mean
+        held, for a sync applied here already), and a contribution no longer awaited may
+        complete a chunk this rank owns."""
         effects: list[Send] = []
-        for sync in self.pending:
+        for sync in (*self.applied, *self.pending):
             if sync.chunks is not None:
                 effects.extend(self._route(sync))
         return effects
@@ -242,9 +268,12 @@ class AllReduceSync:
         c = msg.part % n
         values = None if msg.values is None else msg.values.copy()
         sync = next((s for s in self.pending if s.start == msg.round), None)
+        if sync is None and msg.round < self.next_round:  # applied here already
+            applied = next((s for s in self.applied if s.start == msg.round), None)
+            if applied is None or msg.kind == Kind.PSEUDO_MEAN:
+                return []  # a late copy or a second mean: the first one counted
+            return self._reduce_owned(applied)  # a successor's call: the mean held
         if sync is None:
-            if msg.round < self.next_round:
-                return []  # the sync was applied already: a late copy, or a second mean
             fragment = self.sync_after(msg.round)
             assert fragment is not None
             target = self.early_chunks.setdefault(
@@ -252,10 +281,10 @@ class AllReduceSync:
         else:
             assert sync.chunks is not None
             target = sync.chunks
-        if msg.kind == Kind.PSEUDO_MEAN:
-            target.means.setdefault(c, (values, msg.p))
-            return []
-        target.deltas.setdefault(c, {})[msg.sender] = values
+        if msg.kind == Kind.PSEUDO_MEAN:  # the first mean of a chunk wins
+            target.means.setdefault(c, dataclasses.replace(msg, values=values))
+        else:
+            target.deltas.setdefault(c, {})[msg.sender] = values
         return [] if sync is None else self._reduce_owned(sync)
 
     def _owner(self, chunk: int, start: int) -> int:
