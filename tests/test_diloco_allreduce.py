@@ -198,3 +198,30 @@ def test_a_mean_a_lost_owner_gave_some_survivors_is_adopted_by_its_successor() -
         np.testing.assert_allclose(nodes[r].params, expected, rtol=1e-6)
     np.testing.assert_array_equal(nodes[2].anchor, nodes[0].anchor)
     np.testing.assert_array_equal(nodes[3].anchor, nodes[0].anchor)
+
+
+def test_ranks_whose_anchors_differ_end_the_run_with_one_line_naming_them() -> None:
+    """akorun's finish compares the digest of each peer's agreed state (diloco: the anchor)
+    that ran as many rounds: a different one is a failure naming the ranks."""
+    from types import SimpleNamespace
+
+    from akorun.runtime.finishing import Finisher
+
+    here = {"rank": 0, "rounds": 20, "agreed_sha256": "a" * 64}
+    finisher = SimpleNamespace(
+        rank=0, waiter=SimpleNamespace(scheme="diloco"),
+        liveness=SimpleNamespace(agreed={1: (20, "a" * 64), 2: (20, "b" * 64),
+                                         3: (10, "c" * 64)}))
+    (line,) = Finisher._disagreements(finisher, here)  # type: ignore[arg-type]
+    assert "rank 0 and rank(s) [2] ran 20 rounds" in line and "diloco anchors" in line
+    finisher.liveness.agreed = {1: (20, "a" * 64), 3: (10, "c" * 64)}
+    assert Finisher._disagreements(finisher, here) == []  # type: ignore[arg-type]
+
+
+def test_the_anchor_is_the_agreed_state_once_no_sync_is_pending() -> None:
+    nodes = _nodes(2, 4, "allreduce", inner_steps=1)
+    sends = nodes[0].local_step(0, np.ones(4, np.float32))
+    assert nodes[0].agreed_state() is None  # a sync in flight
+    _deliver(nodes, [*sends, *nodes[1].local_step(0, np.ones(4, np.float32))], set())
+    assert nodes[0].may_start(1)
+    np.testing.assert_array_equal(nodes[0].agreed_state(), nodes[1].agreed_state())

@@ -383,6 +383,11 @@ class DilocoWorker(AllReduceSync, SchemeNode):
     def settle(self) -> None:
         self._try_apply_finished()
 
+    def agreed_state(self) -> np.ndarray | None:
+        """The anchor: every replica applies the same syncs (their means are the owners'),
+        so ranks that ran the same rounds end with bit-equal anchors."""
+        return None if self.pending else self.anchor
+
 
 def check_schedule(inner_steps: int, fragments: int, overlap_steps: int) -> None:
     """ValueError naming the key when H, P and tau do not make torchft's schedule."""

@@ -41,6 +41,7 @@ from akorun.errors import RunError
 from akorun.runtime.checkpoints import CheckpointFailed, CheckpointWriter
 from akorun.runtime.evaluation import Evaluator
 from akorun.runtime.liveness import Liveness
+from akorun.runtime.node_plan import params_digest
 from akorun.runtime.outbox import Outbox
 from akorun.runtime.phase import Phase, PhaseMachine
 from akorun.runtime.rank_result import ResultBuilder
@@ -75,6 +76,19 @@ class Finisher:
         self.results = results
         self.grace_s = grace_s
         self.relay_idle = relay_idle  # no repair of a lost peer under way (runtime.relay)
+
+    def _disagreements(self, done: dict[str, object]) -> list[str]:
+        """One line naming the peers that ran as many rounds as this rank but hold another
+        agreed state (diloco: the anchor): the run must not end as if it were one model."""
+        rounds, digest = done["rounds"], done["agreed_sha256"]
+        apart = sorted(j for j, (their_rounds, theirs) in self.liveness.agreed.items()
+                       if their_rounds == rounds and theirs != digest)
+        if not apart:
+            return []
+        return [f"replicas disagree: rank {self.rank} and rank(s) {apart} ran {rounds} rounds "
+                f"but hold different {self.waiter.scheme} anchors (sha256 {str(digest)[:12]} "
+                f"here): a sync reached them differently after a loss or a cut; results "
+                f"written, the models are not one"]
 
     def _gone(self, started_s: float) -> Callable[[int], bool]:
         """Peers to give up on: nothing new from them for `grace_s` (nor since we began
@@ -151,12 +165,18 @@ class Finisher:
         except OSError as error:
             failures.append(f"{self.results.out_dir}: results not written: "
                             f"{error.strerror or error}")
-        await asyncio.gather(*(control.call(j, ControlKind.DONE, {"rank": self.rank},
+        agreed = node.agreed_state() if self.role.trains else None
+        done: dict[str, object] = {"rank": self.rank}
+        if agreed is not None:
+            done.update(rounds=self.training.rounds_done, agreed_sha256=params_digest(agreed))
+        await asyncio.gather(*(control.call(j, ControlKind.DONE, done,
                                             timeout_s=DONE_TIMEOUT_S)
                                for j in self.peers if not gone(j)))
         await self.waiter.until(lambda: all(self.liveness.is_done(j) or gone(j)
                                             or j in node.suspended for j in self.peers),
                                 self.grace_s)
+        if agreed is not None:
+            failures += self._disagreements(done)
         if failures:
             raise RunError(f"{'; '.join(failures)} (training finished; peers were told done)")
         if self.waiter.lost_peers:
