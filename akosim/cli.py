@@ -263,7 +263,7 @@ def describe_settings(resolved: ResolvedSettings, *, training: bool) -> list[str
         lines = [("exchange.ssp = chosen with p when the plan runs (the smallest s that lets "
                   "sending overlap compute; give --ssp to fix it)")
                  if line.startswith("exchange.ssp = ") else line for line in lines]
-    if settles(resolved, training=training):
+    if settles(resolved, training=training) and resolved.config.train.rounds is not None:
         lines = [(f"train.rounds = until each configuration's round time settles, at most "
                   f"{SETTLE_CAP_ROUNDS}  (akosim plan default; --rounds N runs exactly N)")
                  if line.startswith("train.rounds = ") else line for line in lines]

@@ -11,12 +11,13 @@ import math
 import pytest
 
 import akosim
-from akocore.config import RunConfig
+from akocore.config import RunConfig, resolve, set_layer
 from akocore.results import PlanResult
 from akosim.cli import main
 from akosim.plan.compute import ComputeModel
 from akosim.plan.result_tables import format_table
-from akosim.plan.setup import build_setup
+from akosim.plan.runspec import TIMING_DEFAULTS, TRAIN_DEFAULTS
+from akosim.plan.setup import build_setup, settles, stop_rule
 from akosim.sim.closed_form import closed_form_run
 from akosim.sim.engine import StopRule
 from akosim.sim.scenario import Variant, simulate
@@ -62,6 +63,18 @@ def test_an_explicit_rounds_runs_exactly_that_many_rounds() -> None:
     run = akosim.simulate(**TWO_SITES, scheme="ako", p=1, ssp=34, rounds=30)
     assert run.simulated_rounds == 30 and run.settled is None and run.warmup_rounds is None
     assert {rank.rounds for rank in run.per_worker} == {30}
+
+
+def test_timing_settles_unless_a_layer_gives_rounds_or_a_duration() -> None:
+    def stop(defaults: RunConfig, *items: str) -> StopRule:
+        resolved = resolve(set_layer(list(items)), defaults=defaults)
+        return stop_rule(resolved.config, settle=settles(resolved))
+
+    assert stop(TIMING_DEFAULTS).settle is not None
+    assert stop(TIMING_DEFAULTS, "train.rounds=30") == StopRule(rounds=30, drain=False)
+    assert stop(TIMING_DEFAULTS, "train.duration=5s").duration_s == 5.0
+    # a target clears the rounds (a layer "gave" None): the timing rows still settle
+    assert stop(TRAIN_DEFAULTS, "train.target_accuracy=0.9").settle is not None
 
 
 def test_the_warm_up_and_window_follow_the_schemes_staleness_and_period() -> None:

@@ -228,9 +228,11 @@ def chooses_ssp_with_p(resolved: ResolvedSettings, *, training: bool = False) ->
 
 def settles(resolved: ResolvedSettings, *, training: bool = False) -> bool:
     """Whether each configuration is simulated until its round time settles (akosim.sim.
-    settling): timing only, and no layer gave the rounds or a duration."""
-    return (not training and not resolved.given("train.rounds")
-            and resolved.config.train.duration_s is None)
+    settling): timing only, no duration, and no rounds from any layer (none given, or
+    cleared by a target accuracy)."""
+    train = resolved.config.train
+    return (not training and train.duration_s is None
+            and (train.rounds is None or not resolved.given("train.rounds")))
 
 
 def stop_rule(cfg: RunConfig, *, training: bool = False, settle: bool = False) -> StopRule:
@@ -239,9 +241,9 @@ def stop_rule(cfg: RunConfig, *, training: bool = False, settle: bool = False) -
     from akosim.sim.engine import StopRule
     from akosim.sim.settling import SettleRule
 
-    if settle and not training:
-        return StopRule(drain=False, settle=SettleRule())
     rounds = cfg.train.rounds
+    if not training and (settle or (rounds is None and cfg.train.duration_s is None)):
+        return StopRule(drain=False, settle=SettleRule())
     if rounds is None and cfg.train.duration_s is None:
         rounds = TRAINING_ROUNDS_CAP  # training: bounded by accuracy
     return StopRule(rounds=rounds, duration_s=cfg.train.duration_s, drain=training)
