@@ -307,7 +307,7 @@ def _to_stderr(line: str) -> None:
 
 
 def _print_outcome(args: argparse.Namespace, outcome: PlanOutcome, training: bool) -> None:
-    from akosim.plan.result_tables import format_table, json_safe, write_json
+    from akosim.plan.result_tables import format_table, json_safe, unsettled_lines, write_json
     from akosim.plan.trace import write_trace
     from akosim.sim.settling import settle_words
 
@@ -328,6 +328,8 @@ def _print_outcome(args: argparse.Namespace, outcome: PlanOutcome, training: boo
         print(f"akosim: codec {codec} on gradients, pushes, reduce steps and pseudo-gradients "
               f"(parameters, models and all-gather steps travel as float32), error feedback on")
     print(format_table(runs, training=training))
+    for line in unsettled_lines(runs):
+        print(line)
     if training and setup.plan is not None:
         from akosim.plan.advice import held_by_staleness
 

@@ -15,7 +15,7 @@ from akocore.config import RunConfig, resolve, set_layer
 from akocore.results import PlanResult
 from akosim.cli import main
 from akosim.plan.compute import ComputeModel
-from akosim.plan.result_tables import format_table
+from akosim.plan.result_tables import format_table, unsettled_lines
 from akosim.plan.runspec import TIMING_DEFAULTS, TRAIN_DEFAULTS
 from akosim.plan.setup import build_setup, settles, stop_rule
 from akosim.sim.closed_form import closed_form_run
@@ -118,6 +118,10 @@ def test_a_row_that_does_not_settle_says_so_in_the_table() -> None:
     run = simulate(setup, Variant("allreduce"))
     assert run.settled is False and run.simulated_rounds == 60
     assert "60, not settled" in format_table([run])
+    assert unsettled_lines([run]) == [
+        "akosim: allreduce: the round time did not settle within 60 rounds (a window's mean "
+        "still moved by more than the tolerance against the one before); its figure is the "
+        "mean over them after the warm-up"]
 
 
 def test_the_closed_form_settles_where_the_simulation_does() -> None:

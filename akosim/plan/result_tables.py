@@ -2,7 +2,8 @@
 
 `format_table` prints the side-by-side comparison a user reads first (its
 rounds column says how many rounds each row was simulated for, "not settled"
-when a row ran to the settle cap without its round time settling; its NIC
+when a row ran to the settle cap without its round time settling, and
+`unsettled_lines` says so under the table; its NIC
 column gives two figures, the mean use of the training workers' uplinks and the
 busiest NIC of any node, servers included, which is the one the bottleneck
 column names when a NIC is the bottleneck);
@@ -50,6 +51,14 @@ def rounds_cell(run: SimRun) -> str:
     """``325``: the rounds a row was simulated for; ``3,000, not settled`` when it ran to
     the settle cap without its round time settling."""
     return f"{run.simulated_rounds:,}" + (", not settled" if run.settled is False else "")
+
+
+def unsettled_lines(runs: list[SimRun]) -> list[str]:
+    """One line under the table for each row whose round time did not settle."""
+    return [f"akosim: {run.label}: the round time did not settle within "
+            f"{run.simulated_rounds:,} rounds (a window's mean still moved by more than the "
+            f"tolerance against the one before); its figure is the mean over them after the "
+            f"warm-up" for run in runs if run.settled is False]
 
 
 def format_table(runs: list[SimRun], *, training: bool = False) -> str:
