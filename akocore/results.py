@@ -64,10 +64,11 @@ from akocore.jsonrecord import (
 from akocore.message_cost import MessageCost, MessageSample
 from akocore.schemes.registry import is_partitioned
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # versions this toolkit reads: 1 lacks only the plan's ranking by accuracy (its fields
-# default to "no ranking"), so a version-1 file reads as it was written
-READABLE_VERSIONS = (1, 2)
+# default to "no ranking"), 2 only a simulated run's simulated_rounds, settled and
+# warmup_rounds (they default to null: not recorded), so older files read as written
+READABLE_VERSIONS = (1, 2, 3)
 
 __all__ = [
     "READABLE_VERSIONS", "SCHEMA_VERSION", "SUMMARY_FIELDS", "Calibration",
@@ -301,6 +302,16 @@ class RunResult:
         "", "the most utilised resource, in words", "akosim"))
     simulated_s: float | None = field(default=None, metadata=meta(
         "s", "simulated seconds of the steady part", "akosim"))
+    simulated_rounds: int | None = field(default=None, metadata=meta(
+        "rounds", "rounds every training worker ended (a timing plan without --rounds: "
+                  "where its round time settled)", "akosim"))
+    settled: bool | None = field(default=None, metadata=meta(
+        "", "whether the round time settled (one window's mean within 1% of the one "
+            "before) within the settle cap; false: it did not, the figure is over the "
+            "capped run; null: fixed rounds or duration", "akosim"))
+    warmup_rounds: int | None = field(default=None, metadata=meta(
+        "rounds", "a settling run: the rounds before the span round_time_s is the mean "
+                  "over (the staleness bound + 1, in whole periods)", "akosim"))
     wall_s: float | None = field(default=None, metadata=meta(
         "s", "wall seconds the simulation took", "akosim"))
     events: Mapping[str, Any] = field(default_factory=dict, metadata=meta(

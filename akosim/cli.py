@@ -253,14 +253,20 @@ def resolve_settings(args: argparse.Namespace, *, training: bool) -> ResolvedSet
 
 def describe_settings(resolved: ResolvedSettings, *, training: bool) -> list[str]:
     """--show-config: every run and [akosim] setting with its origin, as the plan runs it
-    (an s the plan chooses with p says so instead of showing the default it replaces)."""
-    from akosim.plan import chooses_ssp_with_p
+    (an s the plan chooses with p, and rounds the plan settles, say so instead of showing
+    the default they replace)."""
+    from akosim.plan import chooses_ssp_with_p, settles
+    from akosim.sim.settling import SETTLE_CAP_ROUNDS
 
     lines = resolved.describe((*RUN_SECTIONS, "akosim"))
     if chooses_ssp_with_p(resolved, training=training):
         lines = [("exchange.ssp = chosen with p when the plan runs (the smallest s that lets "
                   "sending overlap compute; give --ssp to fix it)")
                  if line.startswith("exchange.ssp = ") else line for line in lines]
+    if settles(resolved, training=training) and resolved.config.train.rounds is not None:
+        lines = [(f"train.rounds = until each configuration's round time settles, at most "
+                  f"{SETTLE_CAP_ROUNDS}  (akosim plan default; --rounds N runs exactly N)")
+                 if line.startswith("train.rounds = ") else line for line in lines]
     return lines
 
 
@@ -301,8 +307,9 @@ def _to_stderr(line: str) -> None:
 
 
 def _print_outcome(args: argparse.Namespace, outcome: PlanOutcome, training: bool) -> None:
-    from akosim.plan.result_tables import format_table, json_safe, write_json
+    from akosim.plan.result_tables import format_table, json_safe, unsettled_lines, write_json
     from akosim.plan.trace import write_trace
+    from akosim.sim.settling import settle_words
 
     setup, runs = outcome.planned.setup, outcome.planned.runs
     compute = setup.compute
@@ -312,7 +319,8 @@ def _print_outcome(args: argparse.Namespace, outcome: PlanOutcome, training: boo
           f"/round, batch {setup.batch_size}, "
           + (f"{setup.stop.rounds} rounds" if setup.stop.rounds else "")
           + (f" up to {format_duration(setup.stop.duration_s)}" if setup.stop.duration_s
-             else ""))
+             else "")
+          + (settle_words(setup.stop.settle) if setup.stop.settle else ""))
     if setup.compute_source:
         print(f"akosim: {setup.compute_source}")
     codec = setup.config.exchange.codec
@@ -320,6 +328,8 @@ def _print_outcome(args: argparse.Namespace, outcome: PlanOutcome, training: boo
         print(f"akosim: codec {codec} on gradients, pushes, reduce steps and pseudo-gradients "
               f"(parameters, models and all-gather steps travel as float32), error feedback on")
     print(format_table(runs, training=training))
+    for line in unsettled_lines(runs):
+        print(line)
     if training and setup.plan is not None:
         from akosim.plan.advice import held_by_staleness
 

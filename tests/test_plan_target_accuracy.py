@@ -236,7 +236,7 @@ def test_a_compared_scheme_runs_with_its_own_configured_keys() -> None:
 
 def test_plan_records_of_version_1_still_read(ranked) -> None:
     _, data = ranked
-    assert data["schema_version"] == SCHEMA_VERSION == 2
+    assert data["schema_version"] == SCHEMA_VERSION == 3
     old = {k: v for k, v in data.items() if k not in (
         "ranking", "ranking_verdict", "ranking_rounds", "target_accuracy", "time_budget_s",
         "explained")}
@@ -246,7 +246,7 @@ def test_plan_records_of_version_1_still_read(ranked) -> None:
     assert record.ranking == () and record.target_accuracy is None
     assert PlanResult.from_json(data).ranking  # and this one round-trips with its ranking
     with pytest.raises(RecordError, match="schema_version"):
-        PlanResult.from_json({**data, "schema_version": 3})
+        PlanResult.from_json({**data, "schema_version": 4})
 
 
 def _recommended(record: PlanResult):

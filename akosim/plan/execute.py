@@ -22,7 +22,13 @@ from akocore.cli_support import UsageError
 from akocore.config import ResolvedSettings
 from akocore.schemes.registry import scheme_named
 from akocore.units import format_duration
-from akosim.plan.setup import SimulationOptions, chooses_ssp_with_p, simulation_setup, with_plan
+from akosim.plan.setup import (
+    SimulationOptions,
+    chooses_ssp_with_p,
+    settles,
+    simulation_setup,
+    with_plan,
+)
 
 if TYPE_CHECKING:
     from akocore.results import PlanResult
@@ -75,7 +81,8 @@ def plan_runs(resolved: ResolvedSettings, options: SimulationOptions, *,
     from akosim.plan.runspec import check_fits
 
     cfg = resolved.config
-    setup, workload = simulation_setup(cfg, options, training=training)
+    setup, workload = simulation_setup(cfg, options, training=training,
+                                       settle=settles(resolved, training=training))
     check_fits(cfg, setup.length)
     kwargs: dict[str, Any] = dict(trace=trace)
     if training:

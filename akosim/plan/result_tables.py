@@ -1,6 +1,9 @@
 """Human tables and result files for simulated runs.
 
-`format_table` prints the side-by-side comparison a user reads first (its NIC
+`format_table` prints the side-by-side comparison a user reads first (its
+rounds column says how many rounds each row was simulated for, "not settled"
+when a row ran to the settle cap without its round time settling, and
+`unsettled_lines` says so under the table; its NIC
 column gives two figures, the mean use of the training workers' uplinks and the
 busiest NIC of any node, servers included, which is the one the bottleneck
 column names when a NIC is the bottleneck);
@@ -44,14 +47,29 @@ def nic_use(run: SimRun) -> str:
     return f"{100 * run.nic_utilisation:.0f}% / {100 * busiest:.0f}%"
 
 
+def rounds_cell(run: SimRun) -> str:
+    """``325``: the rounds a row was simulated for; ``3,000, not settled`` when it ran to
+    the settle cap without its round time settling."""
+    return f"{run.simulated_rounds:,}" + (", not settled" if run.settled is False else "")
+
+
+def unsettled_lines(runs: list[SimRun]) -> list[str]:
+    """One line under the table for each row whose round time did not settle."""
+    return [f"akosim: {run.label}: the round time did not settle within "
+            f"{run.simulated_rounds:,} rounds (a window's mean still moved by more than the "
+            f"tolerance against the one before); its figure is the mean over them after the "
+            f"warm-up" for run in runs if run.settled is False]
+
+
 def format_table(runs: list[SimRun], *, training: bool = False) -> str:
-    headers = ["configuration", "round time", "samples/s", "sent/worker/round",
+    headers = ["configuration", "round time", "rounds", "samples/s", "sent/worker/round",
                NIC_HEADER, "staleness", "bottleneck"]
     if training:
         headers[1:1] = ["time to target", "final acc"]
     rows = []
     for run in runs:
-        row = [run.label, format_duration(run.round_time_s), f"{run.samples_per_s:,.1f}",
+        row = [run.label, format_duration(run.round_time_s), rounds_cell(run),
+               f"{run.samples_per_s:,.1f}",
                format_size(run.bytes_sent_per_worker_per_round),
                nic_use(run),
                f"<= {_stale(run.staleness_bound_rounds)} rounds", run.bottleneck]
@@ -97,7 +115,8 @@ def run_result(run: SimRun, *, config: dict[str, Any], mode: str,
         samples_per_s=run.samples_per_s,
         bytes_sent_per_worker_per_round=run.bytes_sent_per_worker_per_round,
         compute_s_per_round=run.compute_s_per_round, wait_s_per_round=run.wait_s_per_round,
-        final_accuracy=run.final_accuracy,
+        simulated_rounds=run.simulated_rounds, settled=run.settled,
+        warmup_rounds=run.warmup_rounds, final_accuracy=run.final_accuracy,
         evaluations=tuple((e.sim_time_s, e.round, e.accuracy) for e in run.evaluations),
         time_to_target_s=run.time_to_target_s, nic_utilisation=run.nic_utilisation,
         max_uplink_utilisation=run.max_uplink_utilisation,
