@@ -175,6 +175,9 @@ class DilocoWorker(AllReduceSync, SchemeNode):
         self.early: dict[tuple[int, int], dict[int, np.ndarray | None]] = {}  # (start, k)
         self.early_chunks: dict[tuple[int, int], ChunkState] = {}  # all-reduce: (start, k)
         self.applied: list[_Sync] = []  # all-reduce: the last syncs applied, for successors
+        self._view = 0  # all-reduce: bumped when who is live changes (owners again)
+        self._owner_cache: dict[int, tuple[int, list[int]]] = {}
+        self._bounds_cache: dict[int, np.ndarray] = {}
         self.pending: list[_Sync] = []  # in start order; at most one while tau < H/P
         self.syncs_done = 0
         self._due: list[Send] = []  # effects of a suspension, for take_effects
@@ -354,9 +357,14 @@ class DilocoWorker(AllReduceSync, SchemeNode):
 
     def suspend_peer(self, peer: int) -> None:
         super().suspend_peer(peer)
+        self._view_changed()
         if self.reduced:
             self._due.extend(self._reroute())
         self._try_apply()
+
+    def resume_peer(self, peer: int) -> None:
+        super().resume_peer(peer)
+        self._view_changed()
 
     def finish(self, rounds_done: int) -> list[Send]:
         if rounds_done != self.next_round:

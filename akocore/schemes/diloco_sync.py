@@ -66,15 +66,19 @@ class ChunkState:
     means: dict[int, Partial] = field(default_factory=dict)
     announced: set[int] = field(default_factory=set)  # chunks whose mean this rank sent
 
+    def __post_init__(self) -> None:
+        sizes = np.diff(self.bounds)
+        self._chunks = [int(c) for c in np.flatnonzero(sizes)]
+
     def chunk(self, c: int) -> slice:
         return slice(int(self.bounds[c]), int(self.bounds[c + 1]))
 
     def chunks(self) -> list[int]:
         """The non-empty chunks."""
-        return [c for c in range(len(self.bounds) - 1) if self.bounds[c + 1] > self.bounds[c]]
+        return self._chunks
 
     def complete(self) -> bool:
-        return all(c in self.means for c in self.chunks())
+        return len(self.means) == len(self._chunks)
 
     def take_early(self, early: ChunkState) -> None:
         """Merge what arrived before this worker started the sync."""
@@ -119,6 +123,9 @@ class AllReduceSync:
     next_round: int
     early_chunks: dict[tuple[int, int], ChunkState]
     final_round: dict[int, int]
+    _view: int
+    _owner_cache: dict[int, tuple[int, list[int]]]
+    _bounds_cache: dict[int, np.ndarray]
     encoder: Any
     _due: list[Send]
 
@@ -188,8 +195,9 @@ class AllReduceSync:
         chunks = sync.chunks
         assert chunks is not None
         effects: list[Send] = []
+        owners = self._owners(sync.start)
         for c in chunks.chunks():
-            if c in chunks.announced or self._owner(c, sync.start) != self.rank:
+            if owners[c] != self.rank or c in chunks.announced:
                 continue
             if c not in chunks.means:
                 held = chunks.deltas.get(c, {})
@@ -264,6 +272,7 @@ class AllReduceSync:
         n = self.workers
         if final:
             self.final_round[msg.sender] = msg.round
+            self._view_changed()
             return self._reroute()
         c = msg.part % n
         values = None if msg.values is None else msg.values.copy()
@@ -288,10 +297,39 @@ class AllReduceSync:
         return [] if sync is None else self._reduce_owned(sync)
 
     def _owner(self, chunk: int, start: int) -> int:
-        live = [r == self.rank or self._live(r, start) for r in range(self.workers)]
-        return owner_of(chunk, self.workers, live)
+        return self._owners(start)[chunk]
+
+    def _owners(self, start: int) -> list[int]:
+        """The owner of every chunk of the sync started after `start`, in this rank's view
+        (owner_of for each chunk, in one pass); cached until the view changes (`_view`)."""
+        cached = self._owner_cache.get(start)
+        if cached is not None and cached[0] == self._view:
+            return cached[1]
+        n = self.workers
+        live = [r == self.rank or self._live(r, start) for r in range(n)]
+        owners = [self.rank] * n
+        following = self.rank
+        for step in reversed(range(2 * n)):  # twice round: the next live rank, cyclically
+            rank = step % n
+            if live[rank]:
+                following = rank
+            if step < n:
+                owners[rank] = following
+        if len(self._owner_cache) > 16:
+            self._owner_cache.clear()
+        self._owner_cache[start] = (self._view, owners)
+        return owners
+
+    def _view_changed(self) -> None:
+        """Who is live changed (a suspension, a return, a final marker): owners again."""
+        self._view += 1
 
     def _chunk_bounds(self, fragment: int) -> np.ndarray:
-        window = self._slice(fragment)
-        return chunk_bounds(window.start, window.stop, self.workers)
+        """The bounds of the n chunks of `fragment` (computed once per fragment)."""
+        cached = self._bounds_cache.get(fragment)
+        if cached is None:
+            window = self._slice(fragment)
+            cached = self._bounds_cache[fragment] = chunk_bounds(window.start, window.stop,
+                                                                 self.workers)
+        return cached
 
