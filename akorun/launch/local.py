@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from akocore.config import ResolvedSettings, RunConfig
+from akocore.nonfinite import is_nonfinite_stop
 from akocore.results import RunResult
 from akorun.errors import EXIT_INTERRUPTED, Interrupted, RunError, UsageError
 from akorun.launch.cluster import AkorunSettings, loopback_hosts, with_hosts, write_cluster_file
@@ -319,6 +320,15 @@ class Launcher:
         return failed
 
 
+def run_failure_cause(merged: RunResult) -> str:
+    """What made the run fail, as the first words of its error line, when a rank's
+    record says so (its loss went NaN/Inf: the line of akocore.nonfinite); else ""."""
+    for record in merged.per_worker:
+        if is_nonfinite_stop(record.stop_reason):
+            return f"{record.stop_reason}; "
+    return ""
+
+
 def summary_table(merged: RunResult) -> str:
     lines = [f"{'rank':>4} {'role':>6} {'rounds':>7} {'ms/round':>9} {'compute ms':>10} "
              f"{'wait ms':>8} {'MB sent':>8} {'accuracy':>8}"]
@@ -371,7 +381,8 @@ def launch(cfg: RunConfig, settings: AkorunSettings, options: LaunchOptions, *,
     if failed:
         names = ", ".join(f"rank {rank} (exit status {code})" for rank, code, _ in failed)
         tails = "\n".join(tail for _, _, tail in failed)
-        raise RunError(f"{names} failed; the end of their logs:\n{tails}")
+        raise RunError(f"{run_failure_cause(merged)}{names} failed; the end of their "
+                       f"logs:\n{tails}")
     if launcher.stopping:
         raise Interrupted("stopped before the end (signal or --timeout); every rank stopped "
                           "after its current round (a rank still starting, with 0 rounds) and "

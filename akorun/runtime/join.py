@@ -88,6 +88,7 @@ log = logging.getLogger("akorun")
 _T = TypeVar("_T")
 
 LEAVE_TIMEOUT_S = 2.0
+LEAVE_REASON_CHARS = 500  # the most of a leave's reason a peer logs
 FAILED_LINGER_S = 30.0  # a rank whose join failed refuses hellos at most this long
 MISMATCH_LINGER_S = 3.0  # a rank that found a mismatch answers hellos this long before exit
 _WHAT = {"run_id": "run id", "config_hash": "config hash",
@@ -338,28 +339,43 @@ class Join:
         leave before joining, so that none waits for us; unreachable ones are skipped.
         `failed`: our join failed (a rank died in it): a peer that started already
         stops too (exit 1), so that no rank trains a run another could not join."""
-        peers = sorted(self.answered | set(self.greeted))
+        await self._say_leave(control, sorted(self.answered | set(self.greeted)), reason,
+                              failed=failed, training=False)
+
+    async def fail_run(self, control: ControlClient, peers: Sequence[int], reason: str) -> None:
+        """Tell `peers` that this rank, after the join, stops the run for `reason` (one
+        line, e.g. its loss went NaN): each stops too and exits 1 naming it."""
+        await self._say_leave(control, sorted(peers), reason, failed=True, training=True)
+
+    async def _say_leave(self, control: ControlClient, peers: list[int], reason: str, *,
+                         failed: bool, training: bool) -> None:
         if not peers:
             return
-        payload = {**self.identity.payload(), "reason": reason[:200], "failed": failed}
+        payload = {**self.identity.payload(), "reason": reason[:LEAVE_REASON_CHARS],
+                   "failed": failed, "training": training}
         answers = await asyncio.gather(*(control.call(j, ControlKind.LEAVE, payload,
                                                       timeout_s=LEAVE_TIMEOUT_S)
                                          for j in peers))
         told = [j for j, answer in zip(peers, answers, strict=True) if answer.ok]
-        log.warning("leaving before the join ended: told rank(s) %s%s", told,
+        log.warning("%s: told rank(s) %s%s",
+                    "stopping the run" if training else "leaving before the join ended", told,
                     f" (not reached: {sorted(set(peers) - set(told))})"
                     if len(told) < len(peers) else "")
 
     async def on_leave(self, sender: int, payload: dict[str, Any]) -> dict[str, Any]:
         """`sender` leaves before it joined: the run goes on without it, or (if we are
-        still joining) our join ends (see the module docstring)."""
+        still joining) our join ends (see the module docstring); or it stops the run
+        after the join (``training``): we stop too, exit 1."""
         self.identity.check(sender, payload)
-        reason = str(payload.get("reason") or "no reason given")[:200]
+        reason = str(payload.get("reason") or "no reason given")[:LEAVE_REASON_CHARS]
         if self.node_built() and payload.get("failed") is True:
             self.liveness.left(sender, reason)
-            self.waiter.lose([sender], why=f"rank {sender} could not complete the join "
-                                           f"({reason}): this run is not the one every rank "
-                                           f"joined; stopping this rank, exit 1")
+            if payload.get("training") is True:
+                why = f"rank {sender} stopped the run ({reason}); stopping this rank, exit 1"
+            else:
+                why = (f"rank {sender} could not complete the join ({reason}): this run is "
+                       f"not the one every rank joined; stopping this rank, exit 1")
+            self.waiter.lose([sender], why=why)
             return {"rank": self.identity.rank}
         if self.node_built():
             log.warning("rank %d left before it joined (%s): going on without it, and the "
