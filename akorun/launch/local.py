@@ -54,7 +54,7 @@ from akocore.nonfinite import is_nonfinite_stop
 from akocore.results import RunResult
 from akorun.errors import EXIT_INTERRUPTED, Interrupted, RunError, UsageError
 from akorun.launch.cluster import AkorunSettings, loopback_hosts, with_hosts, write_cluster_file
-from akorun.launch.run_merge import merge_ranks
+from akorun.launch.run_merge import MergeOutcome, merge_ranks
 from akorun.runtime.node_plan import role_of
 from akorun.transport.keys import restrict_new_files
 
@@ -299,12 +299,12 @@ class Launcher:
                 sys.stderr.write(_progress_line(self.cfg, statuses) + "\n")
                 next_progress_s = now + options.progress_every_s
 
-    def merge(self) -> RunResult:
+    def merge(self) -> MergeOutcome:
         """OUT/result.json from the ranks' records of this run and their exit statuses
         (a rank with no record is merged as failed, the result marked partial)."""
         codes = {rank: proc.returncode for rank, proc in enumerate(self.procs)}
         return merge_ranks(self.options.out_dir, config=self.cfg, run_id=self.settings.run_id,
-                           exit_codes=codes, allow_empty=True).result
+                           exit_codes=codes, allow_empty=True)
 
     def failures(self) -> list[tuple[int, int, str]]:
         """(rank, exit status, tail of its log) of every rank that failed. While stopping,
@@ -352,7 +352,8 @@ def summary_table(merged: RunResult) -> str:
 def launch(cfg: RunConfig, settings: AkorunSettings, options: LaunchOptions, *,
            resolved: ResolvedSettings | None = None,
            placement: Placement | None = None) -> RunResult:
-    """Run every rank, merge the results; RunError naming the failed ranks.
+    """Run every rank, merge the results; RunError naming the failed ranks, or the ranks
+    whose final parameters hold NaN or Inf.
 
     With `resolved`, the cluster file writes the settings no layer chose as
     comments (their built-in defaults), as `akorun init` does. `placement`:
@@ -373,7 +374,8 @@ def launch(cfg: RunConfig, settings: AkorunSettings, options: LaunchOptions, *,
             proc.wait()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    merged = launcher.merge()
+    outcome = launcher.merge()
+    merged = outcome.result
     if not options.quiet:
         sys.stderr.write(summary_table(merged) + "\n")
         sys.stderr.write(f"[launch] result: {options.out_dir / 'result.json'}\n")
@@ -383,6 +385,9 @@ def launch(cfg: RunConfig, settings: AkorunSettings, options: LaunchOptions, *,
         tails = "\n".join(tail for _, _, tail in failed)
         raise RunError(f"{run_failure_cause(merged)}{names} failed; the end of their "
                        f"logs:\n{tails}")
+    if outcome.nonfinite is not None:  # every rank exited 0, yet no usable model
+        raise RunError(f"{outcome.nonfinite}; the results are in "
+                       f"{options.out_dir / 'result.json'}")
     if launcher.stopping:
         raise Interrupted("stopped before the end (signal or --timeout); every rank stopped "
                           "after its current round (a rank still starting, with 0 rounds) and "
