@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from akocore.cli_support import OneLineParser, UsageError, fail, one_line
+from akocore.cli_support import OneLineParser, UsageError, check_out_file, fail, one_line
 from akocore.config import (
     Given,
     Layer,
@@ -275,6 +275,10 @@ def run_plan(args: argparse.Namespace, *, training: bool = False) -> int:
     if args.show_config:
         print("\n".join(describe_settings(resolved, training=training)))
         return 0
+    if args.out:  # refused now, not after the whole plan
+        check_out_file(args.out)
+    if args.trace:
+        check_out_file(args.trace, "--trace")
     if training:
         from akocore.process_setup import enable_compilation_cache
 

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from akocore.cli_support import one_line
+from akocore.cli_support import check_out_directory, one_line
 from akocore.config import (
     ConfigError,
     ResolvedSettings,
@@ -46,7 +46,6 @@ from akorun.launch.cluster import (
     DEFAULT_BASE_PORT,
     AkorunSettings,
     check_distinct_endpoints,
-    check_writable_directory,
     hosts_from_text,
     loopback_hosts,
     new_settings,
@@ -148,7 +147,7 @@ def rank_options(args: argparse.Namespace) -> WorkerOptions:
     settings.rank_keys(rank, cfg.cluster.workers)  # a missing or foreign key file: exit 2 now
     out = Path(args.out) if args.out else None
     if out is not None:
-        check_writable_directory(out, "--out")  # before training, not after it
+        check_out_directory(out)  # before training, not after it
     checkpoint_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else (
         out / "checkpoints" if out else None)
     if args.resume and checkpoint_dir is None:
@@ -208,6 +207,7 @@ def launch_run(args: argparse.Namespace) -> RunResult:
         progress["kill_grace_s"] = parse_duration_arg(args.kill_grace, "--kill-grace")
     out_dir = Path(args.out)
     check_run_directory(out_dir, force=args.force)
+    check_out_directory(out_dir)  # before any rank starts
     options = LaunchOptions(
         out_dir=out_dir, quiet=args.quiet,
         timeout_s=parse_duration_arg(args.timeout, "--timeout") if args.timeout else None,

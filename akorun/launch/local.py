@@ -96,7 +96,8 @@ RUN_FILES = ("cluster.toml", "result.json")  # a directory holding one of these 
 
 
 def check_run_directory(out_dir: Path, *, force: bool) -> None:
-    """UsageError when `out_dir` is not a directory, or already holds a run (no --force)."""
+    """UsageError when `out_dir` is not a directory, or already holds a run (no --force);
+    one that cannot be made or written is akocore.cli_support.check_out_directory's."""
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--out {out_dir}: is a file; give a directory for the run")
     if not force and out_dir.is_dir():
@@ -105,11 +106,6 @@ def check_run_directory(out_dir: Path, *, force: bool) -> None:
             what = ", ".join(held) or "worker results"
             raise UsageError(f"--out {out_dir}: already holds a run ({what}); pass --force "
                              f"to overwrite it or choose another directory")
-    parent = out_dir.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if parent.exists() and not parent.is_dir():
-        raise UsageError(f"--out {out_dir}: {parent} is a file, not a directory")
 
 
 def child_env(workers: int, extra: dict[str, str]) -> dict[str, str]:

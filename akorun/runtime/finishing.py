@@ -28,7 +28,9 @@ results naming the peer, tells the others ``done`` and raises RunError
 (exit 1).
 
 A failed final write (checkpoint or results: a full disk) still tells the
-peers ``done`` and waits for theirs, then raises RunError: one line, exit 1.
+peers ``done`` and waits for theirs, then raises RunError: one line, exit 1;
+so does a rank whose loss or gradient went NaN/Inf (runtime.training), with
+the line naming it.
 """
 
 from __future__ import annotations
@@ -159,6 +161,8 @@ class Finisher:
                                 self.grace_s)
         if failures:
             raise RunError(f"{'; '.join(failures)} (training finished; peers were told done)")
+        if self.training.nonfinite is not None:  # the cause, not the peers it stopped
+            raise RunError(self.training.nonfinite)
         if self.waiter.lost_peers:
             raise RunError(f"lost peer(s) {sorted(self.waiter.lost_peers)}: scheme "
                            f"{self.waiter.scheme} cannot continue without them; stopped "

@@ -14,8 +14,9 @@ Following the driving loop of akocore.schemes:
 
 The user's own NaN: a step whose loss or gradient is not finite
 (akocore.nonfinite, checked on the host values the step returns) is not sent;
-the loop stops there with `nonfinite` holding the one line naming the round,
-the batch and the local loss (the worker tells its peers and fails, exit 1).
+the loop stops there (a hard stop: no wait is for the peers, which are told
+to stop too) with `nonfinite` holding the one line naming the round, the
+batch and the local loss; the finish raises it (RunError, exit 1).
 
 Catching up (ako): a rank that comes back from a pause or a cut to find every
 peer in its gate far past it (by more than the staleness bound) would hold
@@ -202,6 +203,7 @@ class TrainingLoop:
                                                 loss=loss, problem=problem)
                 log.error("%s", self.nonfinite)
                 self.waiter.stop_reason = self.nonfinite  # the record's stop_reason
+                self.waiter.stop_now()  # every peer is told to stop: no wait is for them
                 break
             send_start_s = loop.time()
             await self.outbox.dispatch(node.local_step(t, grad))

@@ -434,22 +434,11 @@ class Worker:
             assert node is not None
             if self.role.trains:
                 await self.training.train(node)
-            nonfinite = self.training.nonfinite
-            if nonfinite is not None:  # the user's loss went NaN/Inf here: every rank stops
-                await self.join.fail_run(control, [j for j in self.peers
-                                                   if j not in self.waiter.lost_peers],
-                                         nonfinite)
-                self.waiter.stop_now()  # the peers told stop too: no wait is for them
-            try:
-                await self.finisher.finish(control)
-            except RunError:
-                if nonfinite is None:
-                    raise
-                raise RunError(nonfinite) from None  # the cause, not the peers it stopped
+            if self.training.nonfinite is not None:  # the user's loss went NaN/Inf: all stop
+                await self.join.leave(control, self.training.nonfinite, peers=self.peers)
+            await self.finisher.finish(control)  # RunError(nonfinite line) in that case
             log.info("done: %d rounds, stop: %s", len(self.training.times.end_s),
                      self.waiter.stop_reason)
-            if nonfinite is not None:
-                raise RunError(nonfinite)
             if self.relay.disagreements:
                 raise RunError("; ".join(self.relay.disagreements[origin]
                                          for origin in sorted(self.relay.disagreements)))
