@@ -52,6 +52,7 @@ from akorun.launch.cluster import (
     resolve_rank,
     settings_of,
     should_emulate,
+    split_host,
     warn_if_readable_by_others,
     with_hosts,
     write_cluster_file,
@@ -67,6 +68,7 @@ from akorun.launch.testbed.runner import TestbedOptions, launch_on_testbed
 from akorun.runtime.node_plan import check_role
 from akorun.runtime.worker import TLSOptions, WorkerOptions, run_rank
 from akorun.transport.keys import rank_key_file, write_rank_key_files
+from akorun.transport.port_check import check_port_free
 
 # ------------------------------------------------------------------------ commands
 
@@ -141,9 +143,12 @@ def rank_options(args: argparse.Namespace) -> WorkerOptions:
         check_distinct_endpoints(cfg.cluster.hosts)
     except ConfigError as error:
         raise UsageError(f"{args.config}: {error}") from None
-    _check_workload(cfg.train)
     rank = resolve_rank(parse_whole_arg(args.rank, "--rank"), os.environ, cfg.cluster.workers)
     check_role(cfg, rank, args.role)
+    if rank < len(cfg.cluster.hosts):  # none: the rank says so when it starts
+        host, port = split_host(cfg.cluster.hosts[rank])
+        check_port_free(args.listen or host, port, rank)  # before the workload or JAX loads
+    _check_workload(cfg.train)
     settings.rank_keys(rank, cfg.cluster.workers)  # a missing or foreign key file: exit 2 now
     out = Path(args.out) if args.out else None
     if out is not None:
