@@ -3,9 +3,10 @@
 One real 3-rank run (`akorun launch`) gives the records; each test copies them
 and damages the copy: NaN parameters in one rank's or every rank's replica
 (exit 1, one line naming the ranks, result.json says max_relative_difference
-inf), a damaged npz, a record claiming a billion ranks, a record filed under
-another rank's name, a rank outside the run (exit 2, one line, no traceback, no
-stall: the module timeout is the hang guard).
+inf; a launch whose ranks end with a NaN model fails the same way), a damaged
+npz, a record claiming a billion ranks, a record filed under another rank's
+name, a rank outside the run (exit 2, one line, no traceback, no stall: the
+module timeout is the hang guard).
 """
 
 from __future__ import annotations
@@ -168,3 +169,21 @@ def test_a_rank_outside_the_run_is_refused(copy: Path,
     shutil.copy(copy / "worker-2.json", copy / "worker-7.json")
     _edit(copy / "worker-7.json", {"rank": 7})
     _refused(copy, capsys, "worker-7.json: rank 7 of 3 ranks, but the run has 3")
+
+
+def test_akorun_launch_whose_every_rank_ends_with_a_nan_model_fails_with_exit_1(
+        tmp_path: Path) -> None:
+    """One round at an infinite learning rate: every step's loss and gradient are finite
+    (no rank stops), the update after it makes every parameter Inf or NaN."""
+    out = tmp_path / "run"
+    result = subprocess.run(akorun_command(
+        "launch", "--workers", "2", "--rounds", "1", "--optimizer", "sgd", "--lr", "1e39",
+        "--batch-size", "16", "--out", str(out), "--quiet"), capture_output=True, text=True,
+        env=child_test_env(), cwd=REPO_ROOT, timeout=150)
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "akorun launch: failed: the final parameters of rank(s) 0, 1 hold NaN or Inf"), lines
+    run = json.loads((out / "result.json").read_text())
+    assert run["max_relative_difference"] == "inf"
+    assert [rank["exit_code"] for rank in run["per_worker"]] == [0, 0]
