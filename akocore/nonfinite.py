@@ -43,9 +43,10 @@ def gradient_is_finite(grad: np.ndarray) -> bool:
     return bool(np.isfinite(flat).all())
 
 
-def step_problem(loss: float, grad: np.ndarray) -> str | None:
-    """What is not finite in one step's (loss, gradient), in words; None: both are."""
-    if not math.isfinite(loss):
+def step_problem(loss: float | None, grad: np.ndarray) -> str | None:
+    """What is not finite in one step's (loss, gradient), in words; None: both are (a
+    loss of None, a gradient from the user's own loop, is not checked)."""
+    if loss is not None and not math.isfinite(loss):
         return f"the loss is {_word(loss)}"
     if not gradient_is_finite(grad):
         return "the gradient holds NaN or Inf (the loss is finite)"
@@ -93,10 +94,15 @@ def _batch_name(batch: Any, stream_step: int | None) -> str:
     return "its batch"
 
 
-def nonfinite_line(*, who: str, round_: int, batch: Any, loss: float, problem: str,
+def nonfinite_line(*, who: str, round_: int, batch: Any, loss: float | None, problem: str,
                    stream_step: int | None = None) -> str:
     """The one line: `who` (``rank 2``, ``simulated worker 2``) at round `round_` on
-    `batch`: `problem` (step_problem's), the local loss, and what the batch holds."""
+    `batch`: `problem` (step_problem's), the local loss, and what the batch holds. A
+    loss of None: the gradient came from the user's own loop (akorun.Exchange), which
+    holds the batch."""
+    if loss is None:
+        return (f"{who}: {_WORDS} {round_}: {problem}: the gradient your own loop gave "
+                f"akorun.Exchange.step (check its loss and data); stopped")
     held = batch_holds(batch)
     if held:
         cause = (f"the batch's {' and '.join(held)} hold NaN or Inf: clean the data "

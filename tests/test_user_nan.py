@@ -85,6 +85,8 @@ def test_a_nan_or_inf_anywhere_in_the_gradient_is_found_and_huge_finite_values_a
         poisoned[777] = bad
         assert not gradient_is_finite(poisoned)
         assert step_problem(0.5, poisoned) == "the gradient holds NaN or Inf (the loss is finite)"
+    assert step_problem(None, grad) is None  # akorun.Exchange: the user's loop has the loss
+    assert step_problem(None, poisoned) is not None
     assert step_problem(float("nan"), grad) == "the loss is NaN"
     assert step_problem(float("-inf"), grad) == "the loss is -Inf"
 
