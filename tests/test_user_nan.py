@@ -156,12 +156,14 @@ def test_akosim_train_of_finite_data_still_trains(user_folder: Path,
 # ------------------------------------------------------------------------ akorun
 
 
+@pytest.mark.parametrize("scheme", ["ako", "allreduce"])
 def test_akorun_launch_stops_every_rank_at_the_first_nan_with_exit_1_and_the_line(
-        user_folder: Path) -> None:
+        user_folder: Path, scheme: str) -> None:
     out = user_folder / "run"
     result = subprocess.run(akorun_command(
         "launch", "--workload", "./nanmodel.py:make:nan_every=23", "--workers", "3",
-        "--rounds", "50", "--batch-size", "10", "--out", str(out), "--quiet"),
+        "--scheme", scheme, "--rounds", "50", "--batch-size", "10", "--out", str(out),
+        "--quiet"),
         capture_output=True, text=True, env=child_test_env(), cwd=user_folder, timeout=200)
     assert result.returncode == 1, result.stderr
     first = result.stderr.strip().splitlines()[0]
