@@ -4,10 +4,11 @@ akorun (each training rank) and akosim train (each simulated worker) check every
 step's results where they already hold them on the host: `step_problem` says
 what is not finite (the loss: one float; the gradient: its dot product with
 itself, one BLAS pass with no temporary array and no device sync, since the
-gradient is already a host array). Only once a step went wrong is its batch looked at (`batch_holds`), so
-that the one line `nonfinite_line` builds can say where it first appeared (the
-rank, the round, the batch, the local loss) and whether the data held it (a
-NaN or Inf in the inputs or targets) or the training diverged on finite data.
+gradient is already a host array). Only once a step went wrong is its batch
+looked at (`batch_holds`), so that the one line `nonfinite_line` builds can say
+where it first appeared (the rank, the round, the batch, the local loss) and
+whether the data held it (a NaN or Inf in the inputs or targets) or the
+training diverged on finite data.
 
 `NonFiniteStep` carries that line; akorun turns it into a failed run (exit 1),
 akosim train into exit 1 as well.

@@ -33,8 +33,8 @@ from akocore.figures import steady_mean, steady_round_time_s, warmup_rounds
 from akocore.results import RankResult, RunResult, merged_figures, rank_figures
 
 __all__ = ["RankDiagnostics", "RankSummary", "checked_rank_result", "max_relative_difference",
-           "merge_results", "nonfinite_replicas", "steady_mean", "steady_round_time_s", "warmup_rounds", "worker_summary",
-           "write_json", "write_rank_result"]
+           "merge_results", "nonfinite_replicas", "steady_mean", "steady_round_time_s",
+           "warmup_rounds", "worker_summary", "write_json", "write_rank_result"]
 
 
 @dataclass(frozen=True)
