@@ -175,5 +175,9 @@ def test_akorun_launch_stops_every_rank_at_the_first_nan_with_exit_1_and_the_lin
     assert all(rank["exit_code"] == 1 for rank in ranks), [r["exit_code"] for r in ranks]
     stopped = [rank for rank in ranks if is_nonfinite_stop(rank["stop_reason"])]
     assert stopped, [rank["stop_reason"] for rank in ranks]
+    for rank in range(3):  # every rank's last line names the cause, not a lost peer
+        last = (out / f"worker-{rank}.log").read_text().strip().splitlines()[-1]
+        assert last.startswith("akorun worker: failed: rank "), last
+        assert "non-finite training step at round " in last, last
     # the rank that met the NaN sent nothing non-finite: no peer refused a message
     assert all(not rank["rejected"].get("non_finite") for rank in ranks)
