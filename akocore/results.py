@@ -286,7 +286,7 @@ class RunResult:
         "s", "simulated seconds to the target accuracy (null: not reached)", "akosim"))
     max_relative_difference: float | None = field(default=None, metadata=meta(
         "", "largest max-norm difference between a training replica and the first, "
-            "relative to the first's max-norm", "akorun"))
+            "relative to the first's max-norm (inf: a replica holds NaN or Inf)", "akorun"))
     nic_utilisation: float | None = field(default=None, metadata=meta(
         "fraction", "mean busy fraction of the training workers' uplinks", "akosim"))
     max_uplink_utilisation: float | None = field(default=None, metadata=meta(

@@ -8,7 +8,9 @@ One argparse parser with a subparser per command; a command line that does
 not start with a command name is a plan. Settings are resolved in layers
 (akocore.settings): each command's defaults < --config < --set < flags, and
 the resolved settings know which layer set each value (--show-config prints
-them). User mistakes exit with status 2 and one line on stderr; results go
+them). User mistakes exit with status 2 and one line on stderr; a training step
+whose loss or gradient is NaN or Inf (the user's data, or a diverged run) exits
+with status 1 and one line naming the worker, round and batch; results go
 to stdout as a table and, with --out, to a JSON file.
 """
 
@@ -21,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from akocore.cli_support import OneLineParser, UsageError, fail
+from akocore.cli_support import OneLineParser, UsageError, check_out_file, fail, one_line
 from akocore.config import (
     Given,
     Layer,
@@ -32,6 +34,7 @@ from akocore.config import (
     add_shared_arguments,
     resolve_args,
 )
+from akocore.nonfinite import NonFiniteStep
 from akocore.settings.key_registry import RUN_SECTIONS
 from akocore.units import format_duration, format_size
 from akosim.calibration.run_calibration import (  # noqa: F401 (rank_overhead_s: re-exported)
@@ -278,6 +281,10 @@ def run_plan(args: argparse.Namespace, *, training: bool = False) -> int:
     if args.show_config:
         print("\n".join(describe_settings(resolved, training=training)))
         return 0
+    if args.out:  # refused now, not after the whole plan
+        check_out_file(args.out)
+    if args.trace:
+        check_out_file(args.trace, "--trace")
     if training:
         from akocore.process_setup import enable_compilation_cache
 
@@ -376,6 +383,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args))
     except USER_ERRORS as error:
         fail(str(error), "akosim")
+    except NonFiniteStep as error:  # the user's data or loss went NaN/Inf: one line, exit 1
+        print(f"akosim {args.command}: failed: {one_line(error)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("akosim: interrupted", file=sys.stderr)
         return 130

@@ -28,7 +28,9 @@ results naming the peer, tells the others ``done`` and raises RunError
 (exit 1).
 
 A failed final write (checkpoint or results: a full disk) still tells the
-peers ``done`` and waits for theirs, then raises RunError: one line, exit 1.
+peers ``done`` and waits for theirs, then raises RunError: one line, exit 1;
+so does a rank whose loss or gradient went NaN/Inf (runtime.training), with
+the line naming it, and a rank stopped by such a peer, with that peer's line.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
+from akocore.nonfinite import is_nonfinite_stop
 from akorun.errors import RunError
 from akorun.runtime.checkpoints import CheckpointFailed, CheckpointWriter
 from akorun.runtime.evaluation import Evaluator
@@ -179,6 +182,11 @@ class Finisher:
             failures += self._disagreements(done)
         if failures:
             raise RunError(f"{'; '.join(failures)} (training finished; peers were told done)")
+        told = [self.liveness.left_peers.get(j) for j in sorted(self.waiter.lost_peers)]
+        cause = self.training.nonfinite or next(
+            (f"{line} (stopped by that rank)" for line in told if is_nonfinite_stop(line)), None)
+        if cause is not None:  # the user's NaN, here or on the peer that stopped the run
+            raise RunError(cause)
         if self.waiter.lost_peers:
             raise RunError(f"lost peer(s) {sorted(self.waiter.lost_peers)}: scheme "
                            f"{self.waiter.scheme} cannot continue without them; stopped "

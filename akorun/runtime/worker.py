@@ -436,7 +436,9 @@ class Worker:
             assert node is not None
             if self.role.trains:
                 await self.training.train(node)
-            await self.finisher.finish(control)
+            if self.training.nonfinite is not None:  # the user's loss went NaN/Inf: all stop
+                await self.join.leave(control, self.training.nonfinite, peers=self.peers)
+            await self.finisher.finish(control)  # RunError(nonfinite line) in that case
             log.info("done: %d rounds, stop: %s", len(self.training.times.end_s),
                      self.waiter.stop_reason)
             if self.relay.disagreements:

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from akocore.cli_support import OneLineParser, UsageError, fail
+from akocore.cli_support import OneLineParser, UsageError, check_out_directory, fail
 from akocore.config import (
     Given,
     RunConfig,
@@ -450,6 +450,7 @@ def _sweep(args: argparse.Namespace) -> int:
     shard = parse_shard(args.shard)
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs: got {args.jobs}, expected a number of processes >= 1")
+    check_out_directory(args.out)  # refused now, not after measuring or running points
     settings = sim_settings(args)
     cache: dict[str, Any] = {"remeasure": args.compute.strip() == "remeasure"}
     points = expand_grid(args, settings)
