@@ -155,7 +155,8 @@ def train_row(twin: Setup, variant: Variant, workload: FlatWorkload, label: str)
     """One configuration trained in simulated time on the twin."""
     from akosim.sim.scenario import simulate
 
-    run = simulate(twin, variant, workload=workload, eval_every=EVAL_EVERY)
+    run = simulate(twin, variant, workload=workload, eval_every=EVAL_EVERY,
+                   replicas=twin.nodes)  # every row one compilation (servers: fewer workers)
     rounds = max((w.rounds for w in run.per_worker), default=0)
     curve = tuple((e.round, float(e.accuracy)) for e in run.evaluations)
     return RowLearning(label, float(run.final_accuracy or 0.0), curve, rounds)
