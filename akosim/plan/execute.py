@@ -157,6 +157,7 @@ def plan_outcome(resolved: ResolvedSettings, options: SimulationOptions, *,
 
         learned = learning_ranking(setup, runs, resolved.config, max_staleness_rounds=limit,
                                    stand_in_gradient=options.gradient_size is not None,
+                                   measured_step_s=_measured_step_s(setup, options),
                                    margin_points=margin, announce=announce)
         if isinstance(learned, str):
             caveats = (f"akosim: cannot predict what each configuration learns ({learned}): "
@@ -178,6 +179,14 @@ def plan_outcome(resolved: ResolvedSettings, options: SimulationOptions, *,
                          ranking=ranking, explained=explained, learning=learning)
     return PlanOutcome(record, planned, explanation, recommendation, ranking, explained,
                        learning, caveats)
+
+
+def _measured_step_s(setup: Setup, options: SimulationOptions) -> float | None:
+    """The workload's gradient step as measured on this machine; None when the compute time
+    was given or came from an akorun run."""
+    if options.compute_from or options.compute not in ("measure", "remeasure"):
+        return None
+    return setup.compute.compute_s
 
 
 def _ranking(resolved: ResolvedSettings, setup: Setup, runs: list[SimRun], limit: float,

@@ -247,6 +247,7 @@ def _with_margin(row: LearnedRow, rows: list[LearnedRow], margin_points: float) 
 
 def learning_ranking(setup: Setup, runs: list[SimRun], cfg: RunConfig, *,
                      max_staleness_rounds: float, stand_in_gradient: bool,
+                     measured_step_s: float | None = None,
                      margin_points: float = ACCURACY_MARGIN_POINTS,
                      announce: Callable[[str], None] | None = None,
                      ) -> LearningRanking | str:
@@ -257,7 +258,8 @@ def learning_ranking(setup: Setup, runs: list[SimRun], cfg: RunConfig, *,
     from akosim.plan.learning_runs import LEARNING_ROUNDS, learn_rows, learning_source
     from akosim.plan.pareto_candidates import variant_of
 
-    source = learning_source(cfg, setup, stand_in_gradient=stand_in_gradient)
+    source = learning_source(cfg, setup, stand_in_gradient=stand_in_gradient,
+                             measured_step_s=measured_step_s)
     try:
         learned = learn_rows(setup, runs, cfg, source, variant_of=variant_of,
                              announce=announce)

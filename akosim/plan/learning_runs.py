@@ -13,9 +13,11 @@ the engine applies every message (64 workers of Ako exchange about 4,000 per
 round, about 0.4 CPU s per round here), and a large model's gradients cost as
 much in simulation as on the cluster. So `learning_source` chooses what trains:
 
-- the planned workload itself when it is small (at most `DIRECT_PARAMS`
-  parameters and not a ``--gradient-size`` stand-in), else the proxy
-  `PROXY_WORKLOAD` at its own batch size;
+- the planned workload itself when it is cheap to train (not a
+  ``--gradient-size`` stand-in, and a gradient step measured here of at most
+  `DIRECT_STEP_S`, or, when the compute time was given rather than measured, at
+  most `DIRECT_PARAMS` parameters), else the proxy `PROXY_WORKLOAD` at its own
+  batch size;
 - on at most `LEARNING_WORKERS` of the cluster's nodes, spread evenly over its
   ranks, with each row's own settings (p, s, H, tau, codec, optimizer, learning
   rate, server share);
@@ -47,7 +49,8 @@ if TYPE_CHECKING:
 
 PROXY_WORKLOAD = "digits-mlp"  # real data, 4,810 parameters: a gradient step in ~1 ms
 PROXY_BATCH_SIZE = 32  # akosim train's and akorun's default batch
-DIRECT_PARAMS = 100_000  # a workload at most this large trains itself
+DIRECT_STEP_S = 0.005  # a workload whose gradient step measured here is this quick trains
+DIRECT_PARAMS = 20_000  # itself; with a given compute time: one at most this large
 LEARNING_WORKERS = 8  # trained on at most this many of the cluster's nodes
 LEARNING_ROUNDS = 200  # each row's training horizon
 EVAL_EVERY = 5  # rounds between evaluations of the watched replica
@@ -108,12 +111,17 @@ class RowLearning:
                    tuple((int(r), float(a)) for r, a in data["curve"]), int(data["rounds"]))
 
 
-def learning_source(cfg: RunConfig, setup: Setup, *, stand_in_gradient: bool) -> LearningSource:
-    """The planned workload when it is small enough and really timed (not a
-    --gradient-size stand-in), else the proxy; on at most LEARNING_WORKERS nodes."""
+def learning_source(cfg: RunConfig, setup: Setup, *, stand_in_gradient: bool,
+                    measured_step_s: float | None) -> LearningSource:
+    """The planned workload when it is cheap to train and really timed (not a
+    --gradient-size stand-in), else the proxy; on at most LEARNING_WORKERS nodes.
+    `measured_step_s`: its gradient step as measured on this machine (None: the compute
+    time was given, and only the parameter count tells)."""
     workers = setup.nodes
     nodes = spread_nodes(workers, min(workers, LEARNING_WORKERS))
-    if not stand_in_gradient and setup.length <= DIRECT_PARAMS:
+    cheap = (measured_step_s <= DIRECT_STEP_S if measured_step_s is not None
+             else setup.length <= DIRECT_PARAMS)
+    if not stand_in_gradient and cheap:
         return LearningSource(cfg.train.workload, cfg.train.batch_size, nodes, workers, False)
     return LearningSource(PROXY_WORKLOAD, PROXY_BATCH_SIZE, nodes, workers, True)
 
