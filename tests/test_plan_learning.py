@@ -102,6 +102,12 @@ def test_same_time_not_same_rounds() -> None:
     assert short.learning.accuracy < 0.95 - 0.02  # more than the margin below at equal rounds
     assert short.beaten_by == ""  # but not at equal time
     assert ranking.winner is short  # the target (85.5%) at 100 s, the long one at 300 s
+    # the table shows what the margin compares: every row's accuracy by the winner's end
+    header, _, *lines = ranking.table().splitlines()[1:]
+    assert "accuracy by " in header
+    long_line = next(line for line in lines if line.startswith("2     long rounds") or
+                     "long rounds" in line)
+    assert "80%" in long_line and "95%" in long_line
 
 
 def test_rows_beyond_max_staleness_are_never_recommended() -> None:

@@ -140,8 +140,14 @@ class LearningRanking:
 
     def table(self) -> str:
         target = _percent(self.target)
+        winner = self.winner
+        # each row's accuracy by the time the recommended row's training ends: what the
+        # margin compares (same time, not same rounds)
+        at_s = winner.horizon_s if winner is not None else None
         headers = ["rank", "configuration", f"accuracy after {self.rounds} rounds",
                    f"rounds to {target}", f"time to {target}", "staleness", "note"]
+        if at_s is not None:
+            headers.insert(3, f"accuracy by {format_duration(at_s)}")
         rows = []
         for index, row in enumerate(self.ranked, 1):
             ttt = row.time_to_target_s
@@ -149,12 +155,16 @@ class LearningRanking:
                     f"by its end > {self.margin_points:g} points below {row.beaten_by}"
                     if row.beaten_by else "")
             bound = row.run.staleness_bound_rounds
-            rows.append([str(index), row.run.label, _percent(row.learning.accuracy),
-                         "not reached" if row.rounds_to_target is None
-                         else str(row.rounds_to_target),
-                         "not reached" if ttt is None else format_duration(ttt),
-                         "<= " + ("inf" if math.isinf(bound) else f"{bound:g}") + " rounds",
-                         note])
+            cells = [str(index), row.run.label, _percent(row.learning.accuracy),
+                     "not reached" if row.rounds_to_target is None
+                     else str(row.rounds_to_target),
+                     "not reached" if ttt is None else format_duration(ttt),
+                     "<= " + ("inf" if math.isinf(bound) else f"{bound:g}") + " rounds", note]
+            if at_s is not None:  # "-": not evaluated yet by then
+                seen = at_s >= row.horizon_s or any(
+                    r * row.run.round_time_s <= at_s for r, _ in row.learning.curve)
+                cells.insert(3, _percent(row.accuracy_at(at_s)) if seen else "-")
+            rows.append(cells)
         widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
                   for i, h in enumerate(headers)]
         lines = [f"ranked by predicted time to {target} ({_percent(TARGET_FRACTION)} of the "
@@ -179,7 +189,8 @@ class LearningRanking:
                 f"{format_duration(first.time_to_target_s)} (predicted: "
                 f"{first.rounds_to_target} rounds of {format_duration(run.round_time_s)}), "
                 f"predicted accuracy {_percent(first.learning.accuracy)} after "
-                f"{self.rounds} rounds, staleness <= {run.staleness_bound_rounds:g} rounds "
+                f"{self.rounds} rounds ({format_duration(first.horizon_s)}), staleness <= "
+                f"{run.staleness_bound_rounds:g} rounds "
                 f"(ranked by predicted time to accuracy within --max-staleness "
                 f"{self.max_staleness_rounds:g} and {self.margin_points:g} points of the best "
                 f"by the same time; --rank-by throughput for samples/s)", GLOSSARY)
