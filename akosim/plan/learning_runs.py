@@ -140,7 +140,8 @@ def learn_rows(setup: Setup, runs: list[SimRun], cfg: RunConfig, source: Learnin
     from akosim.plan.compute_cache import cache_dir, store_json
 
     folder = cache_dir()
-    keys = [_row_key(setup, cfg, source, variant_of(run)) for run in runs]
+    shared = _shared_payload(setup, cfg, source)
+    keys = [_row_key(shared, variant_of(run)) for run in runs]
     learned: list[RowLearning | None] = []
     for run, key in zip(runs, keys, strict=True):
         learned.append(_cached(folder / f"learning-{key}.json", run.label))
@@ -255,33 +256,43 @@ def _rows(matrix: Any) -> tuple[tuple[float, ...], ...]:
 # ------------------------------------------------------------------ the cache key
 
 
-def _row_key(setup: Setup, cfg: RunConfig, source: LearningSource, variant: Variant) -> str:
-    """A digest of everything that decides one row's training: the source (its workload's
-    identity with a user's file digest), the planned network, compute and gradient, the
-    exchange settings and the row's own p, s and servers."""
+def _shared_payload(setup: Setup, cfg: RunConfig, source: LearningSource) -> dict[str, Any]:
+    """What decides every row's training but the row itself: the source (its workload's
+    identity, with a user's file digest), the kept nodes' network, compute and overheads,
+    the planned gradient and cluster size (the twin's bandwidth scale), the training and
+    exchange settings and the network model."""
+    import numpy as np
+
     from akocore.config import config_to_dict
     from akocore.resolve import network_arrays
     from akocore.workloads.naming import cache_identity
 
+    idx = list(source.nodes)
     arrays = network_arrays(setup.config)
     compute = setup.compute
-    payload = {
+    return {
         "version": CACHE_VERSION, "rounds": LEARNING_ROUNDS, "eval_every": EVAL_EVERY,
         "workload": cache_identity(source.workload), "batch": source.batch_size,
-        "nodes": list(source.nodes), "cluster_workers": source.cluster_workers,
-        "length": setup.length,
+        "nodes": idx, "cluster_workers": source.cluster_workers, "length": setup.length,
         "train": config_to_dict(_train_config(cfg, source))["train"],
         "exchange": config_to_dict(setup.config)["exchange"],
-        "uplink": arrays.uplink_bps.tolist(), "links": _finite(arrays.link_bps),
-        "latency": arrays.latency_s.tolist(),
-        "compute": [compute.base_s(i) for i in range(setup.nodes)],
-        "overhead": [compute.overhead_of(i) for i in source.nodes] if compute.cpu is None
-        else "cpu", "jitter": compute.jitter,
+        "uplink": arrays.uplink_bps[idx].tolist(),
+        "links": _finite(arrays.link_bps[np.ix_(idx, idx)]),
+        "latency": arrays.latency_s[np.ix_(idx, idx)].tolist(),
+        "compute": [compute.base_s(i) for i in idx],
+        "overhead": [compute.overhead_of(i) for i in idx] if compute.cpu is None else "cpu",
+        "jitter": compute.jitter, "seed": compute.seed,
         "message_overhead": list(setup.message_overhead_s),
         "network_model": setup.network_model_name, "tcp": repr(setup.tcp),
         "coalesce": setup.coalesce_rel,
-        "variant": [variant.scheme, list(variant.p_of), variant.ssp, variant.ps_servers],
     }
+
+
+def _row_key(shared: dict[str, Any], variant: Variant) -> str:
+    """A digest of everything that decides one row's training: `shared` and the row's own
+    scheme, p, s and servers."""
+    payload = {**shared,
+               "variant": [variant.scheme, list(variant.p_of), variant.ssp, variant.ps_servers]}
     text = json.dumps(payload, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
