@@ -160,6 +160,18 @@ def test_the_default_plan_recommends_the_first_to_learn_not_the_fastest(planned)
     assert times == sorted(times)
 
 
+def test_explain_says_why_the_first_to_learn_wins(planned, capsys) -> None:
+    """--explain names the recommended row and what the fastest one learns instead (the
+    rows' training comes from the cache the fixture's plan filled)."""
+    _, record = planned
+    label = record.recommendation[0].removeprefix("recommend: ").split(": first to ")[0]
+    assert main([*SMALL, "--explain"]) == 0
+    text = capsys.readouterr().out
+    assert f"why {label} wins: it is predicted to reach " in text
+    fastest = max(record.runs, key=lambda run: run.samples_per_s or 0.0)
+    assert f"  {fastest.label} has more samples/s (" in text
+
+
 def test_rank_by_throughput_keeps_the_old_answer(capsys, tmp_path) -> None:
     """The highest samples/s within --max-staleness, and no training."""
     out = tmp_path / "plan.json"

@@ -169,7 +169,8 @@ def plan_outcome(resolved: ResolvedSettings, options: SimulationOptions, *,
     if explain_more and not training:
         from akosim.plan.long_explanation import explain_long
 
-        explained = explain_long(setup, runs, max_staleness_rounds=limit, ranking=ranking)
+        explained = explain_long(setup, runs, max_staleness_rounds=limit, ranking=ranking,
+                                 learning=learning)
     workers = setup.config.cluster.workers
     record = plan_result(runs, config=config_to_dict(setup.config), training=training,
                          gradient_bytes=setup.gradient_bytes,
