@@ -61,7 +61,10 @@ EPILOG_RUN = """\
 examples:
   akosim --workers 64 --bandwidth 40mbps --p auto
       Ako with p chosen for 64 workers on 40 Mbit/s NICs, beside p=1, a parameter
-      server and ring all-reduce (the seed CNN's 17 MB gradient, compute measured here)
+      server, ring all-reduce and DiLoCo (the seed CNN's 17 MB gradient, compute measured
+      here), each row trained in simulated time (a proxy model on 8 of the workers) and
+      the first predicted to reach the accuracy recommended (--rank-by throughput: the
+      most samples/s)
   akosim --workers 4 --link-bandwidth 40,20,10mbps --latency 20ms --compute 0.3s
       the seeds' heterogeneous WAN, with a given compute time per round
   akosim --workers 8 --scheme ako --p 4 --ssp 2 --gradient-size 17MB --trace t.json
@@ -89,7 +92,8 @@ examples:
 PLAN_DESCRIPTION = ("What-if simulator for decentralised training with partial gradient "
                     "exchange (Ako), parameter servers and all-reduce. Without a command "
                     "(or with `plan`) it plans: what p, what round time, how much traffic, "
-                    "how stale.")
+                    "how stale, and which configuration is predicted to reach the accuracy "
+                    "first.")
 TRAIN_DESCRIPTION = ("Training mode: the simulated workers really train the shared JAX "
                      "workload; accuracy against simulated time predicts time to accuracy.")
 
