@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from akocore.cli_support import UsageError
-from akocore.settings.layers import resolve
+from akocore.settings.layers import Given, Layer, resolve
 from akorun.launch.plan_layer import plan_layer
 from akosim.cli import main as akosim_main
 
@@ -49,6 +51,10 @@ def test_flags_override_the_plan_and_a_bad_file_is_one_line(plan_file: Path,
                                                              tmp_path: Path) -> None:
     from akorun.launch.commands import main
 
+    flagged = resolve([*plan_layer(plan_file),
+                       Given("train.batch_size", 8, Layer.FLAG, "by --batch-size")])
+    assert flagged.config.train.batch_size == 8
+    assert flagged.origin("train.batch_size").layer == Layer.FLAG
     other = tmp_path / "not-a-plan.json"
     other.write_text("[1, 2]")
     assert main(["launch", "--plan", str(other), "--out", str(tmp_path / "r")]) == 2
@@ -59,11 +65,11 @@ def test_flags_override_the_plan_and_a_bad_file_is_one_line(plan_file: Path,
 
 
 def test_launch_runs_the_recommended_configuration(plan_file: Path, tmp_path: Path) -> None:
-    from akorun.launch.commands import main
-
     out = tmp_path / "run"
-    assert main(["launch", "--plan", str(plan_file), "--out", str(out), "--rounds", "3",
-                 "--quiet"]) == 0
+    done = subprocess.run([sys.executable, "-m", "akorun", "launch", "--plan", str(plan_file),
+                           "--out", str(out), "--rounds", "3", "--quiet"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads((out / "result.json").read_text())
     record = json.loads(plan_file.read_text())
     row = next(run for run in record["runs"] if run["label"] == _recommended_label(plan_file))
