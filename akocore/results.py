@@ -365,8 +365,8 @@ class RankedRun:
                                      "akosim"))
     scheme: str = field(metadata=meta("", "its scheme", "akosim"))
     reached: bool = field(metadata=meta(
-        "", "whether it reached the target accuracy within the round (and time) budget",
-        "akosim"))
+        "", "whether it reached the target accuracy within the round (and time) budget "
+            "and ended at or above it", "akosim"))
     time_to_target_s: float | None = field(metadata=meta(
         "s", "simulated seconds to the target accuracy (null: not reached or no target)",
         "akosim"))
@@ -415,12 +415,15 @@ class PlanResult:
         "", "when propagation exceeds max_staleness_rounds: the cheapest ways out, "
             "each quantified", "akosim"))
     recommendation: tuple[str, ...] = field(default=(), metadata=meta(
-        "", "the comparison's winner (the highest throughput among the runs within "
-            "--max-staleness, never one outside it) and what p, s, H and staleness mean",
-        "akosim"))
+        "", "the comparison's winner and what p, s, H and staleness mean: by default "
+            "the first predicted to reach the target accuracy among the runs within "
+            "--max-staleness and --accuracy-margin of the best; with --rank-by "
+            "throughput the highest throughput among the runs within --max-staleness "
+            "(never one outside it)", "akosim"))
     target_accuracy: float | None = field(default=None, metadata=meta(
-        "fraction", "--target-accuracy: the ranking orders by simulated time to it (null: "
-                    "no ranking by accuracy)", "akosim"))
+        "fraction", "--target-accuracy, or the default ranking's target (90% of the best "
+                    "accuracy a row reached): the ranking orders by time to it (null: no "
+                    "ranking by accuracy)", "akosim"))
     time_budget_s: float | None = field(default=None, metadata=meta(
         "s", "--time-budget: the ranking orders by accuracy within it (null: none)",
         "akosim"))
@@ -428,9 +431,11 @@ class PlanResult:
         "rounds", "the round budget each candidate trained within (null: no ranking)",
         "akosim"))
     ranking: tuple[RankedRun, ...] = field(default=(), metadata=meta(
-        "", "the candidates (up to three configurations of each scheme within "
-            "--max-staleness: its fastest, the least stale not much slower, one between) "
-            "in the order of the ranking, winner first", "akosim"))
+        "", "the candidates in the order of the ranking, first to the target first: "
+            "with --target-accuracy or --time-budget up to three configurations of each "
+            "scheme within --max-staleness (its fastest, the least stale not much slower, "
+            "one between); by default every row of the comparison, its time to target "
+            "predicted as rounds to target x its round time", "akosim"))
     ranking_verdict: tuple[str, ...] = field(default=(), metadata=meta(
         "", "the ranking in words: the winner, or that no candidate reached the target",
         "akosim"))
@@ -792,8 +797,8 @@ def schema_markdown() -> str:
            "written before the schema and are converted when read. Non-finite numbers are "
            'written as "inf" / "-inf"; a figure that could not be measured is null.', ""]
     for cls, title in ((PlanResult, "`akosim --out FILE.json` (kind `plan`)"),
-                       (RankedRun, "one candidate of a plan's `ranking` (akosim plan "
-                                   "--target-accuracy or --time-budget)"),
+                       (RankedRun, "one candidate of a plan's `ranking` (akosim plan's "
+                                   "default ranking, --target-accuracy or --time-budget)"),
                        (RunResult, "one run (kind `run`): akorun's `OUT/result.json`, "
                                    "each of akosim's `runs`"),
                        (RankResult, "one rank (kind `rank`): akorun's `OUT/worker-R.json`, "

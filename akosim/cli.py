@@ -49,6 +49,7 @@ from akosim.plan.runspec import (
     TRAIN_DEFAULTS,
     USER_ERRORS,
     load_workload,
+    timing_defaults_for,
 )
 
 if TYPE_CHECKING:
@@ -63,7 +64,10 @@ EPILOG_RUN = """\
 examples:
   akosim --workers 64 --bandwidth 40mbps --p auto
       Ako with p chosen for 64 workers on 40 Mbit/s NICs, beside p=1, a parameter
-      server and ring all-reduce (the seed CNN's 17 MB gradient, compute measured here)
+      server, ring all-reduce and DiLoCo (the seed CNN's 17 MB gradient, compute measured
+      here), each row trained in simulated time (a proxy model on 8 of the workers) and
+      the first predicted to reach the accuracy recommended (--rank-by throughput: the
+      most samples/s)
   akosim --workers 4 --link-bandwidth 40,20,10mbps --latency 20ms --compute 0.3s
       the seeds' heterogeneous WAN, with a given compute time per round
   akosim --workers 8 --scheme ako --p 4 --ssp 2 --gradient-size 17MB --trace t.json
@@ -91,7 +95,8 @@ examples:
 PLAN_DESCRIPTION = ("What-if simulator for decentralised training with partial gradient "
                     "exchange (Ako), parameter servers and all-reduce. Without a command "
                     "(or with `plan`) it plans: what p, what round time, how much traffic, "
-                    "how stale.")
+                    "how stale, and which configuration is predicted to reach the accuracy "
+                    "first.")
 TRAIN_DESCRIPTION = ("Training mode: the simulated workers really train the shared JAX "
                      "workload; accuracy against simulated time predicts time to accuracy.")
 
@@ -138,8 +143,17 @@ def _add_sim_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_ranking_arguments(parser: argparse.ArgumentParser) -> None:
     """akosim plan only: rank by simulated training, and the longer explanation."""
-    group = parser.add_argument_group("ranking by accuracy (with --target-accuracy)")
+    group = parser.add_argument_group("ranking by accuracy")
     add = group.add_argument
+    add("--rank-by", metavar="accuracy|throughput", default="accuracy",
+        help="accuracy (default): train every row of the comparison in simulated time "
+             "(the workload itself when small, else a proxy, on up to 8 of the workers) and "
+             "recommend the first to reach the best row's accuracy less --accuracy-margin "
+             "points, so never a row that ends further below the best; throughput: the "
+             "highest samples/s within --max-staleness, whatever it learns")
+    add("--accuracy-margin", metavar="POINTS", type=float, default=None,
+        help="--rank-by accuracy never recommends a row whose accuracy is more than this "
+             "many points below the best row's (default 2)")
     add("--time-budget", metavar="DURATION",
         help="rank the schemes by the accuracy their simulated training reaches within "
              "this much simulated time, e.g. 60s (with --target-accuracy: the target must "
@@ -244,6 +258,12 @@ def resolve_settings(args: argparse.Namespace, *, training: bool) -> ResolvedSet
     resolved = resolve_args(args, defaults, defaults_origin=Origin(Layer.DEFAULT,
                                                                    f"{name} default"),
                             below=adopted)
+    workload = resolved.config.train.workload
+    if not training and not resolved.given("train.batch_size") and \
+            timing_defaults_for(workload) is not defaults:
+        # a user's workload is planned at akorun's batch, not the seeds' CNN's
+        resolved = resolve_args(args, timing_defaults_for(workload), defaults_origin=Origin(
+            Layer.DEFAULT, f"{name} default (akorun's batch for {workload})"), below=adopted)
     if not training and ranks_by_accuracy(args, resolved):
         # a plan ranking by accuracy trains: the workload, batch and data of akosim train
         # (the timing rows then time that same workload)
@@ -296,7 +316,9 @@ def run_plan(args: argparse.Namespace, *, training: bool = False) -> int:
                            max_staleness_rounds=args.max_staleness,
                            time_budget_s=time_budget_s(args),
                            explain_more=bool(getattr(args, "explain", False)),
-                           announce=None if args.quiet else _to_stderr)
+                           announce=None if args.quiet else _to_stderr,
+                           rank_by=getattr(args, "rank_by", "accuracy"),
+                           accuracy_margin_points=getattr(args, "accuracy_margin", None))
     _print_outcome(args, outcome, training)
     return 0
 
@@ -354,6 +376,11 @@ def _print_outcome(args: argparse.Namespace, outcome: PlanOutcome, training: boo
             print(format_ranking(outcome.ranking))
         for line in outcome.ranking.verdict():
             print(line)
+    if outcome.learning is not None:
+        for line in (*outcome.learning.caveat(), outcome.learning.table()):
+            print(line)
+    for line in outcome.caveats:
+        print(line)
     for line in outcome.recommendation:
         print(line)
     for line in outcome.explained:

@@ -60,6 +60,11 @@ def plan(config: str | os.PathLike[str] | None = None, *,
             print(run.label, run.round_time_s, run.nic_utilisation)
         print(plan.explanation)
 
+    By default every row also trains in simulated time (the workload itself when
+    small, else a proxy on up to 8 of the workers) and ``recommendation`` names the
+    row predicted to reach 90% of the best accuracy first, never one more than
+    ``accuracy_margin`` points below the best (``ranking`` holds every row);
+    ``rank_by="throughput"`` recommends the highest samples/s instead.
     With ``target_accuracy`` (or ``time_budget="60s"``) up to three configurations of
     each scheme within ``max_staleness`` (the fastest, the least stale not much slower,
     one between) also train the workload in simulated time,
@@ -163,7 +168,9 @@ def _outcome(command: str, config: Any, dotted: Mapping[str, Any] | None,
     return plan_outcome(resolved, SimulationOptions.from_args(args, resolved),
                         training=training, max_staleness_rounds=args.max_staleness,
                         time_budget_s=time_budget_s(args),
-                        explain_more=bool(getattr(args, "explain", False)))
+                        explain_more=bool(getattr(args, "explain", False)),
+                        rank_by=getattr(args, "rank_by", "accuracy"),
+                        accuracy_margin_points=getattr(args, "accuracy_margin", None))
 
 
 def workload_name(workload: Any) -> str:

@@ -193,9 +193,15 @@ def _check_workload(train: TrainConfig) -> None:
 
 
 def launch_settings(args: argparse.Namespace) -> tuple[ResolvedSettings, AkorunSettings]:
-    """What `akorun launch` runs: defaults < --config (a run config or a cluster file) <
-    --set < flags, with a fresh run id and secret."""
-    resolved = resolve_args(args)
+    """What `akorun launch` runs: defaults < --plan (the configuration an akosim plan
+    recommends) < --config (a run config or a cluster file) < --set < flags, with a fresh
+    run id and secret."""
+    below = []
+    if getattr(args, "plan", None):
+        from akorun.launch.plan_layer import plan_layer
+
+        below = plan_layer(args.plan)
+    resolved = resolve_args(args, below=below)
     return resolved, new_settings(resolved.akorun)
 
 

@@ -31,6 +31,7 @@ from akosim.sim.scenario import SimRun
 if TYPE_CHECKING:
     from akosim.plan.accuracy_ranking import Ranking
     from akosim.plan.advice import Explanation
+    from akosim.plan.learning_ranking import LearningRanking
 
 
 def _stale(value: float) -> str:
@@ -130,7 +131,8 @@ def plan_result(runs: list[SimRun], *, config: dict[str, Any], training: bool,
                 gradient_bytes: int, compute_s: list[float], batch_size: int,
                 compute_source: str = "", explanation: Explanation | None = None,
                 recommendation: tuple[str, ...] = (), ranking: Ranking | None = None,
-                explained: tuple[str, ...] = ()) -> PlanResult:
+                explained: tuple[str, ...] = (),
+                learning: LearningRanking | None = None) -> PlanResult:
     """What `akosim --out` writes: every simulated configuration of one question, the
     plan's explanation when there is one, the recommendation (akosim.plan.advice.recommend),
     the ranking by accuracy (akosim.plan.accuracy_ranking) and the --explain text."""
@@ -143,6 +145,9 @@ def plan_result(runs: list[SimRun], *, config: dict[str, Any], training: bool,
                       time_budget_s=ranking.goal.time_budget_s,
                       ranking_rounds=ranking.goal.rounds, ranking=ranked_records(ranking),
                       ranking_verdict=ranking.verdict())
+    elif learning is not None:  # the default ranking: every row, by predicted time to target
+        extra |= dict(target_accuracy=learning.target, ranking_rounds=learning.rounds,
+                      ranking=learning.records(), ranking_verdict=learning.verdict())
     if explanation is not None:
         extra |= dict(explanation=explanation.line, chosen_ssp=explanation.ssp,
                          propagation_rounds=explanation.propagation_rounds,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from akocore.cli_support import UsageError
@@ -33,6 +34,17 @@ if TYPE_CHECKING:
 TIMING_DEFAULTS = RunConfig(train=TrainConfig(workload="synthetic-cnn", batch_size=104,
                                               rounds=SETTLE_CAP_ROUNDS))
 TRAIN_DEFAULTS = RunConfig()
+
+
+def timing_defaults_for(workload: str) -> RunConfig:
+    """The timing plan's defaults for a plan of `workload`: the seeds' batch goes with the
+    seeds' CNN only; any other workload (a user's) is planned at the batch akosim train and
+    akorun use, so the plan times what a launch will run."""
+    if workload == TIMING_DEFAULTS.train.workload:
+        return TIMING_DEFAULTS
+    train = replace(TIMING_DEFAULTS.train, workload=workload,
+                    batch_size=TRAIN_DEFAULTS.train.batch_size)
+    return replace(TIMING_DEFAULTS, train=train)
 
 USER_ERRORS = (UsageError, ConfigError, UnitError, DataError, PartitionError, CalibrationError)
 

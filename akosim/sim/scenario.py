@@ -206,8 +206,11 @@ def settling_of(setup: Setup, variant: Variant) -> Settling | None:
 def simulate(setup: Setup, variant: Variant, *, trace: bool = False,
              workload: FlatWorkload | None = None, eval_every: int = 10,
              target_accuracy: float | None = None,
-             on_progress: Callable[[int], None] | None = None) -> SimRun:
-    """Run one variant. With `workload`, the workers really train (training mode)."""
+             on_progress: Callable[[int], None] | None = None,
+             replicas: int = 0) -> SimRun:
+    """Run one variant. With `workload`, the workers really train (training mode); each
+    batched gradient call is padded to at least `replicas` replicas (runs of different
+    worker counts then share one compilation)."""
     config = setup.config
     # the variant's scheme reads its own keys (a compared DiLoCo row its configured H,
     # not the defaults: the config's scheme may be another)
@@ -224,7 +227,7 @@ def simulate(setup: Setup, variant: Variant, *, trace: bool = False,
     gradients = None
     tracker = None
     if workload is not None:
-        gradients = BatchedGradients(workload, ranks, config.train.seed)
+        gradients = BatchedGradients(workload, ranks, config.train.seed, replicas)
         tracker = AccuracyTracker(workload, eval_every, target_accuracy)
     watched = ranks[0]
     sim: Simulation

@@ -31,10 +31,14 @@ from akocore.workloads.spec import TrainBatches
 class BatchedGradients:
     """Pending gradient requests, computed together in one vmapped call."""
 
-    def __init__(self, workload: FlatWorkload, ranks: list[int], seed: int) -> None:
+    def __init__(self, workload: FlatWorkload, ranks: list[int], seed: int,
+                 replicas: int = 0) -> None:
         self.workload = workload
         self.ranks = ranks
         self.seed = seed
+        # the replica count every call is padded to: at least one per rank (more lets runs
+        # of different worker counts share one compilation)
+        self.replicas = max(len(ranks), replicas)
         self.streams: dict[int, TrainBatches] = {
             rank: workload.batches(i, len(ranks), seed) for i, rank in enumerate(ranks)}
         self._pending: dict[int, tuple[np.ndarray, Any, Any, int]] = {}
@@ -58,7 +62,7 @@ class BatchedGradients:
     def _compute_pending(self) -> None:
         ranks = list(self._pending)
         items = [self._pending.pop(r) for r in ranks]
-        pad = len(self.ranks) - len(items)
+        pad = self.replicas - len(items)
         items += [items[0]] * pad  # fixed replica count: one compilation
         params = np.stack([i[0] for i in items])
         xs = _stack([i[1] for i in items])

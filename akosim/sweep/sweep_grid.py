@@ -66,6 +66,7 @@ from akosim.plan.runspec import (
     check_fits,
     gradient_length_of_size,
     load_workload,
+    timing_defaults_for,
 )
 from akosim.plan.setup import chooses_ssp_with_p, compute_setting, settles
 from akosim.sweep.sweepfiles import POINT_FORMAT, SweepPoint, collect
@@ -282,6 +283,9 @@ def expand_grid(args: argparse.Namespace, settings: dict[str, Any]) -> list[Poin
         layers = [*shared, *flag_layer(_grid_flags(args, values)),
                   *workload_arg_layer(getattr(args, "workload_arg", None))]
         resolved = resolve(layers, defaults=TIMING_DEFAULTS)
+        if not resolved.given("train.batch_size"):  # a user's workload: akorun's batch
+            resolved = resolve(layers, defaults=timing_defaults_for(
+                resolved.config.train.workload))
         config = resolved.config
         settle = settles(resolved)
         identity = point_id(config, point_settings(settings, settle))
