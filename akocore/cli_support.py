@@ -131,11 +131,14 @@ def parse_quietly(parser: argparse.ArgumentParser, argv: Sequence[str],
         raise UsageError(lines[-1] if lines else fallback) from None
 
 
-def _writable_directory(directory: Path, what: str) -> None:
+def _writable_directory(directory: Path, what: str, *, keep: bool = True) -> None:
     """Make `directory` (and its parents) and write a scratch file in it; UsageError
-    naming `what` (the flag and its value) and the reason if that fails."""
+    naming `what` (the flag and its value) and the reason if that fails. Without `keep`,
+    the folders this made are removed again (the command makes them when it writes)."""
     ancestor = directory
+    missing: list[Path] = []
     while not ancestor.exists() and ancestor != ancestor.parent:
+        missing.append(ancestor)
         ancestor = ancestor.parent
     if ancestor.exists() and not ancestor.is_dir():
         raise UsageError(f"{what}: cannot write there ({ancestor} is a file, not a "
@@ -147,12 +150,21 @@ def _writable_directory(directory: Path, what: str) -> None:
     except OSError as error:
         raise UsageError(f"{what}: cannot write there ({error.strerror or error}); give a "
                          f"path this user can write") from None
+    finally:
+        if not keep:
+            for made in missing:  # deepest first
+                try:
+                    made.rmdir()
+                except OSError:
+                    break
 
 
-def check_out_directory(directory: str | Path, flag: str = "--out") -> None:
+def check_out_directory(directory: str | Path, flag: str = "--out", *,
+                        keep: bool = True) -> None:
     """Refuse (UsageError, one line) a directory a command writes its results into
-    that cannot be made or written; makes it (and its parents) otherwise."""
-    _writable_directory(Path(directory), f"{flag} {directory}")
+    that cannot be made or written; makes it (and its parents) otherwise, or, without
+    `keep`, leaves no folder behind (a later refusal then leaves nothing either)."""
+    _writable_directory(Path(directory), f"{flag} {directory}", keep=keep)
 
 
 def check_out_file(path: str | Path, flag: str = "--out") -> None:

@@ -3,7 +3,8 @@
 A scheme node owns its replica as one flat vector and applies updates through
 a `FlatOptimizer`: a pure `init`/`apply` pair in the style of optax. `PlainSGD`
 is exact numpy (the conservation invariant is checked against it);
-`OptaxFlatOptimizer` wraps any optax transformation, jitted once.
+`OptaxFlatOptimizer` wraps any optax transformation, jitted once; `NesterovSGD` is
+DiLoCo's outer optimizer in numpy.
 """
 
 from __future__ import annotations
@@ -66,3 +67,29 @@ class OptaxFlatOptimizer:
         new_params, new_state = self._apply(params, state, update)
         # a writable copy: schemes overwrite fetched shards of their replica in place
         return np.array(new_params, dtype=np.float32), new_state
+
+
+@dataclass(frozen=True)
+class NesterovSGD:
+    """optax.sgd(lr, momentum, nesterov=True) on flat float32 vectors, in numpy.
+
+    trace <- g + momentum·trace; theta <- theta - lr·(g + momentum·trace) (Nesterov),
+    or theta <- theta - lr·g when momentum is 0. Exactly optax's arithmetic, without
+    a jit per run (tests/test_schemes_diloco.py compares the two).
+    """
+
+    lr: float
+    momentum: float = 0.9
+
+    def init(self, params: np.ndarray) -> np.ndarray | None:
+        return None if self.momentum == 0 else np.zeros_like(params, dtype=np.float32)
+
+    def apply(self, params: np.ndarray, state: np.ndarray | None,
+              update: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        grad = update.astype(np.float32, copy=False)
+        if state is None:
+            step, trace = grad, None
+        else:
+            trace = (grad + np.float32(self.momentum) * state).astype(np.float32)
+            step = grad + np.float32(self.momentum) * trace
+        return (params - np.float32(self.lr) * step).astype(np.float32), trace

@@ -32,6 +32,9 @@ optionally prefixed by ``RANK@`` to apply to one rank only:
 - ``relay_withhold:J``: answer rank J's relay pulls (runtime.relay) with no
   messages, whatever this rank holds (its record stays honest).
 - ``relay_late:J:S``: answer rank J's relay pulls S seconds late.
+- ``send_nonfinite:R``: from round R on, send a NaN gradient past the rank's own
+  check (a member whose gradient went non-finite beyond its guard: what a peer
+  refuses for good).
 
 Example: ``AKORUN_FAULT="2@kill_after_round:5;0@pause_before_round:20:/tmp/go"``.
 This module parses them; akorun.runtime.fault_hooks carries them out.
@@ -65,6 +68,7 @@ class Faults:
     sleep_per_round_s: float = 0.0
     relay_withhold: int | None = None  # a rank whose relay pulls get nothing from this one
     relay_late: tuple[int, float] | None = None  # (rank, seconds) its relay pulls wait
+    send_nonfinite: int | None = None  # from this round on, a NaN gradient goes out
 
     @property
     def any(self) -> bool:
@@ -73,7 +77,8 @@ class Faults:
                 or self.kill_mid_checkpoint is not None or self.kill_at_end
                 or self.kill_mid_multicast is not None or self.kill_in_join
                 or self.pause_in_join or self.sleep_per_round_s > 0
-                or self.relay_withhold is not None or self.relay_late is not None)
+                or self.relay_withhold is not None or self.relay_late is not None
+                or self.send_nonfinite is not None)
 
 
 def faults_for(rank: int, env: Mapping[str, str]) -> Faults:
@@ -89,7 +94,7 @@ def faults_for(rank: int, env: Mapping[str, str]) -> Faults:
                 continue
             name, _, args = spec.partition(":")
             if name in ("kill_after_round", "kill_before_round", "kill_mid_send",
-                        "kill_mid_checkpoint", "kill_mid_multicast"):
+                        "kill_mid_checkpoint", "kill_mid_multicast", "send_nonfinite"):
                 values[name] = int(args)
             elif name in ("kill_at_end", "kill_in_join"):
                 if args:

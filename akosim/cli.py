@@ -175,9 +175,9 @@ def ranks_by_accuracy(args: argparse.Namespace, resolved: ResolvedSettings) -> b
 
 def build_parser() -> OneLineParser:
     """The akosim parser: one subparser per command (main puts `plan` first when none is named)."""
-    from akosim.sweep.sweep_grid import DESCRIPTION as SWEEP_DESCRIPTION
-    from akosim.sweep.sweep_grid import EPILOG as SWEEP_EPILOG
-    from akosim.sweep.sweep_grid import add_sweep_arguments
+    from akosim.sweep.sweep_flags import DESCRIPTION as SWEEP_DESCRIPTION
+    from akosim.sweep.sweep_flags import EPILOG as SWEEP_EPILOG
+    from akosim.sweep.sweep_flags import add_sweep_arguments
 
     formatter = argparse.RawDescriptionHelpFormatter
     parser = OneLineParser(prog="akosim", description=PLAN_DESCRIPTION, epilog=EPILOG_RUN,

@@ -528,17 +528,19 @@ def test_a_run_with_a_refusal_forged_in_front_of_a_rank_ends_with_equal_replicas
 
 def test_a_run_whose_messages_are_refused_for_good_exits_non_zero_and_says_so(
         tmp_path: Path) -> None:
-    """lr = 1e30 makes the gradients non-finite within a few rounds: every receiver refuses
-    those partials with a tagged 422 (recorded as zeros there), so the replicas cannot be
-    equal. Each rank finishes, writes `refused_for_good` in its result and exits 1 with
-    one line saying so, instead of exiting 0."""
+    """Every rank sends a NaN gradient in its last round, past its own check (the
+    send_nonfinite test hook: a member whose guard failed): every receiver refuses those
+    partials with a tagged 422 (recorded as zeros there), so the replicas cannot be equal.
+    Each rank finishes, writes `refused_for_good` in its result and exits 1 with one line
+    saying so, instead of exiting 0. (A rank's own non-finite step never leaves it:
+    tests/test_user_nan.py.)"""
     from akorun.testing import LocalCluster
 
     tables = {"cluster": {"workers": 3}, "exchange": {"p": 1, "ssp": 0},
-              "train": {"workload": "digits-mlp", "optimizer": "sgd", "lr": 1e30,
+              "train": {"workload": "digits-mlp", "optimizer": "sgd", "lr": 0.05,
                         "rounds": 8, "eval_every": 1000}}
     with LocalCluster(tmp_path, tables) as cluster:
-        cluster.start_all("--quiet")
+        cluster.start_all("--quiet", env={"AKORUN_FAULT": "send_nonfinite:7"})
         codes = cluster.wait_all(150)
         assert codes == {0: 1, 1: 1, 2: 1}, cluster.logs()
         for rank in range(3):

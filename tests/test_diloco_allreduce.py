@@ -16,9 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from akocore.messages import Kind, Partial, Send
-from akocore.optim import PlainSGD
+from akocore.optim import NesterovSGD, PlainSGD
 from akocore.schemes import SchemeSpec, build_nodes
-from akocore.schemes.diloco import NesterovSGD
 from akocore.schemes.diloco_sync import chunk_bounds, owner_of
 from tests.scheme_harness import drive
 

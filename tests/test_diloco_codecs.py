@@ -15,9 +15,8 @@ from hypothesis import strategies as st
 
 from akocore.codecs import codec_named
 from akocore.messages import Kind, Partial
-from akocore.optim import PlainSGD
+from akocore.optim import NesterovSGD, PlainSGD
 from akocore.schemes import SchemeSpec, build_nodes
-from akocore.schemes.diloco import NesterovSGD
 from akocore.schemes.diloco_sync import ChunkState
 from tests.scheme_harness import drive
 

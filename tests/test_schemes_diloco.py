@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from akocore.optim import OptaxFlatOptimizer, PlainSGD
+from akocore.optim import NesterovSGD, OptaxFlatOptimizer, PlainSGD
 from akocore.schemes import Replica, SchemeSpec, build_nodes
-from akocore.schemes.diloco import DilocoWorker, NesterovSGD
+from akocore.schemes.diloco import DilocoWorker
 from akocore.schemes.registry import scheme_named
 from akocore.settings.schema import ExchangeConfig
 from tests.scheme_harness import drive

@@ -79,7 +79,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from akocore.messages import Kind, Partial, Receipt, Send
-from akocore.optim import FlatOptimizer
+from akocore.optim import FlatOptimizer, NesterovSGD
 from akocore.partition import check_p, partition_bounds
 from akocore.schemes.base import Replica, SchemeError, SchemeNode
 from akocore.schemes.diloco_sync import (
@@ -100,32 +100,6 @@ DEFAULT_OUTER_LR = 0.7  # the DiLoCo paper's outer learning rate
 DEFAULT_OUTER_MOMENTUM = 0.9
 DEFAULT_FRAGMENTS = 2
 DEFAULT_OVERLAP_STEPS = 1
-
-
-@dataclass(frozen=True)
-class NesterovSGD:
-    """optax.sgd(lr, momentum, nesterov=True) on flat float32 vectors, in numpy.
-
-    trace <- g + momentum·trace; theta <- theta - lr·(g + momentum·trace) (Nesterov),
-    or theta <- theta - lr·g when momentum is 0. Exactly optax's arithmetic, without
-    a jit per run (tests/test_schemes_diloco.py compares the two).
-    """
-
-    lr: float
-    momentum: float = DEFAULT_OUTER_MOMENTUM
-
-    def init(self, params: np.ndarray) -> np.ndarray | None:
-        return None if self.momentum == 0 else np.zeros_like(params, dtype=np.float32)
-
-    def apply(self, params: np.ndarray, state: np.ndarray | None,
-              update: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        grad = update.astype(np.float32, copy=False)
-        if state is None:
-            step, trace = grad, None
-        else:
-            trace = (grad + np.float32(self.momentum) * state).astype(np.float32)
-            step = grad + np.float32(self.momentum) * trace
-        return (params - np.float32(self.lr) * step).astype(np.float32), trace
 
 
 @dataclass

@@ -218,7 +218,7 @@ def launch_run(args: argparse.Namespace) -> RunResult:
         progress["kill_grace_s"] = parse_duration_arg(args.kill_grace, "--kill-grace")
     out_dir = Path(args.out)
     check_run_directory(out_dir, force=args.force)
-    check_out_directory(out_dir)  # before any rank starts
+    check_out_directory(out_dir, keep=False)  # before any rank starts; made when written
     options = LaunchOptions(
         out_dir=out_dir, quiet=args.quiet,
         timeout_s=parse_duration_arg(args.timeout, "--timeout") if args.timeout else None,

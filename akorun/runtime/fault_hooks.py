@@ -22,6 +22,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
+
 from akorun.faults import Faults
 from akorun.runtime.outbox import Outbox
 
@@ -36,6 +38,8 @@ class FaultHooks(Protocol):
     async def after_round(self, round_: int) -> None: ...
 
     def mid_checkpoint(self, round_: int) -> Callable[[Path], None] | None: ...
+
+    def outgoing_gradient(self, round_: int, grad: np.ndarray) -> np.ndarray: ...
 
     async def at_end(self) -> None: ...
 
@@ -52,6 +56,9 @@ class NoFaults:
 
     async def after_round(self, round_: int) -> None:
         return None
+
+    def outgoing_gradient(self, round_: int, grad: np.ndarray) -> np.ndarray:
+        return grad
 
     def mid_checkpoint(self, round_: int) -> Callable[[Path], None] | None:
         return None
@@ -99,6 +106,13 @@ class InjectedFaults:
                         faults.pause_until_file)
             while not os.path.exists(faults.pause_until_file) and not self.hard_stop():
                 await asyncio.sleep(PAUSE_POLL_S)
+
+    def outgoing_gradient(self, round_: int, grad: np.ndarray) -> np.ndarray:
+        """send_nonfinite: a NaN gradient from its round on, past the rank's own check."""
+        start = self.faults.send_nonfinite
+        if start is None or round_ < start:
+            return grad
+        return np.full_like(grad, np.nan)
 
     async def after_round(self, round_: int) -> None:
         if self.faults.kill_after_round == round_:
