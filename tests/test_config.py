@@ -619,7 +619,7 @@ def test_config_hash_of_defaults_is_pinned() -> None:
     # Pinned so that an accidental change to the canonical form is noticed: every
     # rank of a run must compute the same hash, across versions of this module.
     assert config_hash(RunConfig()) == (
-        "1c85342a60806618694e74e2e3be0b01a41796622ac661c83d2245471383535b"
+        "4755539f7b2092c08af2771958691fc79566ed564671d882d99c0a088dd20cd1"
     )
 
 

@@ -27,6 +27,26 @@ if TYPE_CHECKING:
     from akocore.settings.schema import ExchangeConfig
 
 SCHEDULES = ("staggered", "aligned")
+FLUSH_MODES = ("average", "full")
+
+
+def flush_weight(flush: str | float, workers: int) -> float:
+    """The fraction of what is still owed at the end that every replica applies:
+    "average" 1/workers (every replica ends at the mean of the replicas as they
+    stood when their senders finished), "full" 1 (the exact sum of every gradient),
+    or a fraction 0 < w <= 1 as given."""
+    if flush == "average":
+        return 1.0 / workers
+    if flush == "full":
+        return 1.0
+    if isinstance(flush, str):
+        raise ValueError(f"flush: got {flush!r}, expected average, full or a fraction "
+                         f"0 < w <= 1")
+    weight = float(flush)
+    if not 0.0 < weight <= 1.0:
+        raise ValueError(f"flush: got {flush!r}, expected average, full or a fraction "
+                         f"0 < w <= 1")
+    return weight
 
 
 def ako_partition(rank: int, round_: int, p: int, schedule: str) -> int:
@@ -86,12 +106,24 @@ class AkoWorker(SchemeNode):
     step) * scale. `finish` sends the p - 1 partitions still owed as extra
     rounds, the last one marked final, so every contribution reaches every
     peer exactly once.
+
+    `flush_weight` w scales what that final flush carries: the sender sends w
+    times what it still owes and, with a linear optimizer (plain SGD), takes the
+    other 1 - w of it back from its own replica, so every replica still ends
+    equal: at theta0 - lr * scale * (every gradient - (1 - w) * what every
+    worker still owed when it finished). w = 1/n puts every replica at the mean
+    of the replicas as they stood then (each had applied its own owed
+    gradients, and only those); w = 1 applies every gradient in full. A
+    stateful optimizer cannot take an update back exactly: it flushes in full.
     """
 
     def __init__(self, rank: int, workers: int, length: int, p_of: Sequence[int], *,
                  replica: Replica, staleness: float = 0.0, schedule: str = "staggered",
-                 reduce: str = "mean") -> None:
+                 reduce: str = "mean", flush_weight: float = 1.0) -> None:
         super().__init__(rank, length, replica)
+        if not 0.0 < flush_weight <= 1.0:
+            raise ValueError(f"flush_weight: got {flush_weight}, expected 0 < w <= 1")
+        self.flush_weight = flush_weight
         if len(p_of) != workers:
             raise ValueError(f"need one p per worker ({workers}), got {len(p_of)}")
         self.p_of = _checked_p_of(length, tuple(p_of))
@@ -213,8 +245,20 @@ class AkoWorker(SchemeNode):
             marker = Partial(Kind.GRAD, self.rank, rounds_done, 0, 1, 0, 0,
                              None if self.unsent is None else np.zeros(0, np.float32), True)
             return [Send(self.peers, marker)]
+        self._weigh_what_is_owed()
         flush = self.p - 1
         return [self._send_round(rounds_done + i, final=i == flush - 1) for i in range(flush)]
+
+    def _weigh_what_is_owed(self) -> None:
+        """Keep `flush_weight` of the unsent gradient for the flush and take the rest
+        back from this replica (which applied it in full when it computed it)."""
+        weight = self.flush_weight
+        if weight >= 1.0 or self.unsent is None or not self.replica.has_data \
+                or not getattr(self.replica.optimizer, "linear", False) \
+                or not np.any(self.unsent):
+            return
+        self.replica.apply(-(1.0 - weight) * self.scale * self.unsent)
+        self.unsent *= np.float32(weight)
 
     def validate(self, msg: Partial) -> None:
         """Refuse a message no correct ako peer sends (SchemeError)."""
@@ -341,7 +385,7 @@ class AkoScheme(Scheme):
 
     name = "ako"
     summary = "partial all-to-all: one of p gradient partitions to every peer each round"
-    keys = ("p", "schedule", "utilisation", "p_max")
+    keys = ("p", "schedule", "utilisation", "p_max", "flush")
     pattern = "partial-all-to-all"
     partitioned = True
     rejoinable = True
@@ -349,9 +393,12 @@ class AkoScheme(Scheme):
     def build(self, spec: SchemeSpec, length: int, params0: np.ndarray | None,
               replica: ReplicaOf) -> list[SchemeNode]:
         p_of = spec.p_list()
+        # without the setting (nodes built from a bare SchemeSpec) the flush is exact
+        weight = flush_weight(spec.option("flush", "full"), spec.workers)
         return [AkoWorker(i, spec.workers, length, p_of, replica=replica(i, params0),
                           staleness=spec.staleness, schedule=spec.schedule,
-                          reduce=spec.reduce) for i in range(spec.workers)]
+                          reduce=spec.reduce, flush_weight=weight)
+                for i in range(spec.workers)]
 
     def staleness_bound(self, exchange: ExchangeConfig, *, p_max: int, ssp: float) -> float:
         """p - 1 + s: a partition reaches a peer within p rounds, the SSP gate adds s."""
