@@ -23,6 +23,7 @@ from akocore.schemes.ako import flush_weight
 from akocore.settings.normalise import ConfigError
 from akocore.settings.schema import ExchangeConfig
 from tests.scheme_harness import drive
+from tests.test_codecs import withdrawn
 
 LR = 0.25
 
@@ -47,16 +48,18 @@ def record_owed(nodes: list) -> dict[int, np.ndarray]:
        staleness=st.sampled_from([0, 1, 3, math.inf]), flush=st.sampled_from(
            ["average", 0.375, 1.0]), reduce=st.sampled_from(["mean", "sum"]),
        rounds=st.integers(0, 9), seed=st.integers(0, 2**31),
-       duplicate_prob=st.sampled_from([0.0, 0.2]))
+       duplicate_prob=st.sampled_from([0.0, 0.2]),
+       codec=st.sampled_from(["none", "none", "int8", "topk:0.3"]))
 def test_a_weighted_flush_delivers_once_and_every_replica_ends_equal(
         workers: int, length: int, p: int, staleness: float, flush: str | float, reduce: str,
-        rounds: int, seed: int, duplicate_prob: float) -> None:
+        rounds: int, seed: int, duplicate_prob: float, codec: str) -> None:
     """Every replica ends at theta0 - lr*scale*(every gradient - (1 - w) * what every
-    worker still owed at its finish); each duplicate is dropped."""
+    worker still owed at its finish - what a codec's error feedback never sent);
+    each duplicate is dropped."""
     p = min(p, length)
     theta0 = np.linspace(-1, 1, length).astype(np.float32)
-    nodes = build_nodes(spec(workers, (p,), flush, staleness=staleness, reduce=reduce),
-                        length, theta0, PlainSGD(LR))
+    nodes = build_nodes(spec(workers, (p,), flush, staleness=staleness, reduce=reduce,
+                             codec=codec), length, theta0, PlainSGD(LR))
     owed = record_owed(nodes)
     log = drive(nodes, dict.fromkeys(range(workers), rounds), seed=seed, length=length,
                 duplicate_prob=duplicate_prob)
@@ -64,7 +67,7 @@ def test_a_weighted_flush_delivers_once_and_every_replica_ends_equal(
     scale = 1.0 / workers if reduce == "mean" else 1.0
     total = sum((g.astype(np.float64) for grads in log.gradients.values() for g in grads),
                 np.zeros(length))
-    total -= (1.0 - weight) * sum(owed.values())
+    total -= (1.0 - weight) * sum(owed.values()) + withdrawn(nodes)
     want = theta0 - LR * scale * total
     for node in nodes:
         np.testing.assert_allclose(node.params, want, rtol=1e-5, atol=1e-4)
