@@ -182,3 +182,32 @@ def test_the_setting_reads_average_full_or_a_fraction(value: object, weight: flo
 def test_a_flush_outside_average_full_or_0_to_1_is_refused(value: object) -> None:
     with pytest.raises(ConfigError, match="exchange.flush"):
         ExchangeConfig(flush=value)
+
+
+# ------------------------------------------------------------- a planned end: in step
+
+@settings(max_examples=100, deadline=None)
+@given(workers=st.integers(2, 4), staleness=st.sampled_from([1, 2, 5]), p=st.integers(1, 4),
+       seed=st.integers(0, 2**31), rounds=st.integers(1, 14))
+def test_over_the_last_s_rounds_of_a_planned_end_the_bound_shrinks_to_0(
+        workers: int, staleness: int, p: int, seed: int, rounds: int) -> None:
+    """Round t starts only while no peer is more than min(s, rounds - 1 - t) rounds
+    behind: the last round waits for every peer's previous one, as in lockstep."""
+    nodes = build_nodes(SchemeSpec("ako", workers, (p,), staleness), 8, None, None)
+    for node in nodes:
+        node.plan_rounds(rounds)
+    log = drive(nodes, dict.fromkeys(range(workers), rounds), seed=seed, length=8,
+                duplicate_prob=0.2)
+    for _, started, peer_next_rounds in log.starts:
+        for peer_next in peer_next_rounds.values():
+            assert started - peer_next <= min(staleness, rounds - 1 - started)
+
+
+def test_the_bound_is_s_until_the_last_s_rounds_and_inf_stays_inf() -> None:
+    node = build_nodes(SchemeSpec("ako", 2, (2,), 3), 4, None, None)[0]
+    assert [node.bound(t) for t in (0, 5)] == [3, 3]
+    node.plan_rounds(10)
+    assert [node.bound(t) for t in (5, 6, 7, 8, 9)] == [3, 3, 2, 1, 0]
+    free = build_nodes(SchemeSpec("ako", 2, (2,), math.inf), 4, None, None)[0]
+    free.plan_rounds(10)
+    assert free.bound(9) == math.inf and free.may_start(9)

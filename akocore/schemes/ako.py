@@ -139,6 +139,7 @@ class AkoWorker(SchemeNode):
         self._final = np.full(workers, np.inf)  # final round per peer, inf until known
         self._peer_mask = np.ones(workers, dtype=bool)
         self._peer_mask[rank] = False
+        self.last_round: int | None = None  # the run's last round, when known before
         self.unsent = np.zeros(length, np.float32) if replica.has_data else None
         self.inbox = np.zeros(length, np.float32) if replica.has_data else None
 
@@ -176,14 +177,28 @@ class AkoWorker(SchemeNode):
                 if part.size]
         return min(lows) if lows else None
 
+    def plan_rounds(self, rounds: int) -> None:
+        """The run stops after `rounds` rounds: over its last s rounds the SSP bound
+        shrinks by one a round, to 0 at the last, so the workers end together. A worker
+        s rounds ahead would otherwise stop there and then take its peers' last s
+        rounds of gradients in one go, with no step of its own after them."""
+        self.last_round = rounds - 1
+
+    def bound(self, round_: int) -> float:
+        """The SSP bound that gates `round_`: s, less near a planned end."""
+        if self.last_round is None or math.isinf(self.staleness):
+            return self.staleness
+        return float(min(self.staleness, max(0, self.last_round - round_)))
+
     def may_start(self, round_: int) -> bool:
         if round_ <= 0 or math.isinf(self.staleness):
             return True
         low = self._gated_min_round()
-        return low is None or (round_ - 1) - low <= self.staleness
+        return low is None or (round_ - 1) - low <= self.bound(round_)
 
     def waiting_on(self, round_: int) -> list[int]:
-        return ssp.blocking_peers(round_, self.log.contiguous, self._gate_peers(), self.staleness)
+        return ssp.blocking_peers(round_, self.log.contiguous, self._gate_peers(),
+                                  self.bound(round_))
 
     def lag(self, round_: int) -> int:
         low = self._gated_min_round() if round_ > 0 else None
