@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from akocore.settings.schema import ExchangeConfig
 
 SCHEDULES = ("staggered", "aligned")
-FLUSH_MODES = ("average", "full")
 
 
 def flush_weight(flush: str | float, workers: int) -> float:
@@ -35,15 +34,9 @@ def flush_weight(flush: str | float, workers: int) -> float:
     "average" 1/workers (every replica ends at the mean of the replicas as they
     stood when their senders finished), "full" 1 (the exact sum of every gradient),
     or a fraction 0 < w <= 1 as given."""
-    if flush == "average":
-        return 1.0 / workers
-    if flush == "full":
-        return 1.0
-    if isinstance(flush, str):
-        raise ValueError(f"flush: got {flush!r}, expected average, full or a fraction "
-                         f"0 < w <= 1")
-    weight = float(flush)
-    if not 0.0 < weight <= 1.0:
+    named = {"average": 1.0 / workers, "full": 1.0}
+    weight = named.get(flush) if isinstance(flush, str) else float(flush)
+    if weight is None or not 0.0 < weight <= 1.0:
         raise ValueError(f"flush: got {flush!r}, expected average, full or a fraction "
                          f"0 < w <= 1")
     return weight

@@ -217,7 +217,7 @@ KEYS: tuple[Key, ...] = (
          flag="--flush", metavar="{average,full,FRACTION}",
          flag_help="scheme ako: what every replica applies of the gradients still owed at "
                    "the end: average (the mean of the replicas; default), full (every "
-                   "gradient in full) or a fraction, e.g. 0.375"),
+                   "gradient in full) or a fraction, e.g. 0.5"),
     _run("exchange", "reduce", "reduce", "mean (1/n of the summed gradients) | sum (as TF.AKO)"),
     _run("exchange", "utilisation", "utilisation",
          "p auto: target fraction of the uplink, 0 < u <= 1"),

@@ -302,7 +302,7 @@ def as_flush(key: str, value: object) -> str | float:
     if isinstance(value, str) and value.strip().lower() in FLUSH_MODES:
         return value.strip().lower()
     return as_float(key, value, lambda w: 0 < w <= 1,
-                    "average, full, or a fraction 0 < w <= 1 of what is owed, e.g. 0.375")
+                    "average, full, or a fraction 0 < w <= 1 of what is owed, e.g. 0.5")
 
 
 def as_ssp(key: str, value: object) -> float:
