@@ -93,10 +93,12 @@ def workload():
     return build_workload("digits-mlp", batch_size=16, seed=3)
 
 
-def train_setup(n: int, ssp: float, p: int, rounds: int, workload) -> tuple[Setup, Variant]:
+def train_setup(n: int, ssp: float, p: int, rounds: int, workload,
+                flush: str = "full") -> tuple[Setup, Variant]:
+    """Ako training; the flush full unless said (the exact sum of every gradient)."""
     cfg = RunConfig(cluster=ClusterConfig(workers=n),
                     network=NetworkConfig(bandwidth_bps=(1e6,), latency_s=(0.002,)),
-                    exchange=ExchangeConfig(ssp=ssp),
+                    exchange=ExchangeConfig(ssp=ssp, flush=flush),
                     train=TrainConfig(optimizer="sgd", lr=0.1, seed=3, batch_size=16,
                                       rounds=rounds))
     compute = ComputeModel(0.01, jitter=0.3, seed=1)
@@ -139,15 +141,17 @@ def test_training_mode_conserves_every_gradient(workload, spy, ssp: float, p: in
 
 def test_lockstep_training_follows_the_schemes_driven_directly(workload, spy) -> None:
     """With s = 0 the simulation applies the same updates as a plain lockstep loop
-    over the akocore nodes: identical parameters after the same rounds."""
+    over the akocore nodes: identical parameters after the same rounds (the default,
+    averaging flush included)."""
     from akosim.sim.sim_training import step_seed
 
     rounds, n, p = 8, 3, 2
-    setup, variant = train_setup(n, 0, p, rounds, workload)
+    setup, variant = train_setup(n, 0, p, rounds, workload, flush="average")
     simulate(setup, variant, workload=workload, eval_every=100)
     simulated = [node.params for node in spy["nodes"]]
 
-    nodes = build_nodes(SchemeSpec("ako", n, (p,), 0), workload.param_count,
+    nodes = build_nodes(SchemeSpec("ako", n, (p,), 0, options=(("flush", "average"),)),
+                        workload.param_count,
                         np.array(workload.init_params), workload.optimizer("sgd", 0.1))
     streams = [workload.batches(i, n, 3) for i in range(n)]
     for t in range(rounds):

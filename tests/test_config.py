@@ -618,10 +618,11 @@ def test_config_hash_is_stable_and_sensitive() -> None:
 def test_config_hash_of_defaults_is_pinned() -> None:
     # Pinned so that an accidental change to the canonical form is noticed: every
     # rank of a run must compute the same hash, across versions of this module. (Changed
-    # when exchange.outer_sync came: DiLoCo's sync became an all-reduce, so ranks of the
-    # version before cannot join a run of this one anyway.)
+    # when exchange.outer_sync and exchange.flush came: DiLoCo's sync became an all-reduce
+    # and Ako's flush averages, so ranks of the version before cannot join a run of this
+    # one anyway.)
     assert config_hash(RunConfig()) == (
-        "75a51f3d93ec8f27223b60c0e614b9ecec26fd07e1a0d27c933380d981938f2b"
+        "c5282dd95e0c2844a0d5435fa39b6c482d532c8f452881ffe162ecc5462d3887"
     )
 
 

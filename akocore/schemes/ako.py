@@ -29,6 +29,19 @@ if TYPE_CHECKING:
 SCHEDULES = ("staggered", "aligned")
 
 
+def flush_weight(flush: str | float, workers: int) -> float:
+    """The fraction of what is still owed at the end that every replica applies:
+    "average" 1/workers (every replica ends at the mean of the replicas as they
+    stood when their senders finished), "full" 1 (the exact sum of every gradient),
+    or a fraction 0 < w <= 1 as given."""
+    named = {"average": 1.0 / workers, "full": 1.0}
+    weight = named.get(flush) if isinstance(flush, str) else float(flush)
+    if weight is None or not 0.0 < weight <= 1.0:
+        raise ValueError(f"flush: got {flush!r}, expected average, full or a fraction "
+                         f"0 < w <= 1")
+    return weight
+
+
 def ako_partition(rank: int, round_: int, p: int, schedule: str) -> int:
     """Partition a worker sends at a round: (t + i) mod p staggered, t mod p aligned."""
     if schedule == "staggered":
@@ -86,12 +99,24 @@ class AkoWorker(SchemeNode):
     step) * scale. `finish` sends the p - 1 partitions still owed as extra
     rounds, the last one marked final, so every contribution reaches every
     peer exactly once.
+
+    `flush_weight` w scales what that final flush carries: the sender sends w
+    times what it still owes and, with a linear optimizer (plain SGD), takes the
+    other 1 - w of it back from its own replica, so every replica still ends
+    equal: at theta0 - lr * scale * (every gradient - (1 - w) * what every
+    worker still owed when it finished). w = 1/n puts every replica at the mean
+    of the replicas as they stood then (each had applied its own owed
+    gradients, and only those); w = 1 applies every gradient in full. A
+    stateful optimizer cannot take an update back exactly: it flushes in full.
     """
 
     def __init__(self, rank: int, workers: int, length: int, p_of: Sequence[int], *,
                  replica: Replica, staleness: float = 0.0, schedule: str = "staggered",
-                 reduce: str = "mean") -> None:
+                 reduce: str = "mean", flush_weight: float = 1.0) -> None:
         super().__init__(rank, length, replica)
+        if not 0.0 < flush_weight <= 1.0:
+            raise ValueError(f"flush_weight: got {flush_weight}, expected 0 < w <= 1")
+        self.flush_weight = flush_weight
         if len(p_of) != workers:
             raise ValueError(f"need one p per worker ({workers}), got {len(p_of)}")
         self.p_of = _checked_p_of(length, tuple(p_of))
@@ -107,6 +132,7 @@ class AkoWorker(SchemeNode):
         self._final = np.full(workers, np.inf)  # final round per peer, inf until known
         self._peer_mask = np.ones(workers, dtype=bool)
         self._peer_mask[rank] = False
+        self.last_round: int | None = None  # the run's last round, when known before
         self.unsent = np.zeros(length, np.float32) if replica.has_data else None
         self.inbox = np.zeros(length, np.float32) if replica.has_data else None
 
@@ -144,14 +170,28 @@ class AkoWorker(SchemeNode):
                 if part.size]
         return min(lows) if lows else None
 
+    def plan_rounds(self, rounds: int) -> None:
+        """The run stops after `rounds` rounds: over its last s rounds the SSP bound
+        shrinks by one a round, to 0 at the last, so the workers end together. A worker
+        s rounds ahead would otherwise stop there and then take its peers' last s
+        rounds of gradients in one go, with no step of its own after them."""
+        self.last_round = rounds - 1
+
+    def bound(self, round_: int) -> float:
+        """The SSP bound that gates `round_`: s, less near a planned end."""
+        if self.last_round is None or math.isinf(self.staleness):
+            return self.staleness
+        return float(min(self.staleness, max(0, self.last_round - round_)))
+
     def may_start(self, round_: int) -> bool:
         if round_ <= 0 or math.isinf(self.staleness):
             return True
         low = self._gated_min_round()
-        return low is None or (round_ - 1) - low <= self.staleness
+        return low is None or (round_ - 1) - low <= self.bound(round_)
 
     def waiting_on(self, round_: int) -> list[int]:
-        return ssp.blocking_peers(round_, self.log.contiguous, self._gate_peers(), self.staleness)
+        return ssp.blocking_peers(round_, self.log.contiguous, self._gate_peers(),
+                                  self.bound(round_))
 
     def lag(self, round_: int) -> int:
         low = self._gated_min_round() if round_ > 0 else None
@@ -213,8 +253,20 @@ class AkoWorker(SchemeNode):
             marker = Partial(Kind.GRAD, self.rank, rounds_done, 0, 1, 0, 0,
                              None if self.unsent is None else np.zeros(0, np.float32), True)
             return [Send(self.peers, marker)]
+        self._weigh_what_is_owed()
         flush = self.p - 1
         return [self._send_round(rounds_done + i, final=i == flush - 1) for i in range(flush)]
+
+    def _weigh_what_is_owed(self) -> None:
+        """Keep `flush_weight` of the unsent gradient for the flush and take the rest
+        back from this replica (which applied it in full when it computed it)."""
+        weight = self.flush_weight
+        if weight >= 1.0 or self.unsent is None or not self.replica.has_data \
+                or not getattr(self.replica.optimizer, "linear", False) \
+                or not np.any(self.unsent):
+            return
+        self.replica.apply(-(1.0 - weight) * self.scale * self.unsent)
+        self.unsent *= np.float32(weight)
 
     def validate(self, msg: Partial) -> None:
         """Refuse a message no correct ako peer sends (SchemeError)."""
@@ -341,7 +393,7 @@ class AkoScheme(Scheme):
 
     name = "ako"
     summary = "partial all-to-all: one of p gradient partitions to every peer each round"
-    keys = ("p", "schedule", "utilisation", "p_max")
+    keys = ("p", "schedule", "utilisation", "p_max", "flush")
     pattern = "partial-all-to-all"
     partitioned = True
     rejoinable = True
@@ -349,9 +401,12 @@ class AkoScheme(Scheme):
     def build(self, spec: SchemeSpec, length: int, params0: np.ndarray | None,
               replica: ReplicaOf) -> list[SchemeNode]:
         p_of = spec.p_list()
+        # without the setting (nodes built from a bare SchemeSpec) the flush is exact
+        weight = flush_weight(spec.option("flush", "full"), spec.workers)
         return [AkoWorker(i, spec.workers, length, p_of, replica=replica(i, params0),
                           staleness=spec.staleness, schedule=spec.schedule,
-                          reduce=spec.reduce) for i in range(spec.workers)]
+                          reduce=spec.reduce, flush_weight=weight)
+                for i in range(spec.workers)]
 
     def staleness_bound(self, exchange: ExchangeConfig, *, p_max: int, ssp: float) -> float:
         """p - 1 + s: a partition reaches a peer within p rounds, the SSP gate adds s."""

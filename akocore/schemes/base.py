@@ -86,6 +86,11 @@ class SchemeNode(ABC):
     def may_start(self, round_: int) -> bool:
         return True
 
+    def plan_rounds(self, rounds: int) -> None:
+        """The run stops after `rounds` rounds, known before it starts (a round limit):
+        a scheme may use it to end in step. By default nothing changes."""
+        return None
+
     def waiting_on(self, round_: int) -> list[int]:
         """Peers whose messages `round_` still waits for (for reports)."""
         return []

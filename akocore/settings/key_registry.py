@@ -211,6 +211,14 @@ KEYS: tuple[Key, ...] = (
          flag="--schedule", choices=SCHEDULES,
          flag_help="which partition a worker sends in round t: staggered (t+i mod p) or "
                    "aligned (t mod p)"),
+    _run("exchange", "flush", "flush",
+         "scheme ako: what every replica applies of the gradients still owed at the end: "
+         "average (ends at the mean of the replicas), full (all of it: the exact sum) or a "
+         "fraction 0 < w <= 1",
+         flag="--flush", metavar="{average,full,FRACTION}",
+         flag_help="scheme ako: what every replica applies of the gradients still owed at "
+                   "the end: average (the mean of the replicas; default), full (every "
+                   "gradient in full) or a fraction, e.g. 0.5"),
     _run("exchange", "reduce", "reduce", "mean (1/n of the summed gradients) | sum (as TF.AKO)"),
     _run("exchange", "utilisation", "utilisation",
          "p auto: target fraction of the uplink, 0 < u <= 1"),

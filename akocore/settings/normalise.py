@@ -26,6 +26,7 @@ from akocore.units import (
 
 P_AUTO_MODES = ("auto", "auto-per-worker")
 SCHEDULES = ("staggered", "aligned")
+FLUSH_MODES = ("average", "full")  # ako's final flush, or a fraction 0 < w <= 1
 REDUCTIONS = ("mean", "sum")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
 # akosim's network models: a stack of layers over the max-min fluid network, named
@@ -294,6 +295,14 @@ def as_p(key: str, value: object) -> str | tuple[int, ...]:
         except ConfigError:
             raise bad_value(key, value, expected) from None
     return tuple(result)
+
+
+def as_flush(key: str, value: object) -> str | float:
+    """Ako's flush: average, full, or the fraction 0 < w <= 1 of the owed backlog applied."""
+    if isinstance(value, str) and value.strip().lower() in FLUSH_MODES:
+        return value.strip().lower()
+    return as_float(key, value, lambda w: 0 < w <= 1,
+                    "average, full, or a fraction 0 < w <= 1 of what is owed, e.g. 0.5")
 
 
 def as_ssp(key: str, value: object) -> float:

@@ -48,6 +48,7 @@ from akocore.settings.normalise import (
     as_choice,
     as_duration,
     as_float,
+    as_flush,
     as_int,
     as_items,
     as_network_model,
@@ -220,6 +221,7 @@ class ExchangeConfig:
     p: str | tuple[int, ...] = "auto"
     ssp: float = 0.0
     schedule: str = "staggered"
+    flush: str | float = "average"  # ako: what the final flush applies (see akocore.schemes.ako)
     reduce: str = "mean"
     utilisation: float = 0.9
     p_max: int = 1024
@@ -257,6 +259,7 @@ class ExchangeConfig:
         set_field(self, "p", as_p("exchange.p", self.p))
         set_field(self, "ssp", as_ssp("exchange.ssp", self.ssp))
         set_field(self, "schedule", as_choice("exchange.schedule", self.schedule, SCHEDULES))
+        set_field(self, "flush", as_flush("exchange.flush", self.flush))
         set_field(self, "reduce", as_choice("exchange.reduce", self.reduce, REDUCTIONS))
         set_field(self, "utilisation", as_float("exchange.utilisation", self.utilisation,
                                                 lambda u: 0 < u <= 1,

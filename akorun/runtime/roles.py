@@ -96,8 +96,11 @@ class Role:
         except ValueError as error:
             raise RunError(f"cannot plan the exchange: {error}") from None
         self.plan = plan
-        self._set_node(make_node(plan.spec, self.rank, workload.param_count,
-                                 workload.init_params, optimizer))
+        node = make_node(plan.spec, self.rank, workload.param_count, workload.init_params,
+                         optimizer)
+        if cfg.train.rounds is not None:  # ako: the last s rounds end in step
+            node.plan_rounds(cfg.train.rounds)
+        self._set_node(node)
         if plan.p_of is not None:
             detail = f"p = {list(plan.p_of)}"
             if compute_s is not None:

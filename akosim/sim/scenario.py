@@ -223,6 +223,9 @@ def simulate(setup: Setup, variant: Variant, *, trace: bool = False,
         params0 = np.array(workload.init_params, dtype=np.float32)
         optimizer = workload.optimizer(config.train.optimizer, config.train.lr)
     nodes = build_nodes(spec, setup.length, params0, optimizer)
+    if workload is not None and setup.stop.rounds is not None:
+        for node in nodes:  # training: ako's last s rounds end in step, as in akorun
+            node.plan_rounds(setup.stop.rounds)
     ranks = [n.rank for n in nodes if n.is_worker]
     gradients = None
     tracker = None
