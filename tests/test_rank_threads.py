@@ -52,3 +52,16 @@ def test_launch_gives_its_children_their_share(monkeypatch: pytest.MonkeyPatch) 
     assert local.child_env(3, {"AKO_THREADS_PER_RANK": "2"})["NPROC"] == "2"
     with pytest.raises(UsageError, match="AKO_THREADS_PER_RANK"):
         local.child_env(3, {"AKO_THREADS_PER_RANK": "none"})
+
+
+def test_a_rank_started_by_hand_shares_its_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    from akorun.launch import local
+
+    for name in ("NPROC", "XLA_FLAGS", "AKO_THREADS_PER_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(local, "host_cores", lambda: 8)
+    hosts = ["10.0.0.1:7070", "10.0.0.1:7071", "10.0.0.2:7070"]
+    assert local.share_host_cores(hosts, 2) == {}  # alone on its host
+    assert local.share_host_cores(hosts, 0) == {"NPROC": "4"}
+    assert local.os.environ["NPROC"] == "4"
+    assert local.share_host_cores(hosts, 1) == {}  # what is set stays (launch's, the user's)

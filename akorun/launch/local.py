@@ -137,6 +137,23 @@ def child_env(workers: int, extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def share_host_cores(hosts: Sequence[str], rank: int) -> dict[str, str]:
+    """For a rank started by hand (`akorun worker`): set, in this process's environment,
+    its share of the host's cores for XLA among the ranks of `hosts` ("host:port") that
+    name its host (akocore.rank_threads; what `akorun launch` gives its children, which
+    is kept). Called before JAX starts its CPU client. The variables it set."""
+    from akorun.launch.cluster import split_host
+
+    mine = split_host(hosts[rank])[0]
+    sharing = sum(1 for entry in hosts if split_host(entry)[0] == mine)
+    try:
+        added = rank_thread_env(host_cores(), sharing, os.environ)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    os.environ.update(added)
+    return added
+
+
 def status_of(url: str) -> dict[str, Any] | None:
     """A rank's read-only /status, or None when it does not answer."""
     try:
