@@ -2,12 +2,14 @@
 
 This module owns the rule the shells apply before a rank (or a compute measurement that
 stands for one) imports JAX. XLA's CPU client sizes its intra-op thread pool to all the
-cores the process may run on (or to the ``NPROC`` environment variable when set). Ranks
-that share a host then each start a pool of every core, and their threads fight over the
-cores: measured with 3 ranks of the 1.13M-parameter digits MLP (batch 32) on 2 cores, a
-gradient step took 180-470 ms of wall time and 40-90 ms of CPU time with XLA's default
-pools, and 21-28 ms wall and 5-7 ms CPU with one thread per rank. Turning off
-``--xla_cpu_multi_thread_eigen`` alone does not help: the pool stays.
+cores the process may run on (or to the ``NPROC`` environment variable when set), so ranks
+that share a host each start a pool of every core and their threads compete for the
+cores. How much that costs depends on how much of the step XLA splits over the pool: with
+the step's large copies inside XLA (before akocore.workload moved them to NumPy), 3 ranks
+of the 1.13M-parameter digits MLP (batch 32) on 2 busy cores took 180-470 ms of wall time
+per step with XLA's default pools and 21-28 ms with one thread each; with the copies in
+NumPy both are 12-13 ms there. Turning off ``--xla_cpu_multi_thread_eigen`` alone does not
+shrink the pool.
 
 The rule: each of R ranks on C cores gets max(1, C // R) threads (``NPROC``), and a rank
 held to one thread also runs XLA's single-threaded Eigen (``XLA_FLAGS``). A rank that has

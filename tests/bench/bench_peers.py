@@ -281,9 +281,9 @@ def run() -> list[Figure]:
         goal = 1.0 if peer.system == "torchft" else None
         figures += [
             Figure(f"peers.diloco_sync_s_vs_{peer.system}", akorun.sync_s / peer.sync_s,
-                   "x", higher_is_better=False, goal=goal, absolute=akorun.sync_s / peer.sync_s,
-                   absolute_unit="x", tolerance=None, known_gap=SYNC_GAP,
-                   reference=f"{peer.system} DiLoCo, same testbed", note=note),
+                   "x", higher_is_better=False, goal=goal, tolerance=None, known_gap=SYNC_GAP,
+                   reference=f"{peer.system} DiLoCo, same testbed",
+                   note=note if peer is sides[1] else ""),
             Figure(f"peers.diloco_round_s_vs_{peer.system}", akorun.round_s / peer.round_s,
                    "x", higher_is_better=False, tolerance=None,
                    reference=f"{peer.system} DiLoCo, same testbed"),
