@@ -6,6 +6,10 @@ status 2 (`EXIT_USAGE`), never a traceback. `UsageError` carries such a
 mistake from deep inside a command to its entry point; `OneLineParser` is the
 argparse parser whose own errors look the same; `fail` prints and exits.
 
+`check_out_directory` and `check_out_file` refuse an ``--out`` that cannot be
+written before a command does any work (one line, exit 2), never a traceback
+after a run or a plan.
+
 `OneLineParser` takes flags only whole (no prefix matching: ``--worker 8`` is
 refused, not read as ``--workers 8``), on every subcommand too, and an unknown
 flag gets a did-you-mean line from the flags of the (sub)command that was given.
@@ -18,7 +22,9 @@ import contextlib
 import difflib
 import io
 import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 EXIT_USAGE = 2
@@ -123,3 +129,37 @@ def parse_quietly(parser: argparse.ArgumentParser, argv: Sequence[str],
     except SystemExit:
         lines = error.getvalue().strip().splitlines()
         raise UsageError(lines[-1] if lines else fallback) from None
+
+
+def _writable_directory(directory: Path, what: str) -> None:
+    """Make `directory` (and its parents) and write a scratch file in it; UsageError
+    naming `what` (the flag and its value) and the reason if that fails."""
+    ancestor = directory
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if ancestor.exists() and not ancestor.is_dir():
+        raise UsageError(f"{what}: cannot write there ({ancestor} is a file, not a "
+                         f"directory)")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".ako-write-check-"):
+            pass
+    except OSError as error:
+        raise UsageError(f"{what}: cannot write there ({error.strerror or error}); give a "
+                         f"path this user can write") from None
+
+
+def check_out_directory(directory: str | Path, flag: str = "--out") -> None:
+    """Refuse (UsageError, one line) a directory a command writes its results into
+    that cannot be made or written; makes it (and its parents) otherwise."""
+    _writable_directory(Path(directory), f"{flag} {directory}")
+
+
+def check_out_file(path: str | Path, flag: str = "--out") -> None:
+    """Refuse (UsageError, one line) a file a command writes at its end that it could
+    not write: a directory, or in a folder that cannot be made or written (made here)."""
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory; give a file name, e.g. "
+                         f"{target / 'result.json'}")
+    _writable_directory(target.parent, f"{flag} {path}")

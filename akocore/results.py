@@ -64,10 +64,11 @@ from akocore.jsonrecord import (
 from akocore.message_cost import MessageCost, MessageSample
 from akocore.schemes.registry import is_partitioned
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # versions this toolkit reads: 1 lacks only the plan's ranking by accuracy (its fields
-# default to "no ranking"), so a version-1 file reads as it was written
-READABLE_VERSIONS = (1, 2)
+# default to "no ranking"), 2 only a simulated run's simulated_rounds, settled and
+# warmup_rounds (they default to null: not recorded), so older files read as written
+READABLE_VERSIONS = (1, 2, 3)
 
 __all__ = [
     "READABLE_VERSIONS", "SCHEMA_VERSION", "SUMMARY_FIELDS", "Calibration",
@@ -285,7 +286,7 @@ class RunResult:
         "s", "simulated seconds to the target accuracy (null: not reached)", "akosim"))
     max_relative_difference: float | None = field(default=None, metadata=meta(
         "", "largest max-norm difference between a training replica and the first, "
-            "relative to the first's max-norm", "akorun"))
+            "relative to the first's max-norm (inf: a replica holds NaN or Inf)", "akorun"))
     nic_utilisation: float | None = field(default=None, metadata=meta(
         "fraction", "mean busy fraction of the training workers' uplinks", "akosim"))
     max_uplink_utilisation: float | None = field(default=None, metadata=meta(
@@ -301,6 +302,16 @@ class RunResult:
         "", "the most utilised resource, in words", "akosim"))
     simulated_s: float | None = field(default=None, metadata=meta(
         "s", "simulated seconds of the steady part", "akosim"))
+    simulated_rounds: int | None = field(default=None, metadata=meta(
+        "rounds", "rounds every training worker ended (a timing plan without --rounds: "
+                  "where its round time settled)", "akosim"))
+    settled: bool | None = field(default=None, metadata=meta(
+        "", "whether the round time settled (one window's mean within 1% of the one "
+            "before) within the settle cap; false: it did not, the figure is over the "
+            "capped run; null: fixed rounds or duration", "akosim"))
+    warmup_rounds: int | None = field(default=None, metadata=meta(
+        "rounds", "a settling run: the rounds before the span round_time_s is the mean "
+                  "over (the staleness bound + 1, in whole periods)", "akosim"))
     wall_s: float | None = field(default=None, metadata=meta(
         "s", "wall seconds the simulation took", "akosim"))
     events: Mapping[str, Any] = field(default_factory=dict, metadata=meta(
@@ -354,8 +365,8 @@ class RankedRun:
                                      "akosim"))
     scheme: str = field(metadata=meta("", "its scheme", "akosim"))
     reached: bool = field(metadata=meta(
-        "", "whether it reached the target accuracy within the round (and time) budget",
-        "akosim"))
+        "", "whether it reached the target accuracy within the round (and time) budget "
+            "and ended at or above it", "akosim"))
     time_to_target_s: float | None = field(metadata=meta(
         "s", "simulated seconds to the target accuracy (null: not reached or no target)",
         "akosim"))
@@ -404,12 +415,15 @@ class PlanResult:
         "", "when propagation exceeds max_staleness_rounds: the cheapest ways out, "
             "each quantified", "akosim"))
     recommendation: tuple[str, ...] = field(default=(), metadata=meta(
-        "", "the comparison's winner (the highest throughput among the runs within "
-            "--max-staleness, never one outside it) and what p, s, H and staleness mean",
-        "akosim"))
+        "", "the comparison's winner and what p, s, H and staleness mean: by default "
+            "the first predicted to reach the target accuracy among the runs within "
+            "--max-staleness and --accuracy-margin of the best; with --rank-by "
+            "throughput the highest throughput among the runs within --max-staleness "
+            "(never one outside it)", "akosim"))
     target_accuracy: float | None = field(default=None, metadata=meta(
-        "fraction", "--target-accuracy: the ranking orders by simulated time to it (null: "
-                    "no ranking by accuracy)", "akosim"))
+        "fraction", "--target-accuracy, or the default ranking's target (90% of the best "
+                    "accuracy a row reached): the ranking orders by time to it (null: no "
+                    "ranking by accuracy)", "akosim"))
     time_budget_s: float | None = field(default=None, metadata=meta(
         "s", "--time-budget: the ranking orders by accuracy within it (null: none)",
         "akosim"))
@@ -417,9 +431,11 @@ class PlanResult:
         "rounds", "the round budget each candidate trained within (null: no ranking)",
         "akosim"))
     ranking: tuple[RankedRun, ...] = field(default=(), metadata=meta(
-        "", "the candidates (up to three configurations of each scheme within "
-            "--max-staleness: its fastest, the least stale not much slower, one between) "
-            "in the order of the ranking, winner first", "akosim"))
+        "", "the candidates in the order of the ranking, first to the target first: "
+            "with --target-accuracy or --time-budget up to three configurations of each "
+            "scheme within --max-staleness (its fastest, the least stale not much slower, "
+            "one between); by default every row of the comparison, its time to target "
+            "predicted as rounds to target x its round time", "akosim"))
     ranking_verdict: tuple[str, ...] = field(default=(), metadata=meta(
         "", "the ranking in words: the winner, or that no candidate reached the target",
         "akosim"))
@@ -781,8 +797,8 @@ def schema_markdown() -> str:
            "written before the schema and are converted when read. Non-finite numbers are "
            'written as "inf" / "-inf"; a figure that could not be measured is null.', ""]
     for cls, title in ((PlanResult, "`akosim --out FILE.json` (kind `plan`)"),
-                       (RankedRun, "one candidate of a plan's `ranking` (akosim plan "
-                                   "--target-accuracy or --time-budget)"),
+                       (RankedRun, "one candidate of a plan's `ranking` (akosim plan's "
+                                   "default ranking, --target-accuracy or --time-budget)"),
                        (RunResult, "one run (kind `run`): akorun's `OUT/result.json`, "
                                    "each of akosim's `runs`"),
                        (RankResult, "one rank (kind `rank`): akorun's `OUT/worker-R.json`, "

@@ -8,13 +8,14 @@ turns any `akocore.Workload` into the flat-vector view the schemes work with, a
 `grad_step` (loss and flat float32 gradient of one batch, one jitted function
 compiled once per workload), `batched_grad_step` (the same step vmapped over R
 replicas, for simulating many workers in one process), `evaluate` (test
-accuracy) and `optimizer` (a FlatOptimizer by name, or the workload's own optax
-transformation).
+accuracy), `optimizer` (a FlatOptimizer by name, or the workload's own optax
+transformation) and `params_tree` (a trained vector back as the workload's own
+pytree). The leaf order both ways is akocore.param_tree's.
 
 Parameters of another floating dtype (bfloat16, float16, float64) are held as
 float32 and cast back to their dtype at the edge, when the user's loss and
-evaluation are called; `FlatWorkload.notices` says so in one line for the shell
-to print.
+evaluation are called (and by `params_tree`); `FlatWorkload.notices` says so in
+one line for the shell to print.
 
 `measure_compute_s` times gradient steps with a clock the shell hands it
 (akosim.compute and akorun pass time.perf_counter): akocore reads no clock
@@ -36,6 +37,7 @@ import numpy as np
 from akocore.messages import FLOAT_BYTES
 from akocore.models import Params
 from akocore.optim import FlatOptimizer, OptaxFlatOptimizer, PlainSGD
+from akocore.param_tree import cast_back, flatten_params
 from akocore.workloads.builtin import BUILTIN_NAMES
 from akocore.workloads.naming import (
     WorkloadError,
@@ -48,35 +50,6 @@ from akocore.workloads.spec import OPTIMIZER_NAMES, TrainBatches, Workload, accu
 EVAL_CHUNK_VALUES = 1 << 21  # input values per evaluation batch (bounds memory)
 WORKLOAD_NAMES: tuple[str, ...] = BUILTIN_NAMES
 DEFAULT_WORKLOAD = "digits-mlp"
-
-
-# --------------------------------------------------------------------------
-# flat <-> pytree
-
-
-def flatten_params(params: Params) -> tuple[np.ndarray, Callable[[Any], Params]]:
-    """(flat float32 vector, unravel) with the leaf order of jax.flatten_util.ravel_pytree.
-
-    Done in NumPy so building a workload compiles nothing. `unravel` slices
-    and reshapes; it works on NumPy arrays (returning views) and inside jit.
-    """
-    import jax
-
-    leaves, treedef = jax.tree_util.tree_flatten(params)
-    shapes = [tuple(np.shape(leaf)) for leaf in leaves]
-    bounds = np.cumsum([0, *(int(np.prod(s)) for s in shapes)]).tolist()
-    flat = np.concatenate([np.asarray(leaf, dtype=np.float32).ravel() for leaf in leaves])
-
-    def unravel(vector: Any) -> Params:
-        if vector.shape != (bounds[-1],):
-            raise ValueError(f"expected a flat vector of shape ({bounds[-1]},), got {vector.shape}")
-        parts = [
-            vector[start:stop].reshape(shape)
-            for start, stop, shape in zip(bounds[:-1], bounds[1:], shapes, strict=True)
-        ]
-        return jax.tree_util.tree_unflatten(treedef, parts)
-
-    return flat, unravel
 
 
 # --------------------------------------------------------------------------
@@ -211,6 +184,19 @@ class FlatWorkload:
         return EvalResult(accuracy=accuracy_sum / count,
                           loss=None if loss_sum is None else loss_sum / count)
 
+    # ---- the user's pytree
+
+    def params_tree(self, flat_params: np.ndarray) -> Params:
+        """`flat_params` (a trained replica, D float32 values) as the workload's own pytree:
+        the structure and shapes `init` returns, NumPy leaves in the parameters' own dtypes
+        (float32 cast back to bfloat16 or float16 where `init` gave those). The leaves are
+        a copy: writing into them changes nothing of `flat_params`."""
+        import jax.numpy as jnp
+
+        array = np.array(self._check_params(flat_params, stacked=False))
+        dtypes = tuple(jnp.dtype(dtype) for _, dtype in self.param_layout)
+        return cast_back(self.unravel(array), dtypes)
+
     # ---- training helpers
 
     def optimizer(self, name: str, lr: float) -> FlatOptimizer:
@@ -325,14 +311,14 @@ def _compile(spec: Workload, unravel: Callable[[Any], Params],
 
     def to_user(flat: Any) -> Params:
         """float32 leaves -> the user's dtypes (the edge cast; a no-op for float32)."""
-        return _cast_back(unravel(flat), dtypes)
+        return cast_back(unravel(flat), dtypes)
 
     def tree_grad(params: Params, x: Any, y: Any, seed: Any) -> tuple[Any, list[Any]]:
         """Loss and the float32 gradient leaves, in ravel_pytree order, of float32 params."""
         key = jax.random.PRNGKey(seed)
 
         def loss_fn(params: Params) -> Any:
-            out = spec.loss(_cast_back(params, dtypes), (x, y), key)
+            out = spec.loss(cast_back(params, dtypes), (x, y), key)
             value = out[0] if isinstance(out, tuple) else out
             return jnp.asarray(value, dtype=jnp.float32)
 
@@ -353,16 +339,6 @@ def _compile(spec: Workload, unravel: Callable[[Any], Params],
         batched_grad=jax.jit(jax.vmap(flat_grad)),
         evaluate=jax.jit(evaluate),
     )
-
-
-def _cast_back(params: Params, dtypes: tuple[Any, ...]) -> Params:
-    """Cast float32 leaves to the user's dtypes (differentiable: gradients come back f32)."""
-    import jax
-
-    leaves, treedef = jax.tree_util.tree_flatten(params)
-    cast = [leaf if leaf.dtype == dtype else leaf.astype(dtype)
-            for leaf, dtype in zip(leaves, dtypes, strict=True)]
-    return jax.tree_util.tree_unflatten(treedef, cast)
 
 
 # --------------------------------------------------------------------------

@@ -6,13 +6,15 @@ The public API mirrors the command line (keyword settings are its flags):
 - `init` writes a cluster file, `run_worker` runs one rank of it in this process;
 - `Exchange` puts Ako's exchange inside your own training loop: you compute the
   gradients, akorun exchanges their partitions with the peers and returns the update;
-- `merge_run` writes a run's ``result.json`` from its ranks' records (``akorun merge``).
+- `merge_run` writes a run's ``result.json`` from its ranks' records (``akorun merge``);
+- `load_params` gives back the model a run trained, as the workload's own pytree.
 
 Example::
 
     import akorun
     run = akorun.launch(out="runs/demo", workers=3, rounds=50, quiet=True)
     print(run.accuracy, run.max_relative_difference)
+    params = akorun.load_params("runs/demo")  # the trained model, as init returns it
 
     path = akorun.merge_run("runs/by-hand")   # runs/by-hand/result.json
 
@@ -32,8 +34,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from akorun.launch.run_merge import merge_run
     from akorun.run_api import Exchange, init, run_worker
+    from akorun.run_params import load_params
 
-__all__ = ["Exchange", "init", "launch", "merge_run", "run_worker"]
+__all__ = ["Exchange", "init", "launch", "load_params", "merge_run", "run_worker"]
 
 
 def __getattr__(name: str) -> Any:
@@ -46,6 +49,10 @@ def __getattr__(name: str) -> Any:
         import akorun.launch  # a callable package: calling it is akorun.run_api.launch
 
         return akorun.launch
+    if name == "load_params":
+        from akorun.run_params import load_params
+
+        return load_params
     if name in ("Exchange", "init", "run_worker"):
         from akorun import run_api as api
 

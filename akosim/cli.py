@@ -8,7 +8,9 @@ One argparse parser with a subparser per command; a command line that does
 not start with a command name is a plan. Settings are resolved in layers
 (akocore.settings): each command's defaults < --config < --set < flags, and
 the resolved settings know which layer set each value (--show-config prints
-them). User mistakes exit with status 2 and one line on stderr; results go
+them). User mistakes exit with status 2 and one line on stderr; a training step
+whose loss or gradient is NaN or Inf (the user's data, or a diverged run) exits
+with status 1 and one line naming the worker, round and batch; results go
 to stdout as a table and, with --out, to a JSON file.
 """
 
@@ -21,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from akocore.cli_support import OneLineParser, UsageError, fail
+from akocore.cli_support import OneLineParser, UsageError, check_out_file, fail, one_line
 from akocore.config import (
     Given,
     Layer,
@@ -32,6 +34,7 @@ from akocore.config import (
     add_shared_arguments,
     resolve_args,
 )
+from akocore.nonfinite import NonFiniteStep
 from akocore.settings.key_registry import RUN_SECTIONS
 from akocore.units import format_duration, format_size
 from akosim.calibration.run_calibration import (  # noqa: F401 (rank_overhead_s: re-exported)
@@ -46,6 +49,7 @@ from akosim.plan.runspec import (
     TRAIN_DEFAULTS,
     USER_ERRORS,
     load_workload,
+    timing_defaults_for,
 )
 
 if TYPE_CHECKING:
@@ -60,7 +64,10 @@ EPILOG_RUN = """\
 examples:
   akosim --workers 64 --bandwidth 40mbps --p auto
       Ako with p chosen for 64 workers on 40 Mbit/s NICs, beside p=1, a parameter
-      server and ring all-reduce (the seed CNN's 17 MB gradient, compute measured here)
+      server, ring all-reduce and DiLoCo (the seed CNN's 17 MB gradient, compute measured
+      here), each row trained in simulated time (a proxy model on 8 of the workers) and
+      the first predicted to reach the accuracy recommended (--rank-by throughput: the
+      most samples/s)
   akosim --workers 4 --link-bandwidth 40,20,10mbps --latency 20ms --compute 0.3s
       the seeds' heterogeneous WAN, with a given compute time per round
   akosim --workers 8 --scheme ako --p 4 --ssp 2 --gradient-size 17MB --trace t.json
@@ -88,7 +95,8 @@ examples:
 PLAN_DESCRIPTION = ("What-if simulator for decentralised training with partial gradient "
                     "exchange (Ako), parameter servers and all-reduce. Without a command "
                     "(or with `plan`) it plans: what p, what round time, how much traffic, "
-                    "how stale.")
+                    "how stale, and which configuration is predicted to reach the accuracy "
+                    "first.")
 TRAIN_DESCRIPTION = ("Training mode: the simulated workers really train the shared JAX "
                      "workload; accuracy against simulated time predicts time to accuracy.")
 
@@ -135,8 +143,17 @@ def _add_sim_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_ranking_arguments(parser: argparse.ArgumentParser) -> None:
     """akosim plan only: rank by simulated training, and the longer explanation."""
-    group = parser.add_argument_group("ranking by accuracy (with --target-accuracy)")
+    group = parser.add_argument_group("ranking by accuracy")
     add = group.add_argument
+    add("--rank-by", metavar="accuracy|throughput", default="accuracy",
+        help="accuracy (default): train every row of the comparison in simulated time "
+             "(the workload itself when small, else a proxy, on up to 8 of the workers) and "
+             "recommend the first to reach the best row's accuracy less --accuracy-margin "
+             "points, so never a row that ends further below the best; throughput: the "
+             "highest samples/s within --max-staleness, whatever it learns")
+    add("--accuracy-margin", metavar="POINTS", type=float, default=None,
+        help="--rank-by accuracy never recommends a row whose accuracy is more than this "
+             "many points below the best row's (default 2)")
     add("--time-budget", metavar="DURATION",
         help="rank the schemes by the accuracy their simulated training reaches within "
              "this much simulated time, e.g. 60s (with --target-accuracy: the target must "
@@ -241,6 +258,12 @@ def resolve_settings(args: argparse.Namespace, *, training: bool) -> ResolvedSet
     resolved = resolve_args(args, defaults, defaults_origin=Origin(Layer.DEFAULT,
                                                                    f"{name} default"),
                             below=adopted)
+    workload = resolved.config.train.workload
+    if not training and not resolved.given("train.batch_size") and \
+            timing_defaults_for(workload) is not defaults:
+        # a user's workload is planned at akorun's batch, not the seeds' CNN's
+        resolved = resolve_args(args, timing_defaults_for(workload), defaults_origin=Origin(
+            Layer.DEFAULT, f"{name} default (akorun's batch for {workload})"), below=adopted)
     if not training and ranks_by_accuracy(args, resolved):
         # a plan ranking by accuracy trains: the workload, batch and data of akosim train
         # (the timing rows then time that same workload)
@@ -253,14 +276,20 @@ def resolve_settings(args: argparse.Namespace, *, training: bool) -> ResolvedSet
 
 def describe_settings(resolved: ResolvedSettings, *, training: bool) -> list[str]:
     """--show-config: every run and [akosim] setting with its origin, as the plan runs it
-    (an s the plan chooses with p says so instead of showing the default it replaces)."""
-    from akosim.plan import chooses_ssp_with_p
+    (an s the plan chooses with p, and rounds the plan settles, say so instead of showing
+    the default they replace)."""
+    from akosim.plan import chooses_ssp_with_p, settles
+    from akosim.sim.settling import SETTLE_CAP_ROUNDS
 
     lines = resolved.describe((*RUN_SECTIONS, "akosim"))
     if chooses_ssp_with_p(resolved, training=training):
         lines = [("exchange.ssp = chosen with p when the plan runs (the smallest s that lets "
                   "sending overlap compute; give --ssp to fix it)")
                  if line.startswith("exchange.ssp = ") else line for line in lines]
+    if settles(resolved, training=training) and resolved.config.train.rounds is not None:
+        lines = [(f"train.rounds = until each configuration's round time settles, at most "
+                  f"{SETTLE_CAP_ROUNDS}  (akosim plan default; --rounds N runs exactly N)")
+                 if line.startswith("train.rounds = ") else line for line in lines]
     return lines
 
 
@@ -272,6 +301,10 @@ def run_plan(args: argparse.Namespace, *, training: bool = False) -> int:
     if args.show_config:
         print("\n".join(describe_settings(resolved, training=training)))
         return 0
+    if args.out:  # refused now, not after the whole plan
+        check_out_file(args.out)
+    if args.trace:
+        check_out_file(args.trace, "--trace")
     if training:
         from akocore.process_setup import enable_compilation_cache
 
@@ -283,7 +316,9 @@ def run_plan(args: argparse.Namespace, *, training: bool = False) -> int:
                            max_staleness_rounds=args.max_staleness,
                            time_budget_s=time_budget_s(args),
                            explain_more=bool(getattr(args, "explain", False)),
-                           announce=None if args.quiet else _to_stderr)
+                           announce=None if args.quiet else _to_stderr,
+                           rank_by=getattr(args, "rank_by", "accuracy"),
+                           accuracy_margin_points=getattr(args, "accuracy_margin", None))
     _print_outcome(args, outcome, training)
     return 0
 
@@ -301,8 +336,9 @@ def _to_stderr(line: str) -> None:
 
 
 def _print_outcome(args: argparse.Namespace, outcome: PlanOutcome, training: bool) -> None:
-    from akosim.plan.result_tables import format_table, json_safe, write_json
+    from akosim.plan.result_tables import format_table, json_safe, unsettled_lines, write_json
     from akosim.plan.trace import write_trace
+    from akosim.sim.settling import settle_words
 
     setup, runs = outcome.planned.setup, outcome.planned.runs
     compute = setup.compute
@@ -312,7 +348,8 @@ def _print_outcome(args: argparse.Namespace, outcome: PlanOutcome, training: boo
           f"/round, batch {setup.batch_size}, "
           + (f"{setup.stop.rounds} rounds" if setup.stop.rounds else "")
           + (f" up to {format_duration(setup.stop.duration_s)}" if setup.stop.duration_s
-             else ""))
+             else "")
+          + (settle_words(setup.stop.settle) if setup.stop.settle else ""))
     if setup.compute_source:
         print(f"akosim: {setup.compute_source}")
     codec = setup.config.exchange.codec
@@ -320,6 +357,8 @@ def _print_outcome(args: argparse.Namespace, outcome: PlanOutcome, training: boo
         print(f"akosim: codec {codec} on gradients, pushes, reduce steps and pseudo-gradients "
               f"(parameters, models and all-gather steps travel as float32), error feedback on")
     print(format_table(runs, training=training))
+    for line in unsettled_lines(runs):
+        print(line)
     if training and setup.plan is not None:
         from akosim.plan.advice import held_by_staleness
 
@@ -337,6 +376,11 @@ def _print_outcome(args: argparse.Namespace, outcome: PlanOutcome, training: boo
             print(format_ranking(outcome.ranking))
         for line in outcome.ranking.verdict():
             print(line)
+    if outcome.learning is not None:
+        for line in (*outcome.learning.caveat(), outcome.learning.table()):
+            print(line)
+    for line in outcome.caveats:
+        print(line)
     for line in outcome.recommendation:
         print(line)
     for line in outcome.explained:
@@ -366,6 +410,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args))
     except USER_ERRORS as error:
         fail(str(error), "akosim")
+    except NonFiniteStep as error:  # the user's data or loss went NaN/Inf: one line, exit 1
+        print(f"akosim {args.command}: failed: {one_line(error)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("akosim: interrupted", file=sys.stderr)
         return 130

@@ -20,6 +20,7 @@ TypeError naming the keywords there are.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import uuid
@@ -28,9 +29,10 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from akocore.cli_support import flag_text, parse_quietly, subcommand_parser
+from akocore.results import RunResult
 
 if TYPE_CHECKING:
-    from akocore.results import PlanResult, RunResult
+    from akocore.results import PlanResult
     from akosim.plan.execute import PlanOutcome
     from akosim.predict import Prediction
 
@@ -58,6 +60,11 @@ def plan(config: str | os.PathLike[str] | None = None, *,
             print(run.label, run.round_time_s, run.nic_utilisation)
         print(plan.explanation)
 
+    By default every row also trains in simulated time (the workload itself when
+    small, else a proxy on up to 8 of the workers) and ``recommendation`` names the
+    row predicted to reach 90% of the best accuracy first, never one more than
+    ``accuracy_margin`` points below the best (``ranking`` holds every row);
+    ``rank_by="throughput"`` recommends the highest samples/s instead.
     With ``target_accuracy`` (or ``time_budget="60s"``) up to three configurations of
     each scheme within ``max_staleness`` (the fastest, the least stale not much slower,
     one between) also train the workload in simulated time,
@@ -84,18 +91,36 @@ def simulate(config: str | os.PathLike[str] | None = None, *,
 
 
 def train(config: str | os.PathLike[str] | None = None, *,
-          set: Mapping[str, Any] | None = None, **settings: Any) -> RunResult:
+          set: Mapping[str, Any] | None = None, **settings: Any) -> TrainedRun:
     """Simulated training: the workers really train the workload, each partial applied at
     its simulated arrival. Returns the training record (accuracy against simulated time
     in ``evaluations``, ``accuracy``, ``time_to_target_s``) of the configured scheme
-    (``ako`` unless ``scheme`` says otherwise)::
+    (``ako`` unless ``scheme`` says otherwise), with the trained model in ``params``: the
+    first worker's replica at the end, as the workload's own pytree (the structure,
+    shapes and dtypes its ``init`` returns; NumPy leaves), what `akorun.load_params`
+    gives back from an akorun run::
 
         import akosim
         run = akosim.train(workers=4, bandwidth="100mbps", compute="10ms", rounds=40,
                            workload="digits-mlp", eval_every=20)
         print(run.accuracy, run.evaluations[-1])
+        params = run.params
     """
-    return _outcome("train", config, set, settings, one_scheme=True).record.runs[0]
+    outcome = _outcome("train", config, set, settings, one_scheme=True)
+    return TrainedRun.of(outcome.record.runs[0], outcome.planned.runs[0].final_params)
+
+
+class TrainedRun(RunResult):
+    """`akosim.train`'s record: a `RunResult` (its fields, its JSON) and ``params``, the
+    trained model as the workload's own pytree (not part of the record's JSON)."""
+
+    params: Any = None
+
+    @classmethod
+    def of(cls, run: RunResult, params: Any) -> TrainedRun:
+        trained = cls(**{f.name: getattr(run, f.name) for f in dataclasses.fields(run)})
+        object.__setattr__(trained, "params", params)  # a record field it is not
+        return trained
 
 
 def predict(run_dir: str | os.PathLike[str], **settings: Any) -> Prediction:
@@ -143,7 +168,9 @@ def _outcome(command: str, config: Any, dotted: Mapping[str, Any] | None,
     return plan_outcome(resolved, SimulationOptions.from_args(args, resolved),
                         training=training, max_staleness_rounds=args.max_staleness,
                         time_budget_s=time_budget_s(args),
-                        explain_more=bool(getattr(args, "explain", False)))
+                        explain_more=bool(getattr(args, "explain", False)),
+                        rank_by=getattr(args, "rank_by", "accuracy"),
+                        accuracy_margin_points=getattr(args, "accuracy_margin", None))
 
 
 def workload_name(workload: Any) -> str:
@@ -222,4 +249,4 @@ def _parse(command: str, argv: Sequence[str]) -> argparse.Namespace:
     return parse_quietly(build_parser(), [command, *argv], f"akosim {command}: bad settings")
 
 
-__all__ = ["plan", "predict", "simulate", "train", "workload_name"]
+__all__ = ["TrainedRun", "plan", "predict", "simulate", "train", "workload_name"]

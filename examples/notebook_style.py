@@ -1,12 +1,13 @@
 """The Flax CNN of examples/flax_cnn from Python, cell by cell: plan it, simulate one
-configuration, train it on 3 local ranks, read the result.
+configuration, train it on 3 local ranks, read the result and the trained model.
 
     python examples/notebook_style.py            # about a minute on a laptop
     python examples/notebook_style.py --rounds 6 --out runs/notebook
 
 Every call mirrors a command (keyword settings are its flags) and returns a typed
 record (akocore.results): akosim.plan -> PlanResult, akosim.simulate -> RunResult,
-akorun.launch -> RunResult, akocore.read_result(path) -> the record in a file.
+akorun.launch -> RunResult, akocore.read_result(path) -> the record in a file,
+akorun.load_params(path) -> the trained model as the model's pytree.
 Needs Flax: pip install 'ako-toolkit[flax]'.
 """
 
@@ -55,6 +56,9 @@ def main() -> None:
     assert isinstance(again, akocore.RunResult)
     print(f"{args.out}/result.json: {again.training_workers} workers, "
           f"round {again.round_time_s * 1e3:.1f} ms, accuracy {again.accuracy:.3f}")
+    params = akorun.load_params(args.out)  # rank 0's trained CNN, as the model's init gives it
+    print("trained parameters:", {layer: {name: leaf.shape for name, leaf in leaves.items()}
+                                  for layer, leaves in params.items()})
 
 
 if __name__ == "__main__":

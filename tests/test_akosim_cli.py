@@ -151,7 +151,8 @@ def test_show_config_prints_each_value_with_its_origin(capsys, tmp_path: Path) -
     assert shown["exchange.ssp"] == "2  (by --set exchange.ssp=2)"
     assert shown["exchange.p"] == "[4]  (by --p)"
     assert shown["train.workload"] == '"synthetic-cnn"  (akosim plan default)'
-    assert shown["train.rounds"] == "30  (akosim plan default)"
+    assert shown["train.rounds"] == ("until each configuration's round time settles, at most "
+                                      "3000  (akosim plan default; --rounds N runs exactly N)")
 
 
 def test_show_config_says_when_the_plan_chooses_s_with_p(capsys) -> None:

@@ -2,8 +2,8 @@
 
 Timing: a worker computes H inner steps between syncs and all-reduces its
 pseudo-gradient (one fragment of it, for Streaming DiLoCo) per sync: 2(n - 1)/n·S/H
-bytes per round on average either way ((n - 1)·S/H with the all-to-all sync). Training: both learn digits,
-with and without a codec on the pseudo-gradients.
+bytes per round on average either way ((n - 1)·S/H with the all-to-all sync).
+Training: both learn digits, with and without a codec on the pseudo-gradients.
 """
 
 from __future__ import annotations

@@ -170,3 +170,58 @@ def test_a_mean_from_a_second_owner_is_dropped_so_no_chunk_mixes_two_means() -> 
     assert node.may_start(1)
     chunk1 = slice(int(bounds[1]), int(bounds[2]))
     np.testing.assert_allclose(node.params[chunk1], _theta0(length)[chunk1] - 0.5)
+
+
+def test_a_mean_a_lost_owner_gave_some_survivors_is_adopted_by_its_successor() -> None:
+    """4 workers; rank 1 owns chunk 1, sends its mean to rank 0 only, then is lost. Rank 0
+    forwards that mean to the successor (rank 2) instead of its delta, rank 2 adopts it
+    and sends it on: every survivor applies the same mean, rank 1's contribution in."""
+    length = 8
+    nodes = _nodes(4, length, "allreduce", inner_steps=1, outer_lr=1.0, outer_momentum=0.0)
+    grads = [np.full(length, r + 1, np.float32) for r in range(4)]
+    sends = [send for r in range(4) for send in nodes[r].local_step(0, grads[r])]
+    queue = list(sends)
+    while queue:  # rank 1's mean reaches rank 0 alone; everything else flows
+        send = queue.pop(0)
+        for dest in send.dests:
+            if send.message.sender == 1 and send.message.kind == Kind.PSEUDO_MEAN \
+                    and dest != 0:
+                continue
+            queue.extend(nodes[dest].receive(send.message).effects)
+    assert nodes[0].may_start(1) and not nodes[2].may_start(1)
+    for r in (0, 2, 3):
+        nodes[r].suspend_peer(1)
+    _deliver(nodes, [s for r in (0, 2, 3) for s in nodes[r].take_effects()], {1})
+    expected = _theta0(length) - LR * sum(grads) / 4  # rank 1's delta counted everywhere
+    for r in (0, 2, 3):
+        assert nodes[r].may_start(1)
+        np.testing.assert_allclose(nodes[r].params, expected, rtol=1e-6)
+    np.testing.assert_array_equal(nodes[2].anchor, nodes[0].anchor)
+    np.testing.assert_array_equal(nodes[3].anchor, nodes[0].anchor)
+
+
+def test_ranks_whose_anchors_differ_end_the_run_with_one_line_naming_them() -> None:
+    """akorun's finish compares the digest of each peer's agreed state (diloco: the anchor)
+    that ran as many rounds: a different one is a failure naming the ranks."""
+    from types import SimpleNamespace
+
+    from akorun.runtime.finishing import Finisher
+
+    here = {"rank": 0, "rounds": 20, "agreed_sha256": "a" * 64}
+    finisher = SimpleNamespace(
+        rank=0, waiter=SimpleNamespace(scheme="diloco"),
+        liveness=SimpleNamespace(agreed={1: (20, "a" * 64), 2: (20, "b" * 64),
+                                         3: (10, "c" * 64)}))
+    (line,) = Finisher._disagreements(finisher, here)  # type: ignore[arg-type]
+    assert "rank 0 and rank(s) [2] ran 20 rounds" in line and "diloco anchors" in line
+    finisher.liveness.agreed = {1: (20, "a" * 64), 3: (10, "c" * 64)}
+    assert Finisher._disagreements(finisher, here) == []  # type: ignore[arg-type]
+
+
+def test_the_anchor_is_the_agreed_state_once_no_sync_is_pending() -> None:
+    nodes = _nodes(2, 4, "allreduce", inner_steps=1)
+    sends = nodes[0].local_step(0, np.ones(4, np.float32))
+    assert nodes[0].agreed_state() is None  # a sync in flight
+    _deliver(nodes, [*sends, *nodes[1].local_step(0, np.ones(4, np.float32))], set())
+    assert nodes[0].may_start(1)
+    np.testing.assert_array_equal(nodes[0].agreed_state(), nodes[1].agreed_state())

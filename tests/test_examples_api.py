@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 
 import akocore
+import akorun
 import akosim
+from akorun.errors import UsageError
 from akorun.testing import REPO_ROOT, child_test_env
 
 pytestmark = pytest.mark.timeout(900)
@@ -48,6 +50,13 @@ def test_own_loop_ranks_end_with_equal_replicas(tmp_path: Path) -> None:
     for rank, replica in enumerate(replicas):
         with np.load(out / f"worker-{rank}.npz") as saved:  # what the rank itself wrote
             np.testing.assert_array_equal(saved["params"], replica)
+    features = replicas[0].size - 1  # the loop's {"w": (features,), "b": ()}, b first
+    with pytest.raises(UsageError, match="akorun.Exchange: give like=your initial"):
+        akorun.load_params(out)  # the record names no workload of the user's loop
+    back = akorun.load_params(out, rank=1, like={"w": np.zeros(features, np.float32),
+                                                 "b": np.float32(0.0)})
+    assert back["w"].shape == (features,) and back["b"].shape == ()
+    np.testing.assert_array_equal(np.concatenate([[back["b"]], back["w"]]), replicas[1])
     prediction = akosim.predict(out, network_model="maxmin")  # the run is an akorun run
     assert prediction.measured_round_time_s == run.round_time_s
     assert prediction.predicted_round_time_s > 0
@@ -62,6 +71,8 @@ def test_notebook_style_plans_simulates_launches_and_reads(tmp_path: Path) -> No
                           env=_env(tmp_path), cwd=tmp_path, timeout=800)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "ring allreduce" in done.stdout and "plan: Ako p=" in done.stdout
+    assert "trained parameters: {'Conv_0': {'bias': (8,), 'kernel': (3, 3, 1, 8)}" \
+        in done.stdout  # akorun.load_params: the CNN's own pytree
     run = akocore.read_result(out / "result.json")
     assert isinstance(run, akocore.RunResult)
     assert run.training_workers == 3 and run.max_relative_difference is not None

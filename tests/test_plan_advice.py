@@ -91,7 +91,7 @@ def test_akosim_prints_the_plan_and_writes_it(capsys, tmp_path) -> None:
     out = tmp_path / "plan.json"
     code = main(["--workers", "16", "--bandwidth", "40mbps", "--p", "auto", "--compute", "0.3s",
                  "--gradient-size", "4MB", "--rounds", "12", "--quiet", "--out", str(out),
-                 "--max-staleness", "4"])
+                 "--max-staleness", "4", "--rank-by", "throughput"])
     text = capsys.readouterr().out
     assert code == 0
     assert "plan: Ako p=" in text and "s=1 (chosen so sends overlap compute)" in text

@@ -71,8 +71,9 @@ def test_the_ranking_orders_by_time_to_target_and_the_winner_is_recommended(rank
     assert times == sorted(times)
     for r in record.ranking:
         hits = [t for t, _, acc in r.evaluations if acc >= 0.7]
-        assert r.reached == bool(hits)
-        assert r.time_to_target_s == (hits[0] if hits else None)
+        # reached: touched the target and ended at or above it
+        assert r.reached == (bool(hits) and (r.accuracy or 0.0) >= 0.7)
+        assert r.time_to_target_s == (hits[0] if r.reached else None)
     winner = record.ranking[0]
     assert record.recommendation[0].startswith(f"recommend: {winner.label}: first to 70% in ")
     assert record.ranking_verdict[0].startswith(f"rank: first to 70%: {winner.label} in ")
@@ -236,7 +237,7 @@ def test_a_compared_scheme_runs_with_its_own_configured_keys() -> None:
 
 def test_plan_records_of_version_1_still_read(ranked) -> None:
     _, data = ranked
-    assert data["schema_version"] == SCHEMA_VERSION == 2
+    assert data["schema_version"] == SCHEMA_VERSION == 3
     old = {k: v for k, v in data.items() if k not in (
         "ranking", "ranking_verdict", "ranking_rounds", "target_accuracy", "time_budget_s",
         "explained")}
@@ -246,7 +247,7 @@ def test_plan_records_of_version_1_still_read(ranked) -> None:
     assert record.ranking == () and record.target_accuracy is None
     assert PlanResult.from_json(data).ranking  # and this one round-trips with its ranking
     with pytest.raises(RecordError, match="schema_version"):
-        PlanResult.from_json({**data, "schema_version": 3})
+        PlanResult.from_json({**data, "schema_version": 4})
 
 
 def _recommended(record: PlanResult):

@@ -15,11 +15,13 @@ from akocore.config import load_config
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 PRESETS = ["uniform-lan", "hetero-lan", "uniform-wan", "hetero-wan"]
+SITE_EXAMPLES = ["two-sites"]  # a cluster of sites, tested in tests/test_sites.py
 MBPS = 1e6
 
 
 def test_every_preset_is_tested():
-    assert sorted(path.stem for path in CONFIGS.glob("*.toml")) == sorted(PRESETS)
+    assert sorted(path.stem for path in CONFIGS.glob("*.toml")) == sorted(
+        PRESETS + SITE_EXAMPLES)
 
 
 @pytest.mark.parametrize(

@@ -307,3 +307,19 @@ def test_max_staleness_holds_p_auto_within_the_limit_as_the_plan_does(tmp_path, 
         sweep(tmp_path / "bad", "--workers", "6", "--max-staleness", "-1")
     assert exited.value.code == 2
     assert "--max-staleness: got -1, expected rounds >= 0" in capsys.readouterr().err
+
+
+def test_a_point_without_rounds_settles_and_one_with_rounds_runs_exactly_them(
+        tmp_path: Path) -> None:
+    argv = ["sweep", "--workers", "4", "--p", "2", "--ssp", "40", "--gradient-size", "40KB",
+            "--compute", "10ms", "--bandwidth", "10mbps", "--jobs", "1", "--quiet"]
+    assert main([*argv, "--out", str(tmp_path / "settled")]) == 0
+    assert main([*argv, "--rounds", "30", "--out", str(tmp_path / "fixed")]) == 0
+    settled, = json.loads((tmp_path / "settled" / "sweep.json").read_text())["points"]
+    fixed, = json.loads((tmp_path / "fixed" / "sweep.json").read_text())["points"]
+    assert settled["id"] != fixed["id"] and settled["sim"]["settle"] is True
+    run = settled["runs"][0]
+    # staleness p - 1 + s = 41: a warm-up of 42 rounds, then two windows of 84
+    assert (run["settled"], run["warmup_rounds"]) == (True, 42)
+    assert run["simulated_rounds"] >= 42 + 2 * 84
+    assert (fixed["runs"][0]["simulated_rounds"], fixed["runs"][0]["settled"]) == (30, None)

@@ -186,7 +186,8 @@ def test_optimizers_by_name(tiny):
 
 
 def test_measure_compute_s_is_a_positive_duration(tiny):
-    assert 0.0 < tiny.measure_compute_s(time.perf_counter, steps=2) < 10.0
+    measured_s = tiny.measure_compute_s(time.perf_counter, steps=2)  # its median: a fake
+    assert measured_s > 0.0 and np.isfinite(measured_s)  # clock's in test_fidelity_fixes
 
 
 def test_batches_use_the_workload_batch_size_and_seed(tiny):

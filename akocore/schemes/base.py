@@ -132,6 +132,12 @@ class SchemeNode(ABC):
         """The shell found `peer` silent past the peer timeout: leave the gate."""
         self.suspended.add(peer)
 
+    def agreed_state(self) -> np.ndarray | None:
+        """What every replica that ran the same rounds holds bit-equal once settled (diloco:
+        the anchor, the model of the last sync), for the shell's end-of-run check; None
+        where the scheme claims no such state here."""
+        return None
+
     def take_effects(self) -> list[Send]:
         """Sends an event that returns no effects made necessary (a suspended peer owned
         what others must now send elsewhere: diloco's all-reduce re-forms); the shell

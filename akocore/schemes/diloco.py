@@ -72,7 +72,6 @@ the other workers' last H - 1 + tau inner steps. ``exchange.reduce`` and
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -86,10 +85,9 @@ from akocore.schemes.base import Replica, SchemeError, SchemeNode
 from akocore.schemes.diloco_sync import (
     DEFAULT_OUTER_SYNC,
     OUTER_SYNCS,
+    AllReduceSync,
     ChunkState,
-    chunk_bounds,
     mean_of,
-    owner_of,
 )
 from akocore.schemes.protocol import ReplicaOf, Scheme
 
@@ -143,7 +141,7 @@ class _Sync:
     chunks: ChunkState | None = None  # all-reduce: its chunks, owners and means
 
 
-class DilocoWorker(SchemeNode):
+class DilocoWorker(AllReduceSync, SchemeNode):
     """One (Streaming) DiLoCo worker (see the module docstring)."""
 
     def __init__(self, rank: int, workers: int, length: int, *, replica: Replica,
@@ -176,16 +174,16 @@ class DilocoWorker(SchemeNode):
         self.final_round: dict[int, int] = {}
         self.early: dict[tuple[int, int], dict[int, np.ndarray | None]] = {}  # (start, k)
         self.early_chunks: dict[tuple[int, int], ChunkState] = {}  # all-reduce: (start, k)
+        self.applied: list[_Sync] = []  # all-reduce: the last syncs applied, for successors
+        self._view = 0  # all-reduce: bumped when who is live changes (owners again)
+        self._owner_cache: dict[int, tuple[int, list[int]]] = {}
+        self._bounds_cache: dict[int, np.ndarray] = {}
         self.pending: list[_Sync] = []  # in start order; at most one while tau < H/P
         self.syncs_done = 0
         self._due: list[Send] = []  # effects of a suspension, for take_effects
 
     def _slice(self, fragment: int) -> slice:
         return slice(int(self.bounds[fragment]), int(self.bounds[fragment + 1]))
-
-    def _chunk_bounds(self, fragment: int) -> np.ndarray:
-        window = self._slice(fragment)
-        return chunk_bounds(window.start, window.stop, self.workers)
 
     def sync_after(self, round_: int) -> tuple[int, int] | None:
         """(fragment, due round) when a sync starts after `round_`, else None."""
@@ -199,25 +197,10 @@ class DilocoWorker(SchemeNode):
     def _live(self, peer: int, start: int) -> bool:
         return peer not in self.suspended and self.final_round.get(peer, math.inf) > start
 
-    def _owner(self, chunk: int, start: int) -> int:
-        live = [r == self.rank or self._live(r, start) for r in range(self.workers)]
-        return owner_of(chunk, self.workers, live)
-
     def _missing(self, sync: _Sync) -> list[int]:
         if sync.chunks is None:
             return [p for p in self.peers if p not in sync.deltas and self._live(p, sync.start)]
-        missing: set[int] = set()
-        for c in sync.chunks.chunks():
-            if c in sync.chunks.means:
-                continue
-            owner = self._owner(c, sync.start)
-            if owner != self.rank:
-                missing.add(owner)
-            else:
-                held = sync.chunks.deltas.get(c, {})
-                missing.update(p for p in self.peers
-                               if p not in held and self._live(p, sync.start))
-        return sorted(missing)
+        return self._chunks_missing(sync)
 
     def _complete(self, sync: _Sync) -> bool:
         if sync.chunks is None:
@@ -239,24 +222,17 @@ class DilocoWorker(SchemeNode):
             contributions = {self.rank: own, **sync.deltas}
             count = np.full(window.stop - window.start, len(contributions), np.float32)
             return mean_of(contributions, window.stop - window.start), count
-        mean = np.zeros(window.stop - window.start, np.float32)
-        count = np.ones(window.stop - window.start, np.float32)
-        for c in sync.chunks.chunks():
-            values, contributors = sync.chunks.means[c]
-            piece = slice(int(sync.chunks.bounds[c]) - window.start,
-                          int(sync.chunks.bounds[c + 1]) - window.start)
-            if values is None:
-                return None, count
-            mean[piece] = values
-            count[piece] = contributors
-        if sync.at_start is not None:  # eager: own delta as of now, with weight 1/count
-            assert self.replica.params is not None
+        mean, count = self._chunks_mean(sync, window)
+        if mean is not None and sync.at_start is not None:  # eager: own delta as of now,
+            assert self.replica.params is not None  # with weight 1/count
             moved = (sync.at_start - self.replica.params[window]).astype(np.float32)
             mean = (mean + moved / count).astype(np.float32)
         return mean, count
 
     def _apply(self, sync: _Sync) -> None:
         self.syncs_done += 1
+        if sync.chunks is not None:
+            self._keep_applied(sync)
         if self.anchor is None or self.replica.params is None:
             return
         window = self._slice(sync.fragment)
@@ -283,111 +259,6 @@ class DilocoWorker(SchemeNode):
 
     def lag(self, round_: int) -> int:
         return 0 if not self.pending else max(0, round_ - self.pending[0].start - 1)
-
-    # ------------------------------------------------------------------ all-reduce
-
-    def _route(self, sync: _Sync) -> list[Send]:
-        """Send each chunk of the own delta whose mean is still to come to its owner, once
-        per owner (again when the owner changed), and reduce the chunks this rank owns."""
-        chunks = sync.chunks
-        assert chunks is not None
-        effects: list[Send] = []
-        for c in chunks.chunks():
-            if c in chunks.means:
-                continue
-            owner = self._owner(c, sync.start)
-            if owner != self.rank and chunks.sent_to.get(c) != owner:
-                effects.append(Send((owner,), chunks.own[c]))
-                chunks.sent_to[c] = owner
-        effects.extend(self._reduce_owned(sync))
-        return effects
-
-    def _reduce_owned(self, sync: _Sync) -> list[Send]:
-        """The means of the chunks this rank owns whose contributions are all in."""
-        chunks = sync.chunks
-        assert chunks is not None
-        effects: list[Send] = []
-        for c in chunks.chunks():
-            if c in chunks.means or self._owner(c, sync.start) != self.rank:
-                continue
-            held = chunks.deltas.get(c, {})
-            if any(p not in held and self._live(p, sync.start) for p in self.peers):
-                continue
-            piece = chunks.chunk(c)
-            mean = mean_of({self.rank: chunks.own[c].values, **held}, piece.stop - piece.start)
-            message = self._coded_mean(Partial(
-                Kind.PSEUDO_MEAN, self.rank, sync.start, self.workers + c, 1 + len(held),
-                piece.start, piece.stop - piece.start, mean))
-            chunks.means[c] = (message.values, message.p)
-            dests = tuple(p for p in self.peers if self._live(p, sync.start))
-            if dests:
-                effects.append(Send(dests, message))
-        return effects
-
-    def _coded_mean(self, message: Partial) -> Partial:
-        """The mean as the run's codec carries it, without error feedback: the owner
-        applies the decoded value its peers apply."""
-        if self.encoder is None:
-            return message
-        codec = self.encoder.codec
-        if message.values is None:
-            return dataclasses.replace(message, codec=codec.name)
-        payload, decoded, _ = codec.encode_decoded(message.values, None)
-        return dataclasses.replace(message, values=decoded, payload=payload, codec=codec.name)
-
-    def _start_chunks(self, sync: _Sync, produced: np.ndarray | None) -> list[Send]:
-        """Code every chunk of the own delta (error feedback per chunk) and route them."""
-        chunks = ChunkState(self._chunk_bounds(sync.fragment))
-        window = self._slice(sync.fragment)
-        for c in chunks.chunks():
-            piece = chunks.chunk(c)
-            values = None if produced is None else \
-                produced[piece.start - window.start:piece.stop - window.start]
-            message = self.coded(Partial(Kind.PSEUDO, self.rank, sync.start, c, self.workers,
-                                         piece.start, piece.stop - piece.start, values))
-            chunks.own[c] = message
-        early = self.early_chunks.pop((sync.start, sync.fragment), None)
-        if early is not None:
-            chunks.take_early(early)
-        sync.chunks = chunks
-        return self._route(sync)
-
-    def _reroute(self) -> list[Send]:
-        """Who is live changed: chunks whose owner changed go to the new owner, and a
-        contribution no longer awaited may complete a chunk this rank owns."""
-        effects: list[Send] = []
-        for sync in self.pending:
-            if sync.chunks is not None:
-                effects.extend(self._route(sync))
-        return effects
-
-    def take_effects(self) -> list[Send]:
-        due, self._due = self._due, []
-        return due
-
-    def _receive_chunk(self, msg: Partial, final: bool) -> list[Send]:
-        n = self.workers
-        if final:
-            self.final_round[msg.sender] = msg.round
-            return self._reroute()
-        c = msg.part % n
-        values = None if msg.values is None else msg.values.copy()
-        sync = next((s for s in self.pending if s.start == msg.round), None)
-        if sync is None:
-            if msg.round < self.next_round:
-                return []  # the sync was applied already: a late copy, or a second mean
-            fragment = self.sync_after(msg.round)
-            assert fragment is not None
-            target = self.early_chunks.setdefault(
-                (msg.round, fragment[0]), ChunkState(self._chunk_bounds(fragment[0])))
-        else:
-            assert sync.chunks is not None
-            target = sync.chunks
-        if msg.kind == Kind.PSEUDO_MEAN:
-            target.means.setdefault(c, (values, msg.p))
-            return []
-        target.deltas.setdefault(c, {})[msg.sender] = values
-        return [] if sync is None else self._reduce_owned(sync)
 
     # ------------------------------------------------------------------ events
 
@@ -430,6 +301,7 @@ class DilocoWorker(SchemeNode):
     def _check_message(self, msg: Partial) -> bool:
         """SchemeError unless `msg` is one a correct peer sends; True for a final marker."""
         n, parts = self.workers, self.fragments
+        kinds: tuple[Kind, ...]
         if self.reduced:
             kinds, last, p_ok = (Kind.PSEUDO, Kind.PSEUDO_MEAN), 2 * n, \
                 (msg.p == n if msg.kind == Kind.PSEUDO else 1 <= msg.p <= n)
@@ -485,9 +357,14 @@ class DilocoWorker(SchemeNode):
 
     def suspend_peer(self, peer: int) -> None:
         super().suspend_peer(peer)
+        self._view_changed()
         if self.reduced:
             self._due.extend(self._reroute())
         self._try_apply()
+
+    def resume_peer(self, peer: int) -> None:
+        super().resume_peer(peer)
+        self._view_changed()
 
     def finish(self, rounds_done: int) -> list[Send]:
         if rounds_done != self.next_round:
@@ -513,6 +390,11 @@ class DilocoWorker(SchemeNode):
 
     def settle(self) -> None:
         self._try_apply_finished()
+
+    def agreed_state(self) -> np.ndarray | None:
+        """The anchor: every replica applies the same syncs (their means are the owners'),
+        so ranks that ran the same rounds end with bit-equal anchors."""
+        return None if self.pending else self.anchor
 
 
 def check_schedule(inner_steps: int, fragments: int, overlap_steps: int) -> None:

@@ -34,6 +34,7 @@ from akocore.settings.layers import (
 )
 from akocore.settings.normalise import ConfigError
 from akocore.settings.schema import RunConfig
+from akocore.settings.sites import BETWEEN_TABLE, SITE_TABLE
 from akocore.settings.toml_io import file_layer, parse_set_value, set_layer
 
 SHARED_GROUP = "shared run settings"
@@ -75,6 +76,15 @@ def add_shared_arguments(parser: argparse.ArgumentParser, tool: Tool = Tool.AKOS
     add("--set", metavar="SECTION.KEY=VALUE", action="append", default=None, dest="set",
         help="override one config value, repeatable, e.g. --set train.lr=0.1 "
              "--set network.latency=5ms (values in the config file's units)")
+    add("--site", metavar="COUNTxBANDWIDTH[,LATENCY]", action="append", default=None,
+        dest="site",
+        help="a site of the cluster, repeatable, in rank order: COUNT workers with "
+             "BANDWIDTH NICs and LATENCY one-way inside the site, e.g. --site 4x1gbps "
+             "--site 4x50mbps --between 30ms,50mbps (sets --workers, the per-node "
+             "bandwidths and the latency matrix; [[site]] tables in a config file)")
+    add("--between", metavar="LATENCY[,BANDWIDTH]", default=None, dest="between",
+        help="the link between sites: one-way latency and an optional cap on each pair of "
+             "nodes of different sites, e.g. 30ms,50mbps ([between] in a config file)")
     for key in flag_keys(tool):
         if key.section in RUN_SECTIONS:
             add_key_flag(group, key)
@@ -126,7 +136,21 @@ def resolve_args(args: argparse.Namespace, defaults: RunConfig | None = None, *,
     givens += set_layer(getattr(args, "set", None))
     givens += flag_layer(args)
     givens += workload_arg_layer(getattr(args, "workload_arg", None))
+    givens += site_layer(getattr(args, "site", None), getattr(args, "between", None))
     return resolve(givens, defaults=defaults, defaults_origin=defaults_origin)
+
+
+def site_layer(sites: list[str] | None, between: str | None) -> list[Given]:
+    """``--site`` items and ``--between`` as FLAG givens (expanded into the per-node
+    settings by akocore.settings.sites.fold_sites)."""
+    givens = []
+    if sites:
+        givens.append(Given(f"{SITE_TABLE}.list", list(sites), Layer.FLAG,
+                            "by " + " ".join(f"--site {s}" for s in sites)))
+    if between is not None:
+        givens.append(Given(f"{BETWEEN_TABLE}.link", between, Layer.FLAG,
+                            f"by --between {between}"))
+    return givens
 
 
 def workload_arg_layer(items: list[str] | None) -> list[Given]:

@@ -26,6 +26,8 @@ from akocore.schemes.named import expansion
 from akocore.settings.key_registry import BY_DOTTED, RUN_SECTIONS, SECTIONS, SHELL_SECTIONS, Key
 from akocore.settings.normalise import ConfigError, is_unset, require_unit, show
 from akocore.settings.schema import AkorunConfig, AkosimConfig, RunConfig
+from akocore.settings.sites import BETWEEN_TABLE, SITE_TABLE, expand, parse_between, parse_site
+from akocore.settings.sites import DERIVED_KEYS as SITE_DERIVED_KEYS
 
 STOP_KEYS = ("train.duration", "train.target_accuracy")
 ROUNDS_KEY = "train.rounds"
@@ -210,6 +212,32 @@ def fold_workload_args(givens: list[Given], defaults: RunConfig | None) -> list[
                          sources or (named[-1].source if named else ""))]
 
 
+def fold_sites(givens: list[Any]) -> list[Any]:
+    """`givens` with the sites (``site.list`` / ``between.link`` givens, from --site,
+    --between or [[site]] / [between]) replaced by the per-node settings they mean, in
+    the highest layer that gave either. A per-node setting given in that layer or a
+    higher one as well is a conflict (one line naming both); lower ones are overridden."""
+    sites = sorted((g for g in givens if g.key == f"{SITE_TABLE}.list"), key=lambda g: g.layer)
+    betweens = sorted((g for g in givens if g.key == f"{BETWEEN_TABLE}.link"),
+                      key=lambda g: g.layer)
+    if not sites and not betweens:
+        return givens
+    rest = [g for g in givens if g.key not in (f"{SITE_TABLE}.list", f"{BETWEEN_TABLE}.link")]
+    site_list = [parse_site(value) for value in (sites[-1].value if sites else [])]
+    between = parse_between(betweens[-1].value) if betweens else None
+    layer = max(g.layer for g in (*sites[-1:], *betweens[-1:]))
+    source = ", ".join(dict.fromkeys(g.source for g in (*sites[-1:], *betweens[-1:])
+                                     if g.source))
+    for given in rest:
+        if given.key in SITE_DERIVED_KEYS and given.layer >= layer:
+            raise ConfigError(f"{given.key} (given {given.source or given.layer.name.lower()}) "
+                              f"and the sites ({source or 'given'}) both describe the "
+                              f"cluster: give one of them", given.key)
+    derived = [Given(key, value, layer, source or "by the sites")
+               for key, value in expand(site_list, between).items()]
+    return [*rest, *derived]
+
+
 def _apply_stop_rule(merged: dict[str, Given]) -> None:
     """Clear the default rounds when a layer stops by duration or accuracy and none sets rounds."""
     if ROUNDS_KEY in merged:
@@ -236,7 +264,7 @@ def resolve(givens: Iterable[Given], *, defaults: RunConfig | None = None,
     """Merge the layers over `defaults` (built-ins if None); errors say which layer gave
     the bad value. With `stop_rule` (the default), rounds is cleared as the module says;
     without it every value changes only its own key (for literal edits)."""
-    merged = _merge(fold_workload_args(list(givens), defaults))
+    merged = _merge(fold_sites(fold_workload_args(list(givens), defaults)))
     if stop_rule:
         _apply_stop_rule(merged)
     base = defaults if defaults is not None else RunConfig()
@@ -274,6 +302,12 @@ def layer_of(tables: Mapping[str, Any], layer: Layer, source: str = "") -> list[
         if section == WORKLOAD_TABLE and isinstance(body, Mapping):  # the workload's arguments
             givens += [Given(f"{WORKLOAD_TABLE}.{name}", value, layer, source)
                        for name, value in body.items()]
+            continue
+        if section == SITE_TABLE and isinstance(body, list):  # [[site]] tables
+            givens.append(Given(f"{SITE_TABLE}.list", body, layer, source))
+            continue
+        if section == BETWEEN_TABLE and isinstance(body, Mapping):  # [between]
+            givens.append(Given(f"{BETWEEN_TABLE}.link", dict(body), layer, source))
             continue
         if section not in SECTIONS:
             check_key(str(section), "")  # raises: unknown section

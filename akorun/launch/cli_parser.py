@@ -229,6 +229,11 @@ def build_parser() -> ArgumentParser:
                           f"(default {LaunchOptions.kill_grace_s:g}s)")
     run.add_argument("--timeout", metavar="DURATION", default=None,
                      help="stop the whole run after this long, e.g. 10m")
+    run.add_argument("--plan", metavar="PLAN.json", default=None,
+                     help="run the configuration an `akosim --out PLAN.json` plan recommends: "
+                          "its cluster, network, workload, batch and exchange settings and "
+                          "the recommended scheme with its p and s (--config, --set and "
+                          "flags still override them; the plan's rounds are not taken)")
     testbed = run.add_argument_group(
         "real-network testbed",
         "Run the ranks over real kernel TCP instead of loopback with in-process emulation: "

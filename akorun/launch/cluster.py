@@ -38,7 +38,6 @@ import os
 import secrets
 import socket
 import sys
-import tempfile
 import tomllib
 import uuid
 from collections.abc import Mapping
@@ -464,15 +463,3 @@ def resolve_rank(flag_rank: int | None, env: Mapping[str, str], world: int) -> i
         raise UsageError(f"{source} {rank} is out of range: the cluster file has {world} ranks "
                          f"(0..{world - 1})")
     return rank
-
-
-def check_writable_directory(directory: Path, flag: str) -> None:
-    """Make `directory` (and its parents) and write a scratch file in it; UsageError (one
-    line naming `flag`) if that fails, so that a run never trains to lose its results."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".akorun-write-check-"):
-            pass
-    except OSError as error:
-        raise UsageError(f"{flag} {directory}: cannot write there ({error.strerror or error}); "
-                         f"give a directory this user can write") from None

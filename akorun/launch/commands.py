@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from akocore.cli_support import one_line
+from akocore.cli_support import check_out_directory, one_line
 from akocore.config import (
     ConfigError,
     ResolvedSettings,
@@ -46,13 +46,13 @@ from akorun.launch.cluster import (
     DEFAULT_BASE_PORT,
     AkorunSettings,
     check_distinct_endpoints,
-    check_writable_directory,
     hosts_from_text,
     loopback_hosts,
     new_settings,
     resolve_rank,
     settings_of,
     should_emulate,
+    split_host,
     warn_if_readable_by_others,
     with_hosts,
     write_cluster_file,
@@ -69,6 +69,7 @@ from akorun.launch.testbed.runner import TestbedOptions, launch_on_testbed
 from akorun.runtime.node_plan import check_role
 from akorun.runtime.worker import TLSOptions, WorkerOptions, run_rank
 from akorun.transport.keys import rank_key_file, write_rank_key_files
+from akorun.transport.port_check import check_port_free
 
 # ------------------------------------------------------------------------ commands
 
@@ -143,13 +144,16 @@ def rank_options(args: argparse.Namespace) -> WorkerOptions:
         check_distinct_endpoints(cfg.cluster.hosts)
     except ConfigError as error:
         raise UsageError(f"{args.config}: {error}") from None
-    _check_workload(cfg.train)
     rank = resolve_rank(parse_whole_arg(args.rank, "--rank"), os.environ, cfg.cluster.workers)
     check_role(cfg, rank, args.role)
+    if rank < len(cfg.cluster.hosts):  # none: the rank says so when it starts
+        host, port = split_host(cfg.cluster.hosts[rank])
+        check_port_free(args.listen or host, port, rank)  # before the workload or JAX loads
+    _check_workload(cfg.train)
     settings.rank_keys(rank, cfg.cluster.workers)  # a missing or foreign key file: exit 2 now
     out = Path(args.out) if args.out else None
     if out is not None:
-        check_writable_directory(out, "--out")  # before training, not after it
+        check_out_directory(out)  # before training, not after it
     checkpoint_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else (
         out / "checkpoints" if out else None)
     if args.resume and checkpoint_dir is None:
@@ -191,9 +195,15 @@ def _check_workload(train: TrainConfig) -> None:
 
 
 def launch_settings(args: argparse.Namespace) -> tuple[ResolvedSettings, AkorunSettings]:
-    """What `akorun launch` runs: defaults < --config (a run config or a cluster file) <
-    --set < flags, with a fresh run id and secret."""
-    resolved = resolve_args(args)
+    """What `akorun launch` runs: defaults < --plan (the configuration an akosim plan
+    recommends) < --config (a run config or a cluster file) < --set < flags, with a fresh
+    run id and secret."""
+    below = []
+    if getattr(args, "plan", None):
+        from akorun.launch.plan_layer import plan_layer
+
+        below = plan_layer(args.plan)
+    resolved = resolve_args(args, below=below)
     return resolved, new_settings(resolved.akorun)
 
 
@@ -210,6 +220,7 @@ def launch_run(args: argparse.Namespace) -> RunResult:
         progress["kill_grace_s"] = parse_duration_arg(args.kill_grace, "--kill-grace")
     out_dir = Path(args.out)
     check_run_directory(out_dir, force=args.force)
+    check_out_directory(out_dir)  # before any rank starts
     options = LaunchOptions(
         out_dir=out_dir, quiet=args.quiet,
         timeout_s=parse_duration_arg(args.timeout, "--timeout") if args.timeout else None,

@@ -51,11 +51,12 @@ from pathlib import Path
 from typing import Any
 
 from akocore.config import ResolvedSettings, RunConfig
+from akocore.nonfinite import is_nonfinite_stop
 from akocore.rank_threads import rank_thread_env
 from akocore.results import RunResult
 from akorun.errors import EXIT_INTERRUPTED, Interrupted, RunError, UsageError
 from akorun.launch.cluster import AkorunSettings, loopback_hosts, with_hosts, write_cluster_file
-from akorun.launch.run_merge import merge_ranks
+from akorun.launch.run_merge import MergeOutcome, merge_ranks
 from akorun.runtime.node_plan import role_of
 from akorun.transport.keys import restrict_new_files
 
@@ -96,7 +97,8 @@ RUN_FILES = ("cluster.toml", "result.json")  # a directory holding one of these 
 
 
 def check_run_directory(out_dir: Path, *, force: bool) -> None:
-    """UsageError when `out_dir` is not a directory, or already holds a run (no --force)."""
+    """UsageError when `out_dir` is not a directory, or already holds a run (no --force);
+    one that cannot be made or written is akocore.cli_support.check_out_directory's."""
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--out {out_dir}: is a file; give a directory for the run")
     if not force and out_dir.is_dir():
@@ -105,11 +107,6 @@ def check_run_directory(out_dir: Path, *, force: bool) -> None:
             what = ", ".join(held) or "worker results"
             raise UsageError(f"--out {out_dir}: already holds a run ({what}); pass --force "
                              f"to overwrite it or choose another directory")
-    parent = out_dir.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if parent.exists() and not parent.is_dir():
-        raise UsageError(f"--out {out_dir}: {parent} is a file, not a directory")
 
 
 def host_cores() -> int:
@@ -328,12 +325,12 @@ class Launcher:
                 sys.stderr.write(_progress_line(self.cfg, statuses) + "\n")
                 next_progress_s = now + options.progress_every_s
 
-    def merge(self) -> RunResult:
+    def merge(self) -> MergeOutcome:
         """OUT/result.json from the ranks' records of this run and their exit statuses
         (a rank with no record is merged as failed, the result marked partial)."""
         codes = {rank: proc.returncode for rank, proc in enumerate(self.procs)}
         return merge_ranks(self.options.out_dir, config=self.cfg, run_id=self.settings.run_id,
-                           exit_codes=codes, allow_empty=True).result
+                           exit_codes=codes, allow_empty=True)
 
     def failures(self) -> list[tuple[int, int, str]]:
         """(rank, exit status, tail of its log) of every rank that failed. While stopping,
@@ -347,6 +344,15 @@ class Launcher:
                 log_path = self.options.out_dir / f"worker-{rank}.log"
                 failed.append((rank, proc.returncode, f"{log_path}:\n{_tail(log_path)}"))
         return failed
+
+
+def run_failure_cause(merged: RunResult) -> str:
+    """What made the run fail, as the first words of its error line, when a rank's
+    record says so (its loss went NaN/Inf: the line of akocore.nonfinite); else ""."""
+    for record in merged.per_worker:
+        if is_nonfinite_stop(record.stop_reason):
+            return f"{record.stop_reason}; "
+    return ""
 
 
 def summary_table(merged: RunResult) -> str:
@@ -372,7 +378,8 @@ def summary_table(merged: RunResult) -> str:
 def launch(cfg: RunConfig, settings: AkorunSettings, options: LaunchOptions, *,
            resolved: ResolvedSettings | None = None,
            placement: Placement | None = None) -> RunResult:
-    """Run every rank, merge the results; RunError naming the failed ranks.
+    """Run every rank, merge the results; RunError naming the failed ranks, or the ranks
+    whose final parameters hold NaN or Inf.
 
     With `resolved`, the cluster file writes the settings no layer chose as
     comments (their built-in defaults), as `akorun init` does. `placement`:
@@ -393,7 +400,8 @@ def launch(cfg: RunConfig, settings: AkorunSettings, options: LaunchOptions, *,
             proc.wait()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    merged = launcher.merge()
+    outcome = launcher.merge()
+    merged = outcome.result
     if not options.quiet:
         sys.stderr.write(summary_table(merged) + "\n")
         sys.stderr.write(f"[launch] result: {options.out_dir / 'result.json'}\n")
@@ -401,7 +409,11 @@ def launch(cfg: RunConfig, settings: AkorunSettings, options: LaunchOptions, *,
     if failed:
         names = ", ".join(f"rank {rank} (exit status {code})" for rank, code, _ in failed)
         tails = "\n".join(tail for _, _, tail in failed)
-        raise RunError(f"{names} failed; the end of their logs:\n{tails}")
+        raise RunError(f"{run_failure_cause(merged)}{names} failed; the end of their "
+                       f"logs:\n{tails}")
+    if outcome.nonfinite is not None:  # every rank exited 0, yet no usable model
+        raise RunError(f"{outcome.nonfinite}; the results are in "
+                       f"{options.out_dir / 'result.json'}")
     if launcher.stopping:
         raise Interrupted("stopped before the end (signal or --timeout); every rank stopped "
                           "after its current round (a rank still starting, with 0 rounds) and "

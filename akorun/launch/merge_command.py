@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from akocore.cli_support import one_line
-from akorun.errors import UsageError
+from akorun.errors import RunError, UsageError
 from akorun.launch.local import summary_table
 from akorun.launch.run_merge import merge_ranks, rank_records, records_complete
 
@@ -34,14 +34,20 @@ def merge_if_complete(out: Path, run_id: str, workers: int, *, quiet: bool) -> N
         sys.stderr.write(f"result.json: not written ({one_line(error)}); run "
                          f"`akorun merge {out}`\n")
         return
-    if not quiet:
+    if outcome.nonfinite is not None:  # said whatever --quiet: the run's model is not usable
+        sys.stderr.write(f"wrote {outcome.path}, but {outcome.nonfinite}\n")
+    elif not quiet:
         sys.stderr.write(f"wrote {outcome.path} (every rank's record of this run)\n")
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
+    """`akorun merge RUN_DIR`: 0 merged; 1 a replica holds NaN or Inf (result.json written,
+    one line naming the ranks); 2 damaged or inconsistent records (one line)."""
     outcome = merge_ranks(Path(args.run_dir))
     if not args.quiet:
         sys.stderr.write(summary_table(outcome.result) + "\n")
+    if outcome.nonfinite is not None:
+        raise RunError(f"{outcome.nonfinite}; {outcome.path} written")
     if outcome.missing_ranks:
         sys.stderr.write(f"wrote {outcome.path}: partial, rank(s) "
                          f"{', '.join(map(str, outcome.missing_ranks))} left no record in "

@@ -12,12 +12,22 @@ the files alone, for a run whose ranks were started by hand (with a shared
 A rank with no record of this run (never started, killed, or a record of
 another run) is merged as failed and the result says so: ``partial`` true and
 ``missing_ranks``. Nothing to merge (no record of any rank) is a UsageError.
+
+Damaged or inconsistent records are refused with one line (UsageError), never
+a traceback or a stall: parameters that do not load, a record filed under
+another rank's name, a rank or worker count outside the run, records of one
+run that disagree on its configuration, or a configuration whose worker count
+is not its list of hosts (every rank akorun starts knows one host:port per
+rank; a forged count of a billion ranks would otherwise be merged one by one).
+Replicas holding NaN or Inf are merged (``max_relative_difference`` inf) and
+named in `MergeOutcome.nonfinite`: the commands then fail with exit 1.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,7 +38,7 @@ from akocore.config import ConfigError, RunConfig, config_from_dict, config_to_d
 from akocore.results import RankResult, RecordError, RunResult
 from akorun.errors import UsageError
 from akorun.runtime.node_plan import role_of
-from akorun.runtime.result_files import merge_results, write_json
+from akorun.runtime.result_files import merge_results, nonfinite_replicas, write_json
 
 __all__ = ["MergeOutcome", "merge_ranks", "merge_run", "rank_records", "records_complete"]
 
@@ -38,11 +48,13 @@ _RECORD_NAME = re.compile(r"worker-(\d+)\.json")
 
 @dataclass(frozen=True)
 class MergeOutcome:
-    """What a merge wrote: the file, the run's result and the ranks without a record."""
+    """What a merge wrote: the file, the run's result, the ranks without a record and
+    the replicas that hold NaN or Inf."""
 
     path: Path
     result: RunResult
     missing_ranks: tuple[int, ...]
+    nonfinite: str | None = None  # the line naming replicas with NaN or Inf (None: finite)
 
 
 def rank_records(run_dir: Path) -> dict[int, RankResult]:
@@ -75,6 +87,42 @@ def _config_of(record: RankResult, where: Path) -> RunConfig:
     except (ConfigError, RecordError, ValueError, TypeError) as error:
         raise UsageError(f"{where}: rank {record.rank}'s configuration is not readable "
                          f"({error})") from None
+
+
+def _check_records(directory: Path, records: Mapping[int, RankResult],
+                   config: RunConfig) -> None:
+    """UsageError (one line) for records that cannot be one run's: see the module
+    docstring. `records` are of one run, by the rank their file names."""
+    workers = config.cluster.workers
+    hosts = len(config.cluster.hosts)
+    if hosts != workers:
+        raise UsageError(f"{directory}: the records' configuration claims {workers} ranks "
+                         f"but lists {hosts} host(s) (every akorun rank knows one host:port "
+                         f"per rank): a damaged or edited record; merge the records as the "
+                         f"ranks wrote them")
+    if len({r.details.get("config_hash") for r in records.values()}) > 1:
+        raise UsageError(f"{directory}: the records of one run disagree on its configuration "
+                         f"(config_hash differs): damaged or edited records")
+    for rank, record in sorted(records.items()):
+        where = directory / f"worker-{rank}.json"
+        if record.rank != rank:
+            raise UsageError(f"{where}: holds rank {record.rank}'s record, not rank {rank}'s "
+                             f"(renamed or edited); each rank's record is worker-RANK.json")
+        if rank >= workers or record.workers != workers:
+            raise UsageError(f"{where}: rank {rank} of {record.workers} ranks, but the run "
+                             f"has {workers} (ranks 0..{workers - 1}): a record of another "
+                             f"run or an edited one")
+
+
+def _replica(npz: Path) -> np.ndarray:
+    """The final parameters a rank wrote (``worker-R.npz``); UsageError if unreadable."""
+    try:
+        with np.load(npz) as data:
+            return np.array(data["params"])
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
+        raise UsageError(f"{npz}: not readable parameters ({type(error).__name__}: "
+                         f"{error}); a damaged file: move it away to merge without that "
+                         f"rank's replica") from None
 
 
 def records_complete(run_dir: Path, run_id: str, workers: int) -> bool:
@@ -117,9 +165,10 @@ def merge_ranks(run_dir: str | Path, *, config: RunConfig | None = None,
     if config is None:  # `ours` is not empty here
         first = min(ours)
         config = _config_of(ours[first], directory / f"worker-{first}.json")
+    _check_records(directory, ours, config)
     codes = dict(exit_codes or {})
     ranks: list[RankResult] = []
-    replicas: list[np.ndarray] = []
+    replicas: dict[int, np.ndarray] = {}
     missing: list[int] = []
     for rank in range(config.cluster.workers):
         record = ours.get(rank)
@@ -133,13 +182,12 @@ def merge_ranks(run_dir: str | Path, *, config: RunConfig | None = None,
         ranks.append(record)
         npz = directory / f"worker-{rank}.npz"
         if record.role == "worker" and npz.exists():
-            with np.load(npz) as data:
-                replicas.append(np.array(data["params"]))
-    merged = merge_results(config_to_dict(config), ranks, replicas,
+            replicas[rank] = _replica(npz)
+    merged = merge_results(config_to_dict(config), ranks, list(replicas.values()),
                            batch_size=config.train.batch_size, run_id=run_id)
     merged = replace(merged, partial=bool(missing), missing_ranks=tuple(missing))
     path = write_json(directory / RESULT_NAME, merged.to_json())
-    return MergeOutcome(path, merged, tuple(missing))
+    return MergeOutcome(path, merged, tuple(missing), nonfinite_replicas(replicas))
 
 
 def merge_run(run_dir: str | Path) -> Path:

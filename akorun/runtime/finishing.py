@@ -28,7 +28,9 @@ results naming the peer, tells the others ``done`` and raises RunError
 (exit 1).
 
 A failed final write (checkpoint or results: a full disk) still tells the
-peers ``done`` and waits for theirs, then raises RunError: one line, exit 1.
+peers ``done`` and waits for theirs, then raises RunError: one line, exit 1;
+so does a rank whose loss or gradient went NaN/Inf (runtime.training), with
+the line naming it, and a rank stopped by such a peer, with that peer's line.
 """
 
 from __future__ import annotations
@@ -37,10 +39,12 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
+from akocore.nonfinite import is_nonfinite_stop
 from akorun.errors import RunError
 from akorun.runtime.checkpoints import CheckpointFailed, CheckpointWriter
 from akorun.runtime.evaluation import Evaluator
 from akorun.runtime.liveness import Liveness
+from akorun.runtime.node_plan import params_digest
 from akorun.runtime.outbox import Outbox
 from akorun.runtime.phase import Phase, PhaseMachine
 from akorun.runtime.rank_result import ResultBuilder
@@ -75,6 +79,19 @@ class Finisher:
         self.results = results
         self.grace_s = grace_s
         self.relay_idle = relay_idle  # no repair of a lost peer under way (runtime.relay)
+
+    def _disagreements(self, done: dict[str, object]) -> list[str]:
+        """One line naming the peers that ran as many rounds as this rank but hold another
+        agreed state (diloco: the anchor): the run must not end as if it were one model."""
+        rounds, digest = done["rounds"], done["agreed_sha256"]
+        apart = sorted(j for j, (their_rounds, theirs) in self.liveness.agreed.items()
+                       if their_rounds == rounds and theirs != digest)
+        if not apart:
+            return []
+        return [f"replicas disagree: rank {self.rank} and rank(s) {apart} ran {rounds} rounds "
+                f"but hold different {self.waiter.scheme} anchors (sha256 {str(digest)[:12]} "
+                f"here): a sync reached them differently after a loss or a cut; results "
+                f"written, the models are not one"]
 
     def _gone(self, started_s: float) -> Callable[[int], bool]:
         """Peers to give up on: nothing new from them for `grace_s` (nor since we began
@@ -151,14 +168,25 @@ class Finisher:
         except OSError as error:
             failures.append(f"{self.results.out_dir}: results not written: "
                             f"{error.strerror or error}")
-        await asyncio.gather(*(control.call(j, ControlKind.DONE, {"rank": self.rank},
+        agreed = node.agreed_state() if self.role.trains else None
+        done: dict[str, object] = {"rank": self.rank}
+        if agreed is not None:
+            done.update(rounds=self.training.rounds_done, agreed_sha256=params_digest(agreed))
+        await asyncio.gather(*(control.call(j, ControlKind.DONE, done,
                                             timeout_s=DONE_TIMEOUT_S)
                                for j in self.peers if not gone(j)))
         await self.waiter.until(lambda: all(self.liveness.is_done(j) or gone(j)
                                             or j in node.suspended for j in self.peers),
                                 self.grace_s)
+        if agreed is not None:
+            failures += self._disagreements(done)
         if failures:
             raise RunError(f"{'; '.join(failures)} (training finished; peers were told done)")
+        told = [self.liveness.left_peers.get(j) for j in sorted(self.waiter.lost_peers)]
+        cause = self.training.nonfinite or next(
+            (f"{line} (stopped by that rank)" for line in told if is_nonfinite_stop(line)), None)
+        if cause is not None:  # the user's NaN, here or on the peer that stopped the run
+            raise RunError(cause)
         if self.waiter.lost_peers:
             raise RunError(f"lost peer(s) {sorted(self.waiter.lost_peers)}: scheme "
                            f"{self.waiter.scheme} cannot continue without them; stopped "

@@ -88,6 +88,7 @@ log = logging.getLogger("akorun")
 _T = TypeVar("_T")
 
 LEAVE_TIMEOUT_S = 2.0
+LEAVE_REASON_CHARS = 500  # the most of a leave's reason a peer logs
 FAILED_LINGER_S = 30.0  # a rank whose join failed refuses hellos at most this long
 MISMATCH_LINGER_S = 3.0  # a rank that found a mismatch answers hellos this long before exit
 _WHAT = {"run_id": "run id", "config_hash": "config hash",
@@ -333,33 +334,42 @@ class Join:
             raise RunError(f"rank {peer} at {self.hosts[peer]} left during the join ({reason}),"
                            f" before every rank had joined; nothing trained")
 
-    async def leave(self, control: ControlClient, reason: str, *, failed: bool = False) -> None:
+    async def leave(self, control: ControlClient, reason: str, *, failed: bool = False,
+                    peers: Sequence[int] | None = None) -> None:
         """Tell every peer that is up (it answered our hello or said hello to us) that we
         leave before joining, so that none waits for us; unreachable ones are skipped.
         `failed`: our join failed (a rank died in it): a peer that started already
-        stops too (exit 1), so that no rank trains a run another could not join."""
-        peers = sorted(self.answered | set(self.greeted))
-        if not peers:
+        stops too (exit 1), so that no rank trains a run another could not join.
+        `peers` (after the join: the rank stops the run, e.g. its loss went NaN): tell
+        those; each stops too and exits 1 naming `reason`."""
+        training = peers is not None
+        told_to = sorted(self.answered | set(self.greeted) if peers is None else peers)
+        if not told_to:
             return
-        payload = {**self.identity.payload(), "reason": reason[:200], "failed": failed}
+        payload = {**self.identity.payload(), "reason": reason[:LEAVE_REASON_CHARS],
+                   "failed": failed or training, "training": training}
         answers = await asyncio.gather(*(control.call(j, ControlKind.LEAVE, payload,
                                                       timeout_s=LEAVE_TIMEOUT_S)
-                                         for j in peers))
-        told = [j for j, answer in zip(peers, answers, strict=True) if answer.ok]
-        log.warning("leaving before the join ended: told rank(s) %s%s", told,
-                    f" (not reached: {sorted(set(peers) - set(told))})"
-                    if len(told) < len(peers) else "")
+                                         for j in told_to))
+        told = [j for j, answer in zip(told_to, answers, strict=True) if answer.ok]
+        log.warning("%s: told rank(s) %s%s", "stopping the run" if training
+                    else "leaving before the join ended", told,
+                    f" (not reached: {sorted(set(told_to) - set(told))})"
+                    if len(told) < len(told_to) else "")
 
     async def on_leave(self, sender: int, payload: dict[str, Any]) -> dict[str, Any]:
         """`sender` leaves before it joined: the run goes on without it, or (if we are
-        still joining) our join ends (see the module docstring)."""
+        still joining) our join ends (see the module docstring); or it stops the run
+        after the join (``training``): we stop too, exit 1."""
         self.identity.check(sender, payload)
-        reason = str(payload.get("reason") or "no reason given")[:200]
+        reason = str(payload.get("reason") or "no reason given")[:LEAVE_REASON_CHARS]
         if self.node_built() and payload.get("failed") is True:
             self.liveness.left(sender, reason)
-            self.waiter.lose([sender], why=f"rank {sender} could not complete the join "
-                                           f"({reason}): this run is not the one every rank "
-                                           f"joined; stopping this rank, exit 1")
+            self.waiter.lose([sender], why=f"rank {sender} stopped the run ({reason}); "
+                             f"stopping this rank, exit 1" if payload.get("training") is True
+                             else f"rank {sender} could not complete the join ({reason}): "
+                             f"this run is not the one every rank joined; stopping this "
+                             f"rank, exit 1")
             return {"rank": self.identity.rank}
         if self.node_built():
             log.warning("rank %d left before it joined (%s): going on without it, and the "

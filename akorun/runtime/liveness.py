@@ -58,6 +58,8 @@ class Liveness:
         self.last_heard: dict[int, float] = {}
         self.last_new_s: dict[int, float] = {}  # peer -> last time it sent a NEW message
         self.done_peers: set[int] = set()  # said done (see is_done)
+        # peer -> (its rounds, the digest of its agreed state) as its done said
+        self.agreed: dict[int, tuple[int, str]] = {}
         self.left_peers: dict[int, str] = {}  # peer -> why it left before it joined
         self.rejoining_peers: dict[int, float] = {}  # peer -> time of its rejoin-hello
         self.started_s: float | None = None  # peers never heard count as heard then
@@ -193,5 +195,8 @@ class Liveness:
     async def on_done(self, sender: int, payload: dict[str, Any]) -> dict[str, Any]:
         """Recorded; it counts (`is_done`) once the sender's final message is held."""
         self.done_peers.add(sender)
+        digest, rounds = payload.get("agreed_sha256"), payload.get("rounds")
+        if isinstance(digest, str) and isinstance(rounds, int):
+            self.agreed[sender] = (rounds, digest)
         self.on_change()
         return {"rank": self.rank, "final_held": self.is_done(sender)}

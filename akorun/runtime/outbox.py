@@ -20,6 +20,7 @@ import aiohttp
 
 from akocore.config import RunConfig
 from akocore.messages import Partial, Send
+from akocore.schemes import SchemeNode
 from akorun.metrics import Metrics, timed_call
 from akorun.transport.emulated_links import DownlinkShaper, LinkShaper
 from akorun.transport.keys import PARTIAL_PATH, PartialSealer, Signer
@@ -48,11 +49,11 @@ class Outbox:
     """The senders of one rank and what was handed to them."""
 
     def __init__(self, *, signer: Signer, metrics: Metrics,
-                 in_rounds: Callable[[Partial], bool]) -> None:
+                 running: Callable[[], bool], rounds_done: Callable[[], int]) -> None:
         self.signer = signer
         self.metrics = metrics
-        # does this message belong to the rounds (else: what finish owes, the final flush)?
-        self.in_rounds = in_rounds
+        self.running = running  # are the rounds still going?
+        self.rounds_done = rounds_done  # how many rounds ran, once they ended
         self.senders: dict[int, PeerSender] = {}
         self.bytes_queued_rounds = 0  # bytes handed to the senders during the rounds
         self.bytes_queued_flush = 0  # ... after them (node.finish, the final flush)
@@ -71,6 +72,18 @@ class Outbox:
             sender.start()
             self.senders[peer] = sender
 
+    def in_rounds(self, message: Partial) -> bool:
+        """A message counts as the rounds' traffic while they run, and after them when it
+        belongs to a round that ran (a sync's mean leaving after the last round), as
+        akosim counts it; what finish owes (ako's flush, the final markers) does not."""
+        return self.running() or (not message.final and message.round < self.rounds_done())
+
+    async def send_due(self, node: SchemeNode | None) -> None:
+        """Send what `node` owes since a peer was suspended (SchemeNode.take_effects)."""
+        due = [] if node is None else node.take_effects()
+        if due:
+            await self.dispatch(due)
+
     async def dispatch(self, sends: Sequence[Send]) -> None:
         """Encode each Send once and queue the same bytes to each destination."""
         for send in sends:
@@ -86,7 +99,7 @@ class Outbox:
             # as akosim counts: bytes handed to the network during the rounds; what
             # node.finish owes (the final flush) separately
             queued = len(data) * len(send.dests)
-            if self.in_rounds(message):
+            if self.in_rounds(message):  # else what finish owes: the final flush
                 self.bytes_queued_rounds += queued
             else:
                 self.bytes_queued_flush += queued

@@ -9,7 +9,8 @@
   round trip); `write_rank_result` writes it as ``OUT/worker-R.json``;
 - `merge_results`: the run's `RunResult` (``OUT/result.json``): config echoed,
   the summary figures over the training workers, ``per_worker`` (every rank,
-  in rank order) and the spread between the final replicas;
+  in rank order) and the spread between the final replicas (`max_relative_difference`:
+  inf when a replica holds NaN or Inf; `nonfinite_replicas` names those ranks);
 - `write_json`: atomic JSON writing.
 
 The keys, their units and meanings are akocore.results' (docs/reference/result-schema.md);
@@ -32,8 +33,8 @@ from akocore.figures import steady_mean, steady_round_time_s, warmup_rounds
 from akocore.results import RankResult, RunResult, merged_figures, rank_figures
 
 __all__ = ["RankDiagnostics", "RankSummary", "checked_rank_result", "max_relative_difference",
-           "merge_results", "steady_mean", "steady_round_time_s", "warmup_rounds", "worker_summary",
-           "write_json", "write_rank_result"]
+           "merge_results", "nonfinite_replicas", "steady_mean", "steady_round_time_s",
+           "warmup_rounds", "worker_summary", "write_json", "write_rank_result"]
 
 
 @dataclass(frozen=True)
@@ -134,18 +135,37 @@ def write_rank_result(path: str | Path, record: RankResult) -> RankResult:
 
 
 def max_relative_difference(replicas: Sequence[np.ndarray]) -> float:
-    """max_i ||x_i - x_0||_inf / max(||x_0||_inf, tiny) over the replicas given."""
-    if len(replicas) < 2:
+    """max_i ||x_i - x_0||_inf / max(||x_0||_inf, tiny) over the replicas given; inf when
+    any replica holds a NaN or Inf (such replicas never count as equal) or the shapes
+    differ."""
+    arrays = [np.asarray(replica, dtype=np.float64) for replica in replicas]
+    if not arrays:
         return 0.0
-    reference = np.asarray(replicas[0], dtype=np.float64)
-    scale = max(float(np.max(np.abs(reference))), 1e-30)
+    reference = arrays[0]
+    if any(a.shape != reference.shape or not bool(np.isfinite(a).all()) for a in arrays):
+        return math.inf
+    scale = max(float(np.max(np.abs(reference), initial=0.0)), 1e-30)
     worst = 0.0
-    for other in replicas[1:]:
-        other = np.asarray(other, dtype=np.float64)
-        if other.shape != reference.shape:
-            return math.inf
-        worst = max(worst, float(np.max(np.abs(other - reference))) / scale)
+    for other in arrays[1:]:
+        worst = max(worst, float(np.max(np.abs(other - reference), initial=0.0)) / scale)
     return worst
+
+
+def nonfinite_replicas(replicas: Mapping[int, np.ndarray]) -> str | None:
+    """One line naming the ranks whose final parameters hold NaN or Inf, and how many
+    of them; None when every replica is finite."""
+    counts = {rank: int(np.size(replica) - np.count_nonzero(np.isfinite(replica)))
+              for rank, replica in sorted(replicas.items())}
+    bad = {rank: count for rank, count in counts.items() if count}
+    if not bad:
+        return None
+    each = ", ".join(f"rank {rank}: {count} of {np.size(replicas[rank])} values"
+                     for rank, count in bad.items())
+    others = sorted(set(replicas) - set(bad))
+    rest = (f"; rank(s) {', '.join(map(str, others))} finite: the replicas disagree"
+            if others else "")
+    return (f"the final parameters of rank(s) {', '.join(map(str, bad))} hold NaN or Inf "
+            f"({each}){rest}; not a usable model (max_relative_difference inf)")
 
 
 def merge_results(config: Mapping[str, Any], ranks: Sequence[RankResult],

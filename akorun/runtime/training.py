@@ -12,6 +12,12 @@ Following the driving loop of akocore.schemes:
 
 `RoundTimes` records each round's wall, compute, gate-wait and overhead seconds.
 
+The user's own NaN: a step whose loss or gradient is not finite
+(akocore.nonfinite, checked on the host values the step returns) is not sent;
+the loop stops there (a hard stop: no wait is for the peers, which are told
+to stop too) with `nonfinite` holding the one line naming the round, the
+batch and the local loss; the finish raises it (RunError, exit 1).
+
 Catching up (ako): a rank that comes back from a pause or a cut to find every
 peer in its gate far past it (by more than the staleness bound) would hold
 them all back while it computes the rounds it missed. It skips to the
@@ -33,6 +39,7 @@ import numpy as np
 
 from akocore.config import RunConfig
 from akocore.figures import step_seed
+from akocore.nonfinite import nonfinite_line, step_problem
 from akocore.schemes import AkoWorker, SchemeNode
 from akocore.workload import FlatWorkload
 from akorun.metrics import Metrics
@@ -95,6 +102,7 @@ class TrainingLoop:
         self.train_start_s: float | None = None
         self.agreement: StopAgreement | None = None  # the training ranks' last round
         self.rounds_skipped = 0  # rounds passed without a gradient to catch up (ako)
+        self.nonfinite: str | None = None  # the user's loss or gradient went NaN/Inf: the line
 
     async def _stops_before(self, t: int) -> bool:
         """Whether round t is not to start: no stop; or a stop the training ranks agreed
@@ -189,6 +197,14 @@ class TrainingLoop:
             loss, grad = await asyncio.to_thread(workload.grad_step, params, batch.x, batch.y,
                                                  step_seed(self.cfg.train.seed, self.rank, t))
             compute_s = time.perf_counter() - compute_start_s
+            problem = step_problem(loss, grad)  # host values already: no device sync
+            if problem is not None:  # nothing non-finite leaves this rank
+                self.nonfinite = nonfinite_line(who=f"rank {self.rank}", round_=t, batch=batch,
+                                                loss=loss, problem=problem)
+                log.error("%s", self.nonfinite)
+                self.waiter.stop_reason = self.nonfinite  # the record's stop_reason
+                self.waiter.stop_now()  # every peer is told to stop: no wait is for them
+                break
             send_start_s = loop.time()
             await self.outbox.dispatch(node.local_step(t, grad))
             metrics.send_block_s += loop.time() - send_start_s

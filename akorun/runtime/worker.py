@@ -163,12 +163,13 @@ class Worker:
                              stall_limit_s=GATE_STALL_TIMEOUTS * options.peer_timeout_s)
         self.waiter.scheme = cfg.exchange.scheme
         self.waiter.can_continue_without = self.role.can_continue_without
-        self.waiter.send_due = self._send_due
         self.keys = RunKeys(options.settings.rank_keys(self.rank, self.world))
         self.signer = Signer(self.keys)
         self.verifier = RequestVerifier(self.keys, world=self.world)
         self.outbox = Outbox(signer=self.signer, metrics=self.metrics,
-                             in_rounds=self._in_rounds)
+                             running=lambda: self.phase.is_(Phase.RUNNING),
+                             rounds_done=lambda: self.training.rounds_done)
+        self.waiter.send_due = lambda: self.outbox.send_due(self.role.node)
         self.relay = Relay(rank=self.rank, peers=self.peers, node=lambda: self.role.node,
                            codec=self.codec,
                            signer=self.signer, verifier=self.verifier,
@@ -353,23 +354,6 @@ class Worker:
             raise refusal  # 422 in the server: recorded with zero values, sender told
         return receipt.accepted
 
-    def _in_rounds(self, message: Partial) -> bool:
-        """A message counts as the rounds' traffic while they run, and after them when it
-        belongs to a round that ran (a sync's mean leaving after the last round), as
-        akosim counts it; what finish owes (ako's flush, the markers) does not."""
-        if self.phase.is_(Phase.RUNNING):
-            return True
-        rounds_done = getattr(getattr(self, "training", None), "rounds_done", 0)
-        return not message.final and message.round < rounds_done
-
-    async def _send_due(self) -> None:
-        """Send what the scheme owes since a peer was suspended (SchemeNode.take_effects)."""
-        node = self.role.node
-        if node is not None:
-            due = node.take_effects()
-            if due:
-                await self.outbox.dispatch(due)
-
     def _on_relayed(self, partial: Partial) -> bool:
         """A partial of a lost peer another survivor forwarded (its endorsement checked,
         akorun.runtime.relay): taken like one of its own, but no evidence that it lives."""
@@ -452,7 +436,9 @@ class Worker:
             assert node is not None
             if self.role.trains:
                 await self.training.train(node)
-            await self.finisher.finish(control)
+            if self.training.nonfinite is not None:  # the user's loss went NaN/Inf: all stop
+                await self.join.leave(control, self.training.nonfinite, peers=self.peers)
+            await self.finisher.finish(control)  # RunError(nonfinite line) in that case
             log.info("done: %d rounds, stop: %s", len(self.training.times.end_s),
                      self.waiter.stop_reason)
             if self.relay.disagreements:

@@ -96,6 +96,7 @@ from akorun.transport.keys import (
     ack_body,
 )
 from akorun.transport.ordered_lane import OrderedLane
+from akorun.transport.port_check import port_taken_line
 from akorun.transport.routing import ControlTable
 from akorun.transport.sender import (
     DOWNLINK_WAIT_HEADER,
@@ -394,9 +395,7 @@ class Server:
             await self.runner.cleanup()
             self.runner = None
             if error.errno == errno.EADDRINUSE:
-                raise UsageError(f"port {port} on {listen_host} is in use (rank "
-                                 f"{self.host.rank}); stop what holds it or write a new "
-                                 f"cluster file with `akorun init`") from None
+                raise UsageError(port_taken_line(port, listen_host, self.host.rank)) from None
             raise UsageError(f"cannot listen on {listen_host}:{port} (rank {self.host.rank}): "
                              f"{error.strerror or error}; check cluster.hosts or --listen") \
                 from None

@@ -4,8 +4,9 @@ simulation setup, used by every entry point (plan, train, sweep, predict, the an
 - akosim.plan.setup: `SimulationOptions` (what akosim takes beside the run settings:
   compute source, overheads, speeds, coalescing, TCP calibration), the compute
   measurement through the per-machine cache, the TCP parameters, the rule that
-  chooses s with p, `build_setup` (the only constructor of a scenario setup) and
-  `simulation_setup`, from resolved settings to a setup.
+  chooses s with p, the rule that settles each configuration's round time (`settles`),
+  `build_setup` (the only constructor of a scenario setup) and `simulation_setup`, from
+  resolved settings to a setup.
 - akosim.plan.execute: `run_setup` / `plan_runs`, the runs a command asks for.
 - akosim.plan.advice (p held within --max-staleness, s chosen with p, the one-line
   plan and the recommendation), akosim.plan.accuracy_ranking (the ranking by simulated
@@ -27,13 +28,14 @@ from akosim.plan.setup import (
     build_setup,
     chooses_ssp_with_p,
     measured_compute,
+    settles,
     simulation_setup,
     tcp_parameters_for,
 )
 
 __all__ = ["MEASURE_STEPS", "PlanOutcome", "PlannedRuns", "SimulationOptions", "build_setup",
            "chooses_ssp_with_p", "plan_outcome", "measured_compute", "plan_runs", "run_setup",
-           "simulation_setup", "tcp_parameters_for"]
+           "settles", "simulation_setup", "tcp_parameters_for"]
 
 
 class _CallablePackage(types.ModuleType):

@@ -96,7 +96,10 @@ def rank_by_accuracy(setup: Setup, runs: list[SimRun], workload: FlatWorkload,
         trained = simulate(replace(candidate.setup, stop=stop), candidate.variant,
                            workload=workload, eval_every=goal.eval_every,
                            target_accuracy=goal.target_accuracy, on_progress=progress)
-        reached = goal.target_accuracy is not None and trained.time_to_target_s is not None
+        # reached: touched the target and ended at or above it (a run that fell back
+        # below it, e.g. when a stale scheme's last updates land, has not)
+        reached = (goal.target_accuracy is not None and trained.time_to_target_s is not None
+                   and (trained.final_accuracy or 0.0) >= goal.target_accuracy)
         ranked.append(Ranked(timing, trained, reached))
     return Ranking(goal, tuple(sorted(ranked, key=lambda r: _order(r, goal))))
 
@@ -161,7 +164,8 @@ def ranked_records(ranking: Ranking) -> tuple[RankedRun, ...]:
 
     return tuple(
         RankedRun(position=index, label=r.timing.label, scheme=r.timing.scheme,
-                  reached=r.reached, time_to_target_s=r.trained.time_to_target_s,
+                  reached=r.reached,
+                  time_to_target_s=r.trained.time_to_target_s if r.reached else None,
                   accuracy=r.trained.final_accuracy,
                   rounds=max((w.rounds for w in r.trained.per_worker), default=0),
                   simulated_s=r.trained.simulated_s, samples_per_s=r.timing.samples_per_s,
@@ -179,7 +183,7 @@ def format_ranking(ranking: Ranking) -> str:
     rows = []
     for index, r in enumerate(ranking.ranked, 1):
         ttt = ("-" if goal.target_accuracy is None else "not reached"
-               if r.trained.time_to_target_s is None
+               if not r.reached or r.trained.time_to_target_s is None
                else format_duration(r.trained.time_to_target_s))
         rounds = max((w.rounds for w in r.trained.per_worker), default=0)
         bound = r.timing.staleness_bound_rounds

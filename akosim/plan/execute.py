@@ -22,12 +22,19 @@ from akocore.cli_support import UsageError
 from akocore.config import ResolvedSettings
 from akocore.schemes.registry import scheme_named
 from akocore.units import format_duration
-from akosim.plan.setup import SimulationOptions, chooses_ssp_with_p, simulation_setup, with_plan
+from akosim.plan.setup import (
+    SimulationOptions,
+    chooses_ssp_with_p,
+    settles,
+    simulation_setup,
+    with_plan,
+)
 
 if TYPE_CHECKING:
     from akocore.results import PlanResult
     from akosim.plan.accuracy_ranking import Ranking
     from akosim.plan.advice import Explanation
+    from akosim.plan.learning_ranking import LearningRanking
     from akosim.plan.runspec import ProgressFactory
     from akosim.sim.scenario import Setup, SimRun
 
@@ -75,7 +82,8 @@ def plan_runs(resolved: ResolvedSettings, options: SimulationOptions, *,
     from akosim.plan.runspec import check_fits
 
     cfg = resolved.config
-    setup, workload = simulation_setup(cfg, options, training=training)
+    setup, workload = simulation_setup(cfg, options, training=training,
+                                       settle=settles(resolved, training=training))
     check_fits(cfg, setup.length)
     kwargs: dict[str, Any] = dict(trace=trace)
     if training:
@@ -98,6 +106,8 @@ class PlanOutcome:
     recommendation: tuple[str, ...] = ()  # the winner within the staleness limit, in words
     ranking: Ranking | None = None  # --target-accuracy / --time-budget: ranked by training
     explained: tuple[str, ...] = ()  # --explain: the longer version
+    learning: LearningRanking | None = None  # the default: rows ranked by time to accuracy
+    caveats: tuple[str, ...] = ()  # why the plan ranked by throughput after all
 
 
 def plan_outcome(resolved: ResolvedSettings, options: SimulationOptions, *,
@@ -105,7 +115,9 @@ def plan_outcome(resolved: ResolvedSettings, options: SimulationOptions, *,
                  factory: ProgressFactory | None = None,
                  max_staleness_rounds: int | None = None,
                  time_budget_s: float | None = None, explain_more: bool = False,
-                 announce: Callable[[str], None] | None = None) -> PlanOutcome:
+                 announce: Callable[[str], None] | None = None,
+                 rank_by: str = "accuracy", accuracy_margin_points: float | None = None,
+                 ) -> PlanOutcome:
     """Plan (or, with `training`, simulate training of) resolved settings: the one path of
     ``akosim plan``, ``akosim train`` and akosim.sim_api's plan, simulate and train.
 
@@ -115,9 +127,21 @@ def plan_outcome(resolved: ResolvedSettings, options: SimulationOptions, *,
     `explain_more` adds the longer explanation (akosim.plan.long_explanation)."""
     from akocore.config import config_to_dict
     from akosim.plan.advice import MAX_STALENESS_ROUNDS, explain, recommend
+    from akosim.plan.learning_ranking import (
+        ACCURACY_MARGIN_POINTS,
+        check_margin,
+        check_rank_by,
+    )
     from akosim.plan.result_tables import plan_result
 
     limit = MAX_STALENESS_ROUNDS if max_staleness_rounds is None else max_staleness_rounds
+    check_rank_by(rank_by)
+    margin = check_margin(ACCURACY_MARGIN_POINTS if accuracy_margin_points is None
+                          else accuracy_margin_points)
+    target = resolved.config.train.target_accuracy
+    if rank_by == "throughput" and (target is not None or time_budget_s is not None):
+        raise UsageError("--rank-by throughput ranks by samples/s; --target-accuracy and "
+                         "--time-budget rank by simulated training: give one or the other")
     if limit < 0:
         raise UsageError(f"--max-staleness: got {max_staleness_rounds}, expected rounds >= 0")
     if time_budget_s is not None and (training or not time_budget_s > 0):
@@ -130,24 +154,47 @@ def plan_outcome(resolved: ResolvedSettings, options: SimulationOptions, *,
     explanation = None if training else explain(setup, runs, ssp_chosen=planned.ssp_chosen,
                                                 max_staleness_rounds=limit)
     recommendation = () if training else recommend(runs, max_staleness_rounds=limit)
-    ranking = None
-    target = resolved.config.train.target_accuracy
+    ranking = learning = None
+    caveats: tuple[str, ...] = ()
     if not training and (target is not None or time_budget_s is not None):
         ranking = _ranking(resolved, setup, runs, limit, time_budget_s, factory, announce)
         recommendation = ranked_recommendation(ranking, recommendation)
+    elif not training and rank_by == "accuracy" and len(runs) > 1:
+        from akosim.plan.learning_ranking import learning_ranking
+
+        learned = learning_ranking(setup, runs, resolved.config, max_staleness_rounds=limit,
+                                   stand_in_gradient=options.gradient_size is not None,
+                                   measured_step_s=_measured_step_s(setup, options),
+                                   margin_points=margin, announce=announce)
+        if isinstance(learned, str):
+            caveats = (f"akosim: cannot predict what each configuration learns ({learned}): "
+                       f"ranked by throughput, which says nothing of accuracy",)
+        else:
+            learning = learned
+            recommendation = learning.recommendation(recommendation)
     explained: tuple[str, ...] = ()
     if explain_more and not training:
         from akosim.plan.long_explanation import explain_long
 
-        explained = explain_long(setup, runs, max_staleness_rounds=limit, ranking=ranking)
+        explained = explain_long(setup, runs, max_staleness_rounds=limit, ranking=ranking,
+                                 learning=learning)
     workers = setup.config.cluster.workers
     record = plan_result(runs, config=config_to_dict(setup.config), training=training,
                          gradient_bytes=setup.gradient_bytes,
                          compute_s=[setup.compute.base_s(i) for i in range(workers)],
                          batch_size=setup.batch_size, compute_source=setup.compute_source,
                          explanation=explanation, recommendation=recommendation,
-                         ranking=ranking, explained=explained)
-    return PlanOutcome(record, planned, explanation, recommendation, ranking, explained)
+                         ranking=ranking, explained=explained, learning=learning)
+    return PlanOutcome(record, planned, explanation, recommendation, ranking, explained,
+                       learning, caveats)
+
+
+def _measured_step_s(setup: Setup, options: SimulationOptions) -> float | None:
+    """The workload's gradient step as measured on this machine; None when the compute time
+    was given or came from an akorun run."""
+    if options.compute_from or options.compute not in ("measure", "remeasure"):
+        return None
+    return setup.compute.compute_s
 
 
 def _ranking(resolved: ResolvedSettings, setup: Setup, runs: list[SimRun], limit: float,

@@ -21,6 +21,7 @@ from akosim.sim.scenario import Setup, SimRun
 
 if TYPE_CHECKING:
     from akosim.plan.accuracy_ranking import Ranking
+    from akosim.plan.learning_ranking import LearningRanking
 
 COMPUTE_BOUND = 0.9  # a run whose rounds are >= 90% compute is bound by compute
 NIC_BOUND = 0.8  # else one whose busiest NIC is >= 80% busy is bound by that NIC
@@ -99,9 +100,11 @@ def _terms(setup: Setup, runs: list[SimRun]) -> list[str]:
 
 
 def explain_long(setup: Setup, runs: list[SimRun], *, max_staleness_rounds: float,
-                 ranking: Ranking | None = None) -> tuple[str, ...]:
+                 ranking: Ranking | None = None,
+                 learning: LearningRanking | None = None) -> tuple[str, ...]:
     """The longer explanation: the terms for this run, what bounds each configuration, and
-    why the winner won (by throughput within the staleness limit, or by the ranking)."""
+    why the winner won (by throughput within the staleness limit, by the ranking of a
+    target, or by the default ranking's predicted time to accuracy)."""
     lines = _terms(setup, runs)
     lines.append("what bounds each configuration:")
     width = max((len(run.label) for run in runs), default=0)
@@ -111,8 +114,32 @@ def explain_long(setup: Setup, runs: list[SimRun], *, max_staleness_rounds: floa
     plan = setup.plan
     if plan is not None and held_by_staleness(plan):
         lines.append(f"  (Ako's p is held by --max-staleness: {plan.binding})")
-    lines += _why(runs, max_staleness_rounds, ranking)
+    if learning is not None and learning.winner is not None:
+        lines += _why_learning(learning, max_staleness_rounds)
+    else:
+        lines += _why(runs, max_staleness_rounds, ranking)
     return tuple(lines)
+
+
+def _why_learning(learning: LearningRanking, limit: float) -> list[str]:
+    """Why the default ranking's winner won, and what the fastest row learns instead."""
+    first = learning.winner
+    assert first is not None and first.time_to_target_s is not None
+    target = f"{100 * learning.target:.3g}%"
+    text = [f"why {first.run.label} wins: it is predicted to reach {target} first "
+            f"({format_duration(first.time_to_target_s)}), bound by "
+            f"{bound_by(first.run, max_staleness_rounds=limit)}"]
+    fit = [row for row in learning.ranked if row.within_limit]
+    fastest = max(fit, key=lambda row: row.run.samples_per_s)
+    if fastest is not first:
+        reached = ("reaches it only in " + format_duration(fastest.time_to_target_s)
+                   if fastest.time_to_target_s is not None else "never reaches it")
+        text.append(f"  {fastest.run.label} has more samples/s "
+                    f"({fastest.run.samples_per_s:,.1f} vs {first.run.samples_per_s:,.1f}) "
+                    f"but {reached} (predicted accuracy "
+                    f"{100 * fastest.learning.accuracy:.3g}% after {learning.rounds} rounds): "
+                    f"staleness or averaging costs it accuracy per sample")
+    return text
 
 
 def _why(runs: list[SimRun], limit: float, ranking: Ranking | None) -> list[str]:

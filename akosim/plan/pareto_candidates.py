@@ -216,7 +216,10 @@ def _timed(setup: Setup, scheme: Scheme, variant: Variant) -> Candidate:
 def _timing_setup(setup: Setup, scheme: Scheme, variant: Variant) -> Setup:
     """`setup` timed long enough for a steady state: at least `PERIODS_TIMED` of the
     scheme's periods and twice its staleness bound (a worker may run that far ahead
-    before the network holds it back); `setup` itself when its rounds suffice."""
+    before the network holds it back); `setup` itself when its rounds suffice or it runs
+    each configuration until its round time settles (akosim.sim.settling)."""
+    if setup.stop.settle is not None:
+        return setup
     exchange = setup.config.exchange
     bound = scheme.staleness_bound(exchange, p_max=max(variant.p_of), ssp=variant.ssp)
     needed = max(PERIODS_TIMED * scheme.period_rounds(exchange),

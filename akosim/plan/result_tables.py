@@ -1,6 +1,9 @@
 """Human tables and result files for simulated runs.
 
-`format_table` prints the side-by-side comparison a user reads first (its NIC
+`format_table` prints the side-by-side comparison a user reads first (its
+rounds column says how many rounds each row was simulated for, "not settled"
+when a row ran to the settle cap without its round time settling, and
+`unsettled_lines` says so under the table; its NIC
 column gives two figures, the mean use of the training workers' uplinks and the
 busiest NIC of any node, servers included, which is the one the bottleneck
 column names when a NIC is the bottleneck);
@@ -28,6 +31,7 @@ from akosim.sim.scenario import SimRun
 if TYPE_CHECKING:
     from akosim.plan.accuracy_ranking import Ranking
     from akosim.plan.advice import Explanation
+    from akosim.plan.learning_ranking import LearningRanking
 
 
 def _stale(value: float) -> str:
@@ -44,14 +48,29 @@ def nic_use(run: SimRun) -> str:
     return f"{100 * run.nic_utilisation:.0f}% / {100 * busiest:.0f}%"
 
 
+def rounds_cell(run: SimRun) -> str:
+    """``325``: the rounds a row was simulated for; ``3,000, not settled`` when it ran to
+    the settle cap without its round time settling."""
+    return f"{run.simulated_rounds:,}" + (", not settled" if run.settled is False else "")
+
+
+def unsettled_lines(runs: list[SimRun]) -> list[str]:
+    """One line under the table for each row whose round time did not settle."""
+    return [f"akosim: {run.label}: the round time did not settle within "
+            f"{run.simulated_rounds:,} rounds (a window's mean still moved by more than the "
+            f"tolerance against the one before); its figure is the mean over them after the "
+            f"warm-up" for run in runs if run.settled is False]
+
+
 def format_table(runs: list[SimRun], *, training: bool = False) -> str:
-    headers = ["configuration", "round time", "samples/s", "sent/worker/round",
+    headers = ["configuration", "round time", "rounds", "samples/s", "sent/worker/round",
                NIC_HEADER, "staleness", "bottleneck"]
     if training:
         headers[1:1] = ["time to target", "final acc"]
     rows = []
     for run in runs:
-        row = [run.label, format_duration(run.round_time_s), f"{run.samples_per_s:,.1f}",
+        row = [run.label, format_duration(run.round_time_s), rounds_cell(run),
+               f"{run.samples_per_s:,.1f}",
                format_size(run.bytes_sent_per_worker_per_round),
                nic_use(run),
                f"<= {_stale(run.staleness_bound_rounds)} rounds", run.bottleneck]
@@ -97,7 +116,8 @@ def run_result(run: SimRun, *, config: dict[str, Any], mode: str,
         samples_per_s=run.samples_per_s,
         bytes_sent_per_worker_per_round=run.bytes_sent_per_worker_per_round,
         compute_s_per_round=run.compute_s_per_round, wait_s_per_round=run.wait_s_per_round,
-        final_accuracy=run.final_accuracy,
+        simulated_rounds=run.simulated_rounds, settled=run.settled,
+        warmup_rounds=run.warmup_rounds, final_accuracy=run.final_accuracy,
         evaluations=tuple((e.sim_time_s, e.round, e.accuracy) for e in run.evaluations),
         time_to_target_s=run.time_to_target_s, nic_utilisation=run.nic_utilisation,
         max_uplink_utilisation=run.max_uplink_utilisation,
@@ -111,7 +131,8 @@ def plan_result(runs: list[SimRun], *, config: dict[str, Any], training: bool,
                 gradient_bytes: int, compute_s: list[float], batch_size: int,
                 compute_source: str = "", explanation: Explanation | None = None,
                 recommendation: tuple[str, ...] = (), ranking: Ranking | None = None,
-                explained: tuple[str, ...] = ()) -> PlanResult:
+                explained: tuple[str, ...] = (),
+                learning: LearningRanking | None = None) -> PlanResult:
     """What `akosim --out` writes: every simulated configuration of one question, the
     plan's explanation when there is one, the recommendation (akosim.plan.advice.recommend),
     the ranking by accuracy (akosim.plan.accuracy_ranking) and the --explain text."""
@@ -124,6 +145,9 @@ def plan_result(runs: list[SimRun], *, config: dict[str, Any], training: bool,
                       time_budget_s=ranking.goal.time_budget_s,
                       ranking_rounds=ranking.goal.rounds, ranking=ranked_records(ranking),
                       ranking_verdict=ranking.verdict())
+    elif learning is not None:  # the default ranking: every row, by predicted time to target
+        extra |= dict(target_accuracy=learning.target, ranking_rounds=learning.rounds,
+                      ranking=learning.records(), ranking_verdict=learning.verdict())
     if explanation is not None:
         extra |= dict(explanation=explanation.line, chosen_ssp=explanation.ssp,
                          propagation_rounds=explanation.propagation_rounds,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from akocore.cli_support import UsageError
@@ -21,15 +22,29 @@ from akocore.data import DataError
 from akocore.partition import PartitionError
 from akocore.units import UnitError, parse_duration, parse_size, refuse_bare_number
 from akosim.calibration.run_calibration import CalibrationError
+from akosim.sim.settling import SETTLE_CAP_ROUNDS
 
 if TYPE_CHECKING:
     from akocore.workload import FlatWorkload
     from akosim.sim.scenario import Setup, SimRun
 
-# timing-only planning defaults to the seeds' CNN (17 MB gradient) at their batch size; the
-# steady state of a deterministic round is reached within a few rounds
-TIMING_DEFAULTS = RunConfig(train=TrainConfig(workload="synthetic-cnn", batch_size=104, rounds=30))
+# timing-only planning defaults to the seeds' CNN (17 MB gradient) at their batch size; rounds
+# not given by any layer: each configuration is simulated until its round time settles, at
+# most the settle cap (akosim.plan.setup.settles, akosim.sim.settling)
+TIMING_DEFAULTS = RunConfig(train=TrainConfig(workload="synthetic-cnn", batch_size=104,
+                                              rounds=SETTLE_CAP_ROUNDS))
 TRAIN_DEFAULTS = RunConfig()
+
+
+def timing_defaults_for(workload: str) -> RunConfig:
+    """The timing plan's defaults for a plan of `workload`: the seeds' batch goes with the
+    seeds' CNN only; any other workload (a user's) is planned at the batch akosim train and
+    akorun use, so the plan times what a launch will run."""
+    if workload == TIMING_DEFAULTS.train.workload:
+        return TIMING_DEFAULTS
+    train = replace(TIMING_DEFAULTS.train, workload=workload,
+                    batch_size=TRAIN_DEFAULTS.train.batch_size)
+    return replace(TIMING_DEFAULTS, train=train)
 
 USER_ERRORS = (UsageError, ConfigError, UnitError, DataError, PartitionError, CalibrationError)
 

@@ -14,6 +14,9 @@ once:
   config asks for that model (akosim.calibration.host_calibration_io), else None;
 - `chooses_ssp_with_p`: the rule that lets akosim choose s together with p
   (a partitioned scheme, timing only, and no layer set exchange.ssp);
+- `settles` / `stop_rule`: when a simulation stops; timing without rounds or a
+  duration from any layer runs each configuration until its round time settles
+  (akosim.sim.settling), an explicit ``--rounds`` exactly that many rounds;
 - `build_setup`: the only constructor of akosim.sim.scenario.Setup; `with_plan`
   resolves p once for the setup (the choice of s, the runs, the advice);
 - `simulation_setup`: the whole path from a resolved config and the options
@@ -40,7 +43,6 @@ from akosim.calibration.run_calibration import (
     overhead_from_result,
 )
 from akosim.plan.runspec import (
-    TIMING_DEFAULTS,
     gradient_length_of_size,
     load_workload,
     parse_duration_flag,
@@ -224,15 +226,26 @@ def chooses_ssp_with_p(resolved: ResolvedSettings, *, training: bool = False) ->
     return not training and scheme.partitioned and not resolved.given("exchange.ssp")
 
 
-def stop_rule(cfg: RunConfig, *, training: bool = False) -> StopRule:
-    """When the simulation stops: the configured rounds or duration (training drains)."""
+def settles(resolved: ResolvedSettings, *, training: bool = False) -> bool:
+    """Whether each configuration is simulated until its round time settles (akosim.sim.
+    settling): timing only, no duration, and no rounds from any layer (none given, or
+    cleared by a target accuracy)."""
+    train = resolved.config.train
+    return (not training and train.duration_s is None
+            and (train.rounds is None or not resolved.given("train.rounds")))
+
+
+def stop_rule(cfg: RunConfig, *, training: bool = False, settle: bool = False) -> StopRule:
+    """When the simulation stops: with `settle` (see `settles`), once each configuration's
+    round time has settled; else the configured rounds or duration (training drains)."""
     from akosim.sim.engine import StopRule
+    from akosim.sim.settling import SettleRule
 
     rounds = cfg.train.rounds
+    if not training and (settle or (rounds is None and cfg.train.duration_s is None)):
+        return StopRule(drain=False, settle=SettleRule())
     if rounds is None and cfg.train.duration_s is None:
-        # training: bounded by accuracy; a timing plan ranking by accuracy (a target
-        # cleared the rounds): the timing rows run the timing plan's rounds
-        rounds = TRAINING_ROUNDS_CAP if training else TIMING_DEFAULTS.train.rounds
+        rounds = TRAINING_ROUNDS_CAP  # training: bounded by accuracy
     return StopRule(rounds=rounds, duration_s=cfg.train.duration_s, drain=training)
 
 
@@ -254,9 +267,11 @@ def build_setup(config: RunConfig, *, length: int, compute: ComputeModel, stop: 
 
 
 def simulation_setup(cfg: RunConfig, options: SimulationOptions, *, training: bool = False,
-                     announce: Callable[[str], None] = print,
+                     settle: bool = False, announce: Callable[[str], None] = print,
                      ) -> tuple[Setup, Workload | None]:
-    """The setup of `cfg` with `options`, and the workload when the workers really train."""
+    """The setup of `cfg` with `options`, and the workload when the workers really train;
+    with `settle` (`settles` of the resolved settings) each configuration runs until its
+    round time settles instead of cfg's rounds."""
     cache: dict[str, Any] = {}
 
     def workload() -> Workload:
@@ -290,7 +305,7 @@ def simulation_setup(cfg: RunConfig, options: SimulationOptions, *, training: bo
     else:
         length = workload().param_count
     compute = compute_model(options, cfg.cluster.workers, compute_s)
-    stop = stop_rule(cfg, training=training)
+    stop = stop_rule(cfg, training=training, settle=settle)
     real_network = "tcp-core" in network_layers(cfg.network.model)
     overhead = message_overhead_s(options, cfg.cluster.workers, real_network=real_network)
     tcp = None

@@ -22,6 +22,8 @@ arithmetic instead of tens of thousands of simulated events:
 The traffic counters mirror akosim.sim.scenario's report over the same window
 (start to the first worker's last dispatch). tests/test_closed_form.py checks
 every figure against `scenario.simulate` on a grid of cases where both run;
+a settling setup (akosim.sim.settling) takes the rounds of its first check,
+where the simulation of a lockstep run settles;
 anything else (heterogeneous links, stragglers, jitter, async PS, local-step
 PS (SDAG), traces, training, a codec) returns None and is simulated.
 """
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,7 +44,15 @@ from akocore.schemes.registry import has_servers, scheme_named
 from akocore.settings.normalise import network_layers
 from akocore.units import format_bandwidth
 from akosim.network.netspec import NetworkSpec
-from akosim.sim.scenario import Setup, SimRun, Variant, WorkerReport, network_spec
+from akosim.sim.scenario import (
+    Setup,
+    SimRun,
+    Variant,
+    WorkerReport,
+    network_spec,
+    settling_of,
+)
+from akosim.sim.settling import settled_round_time_s
 
 
 @dataclass(frozen=True)
@@ -55,12 +66,29 @@ class Uniform:
     compute_s: float
     overhead_s: float
     rounds: int
+    # a settling setup: the rounds before the measured span (every round of these lockstep
+    # schemes takes the same time, so the run settles at its first check); None: fixed
+    warmup_rounds: int | None = None
+
+    def round_time_s(self, round_end_s: Sequence[float]) -> float:
+        """One worker's round time as akosim.sim.scenario reports it."""
+        if self.warmup_rounds is None:
+            return steady_round_time_s(round_end_s)
+        return settled_round_time_s(round_end_s, self.warmup_rounds, self.rounds)
 
 
-def uniform(setup: Setup) -> Uniform | None:
-    """The shared values when the cluster is homogeneous and the run fixed-length."""
+def uniform(setup: Setup, variant: Variant) -> Uniform | None:
+    """The shared values when the cluster is homogeneous and the run fixed-length (or
+    settling: the rounds of its first check)."""
     n, compute = setup.nodes, setup.compute
-    if setup.stop.rounds is None or setup.stop.duration_s is not None or compute.jitter:
+    settling = settling_of(setup, variant)
+    if settling is not None:
+        rounds, warmup = settling.first_check_rounds, settling.warmup_rounds
+    elif setup.stop.rounds is None or setup.stop.duration_s is not None:
+        return None
+    else:
+        rounds, warmup = setup.stop.rounds, None
+    if compute.jitter:
         return None
     spec = network_spec(setup.config, setup.message_overhead_s)
     off = ~np.eye(n, dtype=bool)
@@ -72,7 +100,7 @@ def uniform(setup: Setup) -> Uniform | None:
             or max(overhead) != min(overhead)):
         return None
     return Uniform(float(spec.uplink_bps[0]), float(spec.downlink_bps[0]), float(caps[0]),
-                   float(latency[0]), base[0], overhead[0], int(setup.stop.rounds))
+                   float(latency[0]), base[0], overhead[0], int(rounds), warmup)
 
 
 def closed_form_run(setup: Setup, variant: Variant, *, trace: bool = False,
@@ -84,7 +112,7 @@ def closed_form_run(setup: Setup, variant: Variant, *, trace: bool = False,
         return None  # only the max-min fluid network alone has these closed forms
     if setup.config.exchange.codec != "none":
         return None  # coded sizes and codec CPU: simulated
-    shared = uniform(setup)
+    shared = uniform(setup, variant)
     if shared is None:
         return None
     started = time.perf_counter()
@@ -266,7 +294,7 @@ def _ring(setup: Setup, variant: Variant, u: Uniform) -> SimRun:
     # every round's bytes (the simulation's timeline counter may miss part of the last
     # round's forwarded chunks; the steady figure per round is this one)
     counted = sizes.sum(axis=0) * rounds
-    round_times = [steady_round_time_s(dispatch[:, i].tolist()) for i in range(n)]
+    round_times = [u.round_time_s(dispatch[:, i].tolist()) for i in range(n)]
     waits = (dispatch[1:] - u.compute_s - u.overhead_s - dispatch[:-1]).sum(axis=0)
     links = [(i, (i + 1) % n, float(delivered[(i + 1) % n])) for i in range(n)]
     return _report(setup, variant, u, window, n, round_times=round_times, waits=waits,
@@ -293,7 +321,7 @@ def _ps(setup: Setup, variant: Variant, u: Uniform) -> SimRun:
     links = [(w, workers + j, done * float(shards[j])) for w in range(workers) for j in range(k)]
     links += [(workers + j, w, done * float(shards[j])) for j in range(k)
               for w in range(workers)]
-    steady = steady_round_time_s(dispatch.tolist())
+    steady = u.round_time_s(dispatch.tolist())
     return _report(setup, variant, u, window, workers, round_times=[steady] * workers,
                    waits=np.full(workers, done * (round_s - u.compute_s - u.overhead_s)),
                    counted=np.full(workers, rounds * total), carried_up=crossed,
@@ -338,7 +366,8 @@ def _report(setup: Setup, variant: Variant, u: Uniform, window: float, workers: 
         staleness_bound_rounds=0.0, max_lag_rounds=0,
         bottleneck=_bottleneck(u, per_link, up_util, down_util),
         simulated_s=window, wall_s=0.0, events={"closed_form": 1},
-        per_worker=reports, per_link=per_link)
+        simulated_rounds=rounds, settled=None if u.warmup_rounds is None else True,
+        warmup_rounds=u.warmup_rounds, per_worker=reports, per_link=per_link)
 
 
 def _bottleneck(u: Uniform, per_link: list[dict[str, float | None]], up: np.ndarray,

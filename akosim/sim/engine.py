@@ -9,7 +9,10 @@ node's `receive` at their simulated arrival time, and wake the node if it is
 waiting (an ako worker whose gate is still closed after a look is woken only
 when the last peer it waits for arrived: akosim.sim.multicast's gate watch).
 Server nodes (ps) only receive. The schemes are the very ones akorun drives:
-the simulator adds time, nothing else.
+the simulator adds time, nothing else. A run stops after its rounds, its
+duration, or (a StopRule with `settle`) once its round time has settled: every
+round that all workers have ended goes to an akosim.sim.settling.SettleWatch,
+which says when.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from akosim.network.netstats import NetworkStats
 from akosim.network.pairstream import PairStreams
 from akosim.plan.compute import ComputeModel
 from akosim.sim.multicast import MulticastDelivery
+from akosim.sim.settling import SettleRule, SettleWatch, Settling
 
 
 class GradientSource(Protocol):
@@ -89,13 +93,21 @@ class _InFlight:
 
 @dataclass(frozen=True)
 class StopRule:
+    """When a simulation stops: after `rounds`, after `duration_s`, or (`settle`, neither
+    of them given) once its round time has settled (akosim.sim.settling)."""
+
     rounds: int | None = None
     duration_s: float | None = None
     drain: bool = True  # flush what is owed and wait for it (training); timing may skip
+    settle: SettleRule | None = None
 
     def __post_init__(self) -> None:
-        if self.rounds is None and self.duration_s is None:
-            raise ValueError("a simulation needs rounds or a duration")
+        if self.settle is not None and (self.rounds is not None
+                                        or self.duration_s is not None):
+            raise ValueError("a simulation settles or runs fixed rounds or a duration, "
+                             "not both")
+        if self.rounds is None and self.duration_s is None and self.settle is None:
+            raise ValueError("a simulation needs rounds, a duration or a settle rule")
         if self.rounds is not None and self.rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {self.rounds}")
         if self.duration_s is not None and self.duration_s <= 0:
@@ -109,11 +121,15 @@ class Simulation:
                  compute: ComputeModel, stop: StopRule, *,
                  gradients: GradientSource | None = None, trace: bool = False,
                  on_round: Callable[[int, int, float], None] | None = None,
-                 coalesce_rel: float = COALESCE_REL) -> None:
+                 coalesce_rel: float = COALESCE_REL, settling: Settling | None = None) -> None:
         """`network`: a network model built on its own SimPy environment (this
         simulation runs on that clock; akosim.network.netmodel.build_network_model),
         or a NetworkSpec for the max-min model (`coalesce_rel` is then its precision).
-        `compute` is charged with the model's message CPU if it has any."""
+        `compute` is charged with the model's message CPU if it has any. `settling`:
+        this configuration's settle rule (SettleRule.for_scheme), needed when `stop`
+        settles."""
+        if stop.settle is not None and settling is None:
+            raise ValueError("a stop rule that settles needs the configuration's Settling")
         if isinstance(network, NetworkSpec):
             network = build_network_model(simpy.Environment(), network,
                                           coalesce_rel=coalesce_rel)
@@ -141,6 +157,12 @@ class Simulation:
         self.duplicates = 0
         self.messages_sent = 0
         self.steady_stats: NetworkStats | None = None
+        self.settle_watch: SettleWatch | None = None
+        if stop.settle is not None and settling is not None:
+            self.settle_watch = SettleWatch(
+                settling, [self.timelines[r].round_end_s for r in self.workers])
+        self._ended: list[int] = []  # per round index: workers that have ended it
+        self._completed = 0  # rounds every worker has ended
 
     # ------------------------------------------------------------------ running
 
@@ -162,6 +184,9 @@ class Simulation:
         if self.stop_requested:
             return False
         if self.stop.rounds is not None and round_ >= self.stop.rounds:
+            return False
+        watch = self.settle_watch
+        if watch is not None and round_ >= watch.settling.cap_rounds:
             return False
         return self.stop.duration_s is None or self.env.now < self.stop.duration_s
 
@@ -215,6 +240,8 @@ class Simulation:
                 self._span(rank, "codec", codec_from, env.now, round=round_)
             self._dispatch(rank, effects)
             line.round_end_s.append(env.now)
+            if self.settle_watch is not None:
+                self._round_ended(round_)
             round_ += 1
             if self.on_round is not None:
                 self.on_round(rank, round_, env.now)
@@ -227,6 +254,20 @@ class Simulation:
         yield from self._wait_for(rank, node.drained)
         node.settle()
         line.drained_s = env.now
+
+    def _round_ended(self, round_: int) -> None:
+        """A worker ended `round_`; once every worker has, the settle watch looks."""
+        ended = self._ended
+        if round_ == len(ended):
+            ended.append(0)
+        ended[round_] += 1
+        watch = self.settle_watch
+        assert watch is not None
+        while (not self.stop_requested and self._completed < len(ended)
+               and ended[self._completed] == len(self.workers)):
+            self._completed += 1
+            if watch.completed(self._completed):
+                self.request_stop()
 
     # ------------------------------------------------------------------ network
 

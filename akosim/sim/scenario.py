@@ -6,7 +6,10 @@ with the compute model, and returns a `SimRun`: the figures a user compares
 (round time, samples/s, bytes per worker per round, NIC utilisation,
 staleness, the bottleneck) plus per-worker and per-link breakdowns. Its keys
 are named as akorun names its measurements, so prediction and measurement
-compare key by key.
+compare key by key. A setup whose stop rule settles simulates each variant
+until its round time has settled (`settling_of`: the variant's warm-up and
+window from its scheme's staleness bound and period, akosim.sim.settling) and
+says how many rounds that took.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import simpy
@@ -35,6 +39,7 @@ from akosim.network.netspec import NetworkSpec
 from akosim.network.netstats import NetworkUtilisation
 from akosim.plan.compute import ComputeModel
 from akosim.sim.engine import Simulation, StopRule, TraceEvent
+from akosim.sim.settling import Settling, settled_round_time_s
 from akosim.sim.sim_training import AccuracyTracker, BatchedGradients, Evaluation
 
 
@@ -140,12 +145,18 @@ class SimRun:
     simulated_s: float
     wall_s: float
     events: dict[str, int]
+    # rounds every training worker ended (a settling run: where its round time settled)
+    simulated_rounds: int = 0
+    settled: bool | None = None  # None: fixed rounds or duration; False: hit the cap
+    warmup_rounds: int | None = None  # a settling run: the rounds before the measured span
     per_worker: list[WorkerReport] = field(default_factory=list)
     per_link: list[dict[str, float | None]] = field(default_factory=list)
     evaluations: list[Evaluation] = field(default_factory=list)
     time_to_target_s: float | None = None
     final_accuracy: float | None = None
     trace: list[TraceEvent] = field(default_factory=list, repr=False)
+    final_params: Any = field(default=None, repr=False)  # training: the first worker's
+    # replica at the end, as the workload's own pytree (FlatWorkload.params_tree)
 
 
 def network_spec(config: RunConfig, message_overhead_s: tuple[float, ...] = ()) -> NetworkSpec:
@@ -180,11 +191,26 @@ def ako_variant(setup: Setup, p: str | tuple[int, ...] | None = None,
                    p_reason=plan.binding)
 
 
+def settling_of(setup: Setup, variant: Variant) -> Settling | None:
+    """The settle rule of `variant` when `setup` settles (its scheme's staleness bound
+    with the variant's largest p and s, and its period); None for fixed rounds."""
+    rule = setup.stop.settle
+    if rule is None:
+        return None
+    scheme = scheme_named(variant.scheme)
+    exchange = setup.config.exchange
+    bound = scheme.staleness_bound(exchange, p_max=max(variant.p_of), ssp=variant.ssp)
+    return rule.for_scheme(bound, scheme.period_rounds(exchange))
+
+
 def simulate(setup: Setup, variant: Variant, *, trace: bool = False,
              workload: FlatWorkload | None = None, eval_every: int = 10,
              target_accuracy: float | None = None,
-             on_progress: Callable[[int], None] | None = None) -> SimRun:
-    """Run one variant. With `workload`, the workers really train (training mode)."""
+             on_progress: Callable[[int], None] | None = None,
+             replicas: int = 0) -> SimRun:
+    """Run one variant. With `workload`, the workers really train (training mode); each
+    batched gradient call is padded to at least `replicas` replicas (runs of different
+    worker counts then share one compilation)."""
     config = setup.config
     # the variant's scheme reads its own keys (a compared DiLoCo row its configured H,
     # not the defaults: the config's scheme may be another)
@@ -201,7 +227,7 @@ def simulate(setup: Setup, variant: Variant, *, trace: bool = False,
     gradients = None
     tracker = None
     if workload is not None:
-        gradients = BatchedGradients(workload, ranks, config.train.seed)
+        gradients = BatchedGradients(workload, ranks, config.train.seed, replicas)
         tracker = AccuracyTracker(workload, eval_every, target_accuracy)
     watched = ranks[0]
     sim: Simulation
@@ -223,7 +249,7 @@ def simulate(setup: Setup, variant: Variant, *, trace: bool = False,
         model=setup.network_model_name, tcp=setup.tcp,
         rtt_latency_s=network_arrays(config).latency_s, coalesce_rel=setup.coalesce_rel)
     sim = Simulation(nodes, network, setup.compute, setup.stop, gradients=gradients,
-                     trace=trace, on_round=on_round)
+                     trace=trace, on_round=on_round, settling=settling_of(setup, variant))
     started = time.perf_counter()
     sim.run()
     wall_s = time.perf_counter() - started
@@ -232,6 +258,7 @@ def simulate(setup: Setup, variant: Variant, *, trace: bool = False,
         params = nodes[watched].params
         assert params is not None
         run.final_accuracy = tracker.workload.evaluate(params)
+        run.final_params = tracker.workload.params_tree(params)
         run.evaluations = tracker.history
         if target_accuracy is not None:
             run.time_to_target_s = tracker.time_to(target_accuracy)
@@ -248,11 +275,15 @@ def _report(setup: Setup, variant: Variant, training_workers: int, sim: Simulati
     sent, received = stats.bytes_sent, stats.bytes_received
     workers = []
     period = scheme_named(variant.scheme).period_rounds(setup.config.exchange)
+    watch = sim.settle_watch
+    settled = watch if watch is not None and watch.settled is not None else None
     for rank, line in sorted(sim.timelines.items()):
         rounds = max(line.rounds, 1)
         workers.append(WorkerReport(
             rank=rank, rounds=line.rounds,
-            round_time_s=steady_round_time_s(line.round_end_s, period),
+            round_time_s=steady_round_time_s(line.round_end_s, period) if settled is None
+            else settled_round_time_s(line.round_end_s, settled.settling.warmup_rounds,
+                                      settled.rounds),
             compute_s=line.compute_s, wait_s=line.wait_s,
             bytes_sent=float(sent[rank]), bytes_received=float(received[rank]),
             uplink_utilisation=float(util.uplink[rank]) if util else 0.0,
@@ -287,6 +318,10 @@ def _report(setup: Setup, variant: Variant, training_workers: int, sim: Simulati
                 "flow_completions": sim.net.flow_completions,
                 "messages": sim.messages_sent, "deliveries": sim.deliveries,
                 "duplicates": sim.duplicates},
+        simulated_rounds=settled.rounds if settled is not None
+        else min((w.rounds for w in workers), default=0),
+        settled=settled.settled if settled is not None else None,
+        warmup_rounds=settled.settling.warmup_rounds if settled is not None else None,
         per_worker=workers, per_link=per_link)
 
 

@@ -8,6 +8,11 @@ Every gradient is therefore taken on the parameters the worker held when its
 compute started, and applied by the scheme at the simulated end of compute;
 every received partial is applied at its simulated arrival. Evaluation runs
 against simulated time, so a run predicts time to accuracy.
+
+A gradient step whose loss or gradient is not finite (the user's NaN: in the
+data, or a diverged run) ends the simulation with `NonFiniteStep`, naming the
+simulated worker, the round, the batch and its loss (akocore.nonfinite), the
+check akorun's ranks make; nothing is trained on with it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from akocore.figures import step_seed  # the one per-step seed, shared with akorun
+from akocore.nonfinite import NonFiniteStep, nonfinite_line, step_problem
 from akocore.workload import FlatWorkload
 from akocore.workloads.spec import TrainBatches
 
@@ -25,13 +31,18 @@ from akocore.workloads.spec import TrainBatches
 class BatchedGradients:
     """Pending gradient requests, computed together in one vmapped call."""
 
-    def __init__(self, workload: FlatWorkload, ranks: list[int], seed: int) -> None:
+    def __init__(self, workload: FlatWorkload, ranks: list[int], seed: int,
+                 replicas: int = 0) -> None:
         self.workload = workload
         self.ranks = ranks
         self.seed = seed
+        # the replica count every call is padded to: at least one per rank (more lets runs
+        # of different worker counts share one compilation)
+        self.replicas = max(len(ranks), replicas)
         self.streams: dict[int, TrainBatches] = {
             rank: workload.batches(i, len(ranks), seed) for i, rank in enumerate(ranks)}
-        self._pending: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, int]] = {}
+        self._pending: dict[int, tuple[np.ndarray, Any, Any, int]] = {}
+        self._pending_batch: dict[int, tuple[int, Any]] = {}  # round and batch, for the NaN line
         self._ready: dict[int, np.ndarray] = {}
         self.last_loss: dict[int, float] = {}
         self.gradient_sum = np.zeros(workload.param_count, np.float64)  # for invariants
@@ -41,6 +52,7 @@ class BatchedGradients:
         batch = self.streams[rank].next()
         self._pending[rank] = (params.copy(), batch.x, batch.y,
                                step_seed(self.seed, rank, round_))
+        self._pending_batch[rank] = (round_, batch)
 
     def result(self, rank: int) -> np.ndarray:
         if rank not in self._ready:
@@ -50,7 +62,7 @@ class BatchedGradients:
     def _compute_pending(self) -> None:
         ranks = list(self._pending)
         items = [self._pending.pop(r) for r in ranks]
-        pad = len(self.ranks) - len(items)
+        pad = self.replicas - len(items)
         items += [items[0]] * pad  # fixed replica count: one compilation
         params = np.stack([i[0] for i in items])
         xs = _stack([i[1] for i in items])
@@ -60,6 +72,12 @@ class BatchedGradients:
         self.calls += 1
         for k, rank in enumerate(ranks):
             grad = np.array(grads[k], dtype=np.float32)
+            round_, batch = self._pending_batch.pop(rank)
+            problem = step_problem(float(losses[k]), grad)
+            if problem is not None:
+                raise NonFiniteStep(nonfinite_line(
+                    who=f"simulated worker {rank}", round_=round_, batch=batch,
+                    loss=float(losses[k]), problem=problem))
             self._ready[rank] = grad
             self.last_loss[rank] = float(losses[k])
             self.gradient_sum += grad

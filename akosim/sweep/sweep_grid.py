@@ -8,7 +8,9 @@ in the order given). Every point is one resolved RunConfig plus the simulation
 settings (gradient size, compute time); its id is a hash of both, so the same
 point has the same id in every sweep and every shard. Each point runs one
 variant, the scheme of its config (ako unless --scheme, --config or --set say
-otherwise), and writes DIR/points/<id>.json atomically; an Ako point whose
+otherwise), and writes DIR/points/<id>.json atomically; without --rounds (or
+rounds or a duration from --config/--set) every point is simulated until its
+round time settles, as the plan's rows are (akosim.sim.settling); an Ako point whose
 staleness bound no layer sets gets s chosen with p as the plan command does
 (akosim.plan.advice.with_overlap_ssp: the smallest s that lets sending overlap
 compute), and its file holds the config with that s; with `--max-staleness
@@ -44,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from akocore.cli_support import OneLineParser, UsageError, fail
+from akocore.cli_support import OneLineParser, UsageError, check_out_directory, fail
 from akocore.config import (
     Given,
     RunConfig,
@@ -64,8 +66,9 @@ from akosim.plan.runspec import (
     check_fits,
     gradient_length_of_size,
     load_workload,
+    timing_defaults_for,
 )
-from akosim.plan.setup import chooses_ssp_with_p, compute_setting
+from akosim.plan.setup import chooses_ssp_with_p, compute_setting, settles
 from akosim.sweep.sweepfiles import POINT_FORMAT, SweepPoint, collect
 
 # Grid flags in nesting order (first = outermost): argparse dest and flag.
@@ -156,7 +159,8 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
              "'remeasure' times it again and refreshes the cache")
     add("--gradient-size", metavar="SIZE",
         help="gradient bytes per worker, e.g. 17MB (default: the --workload's)")
-    add("--rounds", metavar="N", help="simulated rounds per point (default 30)")
+    add("--rounds", metavar="N", help="simulated rounds per point, exactly (default: until "
+        "each point's round time settles, at most 3000)")
     add("--workload", metavar="NAME",
         help="workload whose gradient size and compute time are used "
              "(default synthetic-cnn, the seeds' 17 MB CNN)")
@@ -194,6 +198,7 @@ class Point:
     # Ako with no staleness bound from any layer: s is chosen with p, as the
     # plan command does (the smallest s that lets sending overlap compute).
     choose_ssp: bool = False
+    settle: bool = False  # no layer gave rounds or a duration: run until the round time settles
 
 
 def parse_shard(text: str | None) -> tuple[int, int]:
@@ -251,6 +256,11 @@ def sim_settings(args: argparse.Namespace) -> dict[str, Any]:
     return settings
 
 
+def point_settings(settings: dict[str, Any], settle: bool) -> dict[str, Any]:
+    """A point's simulation settings: the sweep's, and whether it settles (part of its id)."""
+    return {**settings, "settle": True} if settle else settings
+
+
 def point_id(config: RunConfig, settings: dict[str, Any]) -> str:
     """A stable id: sha256 of the config's hash and the simulation settings, 16 hex digits."""
     sim = settings if config.network.model == "maxmin" else {
@@ -273,13 +283,17 @@ def expand_grid(args: argparse.Namespace, settings: dict[str, Any]) -> list[Poin
         layers = [*shared, *flag_layer(_grid_flags(args, values)),
                   *workload_arg_layer(getattr(args, "workload_arg", None))]
         resolved = resolve(layers, defaults=TIMING_DEFAULTS)
+        if not resolved.given("train.batch_size"):  # a user's workload: akorun's batch
+            resolved = resolve(layers, defaults=timing_defaults_for(
+                resolved.config.train.workload))
         config = resolved.config
-        identity = point_id(config, settings)
+        settle = settles(resolved)
+        identity = point_id(config, point_settings(settings, settle))
         if identity in seen:
             continue
         seen.add(identity)
         choose_ssp = chooses_ssp_with_p(resolved)
-        points.append(Point(len(points), values, config, identity, choose_ssp))
+        points.append(Point(len(points), values, config, identity, choose_ssp, settle))
     return points
 
 
@@ -314,7 +328,8 @@ def run_point(task: dict[str, Any]) -> tuple[str, float]:
     config = config_from_dict(task["config"])
     tcp = tcp_parameters_for(config)  # this host's cached calibration, else defaults
     setup = build_setup(config, length=task["length"], compute=fixed_compute(task["compute_s"]),
-                        stop=stop_rule(config), tcp=None if tcp is None else tcp.params)
+                        stop=stop_rule(config, settle=bool(task["settings"].get("settle"))),
+                        tcp=None if tcp is None else tcp.params)
     choose_ssp = bool(task.get("choose_ssp"))
     planned = run_setup(setup, choose_ssp=choose_ssp, compare=False,
                         max_staleness_rounds=task["settings"].get("max_staleness_rounds"))
@@ -439,6 +454,7 @@ def _sweep(args: argparse.Namespace) -> int:
     shard = parse_shard(args.shard)
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs: got {args.jobs}, expected a number of processes >= 1")
+    check_out_directory(args.out)  # refused now, not after measuring or running points
     settings = sim_settings(args)
     cache: dict[str, Any] = {"remeasure": args.compute.strip() == "remeasure"}
     points = expand_grid(args, settings)
@@ -464,7 +480,8 @@ def _sweep(args: argparse.Namespace) -> int:
         compute_s = _compute_s(todo[0].config, settings, cache)
         cache.clear()
         tasks = [{"id": p.id, "grid": p.grid, "config": config_to_dict(p.config),
-                  "settings": settings, "length": length, "compute_s": compute_s,
+                  "settings": point_settings(settings, p.settle), "length": length,
+                  "compute_s": compute_s,
                   "out": str(out), "choose_ssp": p.choose_ssp} for p in todo]
         points_dir.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()

@@ -27,7 +27,8 @@ from typing import Any
 from akocore.jsonrecord import RecordError, meta, record_from_json, record_to_json
 from akocore.results import SUMMARY_FIELDS, RunResult
 
-POINT_FORMAT = 2  # bump when the meaning of a point changes: new ids, old files ignored
+POINT_FORMAT = 3  # bump when the meaning of a point changes: new ids, old files ignored
+# (3: a point without rounds settles instead of running 30 rounds)
 POINT_KIND = "sweep-point"
 
 
