@@ -62,7 +62,10 @@ MEASURE_WARMUP = 3  # untimed steps first: compile, then settle
 
 @dataclass(eq=False)
 class _Compiled:
-    """Jitted functions of one workload and the batch layout it was first given (private)."""
+    """Jitted functions of one workload and the batch layout it was first given (private).
+
+    `grad` takes the float32 parameter pytree (views of the flat vector) and gives the
+    gradient's leaves; `batched_grad` takes and gives flat (R, D) stacks."""
 
     grad: Any
     batched_grad: Any
@@ -82,8 +85,7 @@ class EvalResult:
 class FlatWorkload:
     """A `Workload` and a batch size, seen as flat float32 vectors.
 
-    `init_params` is read-only; `grad_step` returns read-only gradient arrays
-    (zero-copy views of JAX buffers): copy before writing into them.
+    `init_params` is read-only; `grad_step` returns a fresh gradient vector.
     """
 
     name: str
@@ -124,8 +126,13 @@ class FlatWorkload:
         """
         params = self._check_params(flat_params, stacked=False)
         x, y = self._check_batch(x, y, leading=())
-        loss, grad = self._fns.grad(params, x, y, np.uint32(rng_seed % (1 << 32)))
-        return float(loss), np.asarray(grad)
+        # the pytree of NumPy views goes in and the gradient's leaves come out: the
+        # slicing and the concatenation stay out of XLA, whose CPU client would split
+        # those 4-byte-per-parameter copies over its thread pool (ranks sharing cores,
+        # or a busy machine, then wait on descheduled pool threads: 20x the step)
+        loss, leaves = self._fns.grad(self.unravel(params), x, y,
+                                      np.uint32(rng_seed % (1 << 32)))
+        return float(loss), np.concatenate([np.asarray(leaf).reshape(-1) for leaf in leaves])
 
     def batched_grad_step(
         self,
@@ -306,7 +313,8 @@ def _compile(spec: Workload, unravel: Callable[[Any], Params],
         """float32 leaves -> the user's dtypes (the edge cast; a no-op for float32)."""
         return cast_back(unravel(flat), dtypes)
 
-    def flat_grad(flat: Any, x: Any, y: Any, seed: Any) -> tuple[Any, Any]:
+    def tree_grad(params: Params, x: Any, y: Any, seed: Any) -> tuple[Any, list[Any]]:
+        """Loss and the float32 gradient leaves, in ravel_pytree order, of float32 params."""
         key = jax.random.PRNGKey(seed)
 
         def loss_fn(params: Params) -> Any:
@@ -314,9 +322,12 @@ def _compile(spec: Workload, unravel: Callable[[Any], Params],
             value = out[0] if isinstance(out, tuple) else out
             return jnp.asarray(value, dtype=jnp.float32)
 
-        loss, grads = jax.value_and_grad(loss_fn)(unravel(flat))
-        leaves = jax.tree_util.tree_leaves(grads)
-        return loss, jnp.concatenate([jnp.ravel(leaf).astype(jnp.float32) for leaf in leaves])
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        return loss, [leaf.astype(jnp.float32) for leaf in jax.tree_util.tree_leaves(grads)]
+
+    def flat_grad(flat: Any, x: Any, y: Any, seed: Any) -> tuple[Any, Any]:
+        loss, leaves = tree_grad(unravel(flat), x, y, seed)
+        return loss, jnp.concatenate([jnp.ravel(leaf) for leaf in leaves])
 
     def evaluate(flat: Any, x: Any, y: Any) -> tuple[Any, Any]:
         accuracy, loss = accuracy_and_loss(spec.evaluate(to_user(flat), (x, y)))
@@ -324,7 +335,7 @@ def _compile(spec: Workload, unravel: Callable[[Any], Params],
                 None if loss is None else jnp.asarray(loss, jnp.float32))
 
     return _Compiled(
-        grad=jax.jit(flat_grad),
+        grad=jax.jit(tree_grad),
         batched_grad=jax.jit(jax.vmap(flat_grad)),
         evaluate=jax.jit(evaluate),
     )

@@ -26,6 +26,7 @@ import numpy as np
 
 from akocore.config import RunConfig, config_from_dict
 from akocore.messages import Partial
+from akocore.rank_threads import NPROC_ENV, SINGLE_THREAD_XLA_FLAGS
 from akorun.launch.cluster import (
     AkorunSettings,
     loopback_hosts,
@@ -34,7 +35,7 @@ from akorun.launch.cluster import (
     with_hosts,
     write_cluster_file,
 )
-from akorun.launch.local import SINGLE_THREAD_XLA_FLAGS, child_env
+from akorun.launch.local import child_env
 from akorun.metrics import Metrics, render_prometheus
 from akorun.runtime.node_plan import role_of
 from akorun.transport.control import ControlError, ControlKind
@@ -51,6 +52,7 @@ def child_test_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     no rank variables or fault hooks inherited from the caller."""
     env = {k: v for k, v in child_env(1, {}).items() if k not in RANK_VARIABLES}
     env["XLA_FLAGS"] = SINGLE_THREAD_XLA_FLAGS
+    env[NPROC_ENV] = "1"  # XLA's thread pool: one thread, as launch gives ranks sharing cores
     env["JAX_PLATFORMS"] = "cpu"
     env.setdefault("AKO_JAX_CACHE", str(REPO_ROOT / ".cache" / "jax"))
     env.pop("AKORUN_FAULT", None)

@@ -47,6 +47,7 @@ from pathlib import Path
 
 from akocore.figures import steady_round_time_s
 from akocore.jsonrecord import record_from_json, record_to_json
+from akocore.rank_threads import NPROC_ENV, SINGLE_THREAD_XLA_FLAGS
 from akocore.results import PlanResult, RunResult, read_result
 from akocore.schemes.registry import has_servers, is_partitioned
 from analysis.fidelity_tcp_record import (
@@ -61,7 +62,6 @@ ROOT = Path(__file__).resolve().parent.parent
 DONE_FILE = "done.json"
 ROW_FILE = "row.json"
 RECORD_FILE = "fidelity-tcp.json"
-SINGLE_THREAD_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 # what each prediction asks akosim predict for, beyond the run directory
 PREDICT_FLAGS: dict[str, tuple[str, ...]] = {
     "host-calibrated": ("--compute", "measure"),
@@ -185,6 +185,7 @@ def child_env(cache: Path) -> dict[str, str]:
     env["JAX_PLATFORMS"] = "cpu"
     env["AKO_CACHE_DIR"] = str(cache)
     env["XLA_FLAGS"] = SINGLE_THREAD_XLA_FLAGS
+    env[NPROC_ENV] = "1"  # XLA's thread pool: one thread (akocore.rank_threads)
     env.setdefault("AKO_JAX_CACHE", str(ROOT / ".cache" / "jax"))
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *[p for p in env.get(
         "PYTHONPATH", "").split(os.pathsep) if p and p != str(ROOT)]])

@@ -98,18 +98,18 @@ def single_thread_xla(exp: Experiment) -> bool:
 
 
 def _env(backend: str | None = None, exp: Experiment | None = None) -> dict[str, str]:
-    """The child's environment. akosim runs for a configuration that akorun
-    launches with single-threaded XLA use the same XLA flags, so the gradient
-    step akosim times is the one the real workers run."""
+    """The child's environment. akosim runs for a configuration whose ranks akorun
+    launches with a share of the cores each get the same XLA threading
+    (akocore.rank_threads), so the gradient step akosim times is the one the real
+    workers run."""
     env = dict(os.environ)
     env.setdefault("JAX_PLATFORMS", "cpu")
     env.setdefault("AKO_JAX_CACHE", str(ROOT / ".cache" / "jax"))
     env["PYTHONUNBUFFERED"] = "1"
-    if backend == "akosim" and exp is not None and "XLA_FLAGS" not in env \
-            and single_thread_xla(exp):
-        from akorun.launch.local import SINGLE_THREAD_XLA_FLAGS
+    if backend == "akosim" and exp is not None:
+        from akocore.rank_threads import rank_thread_env
 
-        env["XLA_FLAGS"] = SINGLE_THREAD_XLA_FLAGS
+        env.update(rank_thread_env(os.cpu_count() or 1, exp.nodes, env))
     return env
 
 

@@ -263,13 +263,16 @@ def test_report_shows_p_and_overhead() -> None:
 
 def test_akosim_measures_with_akoruns_xla_flags_when_akorun_would_use_them(
         monkeypatch) -> None:
-    from akorun.launch.local import SINGLE_THREAD_XLA_FLAGS
+    from akocore.rank_threads import SINGLE_THREAD_XLA_FLAGS
     from analysis.run import _env
 
     [exp] = select("uniform-wan/2w-ako-p4", "all")
-    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    for name in ("XLA_FLAGS", "NPROC", "AKO_THREADS_PER_RANK"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr("analysis.run.os.cpu_count", lambda: 2)
     assert _env("akosim", exp)["XLA_FLAGS"] == SINGLE_THREAD_XLA_FLAGS
+    assert _env("akosim", exp)["NPROC"] == "1"
     assert "XLA_FLAGS" not in _env("akosim-calibrated", exp)  # compute comes from akorun
     monkeypatch.setattr("analysis.run.os.cpu_count", lambda: 8)
     assert "XLA_FLAGS" not in _env("akosim", exp)  # akorun would not set them either
+    assert _env("akosim", exp)["NPROC"] == "4"  # 2 ranks: half the cores each

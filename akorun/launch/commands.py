@@ -61,6 +61,7 @@ from akorun.launch.local import (
     LaunchOptions,
     check_run_directory,
     launch,
+    share_host_cores,
     worker_flags,
 )
 from akorun.launch.merge_command import cmd_merge
@@ -174,6 +175,7 @@ def rank_options(args: argparse.Namespace) -> WorkerOptions:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     options = rank_options(args)
+    share_host_cores(options.config.cluster.hosts, options.rank)
     _setup_logging(f"akorun[{args.role} {options.rank}]", args.quiet)
     run_rank(options)
     return 0

@@ -29,9 +29,10 @@ Where the ranks run is a `Placement`: loopback by default; the real-network
 testbed (akorun.launch.testbed) gives each rank a host in its own network namespace,
 a command prefix that starts it there, and a way to poll its /status.
 
-Children get ``JAX_PLATFORMS=cpu`` and, when there are at least as many ranks
-as cores and XLA_FLAGS is unset, single-threaded XLA CPU flags so N
-processes do not oversubscribe the cores.
+Children get ``JAX_PLATFORMS=cpu`` and, when the ranks share the cores, a share of
+them each for XLA's thread pool (akocore.rank_threads: ``NPROC`` = cores // ranks,
+single-threaded XLA flags at one thread; the user's NPROC, XLA_FLAGS or
+AKO_THREADS_PER_RANK win), so N processes do not oversubscribe the cores.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from typing import Any
 
 from akocore.config import ResolvedSettings, RunConfig
 from akocore.nonfinite import is_nonfinite_stop
+from akocore.rank_threads import rank_thread_env
 from akocore.results import RunResult
 from akorun.errors import EXIT_INTERRUPTED, Interrupted, RunError, UsageError
 from akorun.launch.cluster import AkorunSettings, loopback_hosts, with_hosts, write_cluster_file
@@ -58,7 +60,6 @@ from akorun.launch.run_merge import MergeOutcome, merge_ranks
 from akorun.runtime.node_plan import role_of
 from akorun.transport.keys import restrict_new_files
 
-SINGLE_THREAD_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 LOG_TAIL_LINES = 15
 GRACE_RAN_OUT = "the kill grace ran out"  # launch's log line when it must SIGKILL ranks
 LAUNCHER_PID_ENV = "AKORUN_LAUNCHER_PID"  # set in every rank launch starts: it merges
@@ -108,17 +109,46 @@ def check_run_directory(out_dir: Path, *, force: bool) -> None:
                              f"to overwrite it or choose another directory")
 
 
+def host_cores() -> int:
+    """The cores this process may run on (its CPU affinity, as XLA counts them)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def child_env(workers: int, extra: dict[str, str]) -> dict[str, str]:
+    """The environment of `workers` ranks on this host: CPU JAX, their share of the
+    cores for XLA (akocore.rank_threads), the package on PYTHONPATH, then `extra`."""
     env = dict(os.environ)
     env.setdefault("JAX_PLATFORMS", "cpu")
-    if "XLA_FLAGS" not in env and workers >= (os.cpu_count() or 1):
-        env["XLA_FLAGS"] = SINGLE_THREAD_XLA_FLAGS
+    try:
+        env.update(rank_thread_env(host_cores(), workers, {**env, **extra}))
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     package_root = str(Path(__file__).resolve().parent.parent)
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if package_root not in paths:
         env["PYTHONPATH"] = os.pathsep.join([package_root, *paths])
     env.update(extra)
     return env
+
+
+def share_host_cores(hosts: Sequence[str], rank: int) -> dict[str, str]:
+    """For a rank started by hand (`akorun worker`): set, in this process's environment,
+    its share of the host's cores for XLA among the ranks of `hosts` ("host:port") that
+    name its host (akocore.rank_threads; what `akorun launch` gives its children, which
+    is kept). Called before JAX starts its CPU client. The variables it set."""
+    from akorun.launch.cluster import split_host
+
+    mine = split_host(hosts[rank])[0]
+    sharing = sum(1 for entry in hosts if split_host(entry)[0] == mine)
+    try:
+        added = rank_thread_env(host_cores(), sharing, os.environ)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    os.environ.update(added)
+    return added
 
 
 def status_of(url: str) -> dict[str, Any] | None:

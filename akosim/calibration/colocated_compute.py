@@ -36,11 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from akocore.jsonrecord import RecordError, meta, record_from_json, record_to_json
+from akocore.rank_threads import rank_thread_env
 from akosim.plan.compute_cache import CacheKey, cache_dir, key_for, store_json
 
 COLOCATED_VERSION = 1
 KIND = "colocated-compute"
-SINGLE_THREAD_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 WINDOW_S = 2.0  # seconds of one measuring window
 REPEATS = 3  # windows of each kind (one alone, all at once), alternating
 WARMUP_STEPS = 5
@@ -211,9 +211,8 @@ def measure_colocated(workload: str, batch_size: int, optimizer: str, processes:
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([root, *[p for p in env.get(
         "PYTHONPATH", "").split(os.pathsep) if p and p != root]])
-    # akorun's rule (akorun.launch.local): single-threaded XLA when ranks >= cores
-    if "XLA_FLAGS" not in env and processes >= cores:
-        env["XLA_FLAGS"] = SINGLE_THREAD_XLA_FLAGS
+    # akorun's rule (akorun.launch.local): the ranks share the cores' XLA threads
+    env.update(rank_thread_env(cores, processes, env))
     load = os.getloadavg()[0]
     single, together, cv = _interleaved_step_s(workload, batch_size, processes, env, window_s,
                                            repeats)
