@@ -99,14 +99,21 @@ def mean_of(contributions: dict[int, np.ndarray | None], length: int) -> np.ndar
     return (total / len(contributions)).astype(np.float32)
 
 
-def owner_of(chunk: int, workers: int, live: list[bool]) -> int:
-    """Rank `chunk`, or the next live rank after it: the owner of a chunk. `live[r]` says
-    whether rank r takes part in the sync (the asking rank always does)."""
-    for step in range(workers):
-        rank = (chunk + step) % workers
+def owners_of(live: list[bool]) -> list[int]:
+    """The owner of each chunk: rank c, or the next live rank after it, cyclically.
+    `live[r]` says whether rank r takes part in the sync (the asking rank always does)."""
+    n = len(live)
+    if not any(live):
+        raise ValueError("no live rank owns the chunks")
+    owners = [0] * n
+    following = 0
+    for step in reversed(range(2 * n)):  # twice round: the next live rank, cyclically
+        rank = step % n
         if live[rank]:
-            return rank
-    raise ValueError("no live rank owns the chunk")
+            following = rank
+        if step < n:
+            owners[rank] = following
+    return owners
 
 
 class AllReduceSync:
@@ -301,20 +308,12 @@ class AllReduceSync:
 
     def _owners(self, start: int) -> list[int]:
         """The owner of every chunk of the sync started after `start`, in this rank's view
-        (owner_of for each chunk, in one pass); cached until the view changes (`_view`)."""
+        (owners_of); cached until the view changes (`_view`)."""
         cached = self._owner_cache.get(start)
         if cached is not None and cached[0] == self._view:
             return cached[1]
-        n = self.workers
-        live = [r == self.rank or self._live(r, start) for r in range(n)]
-        owners = [self.rank] * n
-        following = self.rank
-        for step in reversed(range(2 * n)):  # twice round: the next live rank, cyclically
-            rank = step % n
-            if live[rank]:
-                following = rank
-            if step < n:
-                owners[rank] = following
+        owners = owners_of([r == self.rank or self._live(r, start)
+                            for r in range(self.workers)])
         if len(self._owner_cache) > 16:
             self._owner_cache.clear()
         self._owner_cache[start] = (self._view, owners)
