@@ -162,6 +162,12 @@ class Simulation:
             self.settle_watch = SettleWatch(
                 settling, [self.timelines[r].round_end_s for r in self.workers])
         self._ended: list[int] = []  # per round index: workers that have ended it
+        # training (drain): a stop by time or request ends every worker after the same
+        # round count, the most any worker had begun when it was decided (as akorun's
+        # akorun.runtime.stopping agrees it), so no lockstep peer waits for a round its
+        # stopped peer never runs
+        self._begun = {rank: 0 for rank in self.workers}
+        self._last_rounds: int | None = None
         self._completed = 0  # rounds every worker has ended
 
     # ------------------------------------------------------------------ running
@@ -181,14 +187,28 @@ class Simulation:
         self.stop_requested = True
 
     def _more_rounds(self, round_: int) -> bool:
-        if self.stop_requested:
-            return False
         if self.stop.rounds is not None and round_ >= self.stop.rounds:
             return False
         watch = self.settle_watch
         if watch is not None and round_ >= watch.settling.cap_rounds:
             return False
-        return self.stop.duration_s is None or self.env.now < self.stop.duration_s
+        stopping = self.stop_requested or (self.stop.duration_s is not None
+                                           and self.env.now >= self.stop.duration_s)
+        if not stopping:
+            return True
+        if not self.stop.drain:
+            return False
+        if self._last_rounds is None:
+            self._last_rounds = max(self._begun.values())
+            for rank in self.workers:  # a worker waiting at a gate past it looks again
+                if self._waiting[rank]:
+                    self._resume(rank)
+        return round_ < self._last_rounds
+
+    def _gate_or_stop(self, node: SchemeNode, round_: int) -> bool:
+        """The gate of `round_` opened, or the stop leaves that round out."""
+        return node.may_start(round_) or (self._last_rounds is not None
+                                          and round_ >= self._last_rounds)
 
     def _wait_for(self, rank: int, ready: Callable[[], bool], round_: int | None = None):
         """Wait until `ready()`, looking again at every message that arrives; with
@@ -211,11 +231,12 @@ class Simulation:
         while self._more_rounds(round_):
             if not node.may_start(round_):
                 waited_from = env.now
-                yield from self._wait_for(rank, partial(node.may_start, round_), round_)
+                yield from self._wait_for(rank, partial(self._gate_or_stop, node, round_), round_)
                 line.wait_s += env.now - waited_from
                 self._span(rank, "wait", waited_from, env.now, round=round_)
                 if not self._more_rounds(round_):
                     break
+            self._begun[rank] = round_ + 1
             lag = node.lag(round_)
             line.max_lag_rounds = max(line.max_lag_rounds, lag)
             line.lag_sum += lag
