@@ -381,6 +381,10 @@ class RankedRun:
         "rounds", "its staleness bound (within max_staleness_rounds)", "akosim"))
     evaluations: tuple[tuple[float, int, float], ...] = field(default=(), metadata=meta(
         "", "(simulated seconds, round, accuracy) of each evaluation", "akosim"))
+    exchange: Mapping[str, Any] = field(default_factory=dict, metadata=meta(
+        "", "the exchange settings it trained with (TOML keys: scheme, p, ssp, H, ...), "
+            "what `akorun launch --plan` runs (empty in records written before it)",
+        "akosim"))
 
 
 @dataclass(frozen=True)

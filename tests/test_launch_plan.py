@@ -77,3 +77,36 @@ def test_launch_runs_the_recommended_configuration(plan_file: Path, tmp_path: Pa
     assert result["config"]["train"]["batch_size"] == 16 and result["ssp"] == row["ssp"]
     if row["scheme"] == "ako":
         assert result["p_of"] == row["p_of"]
+
+
+@pytest.fixture(scope="module")
+def ranked_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A plan ranked by time to a target: its rows are DiLoCo's H ladder, not compared rows."""
+    out = tmp_path_factory.mktemp("ranked") / "plan.json"
+    assert akosim_main(["--workers", "3", "--bandwidth", "10mbps", "--compute", "10ms",
+                        "--workload", "digits-mlp", "--batch-size", "16", "--scheme",
+                        "diloco", "--target-accuracy", "0.5", "--quiet", "--out",
+                        str(out)]) == 0
+    return out
+
+
+def test_a_ranked_row_runs_with_the_settings_it_trained_with(ranked_plan: Path,
+                                                             tmp_path: Path) -> None:
+    from akorun.launch.commands import main
+
+    record = json.loads(ranked_plan.read_text())
+    ranking = record["ranking"]
+    compared = {run["label"] for run in record["runs"]}
+    assert len(ranking) >= 2 and any(row["label"] not in compared for row in ranking)
+    for position, row in enumerate(ranking, 1):
+        cfg = resolve(plan_layer(ranked_plan, position)).config
+        assert cfg.exchange.scheme == row["scheme"] == "diloco"
+        assert row["label"] == f"diloco H={cfg.exchange.inner_steps}"
+    recommended = resolve(plan_layer(ranked_plan)).config  # the recommended: the first
+    assert recommended.exchange.inner_steps == resolve(plan_layer(ranked_plan, 1)).config \
+        .exchange.inner_steps
+    with pytest.raises(UsageError, match="--plan-rank 9: the plan .* ranks"):
+        plan_layer(ranked_plan, 9)
+    out = str(tmp_path / "r")
+    assert main(["launch", "--plan", str(ranked_plan), "--plan-rank", "0", "--out", out]) == 2
+    assert main(["launch", "--plan-rank", "2", "--out", out]) == 2

@@ -234,6 +234,9 @@ def build_parser() -> ArgumentParser:
                           "its cluster, network, workload, batch and exchange settings and "
                           "the recommended scheme with its p and s (--config, --set and "
                           "flags still override them; the plan's rounds are not taken)")
+    run.add_argument("--plan-rank", metavar="N", default=None,
+                     help="with --plan: run the configuration the plan's ranking by "
+                          "accuracy puts at N (1 = first) instead of the recommended one")
     testbed = run.add_argument_group(
         "real-network testbed",
         "Run the ranks over real kernel TCP instead of loopback with in-process emulation: "

@@ -202,7 +202,11 @@ def launch_settings(args: argparse.Namespace) -> tuple[ResolvedSettings, AkorunS
     if getattr(args, "plan", None):
         from akorun.launch.plan_layer import plan_layer
 
-        below = plan_layer(args.plan)
+        rank = parse_whole_arg(getattr(args, "plan_rank", None), "--plan-rank", minimum=1)
+        below = plan_layer(args.plan, rank)
+    elif getattr(args, "plan_rank", None) is not None:
+        raise UsageError("--plan-rank needs --plan PLAN.json (the plan whose ranking it "
+                         "picks from)")
     resolved = resolve_args(args, below=below)
     return resolved, new_settings(resolved.akorun)
 

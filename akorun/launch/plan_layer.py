@@ -2,7 +2,10 @@
 
 An ``akosim --out plan.json`` record holds the plan's settings (cluster, network,
 exchange, training) and every compared configuration (scheme, each worker's p,
-s, servers), and its recommendation names one of them. `plan_layer` turns that
+s, servers) and its ranking by accuracy (each trained row with the exchange
+settings it trained with: a DiLoCo H or an Ako p and s of the ranking's own
+ladder may be no compared row); its recommendation names one of them, and
+``--plan-rank N`` picks the ranking's row N instead. `plan_layer` turns that
 configuration into a settings layer at the config-file level, so ``--config``,
 ``--set`` and flags still override it: the cluster and network the plan
 described, the workload, batch, optimizer, learning rate and seed it planned,
@@ -56,20 +59,27 @@ def recommended_run(record: PlanResult, path: str | Path) -> RunResult:
                      f"give its settings as flags")
 
 
-def plan_layer(path: str | Path) -> list[Given]:
-    """The recommended configuration of the plan in `path` as settings (config-file level)."""
-    record = read_plan(path)
+def chosen_row(record: PlanResult, path: str | Path,
+               rank: int | None = None) -> tuple[str, Mapping[str, Any]]:
+    """The label and exchange settings of the row to run: the ranking's row `rank`
+    (1 = first), or the recommended one (a ranked row by its label, else a compared row)."""
+    ranked = [row for row in record.ranking if row.exchange]
+    if rank is not None:
+        if not 1 <= rank <= len(ranked):
+            raise UsageError(f"--plan-rank {rank}: the plan {path} ranks "
+                             + (f"{len(ranked)} configuration(s); give 1 to {len(ranked)}"
+                                if ranked else "no configuration by accuracy with its "
+                                "settings (a plan by throughput, or written by an older "
+                                "akosim); leave --plan-rank out"))
+        row = ranked[rank - 1]
+        return row.label, row.exchange
+    line = record.recommendation[0] if record.recommendation else ""
+    named = [row for row in ranked if line.startswith(f"recommend: {row.label}: ")]
+    if named:
+        row = max(named, key=lambda row: len(row.label))
+        return row.label, row.exchange
     run = recommended_run(record, path)
-    config: Mapping[str, Any] = record.config or {}
-    source = f"by the plan {path} ({run.label})"
-    tables: dict[str, dict[str, Any]] = {
-        "cluster": {"workers": config.get("cluster", {}).get("workers", run.workers)},
-        "network": dict(config.get("network", {})),
-        "exchange": dict(config.get("exchange", {})),
-        "train": {key: value for key, value in config.get("train", {}).items()
-                  if key in PLANNED_TRAIN_KEYS},
-    }
-    exchange = tables["exchange"]
+    exchange = dict((record.config or {}).get("exchange", {}))
     exchange["scheme"] = run.scheme
     if is_partitioned(run.scheme):
         p_of = tuple(run.p_of)
@@ -77,4 +87,22 @@ def plan_layer(path: str | Path) -> list[Given]:
     exchange["ssp"] = run.ssp  # the staleness the row was simulated with
     if has_servers(run.scheme) and run.ps_servers:
         exchange["ps_servers"] = run.ps_servers
+    return run.label, exchange
+
+
+def plan_layer(path: str | Path, rank: int | None = None) -> list[Given]:
+    """The recommended configuration of the plan in `path` (or the one its ranking puts
+    at `rank`) as settings (config-file level)."""
+    record = read_plan(path)
+    label, exchange = chosen_row(record, path, rank)
+    config: Mapping[str, Any] = record.config or {}
+    source = f"by the plan {path} ({label})"
+    tables: dict[str, dict[str, Any]] = {
+        "cluster": {"workers": config.get("cluster", {}).get("workers")},
+        "network": dict(config.get("network", {})),
+        "exchange": dict(exchange),
+        "train": {key: value for key, value in config.get("train", {}).items()
+                  if key in PLANNED_TRAIN_KEYS},
+    }
+    tables["cluster"] = {k: v for k, v in tables["cluster"].items() if v is not None}
     return layer_of({name: body for name, body in tables.items() if body}, Layer.FILE, source)

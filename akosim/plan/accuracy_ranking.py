@@ -17,13 +17,13 @@ candidate reached the target within the budget.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from akocore.cli_support import UsageError
 from akocore.units import format_duration
-from akosim.plan.pareto_candidates import pareto_candidates
+from akosim.plan.pareto_candidates import exchange_settings, pareto_candidates
 from akosim.sim.engine import StopRule
 from akosim.sim.scenario import Setup, SimRun, simulate
 
@@ -62,6 +62,7 @@ class Ranked:
     timing: SimRun
     trained: SimRun
     reached: bool
+    exchange: Mapping[str, Any] = field(default_factory=dict)  # its settings (TOML keys)
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,8 @@ def rank_by_accuracy(setup: Setup, runs: list[SimRun], workload: FlatWorkload,
         # below it, e.g. when a stale scheme's last updates land, has not)
         reached = (goal.target_accuracy is not None and trained.time_to_target_s is not None
                    and (trained.final_accuracy or 0.0) >= goal.target_accuracy)
-        ranked.append(Ranked(timing, trained, reached))
+        ranked.append(Ranked(timing, trained, reached,
+                             exchange_settings(candidate.setup, candidate.variant)))
     return Ranking(goal, tuple(sorted(ranked, key=lambda r: _order(r, goal))))
 
 
@@ -171,7 +173,8 @@ def ranked_records(ranking: Ranking) -> tuple[RankedRun, ...]:
                   simulated_s=r.trained.simulated_s, samples_per_s=r.timing.samples_per_s,
                   staleness_bound_rounds=r.timing.staleness_bound_rounds,
                   evaluations=tuple((e.sim_time_s, e.round, e.accuracy)
-                                    for e in r.trained.evaluations))
+                                    for e in r.trained.evaluations),
+                  exchange=dict(r.exchange))
         for index, r in enumerate(ranking.ranked, 1))
 
 

@@ -27,9 +27,9 @@ and ranks the rows by predicted time to a target accuracy:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from akocore.cli_support import UsageError
 from akocore.units import format_duration
@@ -68,6 +68,7 @@ class LearnedRow:
     rounds_to_target: int | None  # None: ended below the target
     within_limit: bool  # its staleness bound is within --max-staleness
     beaten_by: str = ""  # a row more than the margin better by the time this one ends
+    exchange: Mapping[str, Any] = field(default_factory=dict)  # its settings (TOML keys)
 
     @property
     def horizon_s(self) -> float:
@@ -208,7 +209,8 @@ class LearningRanking:
                       samples_per_s=row.run.samples_per_s,
                       staleness_bound_rounds=row.run.staleness_bound_rounds,
                       evaluations=tuple((r * row.run.round_time_s, r, a)
-                                        for r, a in row.learning.curve))
+                                        for r, a in row.learning.curve),
+                      exchange=dict(row.exchange))
             for index, row in enumerate(self.ranked, 1))
 
     def verdict(self) -> tuple[str, ...]:
@@ -243,8 +245,6 @@ def rank_rows(runs: list[SimRun], learned: list[RowLearning], *, source: Learnin
 def _with_margin(row: LearnedRow, rows: list[LearnedRow], margin_points: float) -> LearnedRow:
     """`row`, with the row within --max-staleness that had reached the most accuracy by the
     time `row`'s training ends when that is more than the margin above `row`'s."""
-    from dataclasses import replace
-
     end_s = row.horizon_s
     rivals = [(other.accuracy_at(end_s), other.run.label) for other in rows
               if other is not row and other.within_limit]
@@ -267,7 +267,7 @@ def learning_ranking(setup: Setup, runs: list[SimRun], cfg: RunConfig, *,
     from akocore.data import DataError
     from akocore.partition import PartitionError
     from akosim.plan.learning_runs import LEARNING_ROUNDS, learn_rows, learning_source
-    from akosim.plan.pareto_candidates import variant_of
+    from akosim.plan.pareto_candidates import exchange_settings, variant_of
 
     source = learning_source(cfg, setup, stand_in_gradient=stand_in_gradient,
                              measured_step_s=measured_step_s)
@@ -276,9 +276,12 @@ def learning_ranking(setup: Setup, runs: list[SimRun], cfg: RunConfig, *,
                              announce=announce)
     except (UsageError, DataError, PartitionError, ValueError) as error:
         return f"{source.describe(cfg.train.workload)} cannot train these rows: {error}"
-    return rank_rows(runs, learned, source=source, planned_workload=cfg.train.workload,
-                     rounds=LEARNING_ROUNDS, max_staleness_rounds=max_staleness_rounds,
-                     margin_points=margin_points)
+    ranking = rank_rows(runs, learned, source=source, planned_workload=cfg.train.workload,
+                        rounds=LEARNING_ROUNDS, max_staleness_rounds=max_staleness_rounds,
+                        margin_points=margin_points)
+    return replace(ranking, ranked=tuple(
+        replace(row, exchange=exchange_settings(setup, variant_of(row.run)))
+        for row in ranking.ranked))
 
 
 def _percent(value: float) -> str:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from akocore.planner import overlap_ssp
 from akocore.schemes.protocol import Scheme
-from akocore.schemes.registry import is_partitioned, scheme_named
+from akocore.schemes.registry import has_servers, is_partitioned, scheme_named
 from akosim.plan.advice import plan_inputs, slowest_latency_s
 from akosim.sim.engine import StopRule
 from akosim.sim.scenario import Setup, SimRun, Variant, ako_variant, simulate
@@ -52,6 +52,22 @@ class Candidate:
     setup: Setup
     variant: Variant
     timing: SimRun
+
+
+def exchange_settings(setup: Setup, variant: Variant) -> dict[str, Any]:
+    """The exchange settings (TOML keys) of one configuration: the setup's exchange with
+    the variant's scheme, p, s and server count; what ``akorun launch --plan`` runs."""
+    from akocore.settings.toml_io import config_to_dict
+
+    exchange = dict(config_to_dict(setup.config)["exchange"])
+    exchange["scheme"] = variant.scheme
+    exchange["ssp"] = variant.ssp
+    if is_partitioned(variant.scheme):
+        p_of = tuple(variant.p_of)
+        exchange["p"] = list(p_of[:1] if len(set(p_of)) == 1 else p_of)
+    if has_servers(variant.scheme):
+        exchange["ps_servers"] = variant.ps_servers
+    return exchange
 
 
 def variant_of(run: SimRun) -> Variant:
