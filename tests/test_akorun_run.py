@@ -242,8 +242,10 @@ def test_reaching_the_target_accuracy_stops_every_worker(tmp_path: Path) -> None
         assert all(r["rounds"] < 2000 for r in results)
         assert any("target accuracy" in (r["stop_reason"] or "") for r in results)
         # the evaluation that stopped the run reached the target (the final, settled
-        # replicas may differ from the evaluated one by the last rounds' updates)
-        assert max(acc for r in results for _, _, acc in r["evaluations"]) >= 0.5
+        # replicas may differ from the evaluated one by the last rounds' updates); the
+        # target is judged on the first training rank's replica, as akosim watches its
+        # first worker, so the run's time to target is that rank's
+        assert max(acc for _, _, acc in results[0]["evaluations"]) >= 0.5
         replicas = [cluster.params(r) for r in range(3)]
         for replica in replicas[1:]:
             np.testing.assert_allclose(replica, replicas[0], rtol=RTOL, atol=RTOL * 1e-1)

@@ -2,8 +2,13 @@
 
 Periodic evaluations run on a copy of the parameters in one eval thread (one
 at a time); each record carries the end of the evaluated round since the
-start of training. Reaching ``train.target_accuracy`` stops this rank; the
-training loop has every training rank agree on the last round
+start of training. ``train.target_accuracy`` is judged on one replica, the
+first training rank still in the run (as akosim watches its first worker, so
+both tools stop at the same evaluation and the run's time to target is the
+stop's): where replicas differ between syncs (DiLoCo's inner steps, Ako's
+partial exchange), the first of three to touch the target by chance would
+stop the run early with a time to target no record shows. Reaching it stops
+this rank; the training loop has every training rank agree on the last round
 (runtime.stopping, control ``stop``). A rank that does not train answers a
 ``stop`` here: it stops too.
 """
@@ -29,9 +34,13 @@ class Evaluator:
     def __init__(self, *, rank: int, peers: Sequence[int], workload: FlatWorkload,
                  metrics: Metrics, waiter: Waiter, target_accuracy: float | None,
                  heard: Callable[[int], None],
-                 spawn: Callable[[Coroutine[Any, Any, Any]], None]) -> None:
+                 spawn: Callable[[Coroutine[Any, Any, Any]], None],
+                 training_ranks: Sequence[int] = (),
+                 gone: Callable[[int], bool] = lambda peer: False) -> None:
         self.rank = rank
         self.peers = list(peers)
+        self.training_ranks = sorted(training_ranks) or [rank]
+        self.gone = gone  # a peer out of the run (suspended, left, lost)
         self.workload = workload
         self.metrics = metrics
         self.waiter = waiter
@@ -64,9 +73,17 @@ class Evaluator:
 
         future.add_done_callback(done)
 
+    @property
+    def judges_target(self) -> bool:
+        """Whether this rank's replica decides the target: the first training rank still
+        in the run."""
+        return next((r for r in self.training_ranks if r == self.rank or not self.gone(r)),
+                    self.rank) == self.rank
+
     def _check_target(self, round_: int, accuracy: float) -> None:
         target = self.target_accuracy
-        if target is None or accuracy < target or self.waiter.stop_reason is not None:
+        if target is None or accuracy < target or self.waiter.stop_reason is not None \
+                or not self.judges_target:
             return
         # the training loop then has every training rank agree on the last round
         # (runtime.stopping), which tells the peers

@@ -235,11 +235,12 @@ class Worker:
                              metrics=self.metrics, relay=self.relay,
                              checkpoint=self.prepared.checkpoint,
                              checkpoint_dir=options.checkpoint_dir, build_node=self._build_node)
-        self.evaluator = Evaluator(rank=self.rank, peers=self.peers,
-                                   workload=self.prepared.workload, metrics=self.metrics,
-                                   waiter=self.waiter,
-                                   target_accuracy=self.cfg.train.target_accuracy,
-                                   heard=self.liveness.heard, spawn=self._spawn)
+        training_peers = [j for j in self.peers if role_for(self.cfg, j).trains]
+        self.evaluator = Evaluator(
+            rank=self.rank, peers=self.peers, workload=self.prepared.workload,
+            metrics=self.metrics, waiter=self.waiter, gone=self._out_of_gate,
+            target_accuracy=self.cfg.train.target_accuracy, heard=self.liveness.heard,
+            spawn=self._spawn, training_ranks=[self.rank] * self.role.trains + training_peers)
         checkpoints = CheckpointWriter(self.role, options.checkpoint_dir, run_id=self.run_id,
                                        config_hash=self.config_hash)
         self.training = TrainingLoop(
@@ -248,8 +249,7 @@ class Worker:
             waiter=self.waiter, faults=hooks, evaluator=self.evaluator,
             checkpoints=checkpoints, checkpoint_every=options.checkpoint_every)
         self.stopping = StopAgreement(
-            rank=self.rank, training_peers=[j for j in self.peers
-                                            if role_for(self.cfg, j).trains],
+            rank=self.rank, training_peers=training_peers,
             waiter=self.waiter, gone=self._out_of_gate, spawn=self._spawn,
             heard=self.liveness.heard, patience_s=GATE_STALL_TIMEOUTS * options.peer_timeout_s)
         self.training.agreement = self.stopping
