@@ -253,6 +253,12 @@ class DataLink:
             pipe = self._pipe = await self._connect()
             return pipe, True
 
+    async def warm(self) -> None:
+        """Open the connection now, before the first request needs it (a failure is left
+        to that request: it connects again)."""
+        with contextlib.suppress(OSError, TimeoutError):
+            await self._open_pipe()
+
     async def exchange(self, auth: str, relay: str | None, wire_s: str | None,
                        data: bytes | memoryview, answer_max_bytes: int) -> DataAnswer:
         """Send one request (its texts, then the encoded message `data`) and await its answer.

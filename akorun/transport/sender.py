@@ -333,6 +333,10 @@ class PeerSender:
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self.run(), name=f"sender-{self.dest}")
+            if self.datalink is not None:  # connected before the first message needs it
+                warm = asyncio.create_task(self.datalink.warm(), name=f"warm-{self.dest}")
+                self._deliveries.add(warm)
+                warm.add_done_callback(self._deliveries.discard)
 
     async def stop(self) -> None:
         await cancel_and_wait([self._task, *self._deliveries],
