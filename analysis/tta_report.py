@@ -23,6 +23,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from analysis.plan_check import CheckedRow, section
+from analysis.plan_check import row_from_json as row_of_check
 from analysis.scheme_map import bytes_text
 from analysis.tta_map import TtaMap, cells, read_map, winner
 from analysis.tta_testbed import (
@@ -329,7 +331,7 @@ def write_curves_png(rows: Sequence[TtaRow], path: Path) -> None:
 
 
 def markdown(rows: Sequence[TtaRow], notes: dict[str, Any], record: TtaMap | None,
-             discussion: str = "") -> str:
+             discussion: str = "", plan_check: Sequence[CheckedRow] = ()) -> str:
     loads = sorted(float(r.uptime_before.split("load average:")[-1].split(",")[0])
                    for r in rows if "load average:" in r.uptime_before)
     load_text = (f"{loads[0]:.1f}-{loads[-1]:.1f}, median {statistics.median(loads):.1f}"
@@ -384,6 +386,8 @@ def markdown(rows: Sequence[TtaRow], notes: dict[str, Any], record: TtaMap | Non
     lines += testbed_tables(rows)
     lines += ["### akosim's error against akorun, per configuration", ""]
     lines += error_table(rows)
+    if plan_check:
+        lines += section(plan_check)
     if record is not None:
         lines += [
             "## The map: first to the target over bandwidth x latency (akosim)", "",
@@ -407,7 +411,8 @@ def markdown(rows: Sequence[TtaRow], notes: dict[str, Any], record: TtaMap | Non
 
 
 def write_all(rows: Sequence[TtaRow], notes: dict[str, Any], record: TtaMap | None,
-              data_dir: Path, docs_dir: Path, discussion: str = "") -> list[Path]:
+              data_dir: Path, docs_dir: Path, discussion: str = "",
+              plan_check: Sequence[CheckedRow] = ()) -> list[Path]:
     """The committed record, the plots and the page."""
     data_dir.mkdir(parents=True, exist_ok=True)
     docs_dir.mkdir(parents=True, exist_ok=True)
@@ -423,7 +428,7 @@ def write_all(rows: Sequence[TtaRow], notes: dict[str, Any], record: TtaMap | No
         write_map_png(record, docs_dir / "tta-map.png")
         written.append(docs_dir / "tta-map.png")
     page = docs_dir / PAGE
-    page.write_text(markdown(rows, notes, record, discussion), encoding="utf-8")
+    page.write_text(markdown(rows, notes, record, discussion, plan_check), encoding="utf-8")
     return [*written, page]
 
 
@@ -439,6 +444,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--docs", type=Path, default=DOCS, help="where the page goes")
     parser.add_argument("--discussion", type=Path, default=DATA / DISCUSSION,
                         help="hand-written Markdown appended to the page, if it exists")
+    parser.add_argument("--plan-check", type=Path, default=DATA / "plan_check.json",
+                        help="the rows of analysis.plan_check (the plan's answer against "
+                             "the run), if it exists (default %(default)s)")
     args = parser.parse_args(argv)
     if not args.testbed.exists():
         print(f"--testbed: {args.testbed} does not exist", file=sys.stderr)
@@ -447,7 +455,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     record = read_map(args.map) if args.map.exists() else None
     discussion = (args.discussion.read_text(encoding="utf-8")
                   if args.discussion.exists() else "")
-    for path in write_all(rows, notes, record, args.data, args.docs, discussion):
+    checked = ([row_of_check(r) for r in json.loads(args.plan_check.read_text())]
+               if args.plan_check.exists() else [])
+    for path in write_all(rows, notes, record, args.data, args.docs, discussion, checked):
         print(path)
     return 0
 

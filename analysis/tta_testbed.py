@@ -7,8 +7,9 @@ Each configuration (a network of `NETWORKS` x a scheme of `CONFIGS`) is launched
 ``akorun launch --testbed netns`` (ranks in network namespaces, tc htb shaping, the
 delay line for latency) for a fixed budget of training time, evaluating every 10 rounds;
 the measuring command holds ``/work/measure.lock`` (``flock``) so two measurements never
-overlap. Then akosim predicts the same run, host-calibrated as analysis.fidelity_tcp does
-(nothing timed by the run is used):
+overlap, and ``/work/measure.gate`` while it waits for it. Then akosim predicts the
+same run, host-calibrated as analysis.fidelity_tcp does (nothing timed by the run is
+used):
 
 - its round time: ``akosim predict RUN --compute measure --host-calibration H`` (the
   network as the testbed realised it, the step timed with as many processes at once as
@@ -28,6 +29,7 @@ import argparse
 import fnmatch
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -42,6 +44,9 @@ from akocore.schemes.registry import has_servers
 from analysis.fidelity_tcp import _akosim, _python, _run, child_env, read_run, uptime
 
 LOCK = "/work/measure.lock"
+# held while a measurement waits for and holds LOCK: shared users of LOCK that take GATE
+# for an instant first cannot starve it
+GATE = "/work/measure.gate"
 WORKLOAD = "digits-mlp"
 WORKLOAD_ARG = "hidden=512"  # 38,410 parameters, 154 kB: the network matters at 10 Mbit/s
 TARGET_ACCURACY = 0.92
@@ -49,6 +54,15 @@ BUDGET_S = 20.0  # seconds of training per run (akorun: wall, akosim: simulated)
 EVAL_EVERY = 10
 WORKERS = 3  # training workers (the parameter server adds one rank)
 ROW_FILE = "row.json"
+
+
+def lock_prefix() -> list[str]:
+    """``flock GATE flock LOCK`` before a measuring command, unless the caller holds the
+    lock for the whole grid already (AKO_MEASURE_LOCK_HELD=1: a child's flock would wait
+    for its parent forever)."""
+    if os.environ.get("AKO_MEASURE_LOCK_HELD") == "1":
+        return []
+    return ["flock", GATE, "flock", LOCK]
 
 
 @dataclass(frozen=True)
@@ -175,7 +189,7 @@ def launch_one(network: Network, config: Config, results: Path, timeout_s: float
     log.write_text("")
     before = uptime()
     started = time.perf_counter()
-    _run(["flock", LOCK, *_python("akorun", "launch", "--testbed", "netns",
+    _run([*lock_prefix(), *_python("akorun", "launch", "--testbed", "netns",
                                   *launch_flags(network, config),
                                   "--duration", f"{BUDGET_S:g}s", "--out",
                                   str(folder / "run"), "--force", "--quiet", "--timeout",
