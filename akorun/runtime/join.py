@@ -1,71 +1,64 @@
 """The join handshake: hello every rank, refuse a peer of another run, agree on p.
 
-Each rank sends its `Identity` (run id, config hash, initial-parameter hash)
-and, for p auto, its measured compute time in a hello to every peer until each
-answered or the join timeout passed; a peer that differs is refused (409) on
-both sides. While it still waits for some rank, it says hello again every
-third of the peer timeout to the ranks that answered: one that stops
-answering for longer than the peer timeout died during the join, and the
-join ends at once (RunError, exit 1, one line) instead of at the join
-timeout; a rank that never answered is waited for until the join timeout
-(it may just be slow to start). A rank whose join ends without a run (a
-signal: `Interrupted`; or a `RunError`) says ``leave`` to every peer that is
-up (it answered our hello or said hello to us), so that none waits for it:
-a peer still joining ends its join at once (`Interrupted` if it is stopping
-too, else `RunError`), and a peer already training takes it out of its gate
-for good (runtime.liveness `left`) and finishes without waiting for it
-(runtime.finishing). This is how a SIGTERM to `akorun launch` that lands
-while one rank still starts ends every rank within launch's kill grace.
-A rank that holds every answer is *ready*, but starts only once every peer
-says it is ready too (in its answer or its own hello): a rank that dies
-while the others still greet is then noticed by a ready rank (silent past
-the peer timeout), which ends its join and says ``leave`` (``failed``), so
-nobody trains a run one rank could not join; a rank whose join failed
-refuses hellos for a moment longer (`linger_failed`) so that a rank still
-starting ends at once, and a peer that started anyway (the hello it took as
-the last "ready" crossed the failure) stops with exit 1 on that ``leave``.
-Every rank then plans with the MAX of all measured compute times,
-so all choose the same p, and builds its node. `greet` and `until`
-(akorun.runtime.greeting) are the retrying calls the rejoin handshake uses too.
+Each rank sends its `Identity` (run id, config hash, initial-parameter hash) and, for p
+auto, its measured compute time in a hello to every peer until each answered or the join
+timeout passed; a peer that differs is refused (409) on both sides. While it still waits
+for some rank, it says hello again every third of the peer timeout to the ranks that
+answered: one that stops answering for longer than the peer timeout died during the join,
+and the join ends at once (RunError, exit 1, one line) instead of at the join timeout; a
+rank that never answered is waited for until the join timeout (it may just be slow to
+start). A rank whose join ends without a run (a signal: `Interrupted`; or a `RunError`)
+says ``leave`` to every peer that is up (it answered our hello or said hello to us), so
+that none waits for it: a peer still joining ends its join at once (`Interrupted` if it is
+stopping too, else `RunError`), and a peer already training takes it out of its gate for
+good (runtime.liveness `left`) and finishes without waiting for it (runtime.finishing).
+This is how a SIGTERM to `akorun launch` that lands while one rank still starts ends every
+rank within launch's kill grace. A rank that holds every answer is *ready*, but starts
+only once every peer says it is ready too (in its answer or its own hello, which wakes a
+rank waiting for it at once, so the ranks start within a message of each other): a rank that
+dies while the others still greet is then noticed by a ready rank (silent past the peer
+timeout), which ends its join and says ``leave`` (``failed``), so nobody trains a run one
+rank could not join; a rank whose join failed refuses hellos for a moment longer
+(`linger_failed`) so that a rank still starting ends at once, and a peer that started
+anyway (the hello it took as the last "ready" crossed the failure) stops with exit 1 on
+that ``leave``. Every rank then plans with the MAX of all measured compute times, so all
+choose the same p, and builds its node. `greet` and `until` (akorun.runtime.greeting) are
+the retrying calls the rejoin handshake uses too.
 
-Bad configuration across ranks is found here, by name. Each rank's hello and
-its answer carry its `compared_settings`: every setting of the run (the keys
-of the config hash, as ``section.key``) and the entries of `COMPARED` (the
-initial-parameter hash; one more entry is all a new shared fact needs). The
-first setting that differs ends the join on BOTH ranks with exit status 2
-and one line naming the setting and both values (`SettingMismatch`): the
-rank that receives the hello answers it normally (so the sender sees the
-difference too) and remembers it, and a rank that found one keeps answering
-hellos for up to `MISMATCH_LINGER_S` so that a peer started a moment later
-learns it too.
+Bad configuration across ranks is found here, by name. Each rank's hello and its answer
+carry its `compared_settings`: every setting of the run (the keys of the config hash, as
+``section.key``) and the entries of `COMPARED` (the initial-parameter hash; one more entry
+is all a new shared fact needs). The first setting that differs ends the join on BOTH
+ranks with exit status 2 and one line naming the setting and both values
+(`SettingMismatch`): the rank that receives the hello answers it normally (so the sender
+sees the difference too) and remembers it, and a rank that found one keeps answering
+hellos for up to `MISMATCH_LINGER_S` so that a peer started a moment later learns it too.
 
-A refusal ends the join only if the peer itself gave it: its answer must carry
-the tag bound to our request (akorun.transport.answers, as a partial's answer
-on the data path). An untagged or badly tagged 400/401/409 (or a 200 without a
-tag) is what anyone on the path can forge, so it is treated like a peer that
-does not answer yet: logged once per peer and status ("not authenticated,
-retrying") and the hello goes again, backing off, until the join timeout
-(akorun.runtime.greeting `Unverified`). A
-forger can thus delay a join (as dropping packets can), never end it early. A
-peer whose keys differ from ours (another cluster secret, run id or key file)
-cannot tag anything for us either: its 401 is indistinguishable from a forged
-one, and nothing it could send would prove otherwise. So a peer that gave only
-untagged 401s ends the join AT the join timeout, not before, with exit 2 and
-one line naming the likely cause (its secret, run id or key file differs); a
-tagged refusal (the peer's join failed: 409; its hashes differ: 409) still
-ends the join at once.
+A refusal ends the join only if the peer itself gave it: its answer must carry the tag
+bound to our request (akorun.transport.answers, as a partial's answer on the data path).
+An untagged or badly tagged 400/401/409 (or a 200 without a tag) is what anyone on the
+path can forge, so it is treated like a peer that does not answer yet: logged once per
+peer and status ("not authenticated, retrying") and the hello goes again, backing off,
+until the join timeout (akorun.runtime.greeting `Unverified`). A forger can thus delay a
+join (as dropping packets can), never end it early. A peer whose keys differ from ours
+(another cluster secret, run id or key file) cannot tag anything for us either: its 401 is
+indistinguishable from a forged one, and nothing it could send would prove otherwise. So a
+peer that gave only untagged 401s ends the join AT the join timeout, not before, with exit
+2 and one line naming the likely cause (its secret, run id or key file differs); a tagged
+refusal (the peer's join failed: 409; its hashes differ: 409) still ends the join at once.
 
-The per-start nonces that key every later message are exchanged here, below
-the payload: the first call to a peer is a discovery hello answered with the
-peer's nonce (akorun.transport.client.ControlClient), and every hello after it is sealed
-for both processes' nonces, which is how each peer learns this process's
-(akorun.keys). A hello recorded in another run, or sent by an earlier instance
-of a rank, is refused before `on_hello` sees it.
+The per-start nonces that key every later message are exchanged here, below the payload:
+the first call to a peer is a discovery hello answered with the peer's nonce
+(akorun.transport.client.ControlClient), and every hello after it is sealed for both
+processes' nonces, which is how each peer learns this process's (akorun.keys). A hello
+recorded in another run, or sent by an earlier instance of a rank, is refused before
+`on_hello` sees it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -219,6 +212,7 @@ class Join:
         self.failed: str | None = None  # our join failed: hellos are refused with this
         self.told_failed: set[int] = set()
         self.ready_peers: set[int] = set()  # peers that said they hold every answer too
+        self._ready_events: dict[int, asyncio.Event] = {}  # set when the peer says ready
         self.unverified = Unverified("hello", timeout_s)  # untagged refusals (retried)
 
     async def join(self, control: ControlClient) -> None:
@@ -380,6 +374,9 @@ class Join:
         self.waiter.wake_up()
         return {"rank": self.identity.rank}
 
+    def _ready_event(self, peer: int) -> asyncio.Event:
+        return self._ready_events.setdefault(peer, asyncio.Event())
+
     async def _until_all_ready(self, control: ControlClient, payload: dict[str, Any],
                                deadline_s: float) -> None:
         """Say hello (ready) until every peer said it holds every rank's answer too (in its
@@ -411,7 +408,9 @@ class Join:
                     self.ready_peers.add(peer)
                 if told and peer in self.ready_peers:
                     return
-                await asyncio.sleep(RETRY_S)
+                heard = self._ready_event(peer).wait() if told else asyncio.sleep(RETRY_S)
+                with contextlib.suppress(TimeoutError):  # its ready hello wakes us at once:
+                    await asyncio.wait_for(heard, RETRY_S)  # the ranks start together
 
         await asyncio.gather(*(ready(j) for j in self.peers))
 
@@ -489,6 +488,7 @@ class Join:
             raise
         if payload.get("ready") is True:
             self.ready_peers.add(sender)
+            self._ready_event(sender).set()
         compute = payload.get("compute_s")
         if isinstance(compute, int | float) and compute > 0:
             self.peer_compute_s[sender] = float(compute)
