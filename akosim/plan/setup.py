@@ -42,6 +42,7 @@ from akosim.calibration.run_calibration import (
     message_software_from_result,
     overhead_from_result,
 )
+from akosim.network.island_reduce import has_islands
 from akosim.plan.runspec import (
     gradient_length_of_size,
     load_workload,
@@ -254,11 +255,17 @@ def build_setup(config: RunConfig, *, length: int, compute: ComputeModel, stop: 
                 message_overhead_s: tuple[float, ...] = (), compute_source: str = "",
                 tcp: TcpParameters | None = None, network_model: str | None = None) -> Setup:
     """The setup every variant of one question shares (the one place that builds it).
-    `network_model` (a preset or LAYER+LAYER...) defaults to the configured one."""
+    `network_model` (a preset or LAYER+LAYER...) defaults to the configured one. Ranks
+    that are islands of several devices get their inside all-reduce charged each round
+    (akosim.network.island_reduce) unless `compute` already has it."""
+    from akocore.messages import FLOAT_BYTES
     from akosim.network.fluid import COALESCE_REL
+    from akosim.network.island_reduce import inside_times_s
     from akosim.sim.scenario import Setup
 
     coalesce = COALESCE_REL if coalesce_rel is None else coalesce_rel
+    if has_islands(config) and not compute.inside_s:  # each island reduces inside
+        compute = replace(compute, inside_s=inside_times_s(config, length * FLOAT_BYTES))
     return Setup(config, length, compute,
                  config.train.batch_size if batch_size is None else batch_size, stop,
                  coalesce_rel=coalesce, message_overhead_s=message_overhead_s,
@@ -279,6 +286,10 @@ def simulation_setup(cfg: RunConfig, options: SimulationOptions, *, training: bo
             cache["w"] = load_workload(cfg)
         return cache["w"]
 
+    if training and has_islands(cfg):
+        raise UsageError("akosim train simulates ranks of one device; a rank of several "
+                         "devices (a site's DEVICESdev@, cluster.devices_per_rank) is "
+                         "planned for time by akosim without train")
     if training and options.gradient_size:
         raise UsageError("--gradient-size is for timing-only runs; akosim train takes "
                          "the gradient of --workload")
