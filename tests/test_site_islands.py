@@ -23,6 +23,7 @@ from akosim.cli import main
 from akosim.network.island_reduce import (
     inside_allreduce_s,
     inside_times_s,
+    island_batch_config,
     island_round_s,
     samples_per_round,
 )
@@ -219,14 +220,33 @@ def test_the_plan_answers_four_sites_of_eight_devices_for_every_scheme(capsys,
     assert islands.config["cluster"]["devices_per_rank"] == [8, 8, 8, 8]
 
 
-def test_akosim_train_and_akorun_refuse_islands_with_one_line(tmp_path) -> None:
+def test_simulated_training_takes_an_islands_gradient_on_every_devices_batch(tmp_path) -> None:
+    cfg = _resolve(["2x4dev@10gbps,inside=100gbps"], None)
+    assert island_batch_config(cfg).train.batch_size == 4 * cfg.train.batch_size
+    assert island_batch_config(RunConfig()) == RunConfig()
+    with pytest.raises(ValueError, match="the same devices in every rank"):
+        island_batch_config(_resolve(["4dev@1gbps,inside=1gbps", "2dev@1gbps,inside=1gbps"],
+                                     "30ms"))
+    out = tmp_path / "train.json"
+    assert main(["train", "--site", "2x4dev@10gbps,inside=100gbps", "--workload",
+                 "digits-mlp", "--batch-size", "8", "--rounds", "3", "--compute", "5ms",
+                 "--scheme", "allreduce", "--quiet", "--out", str(out)]) == 0
+    record = PlanResult.from_json(json.loads(out.read_text()))
+    (run,) = record.runs
+    inside_s = _ring_s(4_810 * 4, 4, 100e9, 0.0)
+    assert run.compute_s_per_round == pytest.approx(0.005)
+    assert run.samples_per_s == pytest.approx(2 * 4 * 8 / run.round_time_s)
+    assert run.round_time_s > 0.005 + inside_s
+
+
+def test_akorun_refuses_islands_with_one_line(tmp_path) -> None:
     site = ["--site", "2x8dev@1gbps,inside=100gbps"]
-    commands = [[sys.executable, "-m", "akosim", "train", *site, "--rounds", "2"],
-                [sys.executable, "-m", "akorun", "launch", *site, "--out",
-                 str(tmp_path / "run")]]
-    for command in commands:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    for command in (["launch", *site, "--out", str(tmp_path / "run")],
+                    ["init", *site, "--out", str(tmp_path / "cluster.toml")]):
+        done = subprocess.run([sys.executable, "-m", "akorun", *command],
+                              capture_output=True, text=True, timeout=600)
         assert done.returncode == 2, done.stderr
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in done.stderr
-        assert "one device" in lines[0] and "devices" in lines[0]
+        assert "runs one device per rank" in lines[0]
+        assert not (tmp_path / "cluster.toml").exists()

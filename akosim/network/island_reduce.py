@@ -27,6 +27,7 @@ This module is pure: no clock, no I/O.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from akocore.config import RunConfig
 
@@ -96,3 +97,19 @@ def describe_islands(config: RunConfig, batch_size: int, gradient_bytes: float) 
                      f"{format_duration(reduce_s)} per round (a ring over {link}) after "
                      f"each gradient")
     return lines
+
+
+def island_batch_config(config: RunConfig) -> RunConfig:
+    """`config` with the batch one rank's gradient is taken on in simulated training: every
+    device's batch (the mean of d equal batches' mean gradients is the mean gradient of
+    their union, so an island of d devices trains as one device on d x batch_size).
+    ValueError when the ranks' islands differ (one simulated workload serves them all)."""
+    devices = set(config.cluster.devices_per_rank)
+    if len(devices) > 1:
+        raise ValueError(f"simulated training needs the same devices in every rank, got "
+                         f"cluster.devices_per_rank = {', '.join(map(str, sorted(devices)))}")
+    (per_rank,) = devices
+    if per_rank == 1:
+        return config
+    return replace(config, train=replace(config.train,
+                                         batch_size=config.train.batch_size * per_rank))

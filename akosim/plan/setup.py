@@ -42,7 +42,7 @@ from akosim.calibration.run_calibration import (
     message_software_from_result,
     overhead_from_result,
 )
-from akosim.network.island_reduce import has_islands
+from akosim.network.island_reduce import has_islands, island_batch_config
 from akosim.plan.runspec import (
     gradient_length_of_size,
     load_workload,
@@ -286,10 +286,7 @@ def simulation_setup(cfg: RunConfig, options: SimulationOptions, *, training: bo
             cache["w"] = load_workload(cfg)
         return cache["w"]
 
-    if training and has_islands(cfg):
-        raise UsageError("akosim train simulates ranks of one device; a rank of several "
-                         "devices (a site's DEVICESdev@, cluster.devices_per_rank) is "
-                         "planned for time by akosim without train")
+    trained_cfg = training_config(cfg) if training else cfg  # an island: every device's batch
     if training and options.gradient_size:
         raise UsageError("--gradient-size is for timing-only runs; akosim train takes "
                          "the gradient of --workload")
@@ -333,7 +330,19 @@ def simulation_setup(cfg: RunConfig, options: SimulationOptions, *, training: bo
     setup = build_setup(cfg, length=length, compute=compute, stop=stop,
                         coalesce_rel=options.coalesce, message_overhead_s=overhead,
                         compute_source=source, tcp=tcp)
-    return setup, (workload() if training else None)
+    if not training:
+        return setup, None
+    return setup, workload() if trained_cfg is cfg else load_workload(trained_cfg)
+
+
+def training_config(cfg: RunConfig) -> RunConfig:
+    """`cfg` with the batch one simulated rank trains on: an island's, every device's batch
+    (akosim.network.island_reduce.island_batch_config); UsageError when the ranks' islands
+    differ."""
+    try:
+        return island_batch_config(cfg)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
 
 def with_plan(setup: Setup) -> Setup:
