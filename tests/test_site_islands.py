@@ -220,6 +220,17 @@ def test_the_plan_answers_four_sites_of_eight_devices_for_every_scheme(capsys,
     assert islands.config["cluster"]["devices_per_rank"] == [8, 8, 8, 8]
 
 
+def test_the_api_takes_a_list_of_sites_of_islands() -> None:
+    import akosim
+
+    record = akosim.plan(site=["8dev@1gbps,inside=100gbps/5us", "2x4dev@1gbps,inside=10gbps"],
+                         between="30ms", gradient_size="400kB", compute="5ms",
+                         rank_by="throughput", scheme="allreduce", quiet=True)
+    assert record.config["cluster"]["devices_per_rank"] == [8, 4, 4]
+    (run,) = record.runs
+    assert run.samples_per_s == pytest.approx((8 + 4 + 4) * 104 / run.round_time_s)
+
+
 def test_simulated_training_takes_an_islands_gradient_on_every_devices_batch(tmp_path) -> None:
     cfg = _resolve(["2x4dev@10gbps,inside=100gbps"], None)
     assert island_batch_config(cfg).train.batch_size == 4 * cfg.train.batch_size
