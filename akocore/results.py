@@ -111,12 +111,13 @@ class RankResult:
     workers: int = field(default=0, metadata=meta("nodes", "nodes in the cluster (a count)"))
     training_workers: int = field(default=0, metadata=meta(
         "nodes", "nodes that train (workers minus parameter servers)"))
-    batch_size: int = field(default=0, metadata=meta("samples", "samples per gradient step"))
+    batch_size: int = field(default=0, metadata=meta(
+        "samples", "samples per gradient step of one device (a rank of d devices: d x it)"))
     rounds: int = field(default=0, metadata=meta("rounds", "rounds completed"))
     round_time_s: float | None = field(default=None, metadata=meta(
         "s", "mean seconds per round, steady state (warm-up rounds skipped)"))
     samples_per_s: float | None = field(default=None, metadata=meta(
-        "samples/s", "training_workers x batch_size / round_time_s"))
+        "samples/s", "batch_size x the devices of the training ranks / round_time_s"))
     bytes_sent_per_worker_per_round: float | None = field(default=None, metadata=meta(
         "B", "bytes sent per round during the rounds (final flush excluded)"))
     compute_s_per_round: float | None = field(default=None, metadata=meta(
@@ -264,11 +265,12 @@ class RunResult:
     training_workers: int = field(default=0, metadata=meta("nodes", "nodes that train"))
     ps_servers: int = field(default=0, metadata=meta(
         "nodes", "parameter-server nodes (0 unless ps)"))
-    batch_size: int = field(default=0, metadata=meta("samples", "samples per gradient step"))
+    batch_size: int = field(default=0, metadata=meta(
+        "samples", "samples per gradient step of one device (a rank of d devices: d x it)"))
     round_time_s: float | None = field(default=None, metadata=meta(
         "s", "mean steady-state seconds per round over the training workers"))
     samples_per_s: float | None = field(default=None, metadata=meta(
-        "samples/s", "training_workers x batch_size / round_time_s"))
+        "samples/s", "batch_size x the devices of the training ranks / round_time_s"))
     bytes_sent_per_worker_per_round: float | None = field(default=None, metadata=meta(
         "B", "bytes a training worker sends per round (final flush excluded)"))
     compute_s_per_round: float | None = field(default=None, metadata=meta(

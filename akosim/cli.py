@@ -336,6 +336,7 @@ def _to_stderr(line: str) -> None:
 
 
 def _print_outcome(args: argparse.Namespace, outcome: PlanOutcome, training: bool) -> None:
+    from akosim.network.island_reduce import describe_islands, has_islands
     from akosim.plan.result_tables import format_table, json_safe, unsettled_lines, write_json
     from akosim.plan.trace import write_trace
     from akosim.sim.settling import settle_words
@@ -345,13 +346,16 @@ def _print_outcome(args: argparse.Namespace, outcome: PlanOutcome, training: boo
     workers = setup.config.cluster.workers
     print(f"akosim: {workers} nodes, gradient {format_size(setup.gradient_bytes)} "
           f"({setup.length:,} float32), compute {format_duration(compute.mean_s(workers))}"
-          f"/round, batch {setup.batch_size}, "
+          f"/round, batch {setup.batch_size}"
+          + (" per device, " if has_islands(setup.config) else ", ")
           + (f"{setup.stop.rounds} rounds" if setup.stop.rounds else "")
           + (f" up to {format_duration(setup.stop.duration_s)}" if setup.stop.duration_s
              else "")
           + (settle_words(setup.stop.settle) if setup.stop.settle else ""))
     if setup.compute_source:
         print(f"akosim: {setup.compute_source}")
+    for line in describe_islands(setup.config, setup.batch_size, setup.gradient_bytes):
+        print(f"akosim: {line}")
     codec = setup.config.exchange.codec
     if codec != "none":
         print(f"akosim: codec {codec} on gradients, pushes, reduce steps and pseudo-gradients "

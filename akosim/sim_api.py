@@ -3,6 +3,7 @@
 Each function takes keyword settings that mirror the command line's flags
 (``workers=64`` is ``--workers 64``, ``bandwidth="40mbps"``, ``p="auto"``,
 ``link_bandwidth=["40mbps", "20mbps"]`` is ``--link-bandwidth 40mbps,20mbps``,
+``site=["4x1gbps", "4x50mbps"]`` is ``--site 4x1gbps --site 4x50mbps``,
 ``quiet=True`` is ``--quiet``), a settings file (``config="run.toml"``) and
 dotted settings (``set={"exchange.ssp": 2}``); the settings resolve in the same
 layers as the command line's (defaults < config < set < keywords). ``workload``
@@ -210,7 +211,7 @@ def _flags(command: str, settings: Mapping[str, Any]) -> list[str]:
         if key == "config":  # the call's own config= and set=, put here by _outcome
             flags += [flag, str(value)]
             continue
-        if key == "set":
+        if key == "set" or (key == "site" and not isinstance(value, str)):  # repeatable
             for item in value:
                 flags += [flag, str(item)]
             continue

@@ -15,7 +15,8 @@ from akocore.config import load_config
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 PRESETS = ["uniform-lan", "hetero-lan", "uniform-wan", "hetero-wan"]
-SITE_EXAMPLES = ["two-sites"]  # a cluster of sites, tested in tests/test_sites.py
+SITE_EXAMPLES = ["two-sites", "four-sites-8-devices"]  # tested in tests/test_sites.py and
+# tests/test_site_islands.py
 MBPS = 1e6
 
 

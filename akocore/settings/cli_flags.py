@@ -76,15 +76,20 @@ def add_shared_arguments(parser: argparse.ArgumentParser, tool: Tool = Tool.AKOS
     add("--set", metavar="SECTION.KEY=VALUE", action="append", default=None, dest="set",
         help="override one config value, repeatable, e.g. --set train.lr=0.1 "
              "--set network.latency=5ms (values in the config file's units)")
-    add("--site", metavar="COUNTxBANDWIDTH[,LATENCY]", action="append", default=None,
-        dest="site",
-        help="a site of the cluster, repeatable, in rank order: COUNT workers with "
-             "BANDWIDTH NICs and LATENCY one-way inside the site, e.g. --site 4x1gbps "
-             "--site 4x50mbps --between 30ms,50mbps (sets --workers, the per-node "
-             "bandwidths and the latency matrix; [[site]] tables in a config file)")
+    add("--site", metavar="[RANKSx][DEVICESdev@]BANDWIDTH[,LATENCY][,inside=BW[/LAT]][,repeat=N]",
+        action="append", default=None, dest="site",
+        help="a site of the cluster, repeatable, in rank order: RANKS ranks (default 1) with "
+             "BANDWIDTH NICs (the uplink) and LATENCY one-way between two of them; each rank "
+             "an island of DEVICES devices (default 1; batch size per device) that reduce "
+             "their gradient over an inside network of BW and LAT each round; repeat=N "
+             "lays out N such sites. E.g. --site 4x1gbps --site 4x50mbps --between "
+             "30ms,50mbps, or 4 sites of 8 devices: --site 8dev@1gbps,inside=100gbps/5us,"
+             "repeat=4 --between 30ms (sets --workers, the per-node bandwidths, the latency "
+             "matrix and the islands; [[site]] tables in a config file)")
     add("--between", metavar="LATENCY[,BANDWIDTH]", default=None, dest="between",
         help="the link between sites: one-way latency and an optional cap on each pair of "
-             "nodes of different sites, e.g. 30ms,50mbps ([between] in a config file)")
+             "nodes of different sites, in either order, e.g. 30ms,50mbps or 1gbps,30ms "
+             "([between] in a config file)")
     for key in flag_keys(tool):
         if key.section in RUN_SECTIONS:
             add_key_flag(group, key)

@@ -149,6 +149,10 @@ KEYS: tuple[Key, ...] = (
          flag="--workers", metavar="N", flag_help="number of worker nodes (>= 2), e.g. 8"),
     _run("cluster", "hosts", "hosts", '"host:port" each rank listens on, rank 0 first',
          dump=list),
+    _run("cluster", "devices_per_rank", "devices_per_rank",
+         "devices per rank: an island whose devices share each round's work data-parallel "
+         "(batch_size per device) and reduce inside before the rank exchanges; a list goes "
+         "round robin", dump=list),
     # ------------------------------------------------------------------ network
     _run("network", "bandwidth", "bandwidth_bps",
          "each node's NIC (uplink = downlink); a list goes round robin",
@@ -184,6 +188,14 @@ KEYS: tuple[Key, ...] = (
                    "for akosim predict), or a stack of layers joined by '+', e.g. "
                    "tcp-core+slow-start+one-per-connection (tcp without first come, first "
                    "sent); layers: " + ", ".join(NETWORK_LAYERS)),
+    _run("network", "inside_bandwidth", "inside_bandwidth_bps",
+         'akosim: each island\'s inside network joining its devices (a ring); "inf" = '
+         "free; a list goes round robin over ranks",
+         dump=lambda values: [bandwidth_exact_text(v) if math.isfinite(v) else "inf"
+                              for v in values], unit="gbps"),
+    _run("network", "inside_latency", "inside_latency_s",
+         "akosim: one-way latency between two devices of an island; a list goes round robin",
+         dump=_duration_list, unit="us"),
     # ------------------------------------------------------------------ exchange
     _run("exchange", "scheme", "scheme",
          "ako (partial all-to-all) | ps (parameter servers) | allreduce (ring) | wagma "

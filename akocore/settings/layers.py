@@ -228,13 +228,14 @@ def fold_sites(givens: list[Any]) -> list[Any]:
     layer = max(g.layer for g in (*sites[-1:], *betweens[-1:]))
     source = ", ".join(dict.fromkeys(g.source for g in (*sites[-1:], *betweens[-1:])
                                      if g.source))
+    values = expand(site_list, between)
     for given in rest:
-        if given.key in SITE_DERIVED_KEYS and given.layer >= layer:
+        if (given.key in SITE_DERIVED_KEYS or given.key in values) and given.layer >= layer:
             raise ConfigError(f"{given.key} (given {given.source or given.layer.name.lower()}) "
                               f"and the sites ({source or 'given'}) both describe the "
                               f"cluster: give one of them", given.key)
     derived = [Given(key, value, layer, source or "by the sites")
-               for key, value in expand(site_list, between).items()]
+               for key, value in values.items()]
     return [*rest, *derived]
 
 

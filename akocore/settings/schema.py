@@ -79,9 +79,18 @@ class ClusterConfig:
 
     workers: int = 4
     hosts: tuple[str, ...] = ()  # "host:port" per rank; empty = loopback
+    # each rank is an island of this many data-parallel devices (round robin over ranks)
+    devices_per_rank: tuple[int, ...] = (1,)
 
     def __post_init__(self) -> None:
         workers = as_int("cluster.workers", self.workers, 2)
+        devices = tuple(as_int("cluster.devices_per_rank", d, 1,
+                               "a whole number of devices >= 1 per rank")
+                        for d in as_items(self.devices_per_rank))
+        if not devices:
+            raise bad_value("cluster.devices_per_rank", self.devices_per_rank,
+                            "a whole number of devices >= 1, or one per rank")
+        set_field(self, "devices_per_rank", devices)
         hosts = tuple(as_items(self.hosts))
         for host in hosts:
             if not isinstance(host, str) or HOST_RE.match(host.strip()) is None:
@@ -108,6 +117,10 @@ class ClusterConfig:
         set_field(self, "workers", workers)
         set_field(self, "hosts", hosts)
 
+    def devices_of(self, rank: int) -> int:
+        """The devices of rank `rank`'s island (the list goes round robin)."""
+        return self.devices_per_rank[rank % len(self.devices_per_rank)]
+
 
 @dataclass(frozen=True)
 class NetworkConfig:
@@ -127,6 +140,10 @@ class NetworkConfig:
     latency_matrix_s: tuple[tuple[float, ...], ...] | None = None
     # akosim only: how the simulated network shares: maxmin, tcp, or LAYER+LAYER...
     model: str = "maxmin"
+    # akosim only: each rank's inside network joining its island's devices (round robin
+    # over ranks; only ranks of cluster.devices_per_rank > 1 use it); inf = free
+    inside_bandwidth_bps: tuple[float, ...] = (math.inf,)
+    inside_latency_s: tuple[float, ...] = (0.0,)
 
     def __post_init__(self) -> None:
         set_field(self, "model", as_network_model("network.model", self.model))
@@ -137,6 +154,11 @@ class NetworkConfig:
             bandwidths("network.link_bandwidth", self.link_bandwidth_bps, True),
         )
         set_field(self, "latency_s", durations("network.latency", self.latency_s))
+        set_field(self, "inside_bandwidth_bps", tuple(
+            read_cap("network.inside_bandwidth", entry)
+            for entry in as_items(self.inside_bandwidth_bps)) or (math.inf,))
+        set_field(self, "inside_latency_s",
+                  durations("network.inside_latency", self.inside_latency_s))
         set_field(
             self,
             "link_bandwidth_matrix_bps",
@@ -167,6 +189,12 @@ class NetworkConfig:
                 f"(one row and one column per node; cluster.workers = {n})",
                 key,
             )
+
+    def inside_of(self, rank: int) -> tuple[float, float]:
+        """Rank `rank`'s inside network: (bandwidth in bits/s, one-way latency in s)."""
+        bandwidths_bps, latencies_s = self.inside_bandwidth_bps, self.inside_latency_s
+        return (bandwidths_bps[rank % len(bandwidths_bps)],
+                latencies_s[rank % len(latencies_s)])
 
     def uplink_bps(self, n: int) -> np.ndarray:
         """Each of n nodes' uplink capacity in bits/s, shape (n,)."""
@@ -199,6 +227,18 @@ class NetworkConfig:
             matrix = _pair_matrix(self.latency_s, n, fill=0.0)
         np.fill_diagonal(matrix, 0.0)
         return matrix
+
+
+def read_cap(key: str, entry: object) -> float:
+    """A bandwidth with its unit, or "inf" for no limit; ConfigError naming `key`."""
+    try:
+        cap = read_link_cap(entry)
+    except (UnitError, TypeError, ValueError):
+        raise bad_value(key, entry, 'a bandwidth such as "100gbps", or "inf" for no '
+                                    'limit; a list goes round robin over ranks') from None
+    if not cap > 0:
+        raise bad_value(key, entry, "a bandwidth > 0")
+    return cap
 
 
 def _pair_matrix(values: tuple[float, ...], n: int, fill: float) -> np.ndarray:

@@ -163,14 +163,24 @@ def config_to_dict(cfg: RunConfig) -> dict[str, dict[str, Any]]:
             for section in RUN_SECTIONS}
 
 
+# akosim's description of each island's inside network: how akosim times a run, not the run
+INSIDE_ONLY_KEYS = (("network", "inside_bandwidth"), ("network", "inside_latency"))
+
+
 def config_hash(cfg: RunConfig) -> str:
-    """Stable hex sha256 of the canonical JSON of config_to_dict, without cluster.hosts
-    and network.model (how akosim simulates the network is not part of the run).
+    """Stable hex sha256 of the canonical JSON of config_to_dict, without cluster.hosts,
+    network.model and the islands' inside network (how akosim simulates the network is
+    not part of the run), and without cluster.devices_per_rank while it is 1 (so a run
+    of one device per rank keeps the hash it had before islands).
 
     Two ranks of one run on different hosts share it; any other change alters it.
     """
     d = config_to_dict(cfg)
     del d["cluster"]["hosts"]
     del d["network"]["model"]
+    for section, name in INSIDE_ONLY_KEYS:  # how akosim times an island's inside
+        del d[section][name]
+    if d["cluster"]["devices_per_rank"] == [1]:  # the keys runs had before islands
+        del d["cluster"]["devices_per_rank"]
     canonical = json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()

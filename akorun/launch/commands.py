@@ -27,6 +27,7 @@ from akocore.cli_support import check_out_directory, one_line
 from akocore.config import (
     ConfigError,
     ResolvedSettings,
+    RunConfig,
     TrainConfig,
     resolve_args,
 )
@@ -84,6 +85,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     resolved = resolve_args(args)
     cfg = resolved.config
     _check_workload(cfg.train)
+    _check_one_device_per_rank(cfg)
     n = cfg.cluster.workers
     base_port = parse_whole_arg(args.base_port, "--base-port", 1)
     if args.hosts is not None:
@@ -150,6 +152,7 @@ def rank_options(args: argparse.Namespace) -> WorkerOptions:
         host, port = split_host(cfg.cluster.hosts[rank])
         check_port_free(args.listen or host, port, rank)  # before the workload or JAX loads
     _check_workload(cfg.train)
+    _check_one_device_per_rank(cfg)
     settings.rank_keys(rank, cfg.cluster.workers)  # a missing or foreign key file: exit 2 now
     out = Path(args.out) if args.out else None
     if out is not None:
@@ -179,6 +182,17 @@ def cmd_worker(args: argparse.Namespace) -> int:
     _setup_logging(f"akorun[{args.role} {options.rank}]", args.quiet)
     run_rank(options)
     return 0
+
+
+def _check_one_device_per_rank(cfg: RunConfig) -> None:
+    """Refuse ranks that are islands of several devices (a site's DEVICESdev@): akorun runs
+    one JAX device per rank, and akosim alone plans islands for now."""
+    devices = cfg.cluster.devices_per_rank
+    if any(d > 1 for d in devices):
+        raise UsageError(f"cluster.devices_per_rank = {', '.join(map(str, devices))}: akorun "
+                         f"runs one device per rank; ranks of several devices (a site's "
+                         f"DEVICESdev@) are planned by akosim only, so give akorun sites of "
+                         f"one device per rank (e.g. --site 4x1gbps)")
 
 
 def _check_workload(train: TrainConfig) -> None:
@@ -217,6 +231,7 @@ def launch_run(args: argparse.Namespace) -> RunResult:
     resolved, settings = launch_settings(args)
     cfg = resolved.config
     _check_workload(cfg.train)
+    _check_one_device_per_rank(cfg)
     progress: dict[str, Any] = {}  # given process flags; LaunchOptions holds the defaults
     if args.progress_every:
         progress["progress_every_s"] = parse_duration_arg(args.progress_every, "--progress-every")

@@ -40,7 +40,7 @@ def plan_inputs(setup: Setup) -> PlanInputs:
     return PlanInputs(
         workers=n, gradient_bytes=coded_gradient_bytes(config, setup.gradient_bytes,
                                                         setup.length),
-        compute_s=tuple(setup.compute.base_s(i) for i in range(n)),
+        compute_s=tuple(setup.compute.round_busy_s(i) for i in range(n)),
         uplink_bps=tuple(arrays.uplink_bps), downlink_bps=tuple(arrays.downlink_bps),
         link_bps=tuple(map(tuple, arrays.link_bps)), utilisation=config.exchange.utilisation,
         p_max=config.exchange.p_max, length=setup.length, staleness=config.exchange.ssp)

@@ -14,6 +14,13 @@ jitter; the engine spends it after the gradient and before the round's sends
 leave (where akorun spends most of it), as a span of its own, so
 ``compute_s`` stays the gradient time.
 
+`inside_s` is a rank's inside all-reduce per round when the rank is an island of
+several devices (akosim.network.island_reduce: the batch is per device, each device
+computes its batch in the gradient time, then the island reduces over its inside
+network). It is network time, not compute: not scaled by speed factors,
+stragglers or jitter; the engine spends it right after the gradient, as a span
+of its own ("inside"), and before the overhead and the sends.
+
 `cpu` (an akosim.network.rank_cpu.RankCpu, one per simulation, set by the TCP-aware
 network when message handling is CPU of the ranks) marks each step's start and
 adds the message CPU a rank owes to its per-round overhead (`overhead_of`).
@@ -54,6 +61,7 @@ class ComputeModel:
     per_worker_s: tuple[float, ...] = ()  # measured times per worker (overrides compute_s)
     seed: int = 0
     overhead_s: float | tuple[float, ...] = 0.0  # per round; a tuple: per worker, in turn
+    inside_s: tuple[float, ...] = ()  # per rank: its island's inside all-reduce per round
     cpu: RankCpu | None = field(default=None, compare=False, repr=False)  # per simulation
     _cache: dict[int, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
@@ -71,6 +79,18 @@ class ComputeModel:
         overheads = self.overhead_s if isinstance(self.overhead_s, tuple) else (self.overhead_s,)
         if not overheads or not all(t >= 0 for t in overheads):
             raise ValueError(f"round overhead must be >= 0 s, got {self.overhead_s}")
+        if not all(t >= 0 for t in self.inside_s):
+            raise ValueError(f"inside all-reduce times must be >= 0 s, got {self.inside_s}")
+
+    def inside_of(self, rank: int) -> float:
+        """Seconds per round rank `rank`'s island spends reducing over its inside network."""
+        return self.inside_s[rank % len(self.inside_s)] if self.inside_s else 0.0
+
+    def round_busy_s(self, rank: int) -> float:
+        """The rank's time per round before its sends, without jitter: its gradient
+        (`base_s`) and its island's inside all-reduce (what the planner weighs sends
+        against)."""
+        return self.base_s(rank) + self.inside_of(rank)
 
     def overhead_of(self, rank: int) -> float:
         """Seconds per round worker `rank` spends outside the gradient (not jittered),

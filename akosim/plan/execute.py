@@ -27,6 +27,7 @@ from akosim.plan.setup import (
     chooses_ssp_with_p,
     settles,
     simulation_setup,
+    training_config,
     with_plan,
 )
 
@@ -209,7 +210,8 @@ def _ranking(resolved: ResolvedSettings, setup: Setup, runs: list[SimRun], limit
     rounds = cfg.train.rounds if resolved.given("train.rounds") and cfg.train.rounds \
         else RANKING_ROUNDS
     goal = RankingGoal(cfg.train.target_accuracy, time_budget_s, rounds, cfg.train.eval_every)
-    return rank_by_accuracy(setup, runs, load_workload(cfg), goal, max_staleness_rounds=limit,
+    workload = load_workload(training_config(cfg))  # an island: every device's batch
+    return rank_by_accuracy(setup, runs, workload, goal, max_staleness_rounds=limit,
                             factory=factory, announce=announce)
 
 

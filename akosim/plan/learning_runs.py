@@ -66,10 +66,16 @@ class LearningSource:
     nodes: tuple[int, ...]  # the cluster's ranks that train, in order
     cluster_workers: int
     proxy: bool  # True: a stand-in workload, not the planned one
+    devices: int = 1  # each training rank an island of this many devices (batch per device)
 
     @property
     def workers(self) -> int:
         return len(self.nodes)
+
+    @property
+    def rank_batch(self) -> int:
+        """Samples in each rank's gradient: the batch of every device of its island."""
+        return self.batch_size * self.devices
 
     @property
     def scaled(self) -> bool:
@@ -78,8 +84,11 @@ class LearningSource:
 
     def describe(self, planned_workload: str) -> str:
         """In words, e.g. "the proxy digits-mlp (batch 32) on 8 of the 64 workers"."""
-        what = (f"the proxy {self.workload} (batch {self.batch_size})" if self.proxy
-                else f"{planned_workload} itself (batch {self.batch_size})")
+        batch = (f"batch {self.batch_size}" if self.devices == 1 else
+                 f"batch {self.batch_size} per device, {self.rank_batch} per island of "
+                 f"{self.devices}")
+        what = (f"the proxy {self.workload} ({batch})" if self.proxy
+                else f"{planned_workload} itself ({batch})")
         where = (f"on {self.workers} of the {self.cluster_workers} workers"
                  if self.workers < self.cluster_workers else f"on all {self.workers} workers")
         return f"{what} {where}"
@@ -121,9 +130,11 @@ def learning_source(cfg: RunConfig, setup: Setup, *, stand_in_gradient: bool,
     nodes = spread_nodes(workers, min(workers, LEARNING_WORKERS))
     cheap = (measured_step_s <= DIRECT_STEP_S if measured_step_s is not None
              else setup.length <= DIRECT_PARAMS)
+    devices = round(sum(cfg.cluster.devices_of(i) for i in nodes) / len(nodes))
     if not stand_in_gradient and cheap:
-        return LearningSource(cfg.train.workload, cfg.train.batch_size, nodes, workers, False)
-    return LearningSource(PROXY_WORKLOAD, PROXY_BATCH_SIZE, nodes, workers, True)
+        return LearningSource(cfg.train.workload, cfg.train.batch_size, nodes, workers, False,
+                              devices)
+    return LearningSource(PROXY_WORKLOAD, PROXY_BATCH_SIZE, nodes, workers, True, devices)
 
 
 def spread_nodes(workers: int, kept: int) -> tuple[int, ...]:
@@ -185,8 +196,9 @@ def _load(cfg: RunConfig, source: LearningSource) -> FlatWorkload:
 
 
 def _train_config(cfg: RunConfig, source: LearningSource) -> RunConfig:
-    """`cfg` training `source`'s workload and batch, for LEARNING_ROUNDS rounds."""
-    train = replace(cfg.train, workload=source.workload, batch_size=source.batch_size,
+    """`cfg` training `source`'s workload and batch (an island's: every device's), for
+    LEARNING_ROUNDS rounds."""
+    train = replace(cfg.train, workload=source.workload, batch_size=source.rank_batch,
                     rounds=LEARNING_ROUNDS, duration_s=None, target_accuracy=None,
                     data_path=None if source.proxy else cfg.train.data_path)
     return replace(cfg, train=train)
@@ -221,15 +233,17 @@ def twin_setup(setup: Setup, cfg: RunConfig, source: LearningSource, length: int
     if isinstance(exchange.p, tuple) and len(exchange.p) > 1:  # each row brings its own p
         exchange = replace(exchange, p=(max(exchange.p),))
     config = replace(base, network=network, exchange=exchange,
-                     cluster=replace(setup.config.cluster, workers=source.workers, hosts=()))
+                     cluster=replace(setup.config.cluster, workers=source.workers, hosts=(),
+                                     devices_per_rank=(1,)))  # an island: one rank_batch
     compute = setup.compute
     overheads = tuple(compute.overhead_of(i) for i in idx) if compute.cpu is None else (0.0,)
     twin_compute = ComputeModel(0.0, jitter=compute.jitter, seed=compute.seed,
                                 per_worker_s=tuple(compute.base_s(i) for i in idx),
-                                overhead_s=overheads)
+                                overhead_s=overheads,
+                                inside_s=tuple(compute.inside_of(i) for i in idx))
     stop = StopRule(rounds=LEARNING_ROUNDS, drain=True)
     return build_setup(config, length=length, compute=twin_compute, stop=stop,
-                       batch_size=source.batch_size, coalesce_rel=setup.coalesce_rel,
+                       batch_size=source.rank_batch, coalesce_rel=setup.coalesce_rel,
                        message_overhead_s=tuple(setup.message_overhead_s[i % len(
                            setup.message_overhead_s)] for i in idx)
                        if setup.message_overhead_s else (),
@@ -270,7 +284,10 @@ def _shared_payload(setup: Setup, cfg: RunConfig, source: LearningSource) -> dic
     idx = list(source.nodes)
     arrays = network_arrays(setup.config)
     compute = setup.compute
+    islands = {"devices": source.devices,
+               "inside": [compute.inside_of(i) for i in idx]} if source.devices > 1 else {}
     return {
+        **islands,
         "version": CACHE_VERSION, "rounds": LEARNING_ROUNDS, "eval_every": EVAL_EVERY,
         "workload": cache_identity(source.workload), "batch": source.batch_size,
         "nodes": idx, "cluster_workers": source.cluster_workers, "length": setup.length,

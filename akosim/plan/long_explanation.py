@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from akocore.schemes.registry import is_partitioned, scheme_named
 from akocore.units import format_duration, format_size
+from akosim.network.island_reduce import describe_islands
 from akosim.plan.advice import held_by_staleness
 from akosim.sim.scenario import Setup, SimRun
 
@@ -96,6 +97,8 @@ def _terms(setup: Setup, runs: list[SimRun]) -> list[str]:
                      f"parameters and all-gather steps travel as float32")
     lines.append(f"  compute: {format_duration(compute_s)} per round per worker, batch "
                  f"{setup.batch_size}; a round is one local gradient step")
+    lines += [f"  {line}" for line in describe_islands(setup.config, setup.batch_size,
+                                                       setup.gradient_bytes)]
     return lines
 
 

@@ -95,10 +95,11 @@ def run_result(run: SimRun, *, config: dict[str, Any], mode: str,
     shared: dict[str, Any] = dict(
         scheme=run.scheme, p=run.p, p_of=p_of, ssp=run.ssp, workers=run.workers,
         training_workers=run.training_workers, batch_size=batch_size)
+    samples = run.samples_per_round or run.training_workers * batch_size
     ranks = tuple(
         RankResult(rank=w.rank, role="worker", **shared, rounds=w.rounds,
                    round_time_s=_finite(w.round_time_s),
-                   samples_per_s=_finite(run.training_workers * batch_size / w.round_time_s)
+                   samples_per_s=_finite(samples / w.round_time_s)
                    if w.round_time_s > 0 else None,
                    compute_s_per_round=w.compute_s / w.rounds if w.rounds else None,
                    wait_s_per_round=w.wait_s / w.rounds if w.rounds else None,

@@ -42,6 +42,7 @@ from akosim.calibration.run_calibration import (
     message_software_from_result,
     overhead_from_result,
 )
+from akosim.network.island_reduce import has_islands, island_batch_config
 from akosim.plan.runspec import (
     gradient_length_of_size,
     load_workload,
@@ -254,11 +255,17 @@ def build_setup(config: RunConfig, *, length: int, compute: ComputeModel, stop: 
                 message_overhead_s: tuple[float, ...] = (), compute_source: str = "",
                 tcp: TcpParameters | None = None, network_model: str | None = None) -> Setup:
     """The setup every variant of one question shares (the one place that builds it).
-    `network_model` (a preset or LAYER+LAYER...) defaults to the configured one."""
+    `network_model` (a preset or LAYER+LAYER...) defaults to the configured one. Ranks
+    that are islands of several devices get their inside all-reduce charged each round
+    (akosim.network.island_reduce) unless `compute` already has it."""
+    from akocore.messages import FLOAT_BYTES
     from akosim.network.fluid import COALESCE_REL
+    from akosim.network.island_reduce import inside_times_s
     from akosim.sim.scenario import Setup
 
     coalesce = COALESCE_REL if coalesce_rel is None else coalesce_rel
+    if has_islands(config) and not compute.inside_s:  # each island reduces inside
+        compute = replace(compute, inside_s=inside_times_s(config, length * FLOAT_BYTES))
     return Setup(config, length, compute,
                  config.train.batch_size if batch_size is None else batch_size, stop,
                  coalesce_rel=coalesce, message_overhead_s=message_overhead_s,
@@ -279,6 +286,7 @@ def simulation_setup(cfg: RunConfig, options: SimulationOptions, *, training: bo
             cache["w"] = load_workload(cfg)
         return cache["w"]
 
+    trained_cfg = training_config(cfg) if training else cfg  # an island: every device's batch
     if training and options.gradient_size:
         raise UsageError("--gradient-size is for timing-only runs; akosim train takes "
                          "the gradient of --workload")
@@ -322,7 +330,19 @@ def simulation_setup(cfg: RunConfig, options: SimulationOptions, *, training: bo
     setup = build_setup(cfg, length=length, compute=compute, stop=stop,
                         coalesce_rel=options.coalesce, message_overhead_s=overhead,
                         compute_source=source, tcp=tcp)
-    return setup, (workload() if training else None)
+    if not training:
+        return setup, None
+    return setup, workload() if trained_cfg is cfg else load_workload(trained_cfg)
+
+
+def training_config(cfg: RunConfig) -> RunConfig:
+    """`cfg` with the batch one simulated rank trains on: an island's, every device's batch
+    (akosim.network.island_reduce.island_batch_config); UsageError when the ranks' islands
+    differ."""
+    try:
+        return island_batch_config(cfg)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
 
 def with_plan(setup: Setup) -> Setup:

@@ -94,7 +94,9 @@ def uniform(setup: Setup, variant: Variant) -> Uniform | None:
     off = ~np.eye(n, dtype=bool)
     caps, latency = spec.link_bps[off], spec.latency_s[off]
     base = [compute.base_s(i) for i in range(n)]
-    overhead = [compute.overhead_of(i) for i in range(n)]
+    # an island's inside all-reduce is spent where the overhead is: after the gradient,
+    # before the sends (akosim.sim.engine), so the closed forms add it to the overhead
+    overhead = [compute.overhead_of(i) + compute.inside_of(i) for i in range(n)]
     if (np.ptp(spec.uplink_bps) or np.ptp(spec.downlink_bps) or np.ptp(latency)
             or not (np.all(caps == caps[0])) or max(base) != min(base)
             or max(overhead) != min(overhead)):
@@ -356,7 +358,8 @@ def _report(setup: Setup, variant: Variant, u: Uniform, window: float, workers: 
         p_reason=variant.p_reason, ssp=variant.ssp, workers=setup.nodes,
         training_workers=workers,
         ps_servers=variant.ps_servers if has_servers(variant.scheme) else 0,
-        round_time_s=round_s, samples_per_s=workers * setup.batch_size / round_s,
+        round_time_s=round_s, samples_per_s=setup.samples_per_round(workers) / round_s,
+        samples_per_round=setup.samples_per_round(workers),
         bytes_sent_per_worker_per_round=float(counted[:workers].sum()) / (workers * rounds),
         compute_s_per_round=u.compute_s,
         wait_s_per_round=float(waits.sum()) / (workers * rounds),

@@ -1,8 +1,9 @@
 """SimPy processes that drive akocore scheme nodes over a simulated network.
 
 One process per worker: wait at the scheme's SSP gate, compute for the
-ComputeModel's time, hand the gradient to the scheme, deliver its Send
-effects through the network model it was given (akosim.network.layer.
+ComputeModel's time (and, for an island of devices, its inside
+all-reduce), hand the gradient to the scheme, deliver its Send effects
+through the network model it was given (akosim.network.layer.
 NetworkModel; a node that declares `in_order_sends` sends through
 akosim.network.pairstream). Messages arriving at a node go to the
 node's `receive` at their simulated arrival time, and wake the node if it is
@@ -54,6 +55,7 @@ class WorkerTimeline:
     rank: int
     round_end_s: list[float] = field(default_factory=list)
     compute_s: float = 0.0
+    inside_s: float = 0.0  # its island's inside all-reduce (akosim.network.island_reduce)
     wait_s: float = 0.0
     max_lag_rounds: int = 0
     lag_sum: int = 0
@@ -71,7 +73,7 @@ class TraceEvent:
     """A span for the Chrome trace: what a worker did from start_s to end_s."""
 
     rank: int
-    name: str  # compute | overhead | wait | send
+    name: str  # compute | inside | overhead | codec | wait | send
     start_s: float
     end_s: float
     args: tuple[tuple[str, object], ...] = ()
@@ -248,6 +250,12 @@ class Simulation:
             grad = self.gradients.result(rank) if self.gradients is not None else None
             line.compute_s += env.now - started
             self._span(rank, "compute", started, env.now, round=round_)
+            inside_s = self.compute.inside_of(rank)
+            if inside_s > 0:  # the island reduces its devices' gradients before it sends
+                inside_from = env.now
+                yield env.timeout(inside_s)
+                line.inside_s += inside_s
+                self._span(rank, "inside", inside_from, env.now, round=round_)
             overhead_s = self.compute.overhead_of(rank)
             if overhead_s > 0:  # dispatch, inbox, optimizer: before the sends leave
                 overhead_from = env.now

@@ -34,6 +34,7 @@ from akocore.schemes.registry import has_servers, scheme_named, staleness_bound_
 from akocore.units import format_bandwidth
 from akocore.workload import FlatWorkload
 from akosim.network.fluid import COALESCE_REL
+from akosim.network.island_reduce import samples_per_round
 from akosim.network.netmodel import build_network_model
 from akosim.network.netspec import NetworkSpec
 from akosim.network.netstats import NetworkUtilisation
@@ -80,11 +81,17 @@ class Setup:
             return self.plan
         return resolve_plan(self.config, gradient_bytes=self.gradient_bytes,
                             length=self.length,
-                            compute_s=tuple(self.compute.base_s(i) for i in range(self.nodes)))
+                            compute_s=tuple(self.compute.round_busy_s(i)
+                                            for i in range(self.nodes)))
 
     @property
     def gradient_bytes(self) -> int:
         return self.length * FLOAT_BYTES
+
+    def samples_per_round(self, training_ranks: int) -> int:
+        """Samples the training ranks process per round: `batch_size` per device, every
+        device of every island (akosim.network.island_reduce)."""
+        return samples_per_round(self.config, self.batch_size, training_ranks)
 
     @property
     def nodes(self) -> int:
@@ -132,7 +139,7 @@ class SimRun:
     training_workers: int
     ps_servers: int
     round_time_s: float
-    samples_per_s: float
+    samples_per_s: float  # samples_per_round / round_time_s
     bytes_sent_per_worker_per_round: float
     compute_s_per_round: float
     wait_s_per_round: float
@@ -149,6 +156,8 @@ class SimRun:
     simulated_rounds: int = 0
     settled: bool | None = None  # None: fixed rounds or duration; False: hit the cap
     warmup_rounds: int | None = None  # a settling run: the rounds before the measured span
+    # every training device's batch per round (0: training_workers x the batch, as before)
+    samples_per_round: int = 0
     per_worker: list[WorkerReport] = field(default_factory=list)
     per_link: list[dict[str, float | None]] = field(default_factory=list)
     evaluations: list[Evaluation] = field(default_factory=list)
@@ -306,8 +315,9 @@ def _report(setup: Setup, variant: Variant, training_workers: int, sim: Simulati
         workers=setup.nodes, training_workers=training_workers,
         ps_servers=variant.ps_servers if has_servers(variant.scheme) else 0,
         round_time_s=round_time,
-        samples_per_s=training_workers * setup.batch_size / round_time if round_time > 0
-        else math.inf,
+        samples_per_s=setup.samples_per_round(training_workers) / round_time
+        if round_time > 0 else math.inf,
+        samples_per_round=setup.samples_per_round(training_workers),
         bytes_sent_per_worker_per_round=bytes_per_round,
         compute_s_per_round=sum(w.compute_s for w in workers) / max(rounds_total, 1),
         wait_s_per_round=sum(w.wait_s for w in workers) / max(rounds_total, 1),
