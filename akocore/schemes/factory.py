@@ -18,7 +18,8 @@ from akocore.codecs.codec_registry import codec_named
 from akocore.codecs.exchange import attach_codec
 from akocore.optim import FlatOptimizer
 from akocore.schemes.base import Replica, SchemeNode
-from akocore.schemes.protocol import Scheme
+from akocore.schemes.knobs import SchemeSettings
+from akocore.schemes.protocol import Scheme, SettingsT
 from akocore.schemes.registry import SCHEMES, scheme_named
 from akocore.schemes.wagma import DEFAULT_GLOBAL_EVERY, DEFAULT_GROUP_SIZE
 
@@ -45,8 +46,10 @@ class SchemeSpec:
     push_average: bool = False  # ps local steps: push update / push_every (ADAG, SAGN)
     worker_lr_scale: tuple[float, ...] = ()  # ps: learning-rate factors, worker i: [i % len]
     # the scheme's own exchange keys that are not fields above, (name, value) in the order
-    # of its `keys` (akocore.resolve.scheme_spec fills them): a new scheme's knobs
+    # of its `keys`: what `knobs` reads over the defaults when `settings` is None
     options: tuple[tuple[str, Any], ...] = ()
+    # the scheme's settings object (akocore.resolve.scheme_spec gives the configured one)
+    settings: SchemeSettings | None = None
     codec: str = "none"  # what every coded send carries (akocore.codecs), e.g. "int8"
 
     def __post_init__(self) -> None:
@@ -71,6 +74,14 @@ class SchemeSpec:
     def training_workers(self) -> int:
         """Nodes that compute gradients (all but the servers of a scheme that has them)."""
         return self.workers - self.kind.servers(self.ps_servers)
+
+    def knobs(self, kind: type[SettingsT]) -> SettingsT:
+        """The scheme's settings of `kind`: `settings` when it is one, else the defaults
+        with `options` over them (a spec made by hand)."""
+        if isinstance(self.settings, kind):
+            return self.settings
+        names = kind.names()
+        return kind(**{name: value for name, value in self.options if name in names})
 
     def option(self, name: str, default: Any = None) -> Any:
         """The value of the scheme's own exchange key `name` (see `options`)."""

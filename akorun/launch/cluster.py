@@ -58,7 +58,7 @@ from akocore.config import (
     resolve,
     set_layer,
 )
-from akocore.settings.key_registry import RUN_SECTIONS, SECTIONS
+from akocore.settings.key_registry import RUN_SECTIONS, current
 from akocore.settings.layers import layer_of
 from akocore.settings.schema import ALLOW_HOSTS
 from akorun.errors import UsageError
@@ -256,12 +256,12 @@ def render_cluster_file(cfg: RunConfig, settings: AkorunSettings,
         "# Keys written as comments keep their built-in default.",
     ]
     for section in (*RUN_SECTIONS, AKORUN_TABLE):  # the run and akorun's own settings
-        keys = SECTIONS[section]
+        keys = current().sections[section]
         holder = settings if section == AKORUN_TABLE else getattr(cfg, section)
         lines.append("")
         lines.append(f"[{section}]")
         for key in keys.values():
-            value = getattr(holder, key.field)
+            value = key.value_in(holder)
             lines.append(f"# {key.comment}")
             text = f"{key.name} = {_toml_value(key.dump(value))}"
             chosen = resolved is None or resolved.given(key.dotted) or value != key.default
