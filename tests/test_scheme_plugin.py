@@ -56,6 +56,19 @@ def test_the_knob_is_a_setting_in_every_layer_while_the_scheme_is_registered() -
     assert config_hash(RunConfig()) == before  # the run of the built-in schemes is as it was
 
 
+def test_the_settings_reference_lists_every_key_and_a_registered_schemes_table() -> None:
+    from akocore.settings.reference import reference_markdown
+
+    text = reference_markdown()
+    assert all(f"| `{key.name}` |" in text for key in current().keys)
+    assert "### [exchange.diloco]" in text and "[exchange.solo]" not in text
+    with registering(SOLO):
+        text = reference_markdown()
+        assert "### [exchange.solo]" in text and "| `solo_scale` | `--solo-scale` |" in text
+        assert "solo (every worker trains alone" in current().by_dotted[
+            "exchange.scheme"].flag_help
+
+
 def test_akosim_plans_the_scheme_with_its_knob_from_the_flag(capsys) -> None:
     from akosim.cli import main
 

@@ -206,16 +206,9 @@ _EARLIER_KEYS: tuple[Key, ...] = (
                    "sent); layers: " + ", ".join(NETWORK_LAYERS)),
     # ------------------------------------------------------------------ exchange
     _run("exchange", "scheme", "scheme",
-         "ako (partial all-to-all) | ps (parameter servers) | allreduce (ring) | wagma "
-         "(group model averaging) | diloco | streaming-diloco (local steps, outer step on "
-         "averaged pseudo-gradients), or a named scheme: easgd hogwild downpour adag sdag "
-         "sync-sgd sync-sgd-lr-per-worker (settings of ps; see the guide's Exchange schemes)",
-         flag="--scheme", choices=SCHEME_NAMES,
-         flag_help="exchange: ako (partial all-to-all), ps (parameter servers), allreduce "
-                   "(ring), wagma (group model averaging), diloco, streaming-diloco (H local "
-                   "steps, then averaged pseudo-gradients), or a named scheme that stands for "
-                   "its ps settings: easgd, hogwild, downpour, adag, sdag, sync-sgd, "
-                   "sync-sgd-lr-per-worker (as configs/presets/NAME.toml)"),
+         "the exchange scheme, or a named scheme (its comment and flag help are written "
+         "from the registered schemes)",
+         flag="--scheme", choices=SCHEME_NAMES),
     _run("exchange", "p", "p",
          "partitions per gradient: auto | auto-per-worker | N | [N0, N1, ...]",
          dump=_dump_p, flag="--p", metavar="{auto,auto-per-worker,N,N1,N2,...}",
@@ -370,7 +363,8 @@ def _knob_key(kind: type[SchemeSettings], item: dataclasses.Field[Any]) -> Key:
     """The key exchange.<name> of one knob of a scheme's settings class."""
     knob = knob_of(item)
     return Key("exchange", item.name, TABLES_FIELD, knob.help, dump=knob.dump, flag=knob.flag,
-               flag_help=knob.flag_help, metavar=knob.metavar, choices=knob.choices,
+               flag_help=knob.flag_help.replace("%", "%%"), metavar=knob.metavar,
+               choices=knob.choices,
                tools=SCHEME_TOOLS if knob.flag else frozenset(),
                kind=FlagKind.TEXT if knob.text else FlagKind.VALUE, unit=knob.unit,
                table=kind.table, holder=kind)
@@ -386,11 +380,26 @@ class Registry:
     tables: dict[str, type[SchemeSettings]]  # [exchange.<table>] -> its settings class
 
 
+def _scheme_key(schemes: Mapping[str, Any]) -> Key:
+    """exchange.scheme with the registered schemes and their presets as its choices,
+    comment and flag help."""
+    presets = [preset for scheme in schemes.values() for preset in scheme.presets
+               if preset.name not in schemes]
+    named = " ".join(f"{preset.name} ({preset.core_scheme})" for preset in presets)
+    summaries = ", ".join(f"{name} ({scheme.summary})" for name, scheme in schemes.items())
+    flag_help = (f"exchange: {summaries}; or a named scheme that stands for settings of "
+                 f"one: {', '.join(preset.name for preset in presets)} (as "
+                 f"configs/presets/NAME.toml)")
+    return dataclasses.replace(
+        _EARLIER_KEYS[_SCHEME_INDEX], choices=scheme_choices(),
+        comment=f"{' | '.join(schemes)} (see the guide's Exchange schemes), or a named "
+                f"scheme: {named} (each stands for settings of the scheme beside it)",
+        flag_help=flag_help.replace("%", "%%"))
+
+
 def _build(schemes: Mapping[str, Any]) -> Registry:
     tables = settings_tables()
-    scheme_key = dataclasses.replace(
-        _EARLIER_KEYS[_SCHEME_INDEX],
-        choices=scheme_choices())
+    scheme_key = _scheme_key(schemes)
     knob_keys = tuple(_knob_key(kind, item) for kind in tables.values()
                       for item in dataclasses.fields(kind))
     keys = (*_EARLIER_KEYS[:_SCHEME_INDEX], scheme_key, *_EARLIER_KEYS[_SCHEME_INDEX + 1:],
