@@ -91,33 +91,36 @@ class PSSettings(SchemeSettings):
 
 
 def _ps_worker(spec: SchemeSpec, layout: PSLayout, rank: int, replica: Replica) -> PSWorker:
-    if spec.ps_mode == "elastic":
+    knobs = spec.knobs(PSSettings)
+    if knobs.ps_mode == "elastic":
         return ElasticWorker(rank, layout, replica=replica, staleness=spec.staleness,
-                             every=spec.push_every)
-    if spec.local_steps:
+                             every=knobs.push_every)
+    if knobs.local_steps:
         return LocalStepPSWorker(rank, layout, replica=replica, staleness=spec.staleness,
-                                 push_every=spec.push_every, fetch_every=spec.fetch_every,
-                                 push_average=spec.push_average, sync=spec.ps_mode == "sync")
-    if spec.worker_lr_scale:
-        return ScaledPSWorker(rank, layout, replica=replica, mode=spec.ps_mode,
-                              staleness=spec.staleness, push_every=spec.push_every,
-                              fetch_every=spec.fetch_every,
-                              lr_scale=spec.worker_lr_scale[rank % len(spec.worker_lr_scale)])
-    return PSWorker(rank, layout, replica=replica, mode=spec.ps_mode, staleness=spec.staleness,
-                    push_every=spec.push_every, fetch_every=spec.fetch_every)
+                                 push_every=knobs.push_every, fetch_every=knobs.fetch_every,
+                                 push_average=knobs.push_average, sync=knobs.ps_mode == "sync")
+    if knobs.worker_lr_scale:
+        scales = knobs.worker_lr_scale
+        return ScaledPSWorker(rank, layout, replica=replica, mode=knobs.ps_mode,
+                              staleness=spec.staleness, push_every=knobs.push_every,
+                              fetch_every=knobs.fetch_every,
+                              lr_scale=scales[rank % len(scales)])
+    return PSWorker(rank, layout, replica=replica, mode=knobs.ps_mode, staleness=spec.staleness,
+                    push_every=knobs.push_every, fetch_every=knobs.fetch_every)
 
 
 def _ps_server(spec: SchemeSpec, layout: PSLayout, rank: int, replica: Replica) -> PSServer:
-    if spec.ps_mode == "elastic":
-        return ElasticServer(rank, layout, replica=replica, alpha=spec.elastic_alpha)
-    if spec.ps_mode == "async" and spec.local_steps:
-        return DeltaPSServer(rank, layout, replica=replica, push_every=spec.push_every,
-                             fetch_every=spec.fetch_every)
-    if spec.ps_mode == "sync" and spec.local_steps:
-        return SyncDeltaPSServer(rank, layout, replica=replica, push_every=spec.push_every,
+    knobs = spec.knobs(PSSettings)
+    if knobs.ps_mode == "elastic":
+        return ElasticServer(rank, layout, replica=replica, alpha=knobs.elastic_alpha)
+    if knobs.ps_mode == "async" and knobs.local_steps:
+        return DeltaPSServer(rank, layout, replica=replica, push_every=knobs.push_every,
+                             fetch_every=knobs.fetch_every)
+    if knobs.ps_mode == "sync" and knobs.local_steps:
+        return SyncDeltaPSServer(rank, layout, replica=replica, push_every=knobs.push_every,
                                  reduce=spec.reduce)
-    return PSServer(rank, layout, replica=replica, mode=spec.ps_mode, reduce=spec.reduce,
-                    fetch_every=spec.fetch_every, push_every=spec.push_every)
+    return PSServer(rank, layout, replica=replica, mode=knobs.ps_mode, reduce=spec.reduce,
+                    fetch_every=knobs.fetch_every, push_every=knobs.push_every)
 
 
 _ASYNC_PS = {"scheme": "ps", "ps_servers": 1, "ps_mode": "async", "ssp": "inf"}
@@ -167,9 +170,11 @@ class PSScheme(Scheme):
             raise ValueError(f"ps_servers: got {spec.ps_servers}, expected "
                              f"1..{spec.workers - 1} (the rest of the {spec.workers} nodes "
                              f"are workers)")
-        if spec.ps_mode not in PS_MODES:
-            raise ValueError(f"ps_mode: got {spec.ps_mode!r}, expected one of "
-                             f"{', '.join(PS_MODES)}")
+        scales = spec.knobs(PSSettings).worker_lr_scale  # ValueError for a bad knob
+        if len(scales) > spec.training_workers:
+            raise ValueError(f"worker_lr_scale: got {len(scales)} values, expected at most "
+                             f"one per training worker ({spec.training_workers}; fewer go "
+                             f"round robin)")
 
     def build(self, spec: SchemeSpec, length: int, params0: np.ndarray | None,
               replica: ReplicaOf) -> list[SchemeNode]:

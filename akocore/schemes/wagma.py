@@ -250,8 +250,9 @@ class WagmaScheme(Scheme):
 
     def build(self, spec: SchemeSpec, length: int, params0: np.ndarray | None,
               replica: ReplicaOf) -> list[SchemeNode]:
+        knobs = spec.knobs(WagmaSettings)
         return [WagmaWorker(i, spec.workers, length, replica=replica(i, params0),
-                            group_size=spec.group_size, global_every=spec.global_every,
+                            group_size=knobs.group_size, global_every=knobs.global_every,
                             wait_avoiding=spec.wait_avoiding) for i in range(spec.workers)]
 
     def staleness_bound(self, exchange: ExchangeView, *, p_max: int, ssp: float) -> float:
