@@ -32,6 +32,26 @@ from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 from tests.solo_scheme import SOLO, SoloSettings
 
 PLUGIN = "tests.solo_scheme"
+SETTINGS = Path(__file__).resolve().parent.parent / "akocore" / "settings"
+
+
+def test_no_module_of_the_settings_names_a_schemes_knob() -> None:
+    """The knobs are the schemes' business: the settings package reads them from the
+    registered settings classes and never names one (no attribute, keyword or key text)."""
+    import ast
+
+    from akocore.schemes.registry import settings_tables
+
+    knobs = {name for kind in settings_tables().values() for name in kind.names()}
+    offenders = []
+    for path in sorted(SETTINGS.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            named = (node.attr if isinstance(node, ast.Attribute) else
+                     node.arg if isinstance(node, ast.keyword) else
+                     node.value if isinstance(node, ast.Constant) else None)
+            if named in knobs:
+                offenders.append(f"{path.name}:{node.lineno} {named}")
+    assert offenders == []
 
 
 def test_the_knob_is_a_setting_in_every_layer_while_the_scheme_is_registered() -> None:
