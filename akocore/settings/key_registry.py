@@ -9,6 +9,15 @@ file's comments and ``--show-config`` are all generated from `KEYS`.
 
 Built-in defaults are NOT written here: each is the field default of its
 section's dataclass in akocore.settings.schema, and `Key.default` reads it.
+
+A scheme's knobs are not written here either: `current()` generates one key
+``exchange.<name>`` per field of every registered scheme's settings class
+(akocore.schemes.knobs), with the comment, flag, parser's unit and default its
+field's metadata gives (`Key.table` names its table, ``[exchange.<table>]``;
+its `field` is ExchangeConfig's ``tables``, which holds it), and the choices
+and help of ``exchange.scheme`` from the registered schemes and their presets.
+`current()` is rebuilt when the scheme registry changes; `KEYS`, `SECTIONS`
+and `BY_DOTTED` are the keys of the built-in schemes, as imported.
 """
 
 from __future__ import annotations
@@ -120,8 +129,10 @@ class Key:
     tools: frozenset[Tool] = frozenset()
     kind: FlagKind = FlagKind.VALUE
     unit: str = ""  # a unit example ("mbps"): a bare number is refused from every layer
-    table: str | None = None  # a scheme's knob: its table, [exchange.<table>]
-    holder: type | None = None  # a scheme's knob: its settings class
+    # a scheme's knob: its table ([exchange.<table>]) and settings class; its `field` is
+    # then "tables", the ExchangeConfig field that holds every scheme's settings
+    table: str | None = None
+    holder: type | None = None
 
     @property
     def dotted(self) -> str:
