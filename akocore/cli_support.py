@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from akocore.schemes.registry import SCHEME_MODULES_ENV, load_scheme_modules
+
 EXIT_USAGE = 2
 
 
@@ -43,6 +45,20 @@ def fail(message: str, prog: str) -> NoReturn:
     """A user mistake: one line on stderr, exit status 2."""
     print(f"{prog}: error: {message}", file=sys.stderr)
     raise SystemExit(EXIT_USAGE)
+
+
+def load_scheme_plugins(environ: Any, prog: str) -> None:
+    """Register the schemes of the modules ``$AKO_SCHEME_MODULES`` names (comma-separated,
+    each with a SCHEMES tuple), before any parser is built: how a scheme from outside
+    the toolkit reaches akosim, akorun and every rank akorun starts. A module that
+    cannot be imported or has no SCHEMES exits 2 with one line."""
+    names = str(environ.get(SCHEME_MODULES_ENV, ""))
+    if not names.strip():
+        return
+    try:
+        load_scheme_modules(names)
+    except ValueError as error:
+        fail(one_line(error), prog)
 
 
 _FLAG_OWNER = "_one_line_flag_owner"  # namespace key: the deepest (sub)command parsed

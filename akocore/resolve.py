@@ -18,7 +18,6 @@ from akocore.config import RunConfig
 from akocore.partition import PartitionError, check_p
 from akocore.planner import Plan, PlanInputs, plan
 from akocore.schemes import SchemeSpec, scheme_named
-from akocore.settings.key_registry import key_of
 
 
 @dataclass(frozen=True)
@@ -75,22 +74,21 @@ def resolve_plan(cfg: RunConfig, *, gradient_bytes: float, length: int,
 
 def scheme_spec(cfg: RunConfig, p_of: tuple[int, ...] = (1,), *,
                 ps_servers: int | None = None) -> SchemeSpec:
-    """The nodes' description of `cfg`. Every exchange key the scheme declares
-    (`Scheme.keys`) that is not a SchemeSpec field reaches its builder in
-    `SchemeSpec.options`, so a scheme with knobs of its own needs no field here."""
+    """The nodes' description of `cfg`: the shared keys, the scheme's settings object
+    (`SchemeSpec.settings`), and each key the scheme reads (`Scheme.keys`) as the
+    SchemeSpec field of its name or else in `SchemeSpec.options`; nothing here names a
+    scheme's knob."""
     exchange = cfg.exchange
+    scheme = scheme_named(exchange.scheme)
+    spec_fields = {item.name for item in fields(SchemeSpec)}
+    read = {name: getattr(exchange, name) for name in scheme.keys}
     servers = ps_servers if ps_servers is not None else (
         exchange.ps_servers if isinstance(exchange.ps_servers, int) else 1)
-    spec_fields = {item.name for item in fields(SchemeSpec)}
-    options = tuple((name, getattr(exchange, key_of(f"exchange.{name}").field))
-                    for name in scheme_named(exchange.scheme).keys
-                    if key_of(f"exchange.{name}").field not in spec_fields)
+    given = {name: value for name, value in read.items() if name in spec_fields}
+    given.update(schedule=exchange.schedule, ps_servers=servers)
     return SchemeSpec(scheme=exchange.scheme, workers=cfg.cluster.workers, p_of=p_of,
-                      staleness=exchange.ssp, schedule=exchange.schedule,
-                      reduce=exchange.reduce, ps_servers=servers, ps_mode=exchange.ps_mode,
-                      push_every=exchange.push_every, fetch_every=exchange.fetch_every,
-                      group_size=exchange.group_size, global_every=exchange.global_every,
-                      elastic_alpha=exchange.elastic_alpha, local_steps=exchange.local_steps,
-                      push_average=exchange.push_average,
-                      worker_lr_scale=exchange.worker_lr_scale, options=options,
-                      codec=exchange.codec)
+                      staleness=exchange.ssp, reduce=exchange.reduce, codec=exchange.codec,
+                      settings=exchange.knobs(scheme.settings) if scheme.settings else None,
+                      options=tuple((name, value) for name, value in read.items()
+                                    if name not in spec_fields),
+                      **given)

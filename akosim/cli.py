@@ -18,12 +18,20 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from akocore.cli_support import OneLineParser, UsageError, check_out_file, fail, one_line
+from akocore.cli_support import (
+    OneLineParser,
+    UsageError,
+    check_out_file,
+    fail,
+    load_scheme_plugins,
+    one_line,
+)
 from akocore.config import (
     Given,
     Layer,
@@ -409,6 +417,7 @@ def with_command(argv: Sequence[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = with_command(sys.argv[1:] if argv is None else argv)
+    load_scheme_plugins(os.environ, "akosim")
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args))

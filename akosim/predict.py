@@ -150,11 +150,13 @@ def check_no_contradiction(args: argparse.Namespace, cfg: RunConfig, where: Path
             continue
         section, field_name = key.split(".", 1)
         given = resolved.value(key)
-        from akocore.settings.key_registry import BY_DOTTED
+        from akocore.settings.key_registry import current
 
-        ran = getattr(getattr(base, section), BY_DOTTED[key].field)
+        by_dotted = current().by_dotted
+
+        ran = by_dotted[key].value_in(getattr(base, section))
         if given != ran:
-            dump = BY_DOTTED[key].dump
+            dump = by_dotted[key].dump
             raise UsageError(f"predict: {field_name} {dump(given)!r} ({resolved.origin(key)}) "
                              f"contradicts the run, which used {dump(ran)!r} ({where}); "
                              f"predict takes the run as it was")

@@ -234,10 +234,10 @@ def _flags(command: str, settings: Mapping[str, Any]) -> list[str]:
 def _settings_without_flags() -> dict[str, str]:
     """Run settings with no flag of their own, by their name in the section: eval_every ->
     train.eval_every (a name two sections share is left to ``set``)."""
-    from akocore.settings.key_registry import BY_DOTTED
+    from akocore.settings.key_registry import current
 
     names: dict[str, list[str]] = {}
-    for dotted in BY_DOTTED:
+    for dotted in current().by_dotted:
         section, _, name = dotted.partition(".")
         if section not in ("akorun",):
             names.setdefault(name, []).append(dotted)

@@ -26,10 +26,12 @@ A run's codec (akocore.codecs) is put on every node's sends by build_nodes
 (akocore.codecs.exchange.attach_codec); a scheme never calls a codec.
 
 Modules: base (SchemeNode, Replica, SchemeError), protocol (Scheme: one
-scheme as one object), one module per scheme (ako, ps_family with ps,
-elastic and localps, allreduce, wagma), registry (every scheme by name),
-named (the presets --scheme NAME stands for) and factory (SchemeSpec,
-build_nodes). This package re-exports their public names.
+scheme as one object), knobs (a scheme's settings class: every knob's
+default, help, parser and flag; presets), one module per scheme (ako,
+ps_family with ps, elastic and localps, allreduce, wagma, diloco with
+diloco_sync and diloco_settings), registry (every scheme by name), named (the
+presets --scheme NAME stands for, read from the schemes) and factory
+(SchemeSpec, build_nodes). This package re-exports their public names.
 """
 
 from akocore.schemes.ako import (

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -20,11 +20,12 @@ from akocore import ssp
 from akocore.messages import Kind, Partial, Receipt, Send
 from akocore.partition import accumulate_and_take, check_p, partition_slice
 from akocore.schemes.base import Replica, SchemeError, SchemeNode, copy_or_none, reduce_scale
-from akocore.schemes.protocol import ReplicaOf, Scheme
+from akocore.schemes.knobs import SchemeSettings, knob
+from akocore.schemes.protocol import ExchangeView, ReplicaOf, Scheme
+from akocore.settings.normalise import as_flush
 
 if TYPE_CHECKING:
     from akocore.schemes.factory import SchemeSpec
-    from akocore.settings.schema import ExchangeConfig
 
 SCHEDULES = ("staggered", "aligned")
 
@@ -388,15 +389,36 @@ class AkoWorker(SchemeNode):
         self.next_round = state.next_round
 
 
+@dataclass(frozen=True)
+class AkoSettings(SchemeSettings):
+    """Ako's own knob ([exchange.ako]); p, its planner's keys and ssp are shared keys."""
+
+    table: ClassVar[str] = "ako"
+
+    flush: str | float = knob(
+        "average", parse=as_flush,
+        help="scheme ako: what every replica applies of the gradients still owed at the end: "
+             "average (ends at the mean of the replicas), full (all of it: the exact sum) or a "
+             "fraction 0 < w <= 1",
+        flag="--flush", metavar="{average,full,FRACTION}",
+        flag_help="scheme ako: what every replica applies of the gradients still owed at "
+                  "the end: average (the mean of the replicas; default), full (every "
+                  "gradient in full) or a fraction, e.g. 0.5")
+
+
 class AkoScheme(Scheme):
     """Ako: each round one of p partitions of the unsent gradient to every peer."""
 
     name = "ako"
     summary = "partial all-to-all: one of p gradient partitions to every peer each round"
-    keys = ("p", "schedule", "utilisation", "p_max", "flush")
+    settings = AkoSettings
     pattern = "partial-all-to-all"
     partitioned = True
     rejoinable = True
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return ("p", "schedule", "utilisation", "p_max", "flush")
 
     def build(self, spec: SchemeSpec, length: int, params0: np.ndarray | None,
               replica: ReplicaOf) -> list[SchemeNode]:
@@ -408,7 +430,7 @@ class AkoScheme(Scheme):
                           reduce=spec.reduce, flush_weight=weight)
                 for i in range(spec.workers)]
 
-    def staleness_bound(self, exchange: ExchangeConfig, *, p_max: int, ssp: float) -> float:
+    def staleness_bound(self, exchange: ExchangeView, *, p_max: int, ssp: float) -> float:
         """p - 1 + s: a partition reaches a peer within p rounds, the SSP gate adds s."""
         return p_max - 1 + ssp
 

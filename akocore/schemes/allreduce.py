@@ -10,11 +10,10 @@ from akocore import ssp
 from akocore.messages import Kind, Partial, Receipt, Send
 from akocore.partition import check_p, partition_bounds
 from akocore.schemes.base import Replica, SchemeError, SchemeNode, reduce_scale
-from akocore.schemes.protocol import ReplicaOf, Scheme
+from akocore.schemes.protocol import ExchangeView, ReplicaOf, Scheme
 
 if TYPE_CHECKING:
     from akocore.schemes.factory import SchemeSpec
-    from akocore.settings.schema import ExchangeConfig
 
 
 class AllReduceWorker(SchemeNode):
@@ -128,7 +127,7 @@ class AllReduceScheme(Scheme):
         return [AllReduceWorker(i, spec.workers, length, replica=replica(i, params0),
                                 reduce=spec.reduce) for i in range(spec.workers)]
 
-    def variant_label(self, exchange: ExchangeConfig) -> str:
+    def variant_label(self, exchange: ExchangeView) -> str:
         return "ring allreduce"
 
 

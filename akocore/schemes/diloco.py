@@ -82,6 +82,7 @@ from akocore.messages import Kind, Partial, Receipt, Send
 from akocore.optim import FlatOptimizer, NesterovSGD
 from akocore.partition import check_p, partition_bounds
 from akocore.schemes.base import Replica, SchemeError, SchemeNode
+from akocore.schemes.diloco_settings import DEFAULT_INNER_STEPS, DEFAULT_OUTER_LR, DilocoSettings
 from akocore.schemes.diloco_sync import (
     DEFAULT_OUTER_SYNC,
     OUTER_SYNCS,
@@ -89,17 +90,11 @@ from akocore.schemes.diloco_sync import (
     ChunkState,
     mean_of,
 )
-from akocore.schemes.protocol import ReplicaOf, Scheme
+from akocore.schemes.protocol import ExchangeView, ReplicaOf, Scheme
 
 if TYPE_CHECKING:
     from akocore.schemes.factory import SchemeSpec
-    from akocore.settings.schema import ExchangeConfig
 
-DEFAULT_INNER_STEPS = 10
-DEFAULT_OUTER_LR = 0.7  # the DiLoCo paper's outer learning rate
-DEFAULT_OUTER_MOMENTUM = 0.9
-DEFAULT_FRAGMENTS = 2
-DEFAULT_OVERLAP_STEPS = 1
 
 
 @dataclass
@@ -394,10 +389,9 @@ def check_diloco_knobs(workers: int, length: int, inner_steps: int, fragments: i
         raise ValueError(f"exchange.merge_alpha: got {merge_alpha}, expected 0 <= alpha <= 1")
 
 
-def _sync_label(exchange: ExchangeConfig) -> str:
+def _sync_label(settings: DilocoSettings) -> str:
     """" all-to-all" when the sync is not the default all-reduce."""
-    sync = getattr(exchange, "outer_sync", DEFAULT_OUTER_SYNC)
-    return "" if sync == DEFAULT_OUTER_SYNC else f" {sync}"
+    return "" if settings.outer_sync == DEFAULT_OUTER_SYNC else f" {settings.outer_sync}"
 
 
 class DilocoScheme(Scheme):
@@ -405,52 +399,58 @@ class DilocoScheme(Scheme):
 
     name = "diloco"
     summary = "H local optimizer steps, then an outer step on averaged pseudo-gradients"
-    keys: ClassVar[tuple[str, ...]] = ("inner_steps", "outer_lr", "outer_momentum",
-                                       "outer_sync")
+    settings = DilocoSettings
     pattern = "all-reduce"
     _fragmented: ClassVar[bool] = False  # whether exchange.fragments is read
 
-    def _streaming(self, spec: SchemeSpec) -> dict[str, Any]:
-        """The Streaming knobs of `spec`: DiLoCo is one fragment, no overlap."""
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return ("inner_steps", "outer_lr", "outer_momentum", "outer_sync")
+
+    def _streaming(self, knobs: DilocoSettings) -> dict[str, Any]:
+        """The Streaming knobs: DiLoCo is one fragment, no overlap."""
         return {"fragments": 1, "overlap_steps": 0, "merge_alpha": 0.0, "eager": False}
 
     def _knobs(self, spec: SchemeSpec) -> dict[str, Any]:
-        return {"inner_steps": int(spec.option("inner_steps", DEFAULT_INNER_STEPS)),
-                "outer_sync": str(spec.option("outer_sync", DEFAULT_OUTER_SYNC)),
-                **self._streaming(spec)}
+        knobs = spec.knobs(DilocoSettings)
+        return {"inner_steps": knobs.inner_steps, "outer_sync": knobs.outer_sync,
+                **self._streaming(knobs)}
 
     def check_spec(self, spec: SchemeSpec) -> None:
         knobs = self._knobs(spec)
         check_schedule(knobs["inner_steps"], knobs["fragments"], knobs["overlap_steps"])
 
-    def check_exchange(self, exchange: ExchangeConfig) -> None:
-        tau = self._tau(exchange)
-        check_schedule(exchange.inner_steps,
-                       exchange.fragments if self._fragmented else 1, tau)
+    def check_exchange(self, exchange: ExchangeView) -> None:
+        knobs = exchange.knobs(DilocoSettings)
+        check_schedule(knobs.inner_steps, knobs.fragments if self._fragmented else 1,
+                       self._tau(knobs))
 
     def build(self, spec: SchemeSpec, length: int, params0: np.ndarray | None,
               replica: ReplicaOf) -> list[SchemeNode]:
-        outer = NesterovSGD(float(spec.option("outer_lr", DEFAULT_OUTER_LR)),
-                            float(spec.option("outer_momentum", DEFAULT_OUTER_MOMENTUM)))
+        knobs = spec.knobs(DilocoSettings)
+        outer = NesterovSGD(knobs.outer_lr, knobs.outer_momentum)
         return [DilocoWorker(i, spec.workers, length, replica=replica(i, params0), outer=outer,
                              **self._knobs(spec)) for i in range(spec.workers)]
 
-    def _tau(self, exchange: ExchangeConfig) -> int:
+    def _tau(self, knobs: DilocoSettings) -> int:
         return 0
 
-    def staleness_bound(self, exchange: ExchangeConfig, *, p_max: int, ssp: float) -> float:
+    def staleness_bound(self, exchange: ExchangeView, *, p_max: int, ssp: float) -> float:
         """H - 1 + tau: the others' inner steps since the last sync, plus the overlap."""
-        return float(exchange.inner_steps - 1 + self._tau(exchange))
+        knobs = exchange.knobs(DilocoSettings)
+        return float(knobs.inner_steps - 1 + self._tau(knobs))
 
-    def effective_ssp(self, exchange: ExchangeConfig) -> float:
+    def effective_ssp(self, exchange: ExchangeView) -> float:
         return 0.0
 
-    def period_rounds(self, exchange: ExchangeConfig) -> int:
+    def period_rounds(self, exchange: ExchangeView) -> int:
         """H / P: a sync lands every window (every H rounds for DiLoCo)."""
-        return int(exchange.inner_steps) // (int(exchange.fragments) if self._fragmented else 1)
+        knobs = exchange.knobs(DilocoSettings)
+        return knobs.inner_steps // (knobs.fragments if self._fragmented else 1)
 
-    def label(self, exchange: ExchangeConfig) -> str:
-        return f"H={exchange.inner_steps}{_sync_label(exchange)}"
+    def label(self, exchange: ExchangeView) -> str:
+        knobs = exchange.knobs(DilocoSettings)
+        return f"H={knobs.inner_steps}{_sync_label(knobs)}"
 
 
 class StreamingDilocoScheme(DilocoScheme):
@@ -458,24 +458,24 @@ class StreamingDilocoScheme(DilocoScheme):
 
     name = "streaming-diloco"
     summary = "DiLoCo syncing P fragments in turn, each sync overlapped with tau inner steps"
-    keys: ClassVar[tuple[str, ...]] = ("inner_steps", "outer_lr", "outer_momentum",
-                                       "outer_sync", "fragments", "overlap_steps",
-                                       "merge_alpha", "eager")
     _fragmented: ClassVar[bool] = True
 
-    def _streaming(self, spec: SchemeSpec) -> dict[str, Any]:
-        return {"fragments": int(spec.option("fragments", DEFAULT_FRAGMENTS)),
-                "overlap_steps": int(spec.option("overlap_steps", DEFAULT_OVERLAP_STEPS)),
-                "merge_alpha": float(spec.option("merge_alpha", 0.0)),
-                "eager": bool(spec.option("eager", False))}
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return DilocoSettings.names()
 
-    def _tau(self, exchange: ExchangeConfig) -> int:
-        return int(exchange.overlap_steps)
+    def _streaming(self, knobs: DilocoSettings) -> dict[str, Any]:
+        return {"fragments": knobs.fragments, "overlap_steps": knobs.overlap_steps,
+                "merge_alpha": knobs.merge_alpha, "eager": knobs.eager}
 
-    def label(self, exchange: ExchangeConfig) -> str:
-        eager = " eager" if exchange.eager else ""
-        return (f"H={exchange.inner_steps} P={exchange.fragments} "
-                f"tau={exchange.overlap_steps}{eager}{_sync_label(exchange)}")
+    def _tau(self, knobs: DilocoSettings) -> int:
+        return knobs.overlap_steps
+
+    def label(self, exchange: ExchangeView) -> str:
+        knobs = exchange.knobs(DilocoSettings)
+        eager = " eager" if knobs.eager else ""
+        return (f"H={knobs.inner_steps} P={knobs.fragments} "
+                f"tau={knobs.overlap_steps}{eager}{_sync_label(knobs)}")
 
 
 DILOCO = DilocoScheme()

@@ -9,6 +9,7 @@ neither this module nor its callers.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,9 +19,9 @@ from akocore.codecs.codec_registry import codec_named
 from akocore.codecs.exchange import attach_codec
 from akocore.optim import FlatOptimizer
 from akocore.schemes.base import Replica, SchemeNode
-from akocore.schemes.protocol import Scheme
+from akocore.schemes.knobs import SchemeSettings
+from akocore.schemes.protocol import Scheme, SettingsT
 from akocore.schemes.registry import SCHEMES, scheme_named
-from akocore.schemes.wagma import DEFAULT_GLOBAL_EVERY, DEFAULT_GROUP_SIZE
 
 
 @dataclass(frozen=True)
@@ -33,21 +34,31 @@ class SchemeSpec:
     staleness: float = 0.0
     schedule: str = "staggered"
     reduce: str = "mean"
-    ps_servers: int = 1
-    ps_mode: str = "sync"
-    push_every: int = 1
-    fetch_every: int = 1
-    group_size: int = DEFAULT_GROUP_SIZE  # wagma: G
-    global_every: int = DEFAULT_GLOBAL_EVERY  # wagma: tau
+    ps_servers: int = 1  # the servers of a scheme that has them (exchange.ps_servers resolved)
     wait_avoiding: bool = True  # wagma: False = synchronous group collectives
-    elastic_alpha: float = 0.0  # ps elastic: moving rate, 0 = 0.9 / workers
-    local_steps: bool = False  # ps: workers step locally (async DOWNPOUR/ADAG, sync SDAG)
-    push_average: bool = False  # ps local steps: push update / push_every (ADAG, SAGN)
-    worker_lr_scale: tuple[float, ...] = ()  # ps: learning-rate factors, worker i: [i % len]
     # the scheme's own exchange keys that are not fields above, (name, value) in the order
-    # of its `keys` (akocore.resolve.scheme_spec fills them): a new scheme's knobs
+    # of its `keys`: what `knobs` reads over the defaults when `settings` is None
     options: tuple[tuple[str, Any], ...] = ()
+    # the scheme's settings object (akocore.resolve.scheme_spec gives the configured one)
+    settings: SchemeSettings | None = None
     codec: str = "none"  # what every coded send carries (akocore.codecs), e.g. "int8"
+
+    def __init__(self, *args: Any, **values: Any) -> None:
+        """The fields in order or by name; any other keyword is a knob of the scheme's
+        settings (``SchemeSpec("ps", 4, ps_mode="async")``), kept in `options`."""
+        items = dataclasses.fields(self)
+        if len(args) > len(items):
+            raise TypeError(f"SchemeSpec takes at most {len(items)} positional arguments")
+        for item, arg in zip(items, args, strict=False):
+            if item.name in values:
+                raise TypeError(f"SchemeSpec got multiple values for {item.name!r}")
+            values[item.name] = arg
+        for item in items:
+            value = values.pop(item.name) if item.name in values else item.default
+            object.__setattr__(self, item.name, value)
+        if values:
+            object.__setattr__(self, "options", (*self.options, *values.items()))
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         scheme_named(self.scheme)  # ValueError naming the known schemes
@@ -57,10 +68,6 @@ class SchemeSpec:
         if self.staleness < 0:
             raise ValueError(f"ssp: got {self.staleness}, expected >= 0 or inf")
         self.kind.check_spec(self)
-        if len(self.worker_lr_scale) > self.training_workers:
-            raise ValueError(f"worker_lr_scale: got {len(self.worker_lr_scale)} values, "
-                             f"expected at most one per training worker "
-                             f"({self.training_workers}; fewer go round robin)")
 
     @property
     def kind(self) -> Scheme:
@@ -71,6 +78,14 @@ class SchemeSpec:
     def training_workers(self) -> int:
         """Nodes that compute gradients (all but the servers of a scheme that has them)."""
         return self.workers - self.kind.servers(self.ps_servers)
+
+    def knobs(self, kind: type[SettingsT]) -> SettingsT:
+        """The scheme's settings of `kind`: `settings` when it is one, else the defaults
+        with `options` over them (a spec made by hand)."""
+        if isinstance(self.settings, kind):
+            return self.settings
+        names = kind.names()
+        return kind(**{name: value for name, value in self.options if name in names})
 
     def option(self, name: str, default: Any = None) -> Any:
         """The value of the scheme's own exchange key `name` (see `options`)."""

@@ -8,9 +8,13 @@ capability of that object, so that no other module compares scheme names:
 
 - `build(spec, length, params0, replica)`: its nodes, ranks 0..workers-1
   (its state machines: akocore.schemes.base.SchemeNode);
-- `keys`: the ``exchange.*`` settings it reads (beside the shared scheme,
-  ssp, reduce), `check_exchange`: how they must combine, and `check_spec`:
-  what it refuses in a spec;
+- `presets`: the named schemes that stand for some of its settings
+  (``--scheme adag``: ps with local steps, ...);
+- `settings`: its settings class (akocore.schemes.knobs: every knob with its
+  default, help, parser and flag; the settings layers generate the rest),
+  `keys`: the ``exchange.*`` settings it reads (beside the shared scheme,
+  ssp, reduce; by default its settings' knobs), `check_exchange`: how they
+  must combine, and `check_spec`: what it refuses in a spec;
 - `staleness_bound(exchange, p_max=, ssp=)`: its staleness bound in rounds;
   `period_rounds(exchange)`: the rounds after which its waits repeat;
 - `label(exchange)` / `variant_label(exchange)`: how tables name a run of it;
@@ -21,8 +25,11 @@ capability of that object, so that no other module compares scheme names:
   `pattern` (the communication pattern, for closed forms), `compared` (in
   akosim's side-by-side comparison of every scheme).
 
-Adding a scheme is one module (its node classes and a `Scheme` subclass
-instance) and one entry in the registry. `Scheme` is a base class whose
+Adding a scheme is one module (its node classes, its settings class and a
+`Scheme` subclass instance) and one entry in the registry. The hooks see the
+exchange settings as an `ExchangeView` (akocore.settings.schema's
+ExchangeConfig is one): the shared keys, and a scheme's own settings object by
+``exchange.knobs(ItsSettings)``. `Scheme` is a base class whose
 defaults fit a scheme where every rank trains and nothing is stale; a
 scheme overrides what differs.
 """
@@ -30,15 +37,36 @@ scheme overrides what differs.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 
 from akocore.schemes.base import Replica, SchemeNode
+from akocore.schemes.knobs import Preset, SchemeSettings
 
 if TYPE_CHECKING:
     from akocore.schemes.factory import SchemeSpec
-    from akocore.settings.schema import ExchangeConfig
+
+SettingsT = TypeVar("SettingsT", bound=SchemeSettings)
+
+
+class ExchangeView(Protocol):
+    """What a scheme's hooks read of the exchange settings (ExchangeConfig is one)."""
+
+    @property
+    def scheme(self) -> str: ...
+
+    @property
+    def ssp(self) -> float: ...
+
+    def knobs(self, kind: type[SettingsT]) -> SettingsT:
+        """The settings object of `kind` (a scheme's settings class)."""
+        ...
+
+    def __getattr__(self, name: str) -> Any:
+        """Any other exchange key by its name (flat: ``exchange.inner_steps``)."""
+        ...
+
 
 # (rank, its parameters or None) -> its replica
 ReplicaOf = Callable[[int, np.ndarray | None], Replica]
@@ -49,7 +77,8 @@ class Scheme:
 
     name: ClassVar[str]
     summary: ClassVar[str]
-    keys: ClassVar[tuple[str, ...]] = ()  # exchange.* keys it reads beyond the shared ones
+    settings: ClassVar[type[SchemeSettings] | None] = None  # its knobs: [exchange.<table>]
+    presets: ClassVar[tuple[Preset, ...]] = ()  # names that stand for some of its settings
     pattern: ClassVar[str] = "peer-to-peer"  # "partial-all-to-all", "ring", "servers", ...
     partitioned: ClassVar[bool] = False  # one of p partitions per round: the planner picks p
     has_servers: ClassVar[bool] = False  # the last exchange.ps_servers ranks do not train
@@ -57,10 +86,15 @@ class Scheme:
     rejoinable: ClassVar[bool] = False  # a rank can rejoin (--resume) and donate snapshots
     compared: ClassVar[bool] = True  # a run of it is in akosim's side-by-side comparison
 
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The exchange.* keys it reads beyond the shared ones (its settings' knobs)."""
+        return self.settings.names() if self.settings is not None else ()
+
     def check_spec(self, spec: SchemeSpec) -> None:
         """ValueError when `spec` cannot run this scheme (the shared checks are done)."""
 
-    def check_exchange(self, exchange: ExchangeConfig) -> None:
+    def check_exchange(self, exchange: ExchangeView) -> None:
         """ValueError ("exchange.KEY: got ..., expected ...") when its own keys do not
         combine (each key alone is checked by the settings)."""
 
@@ -73,24 +107,24 @@ class Scheme:
         """Every node of a run, ranks 0..spec.workers-1 (servers last)."""
         raise NotImplementedError(f"scheme {self.name} builds no nodes")
 
-    def staleness_bound(self, exchange: ExchangeConfig, *, p_max: int, ssp: float) -> float:
+    def staleness_bound(self, exchange: ExchangeView, *, p_max: int, ssp: float) -> float:
         """The most rounds of the other workers' updates a worker's parameters can miss."""
         return 0.0
 
-    def period_rounds(self, exchange: ExchangeConfig) -> int:
+    def period_rounds(self, exchange: ExchangeView) -> int:
         """Rounds after which its pattern of waits repeats (DiLoCo: H), so that figures
         per round are taken over whole periods."""
         return 1
 
-    def effective_ssp(self, exchange: ExchangeConfig) -> float:
+    def effective_ssp(self, exchange: ExchangeView) -> float:
         """The SSP bound its workers gate with (exchange.ssp unless the scheme ignores it)."""
         return exchange.ssp
 
-    def label(self, exchange: ExchangeConfig) -> str:
+    def label(self, exchange: ExchangeView) -> str:
         """The knobs that distinguish a run of this scheme, e.g. "G=4 tau=10"; "" if none."""
         return ""
 
-    def variant_label(self, exchange: ExchangeConfig) -> str:
+    def variant_label(self, exchange: ExchangeView) -> str:
         """How a table names the configured run of this scheme."""
         return f"{self.name} {self.label(exchange)}".rstrip()
 

@@ -32,17 +32,18 @@ after its round-t step; a final marker (part FINAL, no values) at finish.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from akocore.messages import Kind, Partial, Receipt, Send
 from akocore.schemes.base import Replica, SchemeError, SchemeNode
-from akocore.schemes.protocol import ReplicaOf, Scheme
+from akocore.schemes.knobs import SchemeSettings, knob, preset, whole
+from akocore.schemes.protocol import ExchangeView, ReplicaOf, Scheme
 
 if TYPE_CHECKING:
     from akocore.schemes.factory import SchemeSpec
-    from akocore.settings.schema import ExchangeConfig
 
 GROUP, GLOBAL, FINAL = 0, 1, 2
 DEFAULT_GROUP_SIZE = 4
@@ -217,27 +218,50 @@ class WagmaWorker(SchemeNode):
             p in self.final_round or p in self.suspended for p in self.peers)
 
 
+@dataclass(frozen=True)
+class WagmaSettings(SchemeSettings):
+    """WAGMA's knobs ([exchange.wagma])."""
+
+    table: ClassVar[str] = "wagma"
+
+    group_size: int = knob(
+        DEFAULT_GROUP_SIZE, parse=whole(2),
+        help="scheme wagma: G, workers per butterfly group (model averaging each round)",
+        flag="--group-size", metavar="G",
+        flag_help="scheme wagma: workers per averaging group, e.g. 4")
+    global_every: int = knob(
+        DEFAULT_GLOBAL_EVERY, parse=whole(1),
+        help="scheme wagma: tau, a global model average every tau rounds (staleness <= tau - 1)",
+        flag="--global-every", metavar="TAU",
+        flag_help="scheme wagma: a global model average every TAU rounds, e.g. 10")
+
+
 class WagmaScheme(Scheme):
     """WAGMA-SGD: group model averaging, a blocking global average every tau rounds."""
 
     name = "wagma"
     summary = "wait-avoiding group model averaging, a global average every tau rounds"
-    keys = ("group_size", "global_every")
+    settings = WagmaSettings
+    presets = (preset("wagma", "WAGMA-SGD: wait-avoiding butterfly group model averaging, "
+                      "G = 4, global average every tau = 10 rounds",
+                      {"scheme": "wagma", "group_size": 4, "global_every": 10}),)
     pattern = "groups"
     compared = False  # a model-averaging scheme: chosen by name, not in the comparison
 
     def build(self, spec: SchemeSpec, length: int, params0: np.ndarray | None,
               replica: ReplicaOf) -> list[SchemeNode]:
+        knobs = spec.knobs(WagmaSettings)
         return [WagmaWorker(i, spec.workers, length, replica=replica(i, params0),
-                            group_size=spec.group_size, global_every=spec.global_every,
+                            group_size=knobs.group_size, global_every=knobs.global_every,
                             wait_avoiding=spec.wait_avoiding) for i in range(spec.workers)]
 
-    def staleness_bound(self, exchange: ExchangeConfig, *, p_max: int, ssp: float) -> float:
+    def staleness_bound(self, exchange: ExchangeView, *, p_max: int, ssp: float) -> float:
         """tau - 1: a blocking global average every tau = global_every rounds."""
-        return float(exchange.global_every - 1)
+        return float(exchange.knobs(WagmaSettings).global_every - 1)
 
-    def label(self, exchange: ExchangeConfig) -> str:
-        return f"G={exchange.group_size} tau={exchange.global_every}"
+    def label(self, exchange: ExchangeView) -> str:
+        knobs = exchange.knobs(WagmaSettings)
+        return f"G={knobs.group_size} tau={knobs.global_every}"
 
 
 WAGMA = WagmaScheme()

@@ -15,12 +15,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from akocore.settings.key_registry import (
-    KEYS,
     RUN_SECTIONS,
-    SECTIONS,
     FlagKind,
     Key,
     Tool,
+    current,
     flag_keys,
 )
 from akocore.settings.layers import (
@@ -110,7 +109,7 @@ def add_akorun_arguments(group: Any, tool: Tool) -> None:
 def add_akosim_argument(group: Any, name: str) -> None:
     """Add the flag of one [akosim] setting (``--compute``, ``--message-overhead``,
     ``--coalesce``) to `group`, where the command lists it among its own flags."""
-    add_key_flag(group, SECTIONS["akosim"][name])
+    add_key_flag(group, current().sections["akosim"][name])
 
 
 def _flag_value(key: Key, value: Any) -> Any:
@@ -121,8 +120,9 @@ def _flag_value(key: Key, value: Any) -> Any:
     return value
 
 
-def flag_layer(args: argparse.Namespace, keys: Iterable[Key] = KEYS) -> list[Given]:
+def flag_layer(args: argparse.Namespace, keys: Iterable[Key] | None = None) -> list[Given]:
     """The registry flags given in `args` (those not None) as the FLAG layer."""
+    keys = current().keys if keys is None else keys
     return [Given(key.dotted, _flag_value(key, getattr(args, key.name)), Layer.FLAG,
                   f"by {key.flag}")
             for key in keys

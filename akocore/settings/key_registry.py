@@ -9,6 +9,15 @@ file's comments and ``--show-config`` are all generated from `KEYS`.
 
 Built-in defaults are NOT written here: each is the field default of its
 section's dataclass in akocore.settings.schema, and `Key.default` reads it.
+
+A scheme's knobs are not written here either: `current()` generates one key
+``exchange.<name>`` per field of every registered scheme's settings class
+(akocore.schemes.knobs), with the comment, flag, parser's unit and default its
+field's metadata gives (`Key.table` names its table, ``[exchange.<table>]``;
+its `field` is ExchangeConfig's ``tables``, which holds it), and the choices
+and help of ``exchange.scheme`` from the registered schemes and their presets.
+`current()` is rebuilt when the scheme registry changes; `KEYS`, `SECTIONS`
+and `BY_DOTTED` are the keys of the built-in schemes, as imported.
 """
 
 from __future__ import annotations
@@ -16,12 +25,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from akocore.schemes.diloco_sync import OUTER_SYNCS
-from akocore.schemes.named import SCHEME_NAMES
+from akocore.schemes import registry as scheme_registry
+from akocore.schemes.knobs import SchemeSettings, knob_of
+from akocore.schemes.named import SCHEME_NAMES, scheme_choices
+from akocore.schemes.registry import settings_tables
 from akocore.settings.normalise import (
     EMULATE_MODES,
     NETWORK_LAYERS,
@@ -70,6 +81,7 @@ SECTION_TYPES: dict[str, type] = {
     "akosim": AkosimConfig,
 }
 RUN_SECTIONS = ("cluster", "network", "exchange", "train")
+TABLES_FIELD = "tables"  # the ExchangeConfig field that holds every scheme's knobs
 SHELL_SECTIONS = ("akorun", "akosim")  # one shell's settings: not part of the run or its hash
 
 
@@ -117,15 +129,33 @@ class Key:
     tools: frozenset[Tool] = frozenset()
     kind: FlagKind = FlagKind.VALUE
     unit: str = ""  # a unit example ("mbps"): a bare number is refused from every layer
+    # a scheme's knob: its table ([exchange.<table>]) and settings class; its `field` is
+    # then "tables", the ExchangeConfig field that holds every scheme's settings
+    table: str | None = None
+    holder: type | None = None
 
     @property
     def dotted(self) -> str:
         return f"{self.section}.{self.name}"
 
     @property
+    def init_name(self) -> str:
+        """The keyword its section's dataclass takes it by (a knob: its name)."""
+        return self.name if self.table else self.field
+
+    def value_in(self, holder: Any) -> Any:
+        """Its typed value in `holder`, an object of its section's dataclass."""
+        if self.table and self.holder is not None:
+            return getattr(holder.knobs(self.holder), self.name)
+        return getattr(holder, self.field)
+
+    @property
     def default(self) -> Any:
-        """The built-in default (typed), read from the section dataclass."""
-        for item in dataclasses.fields(SECTION_TYPES[self.section]):
+        """The built-in default (typed), read from the section dataclass (a knob: from its
+        scheme's settings class)."""
+        for item in dataclasses.fields(self.holder or SECTION_TYPES[self.section]):
+            if self.table and item.name == self.name:
+                return item.default
             if item.name == self.field:
                 if item.default is not dataclasses.MISSING:
                     return item.default
@@ -140,9 +170,10 @@ def _run(section: str, name: str, field: str, comment: str, **more: Any) -> Key:
     return Key(section, name, field, comment, **more)
 
 
-_DILOCO_TOOLS = frozenset({Tool.AKOSIM, Tool.AKORUN_INIT, Tool.AKORUN_LAUNCH})
+# the commands that take a scheme's knobs as flags (a rank reads them from the cluster file)
+SCHEME_TOOLS = frozenset({Tool.AKOSIM, Tool.AKORUN_INIT, Tool.AKORUN_LAUNCH})
 
-KEYS: tuple[Key, ...] = (
+_EARLIER_KEYS: tuple[Key, ...] = (
     # ------------------------------------------------------------------ cluster
     _run("cluster", "workers", "workers",
          "number of ranks (for scheme ps: training workers + parameter servers)",
@@ -198,16 +229,9 @@ KEYS: tuple[Key, ...] = (
          dump=_duration_list, unit="us"),
     # ------------------------------------------------------------------ exchange
     _run("exchange", "scheme", "scheme",
-         "ako (partial all-to-all) | ps (parameter servers) | allreduce (ring) | wagma "
-         "(group model averaging) | diloco | streaming-diloco (local steps, outer step on "
-         "averaged pseudo-gradients), or a named scheme: easgd hogwild downpour adag sdag "
-         "sync-sgd sync-sgd-lr-per-worker (settings of ps; see the guide's Exchange schemes)",
-         flag="--scheme", choices=SCHEME_NAMES,
-         flag_help="exchange: ako (partial all-to-all), ps (parameter servers), allreduce "
-                   "(ring), wagma (group model averaging), diloco, streaming-diloco (H local "
-                   "steps, then averaged pseudo-gradients), or a named scheme that stands for "
-                   "its ps settings: easgd, hogwild, downpour, adag, sdag, sync-sgd, "
-                   "sync-sgd-lr-per-worker (as configs/presets/NAME.toml)"),
+         "the exchange scheme, or a named scheme (its comment and flag help are written "
+         "from the registered schemes)",
+         flag="--scheme", choices=SCHEME_NAMES),
     _run("exchange", "p", "p",
          "partitions per gradient: auto | auto-per-worker | N | [N0, N1, ...]",
          dump=_dump_p, flag="--p", metavar="{auto,auto-per-worker,N,N1,N2,...}",
@@ -223,87 +247,10 @@ KEYS: tuple[Key, ...] = (
          flag="--schedule", choices=SCHEDULES,
          flag_help="which partition a worker sends in round t: staggered (t+i mod p) or "
                    "aligned (t mod p)"),
-    _run("exchange", "flush", "flush",
-         "scheme ako: what every replica applies of the gradients still owed at the end: "
-         "average (ends at the mean of the replicas), full (all of it: the exact sum) or a "
-         "fraction 0 < w <= 1",
-         flag="--flush", metavar="{average,full,FRACTION}",
-         flag_help="scheme ako: what every replica applies of the gradients still owed at "
-                   "the end: average (the mean of the replicas; default), full (every "
-                   "gradient in full) or a fraction, e.g. 0.5"),
     _run("exchange", "reduce", "reduce", "mean (1/n of the summed gradients) | sum (as TF.AKO)"),
     _run("exchange", "utilisation", "utilisation",
          "p auto: target fraction of the uplink, 0 < u <= 1"),
     _run("exchange", "p_max", "p_max", "p auto: largest p allowed"),
-    _run("exchange", "ps_servers", "ps_servers",
-         "scheme ps: number of parameter-server ranks (the last ranks)"),
-    _run("exchange", "ps_mode", "ps_mode", "scheme ps: sync | async"),
-    _run("exchange", "push_every", "push_every", "scheme ps async: push every N rounds"),
-    _run("exchange", "fetch_every", "fetch_every",
-         "scheme ps async: fetch parameters every N rounds"),
-    _run("exchange", "group_size", "group_size",
-         "scheme wagma: G, workers per butterfly group (model averaging each round)",
-         flag="--group-size", metavar="G", tools=frozenset({Tool.AKOSIM, Tool.AKORUN_INIT,
-                                                           Tool.AKORUN_LAUNCH}),
-         flag_help="scheme wagma: workers per averaging group, e.g. 4"),
-    _run("exchange", "global_every", "global_every",
-         "scheme wagma: tau, a global model average every tau rounds (staleness <= tau - 1)",
-         flag="--global-every", metavar="TAU", tools=frozenset({Tool.AKOSIM, Tool.AKORUN_INIT,
-                                                               Tool.AKORUN_LAUNCH}),
-         flag_help="scheme wagma: a global model average every TAU rounds, e.g. 10"),
-    _run("exchange", "elastic_alpha", "elastic_alpha",
-         "scheme ps elastic: moving rate alpha = lr * rho, 0 < alpha < 1; 0 = 0.9 / workers"),
-    _run("exchange", "local_steps", "local_steps",
-         "scheme ps: workers apply their optimizer locally and push the updates "
-         "(async: DOWNPOUR, ADAG; sync: SDAG, SAGN)"),
-    _run("exchange", "push_average", "push_average",
-         "scheme ps with local_steps: push the update divided by push_every (ADAG, SAGN)"),
-    _run("exchange", "worker_lr_scale", "worker_lr_scale",
-         "scheme ps: learning-rate factor per training worker, in turn; [] = all 1", dump=list),
-    _run("exchange", "inner_steps", "inner_steps",
-         "scheme diloco, streaming-diloco: H, inner optimizer steps (rounds) between two "
-         "syncs of the model (of each fragment)",
-         flag="--inner-steps", metavar="H",
-         tools=_DILOCO_TOOLS,
-         flag_help="scheme diloco, streaming-diloco: inner optimizer steps between syncs, "
-                   "e.g. 10"),
-    _run("exchange", "outer_lr", "outer_lr",
-         "scheme diloco, streaming-diloco: the outer optimizer's learning rate",
-         flag="--outer-lr", metavar="LR",
-         tools=_DILOCO_TOOLS,
-         flag_help="scheme diloco, streaming-diloco: outer learning rate, e.g. 0.7"),
-    _run("exchange", "outer_momentum", "outer_momentum",
-         "scheme diloco, streaming-diloco: the outer optimizer's Nesterov momentum "
-         "(0 = plain SGD)",
-         flag="--outer-momentum", metavar="M",
-         tools=_DILOCO_TOOLS,
-         flag_help="scheme diloco, streaming-diloco: outer Nesterov momentum, e.g. 0.9"),
-    _run("exchange", "outer_sync", "outer_sync",
-         "scheme diloco, streaming-diloco: how the pseudo-gradients are averaged: allreduce "
-         "(reduce-scatter to chunk owners, then all-gather: 2(n-1)/n copies per uplink) or "
-         "all-to-all (every worker sends its whole delta to every peer: n-1 copies, one "
-         "latency)",
-         flag="--outer-sync", choices=OUTER_SYNCS,
-         tools=_DILOCO_TOOLS,
-         flag_help="scheme diloco, streaming-diloco: allreduce (default) or all-to-all"),
-    _run("exchange", "fragments", "fragments",
-         "scheme streaming-diloco: P, fragments synced in turn (a divisor of inner_steps)",
-         flag="--fragments", metavar="P",
-         tools=_DILOCO_TOOLS,
-         flag_help="scheme streaming-diloco: fragments synced in turn, e.g. 2"),
-    _run("exchange", "overlap_steps", "overlap_steps",
-         "scheme streaming-diloco: tau, inner steps a fragment's sync overlaps "
-         "(tau < inner_steps / fragments)",
-         flag="--overlap-steps", metavar="TAU",
-         tools=_DILOCO_TOOLS,
-         flag_help="scheme streaming-diloco: inner steps each sync overlaps, e.g. 1"),
-    _run("exchange", "merge_alpha", "merge_alpha",
-         "scheme streaming-diloco: weight of the local fragment when its outer update lands "
-         "(0 = take the global value)"),
-    _run("exchange", "eager", "eager",
-         "scheme streaming-diloco: eager updates, each rank averages its own pseudo-gradient "
-         "as of the outer update (the tau overlapped steps included) with the others' as sent "
-         "(false = every replica averages the same values)"),
     _run("exchange", "codec", "codec",
          "what gradient-like messages (partials, pushes, reduce steps, pseudo-gradients) "
          "carry: none | fp16 | bf16 | int8 | topk:FRACTION "
@@ -312,6 +259,9 @@ KEYS: tuple[Key, ...] = (
          flag_help="compress what every exchange sends (ako partials, ps pushes, all-reduce "
                    "reduce steps, diloco pseudo-gradients), with error feedback for the lossy "
                    "ones: none, fp16, bf16, int8 or topk:FRACTION, e.g. topk:0.01"),
+)
+
+_LATER_KEYS: tuple[Key, ...] = (
     # ------------------------------------------------------------------ train
     _run("train", "workload", "workload",
          "a built-in (digits-mlp) or your factory (path/to/mymodel.py:make, pkg.mod:make)",
@@ -430,22 +380,86 @@ KEYS: tuple[Key, ...] = (
                   "1-3%% early"),
 )
 
-# section -> name -> Key, in registry order
-SECTIONS: dict[str, dict[str, Key]] = {}
-for _key in KEYS:
-    SECTIONS.setdefault(_key.section, {})[_key.name] = _key
-BY_DOTTED: dict[str, Key] = {key.dotted: key for key in KEYS}
-BY_FIELD: dict[tuple[str, str], Key] = {(key.section, key.field): key for key in KEYS}
+
+
+def _knob_key(kind: type[SchemeSettings], item: dataclasses.Field[Any]) -> Key:
+    """The key exchange.<name> of one knob of a scheme's settings class."""
+    knob = knob_of(item)
+    return Key("exchange", item.name, TABLES_FIELD, knob.help, dump=knob.dump, flag=knob.flag,
+               flag_help=knob.flag_help.replace("%", "%%"), metavar=knob.metavar,
+               choices=knob.choices,
+               tools=SCHEME_TOOLS if knob.flag else frozenset(),
+               kind=FlagKind.TEXT if knob.text else FlagKind.VALUE, unit=knob.unit,
+               table=kind.table, holder=kind)
+
+
+@dataclass(frozen=True)
+class Registry:
+    """Every key of the registered schemes, and the lookups the layers use."""
+
+    keys: tuple[Key, ...]
+    sections: dict[str, dict[str, Key]]  # section -> name -> Key, in registry order
+    by_dotted: dict[str, Key]
+    tables: dict[str, type[SchemeSettings]]  # [exchange.<table>] -> its settings class
+
+
+def _scheme_key(schemes: Mapping[str, Any]) -> Key:
+    """exchange.scheme with the registered schemes and their presets as its choices,
+    comment and flag help."""
+    presets = [preset for scheme in schemes.values() for preset in scheme.presets
+               if preset.name not in schemes]
+    named = " ".join(f"{preset.name} ({preset.core_scheme})" for preset in presets)
+    summaries = ", ".join(f"{name} ({scheme.summary})" for name, scheme in schemes.items())
+    flag_help = (f"exchange: {summaries}; or a named scheme that stands for settings of "
+                 f"one: {', '.join(preset.name for preset in presets)} (as "
+                 f"configs/presets/NAME.toml)")
+    return dataclasses.replace(
+        _EARLIER_KEYS[_SCHEME_INDEX], choices=scheme_choices(),
+        comment=f"{' | '.join(schemes)} (see the guide's Exchange schemes), or a named "
+                f"scheme: {named} (each stands for settings of the scheme beside it)",
+        flag_help=flag_help.replace("%", "%%"))
+
+
+def _build(schemes: Mapping[str, Any]) -> Registry:
+    tables = settings_tables()
+    scheme_key = _scheme_key(schemes)
+    knob_keys = tuple(_knob_key(kind, item) for kind in tables.values()
+                      for item in dataclasses.fields(kind))
+    keys = (*_EARLIER_KEYS[:_SCHEME_INDEX], scheme_key, *_EARLIER_KEYS[_SCHEME_INDEX + 1:],
+            *knob_keys, *_LATER_KEYS)
+    sections: dict[str, dict[str, Key]] = {}
+    for key in keys:
+        sections.setdefault(key.section, {})[key.name] = key
+    return Registry(keys, sections, {key.dotted: key for key in keys}, tables)
+
+
+_SCHEME_INDEX = next(i for i, key in enumerate(_EARLIER_KEYS) if key.dotted == "exchange.scheme")
+_built: list[tuple[Mapping[str, Any], Registry]] = []
+
+
+def current() -> Registry:
+    """The keys of the schemes registered now (rebuilt when the scheme registry changes,
+    as a test that registers a scheme of its own does)."""
+    schemes = scheme_registry.registered()
+    if not _built or _built[0][0] is not schemes:
+        _built[:] = [(schemes, _build(schemes))]
+    return _built[0][1]
+
+
+# the keys of the built-in schemes, as imported (current() follows the scheme registry)
+KEYS: tuple[Key, ...] = current().keys
+SECTIONS: dict[str, dict[str, Key]] = current().sections
+BY_DOTTED: dict[str, Key] = current().by_dotted
 
 
 def key_of(dotted: str) -> Key:
     """The Key named "section.name"; KeyError if there is none."""
-    return BY_DOTTED[dotted]
+    return current().by_dotted[dotted]
 
 
 def flag_keys(tool: Tool, section: str | None = None) -> tuple[Key, ...]:
     """The keys `tool` takes as flags, in registry order (optionally one section's)."""
-    return tuple(key for key in KEYS if key.flag and tool in key.tools
+    return tuple(key for key in current().keys if key.flag and tool in key.tools
                  and (section is None or key.section == section))
 
 

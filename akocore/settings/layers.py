@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from akocore.schemes.named import expansion
-from akocore.settings.key_registry import BY_DOTTED, RUN_SECTIONS, SECTIONS, SHELL_SECTIONS, Key
+from akocore.settings.key_registry import RUN_SECTIONS, SHELL_SECTIONS, Key, current
 from akocore.settings.normalise import ConfigError, is_unset, require_unit, show
 from akocore.settings.schema import AkorunConfig, AkosimConfig, RunConfig
 from akocore.settings.sites import BETWEEN_TABLE, SITE_TABLE, expand, parse_between, parse_site
@@ -78,7 +78,7 @@ class ResolvedSettings:
 
     def origin(self, dotted: str) -> Origin:
         """Which layer set `dotted` ("train.lr"); KeyError for a key not in the registry."""
-        if dotted not in BY_DOTTED:
+        if dotted not in current().by_dotted:
             raise KeyError(dotted)
         return self.origins.get(dotted, self.defaults_origin)
 
@@ -88,16 +88,16 @@ class ResolvedSettings:
 
     def value(self, dotted: str) -> Any:
         """The typed value of one key."""
-        key = BY_DOTTED[dotted]
+        key = current().by_dotted[dotted]
         holder = getattr(self, key.section) if key.section in SHELL_SECTIONS \
             else getattr(self.config, key.section)
-        return getattr(holder, key.field)
+        return key.value_in(holder)
 
     def describe(self, sections: Iterable[str] = RUN_SECTIONS) -> list[str]:
         """One line per key: ``section.name = value  (origin)``, for --show-config."""
         lines = []
         for section in sections:
-            for key in SECTIONS[section].values():
+            for key in current().sections[section].values():
                 shown = _as_text(key.dump(self.value(key.dotted)))
                 lines.append(f"{key.dotted} = {shown}  ({self.origin(key.dotted)})")
         return lines
@@ -115,13 +115,17 @@ def suggest(name: str, known: Iterable[str]) -> str:
 
 def check_key(section: str, name: str) -> Key:
     """The registry Key of section.name; ConfigError with a suggestion if unknown."""
-    if section not in SECTIONS:
+    sections = current().sections
+    if section not in sections:
         raise ConfigError(
-            f"unknown section [{section}]{suggest(section, SECTIONS)}; "
-            f"known sections: {', '.join(SECTIONS)}",
+            f"unknown section [{section}]{suggest(section, sections)}; "
+            f"known sections: {', '.join(sections)}",
             section,
         )
-    keys = SECTIONS[section]
+    keys = sections[section]
+    table, dot, knob = name.partition(".")
+    if section == "exchange" and dot:  # exchange.<table>.<knob>
+        return keys[table_key(table, knob).partition(".")[2]]
     if name not in keys:
         raise ConfigError(
             f"{section}.{name}: unknown key{suggest(name, keys)}; "
@@ -160,8 +164,9 @@ def _merge(givens: Iterable[Given]) -> dict[str, Given]:
                 raise
             raise ConfigError(f"{error} (given {given.source})", error.key) from None
         if key.unit and given.layer > Layer.DEFAULT:  # units required at the edges
-            require_unit(given.key, given.value, key.unit, flag=key.flag, source=given.source)
-        merged[given.key] = given
+            require_unit(key.dotted, given.value, key.unit, flag=key.flag, source=given.source)
+        merged[key.dotted] = given if given.key == key.dotted else dataclasses.replace(
+            given, key=key.dotted)
     return merged
 
 
@@ -272,8 +277,8 @@ def resolve(givens: Iterable[Given], *, defaults: RunConfig | None = None,
     akorun_base = akorun_defaults if akorun_defaults is not None else AkorunConfig()
     changes: dict[str, dict[str, Any]] = {}
     for dotted, given in merged.items():
-        key = BY_DOTTED[dotted]
-        changes.setdefault(key.section, {})[key.field] = given.value
+        key = current().by_dotted[dotted]
+        changes.setdefault(key.section, {})[key.init_name] = given.value
     try:
         sections = {section: _replace(getattr(base, section), changes.get(section))
                     for section in RUN_SECTIONS}
@@ -292,11 +297,15 @@ def _replace(current: Any, changes: Mapping[str, Any] | None) -> Any:
 
 
 def layer_of(tables: Mapping[str, Any], layer: Layer, source: str = "") -> list[Given]:
-    """The Givens of a TOML-shaped mapping {"section": {"key": value}}; structure checked."""
+    """The Givens of a TOML-shaped mapping {"section": {"key": value}}; structure checked.
+
+    A scheme's table, ``[exchange.<table>]`` ({"exchange": {"diloco": {...}}}), gives
+    its knobs as the keys exchange.<name>."""
+    sections = current().sections
     if not isinstance(tables, Mapping):
         raise ConfigError(
             f"config: got {type(tables).__name__}, expected a table with sections "
-            + ", ".join(SECTIONS)
+            + ", ".join(sections)
         )
     givens = []
     for section, body in tables.items():
@@ -310,18 +319,37 @@ def layer_of(tables: Mapping[str, Any], layer: Layer, source: str = "") -> list[
         if section == BETWEEN_TABLE and isinstance(body, Mapping):  # [between]
             givens.append(Given(f"{BETWEEN_TABLE}.link", dict(body), layer, source))
             continue
-        if section not in SECTIONS:
+        if section not in sections:
             check_key(str(section), "")  # raises: unknown section
         if not isinstance(body, Mapping):
             raise ConfigError(
                 f"{section}: got {show(body)}, expected a table of settings "
-                f"([{section}] with keys {', '.join(SECTIONS[section])})",
+                f"([{section}] with keys {', '.join(sections[section])})",
                 section,
             )
         for name, value in body.items():
+            if section == "exchange" and name in current().tables and isinstance(value, Mapping):
+                givens += [Given(table_key(str(name), str(knob)), knob_value, layer, source)
+                           for knob, knob_value in value.items()]
+                continue
             check_key(section, str(name))
             givens.append(Given(f"{section}.{name}", value, layer, source))
     return givens
+
+
+def table_key(table: str, name: str) -> str:
+    """The key exchange.<name> of knob `name` of [exchange.<table>]; ConfigError naming
+    the table's knobs when it has no such knob (or there is no such table)."""
+    kind = current().tables.get(table)
+    if kind is None:
+        tables = current().tables
+        raise ConfigError(f"exchange.{table}: no scheme has this table{suggest(table, tables)}; "
+                          f"scheme tables: {', '.join(tables)}", f"exchange.{table}")
+    if name not in kind.names():
+        raise ConfigError(f"exchange.{table}.{name}: unknown key{suggest(name, kind.names())}; "
+                          f"known keys in [exchange.{table}]: {', '.join(kind.names())}",
+                          f"exchange.{table}.{name}")
+    return f"exchange.{name}"
 
 
 def literal(cfg: RunConfig, givens: Sequence[Given]) -> RunConfig:

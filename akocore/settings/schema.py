@@ -20,24 +20,26 @@ become tuples, numeric text becomes numbers, human units are read), so a
 config can never exist in an invalid state; errors are `ConfigError` naming
 the key. Nothing here reads a file, a flag or a clock.
 
-Past ~500 lines for now: every section's fields and defaults live in one place by
-design (the key registry reads them here); the exchange section's per-scheme knobs
-(DiLoCo's, the codec) are the part to move into their schemes' own settings next.
+Each scheme's own knobs are not here: they live in the scheme's settings class
+(akocore.schemes.knobs) and `ExchangeConfig.tables` holds one object per
+registered scheme's table.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import math
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from akocore.codecs.codec_registry import CODEC_CHOICES, codec_named
-from akocore.schemes.diloco_sync import OUTER_SYNCS
-from akocore.schemes.ps_family import PS_MODES
-from akocore.schemes.registry import scheme_named, scheme_names
+from akocore.schemes.knobs import SchemeTables, tables_with
+from akocore.schemes.protocol import SettingsT
+from akocore.schemes.registry import scheme_named, scheme_names, settings_tables
 from akocore.settings.normalise import (
     EMULATE_MODES,
     HOST_RE,
@@ -48,7 +50,6 @@ from akocore.settings.normalise import (
     as_choice,
     as_duration,
     as_float,
-    as_flush,
     as_int,
     as_items,
     as_network_model,
@@ -70,7 +71,6 @@ from akocore.units import UnitError, parse_duration, parse_size
 
 SECRET_MIN_BYTES = 16
 ALLOW_HOSTS = "hosts"  # akorun.allow: every address of cluster.hosts
-
 
 
 @dataclass(frozen=True)
@@ -252,41 +252,64 @@ def _pair_matrix(values: tuple[float, ...], n: int, fill: float) -> np.ndarray:
     return matrix
 
 
-
 @dataclass(frozen=True)
 class ExchangeConfig:
-    """Which exchange scheme runs and its knobs (Ako's p and SSP bound, PS shards)."""
+    """Which exchange scheme runs, the keys every scheme shares, and each registered
+    scheme's own settings (`tables`: one settings object per ``[exchange.<table>]``,
+    akocore.schemes.knobs).
+
+    A scheme's knob is also read and given by its name alone, as the flat key
+    ``exchange.<name>`` always was: ``ExchangeConfig(scheme="diloco", inner_steps=4)``,
+    ``exchange.inner_steps`` and ``dataclasses.replace(exchange, inner_steps=4)`` all
+    work; `knobs(DilocoSettings)` gives the typed settings object.
+    """
 
     scheme: str = "ako"
     p: str | tuple[int, ...] = "auto"
     ssp: float = 0.0
     schedule: str = "staggered"
-    flush: str | float = "average"  # ako: what the final flush applies (see akocore.schemes.ako)
     reduce: str = "mean"
     utilisation: float = 0.9
     p_max: int = 1024
-    ps_servers: int | str = 1
-    ps_mode: str = "sync"
-    push_every: int = 1
-    fetch_every: int = 1
-    group_size: int = 4  # wagma: G, the butterfly group size
-    global_every: int = 10  # wagma: tau, a global model average every tau rounds
-    elastic_alpha: float = 0.0  # ps elastic: moving rate lr * rho; 0 = 0.9 / workers
-    local_steps: bool = False  # ps async: workers step locally, push updates (DOWNPOUR)
-    push_average: bool = False  # ps async local steps: push update / push_every (ADAG)
-    worker_lr_scale: tuple[float, ...] = ()  # ps: learning-rate factor per training worker
-    inner_steps: int = 10  # diloco: H, inner optimizer steps between syncs of a fragment
-    outer_lr: float = 0.7  # diloco: the outer optimizer's learning rate
-    outer_momentum: float = 0.9  # diloco: the outer optimizer's Nesterov momentum
-    outer_sync: str = "allreduce"  # diloco: how pseudo-gradients are averaged
-    fragments: int = 2  # streaming-diloco: P, fragments synced in turn
-    overlap_steps: int = 1  # streaming-diloco: tau, inner steps a fragment's sync overlaps
-    merge_alpha: float = 0.0  # streaming-diloco: weight of the local fragment at the merge
-    eager: bool = False  # streaming-diloco: own delta as of the apply (eager updates)
     codec: str = "none"  # what gradient-like sends carry: none, fp16, bf16, int8, topk:F
+    tables: SchemeTables | None = None  # every registered scheme's settings (None: defaults)
+
+    def __init__(self, **values: Any) -> None:
+        """The fields by name, and any registered scheme's knob by its name."""
+        for item in dataclasses.fields(self):
+            if item.name in values:
+                value = values.pop(item.name)
+            elif item.default is not dataclasses.MISSING:
+                value = item.default
+            else:
+                value = item.default_factory()  # type: ignore[misc,operator]
+            set_field(self, item.name, value)
+        tables, unknown = tables_with(settings_tables(), self.tables, values)
+        if unknown:
+            raise TypeError(f"ExchangeConfig got unexpected keyword arguments "
+                            f"{', '.join(sorted(unknown))} (not a key of any registered "
+                            f"scheme)")
+        set_field(self, "tables", tables)
+        self.__post_init__()
+
+    def __getattr__(self, name: str) -> Any:
+        """A registered scheme's knob by its name (``exchange.inner_steps``)."""
+        tables = self.__dict__.get("tables")
+        if name.startswith("__") or tables is None:
+            raise AttributeError(name)
+        found, value = tables.knob(name)
+        if not found:
+            raise AttributeError(f"'ExchangeConfig' object has no attribute {name!r}")
+        return value
+
+    def knobs(self, kind: type[SettingsT]) -> SettingsT:
+        """The settings object of `kind` (a registered scheme's settings class); its
+        defaults for a class registered after this config was made."""
+        assert self.tables is not None
+        found = self.tables.get(kind.table)
+        return found if isinstance(found, kind) else kind()
 
     def __post_init__(self) -> None:
-        self._check_scheme_knobs()
         try:
             set_field(self, "codec", codec_named(str(self.codec)).name)
         except ValueError as error:
@@ -299,56 +322,11 @@ class ExchangeConfig:
         set_field(self, "p", as_p("exchange.p", self.p))
         set_field(self, "ssp", as_ssp("exchange.ssp", self.ssp))
         set_field(self, "schedule", as_choice("exchange.schedule", self.schedule, SCHEDULES))
-        set_field(self, "flush", as_flush("exchange.flush", self.flush))
         set_field(self, "reduce", as_choice("exchange.reduce", self.reduce, REDUCTIONS))
         set_field(self, "utilisation", as_float("exchange.utilisation", self.utilisation,
                                                 lambda u: 0 < u <= 1,
                                                 "a fraction 0 < u <= 1, e.g. 0.9"))
         set_field(self, "p_max", as_int("exchange.p_max", self.p_max, 1))
-        if isinstance(self.ps_servers, str) and self.ps_servers.strip() == "best":
-            set_field(self, "ps_servers", "best")
-        else:
-            set_field(
-                self,
-                "ps_servers",
-                as_int(
-                    "exchange.ps_servers",
-                    self.ps_servers,
-                    1,
-                    'an integer >= 1 (and < cluster.workers) or "best"',
-                ),
-            )
-        set_field(self, "ps_mode", as_choice("exchange.ps_mode", self.ps_mode, PS_MODES))
-        set_field(self, "push_every", as_int("exchange.push_every", self.push_every, 1))
-        set_field(self, "fetch_every", as_int("exchange.fetch_every", self.fetch_every, 1))
-
-    def _check_scheme_knobs(self) -> None:
-        """The wagma, elastic and Dist-TF keys (issue 13)."""
-        set_field(self, "group_size", as_int("exchange.group_size", self.group_size, 2))
-        set_field(self, "global_every", as_int("exchange.global_every", self.global_every, 1))
-        set_field(self, "elastic_alpha", as_float(
-            "exchange.elastic_alpha", self.elastic_alpha, lambda a: 0 <= a < 1,
-            "a moving rate 0 < alpha < 1, or 0 for 0.9 / workers"))
-        for name in ("local_steps", "push_average", "eager"):
-            value = getattr(self, name)
-            if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-                value = value.strip().lower() == "true"
-            if not isinstance(value, bool):
-                raise bad_value(f"exchange.{name}", value, "true or false")
-            set_field(self, name, value)
-        scales = tuple(as_float("exchange.worker_lr_scale", v, lambda x: x > 0,
-                                "factors > 0, one per training worker, e.g. [1, 0.5]")
-                       for v in as_items(self.worker_lr_scale))
-        set_field(self, "worker_lr_scale", scales)
-        set_field(self, "outer_sync", as_choice("exchange.outer_sync", self.outer_sync,
-                                                OUTER_SYNCS))
-        for name, least in (("inner_steps", 1), ("fragments", 1), ("overlap_steps", 0)):
-            set_field(self, name, as_int(f"exchange.{name}", getattr(self, name), least))
-        for name, ok, expected in (  # diloco's; how they combine is checked by the scheme
-                ("outer_lr", lambda v: v > 0, "a learning rate > 0, e.g. 0.7"),
-                ("outer_momentum", lambda v: 0 <= v < 1, "a momentum 0 <= m < 1, e.g. 0.9"),
-                ("merge_alpha", lambda v: 0 <= v <= 1, "a weight 0 <= alpha <= 1, e.g. 0")):
-            set_field(self, name, as_float(f"exchange.{name}", getattr(self, name), ok, expected))
 
 
 @dataclass(frozen=True)
@@ -437,20 +415,15 @@ class RunConfig:
                 f"workers or one per worker (cluster.workers = {n})",
                 "exchange.p",
             )
-        servers = self.exchange.ps_servers
-        if isinstance(servers, int) and servers >= n:
-            raise ConfigError(
-                f"exchange.ps_servers: got {servers}, expected fewer servers than "
-                f"cluster.workers ({n}) so that at least one node trains, or \"best\"",
-                "exchange.ps_servers",
-            )
+        assert self.exchange.tables is not None
+        for settings in self.exchange.tables:  # e.g. fewer ps servers than ranks
+            settings.check_workers(n)
         for key, matrix in (
             ("network.link_bandwidth_matrix", self.network.link_bandwidth_matrix_bps),
             ("network.latency_matrix", self.network.latency_matrix_s),
         ):
             if matrix is not None:
                 self.network._check_matrix(key, matrix, n)
-
 
 
 @dataclass(frozen=True)

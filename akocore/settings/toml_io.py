@@ -11,9 +11,11 @@ akocore.settings.key_registry, lists them all)::
     link_bandwidth = "40,20,10mbps"  # per-pair cap; pairs (0,1),(0,2),...
     latency = "5ms"                  # per message; pairs as above
     [exchange]
-    scheme = "ako"                   # ako | ps | allreduce
+    scheme = "ako"                   # ako | ps | allreduce | wagma | diloco | ...
     p = "auto"                       # auto | auto-per-worker | 4 | [4, 2, 1, 1]
     ssp = 0                          # rounds; "inf" = fully asynchronous
+    [exchange.diloco]                # a scheme's own knobs, in its table
+    inner_steps = 10                 # (or flat in [exchange]: inner_steps = 10)
     [train]
     workload = "digits-mlp"
     rounds = 100
@@ -36,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from akocore.settings.key_registry import RUN_SECTIONS, SECTIONS
+from akocore.settings.key_registry import RUN_SECTIONS, current
 from akocore.settings.layers import Given, Layer, layer_of, literal, resolve
 from akocore.settings.normalise import ConfigError
 from akocore.settings.schema import RunConfig
@@ -72,10 +74,12 @@ def file_layer(path: str | Path) -> list[Given]:
 
 
 def split_dotted(dotted: str, what: str) -> tuple[str, str]:
+    """("section", "key") of "section.key"; a scheme's knob may be named in its table,
+    "exchange.<table>.<key>" (then the key is "<table>.<key>")."""
     parts = dotted.strip().split(".")
-    if len(parts) != 2 or not all(parts):
+    if not all(parts) or not (len(parts) == 2 or (len(parts) == 3 and parts[0] == "exchange")):
         raise ConfigError(f"{what}: {SET_FORM}")
-    return parts[0], parts[1]
+    return parts[0], ".".join(parts[1:])
 
 
 def parse_set_value(text: str) -> Any:
@@ -158,8 +162,9 @@ def config_to_dict(cfg: RunConfig) -> dict[str, dict[str, Any]]:
     Every key of the run sections is present; unset optional values are None
     (JSON null, read back as "not set"). ``config_from_dict(config_to_dict(cfg)) == cfg``.
     """
-    return {section: {name: key.dump(getattr(getattr(cfg, section), key.field))
-                      for name, key in SECTIONS[section].items()}
+    sections = current().sections
+    return {section: {name: key.dump(key.value_in(getattr(cfg, section)))
+                      for name, key in sections[section].items()}
             for section in RUN_SECTIONS}
 
 

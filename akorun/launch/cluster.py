@@ -58,7 +58,7 @@ from akocore.config import (
     resolve,
     set_layer,
 )
-from akocore.settings.key_registry import RUN_SECTIONS, SECTIONS
+from akocore.settings.key_registry import RUN_SECTIONS, current
 from akocore.settings.layers import layer_of
 from akocore.settings.schema import ALLOW_HOSTS
 from akorun.errors import UsageError
@@ -238,7 +238,8 @@ def _toml_value(value: Any) -> str:
 
 def render_cluster_file(cfg: RunConfig, settings: AkorunSettings,
                         resolved: ResolvedSettings | None = None) -> str:
-    """The cluster file's text: every key with a comment, the [akorun] table last.
+    """The cluster file's text: every key with a comment, each scheme's knobs in its own
+    table ([exchange.diloco], ...), the [akorun] table last.
 
     With `resolved`, a key that no layer set and that still has its built-in
     default is written as a comment (so a rank's own flags can still move it,
@@ -256,16 +257,18 @@ def render_cluster_file(cfg: RunConfig, settings: AkorunSettings,
         "# Keys written as comments keep their built-in default.",
     ]
     for section in (*RUN_SECTIONS, AKORUN_TABLE):  # the run and akorun's own settings
-        keys = SECTIONS[section]
+        keys = list(current().sections[section].values())
         holder = settings if section == AKORUN_TABLE else getattr(cfg, section)
-        lines.append("")
-        lines.append(f"[{section}]")
-        for key in keys.values():
-            value = getattr(holder, key.field)
-            lines.append(f"# {key.comment}")
-            text = f"{key.name} = {_toml_value(key.dump(value))}"
-            chosen = resolved is None or resolved.given(key.dotted) or value != key.default
-            lines.append(text if chosen else f"# {text}")
+        tables = [None, *dict.fromkeys(key.table for key in keys if key.table)]
+        for table in tables:  # [exchange], then each scheme's [exchange.<table>]
+            lines.append("")
+            lines.append(f"[{section}]" if table is None else f"[{section}.{table}]")
+            for key in (key for key in keys if key.table == table):
+                value = key.value_in(holder)
+                lines.append(f"# {key.comment}")
+                text = f"{key.name} = {_toml_value(key.dump(value))}"
+                chosen = resolved is None or resolved.given(key.dotted) or value != key.default
+                lines.append(text if chosen else f"# {text}")
     return "\n".join(lines) + "\n"
 
 

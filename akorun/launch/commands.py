@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from akocore.cli_support import check_out_directory, one_line
+from akocore.cli_support import check_out_directory, load_scheme_plugins, one_line
 from akocore.config import (
     ConfigError,
     ResolvedSettings,
@@ -273,6 +273,7 @@ HANDLERS: dict[str, Any] = {"init": cmd_init, "worker": cmd_worker, "ps": cmd_wo
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    load_scheme_plugins(os.environ, "akorun")
     parser = build_parser()
     args = parser.parse_args(argv)
     prog = f"akorun {args.command}"

@@ -1,8 +1,10 @@
-"""MkDocs hook: the command-line reference, generated from the argparse parsers.
+"""MkDocs hook: the command-line and settings references, generated from the code.
 
 A page line `<!-- cli-help: akosim -->` (or `akorun`) becomes that tool's `--help` and
-the `--help` of each of its commands, as the installed code prints them, so the
-reference never drifts from the parsers.
+the `--help` of each of its commands, as the installed code prints them, and a line
+`<!-- settings-reference -->` every settings key of the registered schemes
+(akocore.settings.reference), so the references never drift from the parsers and
+the schemes' settings.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 MARKER = re.compile(r"^<!-- cli-help: (akosim|akorun) -->$", re.MULTILINE)
+SETTINGS_MARKER = re.compile(r"^<!-- settings-reference -->$", re.MULTILINE)
 WIDTH = "90"  # columns of help text: what a code block of the Material theme shows
 
 
@@ -56,5 +59,10 @@ def on_config(config: Any) -> Any:
     return config
 
 
+def settings_markdown() -> str:
+    return str(importlib.import_module("akocore.settings.reference").reference_markdown())
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    markdown = SETTINGS_MARKER.sub(lambda match: settings_markdown(), markdown)
     return MARKER.sub(lambda match: cli_markdown(match.group(1)), markdown)
