@@ -24,7 +24,8 @@ def write_npz(path: Path, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -
     """`arrays` (params, unsent, inbox, opt_i) and `meta` as one npz at `path`."""
     meta_bytes = json.dumps(meta, sort_keys=True).encode("utf-8")
     with open(path, "wb") as handle:
-        np.savez(handle, meta=np.frombuffer(meta_bytes, dtype=np.uint8), **arrays)
+        np.savez(handle, meta=np.frombuffer(meta_bytes, dtype=np.uint8),
+                 **arrays)  # type: ignore[arg-type]
 
 
 def read_npz(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:

@@ -21,12 +21,13 @@ checkpoint. Orbax alone restores it::
     params = state["params"]
 
 ``orbax.checkpoint`` (about half a second to import) is imported here, on the
-first write or read, never when the command line starts.
+first write or read, never when the command line starts; its INFO lines are off.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
@@ -62,8 +63,7 @@ def write_orbax(directory: str | Path, rank: int, state: dict[str, Any], next_ro
     """Write `state` as a new Orbax checkpoint, point the link at it, remove the old one;
     returns the link. `before_replace(new)` runs once the checkpoint is complete and
     before the link moves (a test hook: akorun.faults kill_mid_checkpoint)."""
-    import orbax.checkpoint as ocp
-
+    ocp = _orbax()
     folder = data_folder(directory, rank)
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"{next_round}-{os.getpid()}-{time.time_ns()}"
@@ -117,9 +117,7 @@ def unreferenced(directory: str | Path, rank: int) -> list[Path]:
 
 def read_orbax(path: Path) -> dict[str, Any]:
     """The checkpoint's pytree as Orbax restores it without a target (NumPy leaves)."""
-    import orbax.checkpoint as ocp
-
-    checkpointer = ocp.StandardCheckpointer()
+    checkpointer = _orbax().StandardCheckpointer()
     try:
         return dict(checkpointer.restore(path.resolve()))
     finally:
@@ -163,6 +161,14 @@ def _child(node: Any, key: Any) -> Any:
 
 def meta_of(restored: dict[str, Any]) -> dict[str, Any]:
     return dict(json.loads(bytes(np.asarray(restored["meta"], dtype=np.uint8)).decode("utf-8")))
+
+
+def _orbax() -> Any:
+    """orbax.checkpoint, imported now, its step-by-step INFO lines (absl's logger) off."""
+    import orbax.checkpoint as ocp
+
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    return ocp
 
 
 def _fsync_directory(folder: Path) -> None:
