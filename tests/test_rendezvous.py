@@ -10,6 +10,7 @@ errors are tested here too."""
 from __future__ import annotations
 
 import random
+import shlex
 import socket
 import subprocess
 from pathlib import Path
@@ -141,3 +142,29 @@ def _listening(address: str) -> bool:
     except OSError:
         return False
     return True
+
+
+def test_the_slurm_and_kubernetes_examples_start_ranks_at_a_rendezvous() -> None:
+    """The examples' command lines are akorun's own (parsed here), without a rank or a
+    host list, and give the ranks the rendezvous address by the environment."""
+    from akorun.launch.cli_parser import build_parser
+
+    sbatch = (REPO_ROOT / "examples" / "slurm" / "akorun.sbatch").read_text()
+    srun = next(line for line in sbatch.splitlines() if line.startswith("srun akorun"))
+    args = build_parser().parse_args(shlex.split(srun)[2:])
+    assert args.command == "worker" and args.config == "cluster.toml" and args.rank is None
+    assert 'export AKORUN_RENDEZVOUS="$head_address:29400"' in sbatch
+    yaml = pytest.importorskip("yaml")
+    manifest = (REPO_ROOT / "examples" / "kubernetes" / "akorun-job.yaml").read_text()
+    documents = {doc["kind"]: doc for doc in yaml.safe_load_all(manifest)}
+    job = documents["Job"]["spec"]
+    pod = job["template"]["spec"]
+    container = pod["containers"][0]
+    args = build_parser().parse_args(container["command"][1:])
+    assert args.command == "worker" and args.rank is None and args.rendezvous is None
+    assert job["completionMode"] == "Indexed" and job["completions"] == job["parallelism"]
+    address = {item["name"]: item["value"] for item in container["env"]}["AKORUN_RENDEZVOUS"]
+    host, _ = parse_address(address)
+    service = documents["Service"]
+    assert host == f"akorun-0.{pod['subdomain']}" and pod["subdomain"] == \
+        service["metadata"]["name"] and service["spec"]["clusterIP"] == "None"

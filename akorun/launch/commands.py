@@ -206,7 +206,8 @@ def _rendezvous(args: argparse.Namespace, address_text: str, cfg: RunConfig,
                   wanted=wanted, endpoint=endpoint, timeout_s=settings.join_timeout_s)
     if not args.quiet:
         sys.stderr.write(f"akorun: rendezvous at {address[0]}:{address[1]}: rank {joined.rank} "
-                         f"of {len(joined.hosts)}, listening on {endpoint}\n")
+                         f"of {len(joined.hosts)}, listening on {endpoint}; the ranks' hosts: "
+                         f"{','.join(joined.hosts)}\n")
     return with_hosts(cfg, joined.hosts), joined.rank
 
 
