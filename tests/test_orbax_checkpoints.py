@@ -118,3 +118,25 @@ def test_resume_continues_from_the_orbax_checkpoint_and_from_an_old_npz(
     np.testing.assert_array_equal(finals["npz"], finals["orbax"])
     assert not np.array_equal(finals["orbax"], saved.params), "no round was trained"
     assert load_checkpoint(runs["npz"] / "checkpoints", 1).next_round == ROUNDS  # now Orbax
+
+
+def test_an_equinox_models_checkpoint_round_trips_through_its_own_leaf_order(
+        tmp_path: Path) -> None:
+    """An Equinox module (attributes, None leaves) is saved under its attribute names;
+    loading puts every leaf back at its place in the flat vector."""
+    pytest.importorskip("equinox")
+    from akocore import build_workload
+    from akorun.runtime.checkpoint_file import Checkpoint, save_checkpoint
+
+    workload = build_workload(str(REPO_ROOT / "examples/equinox_mlp/mymodel.py:make"))
+    flat = np.arange(workload.param_count, dtype=np.float32) / workload.param_count
+    path = save_checkpoint(tmp_path, Checkpoint(rank=0, next_round=1, params=flat, run_id="r",
+                                                config_hash="c", scheme="ako", p_of=(1,)),
+                           structure=workload.unravel)
+    back = load_checkpoint(tmp_path, 0, like=workload.unravel(workload.init_params))
+    np.testing.assert_array_equal(back.params, flat)
+    import orbax.checkpoint as ocp
+
+    alone = ocp.StandardCheckpointer().restore(path.resolve())["params"]
+    assert sorted(np.asarray(x).size for x in jax.tree_util.tree_leaves(alone)) == sorted(
+        np.asarray(x).size for x in jax.tree_util.tree_leaves(workload.unravel(flat)))

@@ -1,9 +1,10 @@
 """Forming a run without a host list: ranks started in random order meet at one address.
 
-Three `akorun worker` processes with the cluster file and ``--rendezvous`` (no
-``--rank``, no rank variable) start in a random order on loopback, get ranks 0..2
-from the rendezvous and end with equal replicas under plain SGD; a rank variable
-(a Kubernetes indexed Job's JOB_COMPLETION_INDEX) is kept. The rendezvous's own
+Three ranks with the cluster file and ``--rendezvous`` (two `akorun worker`
+processes, one `akorun.run_worker(None, ..., rendezvous=...)`; no ``--rank``) start
+in a random order on loopback, get ranks 0..2 from the rendezvous and end with equal
+replicas under plain SGD; a rank variable (a Kubernetes indexed Job's
+JOB_COMPLETION_INDEX, given to one of them) is kept. The rendezvous's own
 rules (ranks asked for, arrival order, a taken rank, a full run) and the one-line
 errors are tested here too."""
 
@@ -13,6 +14,7 @@ import random
 import shlex
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -44,13 +46,17 @@ def test_three_ranks_started_in_random_order_form_a_run_and_end_equal(tmp_path: 
     order = list(range(WORKERS))
     random.shuffle(order)
     procs = []
+    api = (f"import akorun; akorun.run_worker(None, {str(cluster)!r}, out={str(out)!r}, "
+           f"rendezvous={address!r}, peer_timeout='5s')")
     for index in order:  # index 1 is a Kubernetes indexed Job's pod: it keeps rank 1
         env = child_test_env({"JOB_COMPLETION_INDEX": "1"} if index == 1 else {})
         log = open(tmp_path / f"process-{index}.log", "w")  # noqa: SIM115 -- closed below
+        command = akorun_command("worker", "--config", str(cluster), "--rendezvous", address,
+                                 "--out", str(out), "--peer-timeout", "5s")
+        if index == 2:  # the Python API, as a rank of the same run
+            command = [sys.executable, "-c", api]
         procs.append((index, log, subprocess.Popen(
-            akorun_command("worker", "--config", str(cluster), "--rendezvous", address,
-                           "--out", str(out), "--peer-timeout", "5s"),
-            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)))
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)))
     for _, log, proc in procs:
         proc.wait(timeout=240)
         log.close()
