@@ -104,15 +104,21 @@ def test_rank_variables_of_slurm_and_kubernetes_and_none() -> None:
     assert parse_address("[::1]:29400") == ("::1", 29400)
 
 
-@pytest.mark.parametrize("address", ["node01", "node01:http", ":29400", "node01:70000"])
-def test_a_bad_rendezvous_address_is_one_line_and_exit_2(tmp_path: Path, address: str) -> None:
+@pytest.mark.parametrize(("flags", "said"), [
+    (("--rendezvous", "node01"), "expected HOST:PORT"),
+    (("--rendezvous", "node01:http"), "expected HOST:PORT"),
+    (("--rendezvous", ":29400"), "expected HOST:PORT"),
+    (("--rendezvous", "node01:70000"), "expected HOST:PORT"),
+    (("--rendezvous", "127.0.0.1:29400", "--resume"), "--resume cannot meet the others")])
+def test_bad_rendezvous_input_is_one_line_and_exit_2(tmp_path: Path, flags: tuple[str, ...],
+                                                     said: str) -> None:
     cluster = _init(tmp_path)
-    result = subprocess.run(akorun_command("worker", "--config", str(cluster), "--rendezvous",
-                                           address), capture_output=True, text=True,
-                            env=child_test_env(), cwd=REPO_ROOT, timeout=60)
+    result = subprocess.run(akorun_command("worker", "--config", str(cluster), *flags),
+                            capture_output=True, text=True, env=child_test_env(),
+                            cwd=REPO_ROOT, timeout=60)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "expected HOST:PORT" in lines[0], lines
+    assert len(lines) == 1 and said in lines[0], lines
 
 
 def test_a_rank_with_another_runs_cluster_file_is_refused_in_one_line(tmp_path: Path) -> None:

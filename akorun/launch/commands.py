@@ -151,6 +151,10 @@ def rank_options(args: argparse.Namespace) -> WorkerOptions:
     rank_flag = parse_whole_arg(args.rank, "--rank")
     address = address_from(args.rendezvous, os.environ)
     wanted = requested_rank(rank_flag, os.environ, cfg.cluster.workers)
+    if address is not None and args.resume:
+        raise UsageError("--resume cannot meet the others at a rendezvous (it serves a run's "
+                         "start only): restart the rank with --rank R and a cluster file "
+                         "that lists the hosts")
     if address is None:
         rank = resolve_rank(rank_flag, os.environ, cfg.cluster.workers)
         check_role(cfg, rank, args.role)
