@@ -74,7 +74,7 @@ def launch(*, out: str | os.PathLike[str], config: str | os.PathLike[str] | None
         return launch_run(args)
 
 
-def run_worker(rank: int, config: str | os.PathLike[str], *,
+def run_worker(rank: int | None, config: str | os.PathLike[str], *,
                out: str | os.PathLike[str] | None = None,
                set: Mapping[str, Any] | None = None, **settings: Any) -> RankResult:
     """Run one rank of the cluster file `config` in this process, to its end
@@ -83,10 +83,18 @@ def run_worker(rank: int, config: str | os.PathLike[str], *,
         import akorun
         record = akorun.run_worker(0, "run/cluster.toml", out="run")
         print(record.rounds, record.accuracy)
+
+    Without a host list (``akorun worker --rendezvous HOST:PORT``), `rank` None takes the
+    rank from a rank variable (SLURM_PROCID, JOB_COMPLETION_INDEX, ...) or from the
+    order of arrival at the rendezvous::
+
+        record = akorun.run_worker(None, "run/cluster.toml", out="run",
+                                   rendezvous="node01:29400")
     """
     from akorun.launch.commands import rank_options, run_rank
 
-    argv = ["--rank", str(rank), *_flags("worker", config, set, settings)]
+    argv = [*([] if rank is None else ["--rank", str(rank)]),
+            *_flags("worker", config, set, settings)]
     if out is not None:
         argv += ["--out", os.fspath(out)]
     return run_rank(rank_options(_parse("worker", argv))).rank_result

@@ -44,7 +44,7 @@ from akorun.transport.routing import ControlAnswerBody, ControlTable
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RANK_VARIABLES = ("AKORUN_RANK", "AKORUN_WORLD_SIZE", "RANK", "WORLD_SIZE", "SLURM_PROCID",
-                  "SLURM_NTASKS")
+                  "SLURM_NTASKS", "JOB_COMPLETION_INDEX", "AKORUN_RENDEZVOUS")
 
 
 def child_test_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -226,7 +226,7 @@ def test_a_sigkilled_worker_rejoins_with_resume_and_all_end_equal(
         dropped = [cluster.result(r)["send_dropped"].get("2", {}).get("overflow", 0)
                    for r in (0, 1)]
         assert (min(dropped) > 0) == (queue == "4")
-        assert (cluster.out / "checkpoints" / "worker-2.ckpt.npz").exists()
+        assert (cluster.out / "checkpoints" / "worker-2.ckpt").exists()
         assert_all_equal_and_trained([cluster.params(r) for r in range(3)], theta0)
 
 
@@ -325,5 +325,5 @@ def test_ctrl_c_stops_a_launch_gracefully_with_results_and_checkpoints(
     assert launch.returncode == 130, stderr
     merged = json.loads((out / "result.json").read_text())
     assert all("SIGTERM" in (w["stop_reason"] or "") for w in merged["per_worker"])
-    assert all((out / "checkpoints" / f"worker-{r}.ckpt.npz").exists() for r in range(3))
+    assert all((out / "checkpoints" / f"worker-{r}.ckpt").exists() for r in range(3))
     assert merged["max_relative_difference"] < RTOL

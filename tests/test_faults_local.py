@@ -22,7 +22,12 @@ import pytest
 
 from akocore.messages import Kind, Partial
 from akorun.launch.cluster import free_ports
-from akorun.runtime.checkpoint_file import remove_stale_temp_files
+from akorun.runtime.checkpoint_file import (
+    Checkpoint,
+    load_checkpoint,
+    remove_stale_temp_files,
+    save_checkpoint,
+)
 from akorun.testing import REPO_ROOT, LocalCluster, SinkHost, akorun_command, child_test_env
 from akorun.transport.keys import AUTH_HEADER, PARTIAL_PATH
 from akorun.transport.server import Server
@@ -88,14 +93,26 @@ def test_an_unreadable_checkpoint_at_resume_exits_2_naming_the_file(tmp_path: Pa
         assert "worker-0.ckpt.npz" in line and "unreadable checkpoint" in line
 
 
-def test_temp_files_a_killed_writer_left_are_removed(tmp_path: Path) -> None:
-    target = tmp_path / "worker-1.ckpt.npz"
-    stale = [tmp_path / ".worker-1.ckpt.npz.4242.tmp", tmp_path / ".worker-1.ckpt.json.17.tmp"]
-    other = tmp_path / ".worker-2.ckpt.npz.4242.tmp"
-    for path in (*stale, other):
+def test_what_a_killed_writer_left_is_removed(tmp_path: Path) -> None:
+    """A checkpoint the link does not point at, Orbax's unfinished directory and the
+    temporary link or sidecar are removed; the current checkpoint and other ranks' stay."""
+    save_checkpoint(tmp_path, Checkpoint(rank=1, next_round=3, params=np.ones(3, np.float32),
+                                         run_id="r", config_hash="c", scheme="allreduce",
+                                         p_of=()))
+    data = tmp_path / "worker-1.ckpt.d"
+    kept = next(data.iterdir())
+    stale = [data / "9-4242-1", data / "9-4242-2.orbax-checkpoint-tmp-5",
+             tmp_path / ".worker-1.ckpt.4242.tmp", tmp_path / ".worker-1.ckpt.json.17.tmp"]
+    stale[0].mkdir()
+    stale[1].mkdir()
+    for path in stale[2:]:
         path.write_bytes(b"half")
-    assert sorted(remove_stale_temp_files(target)) == sorted(stale)
-    assert not any(p.exists() for p in stale) and other.exists()
+    other = tmp_path / ".worker-2.ckpt.json.4242.tmp"
+    other.write_bytes(b"half")
+    assert sorted(remove_stale_temp_files(tmp_path, 1)) == sorted(stale)
+    assert not any(p.exists() for p in stale) and other.exists() and kept.exists()
+    assert load_checkpoint(tmp_path, 1).next_round == 3
+
 
 
 # --------------------------------------------------------------------------- values

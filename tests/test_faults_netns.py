@@ -56,6 +56,7 @@ import pytest
 from akocore.config import config_from_dict
 from akorun.launch.cluster import new_settings, write_cluster_file
 from akorun.launch.testbed import netns
+from akorun.runtime.checkpoint_orbax import unreferenced
 from akorun.runtime.result_files import max_relative_difference
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 
@@ -357,7 +358,7 @@ def test_a_rank_sigkilled_at_any_moment_leaves_the_others_ending_equal(
         assert "test hook: SIGKILL" in run.log(2)
         run.check(f"SIGKILL {when}", [0, 1])
         if when == "mid-checkpoint":
-            assert list((tmp_path / "ckpt").glob(".worker-2.ckpt.npz.*.tmp")), run.logs()
+            assert unreferenced(tmp_path / "ckpt", 2), run.logs()
     finally:
         run.kill()
 
@@ -377,13 +378,13 @@ def test_a_rank_killed_mid_checkpoint_rejoins_with_resume_and_all_end_equal(
                      f"0@pause_before_round:{held}:{go};1@pause_before_round:{held}:{go}")
     try:
         assert run.wait([2])[2] == -signal.SIGKILL, run.logs()
-        assert list(ckpt.glob(".worker-2.ckpt.npz.*.tmp"))
+        assert unreferenced(ckpt, 2)
         run.wait_log(0, "peer 2 silent")
         run.start(2, f"sleep_per_round:{ROUND_SLEEP_S}", "--resume")
         run.wait_log(2, "rejoining")
         go.touch()
         run.check("SIGKILL mid-checkpoint, then --resume", [0, 1, 2], held_round=held)
-        assert not list(ckpt.glob(".worker-2.ckpt.npz.*.tmp"))
+        assert not unreferenced(ckpt, 2)
     finally:
         run.kill()
 
@@ -475,7 +476,7 @@ def test_a_full_checkpoint_disk_is_survived_and_retried(net: Net, tmp_path: Path
         run.check("full checkpoint disk", [0, 1, 2])
         assert all("checkpoint not written" in run.log(r) for r in range(WORKERS))
         assert sorted(p.name for p in checkpoints.iterdir() if p.name.startswith(".")) == []
-        assert all((checkpoints / f"worker-{r}.ckpt.npz").exists() for r in range(WORKERS))
+        assert all((checkpoints / f"worker-{r}.ckpt").exists() for r in range(WORKERS))
     finally:
         run.kill()
 

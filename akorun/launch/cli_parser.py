@@ -140,7 +140,16 @@ def _add_runtime_flags(parser: argparse.ArgumentParser, tool: Tool) -> None:
     add = group.add_argument
     if tool is Tool.AKORUN_RANK:
         add("--rank", metavar="R", default=None,
-            help="this process's rank 0..N-1 (else AKORUN_RANK, RANK or SLURM_PROCID)")
+            help="this process's rank 0..N-1 (else AKORUN_RANK, RANK, SLURM_PROCID or "
+                 "JOB_COMPLETION_INDEX; with --rendezvous and none of these, the order of "
+                 "arrival)")
+        add("--rendezvous", metavar="HOST:PORT", default=None,
+            help="form the run without a host list: every rank registers at this address "
+                 "(served by the rank on that machine that binds it first) and gets its rank "
+                 "and the others' addresses (else AKORUN_RENDEZVOUS)")
+        add("--advertise", metavar="HOST", default=None,
+            help="with --rendezvous: the address the others reach this rank at (default: "
+                 "this machine's address on the way to the rendezvous)")
         add("--out", metavar="DIR", default=None,
             help="write OUT/worker-R.json and OUT/worker-R.npz here")
         add("--resume", action="store_true",

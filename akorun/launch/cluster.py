@@ -22,8 +22,8 @@ the file itself fixed the rounds. It writes by hand (simple TOML values, a
 comment per key; no TOML-writer dependency) and `write_cluster_file` stores
 it with mode 0600 because it holds the secret. `resolve_rank` finds this
 process's rank from ``--rank``, ``AKORUN_RANK``, torchrun's
-``RANK``/``WORLD_SIZE`` or SLURM's ``SLURM_PROCID``/``SLURM_NTASKS``, in that
-order.
+``RANK``/``WORLD_SIZE``, SLURM's ``SLURM_PROCID``/``SLURM_NTASKS`` or a
+Kubernetes indexed Job's ``JOB_COMPLETION_INDEX``, in that order.
 """
 
 from __future__ import annotations
@@ -432,31 +432,44 @@ def _env_int(env: Mapping[str, str], name: str) -> int:
 
 
 def resolve_rank(flag_rank: int | None, env: Mapping[str, str], world: int) -> int:
-    """This process's rank of `world`: --rank, AKORUN_RANK, RANK, SLURM_PROCID in that order;
-    RANK and SLURM_PROCID that disagree (with neither of the first two given) are refused.
+    """This process's rank of `world`: --rank, AKORUN_RANK, RANK, SLURM_PROCID,
+    JOB_COMPLETION_INDEX in that order (`requested_rank`); UsageError when none is given."""
+    rank = requested_rank(flag_rank, env, world)
+    if rank is None:
+        raise UsageError(f"no rank given: pass --rank R (0..{world - 1}), or set AKORUN_RANK, "
+                         f"RANK/WORLD_SIZE (torchrun), run under srun or as a Kubernetes "
+                         f"indexed Job, or meet the others with --rendezvous HOST:PORT")
+    return rank
+
+
+RANK_SOURCES = (("AKORUN_RANK", "AKORUN_RANK", "AKORUN_WORLD_SIZE"),
+                ("RANK", "RANK (torchrun)", "WORLD_SIZE"),
+                ("SLURM_PROCID", "SLURM_PROCID", "SLURM_NTASKS"),
+                ("JOB_COMPLETION_INDEX", "JOB_COMPLETION_INDEX (Kubernetes)", None))
+
+
+def requested_rank(flag_rank: int | None, env: Mapping[str, str], world: int) -> int | None:
+    """The rank --rank or a rank variable gives this process (AKORUN_RANK, RANK,
+    SLURM_PROCID, JOB_COMPLETION_INDEX in that order), None if none does; RANK and
+    SLURM_PROCID that disagree (with neither of the first two given) are refused.
 
     A world size given by the environment (AKORUN_WORLD_SIZE, WORLD_SIZE,
     SLURM_NTASKS) must equal the cluster file's `world`.
     """
-    size_name: str | None
     if flag_rank is None and "AKORUN_RANK" not in env:
         given = {name: env[name].strip() for name in ("RANK", "SLURM_PROCID") if name in env}
         if len(set(given.values())) > 1:
             said = " and ".join(f"{name}={value}" for name, value in given.items())
             raise UsageError(f"conflicting rank variables: {said}; pass --rank R or set "
                              f"AKORUN_RANK to say which rank this process is")
+    size_name: str | None = None
     if flag_rank is not None:
-        rank, source, size_name = flag_rank, "--rank", None
-    elif "AKORUN_RANK" in env:
-        rank, source, size_name = _env_int(env, "AKORUN_RANK"), "AKORUN_RANK", \
-            "AKORUN_WORLD_SIZE"
-    elif "RANK" in env:
-        rank, source, size_name = _env_int(env, "RANK"), "RANK (torchrun)", "WORLD_SIZE"
-    elif "SLURM_PROCID" in env:
-        rank, source, size_name = _env_int(env, "SLURM_PROCID"), "SLURM_PROCID", "SLURM_NTASKS"
+        rank, source = flag_rank, "--rank"
     else:
-        raise UsageError(f"no rank given: pass --rank R (0..{world - 1}), or set AKORUN_RANK, "
-                         f"RANK/WORLD_SIZE (torchrun) or run under srun")
+        found = next(((n, s, z) for n, s, z in RANK_SOURCES if n in env), None)
+        if found is None:
+            return None
+        rank, source, size_name = _env_int(env, found[0]), found[1], found[2]
     if size_name is not None and size_name in env:
         size = _env_int(env, size_name)
         if size != world:

@@ -47,9 +47,11 @@ from akorun.launch.cluster import (
     DEFAULT_BASE_PORT,
     AkorunSettings,
     check_distinct_endpoints,
+    free_ports,
     hosts_from_text,
     loopback_hosts,
     new_settings,
+    requested_rank,
     resolve_rank,
     settings_of,
     should_emulate,
@@ -66,6 +68,7 @@ from akorun.launch.local import (
     worker_flags,
 )
 from akorun.launch.merge_command import cmd_merge
+from akorun.launch.rendezvous import address_from
 from akorun.launch.testbed.runner import TestbedOptions, launch_on_testbed
 from akorun.runtime.node_plan import check_role
 from akorun.runtime.worker import TLSOptions, WorkerOptions, run_rank
@@ -146,17 +149,28 @@ def rank_options(args: argparse.Namespace) -> WorkerOptions:
         check_distinct_endpoints(cfg.cluster.hosts)
     except ConfigError as error:
         raise UsageError(f"{args.config}: {error}") from None
-    rank = resolve_rank(parse_whole_arg(args.rank, "--rank"), os.environ, cfg.cluster.workers)
-    check_role(cfg, rank, args.role)
-    if rank < len(cfg.cluster.hosts):  # none: the rank says so when it starts
-        host, port = split_host(cfg.cluster.hosts[rank])
-        check_port_free(args.listen or host, port, rank)  # before the workload or JAX loads
+    rank_flag = parse_whole_arg(args.rank, "--rank")
+    address = address_from(args.rendezvous, os.environ)
+    wanted = requested_rank(rank_flag, os.environ, cfg.cluster.workers)
+    if address is not None and args.resume:
+        raise UsageError("--resume cannot meet the others at a rendezvous (it serves a run's "
+                         "start only): restart the rank with --rank R and a cluster file "
+                         "that lists the hosts")
+    if address is None:
+        rank = resolve_rank(rank_flag, os.environ, cfg.cluster.workers)
+        check_role(cfg, rank, args.role)
     _check_workload(cfg.train)
     _check_one_device_per_rank(cfg)
-    settings.rank_keys(rank, cfg.cluster.workers)  # a missing or foreign key file: exit 2 now
     out = Path(args.out) if args.out else None
     if out is not None:
         check_out_directory(out)  # before training, not after it
+    if address is not None:  # every check that can fail here is done: now meet the others
+        cfg, rank = _rendezvous(args, address, cfg, settings, wanted)
+        check_role(cfg, rank, args.role)
+    if rank < len(cfg.cluster.hosts):  # none: the rank says so when it starts
+        host, port = split_host(cfg.cluster.hosts[rank])
+        check_port_free(args.listen or host, port, rank)  # before the workload or JAX loads
+    settings.rank_keys(rank, cfg.cluster.workers)  # a missing or foreign key file: exit 2 now
     checkpoint_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else (
         out / "checkpoints" if out else None)
     if args.resume and checkpoint_dir is None:
@@ -174,6 +188,33 @@ def rank_options(args: argparse.Namespace) -> WorkerOptions:
         grace_s=parse_duration_arg(args.grace, "--grace") if args.grace else None,
         quiet=args.quiet, tls=tls, faults=faults_for(rank, os.environ),
         queue_messages=settings.queue_messages, **optional)
+
+
+def _rendezvous(args: argparse.Namespace, address_text: str, cfg: RunConfig,
+                settings: AkorunSettings, wanted: int | None) -> tuple[RunConfig, int]:
+    """Meet the other ranks at the rendezvous: the run config with every rank's host, and
+    this process's rank (`wanted`, when a flag or variable gave one)."""
+    from akorun.launch.rendezvous import ENV_ADDRESS, meet, parse_address, route_address
+
+    address = parse_address(address_text, "--rendezvous" if args.rendezvous else ENV_ADDRESS)
+    if settings.secret is None:
+        raise UsageError("--rendezvous needs the run's secret in the cluster file (one written "
+                         "without --per-rank-keys)")
+    host = args.advertise or route_address(*address)
+    try:
+        port = free_ports(1, args.listen or host)[0]
+    except OSError as error:
+        raise UsageError(f"--advertise {host}: not an address of this machine to listen on "
+                         f"({error.strerror or error}); give --listen 0.0.0.0 too") from None
+    endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    joined = meet(address, secret=settings.secret_bytes, run_id=settings.run_id,
+                  run_id_bytes=settings.run_id_bytes, world=cfg.cluster.workers,
+                  wanted=wanted, endpoint=endpoint, timeout_s=settings.join_timeout_s)
+    if not args.quiet:
+        sys.stderr.write(f"akorun: rendezvous at {address[0]}:{address[1]}: rank {joined.rank} "
+                         f"of {len(joined.hosts)}, listening on {endpoint}; the ranks' hosts: "
+                         f"{','.join(joined.hosts)}\n")
+    return with_hosts(cfg, joined.hosts), joined.rank
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

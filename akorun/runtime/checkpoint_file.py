@@ -1,13 +1,13 @@
-"""Worker checkpoints: one npz per rank, written atomically, plus a JSON sidecar.
+"""Worker checkpoints: one Orbax checkpoint per rank, swapped in atomically, a JSON sidecar.
 
-``DIR/worker-R.ckpt.npz`` holds the arrays ``params``, ``unsent``, ``inbox``
-(ako workers), ``opt_0 ... opt_k`` (the optimizer state's leaves in
-jax.tree_util order) and ``meta`` (the metadata JSON as utf-8 bytes, so the
-npz alone is complete and consistent). ``DIR/worker-R.ckpt.json`` repeats the
-metadata for humans: next round, delivery log, final rounds, p per worker,
-config hash, run id. Both are written to a temporary file in the same
-directory and moved into place with os.replace, so a crash leaves either the
-old or the new checkpoint, never half of one. Nothing is pickled.
+`save_checkpoint` writes ``DIR/worker-R.ckpt``, an Orbax checkpoint (layout
+and atomicity: akorun.runtime.checkpoint_orbax) whose ``params`` are the
+user's parameter pytree when the writer knows its structure, and
+``DIR/worker-R.ckpt.json``, the metadata again for humans (next round,
+delivery log, final rounds, p per worker, config hash, run id), written to a
+temporary file and moved into place with os.replace. `load_checkpoint` reads
+the Orbax checkpoint, or the npz an older akorun wrote
+(akorun.runtime.checkpoint_npz) where there is no Orbax one. Nothing is pickled.
 """
 
 from __future__ import annotations
@@ -23,8 +23,18 @@ from typing import Any
 import numpy as np
 
 from akorun.errors import UsageError
+from akorun.runtime.checkpoint_npz import npz_path, read_npz
+from akorun.runtime.checkpoint_orbax import (
+    current,
+    flat_params,
+    link_path,
+    meta_of,
+    read_orbax,
+    remove_unreferenced,
+    write_orbax,
+)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 1: the npz of akorun.runtime.checkpoint_npz
 
 DeliveryRecord = dict[int, tuple[int, dict[int, list[int]]]]
 
@@ -75,94 +85,121 @@ def log_from_json(data: Mapping[str, Any]) -> DeliveryRecord:
 
 
 def checkpoint_path(directory: str | Path, rank: int) -> Path:
-    return Path(directory) / f"worker-{rank}.ckpt.npz"
+    """The checkpoint a user restores with Orbax (a link to the current one)."""
+    return link_path(directory, rank)
 
 
-def _replace_atomically(target: Path, write: Any,
-                        before_replace: Callable[[Path], None] | None = None) -> None:
+def sidecar_path(directory: str | Path, rank: int) -> Path:
+    return Path(directory) / f"worker-{rank}.ckpt.json"
+
+
+def checkpoint_exists(directory: str | Path, rank: int) -> bool:
+    """An Orbax checkpoint or an older npz one of `rank` is in `directory`."""
+    return current(directory, rank) is not None or npz_path(directory, rank).exists()
+
+
+def _replace_atomically(target: Path, write: Any) -> None:
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
-        if before_replace is not None:  # a test hook (akorun.faults: kill_mid_checkpoint)
-            before_replace(tmp)
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
 
 
-def remove_stale_temp_files(target: Path) -> list[Path]:
-    """Remove the temp files of `target` (and its .json sidecar) that a killed writer
-    left behind (names `.NAME.PID.tmp`); the removed paths."""
-    removed = []
-    for name in (target.name, target.with_suffix(".json").name):
-        for stale in target.parent.glob(f".{name}.*.tmp"):
-            try:
-                stale.unlink()
-                removed.append(stale)
-            except OSError:
-                pass
+def remove_stale_temp_files(directory: str | Path, rank: int) -> list[Path]:
+    """Remove what a killed writer of `rank` left behind (a checkpoint the link does not
+    point at, a temporary link or sidecar named `.NAME.PID.tmp`); the removed paths."""
+    sidecar = sidecar_path(directory, rank)
+    removed = remove_unreferenced(directory, rank)
+    for stale in sidecar.parent.glob(f".{sidecar.name}.*.tmp"):
+        try:
+            stale.unlink()
+            removed.append(stale)
+        except OSError:
+            pass
     return removed
 
 
 def save_checkpoint(directory: str | Path, checkpoint: Checkpoint,
-                    before_replace: Callable[[Path], None] | None = None) -> Path:
-    """Write the checkpoint of `checkpoint.rank` (atomically); returns the npz path.
-    `before_replace(temp)` runs once the npz temp file is written (a test hook)."""
+                    before_replace: Callable[[Path], None] | None = None,
+                    structure: Callable[[np.ndarray], Any] | None = None) -> Path:
+    """Write the checkpoint of `checkpoint.rank` (atomically); returns its path.
+    `structure(flat)` gives the user's pytree of the flat parameters (the workload's
+    `unravel`); without it the parameters are saved as the flat vector.
+    `before_replace(new)` runs once the new checkpoint is written (a test hook)."""
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     meta = checkpoint.meta()
-    meta_bytes = json.dumps(meta, sort_keys=True).encode("utf-8")
-    arrays: dict[str, np.ndarray] = {
-        "params": np.asarray(checkpoint.params, dtype=np.float32),
-        "meta": np.frombuffer(meta_bytes, dtype=np.uint8),
+    flat = np.asarray(checkpoint.params, dtype=np.float32)
+    state: dict[str, Any] = {
+        "params": flat if structure is None else structure(flat.copy()),
+        "optimizer": [np.asarray(leaf) for leaf in checkpoint.optimizer_leaves],
+        "round": np.int64(checkpoint.next_round),
+        "meta": np.frombuffer(json.dumps(meta, sort_keys=True).encode("utf-8"),
+                              dtype=np.uint8),
     }
-    if checkpoint.unsent is not None:
-        arrays["unsent"] = np.asarray(checkpoint.unsent, dtype=np.float32)
-    if checkpoint.inbox is not None:
-        arrays["inbox"] = np.asarray(checkpoint.inbox, dtype=np.float32)
-    for index, leaf in enumerate(checkpoint.optimizer_leaves):
-        arrays[f"opt_{index}"] = np.asarray(leaf)
-    target = checkpoint_path(folder, checkpoint.rank)
-    _replace_atomically(target, lambda handle: np.savez(handle, **arrays),  # type: ignore[arg-type]
-                        before_replace)
-    sidecar = target.with_suffix(".json")
-    _replace_atomically(sidecar, lambda handle: handle.write(
+    scheme = {name: np.asarray(value, dtype=np.float32)
+              for name, value in (("unsent", checkpoint.unsent), ("inbox", checkpoint.inbox))
+              if value is not None}
+    if scheme:
+        state["scheme"] = scheme
+    target = write_orbax(folder, checkpoint.rank, state, checkpoint.next_round, before_replace)
+    _replace_atomically(sidecar_path(folder, checkpoint.rank), lambda handle: handle.write(
         json.dumps(meta, indent=1, sort_keys=True).encode("utf-8")))
     return target
 
 
-def load_checkpoint(directory: str | Path, rank: int) -> Checkpoint:
-    """Read rank's checkpoint; UsageError naming the file if missing or unreadable."""
-    path = checkpoint_path(directory, rank)
-    if not path.exists():
+def load_checkpoint(directory: str | Path, rank: int, like: Any = None) -> Checkpoint:
+    """Read rank's checkpoint (Orbax, else an older npz); `like` is a pytree of the
+    model's structure (the parameters' leaf order); UsageError naming the file if
+    missing or unreadable."""
+    orbax_checkpoint = current(directory, rank)
+    path = npz_path(directory, rank) if orbax_checkpoint is None else link_path(directory, rank)
+    if orbax_checkpoint is None and not path.exists():
         raise UsageError(f"{path}: no checkpoint of rank {rank} (give --checkpoint-dir where "
                          f"the worker wrote them)")
     try:
-        with np.load(path, allow_pickle=False) as data:
-            meta = json.loads(bytes(data["meta"]).decode("utf-8"))
-            leaves = tuple(np.array(data[f"opt_{i}"]) for i in range(meta["optimizer_leaves"]))
-            return Checkpoint(
-                rank=int(meta["rank"]),
-                next_round=int(meta["next_round"]),
-                params=np.array(data["params"], dtype=np.float32),
-                run_id=str(meta["run_id"]),
-                config_hash=str(meta["config_hash"]),
-                scheme=str(meta["scheme"]),
-                p_of=tuple(int(p) for p in meta["p_of"]),
-                unsent=np.array(data["unsent"], dtype=np.float32) if "unsent" in data else None,
-                inbox=np.array(data["inbox"], dtype=np.float32) if "inbox" in data else None,
-                log=log_from_json(meta["log"]),
-                final_round={int(k): int(v) for k, v in meta["final_round"].items()},
-                optimizer_leaves=leaves,
-                written_unix_s=float(meta.get("written_unix_s", 0.0)),
-            )
+        if orbax_checkpoint is None:
+            meta, arrays = read_npz(path)
+            params = arrays["params"]
+            leaves = tuple(arrays[f"opt_{i}"] for i in range(meta["optimizer_leaves"]))
+        else:
+            restored = read_orbax(orbax_checkpoint)
+            meta = meta_of(restored)
+            params = flat_params(restored["params"], like)
+            arrays = dict(restored.get("scheme", {}))
+            leaves = tuple(np.asarray(leaf) for leaf in restored["optimizer"])
+        return _from_meta(meta, params, arrays, leaves)
     except Exception as error:  # noqa: BLE001 -- any unreadable file is the user's to fix
         raise UsageError(f"{path}: unreadable checkpoint ({type(error).__name__}: "
-                         f"{error})") from None
+                         f"{str(error).splitlines()[0] if str(error) else ''})") from None
+
+
+def _from_meta(meta: dict[str, Any], params: np.ndarray, arrays: dict[str, np.ndarray],
+               leaves: tuple[np.ndarray, ...]) -> Checkpoint:
+    def buffer(name: str) -> np.ndarray | None:
+        return np.array(arrays[name], dtype=np.float32) if name in arrays else None
+
+    return Checkpoint(
+        rank=int(meta["rank"]),
+        next_round=int(meta["next_round"]),
+        params=np.array(params, dtype=np.float32),
+        run_id=str(meta["run_id"]),
+        config_hash=str(meta["config_hash"]),
+        scheme=str(meta["scheme"]),
+        p_of=tuple(int(p) for p in meta["p_of"]),
+        unsent=buffer("unsent"),
+        inbox=buffer("inbox"),
+        log=log_from_json(meta["log"]),
+        final_round={int(k): int(v) for k, v in meta["final_round"].items()},
+        optimizer_leaves=leaves,
+        written_unix_s=float(meta.get("written_unix_s", 0.0)),
+    )
 
 
 def optimizer_leaves(state: Any) -> tuple[np.ndarray, ...]:

@@ -1,10 +1,12 @@
 """Writing this rank's checkpoint (periodically and at the end), off the event loop.
 
 What the checkpoint holds beyond the common fields is the role's
-(`Role.checkpoint`: ako workers add their buffers and delivery log). The file
-format is akorun.runtime.checkpoint_file's.
+(`Role.checkpoint`: ako workers add their buffers and delivery log). The format
+is akorun.runtime.checkpoint_file's (an Orbax checkpoint whose ``params`` are the
+user's pytree: the writer is given the workload's `unravel`).
 
-A failed periodic write (a full or broken disk: any OSError) is logged as one
+A failed periodic write (a full or broken disk: any OSError, or any error Orbax
+raises for one) is logged as one
 line, counted (`failures`), its temp file removed, and training goes on: the
 next periodic checkpoint is the retry, and the last good checkpoint stays in
 place (writes are atomic). The final write raises `CheckpointFailed`, which
@@ -21,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from akocore.workload import FlatWorkload
 from akorun.runtime.checkpoint_file import (
     Checkpoint,
     checkpoint_path,
@@ -40,15 +43,18 @@ class CheckpointFailed(Exception):
 class CheckpointWriter:
     """Checkpoints of one rank into one directory (none without a directory)."""
 
-    def __init__(self, role: Role, directory: Path | None, *, run_id: str,
-                 config_hash: str) -> None:
+    def __init__(self, role: Role, directory: Path | None, workload: FlatWorkload | None = None,
+                 *, run_id: str, config_hash: str) -> None:
         self.role = role
+        # flat vector -> the user's pytree (for a full model, not a parameter server's shard)
+        self.structure = None if workload is None else workload.unravel
+        self.param_count = 0 if workload is None else workload.param_count
         self.directory = directory
         self.run_id = run_id
         self.config_hash = config_hash
         self.failures = 0
         if directory is not None:
-            remove_stale_temp_files(checkpoint_path(directory, role.rank))
+            remove_stale_temp_files(directory, role.rank)
 
     def now(self) -> Checkpoint | None:
         node = self.role.node
@@ -72,13 +78,15 @@ class CheckpointWriter:
         if checkpoint is None:
             return
         assert self.directory is not None
+        whole = checkpoint.params.size == self.param_count
         try:
             await asyncio.to_thread(save_checkpoint, self.directory, checkpoint,
-                                    before_replace)
-        except OSError as error:
+                                    before_replace, self.structure if whole else None)
+        except Exception as error:  # noqa: BLE001 -- OSError, or Orbax's error for one
             self.failures += 1
             where = checkpoint_path(self.directory, self.role.rank)
-            message = f"{where}: checkpoint not written: {error.strerror or error}"
+            reason = getattr(error, "strerror", None) or str(error).splitlines()[0]
+            message = f"{where}: checkpoint not written: {reason}"
             if final:
                 raise CheckpointFailed(message) from None
             log.error("%s -- training goes on; the next periodic checkpoint retries "

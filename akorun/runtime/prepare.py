@@ -20,7 +20,7 @@ from akocore.optim import FlatOptimizer
 from akocore.process_setup import enable_compilation_cache
 from akocore.workload import FlatWorkload, build_workload, workload_fingerprint
 from akorun.errors import UsageError
-from akorun.runtime.checkpoint_file import Checkpoint, load_checkpoint
+from akorun.runtime.checkpoint_file import Checkpoint, checkpoint_exists, load_checkpoint
 from akorun.runtime.node_plan import params_digest
 from akorun.runtime.roles import Role
 
@@ -64,7 +64,7 @@ def prepare(cfg: RunConfig, role: Role, *, run_id: str, config_hash: str, resume
     if resume:
         role.check_resume()
         checkpoint = _resume_checkpoint(role.rank, run_id=run_id, config_hash=config_hash,
-                                        directory=checkpoint_dir)
+                                        directory=checkpoint_dir, workload=workload)
     return Prepared(workload, params_sha256, identity, optimizer, compute_measured_s, warmup_s,
                     checkpoint)
 
@@ -86,10 +86,13 @@ def warm_up(cfg: RunConfig, role: Role, workload: FlatWorkload) -> tuple[FlatOpt
 
 
 def _resume_checkpoint(rank: int, *, run_id: str, config_hash: str,
-                       directory: Path | None) -> Checkpoint | None:
-    if directory is None or not (directory / f"worker-{rank}.ckpt.npz").exists():
+                       directory: Path | None, workload: FlatWorkload) -> Checkpoint | None:
+    """This rank's checkpoint (Orbax, or an older npz) in `directory`, None if there is none;
+    UsageError if it is another run's or config's."""
+    if directory is None or not checkpoint_exists(directory, rank):
         return None
-    checkpoint = load_checkpoint(directory, rank)
+    checkpoint = load_checkpoint(directory, rank,
+                                 like=workload.unravel(np.asarray(workload.init_params)))
     if checkpoint.run_id != run_id:
         raise UsageError(f"{directory}: the checkpoint of rank {rank} is from run "
                          f"{checkpoint.run_id}, not this run {run_id}")

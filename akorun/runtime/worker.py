@@ -241,8 +241,8 @@ class Worker:
             metrics=self.metrics, waiter=self.waiter, gone=self._out_of_gate,
             target_accuracy=self.cfg.train.target_accuracy, heard=self.liveness.heard,
             spawn=self._spawn, training_ranks=[self.rank] * self.role.trains + training_peers)
-        checkpoints = CheckpointWriter(self.role, options.checkpoint_dir, run_id=self.run_id,
-                                       config_hash=self.config_hash)
+        checkpoints = CheckpointWriter(self.role, options.checkpoint_dir, self.prepared.workload,
+                                       run_id=self.run_id, config_hash=self.config_hash)
         self.training = TrainingLoop(
             cfg=self.cfg, rank=self.rank, training_workers=self.role.training_workers,
             workload=self.prepared.workload, metrics=self.metrics, outbox=self.outbox,
