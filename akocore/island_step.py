@@ -5,7 +5,8 @@ This module owns what a rank computes when it spans several devices (and process
 ``jax.sharding.Mesh`` over the island's devices, each device's batch a shard of the
 island's, ``shard_map`` running the very step a one-device rank runs on each shard and
 ``lax.pmean`` reducing the gradients inside XLA, so that the island gives ONE
-replicated flat gradient, fetched to the host once); and `IslandWorkload`, a
+replicated gradient, each leaf fetched to the host once and joined into the flat
+vector in NumPy); and `IslandWorkload`, a
 `FlatWorkload` whose batches are this process's devices' batches stacked and whose
 `grad_step` is the island's. The schemes above see one rank with one gradient, as ever.
 
@@ -71,6 +72,7 @@ class IslandStep:
     local: int
     _mesh: Any = field(repr=False)
     _fn: Any = field(repr=False)
+    _unravel: Callable[[Any], Any] = field(repr=False)
 
     @property
     def size(self) -> int:
@@ -91,15 +93,19 @@ class IslandStep:
             return jax.make_array_from_process_local_data(
                 NamedSharding(mesh, P(AXIS)), local, (size, *local.shape[1:]))
 
-        params = jax.make_array_from_process_local_data(
-            NamedSharding(mesh, P()), np.asarray(flat_params, np.float32))
-        loss, grad = self._fn(params, jax.tree_util.tree_map(sharded, xs),
-                              jax.tree_util.tree_map(sharded, ys), sharded(seeds))
-        # the replicated result: one device-to-host copy of this process's replica
-        host = np.asarray(grad.addressable_data(0))
-        if not host.flags.writeable:  # a view of a CPU buffer: the caller owns its vector
-            host = host.copy()
-        return float(np.asarray(loss.addressable_data(0))), host
+        replicated = NamedSharding(mesh, P())
+        # the parameters go in as the user's pytree of NumPy views of the flat vector, and
+        # the gradient's leaves come out: as in FlatWorkload.grad_step, the slicing and
+        # the concatenation stay out of XLA (in it, the island's CPU step took 3x longer)
+        params = jax.tree_util.tree_map(
+            lambda leaf: jax.make_array_from_process_local_data(replicated, leaf),
+            self._unravel(np.asarray(flat_params, np.float32)))
+        loss, leaves = self._fn(params, jax.tree_util.tree_map(sharded, xs),
+                                jax.tree_util.tree_map(sharded, ys), sharded(seeds))
+        # the replicated result: one device-to-host copy of this process's replica per leaf
+        grad = np.concatenate([np.asarray(leaf.addressable_data(0)).reshape(-1)
+                               for leaf in leaves])
+        return float(np.asarray(loss.addressable_data(0))), grad
 
 
 def island_step(workload: FlatWorkload, devices: Sequence[Any],
@@ -120,24 +126,22 @@ def island_step(workload: FlatWorkload, devices: Sequence[Any],
                          f"island's order; got {[str(d) for d in devices]}")
     dtypes = tuple(jnp.dtype(dtype) for _, dtype in workload.param_layout)
     tree_grad = tree_grad_fn(workload.spec, dtypes)
-    unravel = workload.unravel
 
-    def per_device(flat: Any, xs: Any, ys: Any, seeds: Any) -> tuple[Any, Any]:
+    def per_device(params: Any, xs: Any, ys: Any, seeds: Any) -> tuple[Any, Any]:
         """One device: the one-device rank's step on its own batch, then the island's mean."""
         x, y = jax.tree_util.tree_map(lambda a: a[0], (xs, ys))
         # this device's own copy of the parameters: the gradient stays per device (of
         # the replicated input, shard_map's transpose would sum it over the island)
-        own = jax.lax.pcast(flat, AXIS, to="varying")
-        loss, leaves = tree_grad(unravel(own), x, y, seeds[0])
-        grad = jnp.concatenate([jnp.ravel(leaf) for leaf in leaves])
-        return jax.lax.pmean(loss, AXIS), jax.lax.pmean(grad, AXIS)
+        own = jax.lax.pcast(params, AXIS, to="varying")
+        loss, leaves = tree_grad(own, x, y, seeds[0])
+        return jax.lax.pmean(loss, AXIS), [jax.lax.pmean(leaf, AXIS) for leaf in leaves]
 
     mesh = Mesh(np.array(devices, dtype=object), (AXIS,))
     fn = jax.jit(jax.shard_map(per_device, mesh=mesh,
                                in_specs=(P(), P(AXIS), P(AXIS), P(AXIS)),
                                out_specs=(P(), P())))
     return IslandStep(devices=devices, process_index=process_index, first=mine[0],
-                      local=len(mine), _mesh=mesh, _fn=fn)
+                      local=len(mine), _mesh=mesh, _fn=fn, _unravel=workload.unravel)
 
 
 class IslandBatches:
@@ -192,6 +196,10 @@ class IslandWorkload(FlatWorkload):
         if self.island is None:
             raise RuntimeError("IslandWorkload was not built by island_workload()")
         return self.island
+
+    @property
+    def examples_per_step(self) -> int:
+        return self.batch_size * self.step.size
 
     def batches(self, worker: int, workers: int, seed: int | None = None) -> IslandBatches:
         return IslandBatches(self, worker, workers, self.seed if seed is None else seed)

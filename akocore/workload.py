@@ -108,6 +108,11 @@ class FlatWorkload:
         return self.spec.data
 
     @property
+    def examples_per_step(self) -> int:
+        """Training examples in one gradient step (an island's: every device's batch)."""
+        return self.batch_size
+
+    @property
     def _fns(self) -> _Compiled:
         if self._compiled is None:
             raise RuntimeError("FlatWorkload was not built by flat_workload()")

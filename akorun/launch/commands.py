@@ -69,6 +69,7 @@ from akorun.launch.merge_command import cmd_merge
 from akorun.launch.testbed.runner import TestbedOptions, launch_on_testbed
 from akorun.runtime.island import (
     IslandShape,
+    device_memory_line,
     follow_leader,
     island_process_index,
     island_workload_of,
@@ -207,6 +208,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     try:
         run_rank(options, None if island is None
                  else island_workload_of(island, options.config.train))
+        if "jax" in sys.modules:  # what the devices held at their peak
+            logging.getLogger("akorun").info(
+                "%s", device_memory_line(island.devices if island is not None else None))
     finally:
         if island is not None:
             island.close()

@@ -49,6 +49,24 @@ COORDINATOR_ENV = "AKORUN_ISLAND_COORDINATOR"  # host:port of the island's proce
 PROCESS_ENV = "AKORUN_ISLAND_PROCESS"  # this process's index in its island
 OP_STOP, OP_STEP = 0, 1
 HEADER_WORDS = 11  # op, then worker, workers, data seed, index, rng seed as int64 pairs
+MEMORY_LINE = "island: peak device memory:"  # the line tools/device_check.py reads
+
+
+def device_memory_line(devices: tuple[Any, ...] | None = None) -> str:
+    """The peak memory of this process's `devices` (default: its first), the allocator's
+    own figure (CPU devices keep none: n/a), in one line the device check reads."""
+    import jax
+
+    if devices is None:
+        devices = tuple(jax.local_devices()[:1])
+    parts = []
+    for device in devices:
+        if getattr(device, "process_index", 0) != jax.process_index():
+            continue
+        stats = device.memory_stats() or {}
+        peak = stats.get("peak_bytes_in_use", stats.get("bytes_in_use"))
+        parts.append(f"{device} " + ("n/a" if peak is None else f"{peak / 1e6:.1f} MB"))
+    return f"{MEMORY_LINE} " + ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -182,6 +200,7 @@ def follow_leader(island: Island, train: Any) -> int:
     log.info("island: following the leader's steps")
     try:
         steps = island.follow()
+        log.info("%s", device_memory_line(island.devices))
     finally:
         island.close()
     log.info("island: the leader said stop after %d steps", steps)
