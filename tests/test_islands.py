@@ -15,6 +15,7 @@ another order than the reference's NumPy mean, and the exchange sums in arrival 
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -98,6 +99,9 @@ def test_two_ranks_of_two_processes_apply_every_islands_gradient_once(tmp_path: 
     (["--devices-per-rank", "0"], "akorun.devices_per_rank: got 0"),
     (["--processes-per-rank", "x"], "akorun.processes_per_rank"),
     (["--platform", "tpu"], "invalid choice: 'tpu'"),
+    pytest.param(["--platform", "gpu"], "nvidia-smi lists no GPU on this host",
+                 marks=pytest.mark.skipif(shutil.which("nvidia-smi") is not None,
+                                          reason="this host may have GPUs")),
 ])
 def test_bad_island_settings_exit_2_with_one_line(flags: list[str], words: str,
                                                   tmp_path: Path) -> None:

@@ -12,10 +12,12 @@ in XLA_FLAGS, or its own GPUs when the host has enough).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from akocore.config import RunConfig
+from akorun.errors import UsageError
 from akorun.launch.cluster import AkorunSettings, free_ports, split_host
 from akorun.launch.devices import device_env, host_gpu_count
 from akorun.runtime.island import COORDINATOR_ENV, PROCESS_ENV
@@ -62,6 +64,9 @@ def island_layout(cfg: RunConfig, settings: AkorunSettings,
     taken = {split_host(entry)[1] for entry in hosts}
     ports = [port for port in free_ports(len(islands) + len(taken)) if port not in taken]
     gpus = host_gpu_count() if settings.platform in ("gpu", "auto") else 0
+    if settings.platform == "gpu" and gpus == 0 and "CUDA_VISIBLE_DEVICES" not in os.environ:
+        raise UsageError("akorun.platform = gpu: nvidia-smi lists no GPU on this host; use "
+                         "--platform cpu, or auto (an accelerator when JAX finds one)")
     return IslandLayout(processes=tuple(processes),
                         coordinators=dict(zip(islands, ports, strict=False)),
                         platform=settings.platform, devices_per_process=devices,

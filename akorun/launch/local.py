@@ -234,6 +234,9 @@ class Launcher:
         self.stopping = False
         self.stop_signal_time_s: float | None = None
         self.killed_after_grace = False  # the grace ran out: SIGKILL (said once in the log)
+        # the processes of each rank (its island's) and their devices; a mistake before
+        # anything is written
+        self.layout = island_layout(self.cfg, settings, self.placement.hosts)
         self.followers: list[tuple[int, int, subprocess.Popen[bytes]]] = []  # (rank, p, proc)
         self.leader_gone_s: dict[int, float] = {}  # rank -> when its leader was seen gone
 
@@ -247,7 +250,7 @@ class Launcher:
         out.mkdir(parents=True, exist_ok=True)
         write_cluster_file(self.cluster_path, self.cfg, self.settings, resolved=self.resolved)
         n = self.cfg.cluster.workers
-        layout = island_layout(self.cfg, self.settings, self.placement.hosts)
+        layout = self.layout
         env = child_env(len(layout.processes), self.options.env, self.settings.platform)
         env[LAUNCHER_PID_ENV] = str(os.getpid())
         preexec = dies_with_parent(os.getpid())
