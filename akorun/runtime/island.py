@@ -240,6 +240,9 @@ def open_island(shape: IslandShape, env: Mapping[str, str] | None = None) -> Isl
             raise UsageError(f"{PROCESS_ENV}={process_index}: this rank has "
                              f"akorun.processes_per_rank = {shape.processes} processes")
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        # JAX's preemption service would take SIGTERM for itself (a C++ handler): the
+        # leader's graceful stop (finish the round, flush, checkpoint) is akorun's own
+        jax.config.update("jax_enable_preemption_service", False)
         coordinator = env.get(COORDINATOR_ENV, "").strip()
         if coordinator:
             jax.distributed.initialize(coordinator_address=coordinator,
