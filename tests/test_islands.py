@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from akocore.cli_support import UsageError as CliUsageError
 from akocore.workload import build_workload
 from akorun.launch.devices import DEVICE_COUNT_FLAG, device_env
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
@@ -126,3 +127,14 @@ def test_device_environment_of_cpu_gpu_and_auto() -> None:
     shared = device_env("gpu", 1, {}, processes_on_host=2, process_slot=1, gpus_on_host=1)
     assert "CUDA_VISIBLE_DEVICES" not in shared  # one GPU for two processes: they share it
     assert "JAX_PLATFORMS" not in device_env("auto", 2, {})
+
+
+def test_the_python_api_takes_the_island_keywords(tmp_path: Path) -> None:
+    import akorun
+
+    with pytest.raises(ValueError, match="akorun.devices_per_rank: got 0"):
+        akorun.launch(out=tmp_path / "run", devices_per_rank=0)
+    with pytest.raises(ValueError, match="akorun.processes_per_rank: got 0"):
+        akorun.launch(out=tmp_path / "run", processes_per_rank=0)
+    with pytest.raises(CliUsageError, match="--platform: invalid choice: 'tpu'"):
+        akorun.launch(out=tmp_path / "run", platform="tpu")
