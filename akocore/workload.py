@@ -108,6 +108,11 @@ class FlatWorkload:
         return self.spec.data
 
     @property
+    def examples_per_step(self) -> int:
+        """Training examples in one gradient step (an island's: every device's batch)."""
+        return self.batch_size
+
+    @property
     def _fns(self) -> _Compiled:
         if self._compiled is None:
             raise RuntimeError("FlatWorkload was not built by flat_workload()")
@@ -303,15 +308,13 @@ def optimizer_by_name(name: str, lr: float) -> FlatOptimizer:
     )
 
 
-def _compile(spec: Workload, unravel: Callable[[Any], Params],
-             dtypes: tuple[Any, ...]) -> _Compiled:
-    """The jitted gradient, vmapped gradient and evaluation functions of a workload."""
+def tree_grad_fn(spec: Workload,
+                 dtypes: tuple[Any, ...]) -> Callable[..., tuple[Any, list[Any]]]:
+    """The traceable (not jitted) gradient of a workload: (float32 params pytree, x, y,
+    seed) -> (loss, the float32 gradient leaves in ravel_pytree order). `dtypes` are the
+    parameters' own dtypes, cast back to at the edge for the user's loss."""
     import jax
     import jax.numpy as jnp
-
-    def to_user(flat: Any) -> Params:
-        """float32 leaves -> the user's dtypes (the edge cast; a no-op for float32)."""
-        return cast_back(unravel(flat), dtypes)
 
     def tree_grad(params: Params, x: Any, y: Any, seed: Any) -> tuple[Any, list[Any]]:
         """Loss and the float32 gradient leaves, in ravel_pytree order, of float32 params."""
@@ -324,6 +327,21 @@ def _compile(spec: Workload, unravel: Callable[[Any], Params],
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
         return loss, [leaf.astype(jnp.float32) for leaf in jax.tree_util.tree_leaves(grads)]
+
+    return tree_grad
+
+
+def _compile(spec: Workload, unravel: Callable[[Any], Params],
+             dtypes: tuple[Any, ...]) -> _Compiled:
+    """The jitted gradient, vmapped gradient and evaluation functions of a workload."""
+    import jax
+    import jax.numpy as jnp
+
+    tree_grad = tree_grad_fn(spec, dtypes)
+
+    def to_user(flat: Any) -> Params:
+        """float32 leaves -> the user's dtypes (the edge cast; a no-op for float32)."""
+        return cast_back(unravel(flat), dtypes)
 
     def flat_grad(flat: Any, x: Any, y: Any, seed: Any) -> tuple[Any, Any]:
         loss, leaves = tree_grad(unravel(flat), x, y, seed)

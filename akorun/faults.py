@@ -35,6 +35,8 @@ optionally prefixed by ``RANK@`` to apply to one rank only:
 - ``send_nonfinite:R``: from round R on, send a NaN gradient past the rank's own
   check (a member whose gradient went non-finite beyond its guard: what a peer
   refuses for good).
+- ``record_gradients:DIR``: write every gradient this rank hands its scheme to
+  ``DIR/rank-R/round-T.npy`` (what a test sums to check the exactly-once invariant).
 
 Example: ``AKORUN_FAULT="2@kill_after_round:5;0@pause_before_round:20:/tmp/go"``.
 This module parses them; akorun.runtime.fault_hooks carries them out.
@@ -42,6 +44,7 @@ This module parses them; akorun.runtime.fault_hooks carries them out.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -69,6 +72,7 @@ class Faults:
     relay_withhold: int | None = None  # a rank whose relay pulls get nothing from this one
     relay_late: tuple[int, float] | None = None  # (rank, seconds) its relay pulls wait
     send_nonfinite: int | None = None  # from this round on, a NaN gradient goes out
+    record_gradients: str | None = None  # the directory this rank's gradients go to
 
     @property
     def any(self) -> bool:
@@ -78,7 +82,7 @@ class Faults:
                 or self.kill_mid_multicast is not None or self.kill_in_join
                 or self.pause_in_join or self.sleep_per_round_s > 0
                 or self.relay_withhold is not None or self.relay_late is not None
-                or self.send_nonfinite is not None)
+                or self.send_nonfinite is not None or self.record_gradients is not None)
 
 
 def faults_for(rank: int, env: Mapping[str, str]) -> Faults:
@@ -109,6 +113,10 @@ def faults_for(rank: int, env: Mapping[str, str]) -> Faults:
             elif name == "pause_in_join":
                 values["pause_in_join"] = True
                 values["pause_in_join_file"] = args or None
+            elif name == "record_gradients":
+                if not args:
+                    raise ValueError("no directory")
+                values["record_gradients"] = os.path.join(args, f"rank-{rank}")
             elif name == "sleep_per_round":
                 values["sleep_per_round_s"] = float(args)
             elif name == "relay_withhold":

@@ -42,6 +42,7 @@ from akocore.settings.normalise import (
     matrix_to_text,
 )
 from akocore.settings.schema import (
+    PLATFORMS,
     AkorunConfig,
     AkosimConfig,
     ClusterConfig,
@@ -331,6 +332,23 @@ _LATER_KEYS: tuple[Key, ...] = (
                   "for the others (at least one partial, at most 2 p, per peer), e.g. 256MB; "
                   "default 0: each peer's last min(2 s + 2, 2 p) rounds, (n - 1) x that x "
                   "4 ceil(D / p) bytes"),
+    Key("akorun", "devices_per_rank", "devices_per_rank",
+        "devices each process of a rank steps on, data-parallel (an island of devices)",
+        flag="--devices-per-rank", metavar="N", tools=AKORUN_TOOLS,
+        flag_help="devices each process of a rank uses: the rank's step runs data-parallel "
+                  "over them (a batch of --batch-size per device, one reduced gradient per "
+                  "rank); on CPU, N host devices are made for it, e.g. 2"),
+    Key("akorun", "processes_per_rank", "processes_per_rank",
+        "processes of one rank, joined by jax.distributed (its leader talks to the others)",
+        flag="--processes-per-rank", metavar="M", tools=AKORUN_TOOLS,
+        flag_help="processes of one rank, joined by jax.distributed into one island (each "
+                  "with --devices-per-rank devices); only process 0 talks to the other "
+                  "ranks, e.g. 2"),
+    Key("akorun", "platform", "platform",
+        "where the ranks' JAX steps run: cpu | gpu | auto (JAX's own choice)",
+        flag="--platform", choices=PLATFORMS, tools=AKORUN_TOOLS,
+        flag_help="where the ranks' JAX steps run: cpu, gpu, or auto (JAX's own "
+                  "choice: an accelerator when there is one)"),
     Key("akorun", "tls_cert", "tls_cert", 'PEM certificate each rank serves with; "" = plain HTTP',
         dump=lambda v: v or "", flag="--tls-cert", metavar="PEM", kind=FlagKind.TEXT,
         tools=frozenset({Tool.AKORUN_INIT, Tool.AKORUN_RANK}),

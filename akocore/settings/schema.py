@@ -446,6 +446,9 @@ class AkorunConfig:
     keys: str | None = None  # this rank's key file (`akorun init --per-rank-keys`); {rank}
     allow: tuple[str, ...] = ()  # peer addresses/networks let in; "hosts" = cluster.hosts'
     relay_budget_bytes: int = 0  # the relay's copies of peers' partials; 0 = 2s+2 rounds
+    devices_per_rank: int = 1  # devices each process of a rank steps on (its island)
+    processes_per_rank: int = 1  # processes of one rank, joined by jax.distributed
+    platform: str = "cpu"  # cpu | gpu | auto (JAX's own choice)
 
     def __post_init__(self) -> None:
         run_id = None if is_unset(self.run_id) else str(self.run_id)
@@ -502,6 +505,16 @@ class AkorunConfig:
             raise bad_value("akorun.relay_budget", budget,
                             'a size such as "256MB", or 0 for the default window')
         set_field(self, "relay_budget_bytes", budget_bytes)
+        set_field(self, "devices_per_rank", as_int(
+            "akorun.devices_per_rank", self.devices_per_rank, 1,
+            "a whole number of devices >= 1 (each process of a rank uses that many)"))
+        set_field(self, "processes_per_rank", as_int(
+            "akorun.processes_per_rank", self.processes_per_rank, 1,
+            "a whole number of processes >= 1"))
+        set_field(self, "platform", as_choice("akorun.platform", self.platform, PLATFORMS))
+
+
+PLATFORMS = ("cpu", "gpu", "auto")  # akorun.platform: where a rank's JAX steps run
 
 
 COMPUTE_MEASURES = ("measure", "remeasure")  # akosim.compute: time the workload's step here

@@ -51,6 +51,10 @@ examples:
   srun -n 4 akorun worker --config cluster.toml --out runs/a      (rank from SLURM_PROCID)
   torchrun-style: RANK=1 WORLD_SIZE=4 akorun worker --config cluster.toml
   akorun worker --rank 2 --config cluster.toml --resume --checkpoint-dir runs/a/checkpoints
+  AKORUN_ISLAND_COORDINATOR=node1:6000 AKORUN_ISLAND_PROCESS=1 akorun worker --rank 0 \\
+        --config cluster.toml --processes-per-rank 2 --devices-per-rank 8
+      process 1 of rank 0's island (process 0, on node1, is the rank; unset, both
+      variables come from jax.distributed's own detection: SLURM, Open MPI, Kubernetes)
 
 Writes OUT/worker-R.json (result) and OUT/worker-R.npz (final params). Started by hand
 (not by `akorun launch`), each rank at its end merges OUT/result.json when OUT holds every
@@ -81,6 +85,13 @@ examples:
   sudo akorun launch --testbed netns --workers 3 --bandwidth 40mbps --latency 20ms \\
         --out runs/tb-wan
       with 20 ms one-way latency per pair (40 ms RTT), held by the testbed's delay line
+  akorun launch --workers 3 --devices-per-rank 2 --rounds 100 --out runs/islands
+      each rank an island of 2 devices (here 2 CPU devices XLA makes): its step runs
+      data-parallel over them, one reduced gradient per rank goes to the others
+  akorun launch --workers 2 --processes-per-rank 2 --rounds 100 --out runs/dist
+      each rank 2 processes joined by jax.distributed; OUT/worker-R.pP.log for P >= 1
+  akorun launch --workers 2 --platform gpu --devices-per-rank 4 --out runs/gpu
+      2 ranks of 4 GPUs each on an 8-GPU host (each rank sees only its own)
 
 Writes OUT/cluster.toml, OUT/worker-R.log, OUT/worker-R.json, OUT/worker-R.npz and
 OUT/result.json (config, per-rank results, summary keys as akosim names them);

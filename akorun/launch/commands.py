@@ -60,6 +60,7 @@ from akorun.launch.cluster import (
     with_hosts,
     write_cluster_file,
 )
+from akorun.launch.devices import device_env
 from akorun.launch.local import (
     LaunchOptions,
     check_run_directory,
@@ -70,6 +71,14 @@ from akorun.launch.local import (
 from akorun.launch.merge_command import cmd_merge
 from akorun.launch.rendezvous import address_from
 from akorun.launch.testbed.runner import TestbedOptions, launch_on_testbed
+from akorun.runtime.island import (
+    IslandShape,
+    device_memory_line,
+    follow_leader,
+    island_process_index,
+    island_workload_of,
+    open_island,
+)
 from akorun.runtime.node_plan import check_role
 from akorun.runtime.worker import TLSOptions, WorkerOptions, run_rank
 from akorun.transport.keys import rank_key_file, write_rank_key_files
@@ -159,6 +168,9 @@ def rank_options(args: argparse.Namespace) -> WorkerOptions:
     if address is None:
         rank = resolve_rank(rank_flag, os.environ, cfg.cluster.workers)
         check_role(cfg, rank, args.role)
+    # a rank started by hand gets its devices before JAX starts (launch's children have them)
+    shape = island_shape(settings, args.role)
+    os.environ.update(device_env(shape.platform, shape.devices_per_process, os.environ))
     _check_workload(cfg.train)
     _check_one_device_per_rank(cfg)
     out = Path(args.out) if args.out else None
@@ -167,7 +179,8 @@ def rank_options(args: argparse.Namespace) -> WorkerOptions:
     if address is not None:  # every check that can fail here is done: now meet the others
         cfg, rank = _rendezvous(args, address, cfg, settings, wanted)
         check_role(cfg, rank, args.role)
-    if rank < len(cfg.cluster.hosts):  # none: the rank says so when it starts
+    island_process = island_process_index(os.environ)
+    if island_process == 0 and rank < len(cfg.cluster.hosts):  # none: the rank says so
         host, port = split_host(cfg.cluster.hosts[rank])
         check_port_free(args.listen or host, port, rank)  # before the workload or JAX loads
     settings.rank_keys(rank, cfg.cluster.workers)  # a missing or foreign key file: exit 2 now
@@ -217,11 +230,34 @@ def _rendezvous(args: argparse.Namespace, address_text: str, cfg: RunConfig,
     return with_hosts(cfg, joined.hosts), joined.rank
 
 
+def island_shape(settings: AkorunSettings, role: str) -> IslandShape:
+    """The island a rank of `role` forms (a parameter server is one process, one device)."""
+    if role != "worker":
+        return IslandShape(platform=settings.platform)
+    return IslandShape(devices_per_process=settings.devices_per_rank,
+                       processes=settings.processes_per_rank, platform=settings.platform)
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     options = rank_options(args)
+    shape = island_shape(options.settings, args.role)
     share_host_cores(options.config.cluster.hosts, options.rank)
-    _setup_logging(f"akorun[{args.role} {options.rank}]", args.quiet)
-    run_rank(options)
+    process = island_process_index(os.environ)
+    suffix = f".{process}" if shape.processes > 1 else ""
+    _setup_logging(f"akorun[{args.role} {options.rank}{suffix}]", args.quiet)
+    island = open_island(shape)
+    if island is not None and not island.leader:
+        follow_leader(island, options.config.train)
+        return 0
+    try:
+        run_rank(options, None if island is None
+                 else island_workload_of(island, options.config.train))
+        if "jax" in sys.modules:  # what the devices held at their peak
+            logging.getLogger("akorun").info(
+                "%s", device_memory_line(island.devices if island is not None else None))
+    finally:
+        if island is not None:
+            island.close()
     return 0
 
 

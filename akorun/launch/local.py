@@ -56,6 +56,7 @@ from akocore.rank_threads import rank_thread_env
 from akocore.results import RunResult
 from akorun.errors import EXIT_INTERRUPTED, Interrupted, RunError, UsageError
 from akorun.launch.cluster import AkorunSettings, loopback_hosts, with_hosts, write_cluster_file
+from akorun.launch.island_layout import island_layout
 from akorun.launch.run_merge import MergeOutcome, merge_ranks
 from akorun.runtime.node_plan import role_of
 from akorun.transport.keys import restrict_new_files
@@ -63,6 +64,7 @@ from akorun.transport.keys import restrict_new_files
 LOG_TAIL_LINES = 15
 GRACE_RAN_OUT = "the kill grace ran out"  # launch's log line when it must SIGKILL ranks
 LAUNCHER_PID_ENV = "AKORUN_LAUNCHER_PID"  # set in every rank launch starts: it merges
+FOLLOWER_GRACE_S = 10.0  # a follower outliving its island's leader this long is killed
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -117,11 +119,13 @@ def host_cores() -> int:
         return os.cpu_count() or 1
 
 
-def child_env(workers: int, extra: dict[str, str]) -> dict[str, str]:
-    """The environment of `workers` ranks on this host: CPU JAX, their share of the
-    cores for XLA (akocore.rank_threads), the package on PYTHONPATH, then `extra`."""
+def child_env(workers: int, extra: dict[str, str], platform: str = "cpu") -> dict[str, str]:
+    """The environment of `workers` processes on this host: CPU JAX unless `platform`
+    says otherwise (each process's devices are akorun.launch.devices'), their share of
+    the cores for XLA (akocore.rank_threads), the package on PYTHONPATH, then `extra`."""
     env = dict(os.environ)
-    env.setdefault("JAX_PLATFORMS", "cpu")
+    if platform == "cpu":
+        env.setdefault("JAX_PLATFORMS", "cpu")
     try:
         env.update(rank_thread_env(host_cores(), workers, {**env, **extra}))
     except ValueError as error:
@@ -230,6 +234,11 @@ class Launcher:
         self.stopping = False
         self.stop_signal_time_s: float | None = None
         self.killed_after_grace = False  # the grace ran out: SIGKILL (said once in the log)
+        # the processes of each rank (its island's) and their devices; a mistake before
+        # anything is written
+        self.layout = island_layout(self.cfg, settings, self.placement.hosts)
+        self.followers: list[tuple[int, int, subprocess.Popen[bytes]]] = []  # (rank, p, proc)
+        self.leader_gone_s: dict[int, float] = {}  # rank -> when its leader was seen gone
 
     @property
     def cluster_path(self) -> Path:
@@ -241,18 +250,26 @@ class Launcher:
         out.mkdir(parents=True, exist_ok=True)
         write_cluster_file(self.cluster_path, self.cfg, self.settings, resolved=self.resolved)
         n = self.cfg.cluster.workers
-        env = child_env(n, self.options.env)
+        layout = self.layout
+        env = child_env(len(layout.processes), self.options.env, self.settings.platform)
         env[LAUNCHER_PID_ENV] = str(os.getpid())
         preexec = dies_with_parent(os.getpid())
-        for rank in range(n):
+        for slot, (rank, process) in enumerate(layout.processes):
             command = [*self.placement.prefix(rank), sys.executable, "-m", "akorun",
                        role_of(self.cfg, rank), "--rank", str(rank), "--config",
                        str(self.cluster_path), "--out", str(out),
                        *self.options.worker_args]
-            with open(out / f"worker-{rank}.log", "wb") as log_file:
-                self.procs.append(self._popen(command, log_file, env, preexec))
+            own_env = {**env, **layout.env(slot, env)}
+            name = f"worker-{rank}.log" if process == 0 else f"worker-{rank}.p{process}.log"
+            with open(out / name, "wb") as log_file:
+                proc = self._popen(command, log_file, own_env, preexec)
+            if process == 0:
+                self.procs.append(proc)
+            else:
+                self.followers.append((rank, process, proc))
             if self.process_group is None:
-                self.process_group = self.procs[0].pid
+                self.process_group = proc.pid
+        assert len(self.procs) == n
 
     def _popen(self, command: list[str], log_file: Any, env: dict[str, str],
                preexec: Callable[[], None]) -> subprocess.Popen[bytes]:
@@ -286,12 +303,26 @@ class Launcher:
                     pass
 
     def kill(self) -> None:
-        for proc in self.procs:
+        for proc in self.all_procs():
             if proc.poll() is None:
                 try:
                     proc.kill()
                 except ProcessLookupError:
                     pass
+
+    def all_procs(self) -> list[subprocess.Popen[bytes]]:
+        """Every process started: the ranks (their island leaders) and the followers."""
+        return [*self.procs, *(proc for _, _, proc in self.followers)]
+
+    def end_orphaned_followers(self, now_s: float) -> None:
+        """SIGKILL the followers of a leader gone for FOLLOWER_GRACE_S (a leader's normal
+        end tells them to stop; one that died could not)."""
+        for rank, _, proc in self.followers:
+            if proc.poll() is not None or self.procs[rank].poll() is None:
+                continue
+            gone_s = self.leader_gone_s.setdefault(rank, now_s)
+            if now_s - gone_s > FOLLOWER_GRACE_S:
+                proc.kill()
 
     def wait(self) -> None:
         """Wait for every rank, printing progress; enforce the grace and the timeout."""
@@ -300,9 +331,10 @@ class Launcher:
         next_progress_s = start_s + options.progress_every_s
         urls = [f"http://{h}" for h in self.cfg.cluster.hosts]
         probe = self.placement.status or (lambda rank, url: status_of(url))
-        while any(proc.poll() is None for proc in self.procs):
+        while any(proc.poll() is None for proc in self.all_procs()):
             time.sleep(0.1)
             now = time.monotonic()
+            self.end_orphaned_followers(now)
             if options.timeout_s is not None and now - start_s > options.timeout_s \
                     and not self.stopping:
                 sys.stderr.write(f"[launch] timeout of {options.timeout_s:g} s: stopping\n")
@@ -342,6 +374,11 @@ class Launcher:
                 continue
             if proc.returncode != 0:
                 log_path = self.options.out_dir / f"worker-{rank}.log"
+                failed.append((rank, proc.returncode, f"{log_path}:\n{_tail(log_path)}"))
+        for rank, process, proc in self.followers:
+            if proc.returncode != 0 and rank not in {entry[0] for entry in failed} \
+                    and rank not in self.leader_gone_s:
+                log_path = self.options.out_dir / f"worker-{rank}.p{process}.log"
                 failed.append((rank, proc.returncode, f"{log_path}:\n{_tail(log_path)}"))
         return failed
 
@@ -396,7 +433,7 @@ def launch(cfg: RunConfig, settings: AkorunSettings, options: LaunchOptions, *,
         launcher.wait()
     finally:
         launcher.kill()
-        for proc in launcher.procs:
+        for proc in launcher.all_procs():
             proc.wait()
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -184,10 +184,18 @@ def merge_ranks(run_dir: str | Path, *, config: RunConfig | None = None,
         if record.role == "worker" and npz.exists():
             replicas[rank] = _replica(npz)
     merged = merge_results(config_to_dict(config), ranks, list(replicas.values()),
-                           batch_size=config.train.batch_size, run_id=run_id)
+                           batch_size=_step_examples(ranks, config.train.batch_size),
+                           run_id=run_id)
     merged = replace(merged, partial=bool(missing), missing_ranks=tuple(missing))
     path = write_json(directory / RESULT_NAME, merged.to_json())
     return MergeOutcome(path, merged, tuple(missing), nonfinite_replicas(replicas))
+
+
+def _step_examples(ranks: list[RankResult], configured: int) -> int:
+    """Examples per gradient step of the run: what its training ranks' records say when
+    they agree (a rank spanning D devices steps on D batches), else the configured batch."""
+    said = {record.batch_size for record in ranks if record.role == "worker" and not record.failed}
+    return said.pop() if len(said) == 1 and 0 not in said else configured
 
 
 def merge_run(run_dir: str | Path) -> Path:

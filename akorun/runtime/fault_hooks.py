@@ -108,7 +108,12 @@ class InjectedFaults:
                 await asyncio.sleep(PAUSE_POLL_S)
 
     def outgoing_gradient(self, round_: int, grad: np.ndarray) -> np.ndarray:
-        """send_nonfinite: a NaN gradient from its round on, past the rank's own check."""
+        """send_nonfinite: a NaN gradient from its round on, past the rank's own check;
+        record_gradients: the gradient saved first."""
+        record = self.faults.record_gradients
+        if record is not None:
+            os.makedirs(record, exist_ok=True)
+            np.save(os.path.join(record, f"round-{round_}.npy"), grad)
         start = self.faults.send_nonfinite
         if start is None or round_ < start:
             return grad

@@ -76,7 +76,7 @@ class ResultBuilder:
         summary = worker_summary(
             scheme=self.cfg.exchange.scheme, p_of=p_of, ssp=self.cfg.exchange.ssp,
             workers=self.world, training_workers=self.training_workers,
-            batch_size=self.cfg.train.batch_size, round_end_s=times.end_s,
+            batch_size=self.prepared.workload.examples_per_step, round_end_s=times.end_s,
             compute_s=times.compute_s, wait_s=times.wait_s, overhead_s=times.overhead_s,
             bytes_sent=self.outbox.bytes_queued_rounds,
             bytes_flush=self.outbox.bytes_queued_flush)

@@ -461,11 +461,11 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def run_rank(options: WorkerOptions) -> Worker:
-    """Run one rank to its end in this thread (`akorun worker`, `akorun.run_worker`); its
-    record is `worker.rank_result`, and with an out directory it is written there."""
+def run_rank(options: WorkerOptions, workload: FlatWorkload | None = None) -> Worker:
+    """Run one rank to its end in this thread (`akorun worker`, `akorun.run_worker`; an island
+    gives its `workload` ready); its record is `worker.rank_result`, written to any out dir."""
     worker = Worker(options)
-    worker.prepare()
+    worker.prepare(workload)
     asyncio.run(worker.run())
     out = options.out_dir
     if out is not None and not options.quiet:
