@@ -126,8 +126,8 @@ def lockstep(workers: int, p: int, flush: str | float, *, rounds: int, lr: float
 def test_on_a_convex_loss_the_averaging_flush_never_ends_worse_than_before_it(
         workers: int, p: int, rounds: int, lr: float, seed: int) -> None:
     before, after, nodes = lockstep(workers, p, "average", rounds=rounds, lr=lr, seed=seed)
-    for node in nodes[1:]:
-        np.testing.assert_allclose(node.params, nodes[0].params, rtol=1e-5, atol=1e-6)
+    for node in nodes[1:]:  # each replica sums the same float32 updates in its own order
+        np.testing.assert_allclose(node.params, nodes[0].params, rtol=1e-5, atol=1e-5)
     assert after <= np.mean(before) * (1 + 1e-5) + 1e-6
 
 
