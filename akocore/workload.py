@@ -308,11 +308,9 @@ def optimizer_by_name(name: str, lr: float) -> FlatOptimizer:
     )
 
 
-def tree_grad_fn(spec: Workload,
-                 dtypes: tuple[Any, ...]) -> Callable[..., tuple[Any, list[Any]]]:
-    """The traceable (not jitted) gradient of a workload: (float32 params pytree, x, y,
-    seed) -> (loss, the float32 gradient leaves in ravel_pytree order). `dtypes` are the
-    parameters' own dtypes, cast back to at the edge for the user's loss."""
+def tree_grad_fn(spec: Workload, dtypes: tuple[Any, ...]) -> Callable[..., tuple[Any, list[Any]]]:
+    """The traceable gradient: (float32 params pytree, x, y, seed) -> (loss, float32 gradient
+    leaves in ravel_pytree order); the user's loss sees its parameters' own `dtypes`."""
     import jax
     import jax.numpy as jnp
 

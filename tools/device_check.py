@@ -52,12 +52,12 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _launch(out: Path, args: argparse.Namespace, workers: int, devices: int) -> dict[str, Any]:
-    import akorun
+    from akorun.run_api import launch  # what akorun.launch(...) calls
 
-    akorun.launch(out=out, workers=workers, devices_per_rank=devices,
-                  processes_per_rank=args.processes_per_rank, platform=args.platform,
-                  rounds=args.rounds, batch_size=args.batch_size, workload=args.workload,
-                  scheme=args.scheme, optimizer="sgd", force=True)  # logs at INFO: memory
+    launch(out=out, workers=workers, devices_per_rank=devices,
+           processes_per_rank=args.processes_per_rank, platform=args.platform,
+           rounds=args.rounds, batch_size=args.batch_size, workload=args.workload,
+           scheme=args.scheme, optimizer="sgd", force=True)  # logs at INFO: memory
     result: dict[str, Any] = json.loads((out / "result.json").read_text())
     return result
 
