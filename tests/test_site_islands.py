@@ -250,8 +250,8 @@ def test_simulated_training_takes_an_islands_gradient_on_every_devices_batch(tmp
     assert run.round_time_s > 0.005 + inside_s
 
 
-def test_akorun_refuses_islands_with_one_line(tmp_path) -> None:
-    site = ["--site", "2x8dev@1gbps,inside=100gbps"]
+def test_akorun_refuses_sites_its_islands_do_not_match_with_one_line(tmp_path) -> None:
+    site = ["--site", "2x8dev@1gbps,inside=100gbps"]  # 8 devices per rank; islands of 1
     for command in (["launch", *site, "--out", str(tmp_path / "run")],
                     ["init", *site, "--out", str(tmp_path / "cluster.toml")]):
         done = subprocess.run([sys.executable, "-m", "akorun", *command],
@@ -259,5 +259,14 @@ def test_akorun_refuses_islands_with_one_line(tmp_path) -> None:
         assert done.returncode == 2, done.stderr
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in done.stderr
-        assert "runs one device per rank" in lines[0]
+        assert "akorun runs islands of 1 device(s): give --devices-per-rank" in lines[0]
         assert not (tmp_path / "cluster.toml").exists()
+
+
+def test_akorun_takes_sites_whose_devices_its_islands_match(tmp_path) -> None:
+    out = tmp_path / "cluster.toml"
+    done = subprocess.run([sys.executable, "-m", "akorun", "init", "--site",
+                           "2x2dev@1gbps,inside=100gbps", "--devices-per-rank", "2", "--out",
+                           str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert out.exists()

@@ -97,7 +97,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     resolved = resolve_args(args)
     cfg = resolved.config
     _check_workload(cfg.train)
-    _check_one_device_per_rank(cfg)
+    _check_site_devices(cfg, new_settings(resolved.akorun))
     n = cfg.cluster.workers
     base_port = parse_whole_arg(args.base_port, "--base-port", 1)
     if args.hosts is not None:
@@ -172,7 +172,7 @@ def rank_options(args: argparse.Namespace) -> WorkerOptions:
     shape = island_shape(settings, args.role)
     os.environ.update(device_env(shape.platform, shape.devices_per_process, os.environ))
     _check_workload(cfg.train)
-    _check_one_device_per_rank(cfg)
+    _check_site_devices(cfg, settings)
     out = Path(args.out) if args.out else None
     if out is not None:
         check_out_directory(out)  # before training, not after it
@@ -261,15 +261,18 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_one_device_per_rank(cfg: RunConfig) -> None:
-    """Refuse ranks that are islands of several devices (a site's DEVICESdev@): akorun runs
-    one JAX device per rank, and akosim alone plans islands for now."""
-    devices = cfg.cluster.devices_per_rank
-    if any(d > 1 for d in devices):
-        raise UsageError(f"cluster.devices_per_rank = {', '.join(map(str, devices))}: akorun "
-                         f"runs one device per rank; ranks of several devices (a site's "
-                         f"DEVICESdev@) are planned by akosim only, so give akorun sites of "
-                         f"one device per rank (e.g. --site 4x1gbps)")
+def _check_site_devices(cfg: RunConfig, settings: AkorunSettings) -> None:
+    """The sites' devices per rank (a site's DEVICESdev@, what akosim plans) must be the
+    island akorun runs (--devices-per-rank x --processes-per-rank), or be left at one."""
+    devices = set(cfg.cluster.devices_per_rank)
+    island = settings.devices_per_rank * settings.processes_per_rank
+    if devices == {1} or devices == {island}:
+        return
+    listed = ", ".join(map(str, cfg.cluster.devices_per_rank))
+    raise UsageError(f"cluster.devices_per_rank = {listed} (the sites' devices per rank), but "
+                     f"akorun runs islands of {island} device(s): give --devices-per-rank "
+                     f"(and --processes-per-rank) so that each rank has "
+                     f"{max(devices)} devices, or sites of one device per rank")
 
 
 def _check_workload(train: TrainConfig) -> None:
@@ -308,7 +311,7 @@ def launch_run(args: argparse.Namespace) -> RunResult:
     resolved, settings = launch_settings(args)
     cfg = resolved.config
     _check_workload(cfg.train)
-    _check_one_device_per_rank(cfg)
+    _check_site_devices(cfg, settings)
     progress: dict[str, Any] = {}  # given process flags; LaunchOptions holds the defaults
     if args.progress_every:
         progress["progress_every_s"] = parse_duration_arg(args.progress_every, "--progress-every")
