@@ -108,8 +108,7 @@ def calibrate(results: Path, env: dict[str, str]) -> tuple[Path, Path]:
             "--duration", "8s", "--out", str(run_dir), "--force", "--quiet")], env, log, 600)
     host = results / "host-calibration.json"
     if not host.exists():
-        _run([*_python("akosim", "calibrate", "--out",
-                                                      str(host))], env, log, 600)
+        _akosim(["calibrate", "--out", str(host)], env, log, 600)
     return run_dir / "result.json", host
 
 
