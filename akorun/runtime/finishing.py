@@ -29,7 +29,8 @@ results naming the peer, tells the others ``done`` and raises RunError
 
 A failed final write (checkpoint or results: a full disk) still tells the
 peers ``done`` and waits for theirs, then raises RunError: one line, exit 1;
-so does a rank whose loss or gradient went NaN/Inf (runtime.training), with
+so does a rank that its peers gave up for making no progress (runtime.liveness;
+not in ako, which takes it back), and a rank whose loss or gradient went NaN/Inf (runtime.training), with
 the line naming it, and a rank stopped by such a peer, with that peer's line.
 """
 
@@ -180,6 +181,8 @@ class Finisher:
                                 self.grace_s)
         if agreed is not None:
             failures += self._disagreements(done)
+        if self.liveness.given_up_here is not None and self.waiter.hard_stop:
+            failures.insert(0, self.liveness.given_up_here)
         if failures:
             raise RunError(f"{'; '.join(failures)} (training finished; peers were told done)")
         told = [self.liveness.left_peers.get(j) for j in sorted(self.waiter.lost_peers)]

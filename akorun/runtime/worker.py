@@ -43,7 +43,7 @@ from akocore.codecs.exchange import decoded
 from akocore.config import RunConfig, config_hash
 from akocore.messages import Partial
 from akocore.results import RankResult
-from akocore.schemes import SchemeError
+from akocore.schemes import AkoWorker, SchemeError
 from akocore.settings.key_registry import default_of
 from akocore.workload import FlatWorkload
 from akorun.errors import Interrupted, RunError, UsageError
@@ -183,6 +183,10 @@ class Worker:
             node=lambda: self.role.node, clock=_loop_time, metrics=self.metrics,
             phase=self.phase, on_change=self.waiter.wake_up, notify_sender=self.outbox.notify,
             on_lost=self.relay.peer_lost)
+        self.liveness.on_stuck = self._on_stuck
+        self.liveness.on_given_up_here = self._on_given_up_here
+        self.waiter.give_up = self.liveness.give_up
+        self.waiter.waits_itself = self.liveness.waiting_peers.__contains__
         self.downlink: DownlinkShaper | None = None  # emulated incoming NIC, set by run
         self.wall_start_s = time.perf_counter()
         self._tasks: list[asyncio.Task[Any]] = []
@@ -253,6 +257,7 @@ class Worker:
             waiter=self.waiter, gone=self._out_of_gate, spawn=self._spawn,
             heard=self.liveness.heard, patience_s=GATE_STALL_TIMEOUTS * options.peer_timeout_s)
         self.training.agreement = self.stopping
+        self.liveness.busy_s = self.training.busy_s
         self.results = ResultBuilder(
             role=self.role, prepared=self.prepared, metrics=self.metrics,
             training=self.training, outbox=self.outbox, evaluator=self.evaluator,
@@ -302,6 +307,21 @@ class Worker:
         """Not waited for by the stop agreement: suspended, left, lost or done."""
         return self._suspended(peer) or peer in self.liveness.left_peers \
             or peer in self.waiter.lost_peers or peer in self.liveness.done_peers
+
+    def _on_stuck(self, peer: int, why: str) -> None:
+        """A peer given up for making no progress: the run stops if the scheme cannot go
+        on without it (ps, all-reduce); ako and diloco go on without it."""
+        if not self.role.can_continue_without(peer):
+            self.waiter.lose([peer], f"{why}: scheme {self.waiter.scheme} cannot continue "
+                                     f"without it: stopping this rank, exit 1")
+
+    def _on_given_up_here(self, line: str) -> None:
+        """This rank was stuck past the limit and its peers gave it up: ako takes it back
+        with its next round; any other scheme went on (or stopped) without it, so this
+        rank stops at once and fails (the finish raises the line)."""
+        if not isinstance(self.role.node, AkoWorker):
+            self.waiter.request_stop("given up by the peers")
+            self.waiter.stop_now()
 
     def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
         self._tasks.append(asyncio.create_task(coroutine))
