@@ -17,8 +17,8 @@ from akorun.launch.cluster import new_settings, with_hosts
 from akorun.metrics import Metrics
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.phase import IllegalTransition, Phase, PhaseMachine
-from akorun.runtime.waiting import Waiter
 from akorun.runtime.roles import AkoRole, PSServerRole, PSWorkerRole, Role, role_for
+from akorun.runtime.waiting import Waiter
 from akorun.runtime.worker import Worker, WorkerOptions
 from akorun.testing import SinkHost
 from akorun.transport.control import ControlError, ControlKind

@@ -414,13 +414,13 @@ def test_a_live_rank_that_makes_no_progress_is_taken_out_of_the_gate(
         net: Net, tmp_path: Path) -> None:
     """Rank 1 stays alive (answers heartbeats) but holds before round 15 (a stuck
     rank); 0 and 2 block at the SSP gate, and after GATE_STALL_TIMEOUTS peer timeouts
-    without progress give it up (its answers do not put it back) and go on; released 4 s later, rank 1
-    catches up and all three end equal."""
+    without progress give it up (its answers do not put it back) and go on; released
+    4 s later, rank 1 catches up and all three end equal."""
     go = tmp_path / "go"
     run = Run(net, tmp_path, FAULT_AT_ROUND + 30,
               faults=f"1@pause_before_round:{FAULT_AT_ROUND}:{go}")
     try:
-        run.wait_log(0, "given up on")  # busy past 3 T, or blocking the gate as long
+        run.wait_log(0, "given up on")  # busy past 3 T, or blocking the gate 3 T
         run.wait_log(2, "given up on")
         assert run.round_of(0) > FAULT_AT_ROUND + 2  # the gate let them go on
         go.touch()

@@ -5,7 +5,8 @@ loader or a deadlocked step: its event loop still answers). Its peers give it
 up once it has made no progress for 3 x the peer timeout (runtime.liveness),
 answering heartbeats does not put it back, and every other rank ends by its
 own stop rule: ako and (Streaming) DiLoCo go on without it and finish with
-exit 0; ps and all-reduce stop with exit 1 and a line naming rank 0. The stuck
+exit 0; ps and all-reduce training ranks stop with exit 1 and a line naming
+rank 0. The stuck
 rank of a scheme that does not take it back stops itself with exit 1 and says
 that its peers gave it up.
 """
@@ -71,8 +72,9 @@ def test_the_others_give_a_stuck_rank_up_and_end_by_their_stop_rule(
                 assert result["rounds"] == 300
             log = cluster.log(rank)
             assert "given up on" in log and "peer 0" in log, log
-            assert "peer 0 speaks again: back in the SSP gate" not in log, log
         if scheme == "ako":  # ako takes it back with its next round: it ends when released
+            for rank in (1, 2):  # not before: its answers to heartbeats do not count
+                assert "peer 0 speaks again" not in cluster.log(rank), cluster.log(rank)
             go.touch()
             cluster.wait(0, GENEROUS_S)
         else:  # its peers went on without it: it stops itself, loudly
@@ -83,13 +85,15 @@ def test_the_others_give_a_stuck_rank_up_and_end_by_their_stop_rule(
 @pytest.mark.parametrize("scheme", ["allreduce", "ps"])
 def test_a_stuck_rank_stops_a_scheme_that_needs_every_rank_with_a_line_naming_it(
         scheme: str, tmp_path: Path) -> None:
-    cluster, _ = _run_with_rank_0_stuck(tmp_path, scheme, {"rounds": 300})
+    cluster, go = _run_with_rank_0_stuck(tmp_path, scheme, {"rounds": 300})
     with cluster:
-        codes = {rank: cluster.wait(rank, GENEROUS_S) for rank in range(3)}
+        # the first rank that gives rank 0 up tells every other to stop: all fail
+        codes = {rank: cluster.wait(rank, GENEROUS_S) for rank in (1, 2)}
+        go.touch()  # rank 0 too, once its step returns (told, or giving itself up)
+        codes[0] = cluster.wait(0, GENEROUS_S)
         assert codes == {0: 1, 1: 1, 2: 1}, cluster.logs()
-        for rank in (1, 2):
-            result = cluster.result(rank)
-            assert result["stop_reason"] == "lost_peer", cluster.logs()
+        trainers = (1, 2) if scheme == "allreduce" else (1,)
+        for rank in trainers:
+            assert cluster.result(rank)["stop_reason"] == "lost_peer", cluster.logs()
             log = cluster.log(rank)
-            assert "peer 0" in log and "cannot continue without it" in log, log
-        assert "its peers gave it up" in cluster.log(0), cluster.log(0)
+            assert "peer 0" in log and "no progress" in log, log

@@ -21,8 +21,8 @@ peer timeout it is given up (`give_up`: one error line naming it, suspended,
 what it sent to only some peers repaired, and `on_stuck` lets the scheme
 stop when it cannot go on without it). The gate gives up a blocker that
 sends nothing new for as long (runtime.waiting). A given-up peer is NOT
-re-admitted because it answers: only a new message of it (a new round) puts
-it back in the gate.
+re-admitted because it answers: only a new message of a round it had not
+reached when it was given up puts it back in the gate.
 
 `Liveness.check(now)` is the whole decision for one moment (clock injected);
 `monitor` runs it periodically and sends the heartbeats. The heartbeat and
@@ -79,6 +79,9 @@ class Liveness:
         self.stuck_limit_s = STUCK_TIMEOUTS * timeout_s
         self.stuck_peers: dict[int, str] = {}  # peer -> why it was given up although it answers
         self.waiting_peers: set[int] = set()  # peers whose last answer said: waiting on others
+        self.reported_rounds: dict[int, int] = {}  # peer -> the round its last answer said
+        self.stuck_rounds: dict[int, int] = {}  # peer -> its round when it was given up
+        self.rounds_seen: dict[int, int] = {}  # peer -> the highest round of its new messages
         self.busy_s: Callable[[], float | None] = lambda: None  # this rank's own (training)
         # a stuck peer given up: the scheme stops if it cannot go on without it (worker)
         self.on_stuck: Callable[[int, str], None] = lambda peer, why: None
@@ -99,11 +102,23 @@ class Liveness:
             self.notify_sender(peer)  # its stale POSTs go again on a new connection
             self.on_change()
 
-    def received(self, peer: int, accepted: bool) -> None:
-        """A partial of `peer` arrived: evidence only if it was new (not a duplicate)."""
+    def answering(self, peer: int) -> bool:
+        """`peer` was heard within the peer timeout (perhaps given up, yet alive)."""
+        heard_s = self.last_heard.get(peer)
+        return heard_s is not None and self.clock() - heard_s <= self.timeout_s \
+            and peer not in self.left_peers
+
+    def received(self, peer: int, accepted: bool, round_: int | None = None) -> None:
+        """A partial of `peer` (of its round `round_`) arrived: evidence only if it was
+        new (not a duplicate); a given-up peer is back only with a round it had not
+        reached when it was given up (a diloco owner's mean of an older sync is not)."""
         if accepted:
             self.last_new_s[peer] = self.clock()
-            if self.stuck_peers.pop(peer, None) is not None:
+            if round_ is not None:
+                self.rounds_seen[peer] = max(round_, self.rounds_seen.get(peer, round_))
+            stuck_at = self.stuck_rounds.get(peer, 0)
+            if peer in self.stuck_peers and (round_ is None or round_ >= stuck_at):
+                del self.stuck_peers[peer]
                 log.warning("peer %d sends new rounds again: no longer given up", peer)
             self.heard(peer)
 
@@ -164,6 +179,8 @@ class Liveness:
         if peer in self.stuck_peers or peer in self.left_peers or self.is_done(peer):
             return
         self.stuck_peers[peer] = why
+        self.stuck_rounds[peer] = max(self.reported_rounds.get(peer, 0),
+                                      self.rounds_seen.get(peer, -1) + 1)
         log.error("%s: given up on (out of the gate until it sends a new round)", why)
         node = self.node()
         if node is not None and peer not in node.suspended:
@@ -229,6 +246,9 @@ class Liveness:
     def _busy_answer(self, peer: int, payload: dict[str, Any]) -> None:
         """What a heartbeat answer says of the peer's progress: waiting on others, or busy
         in its own round for `busy_s` (given up past the limit)."""
+        round_ = payload.get("round")
+        if isinstance(round_, int) and not isinstance(round_, bool):
+            self.reported_rounds[peer] = round_
         busy_s = payload.get("busy_s")
         if not isinstance(busy_s, (int, float)) or isinstance(busy_s, bool):
             self.waiting_peers.add(peer)

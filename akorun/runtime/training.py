@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -104,6 +105,8 @@ class TrainingLoop:
         self.rounds_skipped = 0  # rounds passed without a gradient to catch up (ako)
         self.nonfinite: str | None = None  # the user's loss or gradient went NaN/Inf: the line
         self.busy_from_s: float | None = None  # loop time this rank's own work began (busy_s)
+        # after the gate let a round start: diloco's anchor re-sync (runtime.anchor_sync)
+        self.after_gate: Callable[[], Awaitable[None]] | None = None
 
     def busy_s(self) -> float | None:
         """Seconds this rank has been in its own work for the current round; None while
@@ -183,6 +186,8 @@ class TrainingLoop:
                 if agreement is not None and not frozen and not self.waiter.hard_stop:
                     continue  # stopped while waiting: agree on the last round first
                 break
+            if self.after_gate is not None:
+                await self.after_gate()
             skip_to = self._catch_up(node, t)
             if skip_to > t:  # far behind every peer (paused, cut off): skip to them
                 assert isinstance(node, AkoWorker)
@@ -219,7 +224,7 @@ class TrainingLoop:
                 break
             grad = self.faults.outgoing_gradient(t, grad)  # a test hook; grad by default
             send_start_s = loop.time()
-            await self.outbox.dispatch(node.local_step(t, grad))
+            await self.outbox.dispatch(self.faults.outgoing(t, node.local_step(t, grad)))
             metrics.send_block_s += loop.time() - send_start_s
             self.busy_from_s = None
             t += 1

@@ -49,6 +49,7 @@ class Waiter:
         self.scheme = "ako"  # the run's scheme, for the log (set with the next)
         self.can_continue_without: Callable[[int], bool] = lambda peer: True
         self.lost_peers: set[int] = set()  # peers the run stopped for (see `lose`)
+        self.cause: str | None = None  # the line the run fails with, when it is known
         # sends the scheme owes outside an event (a suspension re-forms diloco's
         # all-reduce: SchemeNode.take_effects); every wait sends them as it polls
         self.send_due: Callable[[], Awaitable[None]] | None = None
