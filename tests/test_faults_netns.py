@@ -313,6 +313,41 @@ def test_a_cut_between_two_ranks_healed_later_ends_equal(net: Net, tmp_path: Pat
         run.kill()
 
 
+@pytest.mark.parametrize("scheme", ["diloco", "streaming-diloco"])
+def test_a_diloco_cut_between_two_ranks_ends_with_one_anchor_or_fails_loudly(
+        net: Net, tmp_path: Path, scheme: str) -> None:
+    """Ranks 0 and 2 of a DiLoCo run cut apart for 5 T (rank 1 still hears both): while
+    their views differ a sync gives them different means (and the re-formed
+    all-reduce stalls); after the heal the anchors are compared with the lowest live
+    rank's and re-synced (akorun.runtime.anchor_sync). No rank hangs; each ends exit 0
+    or exit 1 with a line naming why (left behind, replicas disagree, given up), and
+    the ranks that exit 0 hold one model: never exit 0 with replicas apart."""
+    exchange: dict[str, Any] = {"scheme": scheme, "inner_steps": 4}
+    if scheme == "streaming-diloco":
+        exchange.update(fragments=2, overlap_steps=1)
+    run = Run(net, tmp_path, 400, exchange=exchange, round_sleep_s=0.01)
+    try:
+        run.wait_round(0, FAULT_AT_ROUND)
+        net.cut(0, 2)
+        time.sleep(5 * PEER_TIMEOUT_S)
+        net.heal(0)
+        codes = run.wait([0, 1, 2])
+        passed = [rank for rank in range(WORKERS) if codes[rank] == 0]
+        for rank in range(WORKERS):
+            if codes[rank] != 0:
+                assert codes[rank] == 1 and re.search(
+                    r"syncs behind|replicas disagree|gave it up", run.log(rank)), run.logs()
+        if scheme == "diloco" and passed:  # ends on a full sync: the parameters are the anchor
+            first = run.params(passed[0])  # (streaming: the exit 0s say the anchors agree)
+            for rank in passed[1:]:
+                np.testing.assert_array_equal(run.params(rank), first, err_msg=run.logs())
+        _record({"fault": f"{scheme} cut 0-2 for {5 * PEER_TIMEOUT_S:g} s",
+                 "exit_codes": codes, "resyncs": {
+                     rank: run.log(rank).count("re-synced") for rank in range(WORKERS)}})
+    finally:
+        run.kill()
+
+
 @pytest.mark.parametrize("pause_s", [0.5 * PEER_TIMEOUT_S, 2.5 * PEER_TIMEOUT_S])
 def test_a_paused_rank_resumed_later_ends_equal(net: Net, tmp_path: Path,
                                                 pause_s: float) -> None:
