@@ -37,6 +37,10 @@ optionally prefixed by ``RANK@`` to apply to one rank only:
   refuses for good).
 - ``record_gradients:DIR``: write every gradient this rank hands its scheme to
   ``DIR/rank-R/round-T.npy`` (what a test sums to check the exactly-once invariant).
+- ``send_malformed:R:HOW``: from round R on, send coded data a correct member never
+  sends, authenticated as usual: ``topk_index`` (a top-k index past the vector's
+  end), ``int8_scale`` (an int8 scale that is NaN) or ``int8_negative`` (one that
+  is negative); the run's codec must be the one named.
 
 Example: ``AKORUN_FAULT="2@kill_after_round:5;0@pause_before_round:20:/tmp/go"``.
 This module parses them; akorun.runtime.fault_hooks carries them out.
@@ -51,6 +55,7 @@ from dataclasses import dataclass
 from akorun.errors import UsageError
 
 ENV_VAR = "AKORUN_FAULT"
+MALFORMED_KINDS = ("topk_index", "int8_scale", "int8_negative")  # send_malformed's HOW
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,7 @@ class Faults:
     relay_late: tuple[int, float] | None = None  # (rank, seconds) its relay pulls wait
     send_nonfinite: int | None = None  # from this round on, a NaN gradient goes out
     record_gradients: str | None = None  # the directory this rank's gradients go to
+    send_malformed: tuple[int, str] | None = None  # (round, how): malformed coded bodies
 
     @property
     def any(self) -> bool:
@@ -82,7 +88,8 @@ class Faults:
                 or self.kill_mid_multicast is not None or self.kill_in_join
                 or self.pause_in_join or self.sleep_per_round_s > 0
                 or self.relay_withhold is not None or self.relay_late is not None
-                or self.send_nonfinite is not None or self.record_gradients is not None)
+                or self.send_nonfinite is not None or self.record_gradients is not None
+                or self.send_malformed is not None)
 
 
 def faults_for(rank: int, env: Mapping[str, str]) -> Faults:
@@ -121,6 +128,11 @@ def faults_for(rank: int, env: Mapping[str, str]) -> Faults:
                 values["sleep_per_round_s"] = float(args)
             elif name == "relay_withhold":
                 values["relay_withhold"] = int(args)
+            elif name == "send_malformed":
+                round_text, _, how = args.partition(":")
+                if how not in MALFORMED_KINDS:
+                    raise ValueError(f"expected one of {', '.join(MALFORMED_KINDS)}")
+                values["send_malformed"] = (int(round_text), how)
             elif name == "relay_late":
                 rank_text, _, seconds = args.partition(":")
                 values["relay_late"] = (int(rank_text), float(seconds))

@@ -18,6 +18,7 @@ from akorun.metrics import Metrics
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.phase import IllegalTransition, Phase, PhaseMachine
 from akorun.runtime.roles import AkoRole, PSServerRole, PSWorkerRole, Role, role_for
+from akorun.runtime.waiting import Waiter
 from akorun.runtime.worker import Worker, WorkerOptions
 from akorun.testing import SinkHost
 from akorun.transport.control import ControlError, ControlKind
@@ -158,6 +159,46 @@ def test_a_peer_silent_past_the_timeout_is_suspended_and_resumes_when_heard() ->
     assert node.suspended == {2} and not liveness.may_drop(1)
 
 
+def test_a_peer_busy_in_one_round_past_three_timeouts_is_given_up_until_it_sends_anew(
+) -> None:
+    liveness, node, clock, events = _liveness(timeout_s=2.0)
+    stuck: list[tuple[int, str]] = []
+    liveness.on_stuck = lambda peer, why: stuck.append((peer, why))
+    liveness._busy_answer(1, {"round": 7, "busy_s": 5.9})  # under 3 x 2 s: nothing
+    liveness._busy_answer(2, {"round": 7, "busy_s": None})  # waiting on others
+    assert node.suspended == set() and stuck == [] and liveness.waiting_peers == {2}
+    liveness._busy_answer(1, {"round": 7, "busy_s": 6.1})
+    assert node.suspended == {1} and [peer for peer, _ in stuck] == [1]
+    assert "no progress for 6.1 s" in stuck[0][1] and "round 7" in stuck[0][1]
+    liveness.heard(1)  # it answers heartbeats and acknowledges: not back in the gate
+    assert node.suspended == {1}
+    liveness._busy_answer(1, {"round": 7, "busy_s": 9.0})  # given up once
+    assert len(stuck) == 1
+    clock.now_s = 1.0
+    liveness.received(1, accepted=False)  # a duplicate is no progress
+    assert node.suspended == {1}
+    liveness.received(1, accepted=True)  # a new round: back in the gate
+    assert node.suspended == set() and 1 not in liveness.stuck_peers
+
+
+def test_a_stalled_gate_gives_its_blocker_up_for_good_not_the_peers_that_wait_themselves(
+) -> None:
+    liveness, node, clock, _ = _liveness(timeout_s=1.0)
+    waiter = Waiter(report_every_s=100.0, stall_limit_s=0.7)  # one stall before 1.2 s
+    waiter.give_up = liveness.give_up
+    waiter.waits_itself = liveness.waiting_peers.__contains__
+    liveness._busy_answer(2, {"round": 0, "busy_s": None})  # 2 says: waiting on others
+    node.local_step(0, None)  # round 1 waits on both peers' round 0
+
+    async def gate() -> float | None:
+        return await waiter.gate(node, 1, asyncio.get_running_loop().time() + 1.2)
+
+    assert asyncio.run(gate()) is None  # 2 still blocks: the duration deadline ends it
+    assert node.suspended == {1} and set(liveness.stuck_peers) == {1}
+    liveness.heard(1)
+    assert 1 in node.suspended  # answering does not put it back
+
+
 def test_heartbeats_are_due_after_a_third_of_the_timeout_once_per_peer() -> None:
     liveness, node, clock, _ = _liveness(timeout_s=3.0)
     clock.now_s = 0.9
@@ -202,7 +243,7 @@ def test_heartbeats_are_refused_until_the_run_is_running() -> None:
     assert refused.value.status == 503 and refused.value.reason == "starting"
     liveness.phase.to(Phase.RUNNING)
     answer = asyncio.run(liveness.on_heartbeat(1, {"rank": 1, "nonce": "abc"}))
-    assert answer == {"rank": 0, "round": 0, "state": "running", "nonce": "abc"}
+    assert answer == {"rank": 0, "round": 0, "state": "running", "nonce": "abc", "busy_s": None}
 
 
 def test_only_new_messages_prove_a_peer_alive_not_duplicates() -> None:

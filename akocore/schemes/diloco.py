@@ -61,7 +61,7 @@ it (all-reduce: the next live rank takes over the chunk it owned, and every
 survivor re-sends that chunk to it), and from then on average among
 themselves; if its delta reached some survivors and not others, their anchors
 differ by that one contribution (1/n of one pseudo-gradient) until the end of
-the run.
+the run, unless re-synced (`adopt_agreed`, akorun.runtime.anchor_sync).
 
 Rounds are inner steps (one local gradient each), as for every other scheme,
 so ``train.rounds`` counts inner steps and a run whose rounds are a multiple
@@ -150,6 +150,7 @@ class DilocoWorker(AllReduceSync, SchemeNode):
         self.pending: list[_Sync] = []  # in start order; at most one while tau < H/P
         self.syncs_done = 0
         self._due: list[Send] = []  # effects of a suspension, for take_effects
+        self.view_changes = 0  # suspensions and returns seen (a re-sync may be due)
 
     def _slice(self, fragment: int) -> slice:
         return slice(int(self.bounds[fragment]), int(self.bounds[fragment + 1]))
@@ -326,6 +327,7 @@ class DilocoWorker(AllReduceSync, SchemeNode):
 
     def suspend_peer(self, peer: int) -> None:
         super().suspend_peer(peer)
+        self.view_changes += 1
         self._view_changed()
         if self.reduced:
             self._due.extend(self._reroute())
@@ -333,6 +335,7 @@ class DilocoWorker(AllReduceSync, SchemeNode):
 
     def resume_peer(self, peer: int) -> None:
         super().resume_peer(peer)
+        self.view_changes += 1
         self._view_changed()
 
     def finish(self, rounds_done: int) -> list[Send]:
@@ -359,6 +362,20 @@ class DilocoWorker(AllReduceSync, SchemeNode):
 
     def settle(self) -> None:
         self._try_apply_finished()
+
+    def adopt_agreed(self, syncs: int, anchor: np.ndarray,
+                     outer_state: list[np.ndarray | None]) -> None:
+        """Take a live peer's anchor and outer state as of the same `syncs` applied (a
+        re-sync); the replica keeps its progress since (moved by the anchors' difference)."""
+        if syncs != self.syncs_done or self.anchor is None or self.replica.params is None:
+            raise SchemeError(f"diloco worker {self.rank}: a re-sync at {syncs} syncs, "
+                              f"{self.syncs_done} applied here")
+        if anchor.shape != self.anchor.shape or len(outer_state) != self.fragments:
+            raise SchemeError(f"diloco worker {self.rank}: a re-sync of another shape")
+        self.replica.params += (anchor - self.anchor).astype(np.float32)
+        self.anchor = anchor.astype(np.float32, copy=True)
+        self.outer_state = [None if state is None else np.array(state, np.float32)
+                            for state in outer_state]
 
     def agreed_state(self) -> np.ndarray | None:
         """The anchor: every replica applies the same syncs (their means are the owners'),

@@ -15,15 +15,19 @@ sleeps after each round.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import math
 import os
 import signal
+import struct
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
+from akocore.messages import Partial, Send
 from akorun.faults import Faults
 from akorun.runtime.outbox import Outbox
 
@@ -40,6 +44,8 @@ class FaultHooks(Protocol):
     def mid_checkpoint(self, round_: int) -> Callable[[Path], None] | None: ...
 
     def outgoing_gradient(self, round_: int, grad: np.ndarray) -> np.ndarray: ...
+
+    def outgoing(self, round_: int, effects: list[Send]) -> list[Send]: ...
 
     async def at_end(self) -> None: ...
 
@@ -59,6 +65,9 @@ class NoFaults:
 
     def outgoing_gradient(self, round_: int, grad: np.ndarray) -> np.ndarray:
         return grad
+
+    def outgoing(self, round_: int, effects: list[Send]) -> list[Send]:
+        return effects
 
     def mid_checkpoint(self, round_: int) -> Callable[[Path], None] | None:
         return None
@@ -119,6 +128,14 @@ class InjectedFaults:
             return grad
         return np.full_like(grad, np.nan)
 
+    def outgoing(self, round_: int, effects: list[Send]) -> list[Send]:
+        """send_malformed: from its round on, every coded message's body is broken."""
+        malformed = self.faults.send_malformed
+        if malformed is None or round_ < malformed[0]:
+            return effects
+        return [dataclasses.replace(send, message=_broken(send.message, malformed[1]))
+                for send in effects]
+
     async def after_round(self, round_: int) -> None:
         if self.faults.kill_after_round == round_:
             await self.outbox.wait_acked(round_, self.gone)
@@ -166,6 +183,20 @@ class InjectedFaults:
         while not self.stop_requested() and not self.hard_stop() \
                 and not (until and os.path.exists(until)):
             await asyncio.sleep(PAUSE_POLL_S)
+
+
+def _broken(message: Partial, how: str) -> Partial:
+    """`message` with the coded body a correct member never sends (`Faults.send_malformed`)."""
+    payload = message.payload
+    if payload is None or not message.length:
+        return message
+    body = bytearray(payload)
+    if how == "topk_index":  # u32 indices, then the values: the last index past the end
+        k = len(body) // 8
+        struct.pack_into("<I", body, 4 * (k - 1), 0xFFFFFFFF)
+    else:  # int8: the chunks' float32 scales first
+        struct.pack_into("<f", body, 0, math.nan if how == "int8_scale" else -1.0)
+    return dataclasses.replace(message, payload=bytes(body))
 
 
 def fault_hooks(faults: Faults, *, outbox: Outbox, gone: Callable[[int], bool],

@@ -29,8 +29,11 @@ results naming the peer, tells the others ``done`` and raises RunError
 
 A failed final write (checkpoint or results: a full disk) still tells the
 peers ``done`` and waits for theirs, then raises RunError: one line, exit 1;
-so does a rank whose loss or gradient went NaN/Inf (runtime.training), with
-the line naming it, and a rank stopped by such a peer, with that peer's line.
+so does a rank that its peers gave up for making no progress (runtime.liveness;
+not in ako, which takes it back), a rank whose loss or gradient went NaN/Inf
+(runtime.training), with the line naming it, and a rank stopped by such a
+peer, with that peer's line (`Waiter.cause`: a member that sent malformed data,
+a diloco rank left behind).
 """
 
 from __future__ import annotations
@@ -180,11 +183,14 @@ class Finisher:
                                 self.grace_s)
         if agreed is not None:
             failures += self._disagreements(done)
+        if self.liveness.given_up_here is not None and self.waiter.hard_stop:
+            failures.insert(0, self.liveness.given_up_here)
         if failures:
             raise RunError(f"{'; '.join(failures)} (training finished; peers were told done)")
         told = [self.liveness.left_peers.get(j) for j in sorted(self.waiter.lost_peers)]
         cause = self.training.nonfinite or next(
-            (f"{line} (stopped by that rank)" for line in told if is_nonfinite_stop(line)), None)
+            (f"{line} (stopped by that rank)" for line in told if is_nonfinite_stop(line)),
+            self.waiter.cause)
         if cause is not None:  # the user's NaN, here or on the peer that stopped the run
             raise RunError(cause)
         if self.waiter.lost_peers:

@@ -359,6 +359,8 @@ class Join:
         reason = str(payload.get("reason") or "no reason given")[:LEAVE_REASON_CHARS]
         if self.node_built() and payload.get("failed") is True:
             self.liveness.left(sender, reason)
+            if payload.get("training") is True and self.waiter.cause is None:
+                self.waiter.cause = f"{reason} (stopped by that rank)"
             self.waiter.lose([sender], why=f"rank {sender} stopped the run ({reason}); "
                              f"stopping this rank, exit 1" if payload.get("training") is True
                              else f"rank {sender} could not complete the join ({reason}): "

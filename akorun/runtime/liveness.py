@@ -6,12 +6,23 @@ acknowledged as applied, or a heartbeat it answered with the nonce we sent
 (answers are signed). A peer silent for longer than the peer timeout is
 suspended from the SSP gate and reported; it rejoins the gate as soon as it
 is heard again, unless it is between its rejoin-hello and its restart. Peers
-not heard for a third of the timeout are sent a heartbeat. A peer that said
+not heard, or with nothing new, for a third of the timeout are sent a
+heartbeat. A peer that said
 it leaves before it joined (`left`: stopped while starting, runtime.join)
 sends nothing ever: it is out of the gate at once, for good. A ``done`` counts
 only once that peer's final message is held (`is_done`); only such a peer,
 which owes nothing more, is exempt from the timeout. Nothing ever waits
 forever on a dead peer.
+
+A stuck peer is given up too: one that answers heartbeats but makes no
+progress. Its heartbeat answers say how long it has been in its own work for
+its current round (`busy_s`, runtime.training); past `STUCK_TIMEOUTS` x the
+peer timeout it is given up (`give_up`: one error line naming it, suspended,
+what it sent to only some peers repaired, and `on_stuck` lets the scheme
+stop when it cannot go on without it). The gate gives up a blocker that
+sends nothing new for as long (runtime.waiting). A given-up peer is NOT
+re-admitted because it answers: only a new message of a round it had not
+reached when it was given up puts it back in the gate.
 
 `Liveness.check(now)` is the whole decision for one moment (clock injected);
 `monitor` runs it periodically and sends the heartbeats. The heartbeat and
@@ -30,6 +41,7 @@ from typing import Any
 from akocore.schemes import SchemeNode
 from akorun.metrics import Metrics
 from akorun.runtime.phase import Phase, PhaseMachine
+from akorun.runtime.waiting import GATE_STALL_TIMEOUTS as STUCK_TIMEOUTS
 from akorun.transport.client import ControlClient
 from akorun.transport.control import ControlError, ControlKind
 
@@ -64,6 +76,18 @@ class Liveness:
         self.rejoining_peers: dict[int, float] = {}  # peer -> time of its rejoin-hello
         self.started_s: float | None = None  # peers never heard count as heard then
         self._heartbeats: set[int] = set()
+        self.stuck_limit_s = STUCK_TIMEOUTS * timeout_s
+        self.stuck_peers: dict[int, str] = {}  # peer -> why it was given up although it answers
+        self.waiting_peers: set[int] = set()  # peers whose last answer said: waiting on others
+        self.reported_rounds: dict[int, int] = {}  # peer -> the round its last answer said
+        self.stuck_rounds: dict[int, int] = {}  # peer -> its round when it was given up
+        self.rounds_seen: dict[int, int] = {}  # peer -> the highest round of its new messages
+        self.busy_s: Callable[[], float | None] = lambda: None  # this rank's own (training)
+        # a stuck peer given up: the scheme stops if it cannot go on without it (worker)
+        self.on_stuck: Callable[[int, str], None] = lambda peer, why: None
+        # this rank answered a heartbeat busy past the limit: its peers give it up (the line)
+        self.given_up_here: str | None = None
+        self.on_given_up_here: Callable[[str], None] = lambda line: None
 
     # ---------------------------------------------------------------- evidence
 
@@ -72,16 +96,30 @@ class Liveness:
         self.last_heard[peer] = self.clock()
         node = self.node()
         if node is not None and peer in node.suspended and not self.rejoining(peer) \
-                and peer not in self.left_peers:
+                and peer not in self.left_peers and peer not in self.stuck_peers:
             node.resume_peer(peer)
             log.warning("peer %d speaks again: back in the SSP gate", peer)
             self.notify_sender(peer)  # its stale POSTs go again on a new connection
             self.on_change()
 
-    def received(self, peer: int, accepted: bool) -> None:
-        """A partial of `peer` arrived: evidence only if it was new (not a duplicate)."""
+    def answering(self, peer: int) -> bool:
+        """`peer` was heard within the peer timeout (perhaps given up, yet alive)."""
+        heard_s = self.last_heard.get(peer)
+        return heard_s is not None and self.clock() - heard_s <= self.timeout_s \
+            and peer not in self.left_peers
+
+    def received(self, peer: int, accepted: bool, round_: int | None = None) -> None:
+        """A partial of `peer` (of its round `round_`) arrived: evidence only if it was
+        new (not a duplicate); a given-up peer is back only with a round it had not
+        reached when it was given up (a diloco owner's mean of an older sync is not)."""
         if accepted:
             self.last_new_s[peer] = self.clock()
+            if round_ is not None:
+                self.rounds_seen[peer] = max(round_, self.rounds_seen.get(peer, round_))
+            stuck_at = self.stuck_rounds.get(peer, 0)
+            if peer in self.stuck_peers and (round_ is None or round_ >= stuck_at):
+                del self.stuck_peers[peer]
+                log.warning("peer %d sends new rounds again: no longer given up", peer)
             self.heard(peer)
 
     def is_done(self, peer: int) -> bool:
@@ -134,6 +172,24 @@ class Liveness:
         self.on_lost(peer)
         self.on_change()
 
+    def give_up(self, peer: int, why: str) -> None:
+        """`peer` answers but makes no progress (`why` says how we know): out of the gate
+        until it sends a new message, what it sent to only some repaired (`on_lost`),
+        and the scheme told (`on_stuck`)."""
+        if peer in self.stuck_peers or peer in self.left_peers or self.is_done(peer):
+            return
+        self.stuck_peers[peer] = why
+        self.stuck_rounds[peer] = max(self.reported_rounds.get(peer, 0),
+                                      self.rounds_seen.get(peer, -1) + 1)
+        log.error("%s: given up on (out of the gate until it sends a new round)", why)
+        node = self.node()
+        if node is not None and peer not in node.suspended:
+            node.suspend_peer(peer)
+            self.notify_sender(peer)
+            self.on_lost(peer)
+        self.on_stuck(peer, why)
+        self.on_change()
+
     def left(self, peer: int, reason: str) -> None:
         """`peer` leaves before it joined (it said so): out of the gate now, for good."""
         self.left_peers.setdefault(peer, reason)
@@ -157,7 +213,10 @@ class Liveness:
             silent_s = now - self.last_heard.get(peer, self.started_s)
             if peer not in node.suspended and silent_s > self.timeout_s:
                 self.suspend(peer, silent_s)
-            if silent_s > self.timeout_s / 3 and peer not in self._heartbeats:
+            # nothing new from it (acknowledgements are no news): ask how it is doing
+            quiet_s = now - self.last_new_s.get(peer, self.started_s)
+            if min(silent_s, quiet_s) >= 0 and max(silent_s, quiet_s) > self.timeout_s / 3 \
+                    and peer not in self._heartbeats:
                 self._heartbeats.add(peer)
                 due.append(peer)
         return due
@@ -182,6 +241,24 @@ class Liveness:
                                     timeout_s=max(1.0, self.timeout_s / 3))
         if answer.ok and answer.payload is not None and answer.payload.get("nonce") == nonce:
             self.heard(peer)
+            self._busy_answer(peer, answer.payload)
+
+    def _busy_answer(self, peer: int, payload: dict[str, Any]) -> None:
+        """What a heartbeat answer says of the peer's progress: waiting on others, or busy
+        in its own round for `busy_s` (given up past the limit)."""
+        round_ = payload.get("round")
+        if isinstance(round_, int) and not isinstance(round_, bool):
+            self.reported_rounds[peer] = round_
+        busy_s = payload.get("busy_s")
+        if not isinstance(busy_s, (int, float)) or isinstance(busy_s, bool):
+            self.waiting_peers.add(peer)
+            return
+        self.waiting_peers.discard(peer)
+        if busy_s > self.stuck_limit_s:
+            self.give_up(peer, f"peer {peer} answers but has made no progress for "
+                               f"{busy_s:.1f} s (stuck in its round {payload.get('round')}; "
+                               f"the limit is {STUCK_TIMEOUTS} x the peer timeout = "
+                               f"{self.stuck_limit_s:.1f} s)")
 
     # ---------------------------------------------------------------- control handlers
 
@@ -189,8 +266,17 @@ class Liveness:
         if self.node() is None or self.phase.is_(Phase.STARTING, Phase.REJOINING):
             raise ControlError(503, self.phase.name)
         nonce = payload.get("nonce")
+        busy_s = self.busy_s()
+        if busy_s is not None and busy_s > self.stuck_limit_s and self.given_up_here is None:
+            self.given_up_here = (
+                f"rank {self.rank} made no progress for {busy_s:.1f} s in its round "
+                f"{self.metrics.round} (past {STUCK_TIMEOUTS} x the peer timeout = "
+                f"{self.stuck_limit_s:.1f} s): its peers gave it up and went on without it")
+            log.error("%s", self.given_up_here)
+            self.on_given_up_here(self.given_up_here)
         return {"rank": self.rank, "round": self.metrics.round, "state": self.phase.name,
-                "nonce": nonce if isinstance(nonce, str) else None}
+                "nonce": nonce if isinstance(nonce, str) else None,
+                "busy_s": None if busy_s is None else round(busy_s, 3)}
 
     async def on_done(self, sender: int, payload: dict[str, Any]) -> dict[str, Any]:
         """Recorded; it counts (`is_done`) once the sender's final message is held."""

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -103,6 +104,16 @@ class TrainingLoop:
         self.agreement: StopAgreement | None = None  # the training ranks' last round
         self.rounds_skipped = 0  # rounds passed without a gradient to catch up (ako)
         self.nonfinite: str | None = None  # the user's loss or gradient went NaN/Inf: the line
+        self.busy_from_s: float | None = None  # loop time this rank's own work began (busy_s)
+        # after the gate let a round start: diloco's anchor re-sync (runtime.anchor_sync)
+        self.after_gate: Callable[[], Awaitable[None]] | None = None
+
+    def busy_s(self) -> float | None:
+        """Seconds this rank has been in its own work for the current round; None while
+        it waits on others (or has no round under way)."""
+        if self.busy_from_s is None:
+            return None
+        return asyncio.get_running_loop().time() - self.busy_from_s
 
     async def _stops_before(self, t: int) -> bool:
         """Whether round t is not to start: no stop; or a stop the training ranks agreed
@@ -166,13 +177,17 @@ class TrainingLoop:
         agreement = self.agreement
         while not await self._stops_before(t):
             frozen = agreement is not None and agreement.frozen
+            self.busy_from_s = loop.time()
             await self.faults.before_round(t)
+            self.busy_from_s = None
             waited_s = await self.waiter.gate(node, t, None if frozen else self._deadline_s(),
                                               ignore_stop=frozen)
             if waited_s is None:
                 if agreement is not None and not frozen and not self.waiter.hard_stop:
                     continue  # stopped while waiting: agree on the last round first
                 break
+            if self.after_gate is not None:
+                await self.after_gate()
             skip_to = self._catch_up(node, t)
             if skip_to > t:  # far behind every peer (paused, cut off): skip to them
                 assert isinstance(node, AkoWorker)
@@ -191,6 +206,7 @@ class TrainingLoop:
                 continue
             if agreement is not None:
                 agreement.started = t + 1  # before any await: a freeze counts this round
+            self.busy_from_s = loop.time()
             batch = batches.next()
             params = np.array(node.params, copy=True)
             compute_start_s = time.perf_counter()
@@ -204,11 +220,13 @@ class TrainingLoop:
                 log.error("%s", self.nonfinite)
                 self.waiter.stop_reason = self.nonfinite  # the record's stop_reason
                 self.waiter.stop_now()  # every peer is told to stop: no wait is for them
+                self.busy_from_s = None
                 break
             grad = self.faults.outgoing_gradient(t, grad)  # a test hook; grad by default
             send_start_s = loop.time()
-            await self.outbox.dispatch(node.local_step(t, grad))
+            await self.outbox.dispatch(self.faults.outgoing(t, node.local_step(t, grad)))
             metrics.send_block_s += loop.time() - send_start_s
+            self.busy_from_s = None
             t += 1
             self.times.add(loop.time() - self.train_start_s, compute_s, waited_s)
             metrics.round = t

@@ -8,12 +8,15 @@ for the SSP gate to let a round start.
 
 Deadlines: the gate gives up at the run's duration limit (a stop, reason
 "duration"), and when it has been blocked for `stall_limit_s` on peers whose
-rounds did not advance meanwhile, it takes those peers out of the gate (one
-error line naming them); a peer re-enters the gate with its next new
-message. If by then a peer this rank's scheme cannot go on without
-(`can_continue_without`, from the role: ps, all-reduce) is suspended, the gate
-instead stops the run (reason "lost_peer", one error line naming the peer;
-`lost_peers` keeps it for the finish). Every blocked gate says every
+rounds did not advance meanwhile, it gives those peers up (`give_up`,
+runtime.liveness: one error line naming them, out of the gate; answering
+heartbeats does not put them back, only their next new message does). A
+blocker whose heartbeat answers say it waits on others itself is spared
+(the rank it waits on is given up instead, runtime.liveness) unless the
+gate stalls twice in a row on such blockers alone. If a peer this rank's scheme cannot go on
+without (`can_continue_without`, from the role: ps, all-reduce) is given up
+or suspended, the run stops (reason "lost_peer", one error line naming the
+peer; `lost_peers` keeps it for the finish). Every blocked gate says every
 `report_every_s` what it waits on.
 """
 
@@ -46,9 +49,13 @@ class Waiter:
         self.scheme = "ako"  # the run's scheme, for the log (set with the next)
         self.can_continue_without: Callable[[int], bool] = lambda peer: True
         self.lost_peers: set[int] = set()  # peers the run stopped for (see `lose`)
+        self.cause: str | None = None  # the line the run fails with, when it is known
         # sends the scheme owes outside an event (a suspension re-forms diloco's
         # all-reduce: SchemeNode.take_effects); every wait sends them as it polls
         self.send_due: Callable[[], Awaitable[None]] | None = None
+        # a blocker of a stalled gate: given up (runtime.liveness.Liveness.give_up)
+        self.give_up: Callable[[int, str], None] = lambda peer, why: None
+        self.waits_itself: Callable[[int], bool] = lambda peer: False  # its answers say so
 
     def wake_up(self) -> None:
         self.wake.set()
@@ -110,6 +117,7 @@ class Waiter:
         start_s = loop.time()
         next_report_s = start_s + self.report_every_s
         stall_from_s, progress = start_s, _progress(node)
+        spared = False  # the last stall gave nobody up: every blocker waits on others
         while not node.may_start(t):
             if (self.stop_reason is not None and not ignore_stop) or self.hard_stop \
                     or self.stop_reason == "lost_peer":
@@ -133,11 +141,15 @@ class Waiter:
                     self.lose(lost)
                     return None
                 blockers = node.waiting_on(t)
-                log.error("round %d: no progress from peer(s) %s for %.0f s although they "
-                          "are not silent: out of the SSP gate until they send new rounds",
-                          t, blockers, now - stall_from_s)
-                for peer in blockers:
-                    node.suspend_peer(peer)
+                stuck = [peer for peer in blockers if not self.waits_itself(peer)]
+                if not stuck and spared:  # they all wait on others, twice in a row
+                    stuck = blockers
+                spared = not stuck
+                for peer in stuck:
+                    self.give_up(peer, f"round {t}: no progress from peer {peer} for "
+                                       f"{now - stall_from_s:.0f} s although it is not silent")
+                    if peer not in node.suspended:  # no liveness wired (a bare waiter)
+                        node.suspend_peer(peer)
                 self.gate_stalls += 1
                 stall_from_s = now
         return loop.time() - start_s

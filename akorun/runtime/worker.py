@@ -17,7 +17,10 @@ them). The run's
 phase is a state machine (runtime.phase); what differs between ako, ps and
 all-reduce ranks is the role object chosen once (runtime.roles); the fault test
 hooks are injected (runtime.fault_hooks, none by default). `Worker` itself
-only builds these, serves as the server's host and runs them in order.
+only builds these, serves as the server's host and runs them in order. It is
+past ~500 lines because the wiring of every collaborator, and the few
+decisions that need several of them at once (a stuck peer, a member that
+sends malformed data), stay in this one composition root.
 """
 
 from __future__ import annotations
@@ -43,13 +46,14 @@ from akocore.codecs.exchange import decoded
 from akocore.config import RunConfig, config_hash
 from akocore.messages import Partial
 from akocore.results import RankResult
-from akocore.schemes import SchemeError
+from akocore.schemes import AkoWorker, SchemeError
 from akocore.settings.key_registry import default_of
 from akocore.workload import FlatWorkload
 from akorun.errors import Interrupted, RunError, UsageError
 from akorun.faults import Faults
 from akorun.launch.cluster import AkorunSettings, allowed_networks, split_host
 from akorun.metrics import Metrics
+from akorun.runtime.anchor_sync import AnchorSync
 from akorun.runtime.checkpoints import CheckpointWriter
 from akorun.runtime.evaluation import Evaluator
 from akorun.runtime.fault_hooks import fault_hooks, relay_answer_hook
@@ -76,7 +80,7 @@ from akorun.transport.keys import RequestVerifier, RunKeys, Signer, restrict_new
 from akorun.transport.routing import ControlTable
 from akorun.transport.sender import DEFAULT_QUEUE_MESSAGES
 from akorun.transport.server import Server
-from akorun.transport.validation import refuse_non_finite
+from akorun.transport.validation import NonFiniteValues, refuse_non_finite
 
 log = logging.getLogger("akorun")
 
@@ -169,7 +173,7 @@ class Worker:
         self.outbox = Outbox(signer=self.signer, metrics=self.metrics,
                              running=lambda: self.phase.is_(Phase.RUNNING),
                              rounds_done=lambda: self.training.rounds_done)
-        self.waiter.send_due = lambda: self.outbox.send_due(self.role.node)
+        self.waiter.send_due = self._poll_due
         self.relay = Relay(rank=self.rank, peers=self.peers, node=lambda: self.role.node,
                            codec=self.codec,
                            signer=self.signer, verifier=self.verifier,
@@ -183,10 +187,16 @@ class Worker:
             node=lambda: self.role.node, clock=_loop_time, metrics=self.metrics,
             phase=self.phase, on_change=self.waiter.wake_up, notify_sender=self.outbox.notify,
             on_lost=self.relay.peer_lost)
+        self.liveness.on_stuck = self._on_stuck
+        self.liveness.on_given_up_here = self._on_given_up_here
+        self.waiter.give_up = self.liveness.give_up
+        self.waiter.waits_itself = self.liveness.waiting_peers.__contains__
         self.downlink: DownlinkShaper | None = None  # emulated incoming NIC, set by run
         self.wall_start_s = time.perf_counter()
         self._tasks: list[asyncio.Task[Any]] = []
         self._signals = 0
+        self.control: ControlClient | None = None  # set once the run's client exists
+        self.refused_member: str | None = None  # the line, once a member sent malformed data
         # wired by prepare, once the workload exists
         self.prepared: Prepared
         self.join: Join
@@ -198,6 +208,7 @@ class Worker:
         self.reporter: Reporter
         self.control_table: ControlTable
         self.stopping: StopAgreement
+        self.anchor_sync: AnchorSync
 
     # ================================================================ wiring
 
@@ -253,6 +264,11 @@ class Worker:
             waiter=self.waiter, gone=self._out_of_gate, spawn=self._spawn,
             heard=self.liveness.heard, patience_s=GATE_STALL_TIMEOUTS * options.peer_timeout_s)
         self.training.agreement = self.stopping
+        self.anchor_sync = AnchorSync(rank=self.rank, peers=self.peers, role=self.role,
+                                      waiter=self.waiter, liveness=self.liveness,
+                                      peer_timeout_s=options.peer_timeout_s, spawn=self._spawn)
+        self.training.after_gate = self.anchor_sync.after_gate
+        self.liveness.busy_s = self.training.busy_s
         self.results = ResultBuilder(
             role=self.role, prepared=self.prepared, metrics=self.metrics,
             training=self.training, outbox=self.outbox, evaluator=self.evaluator,
@@ -278,6 +294,7 @@ class Worker:
             ControlKind.RESTART: self.rejoin.on_restart,
             ControlKind.RELAY: self.relay.on_relay,
             ControlKind.LEAVE: self.join.on_leave,
+            ControlKind.ANCHOR: self.anchor_sync.on_anchor,
         }, rank=self.rank, world=self.world)
 
     def _build_node(self, compute_s: float | None, p_of: Sequence[int] | None = None) -> None:
@@ -302,6 +319,31 @@ class Worker:
         """Not waited for by the stop agreement: suspended, left, lost or done."""
         return self._suspended(peer) or peer in self.liveness.left_peers \
             or peer in self.waiter.lost_peers or peer in self.liveness.done_peers
+
+    async def _poll_due(self) -> None:
+        """What every wait does as it polls: diloco's notices of a view change, and the
+        sends the scheme owes outside an event."""
+        self.anchor_sync.note_views()
+        await self.outbox.send_due(self.role.node)
+
+    def _on_stuck(self, peer: int, why: str) -> None:
+        """A peer given up for making no progress: the run stops if the scheme cannot go
+        on without it (ps, all-reduce), and every peer is told to stop too; ako and
+        diloco go on without it."""
+        if not self.role.can_continue_without(peer) and peer not in self.waiter.lost_peers:
+            line = (f"{why}: scheme {self.waiter.scheme} cannot continue without it: "
+                    f"stopping this rank, exit 1")
+            self.waiter.lose([peer], line)
+            if self.control is not None:  # every rank stops (a ps server, a worker that
+                self._spawn(self.join.leave(self.control, line, peers=self.peers))  # waits)
+
+    def _on_given_up_here(self, line: str) -> None:
+        """This rank was stuck past the limit and its peers gave it up: ako takes it back
+        with its next round; any other scheme went on (or stopped) without it, so this
+        rank stops at once and fails (the finish raises the line)."""
+        if not isinstance(self.role.node, AkoWorker):
+            self.waiter.request_stop("given up by the peers")
+            self.waiter.stop_now()
 
     def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
         self._tasks.append(asyncio.create_task(coroutine))
@@ -329,6 +371,30 @@ class Worker:
         self.relay.note_endorsements(key, text)
 
     async def on_partial(self, partial: Partial, nbytes: int) -> bool:
+        """Take one authenticated partial; one a correct member never sends (malformed,
+        non-finite) is refused (400, 422) and stops the run (`_refused_member`)."""
+        try:
+            return await self._take_partial(partial, nbytes)
+        except (SchemeError, NonFiniteValues) as error:
+            self._refused_member(partial.sender, str(error))
+            raise
+
+    def _refused_member(self, sender: int, reason: str) -> None:
+        """An authenticated member sent what a correct one never sends: the run cannot
+        be one model any more. Stop at once with one line naming it, and tell every
+        peer (it too) to stop: every rank exits 1 (runtime.join's ``leave``)."""
+        if self.refused_member is not None or self.waiter.hard_stop:
+            return
+        line = (f"rank {sender} sent data a correct member never sends ({reason}); "
+                f"the run stops, exit 1")
+        self.refused_member = line
+        self.waiter.cause = line
+        self.liveness.left(sender, line)  # no wait of the finish is for it
+        self.waiter.lose([sender], why=line)
+        if self.control is not None:
+            self._spawn(self.join.leave(self.control, line, peers=self.peers))
+
+    async def _take_partial(self, partial: Partial, nbytes: int) -> bool:
         node = self.role.node
         assert node is not None
         partial = _decoded(partial)
@@ -337,7 +403,7 @@ class Worker:
             partial = self.relay.fold_in(partial)
         receipt = node.receive(partial)  # SchemeError -> 400 in the server
         counters = self.metrics.peer(partial.sender)
-        self.liveness.received(partial.sender, receipt.accepted)
+        self.liveness.received(partial.sender, receipt.accepted, partial.round)
         if receipt.accepted and refusal is None:
             self.relay.accepted(partial)  # kept for survivors, should its sender be lost
         if receipt.accepted:
@@ -396,10 +462,12 @@ class Worker:
         session: aiohttp.ClientSession = make_session(peers=len(self.peers))
         client_ssl = options.tls.client_context()
         control = ControlClient(session, self.signer, self.base_urls, ssl_context=client_ssl)
+        self.control = control
         control.binary_answer_max_bytes = binary_answer_cap(self.prepared.workload.gradient_bytes)
         self.evaluator.control = control
         self.relay.control = control
         self.stopping.control = control
+        self.anchor_sync.control = control
         server = Server(self, max_concurrent_reads=max(4, 3 * len(self.peers)))
         host, port = self.endpoints[self.rank]
         try:

@@ -1,7 +1,7 @@
 """Control messages: small JSON bodies, sealed per session like partials (akorun.keys).
 
 Gradient partitions are binary wire messages (akorun.transport.wire). Every other write
-(hello, stop, heartbeat, done, rejoin-hello, snapshot, restart, relay, leave) is a JSON body
+(hello, stop, heartbeat, done, rejoin-hello, snapshot, restart, relay, leave, anchor) is a JSON body
 whose request carries a seal (``X-Ako-Auth``: sender, receiver, both
 instances' nonces, a counter, the body's BLAKE3 digest and a keyed tag) and
 whose answer carries a tag bound to that request, so neither side acts on a
@@ -41,6 +41,7 @@ class ControlKind(StrEnum):
     RESTART = "restart"
     RELAY = "relay"
     LEAVE = "leave"
+    ANCHOR = "anchor"
 
     @property
     def path(self) -> str:

@@ -242,6 +242,7 @@ class PeerSender:
         self.sealer = sealer  # seals each attempt for dest's current session (akorun.keys)
         self.queue: deque[Outgoing] = deque()
         self.encode = encode  # re-encodes a folded round (no encoder: dropped, not folded)
+        self.drops_told = False  # a message that cannot be folded was dropped (logged once)
         self.gap = OwedGap()
         self.in_flight: list[Outgoing] = []
         self._downlink_wait_s: dict[int, float] = {}  # id(message) -> receiver's downlink hold
@@ -312,6 +313,13 @@ class PeerSender:
                 if dropped.partial is not None and dropped.kind is Kind.GRAD \
                         and self.encode is not None:  # ako gradients add up; others drop
                     self.gap.fold(dropped.partial)
+                elif not self.drops_told:  # said once: the finish checks what it cost
+                    self.drops_told = True
+                    log.warning("peer %d is suspended and its queue is full: its oldest %s "
+                                "message (round %d) is dropped, as later ones may be; a "
+                                "scheme that needs them stops or fails its replica check "
+                                "at the finish (diloco re-syncs the anchor first)",
+                                self.dest, dropped.kind.name, dropped.round)
                 break
             self._changed.clear()
             await self._changed.wait()
