@@ -4,8 +4,8 @@ This module owns what a run *is* and every built-in default (each written
 once, as a field default here; the key registry reads them from these
 classes). It runs past ~500 lines because it is the one place every section's
 fields and checks are written, side by side; the schemes' own knobs live in
-their modules (akocore.schemes.knobs), not here. Inside, every value is SI with its unit in the field name
-(``bandwidth_bps``, ``latency_s``, ``duration_s``).
+their modules (akocore.schemes.knobs), not here. Inside, every value is SI with
+its unit in the field name (``bandwidth_bps``, ``latency_s``, ``duration_s``).
 
 - `RunConfig` (sections cluster, network, exchange, train) is what both
   akosim and akorun run; its hash identifies a run.
