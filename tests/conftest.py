@@ -33,15 +33,17 @@ if "AKO_CACHE_DIR" not in os.environ:
 
 TESTS = Path(__file__).resolve().parent
 
-# the modules whose tests run longest in total (seconds of real-network runs each), longest
-# first: started first under xdist; a scheduling hint only (a module missing here still runs)
+# the modules whose tests run longest in total (seconds of real-network runs, or of plans
+# that train), longest first: started first under xdist; a scheduling hint only (a module
+# missing here still runs)
 LONG_MODULES_FIRST = (
     "test_faults_netns.py", "test_examples.py", "test_experiments.py",
-    "test_schemes_akorun.py", "test_stop_agreement.py", "test_testbed_netns.py",
-    "test_security_live.py", "test_examples_api.py", "test_faults_relay.py",
-    "test_workload_protocol.py", "test_akorun_run.py", "test_testbed_delay.py",
-    "test_faults_join.py", "test_diloco_akorun.py", "test_launch_sigterm_startup.py",
-    "test_faults_schemes.py", "test_codecs_akorun.py", "test_maxmin_compiled.py",
+    "test_plan_target_accuracy.py", "test_schemes_akorun.py", "test_stop_agreement.py",
+    "test_testbed_netns.py", "test_security_live.py", "test_examples_api.py",
+    "test_faults_relay.py", "test_workload_protocol.py", "test_akorun_run.py",
+    "test_testbed_delay.py", "test_faults_join.py", "test_diloco_akorun.py",
+    "test_launch_sigterm_startup.py", "test_faults_schemes.py", "test_codecs_akorun.py",
+    "test_maxmin_compiled.py", "test_launch_plan.py",
 )
 _SHARED_SETUP_MARKS = ("scope=", "setup_module", "setUpClass")
 

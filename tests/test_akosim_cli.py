@@ -24,9 +24,12 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def test_comparison_table_json_and_trace(capsys, tmp_path: Path) -> None:
+    """The rows, their record and trace are the same whatever ranks them (ranked by
+    throughput, the plan trains nothing; the default ranking: tests/test_plan_learning.py)."""
     out_file, trace_file = tmp_path / "r.json", tmp_path / "t.json"
     code, out, _ = run_cli(capsys, "--workers", "4", "--bandwidth", "40mbps", "--p", "auto",
-                           *SMALL, "--out", str(out_file), "--trace", str(trace_file))
+                           *SMALL, "--rank-by", "throughput", "--out", str(out_file),
+                           "--trace", str(trace_file))
     assert code == 0
     for label in ("ako p=", "ako p=1", "ps ", "ring allreduce"):
         assert label in out

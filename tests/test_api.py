@@ -1,6 +1,9 @@
 """The public Python API: akosim.plan/simulate/train over the same path as the commands,
 keyword settings as the flags, typed records back; akocore.read_result of a path or a
-dict; akorun's settings checks. (The examples that run real ranks: test_examples_api.)"""
+dict; akorun's settings checks. (The examples that run real ranks: test_examples_api.)
+
+The plans share the suite's cache folder (tests/conftest.py: AKO_CACHE_DIR), so the rows
+of the default plan that two tests ask for are trained once."""
 
 from __future__ import annotations
 
@@ -22,11 +25,6 @@ from akorun.testing import REPO_ROOT
 
 TIMING = dict(workers=8, bandwidth="40mbps", compute="0.3s", gradient_size="17MB",
               quiet=True)
-
-
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AKO_CACHE_DIR", str(tmp_path / "cache"))
 
 
 def test_plan_compares_every_scheme_and_recommends() -> None:

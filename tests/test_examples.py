@@ -58,8 +58,10 @@ def launch_and_check_replicas(workload: str, out: Path, cwd: Path, env: dict[str
 
 
 def akosim_plan(workload: str, cwd: Path, env: dict[str, str]) -> str:
+    """The plan's measured step and gradient size: ranked by throughput, it trains no row
+    (the default ranking of a user's model: tests/test_examples_api.py, the notebook)."""
     command = _akosim("--workload", workload, "--workers", "3", "--compute", "measure",
-                      "--bandwidth", "100mbps", "--rounds", "5")
+                      "--bandwidth", "100mbps", "--rounds", "5", "--rank-by", "throughput")
     result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd,
                             timeout=260)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -138,9 +138,12 @@ def test_the_closed_form_settles_where_the_simulation_does() -> None:
 
 
 def test_the_plan_record_says_how_many_rounds_each_row_simulated(tmp_path) -> None:
+    """The timing rows' rounds (the same whatever ranks them: by throughput, the plan
+    trains nothing)."""
     out = tmp_path / "plan.json"
     assert main(["--workers", "4", "--bandwidth", "100mbps", "--compute", "10ms",
-                 "--gradient-size", "400KB", "--quiet", "--out", str(out)]) == 0
+                 "--gradient-size", "400KB", "--quiet", "--rank-by", "throughput",
+                 "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     record = PlanResult.from_json(data)
     assert record.runs and all(run.settled is True for run in record.runs)

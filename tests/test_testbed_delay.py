@@ -9,7 +9,7 @@ tc htb, and measure the round trip (TCP connect, a one-byte request/answer, ICMP
 echo) and a bulk TCP transfer. What they assert is what scheduling noise cannot
 undo: no round trip is shorter than the configured one, no transfer faster than
 the shaped rate. How close the round trips and the rate come to the configured
-values are figures of the benchmark (``python -m tests.bench --only testbed``).
+values are figures of the benchmark (``python -m tests.bench --only delay_line``).
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def test_the_delay_line_never_shortens_a_round_trip_and_the_rate_stays_under_its
     the kernel's own smallest TCP RTT. A bulk TCP transfer, timed from before its sockets
     were made until it returned (load can only lengthen that), is not faster than the
     shaped rate. How close to the configured RTT and rate they come is the benchmark's
-    (tests/bench/bench_testbed.py: testbed.delay_line_*)."""
+    (tests/bench/bench_delay_line.py: testbed.delay_line_*)."""
     _requirements()
     for one_way_s in ONE_WAY_S:
         try:
