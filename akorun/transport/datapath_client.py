@@ -45,6 +45,7 @@ IDLE_S = 15.0  # a connection idle longer than this is closed, not reused (the s
 # requests to one peer written before their answers came: enough to keep a body on the
 # wire while the peer checks and applies the one before (two), one more for small ones
 PIPELINE_DEPTH = 3
+WARM_FRESH_S = 1.0  # a warmed connection unused this long counts as a kept idle one
 
 
 @functools.cache
@@ -270,7 +271,11 @@ class DataLink:
         answer to another request. At most `depth` run at once; more wait for room."""
         async with self._requests:
             pipe, new = await self._open_pipe()
-            reused_idle = not new and not pipe.waiting
+            # a kept connection that sat idle (it answered before, or was warmed a while
+            # ago): one the peer closed meanwhile is replaced silently; a fresh one's
+            # failure is the caller's to count and retry
+            reused_idle = not new and not pipe.waiting and (
+                pipe.answered > 0 or time.monotonic() - pipe.used_s > WARM_FRESH_S)
             try:
                 return await self._on(pipe, auth, relay, wire_s, data, answer_max_bytes)
             except (ConnectionError, asyncio.IncompleteReadError) as error:
