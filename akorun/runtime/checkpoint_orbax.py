@@ -67,7 +67,7 @@ def write_orbax(directory: str | Path, rank: int, state: dict[str, Any], next_ro
     folder = data_folder(directory, rank)
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"{next_round}-{os.getpid()}-{time.time_ns()}"
-    checkpointer = ocp.StandardCheckpointer()
+    checkpointer = _checkpointer(ocp)
     try:
         checkpointer.save(target.absolute(), state)
         checkpointer.wait_until_finished()
@@ -117,7 +117,7 @@ def unreferenced(directory: str | Path, rank: int) -> list[Path]:
 
 def read_orbax(path: Path) -> dict[str, Any]:
     """The checkpoint's pytree as Orbax restores it without a target (NumPy leaves)."""
-    checkpointer = _orbax().StandardCheckpointer()
+    checkpointer = _checkpointer(_orbax())
     try:
         return dict(checkpointer.restore(path.resolve()))
     finally:
@@ -169,6 +169,19 @@ def _orbax() -> Any:
 
     logging.getLogger("absl").setLevel(logging.WARNING)
     return ocp
+
+
+def _checkpointer(ocp: Any) -> Any:
+    """A StandardCheckpointer of this process alone: in an island of several processes
+    (jax.distributed) only its leader writes the rank's checkpoint, and Orbax would
+    otherwise wait at a barrier for the island's other processes, which never come."""
+    import jax
+
+    if jax.process_count() == 1:
+        return ocp.StandardCheckpointer()
+    me = jax.process_index()
+    return ocp.StandardCheckpointer(multiprocessing_options=ocp.options.MultiprocessingOptions(
+        primary_host=me, active_processes={me}))
 
 
 def _fsync_directory(folder: Path) -> None:
