@@ -224,3 +224,48 @@ def test_the_anchor_is_the_agreed_state_once_no_sync_is_pending() -> None:
     _deliver(nodes, [*sends, *nodes[1].local_step(0, np.ones(4, np.float32))], set())
     assert nodes[0].may_start(1)
     np.testing.assert_array_equal(nodes[0].agreed_state(), nodes[1].agreed_state())
+
+
+@pytest.mark.parametrize("outer_sync", SYNCS)
+def test_a_sync_a_done_peer_ended_without_this_rank_fails_the_rank_instead_of_hanging(
+        outer_sync: str) -> None:
+    """Rank 1 said done after a last sync it ran without rank 0 (it had suspended it):
+    rank 0's part of that sync never comes. Rank 0's drain stops waiting for a peer that
+    said done (it flushed all it owed), and the rank ends exit 1 naming the sync."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from akorun.errors import RunError
+    from akorun.runtime.finishing import Finisher
+
+    nodes = _nodes(2, 4, outer_sync, inner_steps=1)
+    node = nodes[0]
+    node.local_step(0, np.ones(4, np.float32))  # rank 1's part never arrives
+    assert node.unfinished() is not None and "after round 0" in node.unfinished()
+    assert nodes[1].unfinished() is None  # nothing begun there
+    waited: list[bool] = []
+
+    async def until(predicate, timeout_s=None):  # the real Waiter polls; one look here
+        waited.append(bool(predicate()))
+        return waited[-1]
+
+    async def nothing(*_args, **_kwargs):
+        return None
+
+    liveness = SimpleNamespace(clock=lambda: 0.0, left_peers={}, last_new_s={},
+                               done_peers={1}, agreed={}, given_up_here=None,
+                               is_done=lambda peer: True)
+    finisher = Finisher(
+        rank=0, peers=[1], phase=SimpleNamespace(to=lambda phase: None),
+        role=SimpleNamespace(node=node, trains=True, can_continue_without=lambda j: True),
+        waiter=SimpleNamespace(until=until, lost_peers=set(), hard_stop=False, cause=None,
+                               scheme="diloco", lose=lambda peers: None),
+        outbox=SimpleNamespace(dispatch=nothing, flush=nothing), liveness=liveness,
+        training=SimpleNamespace(faults=SimpleNamespace(at_end=nothing), rounds_done=1,
+                                 nonfinite=None),
+        evaluator=SimpleNamespace(final=nothing), checkpoints=SimpleNamespace(write=nothing),
+        results=SimpleNamespace(write=lambda: None, out_dir="out"), grace_s=1.0)
+    control = SimpleNamespace(call=nothing)
+    with pytest.raises(RunError, match="never completed here: no part from rank"):
+        asyncio.run(finisher.finish(control))  # type: ignore[arg-type]
+    assert waited[0]  # drained at once: the done peer owes nothing

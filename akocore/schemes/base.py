@@ -143,6 +143,14 @@ class SchemeNode(ABC):
         where the scheme claims no such state here."""
         return None
 
+    def unfinished(self) -> str | None:
+        """After settle: what this replica began but could not complete although its
+        peers went on (diloco: a sync whose parts never all came because a peer ended it
+        without this rank), as words for the shell's exit line; None when nothing is
+        unfinished or the scheme tolerates it (ako's partitions are folded in whenever
+        they come)."""
+        return None
+
     def take_effects(self) -> list[Send]:
         """Sends an event that returns no effects made necessary (a suspended peer owned
         what others must now send elsewhere: diloco's all-reduce re-forms); the shell

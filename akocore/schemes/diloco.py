@@ -363,6 +363,15 @@ class DilocoWorker(AllReduceSync, SchemeNode):
     def settle(self) -> None:
         self._try_apply_finished()
 
+    def unfinished(self) -> str | None:
+        if not self.pending:
+            return None
+        sync = self.pending[0]
+        missing = self._missing(sync)
+        whose = f": no part from rank(s) {missing}" if missing else ""
+        return (f"the outer sync begun after round {sync.start} never "
+                f"completed here{whose}")
+
     def adopt_agreed(self, syncs: int, anchor: np.ndarray,
                      outer_state: list[np.ndarray | None]) -> None:
         """Take a live peer's anchor and outer state as of the same `syncs` applied (a

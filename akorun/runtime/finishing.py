@@ -27,6 +27,10 @@ the live workers' finals need its answer): it settles, writes its
 results naming the peer, tells the others ``done`` and raises RunError
 (exit 1).
 
+A peer that said ``done`` has flushed all it owes: no drain waits for it. A scheme
+left holding a step it could not complete (`SchemeNode.unfinished`: a diloco sync a
+peer ended without this rank) ends exit 1 with that line.
+
 A failed final write (checkpoint or results: a full disk) still tells the
 peers ``done`` and waits for theirs, then raises RunError: one line, exit 1;
 so does a rank that its peers gave up for making no progress (runtime.liveness;
@@ -139,9 +143,12 @@ class Finisher:
                 return False
             if self.role.trains and (lost() or stranded()):  # its rounds cannot complete (a
                 return True  # ps server still drains: the live workers' finals need its answer)
+            # a peer that said done flushed all it owes us first: it sends nothing more
+            # (waiting on its part of a sync it ended without us would never end)
+            said_done = self.liveness.done_peers
             if peer_done is None:
-                return node.drained()
-            return all(peer_done(j) or gone(j) for j in self.peers)
+                return node.drained() or all(j in said_done or gone(j) for j in self.peers)
+            return all(peer_done(j) or gone(j) or j in said_done for j in self.peers)
 
         drained_ok = await self.waiter.until(drained)
         # a peer that said done has settled and takes nothing more: no flush waits for it
@@ -160,6 +167,10 @@ class Finisher:
         if not drained_ok:
             log.warning("stopped before every peer's last message arrived")
         failures = []
+        unfinished = node.unfinished() if self.role.trains else None
+        if unfinished is not None:
+            failures.append(f"{unfinished}: the peers ended the run without this rank's "
+                            f"part; results written, this replica is not theirs")
         try:
             await self.checkpoints.write(final=True)
         except CheckpointFailed as error:
