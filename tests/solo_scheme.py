@@ -67,6 +67,9 @@ class SoloScheme(Scheme):
         scale = spec.knobs(SoloSettings).solo_scale
         return [SoloWorker(i, length, replica(i, params0), scale) for i in range(spec.workers)]
 
+    def plan_grid(self, exchange: ExchangeView) -> dict[str, tuple[float, ...]]:
+        return {"solo_scale": (0.0, 0.5)}  # the planner times these beside the configured
+
     def label(self, exchange: ExchangeView) -> str:
         return f"scale={exchange.knobs(SoloSettings).solo_scale:g}"
 

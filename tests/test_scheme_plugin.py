@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -99,6 +100,23 @@ def test_akosim_plans_the_scheme_with_its_knob_from_the_flag(capsys) -> None:
     row = next(line for line in capsys.readouterr().out.splitlines()
                if line.startswith("solo"))
     assert "scale=0.5" in row and "10 ms" in row and " 0 B" in row  # compute alone
+
+
+def test_the_planner_times_the_values_of_the_schemes_own_plan_grid() -> None:
+    """The scheme's `plan_grid` names knob values the staleness bound does not show: the
+    plan's candidates hold each (timing alike, so no front may prune them)."""
+    from akosim.plan.compare import compare_all
+    from akosim.plan.pareto_candidates import pareto_candidates
+    from tests.test_plan_advice import _setup
+
+    with registering(SOLO):
+        setup = _setup(n=3, rounds=12)
+        setup = replace(setup, config=replace(setup.config, exchange=replace(
+            setup.config.exchange, scheme="solo")))
+        chosen = pareto_candidates(setup, compare_all(setup), max_staleness_rounds=8,
+                                   training_rounds=12)
+        labels = {c.variant.label for c in chosen if c.timing.scheme == "solo"}
+    assert {"solo scale=0", "solo scale=0.5"} <= labels, labels
 
 
 def test_a_scheme_module_that_cannot_be_imported_is_a_one_line_usage_error(

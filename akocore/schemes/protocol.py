@@ -36,7 +36,7 @@ scheme overrides what differs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
@@ -119,6 +119,13 @@ class Scheme:
     def effective_ssp(self, exchange: ExchangeView) -> float:
         """The SSP bound its workers gate with (exchange.ssp unless the scheme ignores it)."""
         return exchange.ssp
+
+    def plan_grid(self, exchange: ExchangeView) -> Mapping[str, Sequence[Any]]:
+        """Values of its own knobs the planner times beside the configured run, by key
+        (e.g. {"topk_fraction": (0.01, 0.03)}), each changed alone, for knobs that trade
+        bytes or staleness against learning in a way the staleness bound does not show;
+        the planner also tries the integer knobs that move the bound (akosim.plan)."""
+        return {}
 
     def label(self, exchange: ExchangeView) -> str:
         """The knobs that distinguish a run of this scheme, e.g. "G=4 tau=10"; "" if none."""

@@ -82,26 +82,36 @@ def pareto_candidates(setup: Setup, runs: list[SimRun], *, max_staleness_rounds:
                       announce: Callable[[str], None] | None = None) -> list[Candidate]:
     """Up to `CANDIDATES_PER_SCHEME` configurations of every scheme of `runs` (in the
     comparison's order), each within `max_staleness_rounds`: the comparison's rows and
-    the scheme's ladder timed here, reduced to the Pareto front, then `pick`ed. A ladder
+    the scheme's ladder timed here, reduced to the Pareto front, then `pick`ed; then each
+    setting of the scheme's `plan_grid`, timed and kept as it is (up to
+    `CANDIDATES_PER_SCHEME` plus the grid's size in all). A ladder
     setting whose period (DiLoCo: H) does not fit `PERIODS_TIMED` times into
     `training_rounds` is left out: it would hardly sync while it trains."""
     chosen: list[Candidate] = []
     for name in dict.fromkeys(run.scheme for run in runs):
         scheme = scheme_named(name)
         rows = [Candidate(setup, variant_of(run), run) for run in runs if run.scheme == name]
-        ladder = [(s, v) for s, v in _ladder(setup, scheme, rows, max_staleness_rounds)
-                  if training_rounds is None or PERIODS_TIMED * scheme.period_rounds(
-                      s.config.exchange) <= training_rounds]
+        ladder = _fits(scheme, _ladder(setup, scheme, rows, max_staleness_rounds),
+                       training_rounds)
+        grid = _fits(scheme, _grid(setup, scheme, max_staleness_rounds), training_rounds)
         retimed = [row for row in rows if _timing_setup(setup, scheme, row.variant)
                    is not setup and row.timing.staleness_bound_rounds <= max_staleness_rounds]
-        if (ladder or retimed) and announce is not None:
-            announce(f"akosim: timing {len(ladder) + len(retimed)} configuration(s) of "
-                     f"{name} for the ranking")
+        if (ladder or retimed or grid) and announce is not None:
+            announce(f"akosim: timing {len(ladder) + len(retimed) + len(grid)} "
+                     f"configuration(s) of {name} for the ranking")
         points = [_timed(row.setup, scheme, row.variant) if row in retimed else row
                   for row in rows]
         points += [_timed(s, scheme, v) for s, v in ladder]
         chosen += pick(front(points, max_staleness_rounds=max_staleness_rounds))
+        chosen += [_timed(s, scheme, v) for s, v in grid]
     return chosen
+
+
+def _fits(scheme: Scheme, settings: Iterable[tuple[Setup, Variant]],
+          training_rounds: int | None) -> list[tuple[Setup, Variant]]:
+    """The settings whose period comes round `PERIODS_TIMED` times in the training."""
+    return [(s, v) for s, v in settings if training_rounds is None or PERIODS_TIMED
+            * scheme.period_rounds(s.config.exchange) <= training_rounds]
 
 
 def front(points: Iterable[Candidate], *, max_staleness_rounds: float) -> list[Candidate]:
@@ -159,6 +169,26 @@ def _ladder(setup: Setup, scheme: Scheme, known: list[Candidate],
                 continue
             seen.add(bound)
             label = scheme.variant_label(changed.config.exchange)
+            yield changed, Variant(scheme.name, label=label)
+
+
+def _grid(setup: Setup, scheme: Scheme, limit: float) -> Iterable[tuple[Setup, Variant]]:
+    """The scheme's own `plan_grid`: each value of a knob that trades bytes against
+    learning (the staleness bound does not show it), changed alone, within `limit`. These
+    are ranked by the training runs, never pruned by the staleness/throughput front."""
+    exchange = setup.config.exchange
+    labels = {scheme.variant_label(exchange)}
+    for key, values in scheme.plan_grid(exchange).items():
+        for value in values:
+            try:
+                scheme.check_exchange(_exchange_with(exchange, key, value))
+            except ValueError:
+                continue
+            changed = _with(setup, **{key: value})
+            label = scheme.variant_label(changed.config.exchange)
+            if label in labels or _bound(scheme, changed, 1, exchange.ssp) > limit:
+                continue
+            labels.add(label)
             yield changed, Variant(scheme.name, label=label)
 
 
