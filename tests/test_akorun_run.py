@@ -274,18 +274,24 @@ def test_a_rank_with_a_different_config_is_refused_at_hello(tmp_path: Path) -> N
         assert "setting train.lr differs" in cluster.log(1)
 
 
-def test_workers_talk_over_tls_with_the_run_certificate(tmp_path: Path) -> None:
+def _certificate(tmp_path: Path, name: str) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key (skips without openssl)."""
     import shutil
-
-    from akorun.launch.cluster import new_settings
 
     if shutil.which("openssl") is None:
         pytest.skip("needs the openssl command to make a test certificate")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert, key = tmp_path / f"{name}-cert.pem", tmp_path / f"{name}-key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
                     str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
                     "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True,
                    timeout=30)
+    return cert, key
+
+
+def test_workers_talk_over_tls_with_the_run_certificate(tmp_path: Path) -> None:
+    from akorun.launch.cluster import new_settings
+
+    cert, key = _certificate(tmp_path, "run")
     run_tables = tables(rounds=8)
     run_tables["cluster"]["workers"] = 2
     settings = new_settings(peer_timeout_s=5.0, tls_cert=str(cert), tls_key=str(key))
@@ -295,6 +301,28 @@ def test_workers_talk_over_tls_with_the_run_certificate(tmp_path: Path) -> None:
         np.testing.assert_allclose(cluster.params(1), cluster.params(0), rtol=RTOL,
                                    atol=RTOL * 1e-1)
         assert cluster.result(0)["bytes_sent"] > 0
+
+
+def test_a_peer_certificate_we_cannot_verify_is_named_at_the_join(tmp_path: Path) -> None:
+    """Rank 1 serves another certificate than the run's (as a man in the middle would):
+    each side's join ends at the join timeout with one line naming the failed TLS
+    handshake and the certificate, not "a rank is missing"."""
+    from akorun.launch.cluster import new_settings
+
+    cert, key = _certificate(tmp_path, "run")
+    other_cert, other_key = _certificate(tmp_path, "other")
+    run_tables = tables(rounds=5)
+    run_tables["cluster"]["workers"] = 2
+    settings = new_settings(peer_timeout_s=5.0, tls_cert=str(cert), tls_key=str(key))
+    with LocalCluster(tmp_path, run_tables, settings=settings) as cluster:
+        cluster.start(0, "--quiet", "--join-timeout", "6s")
+        cluster.start(1, "--quiet", "--join-timeout", "6s", "--tls-cert", str(other_cert),
+                      "--tls-key", str(other_key))
+        assert cluster.wait_all(60) == {0: 1, 1: 1}, cluster.logs()
+        for rank in (0, 1):
+            log = cluster.log(rank)
+            assert "TLS handshake failed" in log and "certificate" in log, cluster.logs()
+            assert "missing or died" not in log
 
 
 def test_ctrl_c_stops_a_launch_gracefully_with_results_and_checkpoints(

@@ -9,7 +9,7 @@ path). An untagged or badly tagged refusal is what anyone on the path can forge:
 backs the next greeting off (doubling up to `UNVERIFIED_RETRY_MAX_S`), and
 remembers it, so that a handshake ending at its timeout can name the likely
 cause (only untagged 401s: the peer's secret, run id or key file differs;
-akorun.runtime.join). `until` repeats a greeting every `RETRY_S` until it answers
+a failed TLS handshake: the certificate it names; akorun.runtime.join). `until` repeats a greeting every `RETRY_S` until it answers
 or a deadline passes.
 """
 
@@ -42,6 +42,18 @@ class Unverified:
     timeout_s: float  # how long the handshake retries
     statuses: dict[int, set[int]] = field(default_factory=dict)  # peer -> statuses seen
     counts: dict[int, int] = field(default_factory=dict)  # peer -> untagged refusals so far
+    tls_errors: dict[int, str] = field(default_factory=dict)  # peer -> its last TLS failure
+
+    def note_tls(self, peer: int, error: str) -> None:
+        """The TLS handshake with `peer` failed (its certificate is not one we trust: a
+        man in the middle, or another run's certificate): logged once per peer, kept for
+        the handshake's timeout line."""
+        self.counts[peer] = self.counts.get(peer, 0) + 1
+        if peer not in self.tls_errors:
+            log.warning("rank %d: %s; retrying until the timeout %g s (is a proxy or "
+                        "another certificate on the path?)", peer, error[:300],
+                        self.timeout_s)
+        self.tls_errors[peer] = error[:300]
 
     def note(self, peer: int, status: int, error: str) -> None:
         self.counts[peer] = self.counts.get(peer, 0) + 1
@@ -77,6 +89,10 @@ async def greet(control: ControlClient, peer: int, kind: ControlKind, payload: d
     answer = await control.call(peer, kind, payload, timeout_s=GREET_TIMEOUT_S)
     if answer.ok:
         return answer.payload
+    if answer.tls and unverified is not None:
+        unverified.note_tls(peer, answer.error)
+        await asyncio.sleep(unverified.backoff_s(peer))
+        return None
     if answer.status in (400, 401, 409):
         if answer.authentic:
             raise RunError(f"rank {peer} refused our {what} ({answer.status}): "

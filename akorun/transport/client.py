@@ -70,6 +70,7 @@ class ControlAnswer:
     body: bytes = b""
     error: str = ""
     authentic: bool = False  # tagged by the peer for this request (akorun.transport.answers)
+    tls: bool = False  # status 0 because the TLS handshake failed (the error says why)
 
     @property
     def ok(self) -> bool:
@@ -141,6 +142,10 @@ class ControlClient:
         except AnswerTooLarge as error:
             log.warning("rank %d's answer to %s was not read: %s", rank, path, error)
             return ControlAnswer(0, error=str(error))
+        except aiohttp.ClientSSLError as error:  # the certificate, or TLS itself, failed
+            reason = getattr(error, "certificate_error", None) or error
+            return ControlAnswer(0, error=f"TLS with {self.base_urls[rank]} failed: {reason}",
+                                 tls=True)
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             return ControlAnswer(0, error=f"{type(error).__name__}: {error}")
         authentic = self.signer.answer_is_authentic(seal, status, answer, given)
