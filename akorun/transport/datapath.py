@@ -54,6 +54,11 @@ ANSWER = struct.Struct("<4sIHBdHI")
 META_MAX_BYTES = 8192  # auth + relay + wire_s texts (a seal is ~180 B, 16 B per rank of relay)
 ANSWER_TAG_MAX_BYTES = 256
 SPARE_READ_BYTES = 16384  # a read that lands while no buffer is given (reading pausing)
+# a request whose auth text is this asks only "is akorun's data path here?": the server
+# answers PROBE_STATUS at once (untagged: it carries nothing) and keeps the connection;
+# its wire header is zeros and never read as one (akorun.transport.datapath_client.probe)
+PROBE_AUTH = "probe"
+PROBE_STATUS = 204
 
 
 class FramingError(Exception):

@@ -35,7 +35,15 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from akorun.transport.answers import AnswerTooLarge
-from akorun.transport.datapath import ANSWER, FramingError, decode_answer_head, encode_request_meta
+from akorun.transport.datapath import (
+    ANSWER,
+    PROBE_AUTH,
+    PROBE_STATUS,
+    FramingError,
+    decode_answer_head,
+    encode_request_meta,
+)
+from akorun.transport.wire import HEADER_SIZE
 
 # a connect started while the path was cut waits on the kernel's SYN retransmits (1 s, 3 s,
 # ...): given up after 1.5 s, the sender's backoff retries at once on a new one
@@ -225,7 +233,8 @@ class DataLink:
         """Requests written (or being written) whose answers have not come."""
         return len(self._pipe.waiting) if self._pipe is not None else 0
 
-    async def _connect(self) -> _Pipe:
+    async def _socket(self) -> socket.socket:
+        """A new connected non-blocking socket to the peer (OSError, TimeoutError)."""
         loop = asyncio.get_running_loop()
         infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
         family, type_, proto, _, address = infos[0]
@@ -240,8 +249,34 @@ class DataLink:
         except BaseException:
             sock.close()
             raise
+        return sock
+
+    async def _connect(self) -> _Pipe:
+        sock = await self._socket()
         self.connects += 1
         return _Pipe(sock)
+
+    async def probe(self, timeout_s: float) -> bool | None:
+        """Whether the data path reaches the peer's akorun server, asked on a connection of
+        its own: True when a probe (`akorun.transport.datapath.PROBE_AUTH`) is answered
+        within `timeout_s`; False when the connection opens but nothing answers, or
+        bytes that are no probe's answer come, or it is closed (a middlebox on the path
+        that carries only HTTP); None when no connection opens (no verdict)."""
+        loop = asyncio.get_running_loop()
+        try:
+            sock = await self._socket()
+        except (OSError, TimeoutError):
+            return None
+        try:
+            meta = encode_request_meta(PROBE_AUTH, None, None, 1)
+            await asyncio.wait_for(_send_request(loop, sock, meta, bytes(HEADER_SIZE)),
+                                   timeout_s)
+            head = await asyncio.wait_for(_recv_exactly(loop, sock, ANSWER.size), timeout_s)
+            return decode_answer_head(head).status == PROBE_STATUS
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, FramingError):
+            return False
+        finally:
+            sock.close()
 
     async def _open_pipe(self) -> tuple[_Pipe, bool]:
         """The peer's connection (a new one if there is none usable) and whether it is new."""

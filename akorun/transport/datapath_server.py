@@ -9,7 +9,9 @@ against the seal's digest (400 ``damaged``), bounds (400, 413), sender and run (
 409); only then a pooled float32 buffer, which the socket fills directly
 (``recv_into``, no allocation per read) within the minimum body rate (503
 ``too_slow``) while a hashing thread checks the body against the header's digest as
-it lands. Every answer once the seal is open is tagged as on the HTTP path. A refusal
+it lands. Every answer once the seal is open is tagged as on the HTTP path. A probe
+(auth text `akorun.transport.datapath.PROBE_AUTH`) is answered at once, untagged, and
+changes nothing: a sender learns that the path carries the data path. A refusal
 before the body was read closes the connection after the answer, so no unread body
 is left on it. Unauthenticated bytes hold at most the connection's first socket read
 (asyncio reads at most 256 KiB at a time, less than an HTTP connection's read buffer)
@@ -32,6 +34,8 @@ from akorun.transport.answers import ANSWER_TEXT_MAX_CHARS, DAMAGED
 from akorun.transport.cancelling import raise_if_cancelling
 from akorun.transport.datapath import (
     PREAMBLE,
+    PROBE_AUTH,
+    PROBE_STATUS,
     FillingProtocol,
     FramingError,
     decode_request_meta,
@@ -188,6 +192,8 @@ class DataConnection(FillingProtocol):
             meta = decode_request_meta(memoryview(head)[:meta_nbytes], lengths)
         except FramingError as error:
             raise self._refusal(400, "malformed", str(error), None) from None
+        if meta.auth == PROBE_AUTH:  # a sender asking whether the data path reaches us
+            return encode_answer(PROBE_STATUS, False, 0.0, None, b"", self.request_id), True
         wire_head = bytes(memoryview(head)[meta_nbytes:])
         admitted = admission.admit_partial(host.verifier, meta.auth, PARTIAL_PATH, HEADER_SIZE,
                                            self._trust)

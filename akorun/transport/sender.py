@@ -63,7 +63,9 @@ often as needed:
 
 Partials take akorun's data path (akorun.transport.datapath: the same port, no HTTP, the same
 seals and tagged answers) unless ``AKORUN_PARTIALS_OVER=http`` or the peer is
-reached over TLS; "POST" above means one request on either.
+reached over TLS; "POST" above means one request on either. A path that carries only
+HTTP (a proxy in front of the peer) is found within seconds and this peer's partials
+then go as HTTP POSTs (akorun.transport.path_check).
 
 `acked_round` (highest round this peer acknowledged) and `dropped_until` are
 what the rejoin handshake reports about this peer.
@@ -99,10 +101,11 @@ from akorun.transport.answers import (
 )
 from akorun.transport.cancelling import cancel_and_wait, raise_if_cancelling
 from akorun.transport.datapath import FramingError
-from akorun.transport.datapath_client import PIPELINE_DEPTH, DataLink
+from akorun.transport.datapath_client import PIPELINE_DEPTH, DataAnswer, DataLink
 from akorun.transport.emulated_links import LinkShaper
 from akorun.transport.keys import AUTH_HEADER, RELAY_HEADER, STALE_SESSION, PartialSealer, Seal
 from akorun.transport.owed import OwedGap
+from akorun.transport.path_check import CHECK_AFTER_S, DataPathCheck
 
 log = logging.getLogger("akorun")
 
@@ -224,6 +227,7 @@ class PeerSender:
         if data_path is None:
             data_path = configured_data_path()
         self.datalink = DataLink.for_url(url) if data_path else None
+        self.path_check = DataPathCheck(dest, url, session, ssl)  # a path that carries only HTTP
         if window is None:  # the data path pipelines its requests on one connection
             window = configured_window(
                 default=DEFAULT_WINDOW if self.datalink is None else PIPELINE_DEPTH)
@@ -486,9 +490,9 @@ class PeerSender:
         self.counters.software_send_s += time.perf_counter() - seal_start_s
         if self.datalink is not None:
             try:
-                answer = await self.datalink.exchange(
-                    headers.get(AUTH_HEADER, ""), headers.get(RELAY_HEADER),
-                    headers.get(WIRE_TIME_HEADER), message.data, PARTIAL_ANSWER_MAX_BYTES)
+                answer = await self._exchange(self.datalink, headers, message)
+                if answer is None:  # the path carries only HTTP: again as a POST
+                    return Outcome.RETRY
             except AnswerTooLarge as error:
                 self._unauthentic(message, f"an answer: {error}")
                 return Outcome.RETRY
@@ -520,6 +524,35 @@ class PeerSender:
             log.debug("send to %d (round %d) failed: %s", self.dest, message.round, error)
             return Outcome.RETRY
         return self._judge(message, seal, status, duplicate, ack, text)
+
+    async def _exchange(self, link: DataLink, headers: dict[str, str],
+                        message: Outgoing) -> DataAnswer | None:
+        """`message` as one data-path request; None when, while it waited, the path was
+        found to carry only HTTP (akorun.transport.path_check): then this peer's
+        partials go as HTTP POSTs and the requests waiting on `link` are abandoned."""
+        request = link.exchange(headers.get(AUTH_HEADER, ""), headers.get(RELAY_HEADER),
+                                headers.get(WIRE_TIME_HEADER), message.data,
+                                PARTIAL_ANSWER_MAX_BYTES)
+        if self.path_check.verified:  # the data path answered before: no watch
+            return await request
+        exchange = asyncio.ensure_future(request)
+        exchange.add_done_callback(lambda task: task.cancelled() or task.exception())
+        try:
+            while not self.path_check.verified:
+                done, _ = await asyncio.wait({exchange}, timeout=CHECK_AFTER_S)
+                if done:
+                    break
+                if await self.path_check.falls_back(link):
+                    if self.datalink is link:
+                        self.datalink = None
+                        link.close()  # the requests waiting on it fail and go again
+                    return None
+            answer = await exchange
+            self.path_check.verified = True
+            return answer
+        finally:
+            if not exchange.done():
+                exchange.cancel()
 
     def _judge(self, message: Outgoing, seal: Seal | None, status: int, duplicate: bool,
                ack: str | None, text: bytes) -> Outcome:

@@ -1,0 +1,112 @@
+"""A path that carries only HTTP (akorun.transport.path_check): found, said once, and
+partials go as HTTP POSTs; a peer that answers nothing at all is no such verdict.
+
+The middlebox here is a small TCP proxy in front of the peer's port that forwards a
+connection whose first bytes are an HTTP method and holds any other (it reads and
+answers nothing, as a proxy waiting for a request line does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import pytest
+
+from akorun.launch.cluster import free_ports
+from akorun.testing import SinkHost
+from akorun.transport.datapath_client import DataLink
+from akorun.transport.sender import Outcome
+from akorun.transport.server import Server
+from tests.test_datapath import RUN, SECRET, WIRE_HASH, data_sender, message, with_server
+
+pytestmark = pytest.mark.timeout(120)
+
+HTTP_METHODS = (b"GET ", b"POST", b"PUT ", b"HEAD")
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(ConnectionError):
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    writer.close()
+
+
+async def proxy(target_port: int, *, forward_http: bool) -> tuple[asyncio.Server, int]:
+    """A proxy on a free port to `target_port`: HTTP forwarded when `forward_http`,
+    anything else held unanswered (its bytes read and dropped)."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            first = await reader.readexactly(4)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+            return
+        if not (forward_http and first in HTTP_METHODS):
+            with contextlib.suppress(ConnectionError):
+                while await reader.read(65536):
+                    pass  # held: never forwarded, never answered
+            writer.close()
+            return
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1",
+                                                                         target_port)
+        upstream_writer.write(first)
+        await asyncio.gather(_pipe(reader, upstream_writer), _pipe(upstream_reader, writer))
+
+    (port,) = free_ports(1)
+    return await asyncio.start_server(handle, "127.0.0.1", port), port
+
+
+def test_a_probe_is_answered_by_the_peer_and_changes_nothing() -> None:
+    host = SinkHost(SECRET, RUN, WIRE_HASH)
+
+    async def body(url: str, session: Any, server: Server, port: int) -> Any:
+        link = DataLink("127.0.0.1", port)
+        return await link.probe(5.0), link.connects
+
+    assert asyncio.run(with_server(host, body)) == (True, 0)  # its own connection
+    assert host.arrivals == []
+
+
+def test_behind_a_proxy_that_carries_only_http_partials_go_as_http_posts() -> None:
+    host = SinkHost(SECRET, RUN, WIRE_HASH)
+
+    async def body(url: str, session: Any, server: Server, port: int) -> Any:
+        middlebox, proxy_port = await proxy(port, forward_http=True)
+        try:
+            sender = data_sender(f"http://127.0.0.1:{proxy_port}", session, host)
+            link = sender.datalink
+            assert link is not None and await link.probe(2.0) is False
+            first = await asyncio.wait_for(sender.attempt(message(3, length=1000)), 60)
+            second = await sender.attempt(message(3, length=1000))
+            return first, second, sender
+        finally:
+            middlebox.close()
+
+    first, second, sender = asyncio.run(with_server(host, body))
+    assert first is Outcome.RETRY  # abandoned on the data path once the check said so
+    assert second is Outcome.DELIVERED  # as an HTTP POST through the proxy
+    assert sender.datalink is None and sender.path_check.http_only
+    assert [key for _, _, key in host.arrivals] == [(0, 3, 0)]
+
+
+def test_a_peer_that_answers_nothing_at_all_keeps_the_data_path() -> None:
+    """A paused or cut-off peer is silent on HTTP too: no fallback (the request waits)."""
+    host = SinkHost(SECRET, RUN, WIRE_HASH)
+
+    async def body(url: str, session: Any, server: Server, port: int) -> Any:
+        middlebox, proxy_port = await proxy(port, forward_http=False)
+        try:
+            sender = data_sender(f"http://127.0.0.1:{proxy_port}", session, host)
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(sender.attempt(message(0, length=1000)), 8)
+            return sender
+        finally:
+            middlebox.close()
+
+    sender = asyncio.run(with_server(host, body))
+    assert sender.datalink is not None and not sender.path_check.http_only
+    assert not sender.path_check.verified
+    assert host.arrivals == []
