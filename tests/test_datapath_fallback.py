@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 from typing import Any
 
+import numpy as np
 import pytest
 
 from akorun.launch.cluster import free_ports
@@ -34,9 +35,11 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
     writer.close()
 
 
-async def proxy(target_port: int, *, forward_http: bool) -> tuple[asyncio.Server, int]:
-    """A proxy on a free port to `target_port`: HTTP forwarded when `forward_http`,
-    anything else held unanswered (its bytes read and dropped)."""
+async def proxy(target_port: int, *, forward_http: bool, host: str = "127.0.0.1",
+                upstream_host: str = "127.0.0.1", port: int | None = None) -> Any:
+    """A proxy on `host`:`port` (a free port if None) to `upstream_host`:`target_port`:
+    HTTP forwarded when `forward_http`, anything else held unanswered (its bytes read
+    and dropped). Returns (the server, its port), or the server when `port` is given."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -50,13 +53,15 @@ async def proxy(target_port: int, *, forward_http: bool) -> tuple[asyncio.Server
                     pass  # held: never forwarded, never answered
             writer.close()
             return
-        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1",
+        upstream_reader, upstream_writer = await asyncio.open_connection(upstream_host,
                                                                          target_port)
         upstream_writer.write(first)
         await asyncio.gather(_pipe(reader, upstream_writer), _pipe(upstream_reader, writer))
 
-    (port,) = free_ports(1)
-    return await asyncio.start_server(handle, "127.0.0.1", port), port
+    if port is not None:
+        return await asyncio.start_server(handle, host, port)
+    (free,) = free_ports(1)
+    return await asyncio.start_server(handle, host, free), free
 
 
 def test_a_probe_is_answered_by_the_peer_and_changes_nothing() -> None:
@@ -110,3 +115,37 @@ def test_a_peer_that_answers_nothing_at_all_keeps_the_data_path() -> None:
     assert sender.datalink is not None and not sender.path_check.http_only
     assert not sender.path_check.verified
     assert host.arrivals == []
+
+
+def test_a_run_behind_a_proxy_that_carries_only_http_finishes_with_equal_replicas(
+        tmp_path) -> None:
+    """Two ranks on loopback; rank 1 listens on 127.0.0.2 and its cluster-file address
+    127.0.0.1 is the proxy's: rank 0's partials to it fall back to HTTP POSTs (one line),
+    rank 1's to rank 0 keep the data path; both end exit 0 with equal replicas."""
+    import threading
+
+    from akorun.testing import LocalCluster
+
+    run_tables = {"cluster": {"workers": 2}, "exchange": {"p": 2, "ssp": 0},
+                  "train": {"workload": "digits-mlp", "optimizer": "sgd", "lr": 0.1,
+                            "rounds": 30, "eval_every": 1000}}
+    loop = asyncio.new_event_loop()
+    with LocalCluster(tmp_path, run_tables) as cluster:
+        port = int(cluster.config.cluster.hosts[1].rsplit(":", 1)[1])
+        middlebox = loop.run_until_complete(
+            proxy(port, forward_http=True, host="127.0.0.1", upstream_host="127.0.0.2",
+                  port=port))
+        thread = threading.Thread(target=loop.run_forever, daemon=True)
+        thread.start()
+        try:
+            cluster.start(0, "--quiet")
+            cluster.start(1, "--quiet", "--listen", "127.0.0.2")
+            assert cluster.wait_all(120) == {0: 0, 1: 0}, cluster.logs()
+        finally:
+            loop.call_soon_threadsafe(middlebox.close)
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(10)
+        assert "the data path gets no answer while HTTP does" in cluster.log(0)
+        assert "the data path gets no answer" not in cluster.log(1)
+        np.testing.assert_allclose(cluster.params(1), cluster.params(0), rtol=1e-5,
+                                   atol=1e-6)
