@@ -57,6 +57,7 @@ from akocore.results import RunResult
 from akorun.errors import EXIT_INTERRUPTED, Interrupted, RunError, UsageError
 from akorun.launch.cluster import AkorunSettings, loopback_hosts, with_hosts, write_cluster_file
 from akorun.launch.island_layout import island_layout
+from akorun.launch.progress_line import ProgressBoard
 from akorun.launch.run_merge import MergeOutcome, merge_ranks
 from akorun.runtime.node_plan import role_of
 from akorun.transport.keys import restrict_new_files
@@ -163,27 +164,6 @@ def status_of(url: str) -> dict[str, Any] | None:
             return value if isinstance(value, dict) else None
     except (OSError, ValueError):
         return None
-
-
-def _progress_line(cfg: RunConfig, statuses: list[dict[str, Any] | None]) -> str:
-    parts = []
-    rounds = cfg.train.rounds
-    for rank, status in enumerate(statuses):
-        if status is None:
-            parts.append(f"{rank}:-")
-            continue
-        text = f"{rank}:{status.get('state', '?')[:5]} r{status.get('round', 0)}"
-        suspended = status.get("suspended") or []
-        if suspended:
-            text += f" (suspended {','.join(map(str, suspended))})"
-        parts.append(text)
-    losses = [s["metrics"].get("loss") for s in statuses if s and s.get("metrics")]
-    losses = [v for v in losses if isinstance(v, float)]
-    head = f"of {rounds} rounds" if rounds else "rounds"
-    line = f"[launch] {head}: " + "  ".join(parts)
-    if losses:
-        line += f"  loss {sum(losses) / len(losses):.4f}"
-    return line
 
 
 def _libc_prctl() -> Callable[..., int] | None:
@@ -331,6 +311,7 @@ class Launcher:
         next_progress_s = start_s + options.progress_every_s
         urls = [f"http://{h}" for h in self.cfg.cluster.hosts]
         probe = self.placement.status or (lambda rank, url: status_of(url))
+        board = ProgressBoard(self.cfg.train.rounds, options.out_dir)
         while any(proc.poll() is None for proc in self.all_procs()):
             time.sleep(0.1)
             now = time.monotonic()
@@ -350,11 +331,10 @@ class Launcher:
                                      f"after SIGTERM): SIGKILL to rank(s) {running}\n")
                 self.kill()
             if not options.quiet and now >= next_progress_s and not self.stopping:
-                statuses = [probe(rank, url) if proc.poll() is None
-                            else {"state": "exited", "round": "-"}
-                            for rank, (url, proc) in enumerate(zip(urls, self.procs,
-                                                                   strict=True))]
-                sys.stderr.write(_progress_line(self.cfg, statuses) + "\n")
+                codes = [proc.poll() for proc in self.procs]
+                statuses = [probe(rank, url) if code is None else None
+                            for rank, (url, code) in enumerate(zip(urls, codes, strict=True))]
+                sys.stderr.write(board.line(statuses, codes) + "\n")
                 next_progress_s = now + options.progress_every_s
 
     def merge(self) -> MergeOutcome:

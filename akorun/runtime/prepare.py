@@ -20,9 +20,11 @@ from akocore.optim import FlatOptimizer
 from akocore.process_setup import enable_compilation_cache
 from akocore.workload import FlatWorkload, build_workload, workload_fingerprint
 from akorun.errors import UsageError
+from akorun.runtime import startup_phase
 from akorun.runtime.checkpoint_file import Checkpoint, checkpoint_exists, load_checkpoint
 from akorun.runtime.node_plan import params_digest
 from akorun.runtime.roles import Role
+from akorun.runtime.startup_phase import StartupPhase
 
 log = logging.getLogger("akorun")
 
@@ -41,9 +43,13 @@ class Prepared:
 
 
 def prepare(cfg: RunConfig, role: Role, *, run_id: str, config_hash: str, resume: bool,
-            checkpoint_dir: Path | None, workload: FlatWorkload | None = None) -> Prepared:
+            checkpoint_dir: Path | None, workload: FlatWorkload | None = None,
+            phase: StartupPhase | None = None) -> Prepared:
     """The configured workload built (or `workload`, given ready: akorun.Exchange's) and
-    what the rank needs with it; UsageError for a user mistake."""
+    what the rank needs with it; UsageError for a user mistake. Each step is said in
+    `phase` (akorun.runtime.startup_phase) as it starts."""
+    say = phase.say if phase is not None else (lambda words: None)
+    say(startup_phase.LOADING)
     cache = os.environ.get("AKO_JAX_CACHE")
     if cache:
         enable_compilation_cache(cache)
@@ -58,10 +64,13 @@ def prepare(cfg: RunConfig, role: Role, *, run_id: str, config_hash: str, resume
         log.warning(notice)
     params_sha256 = params_digest(workload.init_params)
     identity = f"{workload.name} {workload_fingerprint(workload)[:16]}"
+    say(startup_phase.MEASURING)
     compute_measured_s = role.check_config(workload)
+    say(startup_phase.COMPILING)
     optimizer, warmup_s = warm_up(cfg, role, workload)
     checkpoint = None
     if resume:
+        say(startup_phase.READING_CHECKPOINT)
         role.check_resume()
         checkpoint = _resume_checkpoint(role.rank, run_id=run_id, config_hash=config_hash,
                                         directory=checkpoint_dir, workload=workload)

@@ -69,6 +69,7 @@ from akorun.runtime.rejoin import Rejoin
 from akorun.runtime.relay import Relay
 from akorun.runtime.reporting import Reporter
 from akorun.runtime.roles import role_for
+from akorun.runtime.startup_phase import JOINING, StartupPhase
 from akorun.runtime.stopping import StopAgreement
 from akorun.runtime.training import TrainingLoop
 from akorun.runtime.waiting import GATE_STALL_TIMEOUTS, Waiter
@@ -221,9 +222,12 @@ class Worker:
         """
         options = self.options
         restrict_new_files()
+        phase = StartupPhase(options.out_dir, self.rank)
         self.prepared = prepare(self.cfg, self.role, run_id=self.run_id,
                                 config_hash=self.config_hash, resume=options.resume,
-                                checkpoint_dir=options.checkpoint_dir, workload=workload)
+                                checkpoint_dir=options.checkpoint_dir, workload=workload,
+                                phase=phase)
+        phase.say(JOINING)
         identity = Identity(self.rank, self.run_id, self.config_hash,
                             self.prepared.params_sha256,
                             workload=self.prepared.workload_identity,
