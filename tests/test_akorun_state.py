@@ -53,11 +53,12 @@ def test_a_checkpoint_round_trips_params_buffers_log_and_adam_state(tmp_path: Pa
                             run_id="r", config_hash="c", scheme="ako", p_of=(2, 2, 2),
                             unsent=state.unsent, inbox=state.inbox,
                             log={0: (1, {3: [0]}), 2: (-1, {})}, final_round={0: 9},
-                            optimizer_leaves=optimizer_leaves(node.replica.state))
+                            optimizer_leaves=optimizer_leaves(node.replica.state),
+                            trained_s=12.5)
     path = save_checkpoint(tmp_path, checkpoint, structure=workload.unravel)
     assert not list(tmp_path.glob(".*tmp"))  # written through a temporary file, then moved
     back = load_checkpoint(tmp_path, 1, like=workload.unravel(workload.init_params))
-    assert back.next_round == 3 and back.p_of == (2, 2, 2)
+    assert back.next_round == 3 and back.p_of == (2, 2, 2) and back.trained_s == 12.5
     np.testing.assert_array_equal(back.params, state.params)
     assert back.unsent is not None and state.unsent is not None
     np.testing.assert_array_equal(back.unsent, state.unsent)
@@ -104,6 +105,29 @@ def test_an_npz_checkpoint_of_an_older_akorun_still_loads(tmp_path: Path) -> Non
     assert back.next_round == 7 and back.log == {1: (5, {})} and back.inbox is None
     assert back.params.tolist() == [0.5] * 4 and back.unsent is not None
     assert len(back.optimizer_leaves) == 1
+
+
+def test_the_duration_counts_the_training_seconds_of_the_processes_before() -> None:
+    """--duration spans resumes: a rank resumed from a checkpoint that trained 8 s of a
+    10 s run stops once it has trained 2 s more (its own clock alone would say 8 more)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from akocore.config import config_from_dict
+    from akorun.runtime.training import TrainingLoop
+
+    cfg = config_from_dict({"train": {"duration": "10s"}})
+
+    async def stops(trained_before_s: float, trained_here_s: float) -> tuple[bool, object]:
+        loop = TrainingLoop.__new__(TrainingLoop)  # only what the stop rule reads
+        loop.cfg, loop.waiter = cfg, SimpleNamespace(stop_reason=None)
+        loop.trained_before_s = trained_before_s
+        loop.train_start_s = asyncio.get_running_loop().time() - trained_here_s
+        return loop.should_stop(5), loop.waiter.stop_reason
+
+    assert asyncio.run(stops(8.0, 2.5)) == (True, "duration")
+    assert asyncio.run(stops(0.0, 2.5)) == (False, None)
+    assert asyncio.run(stops(8.0, 0.0)) == (False, None)
 
 
 def test_a_missing_checkpoint_is_a_usage_error(tmp_path: Path) -> None:

@@ -56,6 +56,7 @@ class Checkpoint:
     final_round: dict[int, int] = field(default_factory=dict)
     optimizer_leaves: tuple[np.ndarray, ...] = ()
     written_unix_s: float = 0.0
+    trained_s: float = 0.0  # training seconds of the run so far (across resumes): --duration
 
     def meta(self) -> dict[str, Any]:
         return {
@@ -70,6 +71,7 @@ class Checkpoint:
             "final_round": {str(k): v for k, v in self.final_round.items()},
             "optimizer_leaves": len(self.optimizer_leaves),
             "written_unix_s": self.written_unix_s or time.time(),
+            "trained_s": self.trained_s,
         }
 
 
@@ -199,6 +201,7 @@ def _from_meta(meta: dict[str, Any], params: np.ndarray, arrays: dict[str, np.nd
         final_round={int(k): int(v) for k, v in meta["final_round"].items()},
         optimizer_leaves=leaves,
         written_unix_s=float(meta.get("written_unix_s", 0.0)),
+        trained_s=float(meta.get("trained_s", 0.0)),  # 0 in a checkpoint from before
     )
 
 

@@ -53,6 +53,8 @@ class CheckpointWriter:
         self.run_id = run_id
         self.config_hash = config_hash
         self.failures = 0
+        # the run's training seconds so far, across resumes (akorun.runtime.training)
+        self.trained_s: Callable[[], float] = lambda: 0.0
         if directory is not None:
             remove_stale_temp_files(directory, role.rank)
 
@@ -67,6 +69,7 @@ class CheckpointWriter:
             "p_of": tuple(p_of) if p_of else (),
             "optimizer_leaves": optimizer_leaves(node.replica.state),
             "written_unix_s": time.time(),
+            "trained_s": self.trained_s(),
         }
         return self.role.checkpoint(common)
 

@@ -101,6 +101,7 @@ class TrainingLoop:
         self.first_round = 0  # a rejoin continues from a later round
         self.rounds_done = 0
         self.train_start_s: float | None = None
+        self.trained_before_s = 0.0  # training seconds of the processes before (--resume)
         self.agreement: StopAgreement | None = None  # the training ranks' last round
         self.rounds_skipped = 0  # rounds passed without a gradient to catch up (ako)
         self.nonfinite: str | None = None  # the user's loss or gradient went NaN/Inf: the line
@@ -154,16 +155,23 @@ class TrainingLoop:
             waiter.stop_reason = "rounds"
             return True
         if train.duration_s is not None and self.train_start_s is not None:
-            if asyncio.get_running_loop().time() - self.train_start_s >= train.duration_s:
+            if self.trained_s() >= train.duration_s:
                 waiter.stop_reason = "duration"
                 return True
         return False
+
+    def trained_s(self) -> float:
+        """The run's training seconds so far: this process's, plus those of the processes
+        before it (its checkpoint's, at --resume), so --duration spans resumes."""
+        if self.train_start_s is None:
+            return self.trained_before_s
+        return self.trained_before_s + asyncio.get_running_loop().time() - self.train_start_s
 
     def _deadline_s(self) -> float | None:
         duration_s = self.cfg.train.duration_s
         if duration_s is None or self.train_start_s is None:
             return None
-        return self.train_start_s + duration_s
+        return self.train_start_s + duration_s - self.trained_before_s
 
     async def train(self, node: SchemeNode) -> None:
         workload = self.workload

@@ -263,6 +263,9 @@ class Worker:
             workload=self.prepared.workload, metrics=self.metrics, outbox=self.outbox,
             waiter=self.waiter, faults=hooks, evaluator=self.evaluator,
             checkpoints=checkpoints, checkpoint_every=options.checkpoint_every)
+        if self.prepared.checkpoint is not None:  # --duration counts the run's training time
+            self.training.trained_before_s = self.prepared.checkpoint.trained_s
+        checkpoints.trained_s = self.training.trained_s
         self.stopping = StopAgreement(
             rank=self.rank, training_peers=training_peers,
             waiter=self.waiter, gone=self._out_of_gate, spawn=self._spawn,
