@@ -32,6 +32,8 @@ def test_a_phase_is_rewritten_whole_and_none_without_a_directory(tmp_path: Path)
     phase.say(startup_phase.JOINING)
     assert read_phase(tmp_path, 0) == "joining"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["worker-0.phase"]  # no temp left
+    phase.clear()
+    assert read_phase(tmp_path, 0) is None and not list(tmp_path.iterdir())
     StartupPhase(None, 0).say("anything")  # nowhere to say it: nothing happens
     assert read_phase(tmp_path, 5) is None
 

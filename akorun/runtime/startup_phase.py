@@ -4,8 +4,9 @@ A rank imports JAX, builds the workload, measures its step (p auto), compiles an
 reads its checkpoint before it listens; for all that time /status cannot answer. The
 rank says each of these phases in one short file, `worker-R.phase` in its output
 directory (rewritten whole by a rename, so a reader never sees half a line), and the
-launcher shows it (akorun.launch.progress_line). Display only: a file that cannot be
-written is skipped silently.
+launcher shows it (akorun.launch.progress_line); once the rank's server answers
+/status, the file is removed. Display only: a file that cannot be written is skipped
+silently.
 """
 
 from __future__ import annotations
@@ -38,6 +39,13 @@ class StartupPhase:
         with contextlib.suppress(OSError):
             temporary.write_text(words + "\n", encoding="utf-8")
             os.replace(temporary, self.path)
+
+
+    def clear(self) -> None:
+        """The rank's server answers /status now: the file goes."""
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
 
 
 def read_phase(out_dir: Path, rank: int) -> str | None:

@@ -481,6 +481,7 @@ class Worker:
             await server.start(options.listen_host or host, port,
                                options.tls.server_context(), allow=allowed_networks(
                                    options.settings.allow, self.cfg.cluster.hosts))
+            StartupPhase(options.out_dir, self.rank).clear()  # /status says it from now on
             shaper = None
             if options.emulate:
                 shaper, self.downlink = emulated_links(self.cfg, self.rank, self.peers)
