@@ -153,6 +153,11 @@ class RankResult:
         "s", "gate seconds of each round", "akorun"))
     round_overhead_s: tuple[float, ...] = field(default=(), metadata=meta(
         "s", "seconds of each round outside gradient and gate", "akorun"))
+    round_stride: int = field(default=1, metadata=meta(
+        "rounds", "rounds between two entries of the round_* series: 1 (every round) "
+                  "until they fill, then every stride-th round, the stride doubling each "
+                  "time (entry i is round (i + 1) x stride - 1), so a long run's record "
+                  "stays bounded; the totals and means count every round", "akorun"))
     evaluations: tuple[Evaluation, ...] = field(default=(), metadata=meta(
         "[s, round, fraction]", "test accuracy of this replica: [time, round, accuracy]",
         "akorun"))
@@ -645,10 +650,13 @@ class Figures:
 def rank_figures(*, round_end_s: Sequence[float], compute_s: Sequence[float],
                  wait_s: Sequence[float], overhead_s: Sequence[float] | None,
                  training_workers: int, batch_size: int,
-                 bytes_sent_rounds: float) -> Figures:
-    """The steady-state summary figures of one rank from its per-round series."""
-    rounds = len(round_end_s)
-    round_time_s = steady_round_time_s(round_end_s)
+                 bytes_sent_rounds: float, round_stride: int = 1,
+                 rounds: int | None = None) -> Figures:
+    """The steady-state summary figures of one rank from its per-round series (a sampled
+    series holds every `round_stride`-th of `rounds` rounds; the means are the samples')."""
+    if rounds is None:
+        rounds = len(round_end_s) * round_stride
+    round_time_s = steady_round_time_s(round_end_s) / round_stride
 
     def finite(value: float) -> float | None:
         return value if math.isfinite(value) else None

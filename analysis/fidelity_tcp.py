@@ -245,7 +245,7 @@ def read_prediction(path: Path) -> float:
 def row_of(point: GridPoint, run: RunResult, predictions: dict[str, float],
            host_compute_s: float, wall_s: float) -> FidelityTcpRow:
     training = run.training_ranks or run.per_worker
-    measured = [steady_round_time_s(r.round_end_s) for r in training]
+    measured = [steady_round_time_s(r.round_end_s) / r.round_stride for r in training]
     rates = RATES_BPS[point.rate]
     bandwidth_bps = tuple(rates[i % len(rates)] for i in range(point.nodes))
     round_time_s = sum(measured) / len(measured)

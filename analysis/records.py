@@ -84,11 +84,14 @@ def _akorun_record(exp: Experiment, run: RunResult) -> Record:
     rounds = None
     if ranks:
         first = ranks[0]
-        axis = akorun_time_axis(first.round_end_s, _num(first.round_time_s))
-        rounds = len(axis)
+        stride = first.round_stride  # a long run's series holds every stride-th round
+        steady = _num(first.round_time_s)
+        axis = akorun_time_axis(first.round_end_s, steady * stride if steady else None)
+        rounds = len(axis) * stride
         for _, round_, accuracy in first.evaluations:
-            if 1 <= round_ <= len(axis):
-                curve.append((axis[round_ - 1], int(round_), float(accuracy)))
+            if 1 <= round_ <= rounds:
+                entry = min(len(axis), max(1, round(round_ / stride)))
+                curve.append((axis[entry - 1], int(round_), float(accuracy)))
         curve.sort()
     return Record("akorun", exp.id, exp.network.name, exp.workers, exp.scheme,
                   _num(run.round_time_s), _num(run.bytes_sent_per_worker_per_round),

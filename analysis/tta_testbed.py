@@ -226,7 +226,7 @@ def predict_one(network: Network, config: Config, results: Path,
             env, log, 1800)
     trained = json.loads(train_out.read_text())["runs"][0]
     training = run.training_ranks or run.per_worker
-    measured = [steady_round_time_s(r.round_end_s) for r in training]
+    measured = [steady_round_time_s(r.round_end_s) / r.round_stride for r in training]
     sent = [r.bytes_sent_per_worker_per_round or 0.0 for r in training]
     measured_evals = _evaluations(run.evaluations)
     predicted_evals = _evaluations(trained.get("evaluations"))

@@ -67,6 +67,17 @@ class Unverified:
                     "the timeout %g s%s", peer, self.what, status,
                     error[:120] or "no reason", self.timeout_s, hint)
 
+    def tls_failures(self, peers: list[int]) -> str | None:
+        """The line that ends a handshake whose `peers` never answered because TLS with
+        them failed; None when none of them did."""
+        failed = [j for j in peers if j in self.tls_errors]
+        if not failed:
+            return None
+        why = "; ".join(f"rank {j}: {self.tls_errors[j]}" for j in failed)
+        return (f"no {self.what} answer within {self.timeout_s:g} s: the TLS handshake "
+                f"failed ({why}); the certificate presented is not the run's (--tls-ca): "
+                f"a man in the middle, or a rank started with another certificate")
+
     def backoff_s(self, peer: int) -> float:
         """How much longer than RETRY_S to wait before greeting `peer` again: doubling
         from 0 up to a pause of UNVERIFIED_RETRY_MAX_S, so that a peer of other keys is

@@ -277,22 +277,15 @@ class Join:
                              f"a tag we can check, so its secret, run id or key file likely "
                              f"differs from ours; start every rank from the same cluster file "
                              f"(and key files of one `akorun init`)")
-        tls_failed = [j for j in missing if j in self.unverified.tls_errors]
-        if tls_failed:
-            why = "; ".join(f"rank {j}: {self.unverified.tls_errors[j]}" for j in tls_failed)
-            raise RunError(f"no hello answer within {self.timeout_s:g} s: the TLS handshake "
-                           f"failed ({why}); the certificate presented is not the run's "
-                           f"(--tls-ca): a man in the middle, or a rank started with another "
-                           f"certificate")
         if missing:
             where = ", ".join(f"{j} at {self.hosts[j]}" for j in missing)
             forged = sorted({status for j in missing
                              for status in self.unverified.statuses.get(j, set())})
             seen = (f" (only refusals {forged} without a tag bound to our request came back: "
                     f"not from the peer itself)" if forged else "")
-            raise RunError(f"no hello answer within {self.timeout_s:g} s from "
-                           f"rank(s) {where}{seen}: are they started with the same cluster "
-                           f"file?")
+            raise RunError(self.unverified.tls_failures(missing) or  # the certificate named
+                           f"no hello answer within {self.timeout_s:g} s from rank(s) "
+                           f"{where}{seen}: are they started with the same cluster file?")
         for peer, answer in zip(self.peers, answers, strict=True):
             assert answer is not None
             try:

@@ -79,7 +79,8 @@ class ResultBuilder:
             batch_size=self.prepared.workload.examples_per_step, round_end_s=times.end_s,
             compute_s=times.compute_s, wait_s=times.wait_s, overhead_s=times.overhead_s,
             bytes_sent=self.outbox.bytes_queued_rounds,
-            bytes_flush=self.outbox.bytes_queued_flush)
+            bytes_flush=self.outbox.bytes_queued_flush, round_stride=times.stride,
+            rounds=times.rounds)
         diagnostics = RankDiagnostics(
             next_round=node.next_round if node is not None else 0,
             process_wall_s=time.perf_counter() - self.wall_start_s,
@@ -112,7 +113,7 @@ class ResultBuilder:
             rank=self.rank,
             role=self.role.name,
             **summary.as_fields(),
-            rounds=len(times.end_s),
+            rounds=times.rounds,
             compute_s=metrics.compute_s,
             wait_s=metrics.wait_s,
             bytes_sent=metrics.bytes_sent,
@@ -123,6 +124,7 @@ class ResultBuilder:
             round_compute_s=tuple(times.compute_s),
             round_wait_s=tuple(times.wait_s),
             round_overhead_s=tuple(times.overhead_s),
+            round_stride=times.stride,
             evaluations=tuple(metrics.evaluations),
             final_accuracy=self.evaluator.final_accuracy,
             stop_reason=self.waiter.stop_reason,

@@ -66,16 +66,19 @@ def worker_summary(*, scheme: str, p_of: Sequence[int] | None, ssp: float, worke
                    training_workers: int, batch_size: int, round_end_s: Sequence[float],
                    compute_s: Sequence[float], wait_s: Sequence[float],
                    bytes_sent: int, overhead_s: Sequence[float] | None = None,
-                   bytes_flush: int | None = None) -> RankSummary:
+                   bytes_flush: int | None = None, round_stride: int = 1,
+                   rounds: int | None = None) -> RankSummary:
     """The summary fields of one rank.
 
     `bytes_sent`: bytes sent during the rounds (the flush excluded, as akosim);
-    `bytes_flush`: the final flush's, reported apart.
+    `bytes_flush`: the final flush's, reported apart; the series hold every
+    `round_stride`-th of `rounds` rounds (akorun.runtime.round_times).
     """
     p_tuple = tuple(int(p) for p in p_of) if p_of else ()
     figures = rank_figures(round_end_s=round_end_s, compute_s=compute_s, wait_s=wait_s,
                            overhead_s=overhead_s, training_workers=training_workers,
-                           batch_size=batch_size, bytes_sent_rounds=bytes_sent)
+                           batch_size=batch_size, bytes_sent_rounds=bytes_sent,
+                           round_stride=round_stride, rounds=rounds)
     return RankSummary(
         scheme=scheme, p=max(p_tuple) if p_tuple else 1, p_of=p_tuple, ssp=float(ssp),
         workers=workers, training_workers=training_workers, batch_size=batch_size,

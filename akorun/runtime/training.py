@@ -10,7 +10,8 @@ Following the driving loop of akocore.schemes:
         deliver node.local_step(t, grad)   # encoded once, queued to every peer
         t += 1
 
-`RoundTimes` records each round's wall, compute, gate-wait and overhead seconds.
+`RoundTimes` (akorun.runtime.round_times) records each round's wall, compute, gate-wait
+and overhead seconds, in series bounded however long the run.
 
 The user's own NaN: a step whose loss or gradient is not finite
 (akocore.nonfinite, checked on the host values the step returns) is not sent;
@@ -34,7 +35,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -48,35 +48,11 @@ from akorun.runtime.checkpoints import CheckpointWriter
 from akorun.runtime.evaluation import Evaluator
 from akorun.runtime.fault_hooks import FaultHooks
 from akorun.runtime.outbox import Outbox
+from akorun.runtime.round_times import RoundTimes
 from akorun.runtime.stopping import StopAgreement
 from akorun.runtime.waiting import Waiter
 
 log = logging.getLogger("akorun")
-
-
-@dataclass
-class RoundTimes:
-    """Per-round wall, compute, gate-wait and overhead seconds (since training start).
-
-    overhead_s[i] is round i's time outside the gradient step and the gate wait:
-    its wall time (end_s[i] - end_s[i-1]) minus compute_s[i] and wait_s[i]
-    (dispatching the sends, folding the inbox and applying the optimizer in
-    local_step, the evaluation start, checkpoints, the event loop).
-    """
-
-    end_s: list[float] = field(default_factory=list)
-    compute_s: list[float] = field(default_factory=list)
-    wait_s: list[float] = field(default_factory=list)
-    overhead_s: list[float] = field(default_factory=list)
-
-    def add(self, end_s: float, compute_s: float, wait_s: float) -> None:
-        previous = self.end_s[-1] if self.end_s else 0.0
-        self.end_s.append(end_s)
-        self.compute_s.append(compute_s)
-        self.wait_s.append(wait_s)
-        # not clamped: compute and wait come from the same monotonic clock, and the
-        # steady means then add up exactly (round = compute + wait + overhead)
-        self.overhead_s.append(end_s - previous - compute_s - wait_s)
 
 
 class TrainingLoop:
@@ -243,7 +219,7 @@ class TrainingLoop:
             metrics.wait_s += waited_s
             await self.faults.after_round(t - 1)
             if t % eval_every == 0 and node.params is not None:
-                self.evaluator.start(node.params, t, self.times.end_s[-1])
+                self.evaluator.start(node.params, t, self.times.last_end_s)
             if self.checkpoint_every and t % self.checkpoint_every == 0:
                 await self.checkpoints.write(before_replace=self.faults.mid_checkpoint(t - 1))
         self.rounds_done = t

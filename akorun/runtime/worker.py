@@ -515,7 +515,7 @@ class Worker:
             if self.training.nonfinite is not None:  # the user's loss went NaN/Inf: all stop
                 await self.join.leave(control, self.training.nonfinite, peers=self.peers)
             await self.finisher.finish(control)  # RunError(nonfinite line) in that case
-            log.info("done: %d rounds, stop: %s", len(self.training.times.end_s),
+            log.info("done: %d rounds, stop: %s", self.training.times.rounds,
                      self.waiter.stop_reason)
             if self.relay.disagreements:
                 raise RunError("; ".join(self.relay.disagreements[origin]
