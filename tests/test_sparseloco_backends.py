@@ -102,3 +102,21 @@ def test_akorun_launches_sparseloco_by_name_and_ends_with_equal_replicas(
     codec = codec_named("ctopk:0.015625:512:2:0.95")
     expected = 4 * 2 * (codec.encoded_bytes(theta0.size) + HEADER_SIZE)
     assert [w["bytes_sent_rounds"] for w in merged["per_worker"]] == [expected] * 3
+
+
+def test_the_plan_times_sparseloco_with_its_k_and_bits_grid() -> None:
+    """The plan's candidates hold sparseloco as configured and each value of its
+    `plan_grid` (half and twice k, float32 values), found through the scheme object."""
+    from dataclasses import replace
+
+    from akosim.plan.compare import compare_all
+    from akosim.plan.pareto_candidates import pareto_candidates
+
+    setup = _setup("sparseloco", LENGTH, 20, inner_steps=4)
+    setup = replace(setup, config=replace(setup.config, exchange=replace(
+        setup.config.exchange, p="auto")))
+    chosen = pareto_candidates(setup, compare_all(setup), max_staleness_rounds=8,
+                               training_rounds=20)
+    labels = {c.variant.label for c in chosen if c.timing.scheme == "sparseloco"}
+    assert {"sparseloco H=4 k=0.781%/4096 2-bit", "sparseloco H=4 k=3.12%/4096 2-bit",
+            "sparseloco H=4 k=1.56%/4096 f32"} <= labels, labels
