@@ -44,24 +44,37 @@ class PlainSGD:
 
 
 class OptaxFlatOptimizer:
-    """An optax GradientTransformation applied to flat vectors, jitted once."""
+    """An optax GradientTransformation applied to flat vectors, jitted once.
 
-    def __init__(self, transformation: Any) -> None:
+    With `unravel` (flat vector -> the workload's parameter pytree, traceable: the
+    workload's own) the transformation sees the pytree, parameters and update alike,
+    and the result is flattened back in the same leaf order: what a transformation
+    that treats leaves by their shape needs (Muon orthogonalises the 2-D ones)."""
+
+    def __init__(self, transformation: Any, unravel: Any = None) -> None:
         import jax
+        import jax.numpy as jnp
         import optax
 
         self.transformation = transformation
+        self.unravel = unravel
 
         def _apply(params, state, update):
-            updates, new_state = transformation.update(update, state, params)
-            return optax.apply_updates(params, updates), new_state
+            if unravel is None:
+                updates, new_state = transformation.update(update, state, params)
+                return optax.apply_updates(params, updates), new_state
+            tree = unravel(params)
+            updates, new_state = transformation.update(unravel(update), state, tree)
+            leaves = jax.tree_util.tree_leaves(optax.apply_updates(tree, updates))
+            return jnp.concatenate([leaf.reshape(-1) for leaf in leaves]), new_state
 
         self._apply = jax.jit(_apply)
 
     def init(self, params: np.ndarray) -> Any:
         import jax.numpy as jnp
 
-        return self.transformation.init(jnp.asarray(params))
+        flat = jnp.asarray(params)
+        return self.transformation.init(flat if self.unravel is None else self.unravel(flat))
 
     def apply(self, params: np.ndarray, state: Any, update: np.ndarray) -> tuple[np.ndarray, Any]:
         new_params, new_state = self._apply(params, state, update)

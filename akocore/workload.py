@@ -207,11 +207,12 @@ class FlatWorkload:
     def optimizer(self, name: str, lr: float) -> FlatOptimizer:
         """The workload's own optax transformation if it has one, else the optimizer
         `name` at `lr` (a workload naming one uses its name at `lr`): "sgd" (exact
-        NumPy PlainSGD), "momentum" (optax sgd, 0.9), "adam" or "adagrad" (optax)."""
+        NumPy PlainSGD), "momentum" (optax sgd, 0.9), "adam" or "adagrad" (optax), "muon"
+        (optax.contrib.muon on the parameter pytree)."""
         own = self.spec.optimizer
         if own is not None and not isinstance(own, str):
             return OptaxFlatOptimizer(own)
-        return optimizer_by_name(own or name, lr)
+        return optimizer_by_name(own or name, lr, unravel=self.unravel)
 
     def batches(self, worker: int, workers: int, seed: int | None = None) -> TrainBatches:
         """The endless batch stream of `worker` of `workers` (seed defaults to the workload's)."""
@@ -291,10 +292,20 @@ def _examples(x: Any) -> int:
     return int(np.shape(jax.tree_util.tree_leaves(x)[0])[0])
 
 
-def optimizer_by_name(name: str, lr: float) -> FlatOptimizer:
-    """ "sgd" (exact NumPy PlainSGD), "momentum" (optax sgd, 0.9), "adam", "adagrad"."""
+def optimizer_by_name(name: str, lr: float,
+                      unravel: Callable[[Any], Params] | None = None) -> FlatOptimizer:
+    """ "sgd" (exact NumPy PlainSGD), "momentum" (optax sgd, 0.9), "adam", "adagrad",
+    "muon" (optax.contrib.muon: Newton-Schulz orthogonalised momentum on 2-D leaves,
+    Adam on the others, so it needs `unravel`, the flat vector to parameter pytree)."""
     if name == "sgd":
         return PlainSGD(lr)
+    if name == "muon":
+        if unravel is None:
+            raise ValueError("optimizer muon needs the parameters' shapes (a workload's "
+                             "unravel): on one flat vector it would be Adam")
+        from optax.contrib import muon
+
+        return OptaxFlatOptimizer(muon(lr), unravel=unravel)
     if name in ("momentum", "adam", "adagrad"):
         import optax
 

@@ -82,7 +82,12 @@ from akocore.messages import Kind, Partial, Receipt, Send
 from akocore.optim import FlatOptimizer, NesterovSGD
 from akocore.partition import check_p, partition_bounds
 from akocore.schemes.base import Replica, SchemeError, SchemeNode
-from akocore.schemes.diloco_settings import DEFAULT_INNER_STEPS, DEFAULT_OUTER_LR, DilocoSettings
+from akocore.schemes.diloco_settings import (
+    DEFAULT_INNER_STEPS,
+    DEFAULT_OUTER_LR,
+    MULOCO,
+    DilocoSettings,
+)
 from akocore.schemes.diloco_sync import (
     DEFAULT_OUTER_SYNC,
     OUTER_SYNCS,
@@ -426,6 +431,7 @@ class DilocoScheme(Scheme):
     name = "diloco"
     summary = "H local optimizer steps, then an outer step on averaged pseudo-gradients"
     settings = DilocoSettings
+    presets = (MULOCO,)
     pattern = "all-reduce"
     _fragmented: ClassVar[bool] = False  # whether exchange.fragments is read
 
@@ -484,6 +490,7 @@ class StreamingDilocoScheme(DilocoScheme):
 
     name = "streaming-diloco"
     summary = "DiLoCo syncing P fragments in turn, each sync overlapped with tau inner steps"
+    presets = ()
     _fragmented: ClassVar[bool] = True
 
     @property
