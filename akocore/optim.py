@@ -4,11 +4,12 @@ A scheme node owns its replica as one flat vector and applies updates through
 a `FlatOptimizer`: a pure `init`/`apply` pair in the style of optax. `PlainSGD`
 is exact numpy (the conservation invariant is checked against it);
 `OptaxFlatOptimizer` wraps any optax transformation, jitted once; `NesterovSGD` is
-DiLoCo's outer optimizer in numpy.
+DiLoCo's outer optimizer in numpy; `optimizer_by_name` is what train.optimizer names.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -106,3 +107,32 @@ class NesterovSGD:
             trace = (grad + np.float32(self.momentum) * state).astype(np.float32)
             step = grad + np.float32(self.momentum) * trace
         return (params - np.float32(self.lr) * step).astype(np.float32), trace
+
+
+def optimizer_by_name(name: str, lr: float,
+                      unravel: Callable[[Any], Any] | None = None) -> FlatOptimizer:
+    """ "sgd" (exact NumPy PlainSGD), "momentum" (optax sgd, 0.9), "adam", "adagrad",
+    "muon" (optax.contrib.muon: Newton-Schulz orthogonalised momentum on 2-D leaves,
+    Adam on the others, so it needs `unravel`, the flat vector to parameter pytree)."""
+    if name == "sgd":
+        return PlainSGD(lr)
+    if name == "muon":
+        if unravel is None:
+            raise ValueError("optimizer muon needs the parameters' shapes (a workload's "
+                             "unravel): on one flat vector it would be Adam")
+        from optax.contrib import muon
+
+        return OptaxFlatOptimizer(muon(lr), unravel=unravel)
+    if name in ("momentum", "adam", "adagrad"):
+        import optax
+
+        if name == "momentum":
+            return OptaxFlatOptimizer(optax.sgd(lr, momentum=0.9))
+        if name == "adam":
+            return OptaxFlatOptimizer(optax.adam(lr))
+        return OptaxFlatOptimizer(optax.adagrad(lr))  # DOWNPOUR's worker optimizer
+    from akocore.workloads.spec import OPTIMIZER_NAMES
+
+    raise ValueError(
+        f"unknown optimizer {name!r}; expected one of {', '.join(OPTIMIZER_NAMES)}"
+    )

@@ -36,7 +36,7 @@ import numpy as np
 
 from akocore.messages import FLOAT_BYTES
 from akocore.models import Params
-from akocore.optim import FlatOptimizer, OptaxFlatOptimizer, PlainSGD
+from akocore.optim import FlatOptimizer, OptaxFlatOptimizer, optimizer_by_name
 from akocore.param_tree import cast_back, flatten_params
 from akocore.workloads.builtin import BUILTIN_NAMES
 from akocore.workloads.naming import (
@@ -45,7 +45,7 @@ from akocore.workloads.naming import (
     parse_options,
     parse_workload_name,
 )
-from akocore.workloads.spec import OPTIMIZER_NAMES, TrainBatches, Workload, accuracy_and_loss
+from akocore.workloads.spec import TrainBatches, Workload, accuracy_and_loss
 
 EVAL_CHUNK_VALUES = 1 << 21  # input values per evaluation batch (bounds memory)
 WORKLOAD_NAMES: tuple[str, ...] = BUILTIN_NAMES
@@ -290,33 +290,6 @@ def _examples(x: Any) -> int:
     import jax
 
     return int(np.shape(jax.tree_util.tree_leaves(x)[0])[0])
-
-
-def optimizer_by_name(name: str, lr: float,
-                      unravel: Callable[[Any], Params] | None = None) -> FlatOptimizer:
-    """ "sgd" (exact NumPy PlainSGD), "momentum" (optax sgd, 0.9), "adam", "adagrad",
-    "muon" (optax.contrib.muon: Newton-Schulz orthogonalised momentum on 2-D leaves,
-    Adam on the others, so it needs `unravel`, the flat vector to parameter pytree)."""
-    if name == "sgd":
-        return PlainSGD(lr)
-    if name == "muon":
-        if unravel is None:
-            raise ValueError("optimizer muon needs the parameters' shapes (a workload's "
-                             "unravel): on one flat vector it would be Adam")
-        from optax.contrib import muon
-
-        return OptaxFlatOptimizer(muon(lr), unravel=unravel)
-    if name in ("momentum", "adam", "adagrad"):
-        import optax
-
-        if name == "momentum":
-            return OptaxFlatOptimizer(optax.sgd(lr, momentum=0.9))
-        if name == "adam":
-            return OptaxFlatOptimizer(optax.adam(lr))
-        return OptaxFlatOptimizer(optax.adagrad(lr))  # DOWNPOUR's worker optimizer
-    raise ValueError(
-        f"unknown optimizer {name!r}; expected one of {', '.join(OPTIMIZER_NAMES)}"
-    )
 
 
 def tree_grad_fn(spec: Workload, dtypes: tuple[Any, ...]) -> Callable[..., tuple[Any, list[Any]]]:

@@ -68,6 +68,10 @@ so ``train.rounds`` counts inner steps and a run whose rounds are a multiple
 of H ends on a full sync. Staleness: a component of a replica misses at most
 the other workers' last H - 1 + tau inner steps. ``exchange.reduce`` and
 ``exchange.ssp`` are not read: the average is a mean and the gate is the sync.
+
+Past ~500 lines: one worker state machine (its schedule, gate, all-to-all sync, apply,
+finish and re-sync) with the two scheme objects that build it; the all-reduce's part
+is akocore.schemes.diloco_sync.
 """
 
 from __future__ import annotations
