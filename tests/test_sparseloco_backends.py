@@ -4,7 +4,8 @@ akosim: a worker sends its compressed pseudo-gradient to each of its n - 1 peers
 per H rounds, each copy the ctopk codec's exact size, so the timing row charges
 (n - 1)·encoded/H bytes per round (DiLoCo's all-reduce: 2(n - 1)/n·4·length/H).
 akorun: 3 workers on loopback end on a sync with bit-equal replicas, each sync's
-message weighing the codec's bytes plus the header.
+message weighing the codec's bytes plus the header; a member killed mid-sync leaves the
+survivors finishing the run, equal. The plan times sparseloco's k and bits grid.
 """
 
 from __future__ import annotations
@@ -120,3 +121,26 @@ def test_the_plan_times_sparseloco_with_its_k_and_bits_grid() -> None:
     labels = {c.variant.label for c in chosen if c.timing.scheme == "sparseloco"}
     assert {"sparseloco H=4 k=0.781%/4096 2-bit", "sparseloco H=4 k=3.12%/4096 2-bit",
             "sparseloco H=4 k=1.56%/4096 f32"} <= labels, labels
+
+
+@pytest.mark.timeout(150)
+def test_akorun_survivors_of_a_member_killed_mid_sync_finish_with_equal_replicas(
+        tmp_path: Path) -> None:
+    """Rank 2 dies after one peer got its compressed pseudo-gradient of the sync after
+    round 4: the other waits for it until the peer timeout, applies the sync without it,
+    and the survivors (their anchors re-synced) end the run on a sync, equal."""
+    from akorun.testing import LocalCluster
+
+    tables = {"cluster": {"workers": 3},
+              "exchange": {"scheme": "sparseloco", "inner_steps": 5,
+                           "sparseloco_chunk": 512},
+              "train": {"workload": "digits-mlp", "optimizer": "sgd", "lr": 0.1,
+                        "rounds": 20, "eval_every": 1000}}
+    with LocalCluster(tmp_path, tables) as cluster:
+        cluster.start_all("--quiet", env={"AKORUN_FAULT": "2@kill_mid_send:4"})
+        assert cluster.wait(2, 60) == -9
+        codes = {rank: cluster.wait(rank, 90) for rank in (0, 1)}
+        assert codes == {0: 0, 1: 0}, cluster.logs()
+        results = [cluster.result(rank) for rank in (0, 1)]
+        assert all(r["rounds"] == 20 and 2 in r["suspended_at_end"] for r in results)
+        np.testing.assert_array_equal(cluster.params(1), cluster.params(0))
