@@ -29,8 +29,9 @@ A lost member: as DiLoCo's all-to-all sync, the survivors apply a sync
 without a peer once the shell suspends it (silent past the peer timeout) or
 its final marker says it stopped before; they average what they received
 (a payload that reached some survivors and not others leaves their anchors
-differing by that one contribution, 1/n of one decoded pseudo-gradient). The
-lost member's accumulator e, what it had not sent yet, is lost with it.
+apart: one averaged n decoded pseudo-gradients, the other n - 1, until
+akorun's anchor re-sync, akorun.runtime.anchor_sync). The lost member's
+accumulator e, what it had not sent yet, is lost with it.
 """
 
 from __future__ import annotations
