@@ -99,6 +99,7 @@ from akocore.schemes.diloco_sync import (
     ChunkState,
     mean_of,
 )
+from akocore.schemes.knobs import Preset
 from akocore.schemes.protocol import ExchangeView, ReplicaOf, Scheme
 
 if TYPE_CHECKING:
@@ -435,7 +436,7 @@ class DilocoScheme(Scheme):
     name = "diloco"
     summary = "H local optimizer steps, then an outer step on averaged pseudo-gradients"
     settings = DilocoSettings
-    presets = (MULOCO,)
+    presets: ClassVar[tuple[Preset, ...]] = (MULOCO,)
     pattern = "all-reduce"
     _fragmented: ClassVar[bool] = False  # whether exchange.fragments is read
 
@@ -494,7 +495,7 @@ class StreamingDilocoScheme(DilocoScheme):
 
     name = "streaming-diloco"
     summary = "DiLoCo syncing P fragments in turn, each sync overlapped with tau inner steps"
-    presets = ()
+    presets: ClassVar[tuple[Preset, ...]] = ()  # muloco is diloco's
     _fragmented: ClassVar[bool] = True
 
     @property

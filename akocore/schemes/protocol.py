@@ -141,7 +141,7 @@ class Scheme:
         the planner also tries the integer knobs that move the bound (akosim.plan)."""
         return {}
 
-    def wire_codec(self, setting: CodecView) -> str:
+    def wire_codec(self, setting: ExchangeView | CodecView) -> str:
         """The codec its sends carry (akocore.codecs): the run's exchange.codec, unless the
         scheme compresses its own messages and names its codec from its settings
         (sparseloco's chunked top-k); the factory puts it on the nodes and akorun's

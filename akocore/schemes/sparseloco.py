@@ -127,7 +127,7 @@ class SparseLocoScheme(Scheme):
     def keys(self) -> tuple[str, ...]:
         return ("inner_steps", *SparseLocoSettings.names())
 
-    def _inner_steps(self, setting: CodecView) -> int:
+    def _inner_steps(self, setting: ExchangeView | CodecView) -> int:
         return setting.knobs(DilocoSettings).inner_steps
 
     def check_spec(self, spec: SchemeSpec) -> None:
@@ -147,7 +147,7 @@ class SparseLocoScheme(Scheme):
                              f"(it compresses its pseudo-gradients itself: "
                              f"exchange.sparseloco_topk_fraction, _chunk, _bits)")
 
-    def wire_codec(self, setting: CodecView) -> str:
+    def wire_codec(self, setting: ExchangeView | CodecView) -> str:
         return setting.knobs(SparseLocoSettings).codec().name
 
     def build(self, spec: SchemeSpec, length: int, params0: np.ndarray | None,
