@@ -4,11 +4,12 @@ A scheme node owns its replica as one flat vector and applies updates through
 a `FlatOptimizer`: a pure `init`/`apply` pair in the style of optax. `PlainSGD`
 is exact numpy (the conservation invariant is checked against it);
 `OptaxFlatOptimizer` wraps any optax transformation, jitted once; `NesterovSGD` is
-DiLoCo's outer optimizer in numpy.
+DiLoCo's outer optimizer in numpy; `optimizer_by_name` is what train.optimizer names.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -44,24 +45,37 @@ class PlainSGD:
 
 
 class OptaxFlatOptimizer:
-    """An optax GradientTransformation applied to flat vectors, jitted once."""
+    """An optax GradientTransformation applied to flat vectors, jitted once.
 
-    def __init__(self, transformation: Any) -> None:
+    With `unravel` (flat vector -> the workload's parameter pytree, traceable: the
+    workload's own) the transformation sees the pytree, parameters and update alike,
+    and the result is flattened back in the same leaf order: what a transformation
+    that treats leaves by their shape needs (Muon orthogonalises the 2-D ones)."""
+
+    def __init__(self, transformation: Any, unravel: Any = None) -> None:
         import jax
+        import jax.numpy as jnp
         import optax
 
         self.transformation = transformation
+        self.unravel = unravel
 
         def _apply(params, state, update):
-            updates, new_state = transformation.update(update, state, params)
-            return optax.apply_updates(params, updates), new_state
+            if unravel is None:
+                updates, new_state = transformation.update(update, state, params)
+                return optax.apply_updates(params, updates), new_state
+            tree = unravel(params)
+            updates, new_state = transformation.update(unravel(update), state, tree)
+            leaves = jax.tree_util.tree_leaves(optax.apply_updates(tree, updates))
+            return jnp.concatenate([leaf.reshape(-1) for leaf in leaves]), new_state
 
         self._apply = jax.jit(_apply)
 
     def init(self, params: np.ndarray) -> Any:
         import jax.numpy as jnp
 
-        return self.transformation.init(jnp.asarray(params))
+        flat = jnp.asarray(params)
+        return self.transformation.init(flat if self.unravel is None else self.unravel(flat))
 
     def apply(self, params: np.ndarray, state: Any, update: np.ndarray) -> tuple[np.ndarray, Any]:
         new_params, new_state = self._apply(params, state, update)
@@ -93,3 +107,32 @@ class NesterovSGD:
             trace = (grad + np.float32(self.momentum) * state).astype(np.float32)
             step = grad + np.float32(self.momentum) * trace
         return (params - np.float32(self.lr) * step).astype(np.float32), trace
+
+
+def optimizer_by_name(name: str, lr: float,
+                      unravel: Callable[[Any], Any] | None = None) -> FlatOptimizer:
+    """ "sgd" (exact NumPy PlainSGD), "momentum" (optax sgd, 0.9), "adam", "adagrad",
+    "muon" (optax.contrib.muon: Newton-Schulz orthogonalised momentum on 2-D leaves,
+    Adam on the others, so it needs `unravel`, the flat vector to parameter pytree)."""
+    if name == "sgd":
+        return PlainSGD(lr)
+    if name == "muon":
+        if unravel is None:
+            raise ValueError("optimizer muon needs the parameters' shapes (a workload's "
+                             "unravel): on one flat vector it would be Adam")
+        from optax.contrib import muon
+
+        return OptaxFlatOptimizer(muon(lr), unravel=unravel)
+    if name in ("momentum", "adam", "adagrad"):
+        import optax
+
+        if name == "momentum":
+            return OptaxFlatOptimizer(optax.sgd(lr, momentum=0.9))
+        if name == "adam":
+            return OptaxFlatOptimizer(optax.adam(lr))
+        return OptaxFlatOptimizer(optax.adagrad(lr))  # DOWNPOUR's worker optimizer
+    from akocore.workloads.spec import OPTIMIZER_NAMES
+
+    raise ValueError(
+        f"unknown optimizer {name!r}; expected one of {', '.join(OPTIMIZER_NAMES)}"
+    )

@@ -18,6 +18,7 @@ from akocore.config import RunConfig
 from akocore.partition import PartitionError, check_p
 from akocore.planner import Plan, PlanInputs, plan
 from akocore.schemes import SchemeSpec, scheme_named
+from akocore.schemes.registry import wire_codec
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ def network_arrays(cfg: RunConfig) -> NetworkArrays:
 def coded_gradient_bytes(cfg: RunConfig, gradient_bytes: float, length: int) -> float:
     """What a gradient of `length` values weighs on the wire under the run's codec
     (the planner's S): its float32 bytes times the codec's ratio."""
-    return gradient_bytes * codec_named(cfg.exchange.codec).ratio(length)
+    return gradient_bytes * codec_named(wire_codec(cfg.exchange)).ratio(length)
 
 
 def resolve_plan(cfg: RunConfig, *, gradient_bytes: float, length: int,

@@ -36,7 +36,7 @@ import numpy as np
 
 from akocore.messages import FLOAT_BYTES
 from akocore.models import Params
-from akocore.optim import FlatOptimizer, OptaxFlatOptimizer, PlainSGD
+from akocore.optim import FlatOptimizer, OptaxFlatOptimizer, optimizer_by_name
 from akocore.param_tree import cast_back, flatten_params
 from akocore.workloads.builtin import BUILTIN_NAMES
 from akocore.workloads.naming import (
@@ -45,7 +45,7 @@ from akocore.workloads.naming import (
     parse_options,
     parse_workload_name,
 )
-from akocore.workloads.spec import OPTIMIZER_NAMES, TrainBatches, Workload, accuracy_and_loss
+from akocore.workloads.spec import TrainBatches, Workload, accuracy_and_loss
 
 EVAL_CHUNK_VALUES = 1 << 21  # input values per evaluation batch (bounds memory)
 WORKLOAD_NAMES: tuple[str, ...] = BUILTIN_NAMES
@@ -207,11 +207,12 @@ class FlatWorkload:
     def optimizer(self, name: str, lr: float) -> FlatOptimizer:
         """The workload's own optax transformation if it has one, else the optimizer
         `name` at `lr` (a workload naming one uses its name at `lr`): "sgd" (exact
-        NumPy PlainSGD), "momentum" (optax sgd, 0.9), "adam" or "adagrad" (optax)."""
+        NumPy PlainSGD), "momentum" (optax sgd, 0.9), "adam" or "adagrad" (optax), "muon"
+        (optax.contrib.muon on the parameter pytree)."""
         own = self.spec.optimizer
         if own is not None and not isinstance(own, str):
             return OptaxFlatOptimizer(own)
-        return optimizer_by_name(own or name, lr)
+        return optimizer_by_name(own or name, lr, unravel=self.unravel)
 
     def batches(self, worker: int, workers: int, seed: int | None = None) -> TrainBatches:
         """The endless batch stream of `worker` of `workers` (seed defaults to the workload's)."""
@@ -289,23 +290,6 @@ def _examples(x: Any) -> int:
     import jax
 
     return int(np.shape(jax.tree_util.tree_leaves(x)[0])[0])
-
-
-def optimizer_by_name(name: str, lr: float) -> FlatOptimizer:
-    """ "sgd" (exact NumPy PlainSGD), "momentum" (optax sgd, 0.9), "adam", "adagrad"."""
-    if name == "sgd":
-        return PlainSGD(lr)
-    if name in ("momentum", "adam", "adagrad"):
-        import optax
-
-        if name == "momentum":
-            return OptaxFlatOptimizer(optax.sgd(lr, momentum=0.9))
-        if name == "adam":
-            return OptaxFlatOptimizer(optax.adam(lr))
-        return OptaxFlatOptimizer(optax.adagrad(lr))  # DOWNPOUR's worker optimizer
-    raise ValueError(
-        f"unknown optimizer {name!r}; expected one of {', '.join(OPTIMIZER_NAMES)}"
-    )
 
 
 def tree_grad_fn(spec: Workload, dtypes: tuple[Any, ...]) -> Callable[..., tuple[Any, list[Any]]]:

@@ -47,7 +47,8 @@ FLOAT_BYTES = 4
 # replica params, unsent, inbox, update, scaled update, 2 optimizer temporaries, eval copy,
 # digest bytes
 AKORUN_VECTORS = 9
-STATE_VECTORS = {"sgd": 0, "momentum": 1, "adagrad": 1, "adam": 2}
+# muon: one momentum vector on its 2-D leaves, Adam's two on the others: at most 2
+STATE_VECTORS = {"sgd": 0, "momentum": 1, "adagrad": 1, "adam": 2, "muon": 2}
 # akorun's own resident bytes beyond a process that uses the workload as a rank does, with
 # a tiny model (digits-mlp, 4,810 parameters, 3 ranks: every other term ~0): 14 MB
 # measured on 2026-11-25 (python 3.11, aiohttp 3, jax on CPU), stated with a margin for

@@ -43,6 +43,7 @@ from akocore.config import (
     resolve_args,
 )
 from akocore.nonfinite import NonFiniteStep
+from akocore.schemes.registry import wire_codec
 from akocore.settings.key_registry import RUN_SECTIONS
 from akocore.units import format_duration, format_size
 from akosim.calibration.run_calibration import (  # noqa: F401 (rank_overhead_s: re-exported)
@@ -364,7 +365,7 @@ def _print_outcome(args: argparse.Namespace, outcome: PlanOutcome, training: boo
         print(f"akosim: {setup.compute_source}")
     for line in describe_islands(setup.config, setup.batch_size, setup.gradient_bytes):
         print(f"akosim: {line}")
-    codec = setup.config.exchange.codec
+    codec = wire_codec(setup.config.exchange)
     if codec != "none":
         print(f"akosim: codec {codec} on gradients, pushes, reduce steps and pseudo-gradients "
               f"(parameters, models and all-gather steps travel as float32), error feedback on")

@@ -19,7 +19,7 @@ from akocore.settings.normalise import ConfigError
 from akocore.settings.schema import ExchangeConfig
 from tests.scheme_harness import drive
 
-LOSSY = ("fp16", "bf16", "int8", "topk:0.25", "topk:0.01")
+LOSSY = ("fp16", "bf16", "int8", "topk:0.25", "topk:0.01", "ctopk:0.1:64:2", "ctopk:0.3:50:32")
 ALL = ("none", *LOSSY)
 LR = 0.25
 

@@ -23,7 +23,7 @@ def coded(name: str, length: int = 3000) -> Partial:
     return encoder.encode_message(Partial(Kind.GRAD, 1, 5, 0, 1, 0, length, values))
 
 
-@pytest.mark.parametrize("name", ["fp16", "bf16", "int8", "topk:0.01"])
+@pytest.mark.parametrize("name", ["fp16", "bf16", "int8", "topk:0.01", "ctopk:0.02:4096:2:1"])
 def test_a_coded_partial_round_trips_with_its_decoded_values(name: str) -> None:
     partial = coded(name)
     message = wire.encode_bytes(partial, **KEYS)

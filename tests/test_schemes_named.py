@@ -77,7 +77,7 @@ def test_an_unknown_name_is_one_line_listing_the_names() -> None:
 
 EXPECTED_BOUNDS = {"sync-sgd": 0.0, "sync-sgd-lr-per-worker": 0.0, "sdag": 3.0,
                    "hogwild": float("inf"), "downpour": float("inf"), "adag": float("inf"),
-                   "easgd": 0.0, "wagma": 9.0}
+                   "easgd": 0.0, "wagma": 9.0, "muloco": 9.0}
 
 
 @pytest.mark.parametrize("name", sorted(NAMED_SCHEMES))

@@ -87,7 +87,12 @@ from akocore.messages import Kind, Partial, Receipt, Send
 from akocore.optim import FlatOptimizer, NesterovSGD
 from akocore.partition import check_p, partition_bounds
 from akocore.schemes.base import Replica, SchemeError, SchemeNode
-from akocore.schemes.diloco_settings import DEFAULT_INNER_STEPS, DEFAULT_OUTER_LR, DilocoSettings
+from akocore.schemes.diloco_settings import (
+    DEFAULT_INNER_STEPS,
+    DEFAULT_OUTER_LR,
+    MULOCO,
+    DilocoSettings,
+)
 from akocore.schemes.diloco_sync import (
     DEFAULT_OUTER_SYNC,
     OUTER_SYNCS,
@@ -95,6 +100,7 @@ from akocore.schemes.diloco_sync import (
     ChunkState,
     mean_of,
 )
+from akocore.schemes.knobs import Preset
 from akocore.schemes.protocol import ExchangeView, ReplicaOf, Scheme
 
 if TYPE_CHECKING:
@@ -431,6 +437,7 @@ class DilocoScheme(Scheme):
     name = "diloco"
     summary = "H local optimizer steps, then an outer step on averaged pseudo-gradients"
     settings = DilocoSettings
+    presets: ClassVar[tuple[Preset, ...]] = (MULOCO,)
     pattern = "all-reduce"
     _fragmented: ClassVar[bool] = False  # whether exchange.fragments is read
 
@@ -489,6 +496,7 @@ class StreamingDilocoScheme(DilocoScheme):
 
     name = "streaming-diloco"
     summary = "DiLoCo syncing P fragments in turn, each sync overlapped with tau inner steps"
+    presets: ClassVar[tuple[Preset, ...]] = ()  # muloco is diloco's
     _fragmented: ClassVar[bool] = True
 
     @property

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from akocore.schemes.diloco_sync import DEFAULT_OUTER_SYNC, OUTER_SYNCS
-from akocore.schemes.knobs import SchemeSettings, knob, one_of, real, truth, whole
+from akocore.schemes.knobs import SchemeSettings, knob, one_of, preset, real, truth, whole
 
 DEFAULT_INNER_STEPS = 10
 DEFAULT_OUTER_LR = 0.7  # the DiLoCo paper's outer learning rate
@@ -22,6 +22,11 @@ DEFAULT_OUTER_MOMENTUM = 0.9
 DEFAULT_FRAGMENTS = 2
 DEFAULT_OVERLAP_STEPS = 1
 
+
+# MuLoCo (arXiv 2505.23725): DiLoCo with Muon as the inner optimizer (optax.contrib.muon
+# on the workload's parameter pytree); configs/presets/muloco.toml holds the same
+MULOCO = preset("muloco", "MuLoCo: DiLoCo with Muon (optax.contrib.muon) as the inner "
+                "optimizer", {"scheme": "diloco"}, {"optimizer": "muon"})
 
 _EVERY_DILOCO = "scheme diloco, streaming-diloco: "
 _STREAMING = "scheme streaming-diloco: "

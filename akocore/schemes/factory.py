@@ -115,7 +115,7 @@ def build_nodes(spec: SchemeSpec, length: int, params0: np.ndarray | None,
     if params0 is not None and params0.shape != (length,):
         raise ValueError(f"initial parameters must have shape ({length},)")
     nodes = spec.kind.build(spec, length, params0, replica)
-    codec = codec_named(spec.codec)
+    codec = codec_named(spec.kind.wire_codec(spec))
     for node in nodes:  # the one place a codec meets a scheme's sends
         attach_codec(node, codec)
     return nodes

@@ -18,6 +18,8 @@ capability of that object, so that no other module compares scheme names:
 - `staleness_bound(exchange, p_max=, ssp=)`: its staleness bound in rounds;
   `period_rounds(exchange)`: the rounds after which its waits repeat;
 - `label(exchange)` / `variant_label(exchange)`: how tables name a run of it;
+- `wire_codec(exchange)`: the codec its sends carry (exchange.codec unless
+  the scheme names its own, as sparseloco does);
 - capabilities the shells ask instead of its name: `partitioned` (the
   planner chooses p, and s with it), `has_servers` (the last ranks are
   servers that do not train), `needs_every_rank` (a lost rank stops the
@@ -65,6 +67,18 @@ class ExchangeView(Protocol):
 
     def __getattr__(self, name: str) -> Any:
         """Any other exchange key by its name (flat: ``exchange.inner_steps``)."""
+        ...
+
+
+class CodecView(Protocol):
+    """What `Scheme.wire_codec` reads: the run's exchange.codec and a scheme's settings
+    (an ExchangeView and a SchemeSpec are both one)."""
+
+    @property
+    def codec(self) -> str: ...
+
+    def knobs(self, kind: type[SettingsT]) -> SettingsT:
+        """The settings object of `kind` (a scheme's settings class)."""
         ...
 
 
@@ -126,6 +140,13 @@ class Scheme:
         bytes or staleness against learning in a way the staleness bound does not show;
         the planner also tries the integer knobs that move the bound (akosim.plan)."""
         return {}
+
+    def wire_codec(self, setting: ExchangeView | CodecView) -> str:
+        """The codec its sends carry (akocore.codecs): the run's exchange.codec, unless the
+        scheme compresses its own messages and names its codec from its settings
+        (sparseloco's chunked top-k); the factory puts it on the nodes and akorun's
+        receivers take it."""
+        return str(setting.codec)
 
     def label(self, exchange: ExchangeView) -> str:
         """The knobs that distinguish a run of this scheme, e.g. "G=4 tau=10"; "" if none."""

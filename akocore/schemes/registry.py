@@ -27,9 +27,10 @@ from akocore.schemes.diloco import DILOCO, STREAMING_DILOCO
 from akocore.schemes.knobs import SchemeSettings
 from akocore.schemes.protocol import ExchangeView, Scheme
 from akocore.schemes.ps_family import PS
+from akocore.schemes.sparseloco import SPARSELOCO
 from akocore.schemes.wagma import WAGMA
 
-_ALL: tuple[Scheme, ...] = (AKO, PS, ALLREDUCE, WAGMA, DILOCO, STREAMING_DILOCO)
+_ALL: tuple[Scheme, ...] = (AKO, PS, ALLREDUCE, WAGMA, DILOCO, STREAMING_DILOCO, SPARSELOCO)
 
 REGISTRY: Mapping[str, Scheme] = MappingProxyType({scheme.name: scheme for scheme in _ALL})
 SCHEMES: tuple[str, ...] = tuple(REGISTRY)  # the built-in values of exchange.scheme
@@ -142,6 +143,12 @@ def staleness_bound_rounds(scheme: str, exchange: ExchangeView, *, p_max: int,
 def scheme_label(exchange: ExchangeView) -> str:
     """The knobs that distinguish a run of the configured scheme, e.g. "G=4 tau=10"."""
     return scheme_named(exchange.scheme).label(exchange)
+
+
+def wire_codec(exchange: ExchangeView) -> str:
+    """The codec the configured scheme's sends carry: exchange.codec, or the one the
+    scheme names from its own settings (`Scheme.wire_codec`)."""
+    return scheme_named(exchange.scheme).wire_codec(exchange)
 
 
 def is_partitioned(name: str) -> bool:

@@ -254,12 +254,13 @@ _EARLIER_KEYS: tuple[Key, ...] = (
     _run("exchange", "p_max", "p_max", "p auto: largest p allowed"),
     _run("exchange", "codec", "codec",
          "what gradient-like messages (partials, pushes, reduce steps, pseudo-gradients) "
-         "carry: none | fp16 | bf16 | int8 | topk:FRACTION "
-         "(lossy ones keep an error-feedback residual)",
+         "carry: none | fp16 | bf16 | int8 | topk:FRACTION | "
+         "ctopk:FRACTION[:CHUNK[:BITS[:DECAY]]] (lossy ones keep an error-feedback residual)",
          flag="--codec", metavar="{none,fp16,bf16,int8,topk:FRACTION}", kind=FlagKind.TEXT,
          flag_help="compress what every exchange sends (ako partials, ps pushes, all-reduce "
                    "reduce steps, diloco pseudo-gradients), with error feedback for the lossy "
-                   "ones: none, fp16, bf16, int8 or topk:FRACTION, e.g. topk:0.01"),
+                   "ones: none, fp16, bf16, int8, topk:FRACTION (e.g. topk:0.01) or "
+                   "ctopk:FRACTION[:CHUNK[:BITS[:DECAY]]] (chunked top-k at BITS bits)"),
 )
 
 _LATER_KEYS: tuple[Key, ...] = (
@@ -270,7 +271,7 @@ _LATER_KEYS: tuple[Key, ...] = (
          flag_help="what is trained: a built-in such as digits-mlp, or your own factory "
                    "returning an akocore.Workload, as path/to/mymodel.py:make or "
                    "package.module:make"),
-    _run("train", "optimizer", "optimizer", "sgd | momentum | adam",
+    _run("train", "optimizer", "optimizer", "sgd | momentum | adam | adagrad | muon",
          flag="--optimizer", choices=OPTIMIZERS,
          flag_help="optimizer applied to each update, e.g. sgd"),
     _run("train", "lr", "lr", "learning rate per update",

@@ -28,7 +28,7 @@ P_AUTO_MODES = ("auto", "auto-per-worker")
 SCHEDULES = ("staggered", "aligned")
 FLUSH_MODES = ("average", "full")  # ako's final flush, or a fraction 0 < w <= 1
 REDUCTIONS = ("mean", "sum")
-OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
+OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad", "muon")
 # akosim's network models: a stack of layers over the max-min fluid network, named
 # by a preset or written out as LAYER+LAYER+... (akosim.network.netmodel builds them)
 NETWORK_LAYERS = (

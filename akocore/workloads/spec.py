@@ -16,7 +16,7 @@ This module owns `Workload`, the one public description of a training job, and
 - ``data``: a `DataSource` (``ArrayData`` for numpy arrays, ``BatchFactory`` for a
   function yielding each rank's batches).
 - ``optimizer``: None (the run's ``train.optimizer`` and ``train.lr``), a name
-  (``"sgd"``, ``"momentum"``, ``"adam"``, ``"adagrad"`` at ``train.lr``) or an optax
+  (``"sgd"``, ``"momentum"``, ``"adam"``, ``"adagrad"``, ``"muon"`` at ``train.lr``) or an optax
   ``GradientTransformation`` (used as given, its own learning rate).
 
 Inside, parameters are one flat float32 vector (``jax.flatten_util.ravel_pytree``
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 Batch = tuple[Any, Any]  # (inputs, targets): arrays or pytrees of arrays
-OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "momentum", "adam", "adagrad")
+OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "momentum", "adam", "adagrad", "muon")
 
 
 @runtime_checkable

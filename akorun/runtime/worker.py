@@ -47,6 +47,7 @@ from akocore.config import RunConfig, config_hash
 from akocore.messages import Partial
 from akocore.results import RankResult
 from akocore.schemes import AkoWorker, SchemeError
+from akocore.schemes.registry import wire_codec
 from akocore.settings.key_registry import default_of
 from akocore.workload import FlatWorkload
 from akorun.errors import Interrupted, RunError, UsageError
@@ -161,7 +162,7 @@ class Worker:
         self.run_id = options.settings.run_id
         self.config_hash = config_hash(cfg)
         # the server takes float32 bodies or this codec's
-        self.codec: Codec | None = codec_named(cfg.exchange.codec)
+        self.codec: Codec | None = codec_named(wire_codec(cfg.exchange))
         self.metrics = Metrics(self.rank, self.role.name)
         self.phase = PhaseMachine()
         self.waiter = Waiter(report_every_s=max(5.0, options.peer_timeout_s / 2),

@@ -19,7 +19,7 @@ Header layout (all integers little-endian, `struct` format `HEADER_FORMAT`):
 |      0 |    4 | magic       | bytes   | `b"AKO1"`                                     |
 |      4 |    1 | version     | u8      | `VERSION` (2); anything else is rejected      |
 |      5 |    1 | kind        | u8      | `akocore.messages.Kind`                       |
-|      6 |    1 | codec       | u8      | 1 float32, 2 fp16, 3 bf16, 4 int8, 5 topk     |
+|      6 |    1 | codec       | u8      | 1 float32, 2 fp16, 3 bf16, 4 int8, 5 topk, 6 ctopk |
 |      7 |    1 | flags       | u8      | bit 0 = final, bit 1 = folded; others 0       |
 |      8 |   16 | run_id      | bytes   | the run's 16-byte id (a UUID's bytes)         |
 |     24 |    8 | config_hash | bytes   | first 8 bytes of the (config, params) hash    |
@@ -42,7 +42,7 @@ what a sender owed a peer that was away goes back in one message
 
 The codec byte (`akocore.codecs`, `Codec.wire_id`) says how the body carries
 the values. A receiver takes float32 (1) or its run's own codec, whose
-parameter (topk's fraction) the config hash pins, and refuses any other code
+parameters (topk's fraction, ctopk's) the config hash pins, and refuses any other code
 with 409: the header is authenticated, so a codec mismatch is detected before
 the body is read. The body of a coded message is `codec.encoded_bytes(length)`
 bytes; `to_partial` keeps it as the `Partial`'s payload and the runtime decodes

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from akocore.schemes.registry import is_partitioned, scheme_named
+from akocore.schemes.registry import is_partitioned, scheme_named, wire_codec
 from akocore.units import format_duration, format_size
 from akosim.network.island_reduce import describe_islands
 from akosim.plan.advice import held_by_staleness
@@ -88,7 +88,7 @@ def _terms(setup: Setup, runs: list[SimRun]) -> list[str]:
             f"{exchange.inner_steps // max(1, exchange.fragments)} steps) and lets each "
             f"sync overlap {exchange.overlap_steps} inner step(s): staleness H - 1 + tau = "
             f"{exchange.inner_steps - 1 + exchange.overlap_steps} rounds")
-    codec = exchange.codec
+    codec = wire_codec(exchange)
     if codec == "none":
         lines.append("  codec none: gradients travel as float32 (4 bytes a value)")
     else:

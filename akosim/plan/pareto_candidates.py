@@ -201,7 +201,10 @@ def _knobs(scheme: Scheme, setup: Setup) -> dict[str, list[int]]:
         value = getattr(exchange, key, None)
         if not isinstance(value, int) or isinstance(value, bool):
             continue
-        probe = _exchange_with(exchange, key, value * 2 + 1)
+        try:  # a value the scheme's checks refuse (sparseloco's bits) moves no bound
+            probe = _exchange_with(exchange, key, value * 2 + 1)
+        except ValueError:
+            continue
         if scheme.staleness_bound(probe, p_max=1, ssp=exchange.ssp) == \
                 scheme.staleness_bound(exchange, p_max=1, ssp=exchange.ssp):
             continue

@@ -40,7 +40,7 @@ import numpy as np
 from akocore.figures import steady_round_time_s
 from akocore.messages import FLOAT_BYTES
 from akocore.partition import partition_bounds
-from akocore.schemes.registry import has_servers, scheme_named
+from akocore.schemes.registry import has_servers, scheme_named, wire_codec
 from akocore.settings.normalise import network_layers
 from akocore.units import format_bandwidth
 from akosim.network.netspec import NetworkSpec
@@ -112,7 +112,7 @@ def closed_form_run(setup: Setup, variant: Variant, *, trace: bool = False,
     `_simulate_options` only matter then)."""
     if trace or workload is not None or network_layers(setup.network_model_name):
         return None  # only the max-min fluid network alone has these closed forms
-    if setup.config.exchange.codec != "none":
+    if wire_codec(setup.config.exchange) != "none":
         return None  # coded sizes and codec CPU: simulated
     shared = uniform(setup, variant)
     if shared is None:
