@@ -505,7 +505,7 @@ def test_section_must_be_a_table() -> None:
 def test_bad_scheme() -> None:
     message = error_of(config_from_dict, {"exchange": {"scheme": "ring"}})
     assert message == ("exchange.scheme: got 'ring', expected one of ako, ps, allreduce, "
-                       "wagma, diloco, streaming-diloco")
+                       "wagma, diloco, streaming-diloco, quorum-diloco")
 
 
 def test_workers_must_be_at_least_two() -> None:
@@ -620,9 +620,9 @@ def test_config_hash_of_defaults_is_pinned() -> None:
     # rank of a run must compute the same hash, across versions of this module. (Changed
     # when exchange.outer_sync and exchange.flush came: DiLoCo's sync became an all-reduce
     # and Ako's flush averages, so ranks of the version before cannot join a run of this
-    # one anyway.)
+    # one anyway; changed again when exchange.quorum_min and quorum_grace_steps came.)
     assert config_hash(RunConfig()) == (
-        "c5282dd95e0c2844a0d5435fa39b6c482d532c8f452881ffe162ecc5462d3887"
+        "6416d2e3ff1f34b32654652476f7cd9bad9eca491ae551a9b679824d3a229fba"
     )
 
 
