@@ -1,0 +1,87 @@
+"""quorum-diloco runs by name in both backends: akosim's timing and training, akorun's
+launch on loopback.
+
+With one worker 3x slower (``--speeds 1,1,3``) the quorum (a majority: 2 of 3) lets
+the two fast workers go on without the slow one, so akosim reports more samples/s
+for quorum-diloco than for DiLoCo, whose every sync waits for the slow worker. On
+loopback, 3 real workers end on syncs every replica applied alike: equal parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from akorun.testing import REPO_ROOT, akorun_command, child_test_env
+
+SLOW_THIRD = ["--workers", "3", "--speeds", "1,1,3", "--gradient-size", "40KB",
+              "--compute", "10ms", "--rounds", "40", "--inner-steps", "5", "--quiet"]
+
+
+def _samples_per_s(out: str, scheme: str) -> float:
+    row = next(line for line in out.splitlines() if line.startswith(f"{scheme} H="))
+    return float(next(cell for cell in row.split("  ") if cell.strip().replace(",", "")
+                      .replace(".", "").isdigit() and "." in cell).replace(",", ""))
+
+
+def test_akosim_with_one_worker_3x_slower_gives_quorum_diloco_more_samples_per_s(
+        capsys) -> None:
+    from akosim.cli import main
+
+    rates = {}
+    for scheme in ("diloco", "quorum-diloco"):
+        assert main(["--scheme", scheme, *SLOW_THIRD]) == 0
+        out = capsys.readouterr().out
+        rates[scheme] = _samples_per_s(out, scheme)
+        if scheme == "quorum-diloco":
+            assert "quorum-diloco H=5 q=majority g=0" in out
+    assert rates["quorum-diloco"] > rates["diloco"], rates
+
+
+def test_akosim_trains_quorum_diloco_by_name(capsys) -> None:
+    from akosim.cli import main
+
+    assert main(["train", "--scheme", "quorum-diloco", "--workers", "3", "--inner-steps", "5",
+                 "--quorum-min", "2", "--quorum-grace-steps", "1", "--rounds", "20",
+                 "--compute", "10ms", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("quorum-diloco"))
+    assert "H=5 q=2 g=1" in row and "%" in row  # a final accuracy
+
+
+def test_a_bad_quorum_knob_is_one_line_and_status_2(capsys) -> None:
+    from akosim.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--scheme", "quorum-diloco", "--workers", "3", "--inner-steps", "2",
+              "--quorum-grace-steps", "2", "--quiet"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "exchange.quorum_grace_steps: got 2" in err[0], err
+
+
+@pytest.mark.timeout(150)
+def test_akorun_launches_quorum_diloco_by_name_and_ends_with_equal_replicas(
+        tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    command = akorun_command("launch", "--workers", "3", "--rounds", "6", "--lr", "0.1",
+                             "--optimizer", "sgd", "--workload", "digits-mlp",
+                             "--scheme", "quorum-diloco", "--inner-steps", "3",
+                             "--quorum-min", "2", "--out", str(out), "--quiet",
+                             "--timeout", "120s")
+    result = subprocess.run(command, capture_output=True, text=True, env=child_test_env(),
+                            cwd=REPO_ROOT, timeout=140)
+    assert result.returncode == 0, result.stderr
+    merged = json.loads((out / "result.json").read_text())
+    assert merged["scheme"] == "quorum-diloco"
+    assert [w["rounds"] for w in merged["per_worker"]] == [6] * 3
+    replicas = []
+    for rank in range(3):
+        with np.load(out / f"worker-{rank}.npz") as data:
+            replicas.append(np.array(data["params"]))
+    for replica in replicas[1:]:
+        np.testing.assert_array_equal(replica, replicas[0])
