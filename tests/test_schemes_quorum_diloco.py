@@ -27,7 +27,7 @@ from akocore.config import ConfigError, parse_toml_text
 from akocore.messages import Partial, Send
 from akocore.optim import PlainSGD
 from akocore.schemes import SchemeSpec, build_nodes
-from akocore.schemes.quorum_diloco import QUORUM_DILOCO, majority
+from akocore.schemes.quorum_diloco import EVERYONE, QUORUM_DILOCO, majority
 from akocore.schemes.registry import scheme_named
 from akocore.settings.schema import ExchangeConfig
 from tests.scheme_harness import Deadlock, drive
@@ -75,7 +75,7 @@ def _replay(nodes: list, grads: dict[int, list[np.ndarray]], *, seed: int,
 
 @SLOW
 @given(case=cases, inner_steps=st.integers(1, 4), syncs=st.integers(0, 3),
-       grace=st.integers(0, 3), everyone=st.sampled_from(["n", "32"]),
+       grace=st.integers(0, 3), everyone=st.sampled_from(["n", "all"]),
        momentum=st.sampled_from([0.0, 0.9]))
 def test_with_a_quorum_of_everyone_it_is_diloco_bit_for_bit(
         case: dict, inner_steps: int, syncs: int, grace: int, everyone: str,
@@ -83,7 +83,7 @@ def test_with_a_quorum_of_everyone_it_is_diloco_bit_for_bit(
     n, length = case["workers"], case["length"]
     rounds = inner_steps * syncs
     knobs = {"inner_steps": inner_steps, "outer_lr": 0.7, "outer_momentum": momentum}
-    quorum = n if everyone == "n" else 32
+    quorum = n if everyone == "n" else EVERYONE
     ours = _nodes("quorum-diloco", n, length, quorum_min=quorum,
                   quorum_grace_steps=min(grace, inner_steps - 1), **knobs)
     log = drive(ours, {r: rounds for r in range(n)}, seed=case["seed"], length=length,
@@ -221,8 +221,6 @@ def test_a_silent_decider_stalls_the_sync_until_it_is_suspended() -> None:
 def test_knobs_out_of_range_are_refused_with_the_key_named() -> None:
     with pytest.raises(ValueError, match=r"exchange.quorum_grace_steps: got 2, expected"):
         SchemeSpec("quorum-diloco", 3, inner_steps=2, quorum_grace_steps=2)
-    with pytest.raises(ValueError, match=r"cluster.workers: got 33, quorum-diloco takes"):
-        SchemeSpec("quorum-diloco", 33)
     with pytest.raises(ConfigError, match=r"exchange.quorum_min: got -1"):
         parse_toml_text("[exchange.quorum]\nquorum_min = -1\n")
     with pytest.raises(ConfigError, match=r"exchange.quorum_grace_steps: got 10"):
@@ -236,7 +234,7 @@ def test_label_bound_and_grid_come_from_the_scheme() -> None:
     assert QUORUM_DILOCO.variant_label(exchange) == "quorum-diloco H=5 q=majority g=1"
     assert QUORUM_DILOCO.staleness_bound(exchange, p_max=1, ssp=0.0) == 10.0
     assert QUORUM_DILOCO.period_rounds(exchange) == 5
-    assert QUORUM_DILOCO.plan_grid(exchange) == {"quorum_min": (32,),
+    assert QUORUM_DILOCO.plan_grid(exchange) == {"quorum_min": (EVERYONE,),
                                                  "quorum_grace_steps": (1,)}
     table = parse_toml_text('[exchange]\nscheme = "quorum-diloco"\n[exchange.quorum]\n'
                             "quorum_min = 2\n")
@@ -253,3 +251,14 @@ def test_timing_only_nodes_run_the_same_gate() -> None:
         raise AssertionError(str(error)) from None
     assert all(node.syncs_done == nodes[0].syncs_done for node in nodes)
     assert sum(len(sync) for sync in nodes[0].included) == 3 + 3 + 2 + 3
+
+
+def test_a_decision_for_more_than_32_workers_spans_one_message_per_32_ranks() -> None:
+    spec = SchemeSpec("quorum-diloco", 40, inner_steps=1, quorum_min=39)
+    nodes = build_nodes(spec, 4, _theta0(4), PlainSGD(LR))
+    drive(nodes, {r: 2 for r in range(40)}, seed=3, length=4, duplicate_prob=0.0)
+    assert all(node.included == nodes[0].included for node in nodes)
+    assert all(node.anchor.tobytes() == nodes[0].anchor.tobytes() for node in nodes)
+    assert sorted(key for sync in nodes[0].included for key in sync) == [
+        (r, m) for r in range(40) for m in range(2)]
+    assert any(35 in {r for r, _ in sync} for sync in nodes[0].included)

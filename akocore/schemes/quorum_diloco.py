@@ -21,7 +21,7 @@ project's peer-to-peer DiLoCo:
   majority survives) and the grace window is over, or at once when every live
   worker's contribution is in. It multicasts the decision (Kind.PSEUDO_MEAN,
   round s, no values, ``p`` = the bit mask of the ranks whose oldest untaken
-  contribution the sync takes), so every replica averages the same
+  contribution the sync takes, 32 ranks per message), so every replica averages the same
   contributions, summed in rank order in float64: the anchors stay bit-equal.
   A contribution that missed sync s is taken by the next one (never dropped,
   never twice: each replica takes each sender's contributions in order, one
@@ -56,7 +56,7 @@ a chunk, so one silent member would stall the chunk it owns whatever the
 quorum; here only the decider's silence stalls a sync (until the peer timeout
 suspends it and the next rank decides; a decision it sent some replicas first
 is adopted by its successor, as diloco's successor owners adopt a lost owner's
-mean). The decision's mask is 32 bits: at most 32 workers.
+mean).
 
 Faults: a silent worker (slow, paused or killed) is not awaited once the quorum
 is in: the others go on syncing. A returning member holds what its peers sent
@@ -86,9 +86,10 @@ from akocore.schemes.protocol import ExchangeView, ReplicaOf, Scheme
 if TYPE_CHECKING:
     from akocore.schemes.factory import SchemeSpec
 
-MAX_WORKERS = 32  # the decision's contributor mask travels in the 32-bit `p`
+MASK_BITS = 32  # a decision's message carries 32 ranks of its contributor mask in `p`
+EVERYONE = 1 << 16  # a quorum_min that stands for every worker (the planner's "q=all")
 _QUORUM = "scheme quorum-diloco: "
-_DECISION_PART = 1  # Kind.PSEUDO_MEAN part of a decision
+_DECISION_PART = 1  # Kind.PSEUDO_MEAN part of a decision's first block of ranks
 _FINAL_PART = 1  # Kind.PSEUDO part of the final marker (contributions are part 0)
 
 
@@ -122,9 +123,8 @@ class QuorumSettings(SchemeSettings):
 def check_quorum(workers: int, inner_steps: int, quorum_min: int, grace_steps: int) -> int:
     """The quorum in workers (one above the workers is every worker); ValueError naming
     the key when a knob is out of range."""
-    if not 2 <= workers <= MAX_WORKERS:
-        raise ValueError(f"cluster.workers: got {workers}, quorum-diloco takes 2 to "
-                         f"{MAX_WORKERS} workers")
+    if workers < 2:
+        raise ValueError(f"cluster.workers: got {workers}, quorum-diloco takes >= 2 workers")
     if quorum_min < 0:
         raise ValueError(f"exchange.quorum_min: got {quorum_min}, expected 0 (a majority) "
                          f"or a number of workers >= 1")
@@ -159,6 +159,8 @@ class QuorumDilocoWorker(SchemeNode):
         self.held: dict[int, dict[int, np.ndarray | None]] = {r: {} for r in range(workers)}
         self.taken = [0] * workers
         self.decisions: dict[int, int] = {}  # sync -> contributor mask (first one wins)
+        self.blocks = -(-workers // MASK_BITS)  # messages per decision
+        self._parts: dict[tuple[int, int], dict[int, int]] = {}  # (sync, decider) -> blocks
         self.announced: set[int] = set()  # syncs whose decision this rank multicast
         self.included: list[tuple[tuple[int, int], ...]] = []  # per sync: (sender, point)
         self.points = 0  # contributions this rank sent
@@ -214,8 +216,10 @@ class QuorumDilocoWorker(SchemeNode):
             self.decisions[s] = sum(1 << r for r in ready)
         self.announced.add(s)
         values = None if self.replica.params is None else np.zeros(0, np.float32)
-        return [Send(self.peers, Partial(Kind.PSEUDO_MEAN, self.rank, s, _DECISION_PART,
-                                         self.decisions[s], 0, 0, values))]
+        low = (1 << MASK_BITS) - 1
+        return [Send(self.peers, Partial(Kind.PSEUDO_MEAN, self.rank, s, _DECISION_PART + b,
+                                         self.decisions[s] >> (MASK_BITS * b) & low, 0, 0,
+                                         values)) for b in range(self.blocks)]
 
     def _in_grace(self) -> bool:
         """The decider holds the quorum of the open sync and waits out its grace."""
@@ -318,8 +322,10 @@ class QuorumDilocoWorker(SchemeNode):
     def _check_message(self, msg: Partial) -> bool:
         """SchemeError unless a correct peer sends `msg`; True for a final marker."""
         ok_kind = (msg.kind == Kind.PSEUDO and msg.part in (0, _FINAL_PART) and msg.p == 1) \
-            or (msg.kind == Kind.PSEUDO_MEAN and msg.part == _DECISION_PART
-                and 0 < msg.p < 1 << self.workers)
+            or (msg.kind == Kind.PSEUDO_MEAN
+                and _DECISION_PART <= msg.part < _DECISION_PART + self.blocks
+                and 0 <= msg.p < 1 << min(MASK_BITS, self.workers
+                                          - MASK_BITS * (msg.part - _DECISION_PART)))
         if not ok_kind or msg.sender not in self.peers:
             raise SchemeError(f"quorum-diloco worker {self.rank}: unexpected {msg.kind.name} "
                               f"part {msg.part} of {msg.p} from node {msg.sender}")
@@ -340,7 +346,12 @@ class QuorumDilocoWorker(SchemeNode):
             self.final_round[msg.sender] = msg.round
             self._viewed()
         elif msg.kind == Kind.PSEUDO_MEAN:
-            self.decisions.setdefault(msg.round, msg.p)  # the first decision wins
+            parts = self._parts.setdefault((msg.round, msg.sender), {})
+            parts[msg.part - _DECISION_PART] = msg.p
+            if len(parts) == self.blocks:  # the first whole decision wins
+                del self._parts[(msg.round, msg.sender)]
+                self.decisions.setdefault(msg.round, sum(
+                    p << (MASK_BITS * b) for b, p in parts.items()))
         elif msg.round >= self.taken[msg.sender]:
             self.held[msg.sender][msg.round] = None if msg.values is None \
                 else msg.values.copy()
@@ -446,7 +457,7 @@ class QuorumDilocoScheme(Scheme):
         """A quorum of everyone (q=all: DiLoCo's waits, every contribution on time) and
         one step of grace, beside the configured run."""
         h = exchange.knobs(DilocoSettings).inner_steps
-        grid: dict[str, tuple[int, ...]] = {"quorum_min": (MAX_WORKERS,)}
+        grid: dict[str, tuple[int, ...]] = {"quorum_min": (EVERYONE,)}
         if h > 1:
             grid["quorum_grace_steps"] = (1,)
         return grid
@@ -454,7 +465,7 @@ class QuorumDilocoScheme(Scheme):
     def label(self, exchange: ExchangeView) -> str:
         knobs = exchange.knobs(QuorumSettings)
         quorum = "majority" if not knobs.quorum_min else \
-            "all" if knobs.quorum_min >= MAX_WORKERS else knobs.quorum_min
+            "all" if knobs.quorum_min >= EVERYONE else knobs.quorum_min
         return (f"H={exchange.knobs(DilocoSettings).inner_steps} q={quorum} "
                 f"g={knobs.quorum_grace_steps}")
 
