@@ -85,3 +85,20 @@ def test_akorun_launches_quorum_diloco_by_name_and_ends_with_equal_replicas(
             replicas.append(np.array(data["params"]))
     for replica in replicas[1:]:
         np.testing.assert_array_equal(replica, replicas[0])
+
+
+def test_the_planner_times_the_quorum_and_grace_grid_beside_the_configured_run() -> None:
+    from dataclasses import replace
+
+    from akosim.plan.compare import compare_all
+    from akosim.plan.pareto_candidates import pareto_candidates
+    from tests.test_plan_advice import _setup
+
+    setup = _setup(n=3, rounds=12)
+    setup = replace(setup, config=replace(setup.config, exchange=replace(
+        setup.config.exchange, scheme="quorum-diloco", inner_steps=4)))
+    chosen = pareto_candidates(setup, compare_all(setup), max_staleness_rounds=16,
+                               training_rounds=12)
+    labels = {c.variant.label for c in chosen if c.timing.scheme == "quorum-diloco"}
+    assert {"quorum-diloco H=4 q=all g=0", "quorum-diloco H=4 q=majority g=1"} <= labels, \
+        labels
