@@ -34,8 +34,9 @@ from tests.scheme_harness import Deadlock, drive
 from tests.test_schemes_diloco import LR, SLOW, _theta0, cases
 
 
-def _nodes(scheme: str, workers: int, length: int, **options: float) -> list:
-    spec = SchemeSpec(scheme, workers, options=tuple(options.items()))
+def _nodes(scheme: str, workers: int, length: int, codec: str = "none",
+           **options: float) -> list:
+    spec = SchemeSpec(scheme, workers, codec=codec, options=tuple(options.items()))
     return build_nodes(spec, length, _theta0(length), PlainSGD(LR))
 
 
@@ -97,11 +98,11 @@ def test_with_a_quorum_of_everyone_it_is_diloco_bit_for_bit(
         assert mine.syncs_done == theirs.syncs_done == syncs
 
 
-def _mixed_run(case: dict, inner_steps: int, quorum: int, grace: int,
-               rounds: list[int]) -> tuple[list, dict[int, int]]:
+def _mixed_run(case: dict, inner_steps: int, quorum: int, grace: int, rounds: list[int],
+               codec: str = "none") -> tuple[list, dict[int, int]]:
     n, length = case["workers"], case["length"]
-    nodes = _nodes("quorum-diloco", n, length, inner_steps=inner_steps, quorum_min=quorum,
-                   quorum_grace_steps=min(grace, inner_steps - 1))
+    nodes = _nodes("quorum-diloco", n, length, codec, inner_steps=inner_steps,
+                   quorum_min=quorum, quorum_grace_steps=min(grace, inner_steps - 1))
     per_rank = {r: rounds[r] for r in range(n)}
     drive(nodes, per_rank, seed=case["seed"], length=length,
           duplicate_prob=case["duplicate_prob"])
@@ -114,10 +115,13 @@ mixed = {"case": cases, "inner_steps": st.integers(1, 4), "quorum": st.integers(
 
 
 @SLOW
-@given(**mixed)
+@given(**mixed, codec=st.sampled_from(["none", "int8", "topk:0.5"]))
 def test_every_replica_applies_the_same_syncs_and_holds_the_same_anchor(
-        case: dict, inner_steps: int, quorum: int, grace: int, rounds: list[int]) -> None:
-    nodes, _ = _mixed_run(case, inner_steps, quorum, grace, rounds)
+        case: dict, inner_steps: int, quorum: int, grace: int, rounds: list[int],
+        codec: str) -> None:
+    """Also with a codec on the pseudo-gradients: each worker averages the value its
+    peers decode of its own."""
+    nodes, _ = _mixed_run(case, inner_steps, quorum, grace, rounds, codec)
     for node in nodes[1:]:
         assert node.included == nodes[0].included
         assert node.anchor.tobytes() == nodes[0].anchor.tobytes()

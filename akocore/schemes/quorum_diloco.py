@@ -162,9 +162,11 @@ class QuorumDilocoWorker(SchemeNode):
         self.blocks = -(-workers // MASK_BITS)  # messages per decision
         self._parts: dict[tuple[int, int], dict[int, int]] = {}  # (sync, decider) -> blocks
         self.announced: set[int] = set()  # syncs whose decision this rank multicast
-        self.included: list[tuple[tuple[int, int], ...]] = []  # per sync: (sender, point)
+        # the contributions of each sync applied, (sender, its point), for checks
+        self.included: list[tuple[tuple[int, int], ...]] = []
         self.points = 0  # contributions this rank sent
         self.waiting_from: int | None = None  # syncs_done when it sent at its point
+        self.point_round = -1  # the round that ended its last point
         self.quorum_round: dict[int, int] = {}  # sync -> own next_round at its quorum
         self.syncs_done = 0
         self._due: list[Send] = []
@@ -288,7 +290,7 @@ class QuorumDilocoWorker(SchemeNode):
                 and self.taken[r] not in self.held[r]]
 
     def lag(self, round_: int) -> int:
-        return 0 if self.waiting_from is None else 1
+        return 0 if self.waiting_from is None else max(0, round_ - self.point_round - 1)
 
     # ------------------------------------------------------------------ events
 
@@ -315,6 +317,7 @@ class QuorumDilocoWorker(SchemeNode):
                 else message.values.copy()
             self.points += 1
             self.waiting_from = self.syncs_done
+            self.point_round = round_
             effects.append(Send(self.peers, message))
         effects.extend(self._progress())
         return effects
