@@ -87,7 +87,8 @@ def test_akorun_launches_quorum_diloco_by_name_and_ends_with_equal_replicas(
         np.testing.assert_array_equal(replica, replicas[0])
 
 
-def test_the_planner_times_the_quorum_and_grace_grid_beside_the_configured_run() -> None:
+def test_the_planner_times_a_quorum_of_everyone_and_graces_beside_the_configured_run(
+        ) -> None:
     from dataclasses import replace
 
     from akosim.plan.compare import compare_all
@@ -100,5 +101,6 @@ def test_the_planner_times_the_quorum_and_grace_grid_beside_the_configured_run()
     chosen = pareto_candidates(setup, compare_all(setup), max_staleness_rounds=16,
                                training_rounds=12)
     labels = {c.variant.label for c in chosen if c.timing.scheme == "quorum-diloco"}
-    assert {"quorum-diloco H=4 q=all g=0", "quorum-diloco H=4 q=majority g=1"} <= labels, \
-        labels
+    assert "quorum-diloco H=4 q=all g=0" in labels, labels  # its plan_grid
+    assert any(" q=majority g=" in label and not label.endswith(" g=0")
+               for label in labels), labels  # a grace: it moves the staleness bound

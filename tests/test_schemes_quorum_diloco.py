@@ -238,8 +238,7 @@ def test_label_bound_and_grid_come_from_the_scheme() -> None:
     assert QUORUM_DILOCO.variant_label(exchange) == "quorum-diloco H=5 q=majority g=1"
     assert QUORUM_DILOCO.staleness_bound(exchange, p_max=1, ssp=0.0) == 10.0
     assert QUORUM_DILOCO.period_rounds(exchange) == 5
-    assert QUORUM_DILOCO.plan_grid(exchange) == {"quorum_min": (EVERYONE,),
-                                                 "quorum_grace_steps": (1,)}
+    assert QUORUM_DILOCO.plan_grid(exchange) == {"quorum_min": (EVERYONE,)}
     table = parse_toml_text('[exchange]\nscheme = "quorum-diloco"\n[exchange.quorum]\n'
                             "quorum_min = 2\n")
     assert QUORUM_DILOCO.label(table.exchange) == "H=10 q=2 g=0"

@@ -457,13 +457,10 @@ class QuorumDilocoScheme(Scheme):
         return exchange.knobs(DilocoSettings).inner_steps
 
     def plan_grid(self, exchange: ExchangeView) -> dict[str, tuple[int, ...]]:
-        """A quorum of everyone (q=all: DiLoCo's waits, every contribution on time) and
-        one step of grace, beside the configured run."""
-        h = exchange.knobs(DilocoSettings).inner_steps
-        grid: dict[str, tuple[int, ...]] = {"quorum_min": (EVERYONE,)}
-        if h > 1:
-            grid["quorum_grace_steps"] = (1,)
-        return grid
+        """A quorum of everyone (q=all: DiLoCo's waits, every contribution on time) beside
+        the configured run; the grace moves the staleness bound, so the planner tries it
+        as it tries H."""
+        return {"quorum_min": (EVERYONE,)}
 
     def label(self, exchange: ExchangeView) -> str:
         knobs = exchange.knobs(QuorumSettings)
