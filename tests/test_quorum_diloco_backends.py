@@ -4,7 +4,8 @@ launch on loopback.
 With one worker 3x slower (``--speeds 1,1,3``) the quorum (a majority: 2 of 3) lets
 the two fast workers go on without the slow one, so akosim reports more samples/s
 for quorum-diloco than for DiLoCo, whose every sync waits for the slow worker. On
-loopback, 3 real workers end on syncs every replica applied alike: equal parameters.
+loopback, 3 real workers end on syncs every replica applied alike: equal parameters,
+also when one of them was paused while the others went on at the quorum.
 """
 
 from __future__ import annotations
@@ -104,3 +105,33 @@ def test_the_planner_times_a_quorum_of_everyone_and_graces_beside_the_configured
     assert "quorum-diloco H=4 q=all g=0" in labels, labels  # its plan_grid
     assert any(" q=majority g=" in label and not label.endswith(" g=0")
                for label in labels), labels  # a grace: it moves the staleness bound
+
+
+@pytest.mark.timeout(150)
+def test_akorun_goes_on_at_the_quorum_while_a_member_is_paused_and_it_catches_up(
+        tmp_path: Path) -> None:
+    """Rank 2 sends its first pseudo-gradient, then pauses before round 3: ranks 0 and 1
+    run every round without it (DiLoCo would hold them at their second sync). Released,
+    rank 2 applies the syncs it missed, its pseudo-gradients join later syncs, and every
+    rank ends on the same anchor (exit 0: the run compares them)."""
+    from akorun.testing import LocalCluster, wait_for
+
+    go = tmp_path / "go"
+    tables = {"cluster": {"workers": 3},
+              "exchange": {"scheme": "quorum-diloco", "inner_steps": 3, "quorum_min": 2},
+              "train": {"workload": "digits-mlp", "optimizer": "sgd", "lr": 0.1,
+                        "rounds": 12, "eval_every": 1000}}
+    with LocalCluster(tmp_path, tables) as cluster:
+        cluster.start_all("--quiet", env={"AKORUN_FAULT": f"2@pause_before_round:3:{go}"})
+
+        def others_done_while_paused() -> bool:
+            states = [cluster.status(r) for r in range(3)]
+            return all(states) and states[0]["round"] == states[1]["round"] == 12 \
+                and states[2]["round"] == 3
+
+        wait_for(others_done_while_paused, 90, "ranks 0 and 1 past every round, rank 2 held")
+        go.touch()
+        assert cluster.wait_all(90) == {0: 0, 1: 0, 2: 0}, cluster.logs()
+        replicas = [cluster.params(rank) for rank in range(3)]
+    for replica in replicas[1:]:
+        np.testing.assert_array_equal(replica, replicas[0])
