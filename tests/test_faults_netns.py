@@ -344,7 +344,8 @@ def test_a_diloco_cut_between_two_ranks_ends_with_one_anchor_or_fails_loudly(
         for rank in range(WORKERS):
             if codes[rank] != 0:
                 assert codes[rank] == 1 and re.search(
-                    r"syncs behind|replicas disagree|gave it up|never completed", run.log(rank)), run.logs()
+                    r"syncs behind|replicas disagree|gave it up|never completed",
+                    run.log(rank)), run.logs()
         if scheme == "diloco" and passed:  # ends on a full sync: the parameters are the anchor
             first = run.params(passed[0])  # (streaming: the exit 0s say the anchors agree)
             for rank in passed[1:]:

@@ -125,6 +125,8 @@ def _evaluate(expression: str, exchange, p_max: int, ssp: float) -> float:
              "inf": float("inf"), "H": exchange.inner_steps}
     if exchange.scheme == "streaming-diloco":
         names["tau"] = exchange.overlap_steps
+    if exchange.scheme == "quorum-diloco":
+        names["g"] = exchange.quorum_grace_steps
     return float(eval(expression.replace("lambda", "lambda_"), {"__builtins__": {}}, names))
 
 
