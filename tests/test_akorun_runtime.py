@@ -17,7 +17,8 @@ from akorun.launch.cluster import new_settings, with_hosts
 from akorun.metrics import Metrics
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.phase import IllegalTransition, Phase, PhaseMachine
-from akorun.runtime.roles import AkoRole, PSServerRole, PSWorkerRole, Role, role_for
+from akorun.runtime.rank_recovery import NoRecovery, RejoinRecovery
+from akorun.runtime.roles import PartitionedRole, PSServerRole, PSWorkerRole, Role, role_for
 from akorun.runtime.waiting import Waiter
 from akorun.runtime.worker import Worker, WorkerOptions
 from akorun.testing import SinkHost
@@ -268,16 +269,18 @@ def test_the_role_is_chosen_once_from_the_scheme_and_the_rank() -> None:
         return role_for(config_from_dict({"cluster": {"workers": 3}, "exchange": exchange}),
                         rank)
 
-    assert type(role("ako", 2)) is AkoRole
+    assert type(role("ako", 2)) is PartitionedRole
+    assert type(role("ako", 2).recovery) is RejoinRecovery
     assert type(role("ps", 0)) is PSWorkerRole
     server = role("ps", 2)
     assert type(server) is PSServerRole and server.name == "ps"
     assert not server.trains and server.hard_stop_on_first_signal
     assert type(role("allreduce", 1)) is Role and role("allreduce", 1).trains
-    for rank, scheme in ((2, "ps"), (0, "allreduce")):
+    for rank, scheme in ((2, "ps"), (0, "allreduce"), (1, "diloco")):
+        assert type(role(scheme, rank).recovery) is NoRecovery
         with pytest.raises(ControlError, match="ako only"):
-            role(scheme, rank).donor()
+            role(scheme, rank).recovery.donor()
         with pytest.raises(UsageError, match="ako runs only"):
-            role(scheme, rank).check_resume()
-    role("ako", 0).check_resume()
+            role(scheme, rank).recovery.check_resume()
+    role("ako", 0).recovery.check_resume()
     assert server.params_offset() == 0  # no node yet

@@ -68,6 +68,11 @@ so ``train.rounds`` counts inner steps and a run whose rounds are a multiple
 of H ends on a full sync. Staleness: a component of a replica misses at most
 the other workers' last H - 1 + tau inner steps. ``exchange.reduce`` and
 ``exchange.ssp`` are not read: the average is a mean and the gate is the sync.
+
+Past ~500 lines on purpose: the worker's sync schedule, its two outer
+exchanges, its averaging and its re-sync share one state (pending syncs,
+anchor, outer optimizer state); the all-reduce's chunk bookkeeping already
+lives in diloco_sync and the settings in diloco_settings.
 """
 
 from __future__ import annotations
@@ -385,6 +390,9 @@ class DilocoWorker(AllReduceSync, SchemeNode):
         self.anchor = anchor.astype(np.float32, copy=True)
         self.outer_state = [None if state is None else np.array(state, np.float32)
                             for state in outer_state]
+
+    def resync(self) -> DilocoWorker:
+        return self
 
     def agreed_state(self) -> np.ndarray | None:
         """The anchor: every replica applies the same syncs (their means are the owners'),

@@ -1,4 +1,8 @@
-"""The rejoin handshake (``--resume``, ako only), both sides.
+"""The rejoin handshake (``--resume``, a recoverable rank only), both sides.
+
+The node it rejoins or donates with is the role's recovery's
+(akorun.runtime.rank_recovery: a node that is
+akocore.schemes.recovery.Recoverable; ako's).
 
 Joiner: answer partials with 503 "rejoining"; ask every peer what it
 acknowledged, dropped and received (``rejoin-hello``); get a snapshot from the
@@ -24,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from akocore.schemes import AkoState, AkoWorker, RejoinSnapshot, SchemeError
+from akocore.schemes import Recoverable, RecoveryState, RejoinSnapshot, SchemeError
 from akorun.errors import RunError, UsageError
 from akorun.metrics import Metrics
 from akorun.runtime.checkpoint_file import (
@@ -115,7 +119,7 @@ class Rejoin:
             raise UsageError(f"{self._checkpoint_file()}: checkpoint has p = "
                              f"{list(self.checkpoint.p_of)}, the run uses {list(p_of)}")
         self.build_node(None, p_of)
-        node = self.role.rejoiner()
+        node = self.role.recovery.rejoiner()
         self._restore_optimizer(node)
         donor = max(live, key=lambda j: (live[j]["round"], -j))
         need = {str(j): max(int(r["acked_by"]), int(r["dropped_until"]))
@@ -158,7 +162,7 @@ class Rejoin:
             raise RunError(f"donor rank {donor} sent an unreadable snapshot: {error}") from None
 
     async def _restart(self, client: ControlClient, peer: int, first_round: int,
-                       node: AkoWorker) -> None:
+                       node: Recoverable) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(5.0, self.peer_timeout_s)
         while True:
@@ -178,9 +182,9 @@ class Rejoin:
             raise UsageError(f"--resume: no live peer answered and there is no checkpoint of "
                              f"rank {self.rank} in {self.checkpoint_dir}")
         self.build_node(None, checkpoint.p_of)
-        node = self.role.rejoiner()
+        node = self.role.recovery.rejoiner()
         try:
-            node.load_state(AkoState(checkpoint.rank, checkpoint.next_round, checkpoint.params,
+            node.load_state(RecoveryState(checkpoint.rank, checkpoint.next_round, checkpoint.params,
                                      checkpoint.unsent, checkpoint.inbox, checkpoint.log,
                                      checkpoint.final_round))
         except (SchemeError, KeyError, ValueError) as error:
@@ -200,7 +204,7 @@ class Rejoin:
             return "--resume"
         return checkpoint_path(self.checkpoint_dir, self.rank)
 
-    def _restore_optimizer(self, node: AkoWorker) -> None:
+    def _restore_optimizer(self, node: Recoverable) -> None:
         if self.checkpoint is None or not self.checkpoint.optimizer_leaves:
             return
         try:
@@ -215,7 +219,7 @@ class Rejoin:
         self.identity.check(sender, payload)
         if self.role.node is None or self.phase.is_(Phase.STARTING, Phase.REJOINING):
             raise ControlError(503, self.phase.name)
-        node = self.role.donor()
+        node = self.role.recovery.donor()
         # keep (not drop) its messages until it restarts, or gives up rejoining
         self.liveness.rejoin_started(sender)
         sender_queue = self.outbox.senders[sender]
@@ -236,7 +240,7 @@ class Rejoin:
         if node is None or not self.phase.is_(Phase.RUNNING) or node.finished:
             raise ControlError(409, f"rank {self.rank} cannot donate: state {self.phase.name}")
         try:
-            ako = self.role.donor()
+            giver = self.role.recovery.donor()
         except ControlError:
             raise ControlError(409, f"rank {self.rank} cannot donate: state "
                                     f"{self.phase.name}") from None
@@ -244,10 +248,10 @@ class Rejoin:
         if not isinstance(need_raw, dict):
             raise ControlError(400, "need: expected {peer: round}")
         need = {int(j): int(r) for j, r in need_raw.items()
-                if ako.log.knows(int(j)) and int(j) != sender}
+                if giver.log.knows(int(j)) and int(j) != sender}
 
         def ready() -> bool:
-            return all(int(ako.log.contiguous[j]) >= r or j in ako.suspended
+            return all(int(giver.log.contiguous[j]) >= r or j in giver.suspended
                        for j, r in need.items())
 
         if not await self.waiter.until(ready, max(30.0, 3 * self.peer_timeout_s),
@@ -255,18 +259,18 @@ class Rejoin:
             raise ControlError(503, f"messages from {need} did not arrive in time")
         if self.relay is not None:  # hold all any survivor held of the dead process
             await self.relay.pull(sender, patience_s=RELAY_PATIENCE_S)
-        if ako.finished:
+        if giver.finished:
             raise ControlError(409, f"rank {self.rank} finished while waiting")
-        snapshot = ako.rejoin_snapshot(sender)
-        log.warning("gave rank %d a rejoin snapshot at our round %d", sender, ako.next_round)
+        snapshot = giver.rejoin_snapshot(sender)
+        log.warning("gave rank %d a rejoin snapshot at our round %d", sender, giver.next_round)
         return control.pack_arrays(
-            {"donor": self.rank, "log": log_to_json(snapshot.log), "round": ako.next_round},
+            {"donor": self.rank, "log": log_to_json(snapshot.log), "round": giver.next_round},
             {"params": snapshot.params, "correction": snapshot.correction})
 
     async def on_restart(self, sender: int, payload: dict[str, Any]) -> dict[str, Any]:
         first_round = payload.get("first_round")
         try:
-            node = self.role.donor()
+            node = self.role.recovery.donor()
         except ControlError:
             node = None
         if node is None or not isinstance(first_round, int):
