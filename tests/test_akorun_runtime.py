@@ -279,8 +279,8 @@ def test_the_role_is_chosen_once_from_the_scheme_and_the_rank() -> None:
     for rank, scheme in ((2, "ps"), (0, "allreduce"), (1, "diloco")):
         assert type(role(scheme, rank).recovery) is NoRecovery
         with pytest.raises(ControlError, match="ako only"):
-            role(scheme, rank).recovery.donor()
+            role(scheme, rank).donor()
         with pytest.raises(UsageError, match="ako runs only"):
-            role(scheme, rank).recovery.check_resume()
-    role("ako", 0).recovery.check_resume()
+            role(scheme, rank).check_resume()
+    role("ako", 0).check_resume()
     assert server.params_offset() == 0  # no node yet

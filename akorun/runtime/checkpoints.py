@@ -68,7 +68,7 @@ class CheckpointWriter:
             "optimizer_leaves": optimizer_leaves(node.replica.state),
             "written_unix_s": time.time(),
         }
-        return self.role.recovery.checkpoint(common)
+        return self.role.checkpoint(common)
 
     async def write(self, *, final: bool = False,
                     before_replace: Callable[[Path], None] | None = None) -> None:

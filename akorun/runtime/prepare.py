@@ -62,7 +62,7 @@ def prepare(cfg: RunConfig, role: Role, *, run_id: str, config_hash: str, resume
     optimizer, warmup_s = warm_up(cfg, role, workload)
     checkpoint = None
     if resume:
-        role.recovery.check_resume()
+        role.check_resume()
         checkpoint = _resume_checkpoint(role.rank, run_id=run_id, config_hash=config_hash,
                                         directory=checkpoint_dir, workload=workload)
     return Prepared(workload, params_sha256, identity, optimizer, compute_measured_s, warmup_s,

@@ -1,8 +1,8 @@
 """The rejoin handshake (``--resume``, a recoverable rank only), both sides.
 
-The node it rejoins or donates with is the role's recovery's
-(akorun.runtime.rank_recovery: a node that is
-akocore.schemes.recovery.Recoverable; ako's).
+The node it rejoins or donates with is the one the role's recovery hands out
+(akorun.runtime.rank_recovery): a node that is
+akocore.schemes.recovery.Recoverable (ako's).
 
 Joiner: answer partials with 503 "rejoining"; ask every peer what it
 acknowledged, dropped and received (``rejoin-hello``); get a snapshot from the
@@ -119,7 +119,7 @@ class Rejoin:
             raise UsageError(f"{self._checkpoint_file()}: checkpoint has p = "
                              f"{list(self.checkpoint.p_of)}, the run uses {list(p_of)}")
         self.build_node(None, p_of)
-        node = self.role.recovery.rejoiner()
+        node = self.role.rejoiner()
         self._restore_optimizer(node)
         donor = max(live, key=lambda j: (live[j]["round"], -j))
         need = {str(j): max(int(r["acked_by"]), int(r["dropped_until"]))
@@ -182,11 +182,11 @@ class Rejoin:
             raise UsageError(f"--resume: no live peer answered and there is no checkpoint of "
                              f"rank {self.rank} in {self.checkpoint_dir}")
         self.build_node(None, checkpoint.p_of)
-        node = self.role.recovery.rejoiner()
+        node = self.role.rejoiner()
         try:
-            node.load_state(RecoveryState(checkpoint.rank, checkpoint.next_round, checkpoint.params,
-                                     checkpoint.unsent, checkpoint.inbox, checkpoint.log,
-                                     checkpoint.final_round))
+            node.load_state(RecoveryState(checkpoint.rank, checkpoint.next_round,
+                                          checkpoint.params, checkpoint.unsent, checkpoint.inbox,
+                                          checkpoint.log, checkpoint.final_round))
         except (SchemeError, KeyError, ValueError) as error:
             raise UsageError(f"{self._checkpoint_file()}: checkpoint does not fit this run: "
                              f"{error}") from None
@@ -219,7 +219,7 @@ class Rejoin:
         self.identity.check(sender, payload)
         if self.role.node is None or self.phase.is_(Phase.STARTING, Phase.REJOINING):
             raise ControlError(503, self.phase.name)
-        node = self.role.recovery.donor()
+        node = self.role.donor()
         # keep (not drop) its messages until it restarts, or gives up rejoining
         self.liveness.rejoin_started(sender)
         sender_queue = self.outbox.senders[sender]
@@ -240,7 +240,7 @@ class Rejoin:
         if node is None or not self.phase.is_(Phase.RUNNING) or node.finished:
             raise ControlError(409, f"rank {self.rank} cannot donate: state {self.phase.name}")
         try:
-            giver = self.role.recovery.donor()
+            ako = self.role.donor()
         except ControlError:
             raise ControlError(409, f"rank {self.rank} cannot donate: state "
                                     f"{self.phase.name}") from None
@@ -248,10 +248,10 @@ class Rejoin:
         if not isinstance(need_raw, dict):
             raise ControlError(400, "need: expected {peer: round}")
         need = {int(j): int(r) for j, r in need_raw.items()
-                if giver.log.knows(int(j)) and int(j) != sender}
+                if ako.log.knows(int(j)) and int(j) != sender}
 
         def ready() -> bool:
-            return all(int(giver.log.contiguous[j]) >= r or j in giver.suspended
+            return all(int(ako.log.contiguous[j]) >= r or j in ako.suspended
                        for j, r in need.items())
 
         if not await self.waiter.until(ready, max(30.0, 3 * self.peer_timeout_s),
@@ -259,18 +259,18 @@ class Rejoin:
             raise ControlError(503, f"messages from {need} did not arrive in time")
         if self.relay is not None:  # hold all any survivor held of the dead process
             await self.relay.pull(sender, patience_s=RELAY_PATIENCE_S)
-        if giver.finished:
+        if ako.finished:
             raise ControlError(409, f"rank {self.rank} finished while waiting")
-        snapshot = giver.rejoin_snapshot(sender)
-        log.warning("gave rank %d a rejoin snapshot at our round %d", sender, giver.next_round)
+        snapshot = ako.rejoin_snapshot(sender)
+        log.warning("gave rank %d a rejoin snapshot at our round %d", sender, ako.next_round)
         return control.pack_arrays(
-            {"donor": self.rank, "log": log_to_json(snapshot.log), "round": giver.next_round},
+            {"donor": self.rank, "log": log_to_json(snapshot.log), "round": ako.next_round},
             {"params": snapshot.params, "correction": snapshot.correction})
 
     async def on_restart(self, sender: int, payload: dict[str, Any]) -> dict[str, Any]:
         first_round = payload.get("first_round")
         try:
-            node = self.role.recovery.donor()
+            node = self.role.donor()
         except ControlError:
             node = None
         if node is None or not isinstance(first_round, int):

@@ -25,9 +25,10 @@ import numpy as np
 
 from akocore.config import RunConfig, replace_in
 from akocore.optim import FlatOptimizer
-from akocore.schemes import PSLayout, SchemeNode
+from akocore.schemes import PSLayout, Recoverable, SchemeNode
 from akocore.workload import FlatWorkload
 from akorun.errors import RunError, UsageError
+from akorun.runtime.checkpoint_file import Checkpoint
 from akorun.runtime.node_plan import (
     NodePlan,
     make_node,
@@ -117,7 +118,25 @@ class Role:
     def p_of(self) -> tuple[int, ...] | None:
         return self.plan.p_of if self.plan is not None else None
 
+    # ---------------------------------------------------------------- recovery
+
+    def check_resume(self) -> None:
+        """UsageError unless ``--resume`` can rejoin this run (the recovery says)."""
+        self.recovery.check_resume()
+
+    def donor(self) -> Recoverable:
+        """The node that can give a rejoining peer a snapshot; ControlError 409 if none."""
+        return self.recovery.donor()
+
+    def rejoiner(self) -> Recoverable:
+        """The node a ``--resume`` rejoins with (only a recoverable rank gets that far)."""
+        return self.recovery.rejoiner()
+
     # ---------------------------------------------------------------- reports
+
+    def checkpoint(self, common: dict[str, Any]) -> Checkpoint | None:
+        """What a checkpoint of this rank holds now: what its recovery can restore."""
+        return self.recovery.checkpoint(common)
 
     def status_extras(self, digest: bool) -> dict[str, Any]:
         """What /status adds for this rank: its recovery's record and digests."""
