@@ -168,7 +168,8 @@ class SchemeNode(ABC):
     # recover with, or None where it has no such capability; never a class check.
 
     def delivery(self) -> DeliveryRecorded | None:
-        """This node as one that records which of each peer's rounds it holds."""
+        """This node as one that records which of each peer's rounds it holds (and, in
+        timing-only mode, does nothing else with an in-order message)."""
         return None
 
     def recovery(self) -> Recoverable | None:
