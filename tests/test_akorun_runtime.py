@@ -10,14 +10,15 @@ from typing import Any
 import pytest
 
 from akocore.config import config_from_dict
-from akocore.messages import Kind, Partial
-from akocore.schemes import AkoWorker, Replica
+from akocore.messages import Kind, Partial, Receipt
+from akocore.schemes import AkoWorker, Replica, SchemeNode
 from akorun.errors import UsageError
 from akorun.launch.cluster import new_settings, with_hosts
 from akorun.metrics import Metrics
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.phase import IllegalTransition, Phase, PhaseMachine
-from akorun.runtime.roles import AkoRole, PSServerRole, PSWorkerRole, Role, role_for
+from akorun.runtime.rank_recovery import NoRecovery, RejoinRecovery, recovery_for
+from akorun.runtime.roles import PartitionedRole, PSServerRole, PSWorkerRole, Role, role_for
 from akorun.runtime.waiting import Waiter
 from akorun.runtime.worker import Worker, WorkerOptions
 from akorun.testing import SinkHost
@@ -268,16 +269,47 @@ def test_the_role_is_chosen_once_from_the_scheme_and_the_rank() -> None:
         return role_for(config_from_dict({"cluster": {"workers": 3}, "exchange": exchange}),
                         rank)
 
-    assert type(role("ako", 2)) is AkoRole
+    assert type(role("ako", 2)) is PartitionedRole
+    assert type(role("ako", 2).recovery) is RejoinRecovery
     assert type(role("ps", 0)) is PSWorkerRole
     server = role("ps", 2)
     assert type(server) is PSServerRole and server.name == "ps"
     assert not server.trains and server.hard_stop_on_first_signal
     assert type(role("allreduce", 1)) is Role and role("allreduce", 1).trains
-    for rank, scheme in ((2, "ps"), (0, "allreduce")):
+    for rank, scheme in ((2, "ps"), (0, "allreduce"), (1, "diloco")):
+        assert type(role(scheme, rank).recovery) is NoRecovery
         with pytest.raises(ControlError, match="ako only"):
             role(scheme, rank).donor()
         with pytest.raises(UsageError, match="ako runs only"):
             role(scheme, rank).check_resume()
     role("ako", 0).check_resume()
     assert server.params_offset() == 0  # no node yet
+
+
+def test_the_recovery_asks_the_node_for_its_capability_never_its_class() -> None:
+    """A node of a class the runtime has never seen rejoins, donates, catches up and
+    reports its delivery record through what its `recovery()` returns."""
+    held = AkoWorker(0, 3, 6, (1, 1, 1), replica=Replica(None, None), staleness=0)
+    for round_ in range(4):  # rank 2's rounds 0..3 held
+        held.receive(Partial(Kind.GRAD, 2, round_, 0, 1, 0, 6, None))
+
+    class NewSchemeNode(SchemeNode):
+        def receive(self, msg: Partial) -> Receipt:
+            return held.receive(msg)
+
+        def recovery(self) -> AkoWorker:
+            return held
+
+    node = NewSchemeNode(0, 6, Replica(None, None))
+    recovery = recovery_for(0, "new", True, lambda: node)
+    recovery.check_resume()
+    assert recovery.donor() is held and recovery.rejoiner() is held
+    assert recovery.takes_back_given_up()
+    assert recovery.held_through() == {"1": -1, "2": 3}
+    assert recovery.status_extras(digest=True) == {"contiguous": {"1": -1, "2": 3}}
+    assert recovery.catch_up_round(9) == 9  # rank 1 sent nothing: not ahead
+    without = recovery_for(0, "new", False, lambda: node)
+    with pytest.raises(ControlError):
+        without.donor()
+    assert without.held_through() == {} and not without.takes_back_given_up()
+    assert without.catch_up_round(9) == 9 and without.skip_rounds(12) == []

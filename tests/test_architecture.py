@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -247,17 +248,23 @@ def test_the_scheme_comparison_finder_finds_the_forms_it_forbids():
     assert scheme_name_comparisons(ast.parse(source), names) == [1, 2, 3]
 
 
+def offending_lines(finder: Callable[[ast.AST], list[int]],
+                    allowed: tuple[str, ...]) -> list[str]:
+    """"path:line" of each line `finder` finds in a project module outside `allowed`."""
+    offenders = []
+    for module, path in project_modules().items():
+        if module.startswith(allowed):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        offenders += [f"{path.relative_to(ROOT)}:{line}" for line in finder(tree)]
+    return offenders
+
+
 def test_no_module_compares_a_scheme_with_a_name_outside_the_scheme_registry():
     """Shells ask the scheme object (akocore.schemes.registry), not its name."""
     names = _scheme_names()
-    offenders = []
-    for module, path in project_modules().items():
-        if module.startswith(SCHEME_NAME_COMPARISONS_ALLOWED):
-            continue
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        offenders += [f"{path.relative_to(ROOT)}:{line}"
-                      for line in scheme_name_comparisons(tree, names)]
-    assert offenders == []
+    assert offending_lines(lambda tree: scheme_name_comparisons(tree, names),
+                           SCHEME_NAME_COMPARISONS_ALLOWED) == []
 
 
 def test_every_scheme_is_one_object_that_builds_its_own_nodes():
@@ -276,6 +283,89 @@ def test_every_scheme_is_one_object_that_builds_its_own_nodes():
         exchange = ExchangeConfig(scheme=name)
         assert scheme.staleness_bound(exchange, p_max=3, ssp=1.0) >= 0
         assert isinstance(scheme.variant_label(exchange), str)
+
+
+# ------------------------------------------------------------ recovery asks, never checks a class
+
+# Modules allowed to check a node's class: the schemes package (each scheme's own nodes).
+NODE_CLASS_CHECKS_ALLOWED = ("akocore.schemes",)
+
+
+def _scheme_node_classes() -> set[str]:
+    """The names of every concrete scheme node class: SchemeNode's subclasses, with every
+    module of akocore.schemes imported (a new scheme's nodes count at once)."""
+    import importlib
+    import pkgutil
+
+    import akocore.schemes
+    from akocore.schemes.base import SchemeNode
+
+    for info in pkgutil.iter_modules(akocore.schemes.__path__):
+        importlib.import_module(f"akocore.schemes.{info.name}")
+    found: set[str] = set()
+    todo = list(SchemeNode.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        if cls.__name__ not in found:
+            found.add(cls.__name__)
+            todo.extend(cls.__subclasses__())
+    return found
+
+
+def _class_names(node: ast.expr) -> list[str]:
+    """The class names an isinstance's second argument names (a name, an attribute, a
+    tuple of them, or a union A | B)."""
+    if isinstance(node, ast.Name):
+        return [node.id]
+    if isinstance(node, ast.Attribute):
+        return [node.attr]
+    if isinstance(node, ast.Tuple):
+        return [name for item in node.elts for name in _class_names(item)]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return _class_names(node.left) + _class_names(node.right)
+    return []
+
+
+def node_class_checks(tree: ast.AST, classes: set[str]) -> list[int]:
+    """Lines that check a value against one of `classes`: ``isinstance(x, C)``,
+    ``issubclass(t, (A, B))``, ``isinstance(x, A | B)``, ``type(x) is C``."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in ("isinstance", "issubclass") and len(node.args) == 2:
+            if classes & set(_class_names(node.args[1])):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            typed = any(isinstance(item, ast.Call) and isinstance(item.func, ast.Name)
+                        and item.func.id == "type" for item in operands)
+            if typed and any(classes & set(_class_names(item)) for item in operands
+                             if not isinstance(item, ast.Call)):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_the_node_class_check_finder_finds_the_forms_it_forbids():
+    classes = {"AkoWorker", "PSServer"}
+    source = ("a = isinstance(node, AkoWorker)\nb = isinstance(n, (int, schemes.PSServer))\n"
+              "c = issubclass(t, AkoWorker | PSServer)\nd = type(node) is AkoWorker\n"
+              "e = isinstance(node, SchemeNode)\nf = isinstance(node, Recoverable)\n"
+              "g = type(node) == int\n")
+    assert node_class_checks(ast.parse(source), classes) == [1, 2, 3, 4]
+
+
+def test_the_concrete_scheme_node_classes_are_found():
+    classes = _scheme_node_classes()
+    assert {"AkoWorker", "PSServer", "PSWorker", "DilocoWorker", "ElasticServer"} <= classes
+    assert "SchemeNode" not in classes and "Recoverable" not in classes
+
+
+def test_no_module_checks_a_scheme_node_class_outside_the_schemes():
+    """Shells ask a node for a capability (akocore.schemes.recovery: `delivery`,
+    `recovery`, `resync`; the role's recovery in akorun), never for its class."""
+    classes = _scheme_node_classes()
+    assert offending_lines(lambda tree: node_class_checks(tree, classes),
+                           NODE_CLASS_CHECKS_ALLOWED) == []
 
 
 # ------------------------------------------------------------ one application layer

@@ -26,22 +26,17 @@ A run's codec (akocore.codecs) is put on every node's sends by build_nodes
 (akocore.codecs.exchange.attach_codec); a scheme never calls a codec.
 
 Modules: base (SchemeNode, Replica, SchemeError), protocol (Scheme: one
-scheme as one object), knobs (a scheme's settings class: every knob's
-default, help, parser and flag; presets), one module per scheme (ako,
+scheme as one object), recovery (what the shells recover a node with: the
+DeliveryRecorded, Recoverable and Resyncable protocols a node's capabilities
+return, and the state and snapshot they hand out), knobs (a scheme's settings
+class: every knob's default, help, parser and flag; presets), one module per scheme (ako,
 ps_family with ps, elastic and localps, allreduce, wagma, diloco with
 diloco_sync and diloco_settings), registry (every scheme by name), named (the
 presets --scheme NAME stands for, read from the schemes) and factory
 (SchemeSpec, build_nodes). This package re-exports their public names.
 """
 
-from akocore.schemes.ako import (
-    SCHEDULES,
-    AkoState,
-    AkoWorker,
-    DeliveryRecord,
-    RejoinSnapshot,
-    ako_partition,
-)
+from akocore.schemes.ako import SCHEDULES, AkoWorker, ako_partition
 from akocore.schemes.allreduce import AllReduceWorker
 from akocore.schemes.base import REDUCES, Replica, SchemeError, SchemeNode, copy_or_none
 from akocore.schemes.elastic import ElasticServer, ElasticWorker, elastic_alpha
@@ -55,6 +50,14 @@ from akocore.schemes.localps import (
 from akocore.schemes.protocol import Scheme
 from akocore.schemes.ps import PSLayout, PSServer, PSWorker
 from akocore.schemes.ps_family import PS_MODES
+from akocore.schemes.recovery import (
+    DeliveryRecord,
+    DeliveryRecorded,
+    Recoverable,
+    RecoveryState,
+    RejoinSnapshot,
+    Resyncable,
+)
 from akocore.schemes.registry import REGISTRY, SCHEMES, scheme_named
 from akocore.schemes.wagma import WagmaWorker, butterfly_group, butterfly_phases
 
@@ -66,7 +69,6 @@ __all__ = [
     "REDUCES",
     "SCHEDULES",
     "SCHEMES",
-    "AkoState",
     "AkoWorker",
     "AllReduceWorker",
     "DeltaPSServer",
@@ -80,6 +82,10 @@ __all__ = [
     "butterfly_phases",
     "elastic_alpha",
     "DeliveryRecord",
+    "DeliveryRecorded",
+    "Recoverable",
+    "RecoveryState",
+    "Resyncable",
     "PSLayout",
     "PSServer",
     "PSWorker",

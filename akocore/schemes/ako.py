@@ -1,8 +1,10 @@
 """Ako: each round, one of p partitions of the unsent gradient goes to every peer.
 
 `AkoWorker` is the ako scheme node; `ako_partition` is the partition schedule
-(staggered or aligned); `AkoState` and `RejoinSnapshot` are the plain data a
-checkpoint or a rejoining peer takes. Delivery records live in an
+(staggered or aligned). An ako worker is recoverable (akocore.schemes.recovery:
+checkpoints, rejoin snapshots, catch-up, a relay's delivery record; the plain
+data it hands out, `RecoveryState` and `RejoinSnapshot`, is defined there).
+Delivery records live in an
 akocore.ssp.DeliveryLog (`log`), which a simulator may keep in shared rows
 (`DeliveryLog.share_rows`) to deliver a multicast in one step.
 """
@@ -22,6 +24,7 @@ from akocore.partition import accumulate_and_take, check_p, partition_slice
 from akocore.schemes.base import Replica, SchemeError, SchemeNode, copy_or_none, reduce_scale
 from akocore.schemes.knobs import SchemeSettings, knob
 from akocore.schemes.protocol import ExchangeView, ReplicaOf, Scheme
+from akocore.schemes.recovery import RecoveryState, RejoinSnapshot
 from akocore.settings.normalise import as_flush
 
 if TYPE_CHECKING:
@@ -50,44 +53,6 @@ def ako_partition(rank: int, round_: int, p: int, schedule: str) -> int:
     if schedule == "aligned":
         return round_ % p
     raise ValueError(f"schedule: got {schedule!r}, expected one of {', '.join(SCHEDULES)}")
-
-
-DeliveryRecord = dict[int, tuple[int, dict[int, list[int]]]]
-
-
-@dataclass(frozen=True)
-class AkoState:
-    """Everything an ako worker holds, for checkpoints (optimizer state aside)."""
-
-    rank: int
-    next_round: int
-    params: np.ndarray | None
-    unsent: np.ndarray | None
-    inbox: np.ndarray | None
-    log: DeliveryRecord
-    final_round: dict[int, int]
-
-
-@dataclass(frozen=True)
-class RejoinSnapshot:
-    """What a live ako worker hands a restarted peer so that it rejoins exactly.
-
-    The joiner takes the donor's parameters, the donor's record of what it has
-    received (so the joiner drops those messages as duplicates) and, for the
-    donor's own messages, "everything up to the donor's last round". What the
-    donor has received but not applied (inbox) is owed to the joiner's next
-    step; what the donor has applied but not yet sent (unsent) will reach the
-    joiner again in the donor's later rounds, so it is subtracted now:
-    correction = inbox - unsent (and, with a codec, minus the donor's
-    error-feedback residual, owed the same way). With plain SGD the joiner then
-    ends exactly equal to its peers; what the dead worker never sent is lost
-    for everyone.
-    """
-
-    donor: int
-    params: np.ndarray
-    correction: np.ndarray
-    log: DeliveryRecord
 
 
 class AkoWorker(SchemeNode):
@@ -361,15 +326,21 @@ class AkoWorker(SchemeNode):
         self.next_round = first_round
         self.finished = False
 
-    def state(self) -> AkoState:
+    def delivery(self) -> AkoWorker:
+        return self
+
+    def recovery(self) -> AkoWorker:
+        return self
+
+    def state(self) -> RecoveryState:
         def copy(a: np.ndarray | None) -> np.ndarray | None:
             return None if a is None else a.copy()
 
-        return AkoState(self.rank, self.next_round, copy(self.replica.params),
+        return RecoveryState(self.rank, self.next_round, copy(self.replica.params),
                         copy(self.unsent), copy(self.inbox), self.log.export(),
                         dict(self.final_round))
 
-    def load_state(self, state: AkoState) -> None:
+    def load_state(self, state: RecoveryState) -> None:
         if state.rank != self.rank:
             raise SchemeError(f"state of worker {state.rank} given to worker {self.rank}")
         for name, have, new in (("params", self.replica.params, state.params),

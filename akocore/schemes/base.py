@@ -10,12 +10,15 @@ with its round, gradient and message checks, and the reduce rule.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from akocore.messages import Kind, Partial, Receipt, Send
 from akocore.optim import FlatOptimizer
+
+if TYPE_CHECKING:
+    from akocore.schemes.recovery import DeliveryRecorded, Recoverable, Resyncable
 
 REDUCES = ("mean", "sum")
 
@@ -160,6 +163,26 @@ class SchemeNode(ABC):
     def resume_peer(self, peer: int) -> None:
         """`peer` spoke again: it rejoins the gate."""
         self.suspended.discard(peer)
+
+    # Capabilities (akocore.schemes.recovery): the node itself as what the shells
+    # recover with, or None where it has no such capability; never a class check.
+
+    def delivery(self) -> DeliveryRecorded | None:
+        """This node as one that records which of each peer's rounds it holds (and, in
+        timing-only mode, does nothing else with an in-order message)."""
+        return None
+
+    def recovery(self) -> Recoverable | None:
+        """This node as one that can be checkpointed whole, rejoin, donate and catch up."""
+        return None
+
+    def resync(self) -> Resyncable | None:
+        """This node as one whose replicas agree on a state at each sync, to re-sync."""
+        return None
+
+    def params_offset(self) -> int:
+        """Where this node's parameters start in the full vector (a server: its shard)."""
+        return 0
 
     def _check_round(self, round_: int) -> None:
         if self.finished:

@@ -397,6 +397,9 @@ class DilocoWorker(AllReduceSync, SchemeNode):
         self.outer_state = [None if state is None else np.array(state, np.float32)
                             for state in outer_state]
 
+    def resync(self) -> DilocoWorker:
+        return self
+
     def agreed_state(self) -> np.ndarray | None:
         """The anchor: every replica applies the same syncs (their means are the owners'),
         so ranks that ran the same rounds end with bit-equal anchors."""

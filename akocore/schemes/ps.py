@@ -205,6 +205,9 @@ class PSServer(SchemeNode):
         self.applied_round = -1  # sync: last round applied
         self.unanswered_finals: set[int] = set()
 
+    def params_offset(self) -> int:
+        return self.start
+
     def _params_to(self, dests: tuple[int, ...], round_: int) -> Send:
         values = None if self.replica.params is None else self.replica.params.copy()
         msg = Partial(Kind.PARAMS, self.rank, round_, self.shard, self.layout.servers,

@@ -34,8 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from akocore.schemes import SchemeError
-from akocore.schemes.diloco import DilocoWorker
+from akocore.schemes import Resyncable, SchemeError
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.node_plan import params_digest
 from akorun.runtime.roles import Role
@@ -70,16 +69,19 @@ class AnchorSync:
         self.checked_at = -1  # the syncs count last compared
         self.adopted = 0  # re-syncs taken
 
-    def _node(self) -> DilocoWorker | None:
+    def _node(self) -> Resyncable | None:
+        """The node as one that re-syncs (akocore.schemes.recovery), once it holds an
+        anchor; None for every other scheme."""
         node = self.role.node
-        return node if isinstance(node, DilocoWorker) and node.anchor is not None else None
+        resync = node.resync() if node is not None else None
+        return resync if resync is not None and resync.anchor is not None else None
 
     @staticmethod
-    def _anchor(node: DilocoWorker) -> np.ndarray:
+    def _anchor(node: Resyncable) -> np.ndarray:
         assert node.anchor is not None  # _node returns only nodes holding one
         return node.anchor
 
-    def _live(self, node: DilocoWorker) -> list[int]:
+    def _live(self, node: Resyncable) -> list[int]:
         return [j for j in self.peers if j not in node.suspended
                 and j not in self.liveness.left_peers and j not in self.liveness.stuck_peers]
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from akocore.schemes.recovery import DeliveryRecord
 from akorun.errors import UsageError
 from akorun.runtime.checkpoint_npz import npz_path, read_npz
 from akorun.runtime.checkpoint_orbax import (
@@ -35,8 +36,6 @@ from akorun.runtime.checkpoint_orbax import (
 )
 
 FORMAT_VERSION = 2  # 1: the npz of akorun.runtime.checkpoint_npz
-
-DeliveryRecord = dict[int, tuple[int, dict[int, list[int]]]]
 
 
 @dataclass(frozen=True, eq=False)

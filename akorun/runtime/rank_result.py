@@ -18,7 +18,6 @@ import numpy as np
 
 from akocore.config import config_to_dict
 from akocore.results import RankResult
-from akocore.schemes import AkoWorker, SchemeNode
 from akorun.metrics import Metrics
 from akorun.runtime.evaluation import Evaluator
 from akorun.runtime.node_plan import params_digest
@@ -104,7 +103,7 @@ class ResultBuilder:
             relayed_out=self.relay.served if self.relay is not None else 0,
             relay_refused=self.relay.refused if self.relay is not None else 0,
             relay_peak_bytes=self.relay.store.peak_bytes if self.relay is not None else 0,
-            held_through=_held_through(node),
+            held_through=self.role.recovery.held_through(),
             refused_for_good={str(j): n for j, n in metrics.refused_for_good.items()},
             unauthentic_answers=sum(c.unauthentic_answers for c in metrics.peers.values()),
             relay_disagreements={str(origin): line for origin, line in
@@ -159,9 +158,3 @@ class ResultBuilder:
                 tmp.unlink(missing_ok=True)
                 raise
 
-
-def _held_through(node: SchemeNode | None) -> dict[str, int]:
-    """ako: per peer, the round through which every round of it is held."""
-    if not isinstance(node, AkoWorker):
-        return {}
-    return {str(j): int(node.log.contiguous[j]) for j in node.peers}

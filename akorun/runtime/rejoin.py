@@ -1,4 +1,8 @@
-"""The rejoin handshake (``--resume``, ako only), both sides.
+"""The rejoin handshake (``--resume``, a recoverable rank only), both sides.
+
+The node it rejoins or donates with is the one the role's recovery hands out
+(akorun.runtime.rank_recovery): a node that is
+akocore.schemes.recovery.Recoverable (ako's).
 
 Joiner: answer partials with 503 "rejoining"; ask every peer what it
 acknowledged, dropped and received (``rejoin-hello``); get a snapshot from the
@@ -24,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from akocore.schemes import AkoState, AkoWorker, RejoinSnapshot, SchemeError
+from akocore.schemes import Recoverable, RecoveryState, RejoinSnapshot, SchemeError
 from akorun.errors import RunError, UsageError
 from akorun.metrics import Metrics
 from akorun.runtime.checkpoint_file import (
@@ -158,7 +162,7 @@ class Rejoin:
             raise RunError(f"donor rank {donor} sent an unreadable snapshot: {error}") from None
 
     async def _restart(self, client: ControlClient, peer: int, first_round: int,
-                       node: AkoWorker) -> None:
+                       node: Recoverable) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(5.0, self.peer_timeout_s)
         while True:
@@ -180,9 +184,9 @@ class Rejoin:
         self.build_node(None, checkpoint.p_of)
         node = self.role.rejoiner()
         try:
-            node.load_state(AkoState(checkpoint.rank, checkpoint.next_round, checkpoint.params,
-                                     checkpoint.unsent, checkpoint.inbox, checkpoint.log,
-                                     checkpoint.final_round))
+            node.load_state(RecoveryState(checkpoint.rank, checkpoint.next_round,
+                                          checkpoint.params, checkpoint.unsent, checkpoint.inbox,
+                                          checkpoint.log, checkpoint.final_round))
         except (SchemeError, KeyError, ValueError) as error:
             raise UsageError(f"{self._checkpoint_file()}: checkpoint does not fit this run: "
                              f"{error}") from None
@@ -200,7 +204,7 @@ class Rejoin:
             return "--resume"
         return checkpoint_path(self.checkpoint_dir, self.rank)
 
-    def _restore_optimizer(self, node: AkoWorker) -> None:
+    def _restore_optimizer(self, node: Recoverable) -> None:
         if self.checkpoint is None or not self.checkpoint.optimizer_leaves:
             return
         try:

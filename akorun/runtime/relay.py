@@ -124,7 +124,7 @@ from akocore.codecs import Codec
 from akocore.codecs.exchange import decoded
 from akocore.messages import Partial
 from akocore.partition import partition_slice
-from akocore.schemes import AkoWorker, SchemeError, SchemeNode
+from akocore.schemes import DeliveryRecorded, Recoverable, SchemeError
 from akorun.transport import control
 from akorun.transport.client import ControlClient
 from akorun.transport.control import ControlError, ControlKind
@@ -223,7 +223,7 @@ class RelayStore:
 Record = tuple[int, tuple[tuple[int, int], ...]]  # (contiguous round, sorted pending parts)
 
 
-def record_of(node: AkoWorker, origin: int) -> Record:
+def record_of(node: DeliveryRecorded, origin: int) -> Record:
     """This rank's set of `origin`'s rounds, as comparable data: its delivery record."""
     contiguous, pending = node.log.export()[origin]
     return contiguous, tuple(sorted((int(r), int(p)) for r, parts in pending.items()
@@ -299,7 +299,8 @@ class Relay:
     """Keeps peers' partials, pulls a lost peer's missing ones from the survivors, serves
     the pulls of others (control ``relay``)."""
 
-    def __init__(self, *, rank: int, peers: Sequence[int], node: Callable[[], SchemeNode | None],
+    def __init__(self, *, rank: int, peers: Sequence[int],
+                 node: Callable[[], Recoverable | None],
                  signer: Signer, verifier: RequestVerifier, peer_timeout_s: float,
                  deliver: Callable[[Partial], bool],
                  lost_here: Callable[[int], bool] = lambda peer: True,
@@ -308,7 +309,7 @@ class Relay:
         self.codec = codec  # the run's codec: forwarded messages may be coded with it
         self.budget_bytes = budget_bytes  # akorun.relay_budget; 0: keep_rounds
         self.peers = list(peers)
-        self.node = node
+        self.node = node  # the rank's recoverable node (runtime.rank_recovery); None: no relay
         self.signer = signer
         self.verifier = verifier
         self.peer_timeout_s = peer_timeout_s
@@ -336,12 +337,8 @@ class Relay:
         # (origin, holder) -> (this rank's record, the holder's) when a pull gave up unequal
         self._unequal: dict[tuple[int, int], tuple[Record, Record]] = {}
 
-    def _ako(self) -> AkoWorker | None:
-        node = self.node()
-        return node if isinstance(node, AkoWorker) else None
-
     def _keep_of(self, sender: int) -> int:
-        node = self._ako()
+        node = self.node()
         p = node.p_of[sender] if node is not None else 1
         return keep_messages(p, self.budget_bytes, peers=len(self.peers),
                              length=node.length if node is not None else 0,
@@ -359,12 +356,13 @@ class Relay:
                 return
 
     def accepted(self, partial: Partial) -> None:
-        """Keep a partial just accepted from its sender (ako only; values copied)."""
+        """Keep a partial just accepted from its sender (a recoverable node only; values
+        copied)."""
         endorsements = self._incoming.pop(partial.key, None)
         nonce = self.verifier.sessions.peer_nonce.get(partial.sender)
         if partial.folded:  # a sum made for this rank alone: nothing another rank could use
             return
-        if endorsements is None or nonce is None or self._ako() is None:
+        if endorsements is None or nonce is None or self.node() is None:
             return
         values = None if partial.values is None else np.array(partial.values, copy=True)
         self.store.keep(HeldPartial(_with_values(partial, values), endorsements, nonce))
@@ -376,7 +374,7 @@ class Relay:
         survivor showed it holds more): pull what the other survivors hold of it and agree
         with them on it (one task per origin; asked again while it runs, it makes one more
         pass when done)."""
-        if self._ako() is None or self.control is None:
+        if self.node() is None or self.control is None:
             return
         if origin in self._lost_pulls:
             self._again.add(origin)
@@ -396,7 +394,7 @@ class Relay:
         taken = 0
         try:
             for _ in range(AGREEMENT_PASSES):
-                node = self._ako()
+                node = self.node()
                 if node is None:
                     break
                 before = record_of(node, origin)
@@ -431,7 +429,7 @@ class Relay:
 
     def _finalize(self, origin: int) -> None:
         """Report the holders still unequal on lost `origin` once no pull from them runs."""
-        node = self._ako()
+        node = self.node()
         for (lost, holder), (mine, theirs) in sorted(self._unequal.items()):
             if lost == origin and (origin, holder) not in self._pulling and node is not None \
                     and origin in node.suspended and holder not in node.suspended:
@@ -448,7 +446,7 @@ class Relay:
         not answer within `patience_s` (default 2 T + 1 s) and, `while_lost`, as soon as
         `origin` is no longer suspended here (it speaks again); `while_lost`, it also waits
         until each holder's record of `origin` equals this rank's (`_pull_from`)."""
-        node = self._ako()
+        node = self.node()
         client = self.control
         if node is None or client is None:
             return 0
@@ -486,7 +484,7 @@ class Relay:
         taken = 0
         seen: tuple[Record, Record] | None = None
         while True:
-            node = self._ako()
+            node = self.node()
             if node is None or holder in node.suspended:
                 return taken
             if while_lost and origin not in node.suspended:
@@ -613,7 +611,7 @@ class Relay:
         """A folded message of rounds some of which this rank took forwarded meanwhile:
         the same message less those rounds' forwarded values (each taken out once), so
         that the node, which records only the rounds it lacks, counts each round once."""
-        node = self._ako()
+        node = self.node()
         keys = [key for key in self._forwarded if key[0] == partial.sender
                 and partial.rounds_from <= key[1] <= partial.round]
         if node is None or not keys or partial.values is None or not partial.length:
@@ -643,7 +641,7 @@ class Relay:
         if partial.folded:  # its forwarded rounds were taken out before (`fold_in`); a
             return  # folded message held whole is a plain re-send
         held = self._forwarded.pop(partial.key, None)
-        node = self._ako()
+        node = self.node()
         if held is None or node is None or node.inbox is None or partial.values is None \
                 or held.shape != partial.values.shape:
             return
@@ -667,7 +665,7 @@ class Relay:
 
     async def on_relay(self, sender: int, payload: dict[str, Any]) -> bytes:
         """Answer a survivor's pull: the messages of the lost peer it lacks, as sent."""
-        if self._ako() is None:
+        if self.node() is None:
             raise ControlError(409, "relay: this rank keeps no partials (not an ako worker)")
         try:
             origin = int(payload["origin"])
@@ -682,7 +680,7 @@ class Relay:
             raise ControlError(400, f"relay: origin {origin} is not a third rank")
         if not self._lost_here(origin, before_round):
             raise ControlError(503, f"rank {origin} is not lost here")
-        node = self._ako()
+        node = self.node()
         if before_round is None and node is not None and origin in node.suspended:
             asker: Record = (contiguous, tuple(sorted(pending)))
             if not record_covers(record_of(node, origin), asker):

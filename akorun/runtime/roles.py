@@ -1,13 +1,17 @@
-"""What differs between the kinds of rank, chosen once: an ako worker, a ps worker, a ps
-server or an all-reduce worker.
+"""What differs between the kinds of rank, chosen once: a rank of a partitioned scheme
+(ako), a ps worker, a ps server or any other training rank (all-reduce, diloco, ...).
 
 A `Role` builds and holds this rank's scheme node and answers every question
 whose answer depends on the scheme or the role: what to check and compile
-before the join, whether the rank trains, whether it can rejoin or donate a
-rejoin snapshot, what its checkpoint and /status carry, where its parameters
-start in the full vector, and whether one signal stops it at once. The rest of
-the runtime asks the role instead of checking the scheme. (akorun.runtime.node_plan holds
-the config-level helpers these build on: role_of, plan_node, make_node.)
+before the join, whether the rank trains, whether it can go on without a lost
+peer, what its /status carries, where its parameters start in the full vector,
+and whether one signal stops it at once. What the rank can do to recover
+(checkpoints, ``--resume``, rejoin snapshots, the relay, catch-up) is the
+role's `recovery` (akorun.runtime.rank_recovery), chosen by what the scheme
+and its node say they can do. The rest of the runtime asks the role and its
+recovery instead of checking the scheme or the node's class.
+(akorun.runtime.node_plan holds the config-level helpers these build on:
+role_of, plan_node, make_node.)
 """
 
 from __future__ import annotations
@@ -21,24 +25,23 @@ import numpy as np
 
 from akocore.config import RunConfig, replace_in
 from akocore.optim import FlatOptimizer
-from akocore.schemes import AkoWorker, PSLayout, PSServer, SchemeNode
-from akocore.schemes.registry import registered
+from akocore.schemes import PSLayout, Recoverable, SchemeNode
 from akocore.workload import FlatWorkload
 from akorun.errors import RunError, UsageError
 from akorun.runtime.checkpoint_file import Checkpoint
 from akorun.runtime.node_plan import (
     NodePlan,
     make_node,
-    params_digest,
     plan_node,
     ps_server_count,
     role_of,
     scheme_of,
     training_workers,
 )
-from akorun.transport.control import ControlError
+from akorun.runtime.rank_recovery import RankRecovery, recovery_for
 
 log = logging.getLogger("akorun")
+
 
 class Role:
     """A rank that trains (ps worker, all-reduce worker); subclasses change what differs."""
@@ -54,6 +57,9 @@ class Role:
         self.training_workers = training_workers(cfg)
         self.plan: NodePlan | None = None
         self._node: SchemeNode | None = None
+        # checkpoints, --resume, rejoin snapshots, relay, catch-up: what the scheme can do
+        self.recovery: RankRecovery = recovery_for(rank, cfg.exchange.scheme,
+                                                   self.scheme.rejoinable, self._built_node)
 
     # ---------------------------------------------------------------- before the join
 
@@ -74,14 +80,13 @@ class Role:
         (a ring step of all-reduce, a ps server's shard); a lost rank then stops the run."""
         return not self.scheme.needs_every_rank
 
-    def check_resume(self) -> None:
-        raise UsageError(f"--resume rejoins {_rejoinable()} runs only; this run's scheme is "
-                         f"{self.cfg.exchange.scheme!r}")
-
     # ---------------------------------------------------------------- the node
 
     @property
     def node(self) -> SchemeNode | None:
+        return self._node
+
+    def _built_node(self) -> SchemeNode | None:
         return self._node
 
     def build_node(self, workload: FlatWorkload, optimizer: FlatOptimizer, compute_s: float | None,
@@ -100,7 +105,7 @@ class Role:
                          optimizer)
         if cfg.train.rounds is not None:  # ako: the last s rounds end in step
             node.plan_rounds(cfg.train.rounds)
-        self._set_node(node)
+        self._node = node
         if plan.p_of is not None:
             detail = f"p = {list(plan.p_of)}"
             if compute_s is not None:
@@ -109,48 +114,43 @@ class Role:
             log.info("%s", detail)
         return plan
 
-    def _set_node(self, node: SchemeNode) -> None:
-        self._node = node
-
     @property
     def p_of(self) -> tuple[int, ...] | None:
         return self.plan.p_of if self.plan is not None else None
 
-    # ---------------------------------------------------------------- rejoin
+    # ---------------------------------------------------------------- recovery
 
-    def donor(self) -> AkoWorker:
+    def check_resume(self) -> None:
+        """UsageError unless ``--resume`` can rejoin this run (the recovery says)."""
+        self.recovery.check_resume()
+
+    def donor(self) -> Recoverable:
         """The node that can give a rejoining peer a snapshot; ControlError 409 if none."""
-        raise ControlError(409, f"rejoin exists for scheme {_rejoinable()} only")
+        return self.recovery.donor()
 
-    def rejoiner(self) -> AkoWorker:
-        """The node a `--resume` rejoins with (only ako roles get that far)."""
-        raise RunError(f"rank {self.rank} cannot rejoin: scheme {self.cfg.exchange.scheme}")
+    def rejoiner(self) -> Recoverable:
+        """The node a ``--resume`` rejoins with (only a recoverable rank gets that far)."""
+        return self.recovery.rejoiner()
 
     # ---------------------------------------------------------------- reports
 
     def checkpoint(self, common: dict[str, Any]) -> Checkpoint | None:
-        node = self._node
-        if node is None or node.params is None:
-            return None
-        return Checkpoint(next_round=node.next_round, params=node.params.copy(), **common)
+        """What a checkpoint of this rank holds now: what its recovery can restore."""
+        return self.recovery.checkpoint(common)
 
     def status_extras(self, digest: bool) -> dict[str, Any]:
-        node = self._node
-        if digest and node is not None and node.params is not None:
-            return {"params_sha256": params_digest(node.params)}
-        return {}
+        """What /status adds for this rank: its recovery's record and digests."""
+        return self.recovery.status_extras(digest)
 
     def params_offset(self) -> int:
         """Where this rank's parameters start in the full vector."""
-        return 0
+        node = self._node
+        return node.params_offset() if node is not None else 0
 
 
-class AkoRole(Role):
-    """An ako worker: plans p, can rejoin (``--resume``) and donate rejoin snapshots."""
-
-    def __init__(self, cfg: RunConfig, rank: int) -> None:
-        super().__init__(cfg, rank)
-        self._ako: AkoWorker | None = None
+class PartitionedRole(Role):
+    """A rank of a partitioned scheme (ako): plans p, from the measured compute unless
+    exchange.p gives it."""
 
     def check_config(self, workload: FlatWorkload) -> float | None:
         if isinstance(self.cfg.exchange.p, tuple):
@@ -161,47 +161,6 @@ class AkoRole(Role):
                 raise UsageError(str(error)) from None
             return None
         return workload.measure_compute_s(time.perf_counter)
-
-    def check_resume(self) -> None:
-        return None
-
-    def _set_node(self, node: SchemeNode) -> None:
-        assert isinstance(node, AkoWorker)
-        self._ako = node
-        super()._set_node(node)
-
-    def donor(self) -> AkoWorker:
-        if self._ako is None:
-            raise ControlError(409, f"rejoin exists for scheme {_rejoinable()} only")
-        return self._ako
-
-    def rejoiner(self) -> AkoWorker:
-        assert self._ako is not None, "the node is built before the rejoin uses it"
-        return self._ako
-
-    def checkpoint(self, common: dict[str, Any]) -> Checkpoint | None:
-        node = self._ako
-        if node is None or node.params is None:
-            return None
-        state = node.state()
-        assert state.params is not None
-        return Checkpoint(next_round=state.next_round, params=state.params,
-                          unsent=state.unsent, inbox=state.inbox, log=state.log,
-                          final_round=state.final_round, **common)
-
-    def status_extras(self, digest: bool) -> dict[str, Any]:
-        node = self._ako
-        if node is None:
-            return {}
-        extras: dict[str, Any] = {
-            "contiguous": {str(j): int(node.log.contiguous[j]) for j in node.peers}}
-        if digest and node.params is not None:
-            extras["params_sha256"] = params_digest(node.params)
-            if node.inbox is not None:
-                extras["inbox_sha256"] = params_digest(node.inbox)
-                extras["unsent_sha256"] = params_digest(node.unsent) \
-                    if node.unsent is not None else None
-        return extras
 
 
 class PSWorkerRole(Role):
@@ -224,28 +183,12 @@ class PSServerRole(PSWorkerRole):
         start, stop = layout.shard_slice(layout.shard_of(self.rank))
         return workload.init_params[start:stop]
 
-    def __init__(self, cfg: RunConfig, rank: int) -> None:
-        super().__init__(cfg, rank)
-        self._server: PSServer | None = None
-
-    def _set_node(self, node: SchemeNode) -> None:
-        assert isinstance(node, PSServer)
-        self._server = node
-        super()._set_node(node)
-
-    def params_offset(self) -> int:
-        return self._server.start if self._server is not None else 0
-
-
-def _rejoinable() -> str:
-    return " or ".join(name for name, scheme in registered().items() if scheme.rejoinable)
-
 
 def role_for(cfg: RunConfig, rank: int) -> Role:
     """The one role object of `rank` in this config, chosen by what its scheme can do."""
     scheme = scheme_of(cfg)
     if scheme.has_servers:
         return PSServerRole(cfg, rank) if role_of(cfg, rank) == "ps" else PSWorkerRole(cfg, rank)
-    if scheme.partitioned and scheme.rejoinable:
-        return AkoRole(cfg, rank)
+    if scheme.partitioned:
+        return PartitionedRole(cfg, rank)
     return Role(cfg, rank)

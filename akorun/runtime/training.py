@@ -19,13 +19,14 @@ the loop stops there (a hard stop: no wait is for the peers, which are told
 to stop too) with `nonfinite` holding the one line naming the round, the
 batch and the local loss; the finish raises it (RunError, exit 1).
 
-Catching up (ako): a rank that comes back from a pause or a cut to find every
-peer in its gate far past it (by more than the staleness bound) would hold
-them all back while it computes the rounds it missed. It skips to the
-slowest peer's next round instead: the rounds between pass without a
-gradient, told to the peers in one folded message with no values
-(`AkoWorker.skip_rounds`; what it has not sent stays owed, so every gradient
-still reaches every peer once). Skipped rounds count as rounds with no
+Catching up (a recoverable node, ako's): a rank that comes back from a pause
+or a cut to find every peer in its gate far past it (by more than the
+staleness bound) would hold them all back while it computes the rounds it
+missed. It skips to the slowest peer's next round instead (the role's
+recovery says which, akorun.runtime.rank_recovery): the rounds between pass
+without a gradient, told to the peers in one folded message with no values
+(ako: `AkoWorker.skip_rounds`; what it has not sent stays owed, so every
+gradient still reaches every peer once). Skipped rounds count as rounds with no
 compute in `RoundTimes`, and in `rounds_skipped`.
 """
 
@@ -41,13 +42,14 @@ import numpy as np
 from akocore.config import RunConfig
 from akocore.figures import step_seed
 from akocore.nonfinite import nonfinite_line, step_problem
-from akocore.schemes import AkoWorker, SchemeNode
+from akocore.schemes import SchemeNode
 from akocore.workload import FlatWorkload
 from akorun.metrics import Metrics
 from akorun.runtime.checkpoints import CheckpointWriter
 from akorun.runtime.evaluation import Evaluator
 from akorun.runtime.fault_hooks import FaultHooks
 from akorun.runtime.outbox import Outbox
+from akorun.runtime.rank_recovery import RankRecovery
 from akorun.runtime.round_times import RoundTimes
 from akorun.runtime.stopping import StopAgreement
 from akorun.runtime.waiting import Waiter
@@ -61,7 +63,7 @@ class TrainingLoop:
     def __init__(self, *, cfg: RunConfig, rank: int, training_workers: int,
                  workload: FlatWorkload, metrics: Metrics, outbox: Outbox, waiter: Waiter,
                  faults: FaultHooks, evaluator: Evaluator, checkpoints: CheckpointWriter,
-                 checkpoint_every: int) -> None:
+                 checkpoint_every: int, recovery: RankRecovery) -> None:
         self.cfg = cfg
         self.rank = rank
         self.training_workers = training_workers
@@ -73,6 +75,7 @@ class TrainingLoop:
         self.evaluator = evaluator
         self.checkpoints = checkpoints
         self.checkpoint_every = checkpoint_every
+        self.recovery = recovery  # catch-up: the round to skip to, and the skip
         self.times = RoundTimes()
         self.first_round = 0  # a rejoin continues from a later round
         self.rounds_done = 0
@@ -105,12 +108,12 @@ class TrainingLoop:
         last = await agreement.last_round()
         return last is None or t >= last or self.at_limit(t)
 
-    def _catch_up(self, node: SchemeNode, t: int) -> int:
-        """The round to skip to before round t (ako: `AkoWorker.catch_up_round`), never
+    def _catch_up(self, t: int) -> int:
+        """The round to skip to before round t (the recovery's `catch_up_round`), never
         past the rounds limit nor an agreed stop."""
-        if not isinstance(node, AkoWorker):
+        target = self.recovery.catch_up_round(t)
+        if target <= t:
             return t
-        target = node.catch_up_round(t)
         rounds = self.cfg.train.rounds
         if rounds is not None:
             target = min(target, rounds)
@@ -172,10 +175,9 @@ class TrainingLoop:
                 break
             if self.after_gate is not None:
                 await self.after_gate()
-            skip_to = self._catch_up(node, t)
+            skip_to = self._catch_up(t)
             if skip_to > t:  # far behind every peer (paused, cut off): skip to them
-                assert isinstance(node, AkoWorker)
-                await self.outbox.dispatch(node.skip_rounds(skip_to))
+                await self.outbox.dispatch(self.recovery.skip_rounds(skip_to))
                 log.warning("catching up: rounds %d..%d pass without a gradient (every peer "
                             "is past them); told the peers in one message", t, skip_to - 1)
                 now_s = loop.time() - self.train_start_s

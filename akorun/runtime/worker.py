@@ -46,7 +46,7 @@ from akocore.codecs.exchange import decoded
 from akocore.config import RunConfig, config_hash
 from akocore.messages import Partial
 from akocore.results import RankResult
-from akocore.schemes import AkoWorker, SchemeError
+from akocore.schemes import SchemeError
 from akocore.schemes.registry import wire_codec
 from akocore.settings.key_registry import default_of
 from akocore.workload import FlatWorkload
@@ -176,7 +176,7 @@ class Worker:
                              running=lambda: self.phase.is_(Phase.RUNNING),
                              rounds_done=lambda: self.training.rounds_done)
         self.waiter.send_due = self._poll_due
-        self.relay = Relay(rank=self.rank, peers=self.peers, node=lambda: self.role.node,
+        self.relay = Relay(rank=self.rank, peers=self.peers, node=self.role.recovery.node,
                            codec=self.codec,
                            signer=self.signer, verifier=self.verifier,
                            peer_timeout_s=options.peer_timeout_s, deliver=self._on_relayed,
@@ -263,7 +263,8 @@ class Worker:
             cfg=self.cfg, rank=self.rank, training_workers=self.role.training_workers,
             workload=self.prepared.workload, metrics=self.metrics, outbox=self.outbox,
             waiter=self.waiter, faults=hooks, evaluator=self.evaluator,
-            checkpoints=checkpoints, checkpoint_every=options.checkpoint_every)
+            checkpoints=checkpoints, checkpoint_every=options.checkpoint_every,
+            recovery=self.role.recovery)
         if self.prepared.checkpoint is not None:  # --duration counts the run's training time
             self.training.trained_before_s = self.prepared.checkpoint.trained_s
         checkpoints.trained_s = self.training.trained_s
@@ -349,7 +350,7 @@ class Worker:
         """This rank was stuck past the limit and its peers gave it up: ako takes it back
         with its next round; any other scheme went on (or stopped) without it, so this
         rank stops at once and fails (the finish raises the line)."""
-        if not isinstance(self.role.node, AkoWorker):
+        if not self.role.recovery.takes_back_given_up():
             self.waiter.request_stop("given up by the peers")
             self.waiter.stop_now()
 

@@ -1,9 +1,11 @@
 """Simulator-only fast path: one ako multicast delivered to many nodes in one step.
 
 In timing-only mode an ako message that arrives in order at every receiver
-only advances r_sender in each receiver's delivery log. `MulticastDelivery`
-keeps every timing-only ako node's delivery rows in one shared matrix
-(through the public `DeliveryLog.share_rows` hook of akocore.ssp) and makes
+only advances r_sender in each receiver's delivery log: so does any node that
+records its deliveries (`SchemeNode.delivery`, the DeliveryRecorded protocol
+of akocore.schemes.recovery, which promises it). `MulticastDelivery` keeps
+every such timing-only node's delivery rows in one shared matrix (through the
+public `DeliveryLog.share_rows` hook of akocore.ssp) and makes
 that update for all receivers with one vectorised assignment. Anything else
 (training mode, other schemes, final markers, out-of-order or duplicate
 messages) goes through each node's own `receive`, so the result is exactly
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from akocore.messages import Partial, Send
-from akocore.schemes import AkoWorker, SchemeNode
+from akocore.schemes import DeliveryRecorded, SchemeNode
 
 # From this many nodes a multicast to all the others updates the shared column through
 # two slices instead of an index array (measured: 0.75x the time at 512 nodes, 0.5x at
@@ -50,11 +52,18 @@ class SharedDeliveryMatrix:
         return cls(np.full((n, n), -1, dtype=np.int64), np.zeros((n, n), dtype=bool))
 
 
-def _shares_rows(nodes: Sequence[SchemeNode]) -> bool:
-    """Whether the nodes are timing-only ako workers, ranked by position."""
-    return len(nodes) > 1 and all(
-        isinstance(node, AkoWorker) and not node.replica.has_data and node.rank == i
-        for i, node in enumerate(nodes))
+def _shared_rows(nodes: Sequence[SchemeNode]) -> list[DeliveryRecorded] | None:
+    """The nodes as delivery-recording nodes when all of them are, timing-only and
+    ranked by position (their rows can be shared); None otherwise."""
+    if len(nodes) <= 1:
+        return None
+    recorded = []
+    for i, node in enumerate(nodes):
+        delivery = node.delivery()
+        if delivery is None or node.replica.has_data or node.rank != i:
+            return None
+        recorded.append(delivery)
+    return recorded
 
 
 class MulticastDelivery:
@@ -63,10 +72,11 @@ class MulticastDelivery:
     def __init__(self, nodes: Sequence[SchemeNode]) -> None:
         self.nodes = nodes
         self.matrix: SharedDeliveryMatrix | None = None
-        if _shares_rows(nodes):
+        # the nodes as delivery-recording ones, when their rows are shared (else empty)
+        self.recorded: list[DeliveryRecorded] = _shared_rows(nodes) or []
+        if self.recorded:
             matrix = SharedDeliveryMatrix.create(len(nodes))
-            for node in nodes:
-                assert isinstance(node, AkoWorker)
+            for node in self.recorded:
                 node.log.share_rows(matrix.rounds[node.rank], matrix.pending[node.rank])
             self.matrix = matrix
         n = len(nodes)
@@ -99,9 +109,7 @@ class MulticastDelivery:
         matrix = self.matrix
         if matrix is not None and not msg.final:
             if not validated:
-                first = self.nodes[int(dests[0])]
-                assert isinstance(first, AkoWorker)
-                first.validate(msg)
+                self.recorded[int(dests[0])].validate(msg)
             sender = msg.sender
             if dests.shape[0] == 1:
                 dest = int(dests[0])
@@ -138,12 +146,15 @@ class MulticastDelivery:
 
     def watch(self, rank: int, round_: int) -> bool:
         """Count the peers that hold `rank`'s start of `round_` back; False (no
-        watch) when the count cannot be kept exactly: not a shared-matrix ako
+        watch) when the count cannot be kept exactly: not a shared-matrix
         node, or one that knows a final round or suspends a peer."""
         matrix = self.matrix
-        node = self.nodes[rank]
-        if (matrix is None or not isinstance(node, AkoWorker) or node.final_round
-                or node.suspended or math.isinf(node.staleness) or round_ <= 0):
+        if matrix is None:
+            self.watched[rank] = False
+            return False
+        node = self.recorded[rank]
+        if (node.final_round or node.suspended or math.isinf(node.staleness)
+                or round_ <= 0):
             self.watched[rank] = False
             return False
         need = math.ceil(round_ - 1 - node.staleness)
