@@ -27,9 +27,10 @@ from akocore.schemes.diloco import DILOCO, STREAMING_DILOCO
 from akocore.schemes.knobs import SchemeSettings
 from akocore.schemes.protocol import ExchangeView, Scheme
 from akocore.schemes.ps_family import PS
+from akocore.schemes.sparta import SPARTA
 from akocore.schemes.wagma import WAGMA
 
-_ALL: tuple[Scheme, ...] = (AKO, PS, ALLREDUCE, WAGMA, DILOCO, STREAMING_DILOCO)
+_ALL: tuple[Scheme, ...] = (AKO, PS, ALLREDUCE, WAGMA, DILOCO, STREAMING_DILOCO, SPARTA)
 
 REGISTRY: Mapping[str, Scheme] = MappingProxyType({scheme.name: scheme for scheme in _ALL})
 SCHEMES: tuple[str, ...] = tuple(REGISTRY)  # the built-in values of exchange.scheme
