@@ -13,8 +13,6 @@ test_every_replica_holds_the_same_values_at_the_last_rounds_indices fails).
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +27,8 @@ from akocore.schemes import SchemeSpec, build_nodes
 from akocore.schemes.diloco_sync import mean_of
 from akocore.schemes.sparta import SpartaSettings, sparta_count, sparta_indices
 from akocore.workload import build_workload
-from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 from tests.scheme_harness import drive
+from tests.scheme_runs import WORKLOAD, launch
 
 LR = 0.25
 SLOW = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -177,20 +175,9 @@ def test_akosim_runs_sparta_by_name(capsys) -> None:
 def test_akorun_trains_sparta_by_name(tmp_path: Path) -> None:
     """With a fraction of 1 every round ends in a full average: the replicas end equal
     (and away from the start)."""
-    out = tmp_path / "run"
-    command = akorun_command("launch", "--workers", "2", "--rounds", "3", "--lr", "0.1",
-                             "--optimizer", "sgd", "--workload", "digits-mlp",
-                             "--scheme", "sparta", "--sparta-fraction", "1", "--out", str(out),
-                             "--quiet", "--timeout", "120s")
-    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT,
-                            env=child_test_env({}), timeout=140)
-    assert result.returncode == 0, result.stderr
-    merged = json.loads((out / "result.json").read_text())
+    merged, params = launch(tmp_path / "run", 2, 3, "--scheme", "sparta",
+                            "--sparta-fraction", "1")
     assert merged["scheme"] == "sparta"
     assert [w["rounds"] for w in merged["per_worker"]] == [3, 3]
-    params = []
-    for rank in range(2):
-        with np.load(out / f"worker-{rank}.npz") as data:
-            params.append(np.array(data["params"]))
-    np.testing.assert_array_equal(params[0], params[1])
-    assert not np.array_equal(params[0], np.array(build_workload("digits-mlp").init_params))
+    np.testing.assert_array_equal(params[1], params[0])
+    assert not np.array_equal(params[0], np.array(build_workload(WORKLOAD).init_params))
