@@ -505,7 +505,7 @@ def test_section_must_be_a_table() -> None:
 def test_bad_scheme() -> None:
     message = error_of(config_from_dict, {"exchange": {"scheme": "ring"}})
     assert message == ("exchange.scheme: got 'ring', expected one of ako, ps, allreduce, "
-                       "wagma, diloco, streaming-diloco")
+                       "wagma, diloco, streaming-diloco, sparta, noloco")
 
 
 def test_workers_must_be_at_least_two() -> None:
@@ -620,9 +620,9 @@ def test_config_hash_of_defaults_is_pinned() -> None:
     # rank of a run must compute the same hash, across versions of this module. (Changed
     # when exchange.outer_sync and exchange.flush came: DiLoCo's sync became an all-reduce
     # and Ako's flush averages, so ranks of the version before cannot join a run of this
-    # one anyway.)
+    # one anyway; and when schemes sparta and noloco brought their settings tables.)
     assert config_hash(RunConfig()) == (
-        "c5282dd95e0c2844a0d5435fa39b6c482d532c8f452881ffe162ecc5462d3887"
+        "f3d68d80372adeced54780acb764d164e45b30d2540338fab9239bd34d1d015e"
     )
 
 

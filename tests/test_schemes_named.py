@@ -125,6 +125,10 @@ def _evaluate(expression: str, exchange, p_max: int, ssp: float) -> float:
              "inf": float("inf"), "H": exchange.inner_steps}
     if exchange.scheme == "streaming-diloco":
         names["tau"] = exchange.overlap_steps
+    if exchange.scheme == "sparta":
+        names["f"] = exchange.sparta_fraction
+    if exchange.scheme == "noloco":
+        names["H"] = exchange.noloco_inner_steps
     return float(eval(expression.replace("lambda", "lambda_"), {"__builtins__": {}}, names))
 
 

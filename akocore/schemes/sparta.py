@@ -181,10 +181,9 @@ class SpartaScheme(Scheme):
                 for i in range(spec.workers)]
 
     def staleness_bound(self, exchange: ExchangeView, *, p_max: int, ssp: float) -> float:
-        """(1 - f) / f: the rounds a parameter goes unaveraged, in expectation (each round
+        """1/f - 1: the rounds a parameter goes unaveraged, in expectation (each round
         picks it with probability f; a random set has no hard bound)."""
-        fraction = exchange.knobs(SpartaSettings).sparta_fraction
-        return (1.0 - fraction) / fraction
+        return 1.0 / exchange.knobs(SpartaSettings).sparta_fraction - 1.0
 
     def effective_ssp(self, exchange: ExchangeView) -> float:
         return 0.0
