@@ -1,10 +1,12 @@
-"""A short akorun launch of a scheme by name, for the schemes' end-to-end tests: its
-merged result and every worker's final parameters."""
+"""Real runs for the schemes' end-to-end tests: a short akorun launch of a scheme by name
+(its merged result and every worker's final parameters), and a rank killed mid-run."""
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,3 +31,14 @@ def launch(out: Path, workers: int, rounds: int, *flags: str) -> tuple[dict[str,
         with np.load(out / f"worker-{rank}.npz") as data:
             params.append(np.array(data["params"]))
     return json.loads((out / "result.json").read_text()), params
+
+
+def kill_at_round(cluster: Any, victim: int, round_: int, wait_s: float = 120) -> None:
+    """SIGKILL rank `victim` of a running akorun.testing.LocalCluster once it reports
+    `round_`, and wait for it to be gone."""
+    deadline = time.monotonic() + wait_s
+    while (cluster.status(victim) or {}).get("round", 0) < round_:
+        assert time.monotonic() < deadline, cluster.logs()
+        time.sleep(0.05)
+    cluster.procs[victim].send_signal(signal.SIGKILL)
+    assert cluster.wait(victim, 30) == -9
