@@ -281,11 +281,9 @@ class NolocoScheme(Scheme):
         return 0.0
 
     def period_rounds(self, exchange: ExchangeView) -> int:
+        """H: an outer step every H rounds. (H moves the staleness bound, so the planner
+        steps it as it does DiLoCo's: no plan_grid is needed.)"""
         return exchange.knobs(NolocoSettings).noloco_inner_steps
-
-    def plan_grid(self, exchange: ExchangeView) -> dict[str, tuple[int, ...]]:
-        inner_steps = exchange.knobs(NolocoSettings).noloco_inner_steps
-        return {"noloco_inner_steps": (max(1, inner_steps // 2), 2 * inner_steps)}
 
     def label(self, exchange: ExchangeView) -> str:
         return f"H={exchange.knobs(NolocoSettings).noloco_inner_steps}"

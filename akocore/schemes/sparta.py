@@ -104,6 +104,8 @@ class SpartaWorker(LivePeersNode):
         if round_ is None:
             return
         arrived = self.arrived.get(round_, {})
+        if len(arrived) + len(self.suspended) + len(self.final_round) < len(self.peers):
+            return  # some peer neither sent, nor stopped, nor is suspended (O(1) per message)
         live = [p for p in self.peers if self.live(p, round_)]
         if any(p not in arrived for p in live):
             return
@@ -184,6 +186,10 @@ class SpartaScheme(Scheme):
         """1/f - 1: the rounds a parameter goes unaveraged, in expectation (each round
         picks it with probability f; a random set has no hard bound)."""
         return 1.0 / exchange.knobs(SpartaSettings).sparta_fraction - 1.0
+
+    def lead_rounds(self, exchange: ExchangeView, *, p_max: int, ssp: float) -> float:
+        """0: every round waits for every live peer's values, however stale a parameter."""
+        return 0.0
 
     def effective_ssp(self, exchange: ExchangeView) -> float:
         return 0.0
