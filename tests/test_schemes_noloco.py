@@ -48,8 +48,10 @@ def _theta0(length: int) -> np.ndarray:
     return np.linspace(-1, 1, length).astype(np.float32)
 
 
-def _nodes(workers: int, length: int, theta0: np.ndarray | None, **knobs: float) -> list:
-    spec = SchemeSpec("noloco", workers, **{f"noloco_{k}": v for k, v in knobs.items()})
+def _nodes(workers: int, length: int, theta0: np.ndarray | None, codec: str = "none",
+           **knobs: float) -> list:
+    spec = SchemeSpec("noloco", workers, codec=codec,
+                      **{f"noloco_{k}": v for k, v in knobs.items()})
     return build_nodes(spec, length, theta0, PlainSGD(LR) if theta0 is not None else None)
 
 
@@ -75,12 +77,14 @@ def test_pairings_change_with_the_outer_step_and_the_seed() -> None:
 
 
 @SLOW
-@given(case=cases, periods=st.integers(0, 4))
-def test_every_member_of_a_group_averages_the_same_values(case: dict, periods: int) -> None:
+@given(case=cases, periods=st.integers(0, 4), codec=st.sampled_from(["none", "int8"]))
+def test_every_member_of_a_group_averages_the_same_values(case: dict, periods: int,
+                                                          codec: str) -> None:
     """Each outer step's log on a rank: (start, members averaged, digest of the means):
-    the members are the rank's group, and every member logged the same entry."""
+    the members are the rank's group, and every member logged the same entry (with a
+    lossy codec too: each averages its own pseudo-gradient as its partners decode it)."""
     n, length, h = case["workers"], case["length"], case["inner_steps"]
-    nodes = _nodes(n, length, _theta0(length), inner_steps=h, seed=case["seed"] % 100)
+    nodes = _nodes(n, length, _theta0(length), codec, inner_steps=h, seed=case["seed"] % 100)
     log = drive(nodes, {r: periods * h for r in range(n)}, seed=case["seed"], length=length,
                 duplicate_prob=case["duplicate_prob"])
     for node in nodes:
