@@ -42,3 +42,15 @@ def kill_at_round(cluster: Any, victim: int, round_: int, wait_s: float = 120) -
         time.sleep(0.05)
     cluster.procs[victim].send_signal(signal.SIGKILL)
     assert cluster.wait(victim, 30) == -9
+
+
+def akosim_trained(out: Path, *flags: str) -> dict[str, Any]:
+    """``akosim train`` in this process (3 workers, 4 rounds of plain SGD on digits-mlp)
+    with `flags`, asserting it exits 0: the run's record."""
+    from akosim.cli import main
+
+    assert main(["train", *flags, "--workers", "3", "--rounds", "4", "--workload", WORKLOAD,
+                 "--optimizer", "sgd", "--quiet", "--out", str(out)]) == 0
+    run: dict[str, Any] = json.loads(out.read_text())["runs"][0]
+    assert run["simulated_rounds"] == 4 and 0 < run["final_accuracy"] <= 1
+    return run

@@ -30,7 +30,7 @@ from akocore.schemes import SchemeSpec, build_nodes
 from akocore.schemes.noloco import noloco_group, noloco_groups
 from akocore.workload import build_workload
 from tests.scheme_harness import drive
-from tests.scheme_runs import WORKLOAD, launch
+from tests.scheme_runs import WORKLOAD, akosim_trained, launch
 
 LR = 0.25
 SLOW = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -184,7 +184,7 @@ def test_bad_values_are_one_line_settings_errors(capsys) -> None:
     assert len(err.splitlines()) == 1 and "noloco_inner_steps" in err
 
 
-def test_akosim_runs_noloco_by_name(capsys) -> None:
+def test_akosim_plans_and_trains_noloco_by_name(capsys, tmp_path: Path) -> None:
     from akosim.cli import main
 
     assert main(["--scheme", "noloco", "--noloco-inner-steps", "4", "--workers", "4",
@@ -193,6 +193,8 @@ def test_akosim_runs_noloco_by_name(capsys) -> None:
     row = next(line for line in capsys.readouterr().out.splitlines()
                if line.startswith("noloco"))
     assert "H=4" in row
+    run = akosim_trained(tmp_path / "train.json", "--scheme", "noloco", "--noloco-inner-steps", "2")
+    assert run["scheme"] == "noloco" and run["label"].endswith("H=2")
 
 
 @pytest.mark.timeout(150)

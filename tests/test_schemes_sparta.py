@@ -28,7 +28,7 @@ from akocore.schemes.diloco_sync import mean_of
 from akocore.schemes.sparta import SpartaSettings, sparta_count, sparta_indices
 from akocore.workload import build_workload
 from tests.scheme_harness import drive
-from tests.scheme_runs import WORKLOAD, launch
+from tests.scheme_runs import WORKLOAD, akosim_trained, launch
 
 LR = 0.25
 SLOW = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -160,7 +160,7 @@ def test_a_bad_fraction_is_a_one_line_settings_error(capsys) -> None:
     assert len(err.splitlines()) == 1 and "sparta_fraction" in err
 
 
-def test_akosim_runs_sparta_by_name(capsys) -> None:
+def test_akosim_plans_and_trains_sparta_by_name(capsys, tmp_path: Path) -> None:
     from akosim.cli import main
 
     assert main(["--scheme", "sparta", "--sparta-fraction", "0.01", "--workers", "3",
@@ -169,6 +169,8 @@ def test_akosim_runs_sparta_by_name(capsys) -> None:
     row = next(line for line in capsys.readouterr().out.splitlines()
                if line.startswith("sparta"))
     assert "f=0.01" in row
+    run = akosim_trained(tmp_path / "train.json", "--scheme", "sparta", "--sparta-fraction", "0.01")
+    assert run["scheme"] == "sparta" and run["label"].endswith("f=0.01")
 
 
 @pytest.mark.timeout(150)
