@@ -272,7 +272,8 @@ def test_every_scheme_is_one_object_that_builds_its_own_nodes():
     from akocore.schemes import REGISTRY, Scheme, SchemeSpec, build_nodes
 
     assert set(REGISTRY) == {"ako", "ps", "allreduce", "wagma", "diloco", "streaming-diloco",
-                             "quorum-diloco", "sparseloco"}
+                             "quorum-diloco", "sparseloco",
+                             "sparta", "noloco"}
     for name, scheme in REGISTRY.items():
         assert isinstance(scheme, Scheme) and scheme.name == name
         spec = SchemeSpec(scheme=name, workers=4, ps_servers=1)

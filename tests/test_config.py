@@ -506,7 +506,7 @@ def test_bad_scheme() -> None:
     message = error_of(config_from_dict, {"exchange": {"scheme": "ring"}})
     assert message == ("exchange.scheme: got 'ring', expected one of ako, ps, allreduce, "
                        "wagma, diloco, streaming-diloco, quorum-diloco, "
-                       "sparseloco")
+                       "sparseloco, sparta, noloco")
 
 
 def test_workers_must_be_at_least_two() -> None:
@@ -621,9 +621,10 @@ def test_config_hash_of_defaults_is_pinned() -> None:
     # rank of a run must compute the same hash, across versions of this module. (Changed
     # when exchange.outer_sync and exchange.flush came: DiLoCo's sync became an all-reduce
     # and Ako's flush averages, so ranks of the version before cannot join a run of this
-    # one anyway; and when the [exchange.sparseloco] and [exchange.quorum] keys came.)
+    # one anyway; and when the [exchange.sparseloco], [exchange.quorum],
+    # [exchange.sparta] and [exchange.noloco] keys came.)
     assert config_hash(RunConfig()) == (
-        "c061e64fac1f07f3848e1c4a7c6e2d0fcaf6329e1e0207b3b2224a6d3022ec0e"
+        "b476575400a07d73b6c3c0401042c7c676f492efa59efe754e4478be9bf59a46"
     )
 
 

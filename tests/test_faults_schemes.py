@@ -9,14 +9,13 @@ naming the peer it lost.
 
 from __future__ import annotations
 
-import signal
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from akorun.testing import LocalCluster
+from tests.scheme_runs import kill_at_round
 
 pytestmark = pytest.mark.slow
 
@@ -37,12 +36,7 @@ def test_a_killed_rank_of_a_scheme_without_rejoin_leaves_a_run_that_still_ends(
     survivors = [rank for rank in range(3) if rank != victim]
     with LocalCluster(tmp_path, _tables(scheme)) as cluster:
         cluster.start_all("--quiet")
-        deadline = time.monotonic() + 120
-        while (cluster.status(victim) or {}).get("round", 0) < 5:
-            assert time.monotonic() < deadline, cluster.logs()
-            time.sleep(0.05)
-        cluster.procs[victim].send_signal(signal.SIGKILL)
-        assert cluster.wait(victim, 30) == -9
+        kill_at_round(cluster, victim, 5)
         # generous: peer timeout 3 s, three timeouts at a stuck gate, the finish grace
         codes = {rank: cluster.wait(rank, 240) for rank in survivors}
         assert all(code == 1 for code in codes.values()), (codes, cluster.logs())

@@ -127,6 +127,10 @@ def _evaluate(expression: str, exchange, p_max: int, ssp: float) -> float:
         names["tau"] = exchange.overlap_steps
     if exchange.scheme == "quorum-diloco":
         names["g"] = exchange.quorum_grace_steps
+    if exchange.scheme == "sparta":
+        names["f"] = exchange.sparta_fraction
+    if exchange.scheme == "noloco":
+        names["H"] = exchange.noloco_inner_steps
     return float(eval(expression.replace("lambda", "lambda_"), {"__builtins__": {}}, names))
 
 

@@ -16,7 +16,8 @@ capability of that object, so that no other module compares scheme names:
   ssp, reduce; by default its settings' knobs), `check_exchange`: how they
   must combine, and `check_spec`: what it refuses in a spec;
 - `staleness_bound(exchange, p_max=, ssp=)`: its staleness bound in rounds;
-  `period_rounds(exchange)`: the rounds after which its waits repeat;
+  `lead_rounds(...)`: how far a worker can run ahead of its peers (by default the
+  bound); `period_rounds(exchange)`: the rounds after which its waits repeat;
 - `label(exchange)` / `variant_label(exchange)`: how tables name a run of it;
 - `wire_codec(exchange)`: the codec its sends carry (exchange.codec unless
   the scheme names its own, as sparseloco does);
@@ -124,6 +125,13 @@ class Scheme:
     def staleness_bound(self, exchange: ExchangeView, *, p_max: int, ssp: float) -> float:
         """The most rounds of the other workers' updates a worker's parameters can miss."""
         return 0.0
+
+    def lead_rounds(self, exchange: ExchangeView, *, p_max: int, ssp: float) -> float:
+        """The most rounds a worker can run ahead of its slowest live peer: how long its
+        round time takes to settle (akosim's warm-up and timed rounds). By default the
+        staleness bound; a scheme whose gate is tighter than its staleness (sparta waits
+        every round, yet a parameter may go unaveraged for long) says so."""
+        return self.staleness_bound(exchange, p_max=p_max, ssp=ssp)
 
     def period_rounds(self, exchange: ExchangeView) -> int:
         """Rounds after which its pattern of waits repeats (DiLoCo: H), so that figures

@@ -25,14 +25,16 @@ from akocore.schemes.ako import AKO
 from akocore.schemes.allreduce import ALLREDUCE
 from akocore.schemes.diloco import DILOCO, STREAMING_DILOCO
 from akocore.schemes.knobs import SchemeSettings
+from akocore.schemes.noloco import NOLOCO
 from akocore.schemes.protocol import ExchangeView, Scheme
 from akocore.schemes.ps_family import PS
 from akocore.schemes.quorum_diloco import QUORUM_DILOCO
 from akocore.schemes.sparseloco import SPARSELOCO
+from akocore.schemes.sparta import SPARTA
 from akocore.schemes.wagma import WAGMA
 
 _ALL: tuple[Scheme, ...] = (AKO, PS, ALLREDUCE, WAGMA, DILOCO, STREAMING_DILOCO,
-                            QUORUM_DILOCO, SPARSELOCO)
+                            QUORUM_DILOCO, SPARSELOCO, SPARTA, NOLOCO)
 
 REGISTRY: Mapping[str, Scheme] = MappingProxyType({scheme.name: scheme for scheme in _ALL})
 SCHEMES: tuple[str, ...] = tuple(REGISTRY)  # the built-in values of exchange.scheme

@@ -264,15 +264,15 @@ def _timed(setup: Setup, scheme: Scheme, variant: Variant) -> Candidate:
 
 def _timing_setup(setup: Setup, scheme: Scheme, variant: Variant) -> Setup:
     """`setup` timed long enough for a steady state: at least `PERIODS_TIMED` of the
-    scheme's periods and twice its staleness bound (a worker may run that far ahead
-    before the network holds it back); `setup` itself when its rounds suffice or it runs
+    scheme's periods and twice its lead (Scheme.lead_rounds: a worker may run that far
+    ahead before the network holds it back); `setup` itself when its rounds suffice or it runs
     each configuration until its round time settles (akosim.sim.settling)."""
     if setup.stop.settle is not None:
         return setup
     exchange = setup.config.exchange
-    bound = scheme.staleness_bound(exchange, p_max=max(variant.p_of), ssp=variant.ssp)
+    lead = scheme.lead_rounds(exchange, p_max=max(variant.p_of), ssp=variant.ssp)
     needed = max(PERIODS_TIMED * scheme.period_rounds(exchange),
-                 2 * math.ceil(bound + 1) if math.isfinite(bound) else 0)
+                 2 * math.ceil(lead + 1) if math.isfinite(lead) else 0)
     rounds = setup.stop.rounds or 0
     if rounds >= needed:
         return setup

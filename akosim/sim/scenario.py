@@ -208,8 +208,8 @@ def settling_of(setup: Setup, variant: Variant) -> Settling | None:
         return None
     scheme = scheme_named(variant.scheme)
     exchange = setup.config.exchange
-    bound = scheme.staleness_bound(exchange, p_max=max(variant.p_of), ssp=variant.ssp)
-    return rule.for_scheme(bound, scheme.period_rounds(exchange))
+    lead = scheme.lead_rounds(exchange, p_max=max(variant.p_of), ssp=variant.ssp)
+    return rule.for_scheme(lead, scheme.period_rounds(exchange))
 
 
 def simulate(setup: Setup, variant: Variant, *, trace: bool = False,

@@ -7,8 +7,9 @@ which says when to stop. This module owns that rule:
 
 - `SettleRule`: the tolerance (1%) and the cap (3,000 rounds); what the plan
   asks for (akosim.plan.setup.stop_rule puts it in the StopRule);
-- `Settling`: the rule for one configuration, from its scheme's staleness
-  bound and period (`SettleRule.for_scheme`): the warm-up, the window and
+- `Settling`: the rule for one configuration, from its scheme's lead (how far
+  a worker can run ahead: `Scheme.lead_rounds`, by default its staleness
+  bound) and period (`SettleRule.for_scheme`): the warm-up, the window and
   the cap in rounds;
 - `SettleWatch`: the check as rounds complete, and where it stopped;
 - `settled_round_time_s`: the figure reported, the mean round time after the
