@@ -54,7 +54,9 @@ def test_up_to_three_candidates_per_scheme_on_its_pareto_front(ranked) -> None:
                                           for key, values in grid.items())]
         assert len(gridded) <= sum(len(values) for values in grid.values()), scheme
         mine = by_scheme[scheme] = [r for r in mine if r not in gridded]
-        assert 1 <= len(mine) <= 3, scheme
+        assert (mine or gridded) and len(mine) <= 3, scheme  # sparta's configured f=0.005
+        if not mine:  # is past the staleness limit: only its grid's values rank
+            continue
         mine.sort(key=lambda r: r.staleness_bound_rounds)
         speeds = [r.samples_per_s for r in mine]
         assert all(b > (1 + SAME_SPEED) * a for a, b in zip(speeds, speeds[1:], strict=False)),\
