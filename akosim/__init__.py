@@ -20,9 +20,9 @@ Example::
                           gradient_size="4MB", bandwidth="100mbps", rounds=50)
     print(run.round_time_s)
 
-``akosim.plan`` is also the package of the application layer (akosim.plan.setup,
-akosim.plan.execute) and ``akosim.predict`` the module of ``akosim predict``: calling
-them plans and predicts.
+Each is a plain function with its settings as typed keyword parameters
+(``help(akosim.plan)`` lists them); the application layer they are built on is
+akosim.planning, ``akosim predict``'s module akosim.prediction.
 """
 
 from __future__ import annotations
@@ -30,22 +30,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from akosim.sim_api import simulate, train
+    from akosim.sim_api import plan, predict, simulate, train
 
 __all__ = ["plan", "predict", "simulate", "train"]
 
 
 def __getattr__(name: str) -> Any:
     """The public calls, imported when first used (``import akosim`` stays light)."""
-    if name == "plan":
-        import akosim.plan  # a callable package: calling it is akosim.sim_api.plan
-
-        return akosim.plan
-    if name == "predict":
-        import akosim.predict  # a callable module: calling it is akosim.sim_api.predict
-
-        return akosim.predict
-    if name in ("simulate", "train"):
+    if name in __all__:
         from akosim import sim_api as api
 
         return getattr(api, name)

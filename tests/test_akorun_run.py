@@ -277,7 +277,7 @@ def test_a_rank_with_a_different_config_is_refused_at_hello(tmp_path: Path) -> N
 def test_workers_talk_over_tls_with_the_run_certificate(tmp_path: Path) -> None:
     import shutil
 
-    from akorun.launch.cluster import new_settings
+    from akorun.launching.cluster import new_settings
 
     if shutil.which("openssl") is None:
         pytest.skip("needs the openssl command to make a test certificate")

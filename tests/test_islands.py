@@ -24,7 +24,7 @@ import pytest
 
 from akocore.cli_support import UsageError as CliUsageError
 from akocore.workload import build_workload
-from akorun.launch.devices import DEVICE_COUNT_FLAG, device_env
+from akorun.launching.devices import DEVICE_COUNT_FLAG, device_env
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 
 pytestmark = pytest.mark.timeout(150)

@@ -256,8 +256,8 @@ def test_ako_points_choose_s_with_p_as_the_plan_does_unless_ssp_is_given(tmp_pat
     # At 40 Mbit/s the sends of a 40 kB gradient outlast 10 ms of compute: the
     # plan's rule picks s > 0 so they overlap; --ssp (or --set) fixes s instead.
     from akocore.config import config_from_dict
-    from akosim.plan.advice import with_overlap_ssp
-    from akosim.plan.compute import ComputeModel
+    from akosim.planning.advice import with_overlap_ssp
+    from akosim.planning.compute import ComputeModel
     from akosim.sim.engine import StopRule
     from akosim.sim.scenario import Setup
 

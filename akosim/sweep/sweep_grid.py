@@ -12,11 +12,11 @@ otherwise), and writes DIR/points/<id>.json atomically; without --rounds (or
 rounds or a duration from --config/--set) every point is simulated until its
 round time settles, as the plan's rows are (akosim.sim.settling); an Ako point whose
 staleness bound no layer sets gets s chosen with p as the plan command does
-(akosim.plan.advice.with_overlap_ssp: the smallest s that lets sending overlap
+(akosim.planning.advice.with_overlap_ssp: the smallest s that lets sending overlap
 compute), and its file holds the config with that s; with `--max-staleness
 ROUNDS` an Ako point's p = auto is held within that staleness bound as the plan
-holds it (akosim.plan.advice.within_staleness, through
-akosim.plan.execute.run_setup: the largest p whose bound p - 1 + s fits); a
+holds it (akosim.planning.advice.within_staleness, through
+akosim.planning.execute.run_setup: the largest p whose bound p - 1 + s fits); a
 point whose file exists is skipped, so an interrupted sweep resumes where it stopped. `--shard
 I/N` keeps the points whose index modulo N is I (a SLURM array task runs
 `--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT`). At the end every point
@@ -60,7 +60,7 @@ from akocore.config import (
     workload_arg_layer,
 )
 from akocore.units import format_duration
-from akosim.plan.runspec import (
+from akosim.planning.runspec import (
     TIMING_DEFAULTS,
     USER_ERRORS,
     check_fits,
@@ -68,7 +68,7 @@ from akosim.plan.runspec import (
     load_workload,
     timing_defaults_for,
 )
-from akosim.plan.setup import chooses_ssp_with_p, compute_setting, settles
+from akosim.planning.setup import chooses_ssp_with_p, compute_setting, settles
 from akosim.sweep.sweep_flags import FIXED_FLAGS, GRID_FLAGS, build_parser
 from akosim.sweep.sweepfiles import POINT_FORMAT, SweepPoint, collect
 
@@ -208,11 +208,11 @@ def run_point(task: dict[str, Any]) -> tuple[str, float]:
     the simulation settings (with --max-staleness, the limit p = auto is held
     within), the output folder and whether to choose s with p (the point's file
     then holds the config with the chosen s). The runs come from the plan layer's
-    akosim.plan.execute.run_setup, as the plan's do.
+    akosim.planning.execute.run_setup, as the plan's do.
     """
-    from akosim.plan.execute import run_setup
-    from akosim.plan.result_tables import json_safe, run_result, write_json
-    from akosim.plan.setup import build_setup, fixed_compute, stop_rule, tcp_parameters_for
+    from akosim.planning.execute import run_setup
+    from akosim.planning.result_tables import json_safe, run_result, write_json
+    from akosim.planning.setup import build_setup, fixed_compute, stop_rule, tcp_parameters_for
 
     started = time.perf_counter()
     config = config_from_dict(task["config"])
@@ -256,7 +256,7 @@ def _gradient_length(config: RunConfig, settings: dict[str, Any], cache: dict[st
 def _measured(config: RunConfig, cache: dict[str, Any]):
     """The workload's gradient step on this machine, from the compute cache the plan
     command uses (measured and cached once when absent)."""
-    from akosim.plan.setup import measured_compute
+    from akosim.planning.setup import measured_compute
 
     if "measured" not in cache:
         cache["measured"] = measured_compute(

@@ -160,7 +160,7 @@ def collect(out: Path, grid_order: Sequence[str], order: Sequence[str] = ()) -> 
     `grid_order` names the grid flags (dests) in column order. Points of `order`
     (ids) come first in that order, any others after, by id.
     """
-    from akosim.plan.result_tables import write_json
+    from akosim.planning.result_tables import write_json
 
     rank = {identity: k for k, identity in enumerate(order)}
     points = sorted(read_points(out / "points"),

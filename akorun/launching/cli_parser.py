@@ -1,5 +1,5 @@
 """akorun's command-line parser: every subcommand's flags, help and examples, and the
-parsing of its duration and count flags (the commands themselves: akorun.launch.commands)."""
+parsing of its duration and count flags (the commands themselves: akorun.launching.commands)."""
 
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from akorun import message_bench
 from akorun.errors import (
     UsageError,
 )
-from akorun.launch.cluster import (
+from akorun.launching.cluster import (
     DEFAULT_BASE_PORT,
 )
-from akorun.launch.local import (
+from akorun.launching.local import (
     LaunchOptions,
 )
-from akorun.launch.testbed.runner import TESTBEDS
+from akorun.launching.testbed.runner import TESTBEDS
 from akorun.runtime.worker import WorkerOptions
 
 ArgumentParser = OneLineParser  # one-line errors: `akorun worker: error: ... (see --help)`, 2

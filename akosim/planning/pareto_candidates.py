@@ -1,6 +1,6 @@
 """Each scheme's few configurations worth training: its staleness/throughput Pareto set.
 
-The ranking by accuracy (akosim.plan.accuracy_ranking) cannot train every
+The ranking by accuracy (akosim.planning.accuracy_ranking) cannot train every
 configuration, and the one of the highest throughput is often not the one that
 learns fastest: a stale gradient buys samples/s with accuracy per sample (Ako
 p=45, s=20 on 8 workers at 10 Mbit/s reaches 35% of digits in 300 rounds, p=16,
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from akocore.planner import overlap_ssp
 from akocore.schemes.protocol import Scheme
 from akocore.schemes.registry import has_servers, is_partitioned, scheme_named
-from akosim.plan.advice import plan_inputs, slowest_latency_s
+from akosim.planning.advice import plan_inputs, slowest_latency_s
 from akosim.sim.engine import StopRule
 from akosim.sim.scenario import Setup, SimRun, Variant, ako_variant, simulate
 

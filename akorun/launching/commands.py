@@ -1,9 +1,9 @@
 """The `akorun` command line: init, worker, ps, launch, merge, measure-messages.
 
 This module owns the commands and exit statuses (the flags and help are
-akorun.launch.cli_parser's): each subcommand turns its flags into the dataclasses
-of the module that does the work (akorun.launch.cluster, akorun.runtime.worker,
-akorun.launch.local). Every subcommand takes the shared run flags of
+akorun.launching.cli_parser's): each subcommand turns its flags into the dataclasses
+of the module that does the work (akorun.launching.cluster, akorun.runtime.worker,
+akorun.launching.local). Every subcommand takes the shared run flags of
 akocore.config (the same vocabulary as akosim).
 
 Exit statuses: 0 done; 1 the run failed (one line naming the rank and why;
@@ -29,9 +29,11 @@ from akocore.config import (
     ResolvedSettings,
     RunConfig,
     TrainConfig,
-    resolve_args,
 )
 from akocore.results import RunResult
+from akocore.settings.cli_flags import arg_layers
+from akocore.settings.layers import Given, resolve
+from akocore.settings.toml_io import file_layer
 from akocore.units import UnitError
 from akorun.errors import (
     EXIT_INTERRUPTED,
@@ -42,9 +44,8 @@ from akorun.errors import (
     UsageError,
 )
 from akorun.faults import faults_for
-from akorun.launch.cli_parser import build_parser, parse_duration_arg, parse_whole_arg
-from akorun.launch.cluster import (
-    DEFAULT_BASE_PORT,
+from akorun.launching.cli_parser import build_parser
+from akorun.launching.cluster import (
     AkorunSettings,
     check_distinct_endpoints,
     free_ports,
@@ -60,17 +61,18 @@ from akorun.launch.cluster import (
     with_hosts,
     write_cluster_file,
 )
-from akorun.launch.devices import device_env
-from akorun.launch.local import (
+from akorun.launching.devices import device_env
+from akorun.launching.local import (
     LaunchOptions,
     check_run_directory,
     launch,
     share_host_cores,
     worker_flags,
 )
-from akorun.launch.merge_command import cmd_merge
-from akorun.launch.rendezvous import address_from
-from akorun.launch.testbed.runner import TestbedOptions, launch_on_testbed
+from akorun.launching.merge_command import cmd_merge
+from akorun.launching.rendezvous import address_from
+from akorun.launching.requests import InitRequest, LaunchRequest, RankRequest
+from akorun.launching.testbed.runner import TestbedOptions, launch_on_testbed
 from akorun.runtime.island import (
     IslandShape,
     device_memory_line,
@@ -94,14 +96,19 @@ def _check_tls_files(*paths: str | None) -> None:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    resolved = resolve_args(args)
+    init_cluster(InitRequest.from_args(args), arg_layers(args))
+    return 0
+
+
+def init_cluster(request: InitRequest, layers: Sequence[Given]) -> Path:
+    """Write the cluster file of `layers` (`akorun init` and `akorun.init`); its path."""
+    resolved = resolve(layers)
     cfg = resolved.config
     _check_workload(cfg.train)
     _check_site_devices(cfg, new_settings(resolved.akorun))
     n = cfg.cluster.workers
-    base_port = parse_whole_arg(args.base_port, "--base-port", 1)
-    if args.hosts is not None:
-        hosts = hosts_from_text(args.hosts, n, base_port or DEFAULT_BASE_PORT)
+    if request.hosts is not None:
+        hosts = hosts_from_text(request.hosts, n, request.base_port)
     elif cfg.cluster.hosts:
         hosts = cfg.cluster.hosts
     else:
@@ -112,24 +119,25 @@ def cmd_init(args: argparse.Namespace) -> int:
         raise UsageError(f"--hosts: {error}") from None
     settings = new_settings(resolved.akorun)
     _check_tls_files(settings.tls_cert, settings.tls_key)
-    if args.per_rank_keys is None:
-        path = write_cluster_file(args.out, cfg, settings, force=args.force, resolved=resolved)
+    if request.per_rank_keys is None:
+        path = write_cluster_file(request.out, cfg, settings, force=request.force,
+                                  resolved=resolved)
         sys.stderr.write(f"wrote {path} (mode 0600): {n} ranks at {', '.join(hosts)}\n"
                          f"start each with: akorun worker --rank R --config {path}\n")
-        return 0
-    key_dir = Path(args.per_rank_keys)
+        return Path(path)
+    key_dir = request.per_rank_keys
     taken = [rank_key_file(key_dir, rank) for rank in range(n)
              if rank_key_file(key_dir, rank).exists()]
-    if taken and not args.force:
+    if taken and not request.force:
         raise UsageError(f"{taken[0]} exists; pass --force to overwrite the key files")
-    path = write_cluster_file(args.out, cfg, dataclasses.replace(settings, secret=None),
-                              force=args.force, resolved=resolved)
+    path = write_cluster_file(request.out, cfg, dataclasses.replace(settings, secret=None),
+                              force=request.force, resolved=resolved)
     write_rank_key_files(key_dir, settings.secret_bytes, settings.run_id_bytes, n)
     sys.stderr.write(f"wrote {path} (mode 0600, no secret): {n} ranks at {', '.join(hosts)}, "
                      f"and {rank_key_file(key_dir, 'R')} (0600) for R = 0..{n - 1}\n"
                      f"copy to host R only its own key file; start each with: akorun worker "
                      f"--rank R --config {path} --keys {rank_key_file(key_dir, 'R')}\n")
-    return 0
+    return Path(path)
 
 
 def _setup_logging(prefix: str, quiet: bool) -> None:
@@ -140,82 +148,92 @@ def _setup_logging(prefix: str, quiet: bool) -> None:
 
 def worker_settings(args: argparse.Namespace) -> tuple[ResolvedSettings, AkorunSettings]:
     """A rank's settings: the cluster file < --set < flags, and its [akorun] settings."""
-    if args.config is None:
-        raise UsageError("--config FILE is required: the cluster file written by `akorun init`")
-    resolved = resolve_args(args)
-    settings = settings_of(resolved, args.config)
+    request = RankRequest.from_args(args)
+    return rank_settings(request.config, [*file_layer(request.config),
+                                          *arg_layers(args, config_file=False)])
+
+
+def rank_settings(cluster_file: Path, layers: Sequence[Given],
+                  ) -> tuple[ResolvedSettings, AkorunSettings]:
+    """A rank's settings (`layers`: the cluster file's, then those above it) and its
+    [akorun] settings."""
+    resolved = resolve(layers)
+    settings = settings_of(resolved, str(cluster_file))
     if settings.secret is not None:
-        warn_if_readable_by_others(args.config, "the cluster file (it holds the run's secret)")
+        warn_if_readable_by_others(str(cluster_file),
+                                   "the cluster file (it holds the run's secret)")
     return resolved, settings
 
 
-def rank_options(args: argparse.Namespace) -> WorkerOptions:
-    """One rank's options from `akorun worker` / `akorun ps` flags (the cluster file <
-    --set < flags); UsageError for a mistake, before anything starts."""
-    resolved, settings = worker_settings(args)
+def rank_options(request: RankRequest, layers: Sequence[Given] = ()) -> WorkerOptions:
+    """One rank's options (`akorun worker` / `ps` and the API): the cluster file <
+    `layers` (--set and flags, or a call's overrides and keywords); UsageError for a
+    mistake, before anything starts."""
+    resolved, settings = rank_settings(request.config,
+                                       [*file_layer(request.config), *layers])
     cfg = resolved.config
     try:
         check_distinct_endpoints(cfg.cluster.hosts)
     except ConfigError as error:
-        raise UsageError(f"{args.config}: {error}") from None
-    rank_flag = parse_whole_arg(args.rank, "--rank")
-    address = address_from(args.rendezvous, os.environ)
+        raise UsageError(f"{request.config}: {error}") from None
+    rank_flag = request.rank
+    address = address_from(request.rendezvous, os.environ)
     wanted = requested_rank(rank_flag, os.environ, cfg.cluster.workers)
-    if address is not None and args.resume:
+    if address is not None and request.resume:
         raise UsageError("--resume cannot meet the others at a rendezvous (it serves a run's "
                          "start only): restart the rank with --rank R and a cluster file "
                          "that lists the hosts")
     if address is None:
         rank = resolve_rank(rank_flag, os.environ, cfg.cluster.workers)
-        check_role(cfg, rank, args.role)
+        check_role(cfg, rank, request.role)
     # a rank started by hand gets its devices before JAX starts (launch's children have them)
-    shape = island_shape(settings, args.role)
+    shape = island_shape(settings, request.role)
     os.environ.update(device_env(shape.platform, shape.devices_per_process, os.environ))
     _check_workload(cfg.train)
     _check_site_devices(cfg, settings)
-    out = Path(args.out) if args.out else None
+    out = request.out
     if out is not None:
         check_out_directory(out)  # before training, not after it
     if address is not None:  # every check that can fail here is done: now meet the others
-        cfg, rank = _rendezvous(args, address, cfg, settings, wanted)
-        check_role(cfg, rank, args.role)
+        cfg, rank = _rendezvous(request, address, cfg, settings, wanted)
+        check_role(cfg, rank, request.role)
     island_process = island_process_index(os.environ)
     if island_process == 0 and rank < len(cfg.cluster.hosts):  # none: the rank says so
         host, port = split_host(cfg.cluster.hosts[rank])
-        check_port_free(args.listen or host, port, rank)  # before the workload or JAX loads
+        check_port_free(request.listen or host, port, rank)  # before the workload or JAX loads
     settings.rank_keys(rank, cfg.cluster.workers)  # a missing or foreign key file: exit 2 now
-    checkpoint_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else (
-        out / "checkpoints" if out else None)
-    if args.resume and checkpoint_dir is None:
+    checkpoint_dir = request.checkpoint_dir or (out / "checkpoints" if out else None)
+    if request.resume and checkpoint_dir is None:
         checkpoint_dir = Path(".")
-    tls = TLSOptions(cert=settings.tls_cert, key=settings.tls_key, ca=args.tls_ca)
+    tls = TLSOptions(cert=settings.tls_cert, key=settings.tls_key, ca=request.tls_ca)
     _check_tls_files(tls.cert, tls.key, tls.ca)
     optional: dict[str, Any] = {}
-    if args.progress_every:
-        optional["progress_every_s"] = parse_duration_arg(args.progress_every, "--progress-every")
+    if request.progress_every_s:
+        optional["progress_every_s"] = request.progress_every_s
     return WorkerOptions(
         rank=rank, config=cfg, settings=settings, out_dir=out, checkpoint_dir=checkpoint_dir,
-        checkpoint_every=settings.checkpoint_every, resume=args.resume,
-        listen_host=args.listen, emulate=should_emulate(settings, cfg),
+        checkpoint_every=settings.checkpoint_every, resume=request.resume,
+        listen_host=request.listen, emulate=should_emulate(settings, cfg),
         peer_timeout_s=settings.peer_timeout_s, join_timeout_s=settings.join_timeout_s,
-        grace_s=parse_duration_arg(args.grace, "--grace") if args.grace else None,
-        quiet=args.quiet, tls=tls, faults=faults_for(rank, os.environ),
-        queue_messages=settings.queue_messages, **optional)
+        grace_s=request.grace_s, quiet=request.quiet, tls=tls,
+        faults=faults_for(rank, os.environ), queue_messages=settings.queue_messages,
+        **optional)
 
 
-def _rendezvous(args: argparse.Namespace, address_text: str, cfg: RunConfig,
+def _rendezvous(request: RankRequest, address_text: str, cfg: RunConfig,
                 settings: AkorunSettings, wanted: int | None) -> tuple[RunConfig, int]:
     """Meet the other ranks at the rendezvous: the run config with every rank's host, and
     this process's rank (`wanted`, when a flag or variable gave one)."""
-    from akorun.launch.rendezvous import ENV_ADDRESS, meet, parse_address, route_address
+    from akorun.launching.rendezvous import ENV_ADDRESS, meet, parse_address, route_address
 
-    address = parse_address(address_text, "--rendezvous" if args.rendezvous else ENV_ADDRESS)
+    address = parse_address(address_text,
+                            "--rendezvous" if request.rendezvous else ENV_ADDRESS)
     if settings.secret is None:
         raise UsageError("--rendezvous needs the run's secret in the cluster file (one written "
                          "without --per-rank-keys)")
-    host = args.advertise or route_address(*address)
+    host = request.advertise or route_address(*address)
     try:
-        port = free_ports(1, args.listen or host)[0]
+        port = free_ports(1, request.listen or host)[0]
     except OSError as error:
         raise UsageError(f"--advertise {host}: not an address of this machine to listen on "
                          f"({error.strerror or error}); give --listen 0.0.0.0 too") from None
@@ -223,7 +241,7 @@ def _rendezvous(args: argparse.Namespace, address_text: str, cfg: RunConfig,
     joined = meet(address, secret=settings.secret_bytes, run_id=settings.run_id,
                   run_id_bytes=settings.run_id_bytes, world=cfg.cluster.workers,
                   wanted=wanted, endpoint=endpoint, timeout_s=settings.join_timeout_s)
-    if not args.quiet:
+    if not request.quiet:
         sys.stderr.write(f"akorun: rendezvous at {address[0]}:{address[1]}: rank {joined.rank} "
                          f"of {len(joined.hosts)}, listening on {endpoint}; the ranks' hosts: "
                          f"{','.join(joined.hosts)}\n")
@@ -239,7 +257,7 @@ def island_shape(settings: AkorunSettings, role: str) -> IslandShape:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    options = rank_options(args)
+    options = rank_options(RankRequest.from_args(args), arg_layers(args, config_file=False))
     shape = island_shape(options.settings, args.role)
     share_host_cores(options.config.cluster.hosts, options.rank)
     process = island_process_index(os.environ)
@@ -289,60 +307,65 @@ def _check_workload(train: TrainConfig) -> None:
 
 
 def launch_settings(args: argparse.Namespace) -> tuple[ResolvedSettings, AkorunSettings]:
-    """What `akorun launch` runs: defaults < --plan (the configuration an akosim plan
-    recommends) < --config (a run config or a cluster file) < --set < flags, with a fresh
-    run id and secret."""
-    below = []
-    if getattr(args, "plan", None):
-        from akorun.launch.plan_layer import plan_layer
+    """What `akorun launch` flags run (`run_settings`)."""
+    return run_settings(LaunchRequest.from_args(args), arg_layers(args))
 
-        rank = parse_whole_arg(getattr(args, "plan_rank", None), "--plan-rank", minimum=1)
-        below = plan_layer(args.plan, rank)
-    elif getattr(args, "plan_rank", None) is not None:
+
+def run_settings(request: LaunchRequest, layers: Sequence[Given],
+                 ) -> tuple[ResolvedSettings, AkorunSettings]:
+    """What a launch runs: defaults < the plan's layer (the configuration an akosim plan
+    recommends) < `layers` (a run config or a cluster file < --set < flags, or a call's
+    file < overrides < keywords), with a fresh run id and secret."""
+    below = []
+    if request.plan is not None:
+        from akorun.launching.plan_layer import plan_layer
+
+        below = plan_layer(str(request.plan), request.plan_rank)
+    elif request.plan_rank is not None:
         raise UsageError("--plan-rank needs --plan PLAN.json (the plan whose ranking it "
                          "picks from)")
-    resolved = resolve_args(args, below=below)
+    resolved = resolve([*below, *layers])
     return resolved, new_settings(resolved.akorun)
 
 
-def launch_run(args: argparse.Namespace) -> RunResult:
-    """Every rank of `akorun launch` flags on this machine, to the merged result (the one
-    path of `akorun launch` and `akorun.launch`)."""
-    resolved, settings = launch_settings(args)
+def launch_run(request: LaunchRequest, layers: Sequence[Given]) -> RunResult:
+    """Every rank of a launch on this machine, to the merged result (the one path of
+    `akorun launch` and `akorun.launch`)."""
+    resolved, settings = run_settings(request, layers)
     cfg = resolved.config
     _check_workload(cfg.train)
     _check_site_devices(cfg, settings)
-    progress: dict[str, Any] = {}  # given process flags; LaunchOptions holds the defaults
-    if args.progress_every:
-        progress["progress_every_s"] = parse_duration_arg(args.progress_every, "--progress-every")
-    if args.kill_grace:
-        progress["kill_grace_s"] = parse_duration_arg(args.kill_grace, "--kill-grace")
-    out_dir = Path(args.out)
-    check_run_directory(out_dir, force=args.force)
+    progress: dict[str, Any] = {}  # given process options; LaunchOptions holds the defaults
+    if request.progress_every_s:
+        progress["progress_every_s"] = request.progress_every_s
+    if request.kill_grace_s:
+        progress["kill_grace_s"] = request.kill_grace_s
+    out_dir = request.out
+    check_run_directory(out_dir, force=request.force)
     check_out_directory(out_dir, keep=False)  # before any rank starts; made when written
     options = LaunchOptions(
-        out_dir=out_dir, quiet=args.quiet,
-        timeout_s=parse_duration_arg(args.timeout, "--timeout") if args.timeout else None,
-        worker_args=worker_flags(quiet=args.quiet, checkpoint_dir=args.checkpoint_dir,
+        out_dir=out_dir, quiet=request.quiet, timeout_s=request.timeout_s,
+        worker_args=worker_flags(quiet=request.quiet,
+                                 checkpoint_dir=None if request.checkpoint_dir is None
+                                 else str(request.checkpoint_dir),
                                  progress_every_s=progress.get("progress_every_s")),
         **progress)
-    if args.testbed is None:
-        given = [flag for flag, value in (("--testbed-latency", args.testbed_latency),
-                                          ("--testbed-downlink", args.testbed_downlink),
-                                          ("--testbed-jitter", args.testbed_jitter))
+    if request.testbed is None:
+        given = [flag for flag, value in (("--testbed-latency", request.testbed_latency),
+                                          ("--testbed-downlink", request.testbed_downlink),
+                                          ("--testbed-jitter", request.testbed_jitter_s))
                  if value is not None]
         if given:
             raise UsageError(f"{given[0]} needs --testbed netns")
         return launch(cfg, settings, options, resolved=resolved)
-    jitter_s = (parse_duration_arg(args.testbed_jitter, "--testbed-jitter")
-                if args.testbed_jitter else 0.0)
-    testbed = TestbedOptions(kind=args.testbed, latency=args.testbed_latency or "delay",
-                             downlink=args.testbed_downlink != "off", jitter_s=jitter_s)
+    testbed = TestbedOptions(kind=request.testbed, latency=request.testbed_latency or "delay",
+                             downlink=request.testbed_downlink is not False,
+                             jitter_s=request.testbed_jitter_s or 0.0)
     return launch_on_testbed(cfg, settings, options, testbed, resolved=resolved)
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    launch_run(args)
+    launch_run(LaunchRequest.from_args(args), arg_layers(args))
     return 0
 
 

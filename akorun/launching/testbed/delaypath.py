@@ -1,7 +1,7 @@
 """The testbed's delayed path: routes through the delay line, its limits, its process.
 
 With latency, the hub namespace routes instead of bridging, so that every
-rank-to-rank packet crosses the delay line (akorun.launch.testbed.delayline):
+rank-to-rank packet crosses the delay line (akorun.launching.testbed.delayline):
 
 - each rank's veth end has its address as a /32 and one route to the testbed
   subnet via a gateway address that exists only as a permanent neighbour
@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from akorun.errors import UsageError
-from akorun.launch.testbed.delayline import DelaySchedule
+from akorun.launching.testbed.delayline import DelaySchedule
 
 MIN_DELAY_S = 2e-3  # one-way; below it the line's own 0.1-0.3 ms would be > 10 %
 MAX_DELAY_S = 1.0  # one-way; the line holds rate x delay bytes in memory
@@ -169,7 +169,7 @@ class DelayLineProcess:
         """Start it and wait until it is attached to the TUN device (TestbedError-like
         UsageError naming its answer otherwise)."""
         argv = ("ip", "netns", "exec", self.hub, sys.executable, "-m",
-                "akorun.launch.testbed.delayline", "--device", self.tun, "--spec", "-",
+                "akorun.launching.testbed.delayline", "--device", self.tun, "--spec", "-",
                 "--priority", "raise" if self.raise_priority else "keep")
         self._process = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 # timing-only planning defaults to the seeds' CNN (17 MB gradient) at their batch size; rounds
 # not given by any layer: each configuration is simulated until its round time settles, at
-# most the settle cap (akosim.plan.setup.settles, akosim.sim.settling)
+# most the settle cap (akosim.planning.setup.settles, akosim.sim.settling)
 TIMING_DEFAULTS = RunConfig(train=TrainConfig(workload="synthetic-cnn", batch_size=104,
                                               rounds=SETTLE_CAP_ROUNDS))
 TRAIN_DEFAULTS = RunConfig()
@@ -97,7 +97,7 @@ def configured_runs(setup: Setup, *, factory: ProgressFactory | None = None,
     if scheme.has_servers:
         ssp = scheme.effective_ssp(exchange)
         if exchange.ps_servers == "best":
-            from akosim.plan.compare import best_ps
+            from akosim.planning.compare import best_ps
 
             best, tried = best_ps(setup, ssp=ssp, factory=factory, name=scheme.name,
                                   **kwargs)
@@ -112,7 +112,7 @@ def configured_runs(setup: Setup, *, factory: ProgressFactory | None = None,
         variant = ako_variant(setup)
     else:
         variant = Variant(scheme.name, label=scheme.variant_label(exchange))
-    from akosim.plan.compare import run_variant
+    from akosim.planning.compare import run_variant
 
     return [run_variant(setup, variant, factory=factory, **kwargs)]
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from akosim.plan.result_tables import write_json
+from akosim.planning.result_tables import write_json
 from akosim.sim.engine import TraceEvent
 from akosim.sim.scenario import SimRun
 

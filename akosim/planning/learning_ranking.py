@@ -2,7 +2,7 @@
 
 Throughput is not what a user waits for: the stalest Ako row has the most
 samples/s and can learn the least. So by default (``--rank-by accuracy``) the
-plan trains every row of its comparison (akosim.plan.learning_runs: the planned
+plan trains every row of its comparison (akosim.planning.learning_runs: the planned
 workload when small, else a proxy, on the cluster's nodes or a spread of them)
 and ranks the rows by predicted time to a target accuracy:
 
@@ -21,7 +21,7 @@ and ranks the rows by predicted time to a target accuracy:
   beaten by one of long rounds that had three times as long; a row that
   plateaus low (a very stale Ako) is.
 
-`--rank-by throughput` keeps the plan's older answer (akosim.plan.advice.recommend).
+`--rank-by throughput` keeps the plan's older answer (akosim.planning.advice.recommend).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from akocore.units import format_duration
 if TYPE_CHECKING:
     from akocore.config import RunConfig
     from akocore.results import RankedRun
-    from akosim.plan.learning_runs import LearningSource, RowLearning
+    from akosim.planning.learning_runs import LearningSource, RowLearning
     from akosim.sim.scenario import Setup, SimRun
 
 RANK_BY = ("accuracy", "throughput")
@@ -179,7 +179,7 @@ class LearningRanking:
     def recommendation(self, by_throughput: tuple[str, ...]) -> tuple[str, ...]:
         """The winner with its predicted time and accuracy; the throughput rule's lines when
         no row qualifies (none within --max-staleness)."""
-        from akosim.plan.advice import GLOSSARY
+        from akosim.planning.advice import GLOSSARY
 
         first = self.winner
         if first is None:
@@ -262,12 +262,12 @@ def learning_ranking(setup: Setup, runs: list[SimRun], cfg: RunConfig, *,
                      margin_points: float = ACCURACY_MARGIN_POINTS,
                      announce: Callable[[str], None] | None = None,
                      ) -> LearningRanking | str:
-    """Every row trained (akosim.plan.learning_runs) and ranked; or, when the rows cannot
+    """Every row trained (akosim.planning.learning_runs) and ranked; or, when the rows cannot
     be trained here, the reason in words (the plan then ranks by throughput)."""
     from akocore.data import DataError
     from akocore.partition import PartitionError
-    from akosim.plan.learning_runs import LEARNING_ROUNDS, learn_rows, learning_source
-    from akosim.plan.pareto_candidates import exchange_settings, variant_of
+    from akosim.planning.learning_runs import LEARNING_ROUNDS, learn_rows, learning_source
+    from akosim.planning.pareto_candidates import exchange_settings, variant_of
 
     source = learning_source(cfg, setup, stand_in_gradient=stand_in_gradient,
                              measured_step_s=measured_step_s)

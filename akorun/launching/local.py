@@ -4,7 +4,7 @@ This module owns the single-machine run: it writes ``DIR/cluster.toml``
 (loopback, free ports, a fresh run id and secret), starts one
 ``python -m akorun worker|ps`` per rank with its output in ``DIR/worker-R.log``,
 shows one progress line (polling every rank's read-only ``/status``), waits
-for all, and merges ``DIR/result.json`` (akorun.launch.run_merge). Ctrl-C or SIGTERM
+for all, and merges ``DIR/result.json`` (akorun.launching.run_merge). Ctrl-C or SIGTERM
 stops the children gracefully: SIGTERM to each (they finish their round,
 flush and checkpoint), then SIGKILL after a grace period (the log says so). A
 rank stopped before it joined exits 130 after telling the peers that are up
@@ -14,8 +14,8 @@ signals) counts as interrupted, not failed. The exit status is
 non-zero if any rank failed, and the message names it and shows the tail of
 its log.
 
-The public call ``akorun.launch(out="runs/demo", workers=3)`` (its package, callable)
-is `akorun.run_api.launch` (keyword settings, the merged RunResult back).
+The public call ``akorun.launch(out="runs/demo", workers=3)``
+(`akorun.run_api.launch`) runs here (keyword settings, the merged RunResult back).
 
 The ranks die with the launcher: they share one process group of their own
 (``kill -- -PGID`` stops them all; the terminal's Ctrl-C reaches only the
@@ -26,7 +26,7 @@ record and exits, and ``akorun merge DIR`` makes the result from those records.
 The ranks see ``AKORUN_LAUNCHER_PID`` and leave the merge to the launcher.
 
 Where the ranks run is a `Placement`: loopback by default; the real-network
-testbed (akorun.launch.testbed) gives each rank a host in its own network namespace,
+testbed (akorun.launching.testbed) gives each rank a host in its own network namespace,
 a command prefix that starts it there, and a way to poll its /status.
 
 Children get ``JAX_PLATFORMS=cpu`` and, when the ranks share the cores, a share of
@@ -55,9 +55,9 @@ from akocore.nonfinite import is_nonfinite_stop
 from akocore.rank_threads import rank_thread_env
 from akocore.results import RunResult
 from akorun.errors import EXIT_INTERRUPTED, Interrupted, RunError, UsageError
-from akorun.launch.cluster import AkorunSettings, loopback_hosts, with_hosts, write_cluster_file
-from akorun.launch.island_layout import island_layout
-from akorun.launch.run_merge import MergeOutcome, merge_ranks
+from akorun.launching.cluster import AkorunSettings, loopback_hosts, with_hosts, write_cluster_file
+from akorun.launching.island_layout import island_layout
+from akorun.launching.run_merge import MergeOutcome, merge_ranks
 from akorun.runtime.node_plan import role_of
 from akorun.transport.keys import restrict_new_files
 
@@ -121,7 +121,7 @@ def host_cores() -> int:
 
 def child_env(workers: int, extra: dict[str, str], platform: str = "cpu") -> dict[str, str]:
     """The environment of `workers` processes on this host: CPU JAX unless `platform`
-    says otherwise (each process's devices are akorun.launch.devices'), their share of
+    says otherwise (each process's devices are akorun.launching.devices'), their share of
     the cores for XLA (akocore.rank_threads), the package on PYTHONPATH, then `extra`."""
     env = dict(os.environ)
     if platform == "cpu":
@@ -143,7 +143,7 @@ def share_host_cores(hosts: Sequence[str], rank: int) -> dict[str, str]:
     its share of the host's cores for XLA among the ranks of `hosts` ("host:port") that
     name its host (akocore.rank_threads; what `akorun launch` gives its children, which
     is kept). Called before JAX starts its CPU client. The variables it set."""
-    from akorun.launch.cluster import split_host
+    from akorun.launching.cluster import split_host
 
     mine = split_host(hosts[rank])[0]
     sharing = sum(1 for entry in hosts if split_host(entry)[0] == mine)

@@ -1,6 +1,6 @@
 """What each row of the plan's comparison learns: its simulated training, affordably.
 
-The default plan ranks by predicted time to accuracy (akosim.plan.learning_ranking);
+The default plan ranks by predicted time to accuracy (akosim.planning.learning_ranking);
 this module owns the trainings behind it. Every row of the comparison is trained
 with akosim's simulated training (akosim.sim.scenario in training mode: real JAX
 gradients, every message applied at its simulated arrival) for `LEARNING_ROUNDS`
@@ -148,7 +148,7 @@ def learn_rows(setup: Setup, runs: list[SimRun], cfg: RunConfig, source: Learnin
                announce: Callable[[str], None] | None = None) -> list[RowLearning]:
     """Each row of `runs` trained by `source` for LEARNING_ROUNDS rounds (cached per row).
     Raises what the training raises (a row the source cannot represent)."""
-    from akosim.plan.compute_cache import cache_dir, store_json
+    from akosim.planning.compute_cache import cache_dir, store_json
 
     folder = cache_dir()
     shared = _shared_payload(setup, cfg, source)
@@ -190,7 +190,7 @@ def _cached(path: Any, label: str) -> RowLearning | None:
 
 
 def _load(cfg: RunConfig, source: LearningSource) -> FlatWorkload:
-    from akosim.plan.runspec import load_workload
+    from akosim.planning.runspec import load_workload
 
     return load_workload(_train_config(cfg, source))
 
@@ -213,8 +213,8 @@ def twin_setup(setup: Setup, cfg: RunConfig, source: LearningSource, length: int
     import numpy as np
 
     from akocore.resolve import network_arrays
-    from akosim.plan.compute import ComputeModel
-    from akosim.plan.setup import build_setup
+    from akosim.planning.compute import ComputeModel
+    from akosim.planning.setup import build_setup
     from akosim.sim.engine import StopRule
 
     idx = list(source.nodes)

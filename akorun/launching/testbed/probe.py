@@ -1,7 +1,7 @@
 """One TCP transfer between two testbed namespaces, timed: what the shaping really gives.
 
 `measure_transfer` opens a listening socket in the receiver's namespace and a
-client socket in the sender's (akorun.launch.testbed.netns.entered; a socket stays
+client socket in the sender's (akorun.launching.testbed.netns.entered; a socket stays
 in the namespace it was made in), sends `nbytes` over one connection and
 times it at the receiver, from the connection's first byte to its end of
 stream. It includes TCP's own costs (headers, ACKs, slow start), which is the
@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from akorun.launch.testbed.netns import entered
+from akorun.launching.testbed.netns import entered
 
 PROBE_PORT = 7979
 CHUNK_BYTES = 64 * 1024

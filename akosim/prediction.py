@@ -30,9 +30,6 @@ What is taken from where, so that nothing is counted twice:
   own stays a per-message delay, since the run's measured compute already holds
   the time its message handling took from the steps.
 
-Calling this module is the public call: ``akosim.predict("runs/mine")`` is
-`akosim.sim_api.predict`.
-
 Flags that restate the run are accepted; one that contradicts it (``--workers
 8`` for a 3-rank run) is a user error, as is a run directory without a result.
 """
@@ -42,28 +39,25 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
-import types
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from importlib import import_module
 from pathlib import Path
 from typing import Any
 
 from akocore.cli_support import UsageError
 from akocore.config import (
-    Layer,
-    Origin,
     RunConfig,
     Tool,
     add_shared_arguments,
     config_from_dict,
     config_to_dict,
-    resolve_args,
 )
 from akocore.host_calibration import TcpParameters
 from akocore.jsonrecord import RecordError
 from akocore.results import Calibration, PlanResult, RunResult, read_result
 from akocore.schemes.registry import is_partitioned
+from akocore.settings.cli_flags import arg_layers
+from akocore.settings.layers import Given, Layer, Origin, resolve
 from akocore.settings.normalise import network_layers
 from akocore.settings.schema import NetworkConfig
 from akocore.testbed_record import TESTBED_RECORD_FILE, TestbedRecord
@@ -135,14 +129,15 @@ def run_config(run: RunResult, where: Path) -> RunConfig:
                          f"({error})") from None
 
 
-def check_no_contradiction(args: argparse.Namespace, cfg: RunConfig, where: Path) -> str:
-    """The network model asked for; UsageError when a flag, --set or --config value
-    differs from what the run used."""
+def check_no_contradiction(layers: Sequence[Given], cfg: RunConfig, where: Path) -> str:
+    """The network model asked for; UsageError when a value of `layers` (a flag, --set or
+    --config value, or a Python call's keyword) differs from what the run used."""
     # hosts are the run's business: without them a --workers that differs reaches the
     # comparison below instead of failing as "one host per worker"
     base = replace(cfg, cluster=replace(cfg.cluster, hosts=()))
     try:
-        resolved = resolve_args(args, base, defaults_origin=Origin(Layer.DEFAULT, "the run"))
+        resolved = resolve(layers, defaults=base,
+                           defaults_origin=Origin(Layer.DEFAULT, "the run"))
     except ValueError as error:  # ConfigError: a value no run could have used
         raise UsageError(f"predict: {error}") from None
     for key in sorted(resolved.origins):
@@ -228,7 +223,7 @@ def testbed_network(record: TestbedRecord, configured: NetworkConfig,
 def host_measured_compute_s(cfg: RunConfig) -> tuple[float, int, str]:
     """akosim's own cached measurement of the run's workload, batch and optimizer on this
     host (measured now when not cached): seconds per step, gradient elements, provenance."""
-    from akosim.plan.setup import measured_compute
+    from akosim.planning.setup import measured_compute
 
     measured = measured_compute(cfg, announce=False)
     return measured.record.compute_s, measured.record.param_count, \
@@ -301,20 +296,23 @@ class Prediction:
         return self.predicted_round_time_s / measured - 1
 
 
-def predict_run(args: argparse.Namespace) -> Prediction:
-    """The prediction of the run `args.run_dir` names, with the command's flags in `args`
-    (the one path of `akosim predict` and `akosim.predict`); UsageError for a mistake."""
-    from akosim.plan.result_tables import plan_result
-    from akosim.plan.runspec import configured_runs, load_workload
-    from akosim.plan.setup import build_setup, fixed_compute, stop_rule, tcp_parameters_for
+def predict_run(run_dir: str | os.PathLike[str], layers: Sequence[Given] = (), *,
+                compute_source: str = "run", host_calibration: str | None = None,
+                ) -> Prediction:
+    """The prediction of the run `run_dir` names, with the settings `layers` restate (the
+    one path of `akosim predict` and `akosim.predict`); `compute_source` "run" (the run's
+    compute) or "measure" (akosim's own); UsageError for a mistake."""
+    from akosim.planning.result_tables import plan_result
+    from akosim.planning.runspec import configured_runs, load_workload
+    from akosim.planning.setup import build_setup, fixed_compute, stop_rule, tcp_parameters_for
 
-    path = result_path(args.run_dir)
-    if args.compute_source not in COMPUTE_SOURCES:
-        raise UsageError(f"predict: --compute: got {args.compute_source!r}, expected "
+    path = result_path(os.fspath(run_dir))
+    if compute_source not in COMPUTE_SOURCES:
+        raise UsageError(f"predict: --compute: got {compute_source!r}, expected "
                          f"{' or '.join(COMPUTE_SOURCES)} (the run's compute or akosim's own)")
     run = read_run(path)
     configured = run_config(run, path)
-    model = check_no_contradiction(args, configured, path)
+    model = check_no_contradiction(layers, configured, path)
     rounds = measured_rounds(run)
     exchange = configured.exchange
     if is_partitioned(run.scheme) and run.p_of:
@@ -329,7 +327,7 @@ def predict_run(args: argparse.Namespace) -> Prediction:
                                 target_accuracy=None),
                   network=replace(network, model=model))
     workers = cfg.cluster.workers
-    from_run = args.compute_source == "run"
+    from_run = compute_source == "run"
     colocation: Colocation | None = None
     calibration = Calibration.from_run(run, source=str(path))
     gradient_bytes = next((r.model_bytes for r in run.per_worker if r.model_bytes), None)
@@ -363,7 +361,7 @@ def predict_run(args: argparse.Namespace) -> Prediction:
                        + "".join(f"; {note}" for note in testbed_notes))
     else:
         sources.append("network: the run's configuration (no testbed.json)")
-    choice = tcp_parameters_for(cfg, args.host_calibration,
+    choice = tcp_parameters_for(cfg, host_calibration,
                                 # the run measured it: the host's figure would count twice
                                 without_message_cost=software is not None)
     if choice is not None:
@@ -374,8 +372,8 @@ def predict_run(args: argparse.Namespace) -> Prediction:
             sources.append(f"per-message software cost x{colocation.slowdown:.2f} (the "
                            f"co-located ranks' measured slowdown), charged as the ranks' CPU")
         sources.append(choice.provenance)
-    elif args.host_calibration or software is None:
-        host = tcp_parameters(args.host_calibration).params
+    elif host_calibration or software is None:
+        host = tcp_parameters(host_calibration).params
         software = software or ((host.message_fixed_s,) if host.message_fixed_s else None)
     sources.append("per-message software cost: " + (
         "the run's message_software_s" if run_measured_software
@@ -409,9 +407,10 @@ def predict_run(args: argparse.Namespace) -> Prediction:
 
 def predict_command(args: argparse.Namespace) -> int:
     """`akosim predict`: print the prediction (and write it with --out)."""
-    from akosim.plan.result_tables import format_table, json_safe, write_json
+    from akosim.planning.result_tables import format_table, json_safe, write_json
 
-    prediction = predict_run(args)
+    prediction = predict_run(args.run_dir, arg_layers(args), compute_source=args.compute_source,
+                             host_calibration=args.host_calibration)
     for line in prediction.lines:
         print(line)
     print(format_table(list(prediction.runs), training=False))
@@ -434,16 +433,3 @@ __all__ = ["COMPUTE_SOURCES", "Colocation", "DESCRIPTION", "EPILOG", "add_predic
            "colocated_compute_s", "host_measured_compute_s", "message_cpu_stretched",
            "with_message_cpu", "Prediction", "predict_command", "predict_run",
            "prediction_line", "read_run", "read_testbed", "testbed_network"]
-
-
-class _CallableModule(types.ModuleType):
-    """``akosim.predict(run_dir)`` is the public call (akosim.sim_api.predict), and
-    ``akosim.predict`` stays this module: the attribute of a package is its submodule
-    once imported."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # looked up by name when called: the API is built on this module
-        return import_module("akosim.sim_api").predict(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -3,13 +3,13 @@
 This module owns the order of one testbed run: check the config and the
 machine (a usage error, exit status 2, before anything is created), remove
 what a killed earlier run left, build the namespaces and bridge
-(akorun.launch.testbed.netns), apply the shaping (akorun.launch.testbed.shaping), write
+(akorun.launching.testbed.netns), apply the shaping (akorun.launching.testbed.shaping), write
 ``OUT/testbed.json`` (akocore.testbed_record), run the ranks with
-akorun.launch.local (one `ip netns exec NS` prefix per rank, in-process emulation
+akorun.launching.local (one `ip netns exec NS` prefix per rank, in-process emulation
 off), and tear everything down: on success, failure, Ctrl-C and SIGTERM.
 
 Signals: while the testbed is being built, SIGINT/SIGTERM interrupt the build
-(the teardown still runs); while the ranks run, akorun.launch.local stops them
+(the teardown still runs); while the ranks run, akorun.launching.local stops them
 gracefully; during the teardown they are ignored so that it completes.
 `_Interrupts` stays installed around launch (which puts its own in place for
 the ranks' lifetime), so no moment is left with Python's default.
@@ -18,7 +18,7 @@ A SIGKILL leaves the namespaces behind: the next testbed run removes them
 
 Latency: this kernel has no netem, so tc cannot delay packets. A config with
 a latency above zero is run with the hub routing through the delay line
-(akorun.launch.testbed.delaypath, akorun.launch.testbed.delayline), which holds each packet
+(akorun.launching.testbed.delaypath, akorun.launching.testbed.delayline), which holds each packet
 for its pair's one-way latency (`network.latency`/`latency_matrix`, one-way as
 in akosim); what it cannot realise faithfully is refused (one line). With the
 latency policy ``ignore`` the run goes on without latency and the record says
@@ -48,17 +48,17 @@ from akocore.testbed_record import (
     TestbedRecord,
 )
 from akorun.errors import Interrupted, UsageError
-from akorun.launch.cluster import AkorunSettings
-from akorun.launch.local import LaunchOptions, Placement, launch, status_of
-from akorun.launch.testbed.delayline import DelaySchedule
-from akorun.launch.testbed.delaypath import (
+from akorun.launching.cluster import AkorunSettings
+from akorun.launching.local import LaunchOptions, Placement, launch, status_of
+from akorun.launching.testbed.delayline import DelaySchedule
+from akorun.launching.testbed.delaypath import (
     DelayLineProcess,
     RankPort,
     check_delay,
     line_load_bps,
     plan_delay_path,
 )
-from akorun.launch.testbed.netns import (
+from akorun.launching.testbed.netns import (
     MTU_BYTES,
     RANK_PORT,
     SUBNET,
@@ -70,7 +70,7 @@ from akorun.launch.testbed.netns import (
     missing_requirements,
     remove_stale,
 )
-from akorun.launch.testbed.shaping import HTB_QUANTUM_BYTES, plan_shaping
+from akorun.launching.testbed.shaping import HTB_QUANTUM_BYTES, plan_shaping
 from akorun.transport.keys import restrict_new_files
 
 TESTBEDS = ("netns",)
@@ -230,7 +230,7 @@ def _keep_stats(line: DelayLineProcess, out_dir: Any) -> None:
 def launch_on_testbed(cfg: RunConfig, settings: AkorunSettings, options: LaunchOptions,
                       testbed_options: TestbedOptions, *,
                       resolved: ResolvedSettings | None = None) -> RunResult:
-    """Build the testbed, run every rank in it, tear it down; akorun.launch.local's result."""
+    """Build the testbed, run every rank in it, tear it down; akorun.launching.local's result."""
     latency_ignored_s = check_testbed(cfg, settings, testbed_options)
     removed = remove_stale()
     if removed and not options.quiet:

@@ -1,7 +1,7 @@
 """Which scheme reaches the user's accuracy first: the plan's comparison ranked by training.
 
 With ``--target-accuracy`` (or ``--time-budget``) the plan does not stop at
-throughput. akosim.plan.pareto_candidates takes, of each scheme, up to three
+throughput. akosim.planning.pareto_candidates takes, of each scheme, up to three
 configurations of its staleness/throughput Pareto front within
 ``--max-staleness`` (the throughput-best, the least stale not much slower, one
 between; a handful of trainings, not the whole table);
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from akocore.cli_support import UsageError
 from akocore.units import format_duration
-from akosim.plan.pareto_candidates import exchange_settings, pareto_candidates
+from akosim.planning.pareto_candidates import exchange_settings, pareto_candidates
 from akosim.sim.engine import StopRule
 from akosim.sim.scenario import Setup, SimRun, simulate
 
@@ -78,7 +78,7 @@ def rank_by_accuracy(setup: Setup, runs: list[SimRun], workload: FlatWorkload,
                      goal: RankingGoal, *, max_staleness_rounds: float,
                      factory: ProgressFactory | None = None,
                      announce: Callable[[str], None] | None = None) -> Ranking:
-    """Train each candidate (akosim.plan.pareto_candidates: up to three of each scheme
+    """Train each candidate (akosim.planning.pareto_candidates: up to three of each scheme
     of `runs`) in simulated time and order them by `goal`; `announce` hears one line per
     scheme timed for the ladder and per candidate trained (progress on stderr)."""
     if workload.param_count != setup.length:

@@ -29,9 +29,9 @@ from akocore.units import format_duration, format_size
 from akosim.sim.scenario import SimRun
 
 if TYPE_CHECKING:
-    from akosim.plan.accuracy_ranking import Ranking
-    from akosim.plan.advice import Explanation
-    from akosim.plan.learning_ranking import LearningRanking
+    from akosim.planning.accuracy_ranking import Ranking
+    from akosim.planning.advice import Explanation
+    from akosim.planning.learning_ranking import LearningRanking
 
 
 def _stale(value: float) -> str:
@@ -135,12 +135,12 @@ def plan_result(runs: list[SimRun], *, config: dict[str, Any], training: bool,
                 explained: tuple[str, ...] = (),
                 learning: LearningRanking | None = None) -> PlanResult:
     """What `akosim --out` writes: every simulated configuration of one question, the
-    plan's explanation when there is one, the recommendation (akosim.plan.advice.recommend),
-    the ranking by accuracy (akosim.plan.accuracy_ranking) and the --explain text."""
+    plan's explanation when there is one, the recommendation (akosim.planning.advice.recommend),
+    the ranking by accuracy (akosim.planning.accuracy_ranking) and the --explain text."""
     mode = "train" if training else "timing"
     extra: dict[str, Any] = {"recommendation": recommendation, "explained": explained}
     if ranking is not None:
-        from akosim.plan.accuracy_ranking import ranked_records
+        from akosim.planning.accuracy_ranking import ranked_records
 
         extra |= dict(target_accuracy=ranking.goal.target_accuracy,
                       time_budget_s=ranking.goal.time_budget_s,

@@ -6,7 +6,7 @@ This module owns the launcher's side of ``akorun.devices_per_rank``,
 others follow it, akorun.runtime.island), a parameter server one; and each process
 gets its island's meeting point (a free loopback port for the coordinator of
 ``jax.distributed``, ``AKORUN_ISLAND_COORDINATOR``), its index in the island
-(``AKORUN_ISLAND_PROCESS``) and its devices (akorun.launch.devices: a CPU device count
+(``AKORUN_ISLAND_PROCESS``) and its devices (akorun.launching.devices: a CPU device count
 in XLA_FLAGS, or its own GPUs when the host has enough).
 """
 
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from akocore.config import RunConfig
 from akorun.errors import UsageError
-from akorun.launch.cluster import AkorunSettings, free_ports, split_host
-from akorun.launch.devices import device_env, host_gpu_count
+from akorun.launching.cluster import AkorunSettings, free_ports, split_host
+from akorun.launching.devices import device_env, host_gpu_count
 from akorun.runtime.island import COORDINATOR_ENV, PROCESS_ENV
 from akorun.runtime.node_plan import role_of
 

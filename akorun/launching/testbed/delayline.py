@@ -2,7 +2,7 @@
 
 This kernel has no netem, so tc cannot hold a packet. Instead the hub
 namespace routes every rank-to-rank packet into one TUN device
-(akorun.launch.testbed.delaypath plans the routes) and this process, started inside
+(akorun.launching.testbed.delaypath plans the routes) and this process, started inside
 the hub, reads each packet, holds it for its pair's one-way delay (plus
 optional jitter) and writes it back into the same device, from where the
 kernel forwards it to the destination rank. TCP stays end to end between the
@@ -19,7 +19,7 @@ spurious reordering).
 
 `DelaySchedule` (pure) maps (source, destination) IPv4 addresses to the
 delay; `DelayLine` is the loop; `main` is the process
-(`python -m akorun.launch.testbed.delayline --device NAME --spec FILE`): it prints
+(`python -m akorun.launching.testbed.delayline --device NAME --spec FILE`): it prints
 ``ready`` once attached and, on SIGTERM/SIGINT, one JSON line of statistics
 (`LineStats`: packets, bytes, how late the timer released them, CPU seconds).
 """
@@ -261,7 +261,7 @@ def die_with_parent() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m akorun.launch.testbed.delayline",
+    parser = argparse.ArgumentParser(prog="python -m akorun.launching.testbed.delayline",
                                      description="Hold every packet of a TUN device for its "
                                                  "pair's one-way delay and write it back.")
     parser.add_argument("--device", required=True, help="the persistent TUN device (vnet_hdr)")

@@ -3,7 +3,7 @@
 `NetnsTestbed` owns the kernel objects of one run: one namespace per rank,
 joined by a veth pair to a bridge in a hub namespace of its own (the root
 namespace gets no device, no address and no route); with latency the hub
-routes through the delay line instead of bridging (akorun.launch.testbed.delaypath).
+routes through the delay line instead of bridging (akorun.launching.testbed.delaypath).
 Every veth end has a fixed MAC (`rank_mac`, `hub_mac`) so the routed hub
 needs no ARP. Every name carries the
 run's tag, ``akotb<pid>``, so runs at the same time never collide, and every
@@ -30,8 +30,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from akorun.errors import UsageError
-from akorun.launch.testbed.delaypath import hub_mac, rank_mac
-from akorun.launch.testbed.shaping import NodeDevices
+from akorun.launching.testbed.delaypath import hub_mac, rank_mac
+from akorun.launching.testbed.shaping import NodeDevices
 
 PREFIX = "akotb"
 SUBNET_PREFIX = "10.77.0"
@@ -165,7 +165,7 @@ class NetnsTestbed:
 
     def up(self, *, bridged: bool = True) -> None:
         """The namespaces and veth pairs; with `bridged`, the bridge and the ranks'
-        addresses too (else akorun.launch.testbed.delaypath routes and addresses them)."""
+        addresses too (else akorun.launching.testbed.delaypath routes and addresses them)."""
         names = self.names
         for name in names.all_namespaces():
             self._created.append(name)  # before: a half-made namespace is deleted too

@@ -1,15 +1,15 @@
 """The runs a command asks for, from a setup: the configured scheme, or every scheme compared.
 
-`run_setup` takes a setup from akosim.plan.setup, holds p = auto within the
-staleness limit (akosim.plan.advice.within_staleness), chooses s with p when the
-rule says so (akosim.plan.advice.with_overlap_ssp) and simulates either the
-configured scheme alone (akosim.plan.runspec.configured_runs) or the comparison
-of every scheme (akosim.plan.compare.compare_all). `plan_runs` is the whole path
+`run_setup` takes a setup from akosim.planning.setup, holds p = auto within the
+staleness limit (akosim.planning.advice.within_staleness), chooses s with p when the
+rule says so (akosim.planning.advice.with_overlap_ssp) and simulates either the
+configured scheme alone (akosim.planning.runspec.configured_runs) or the comparison
+of every scheme (akosim.planning.compare.compare_all). `plan_runs` is the whole path
 of `akosim plan` / `akosim train` from resolved settings, for the command
 line, the analysis and the public API alike; `plan_outcome` adds what they
 report (the plan record, the explanation, the recommendation, the ranking by
-simulated training of akosim.plan.accuracy_ranking and the --explain text of
-akosim.plan.long_explanation).
+simulated training of akosim.planning.accuracy_ranking and the --explain text of
+akosim.planning.long_explanation).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from akocore.cli_support import UsageError
 from akocore.config import ResolvedSettings
 from akocore.schemes.registry import scheme_named
 from akocore.units import format_duration
-from akosim.plan.setup import (
+from akosim.planning.setup import (
     SimulationOptions,
     chooses_ssp_with_p,
     settles,
@@ -33,10 +33,10 @@ from akosim.plan.setup import (
 
 if TYPE_CHECKING:
     from akocore.results import PlanResult
-    from akosim.plan.accuracy_ranking import Ranking
-    from akosim.plan.advice import Explanation
-    from akosim.plan.learning_ranking import LearningRanking
-    from akosim.plan.runspec import ProgressFactory
+    from akosim.planning.accuracy_ranking import Ranking
+    from akosim.planning.advice import Explanation
+    from akosim.planning.learning_ranking import LearningRanking
+    from akosim.planning.runspec import ProgressFactory
     from akosim.sim.scenario import Setup, SimRun
 
 
@@ -55,18 +55,18 @@ def run_setup(setup: Setup, *, choose_ssp: bool, compare: bool, training: bool =
               max_staleness_rounds: float | None = None, **kwargs: Any) -> PlannedRuns:
     """Simulate `setup`: the configured scheme only, or (`compare`) every scheme side by
     side; with `choose_ssp`, s is first chosen with p; with `max_staleness_rounds`, p = auto
-    is held within that staleness bound (akosim.plan.advice.within_staleness)."""
-    from akosim.plan.compare import compare_all
-    from akosim.plan.runspec import configured_runs
+    is held within that staleness bound (akosim.planning.advice.within_staleness)."""
+    from akosim.planning.compare import compare_all
+    from akosim.planning.runspec import configured_runs
 
     if compare or scheme_named(setup.config.exchange.scheme).partitioned:
         setup = with_plan(setup)  # p resolved once for the choice of s, the runs, the advice
         if max_staleness_rounds is not None:
-            from akosim.plan.advice import within_staleness
+            from akosim.planning.advice import within_staleness
 
             setup = within_staleness(setup, max_staleness_rounds, choose_ssp=choose_ssp)
     if choose_ssp:  # p and s together: the smallest s that lets sending overlap compute
-        from akosim.plan.advice import with_overlap_ssp
+        from akosim.planning.advice import with_overlap_ssp
 
         setup = with_overlap_ssp(setup)
     run = compare_all if compare else configured_runs
@@ -80,7 +80,7 @@ def plan_runs(resolved: ResolvedSettings, options: SimulationOptions, *,
               max_staleness_rounds: float | None = None) -> PlannedRuns:
     """`akosim plan` (or, with `training`, `akosim train`) of resolved settings: the
     configured scheme when a layer chose one, else every scheme compared."""
-    from akosim.plan.runspec import check_fits
+    from akosim.planning.runspec import check_fits
 
     cfg = resolved.config
     setup, workload = simulation_setup(cfg, options, training=training,
@@ -124,16 +124,16 @@ def plan_outcome(resolved: ResolvedSettings, options: SimulationOptions, *,
 
     A plan with a target accuracy (``train.target_accuracy``) or `time_budget_s` also
     ranks the comparison's candidates by simulated training
-    (akosim.plan.accuracy_ranking), `announce` hearing one line per candidate;
-    `explain_more` adds the longer explanation (akosim.plan.long_explanation)."""
+    (akosim.planning.accuracy_ranking), `announce` hearing one line per candidate;
+    `explain_more` adds the longer explanation (akosim.planning.long_explanation)."""
     from akocore.config import config_to_dict
-    from akosim.plan.advice import MAX_STALENESS_ROUNDS, explain, recommend
-    from akosim.plan.learning_ranking import (
+    from akosim.planning.advice import MAX_STALENESS_ROUNDS, explain, recommend
+    from akosim.planning.learning_ranking import (
         ACCURACY_MARGIN_POINTS,
         check_margin,
         check_rank_by,
     )
-    from akosim.plan.result_tables import plan_result
+    from akosim.planning.result_tables import plan_result
 
     limit = MAX_STALENESS_ROUNDS if max_staleness_rounds is None else max_staleness_rounds
     check_rank_by(rank_by)
@@ -161,10 +161,10 @@ def plan_outcome(resolved: ResolvedSettings, options: SimulationOptions, *,
         ranking = _ranking(resolved, setup, runs, limit, time_budget_s, factory, announce)
         recommendation = ranked_recommendation(ranking, recommendation)
     elif not training and rank_by == "accuracy" and len(runs) > 1:
-        from akosim.plan.learning_ranking import learning_ranking
+        from akosim.planning.learning_ranking import learning_ranking
 
         learned = learning_ranking(setup, runs, resolved.config, max_staleness_rounds=limit,
-                                   stand_in_gradient=options.gradient_size is not None,
+                                   stand_in_gradient=options.gradient_bytes is not None,
                                    measured_step_s=_measured_step_s(setup, options),
                                    margin_points=margin, announce=announce)
         if isinstance(learned, str):
@@ -175,7 +175,7 @@ def plan_outcome(resolved: ResolvedSettings, options: SimulationOptions, *,
             recommendation = learning.recommendation(recommendation)
     explained: tuple[str, ...] = ()
     if explain_more and not training:
-        from akosim.plan.long_explanation import explain_long
+        from akosim.planning.long_explanation import explain_long
 
         explained = explain_long(setup, runs, max_staleness_rounds=limit, ranking=ranking,
                                  learning=learning)
@@ -203,8 +203,8 @@ def _ranking(resolved: ResolvedSettings, setup: Setup, runs: list[SimRun], limit
              announce: Callable[[str], None] | None) -> Ranking:
     """The comparison's candidates ranked by simulated training of the configured workload
     (its round budget: a given --rounds, else RANKING_ROUNDS)."""
-    from akosim.plan.accuracy_ranking import RANKING_ROUNDS, RankingGoal, rank_by_accuracy
-    from akosim.plan.runspec import load_workload
+    from akosim.planning.accuracy_ranking import RANKING_ROUNDS, RankingGoal, rank_by_accuracy
+    from akosim.planning.runspec import load_workload
 
     cfg = resolved.config
     rounds = cfg.train.rounds if resolved.given("train.rounds") and cfg.train.rounds \
@@ -218,7 +218,7 @@ def _ranking(resolved: ResolvedSettings, setup: Setup, runs: list[SimRun], limit
 def ranked_recommendation(ranking: Ranking, by_throughput: tuple[str, ...]) -> tuple[str, ...]:
     """The recommendation when the plan ranked by accuracy: the ranking's winner (the
     throughput rule's when no candidate reached the target), with the glossary."""
-    from akosim.plan.advice import GLOSSARY
+    from akosim.planning.advice import GLOSSARY
 
     goal = ranking.goal
     if not ranking.ranked or (goal.target_accuracy is not None

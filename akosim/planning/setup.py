@@ -8,7 +8,7 @@ once:
   compute time comes from, per-round and per-message overheads, speeds and
   stragglers, coalescing, the TCP calibration file), typed;
 - `measured_compute`: the workload's gradient step timed on this machine
-  through the per-machine compute cache (akosim.plan.compute_cache), MEASURE_STEPS
+  through the per-machine compute cache (akosim.planning.compute_cache), MEASURE_STEPS
   steps; plan, train, sweep and predict share the cache entry;
 - `tcp_parameters_for`: the TCP-aware network model's parameters when the
   config asks for that model (akosim.calibration.host_calibration_io), else None;
@@ -25,9 +25,11 @@ once:
 
 from __future__ import annotations
 
+import inspect
+import os
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from akocore.cli_support import UsageError
@@ -43,7 +45,7 @@ from akosim.calibration.run_calibration import (
     overhead_from_result,
 )
 from akosim.network.island_reduce import has_islands, island_batch_config
-from akosim.plan.runspec import (
+from akosim.planning.runspec import (
     gradient_length_of_size,
     load_workload,
     parse_duration_flag,
@@ -51,8 +53,8 @@ from akosim.plan.runspec import (
 
 if TYPE_CHECKING:
     from akocore.workload import FlatWorkload as Workload
-    from akosim.plan.compute import ComputeModel
-    from akosim.plan.compute_cache import Measured
+    from akosim.planning.compute import ComputeModel
+    from akosim.planning.compute_cache import Measured
     from akosim.sim.engine import StopRule
     from akosim.sim.scenario import Setup
 
@@ -62,20 +64,21 @@ TRAINING_ROUNDS_CAP = 10_000  # akosim train without rounds or duration: bounded
 
 @dataclass(frozen=True)
 class SimulationOptions:
-    """What akosim takes beside the run settings, as the command line gives it."""
+    """What akosim takes beside the run settings, typed (seconds, bytes, tuples); the
+    command line's flags and the API's keywords are read into it by `simulation_options`."""
 
     # the [akosim] settings (resolved and checked by the key registry, akocore.settings)
     compute: float | str = "measure"  # seconds per round, "measure" or "remeasure"
-    message_overhead_s: float | None = None  # None: 0, or what --compute-from's run measured
+    message_overhead_s: float | None = None  # None: 0, or what compute_from's run measured
     coalesce: float | None = None  # None: akosim.network.fluid.COALESCE_REL
-    # the command's own flags
+    # the command's own options
     compute_from: str | None = None  # an akorun result: its measured compute and overheads
-    round_overhead: str | None = None  # a duration
+    round_overhead_s: float | None = None  # None: 0, or what compute_from's run measured
     compute_jitter: float = 0.0
-    speeds: str | None = None  # "1,1,2"
-    stragglers: str | None = None  # "3,7"
+    speeds: tuple[float, ...] = ()  # per-worker compute multipliers, in turn
+    stragglers: tuple[int, ...] = ()  # ranks slowed by straggler_factor
     straggler_factor: float = 4.0
-    gradient_size: str | None = None  # "17MB"; None: the workload's
+    gradient_bytes: int | None = None  # None: the workload's
     host_calibration: str | None = None  # an `akosim calibrate --out` file
 
     @classmethod
@@ -83,12 +86,81 @@ class SimulationOptions:
                   ) -> SimulationOptions:
         """The options of resolved settings' [akosim] section and the command's own flags
         in an argparse namespace (a flag a command lacks keeps its default)."""
-        akosim = resolved.akosim if resolved is not None else AkosimConfig()
-        shared = ("compute", "message_overhead_s", "coalesce")
-        own: dict[str, Any] = {f.name: getattr(args, f.name) for f in fields(cls)
-                               if f.name not in shared and getattr(args, f.name, None) is not None}
-        return cls(compute=akosim.compute, message_overhead_s=akosim.message_overhead_s,
-                   coalesce=akosim.coalesce, **own)
+        names = inspect.signature(simulation_options).parameters
+        own = {name: getattr(args, name) for name in names
+               if name != "akosim" and getattr(args, name, None) is not None}
+        return simulation_options(resolved.akosim if resolved is not None else AkosimConfig(),
+                                  **own)
+
+
+def simulation_options(akosim: AkosimConfig, *, gradient_size: str | int | None = None,
+                       compute_from: str | os.PathLike[str] | None = None,
+                       round_overhead: str | float | None = None,
+                       compute_jitter: float = 0.0,
+                       speeds: str | Sequence[float] | None = None,
+                       stragglers: str | Sequence[int] | None = None,
+                       straggler_factor: float = 4.0,
+                       host_calibration: str | os.PathLike[str] | None = None,
+                       ) -> SimulationOptions:
+    """The typed options, read once here from a flag's text or a Python value:
+    `gradient_size` "17MB" or bytes, `round_overhead` "3ms" or seconds, `speeds` "1,1,2"
+    or numbers, `stragglers` "3,7" or ranks; UsageError for a value out of range."""
+    overhead = None
+    if round_overhead is not None:
+        overhead = seconds_of(round_overhead, "--round-overhead")
+        if overhead < 0:
+            raise UsageError(f"--round-overhead: got {round_overhead}, expected >= 0")
+    jitter = _number(compute_jitter, "--compute-jitter")
+    if jitter < 0:
+        raise UsageError(f"--compute-jitter: got {compute_jitter}, expected >= 0")
+    ranks = _numbers(stragglers, "--stragglers")
+    if any(rank != int(rank) for rank in ranks):
+        raise UsageError(f"--stragglers: got {stragglers}, expected ranks (whole numbers)")
+    return SimulationOptions(
+        compute=akosim.compute, message_overhead_s=akosim.message_overhead_s,
+        coalesce=akosim.coalesce,
+        compute_from=None if compute_from is None else os.fspath(compute_from),
+        round_overhead_s=overhead, compute_jitter=jitter,
+        speeds=_numbers(speeds, "--speeds"), stragglers=tuple(int(rank) for rank in ranks),
+        straggler_factor=_number(straggler_factor, "--straggler-factor"),
+        gradient_bytes=None if gradient_size is None else gradient_bytes_of(gradient_size),
+        host_calibration=None if host_calibration is None else os.fspath(host_calibration))
+
+
+def gradient_bytes_of(size: str | int) -> int:
+    """``--gradient-size`` ("17MB", or a number of bytes) -> whole float32 values' bytes."""
+    from akocore.messages import FLOAT_BYTES
+
+    if isinstance(size, str):
+        return gradient_length_of_size(size) * FLOAT_BYTES
+    if isinstance(size, bool) or not isinstance(size, int) or size < FLOAT_BYTES \
+            or size % FLOAT_BYTES:
+        raise UsageError(f"gradient_size: got {size!r}, expected a whole number of float32 "
+                         f"values (bytes, a multiple of 4) or text with a unit, e.g. 17MB")
+    return size
+
+
+def seconds_of(value: str | float, flag: str) -> float:
+    """A duration given as text with its unit ("3ms"; a bare number is refused) or as
+    seconds (a Python number)."""
+    if isinstance(value, str):
+        return parse_duration_flag(flag, value)
+    return _number(value, flag)
+
+
+def _number(value: Any, flag: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{flag}: got {value!r}, expected a number") from None
+
+
+def _numbers(value: str | Sequence[float] | None, flag: str) -> tuple[float, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return _floats(value, flag)
+    return tuple(_number(item, flag) for item in value)
 
 
 # ------------------------------------------------------------------ compute
@@ -107,9 +179,9 @@ def measured_compute(cfg: RunConfig, *, load: Callable[[], Workload] | None = No
                      refresh: bool = False, announce: bool = True) -> Measured:
     """The configured workload's gradient step on this machine, from the per-machine cache
     or measured now (MEASURE_STEPS steps) and cached; `load` builds the workload."""
-    from akosim.plan.compute import StepTiming, measure_step_timing
-    from akosim.plan.compute_cache import key_for
-    from akosim.plan.compute_cache import measured_compute as cached_or_measured
+    from akosim.planning.compute import StepTiming, measure_step_timing
+    from akosim.planning.compute_cache import key_for
+    from akosim.planning.compute_cache import measured_compute as cached_or_measured
 
     train = cfg.train
     key = key_for(train.workload, train.batch_size, train.optimizer)
@@ -128,30 +200,24 @@ def measured_compute(cfg: RunConfig, *, load: Callable[[], Workload] | None = No
 
 
 def compute_model(options: SimulationOptions, workers: int, compute_s: float) -> ComputeModel:
-    """Each worker's compute time per round: the base, --compute-from's, speeds, stragglers,
+    """Each worker's compute time per round: the base, compute_from's, speeds, stragglers,
     jitter and the per-round overhead; UsageError for a value out of range."""
-    from akosim.plan.compute import ComputeModel
+    from akosim.planning.compute import ComputeModel
 
     per_worker: tuple[float, ...] = ()
     overhead: float | tuple[float, ...] = 0.0
     if options.compute_from:
         per_worker = compute_from_result(options.compute_from, workers)
         overhead = overhead_from_result(options.compute_from, workers) or 0.0
-    if options.round_overhead is not None:
-        overhead = parse_duration_flag("--round-overhead", options.round_overhead)
-        if overhead < 0:
-            raise UsageError(f"--round-overhead: got {options.round_overhead}, expected >= 0")
-    speeds = _floats(options.speeds, "--speeds") if options.speeds else ()
-    stragglers = tuple(int(x) for x in _floats(options.stragglers, "--stragglers")) \
-        if options.stragglers else ()
-    for rank in stragglers:
+    if options.round_overhead_s is not None:
+        overhead = options.round_overhead_s
+    for rank in options.stragglers:
         if not 0 <= rank < workers:
             raise UsageError(f"--stragglers: rank {rank} is not a worker (0..{workers - 1})")
-    if options.compute_jitter < 0:
-        raise UsageError(f"--compute-jitter: got {options.compute_jitter}, expected >= 0")
     try:
-        return ComputeModel(compute_s, speeds, options.compute_jitter, stragglers,
-                            options.straggler_factor, per_worker, overhead_s=overhead)
+        return ComputeModel(compute_s, options.speeds, options.compute_jitter,
+                            options.stragglers, options.straggler_factor, per_worker,
+                            overhead_s=overhead)
     except ValueError as error:
         raise UsageError(str(error)) from None
 
@@ -159,7 +225,7 @@ def compute_model(options: SimulationOptions, workers: int, compute_s: float) ->
 def fixed_compute(compute_s: float | tuple[float, ...], *, jitter: float = 0.0,
                   overhead_s: float | tuple[float, ...] = 0.0) -> ComputeModel:
     """A compute model of given seconds per round (one for all, or one per worker)."""
-    from akosim.plan.compute import ComputeModel
+    from akosim.planning.compute import ComputeModel
 
     if isinstance(compute_s, tuple):
         return ComputeModel(0.0, jitter=jitter, per_worker_s=compute_s, overhead_s=overhead_s)
@@ -287,10 +353,10 @@ def simulation_setup(cfg: RunConfig, options: SimulationOptions, *, training: bo
         return cache["w"]
 
     trained_cfg = training_config(cfg) if training else cfg  # an island: every device's batch
-    if training and options.gradient_size:
+    if training and options.gradient_bytes:
         raise UsageError("--gradient-size is for timing-only runs; akosim train takes "
                          "the gradient of --workload")
-    if options.gradient_size and cfg.train.target_accuracy is not None:
+    if options.gradient_bytes and cfg.train.target_accuracy is not None:
         raise UsageError("--gradient-size is for timing-only plans; ranking by "
                          "--target-accuracy trains the gradient of --workload")
     compute_s, source, param_count = 0.0, "", None
@@ -306,8 +372,8 @@ def simulation_setup(cfg: RunConfig, options: SimulationOptions, *, training: bo
         source = f"compute {format_duration(compute_s)}/round given"
     if training:
         length = workload().param_count
-    elif options.gradient_size:
-        length = gradient_length_of_size(options.gradient_size)
+    elif options.gradient_bytes:
+        length = options.gradient_bytes // 4  # float32 values
     elif param_count is not None:
         length = param_count  # cached with the measurement: no need to build the model
     else:

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 from akocore.schemes.registry import is_partitioned, scheme_named
 from akocore.units import format_duration, format_size
 from akosim.network.island_reduce import describe_islands
-from akosim.plan.advice import held_by_staleness
+from akosim.planning.advice import held_by_staleness
 from akosim.sim.scenario import Setup, SimRun
 
 if TYPE_CHECKING:
-    from akosim.plan.accuracy_ranking import Ranking
-    from akosim.plan.learning_ranking import LearningRanking
+    from akosim.planning.accuracy_ranking import Ranking
+    from akosim.planning.learning_ranking import LearningRanking
 
 COMPUTE_BOUND = 0.9  # a run whose rounds are >= 90% compute is bound by compute
 NIC_BOUND = 0.8  # else one whose busiest NIC is >= 80% busy is bound by that NIC

@@ -18,7 +18,7 @@ Every leaf queue is a drop-tail `bfifo` of `queue_limit_bytes` (100 ms at
 the class's ceiling, at least 128 KiB so one 64 KiB GSO packet always fits);
 every bucket's burst is 1 ms at its rate, at least two full frames. tc
 realises no latency here (no netem on this kernel): the runner refuses or
-ignores a config's latency (akorun.launch.testbed.runner).
+ignores a config's latency (akorun.launching.testbed.runner).
 """
 
 from __future__ import annotations

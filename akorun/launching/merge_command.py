@@ -1,4 +1,4 @@
-"""The command-line side of merging a run (akorun.launch.run_merge): `akorun merge RUN_DIR`,
+"""The command-line side of merging a run (akorun.launching.run_merge): `akorun merge RUN_DIR`,
 and the merge a rank started by hand attempts at its end."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 from akocore.cli_support import one_line
 from akorun.errors import RunError, UsageError
-from akorun.launch.local import summary_table
-from akorun.launch.run_merge import merge_ranks, rank_records, records_complete
+from akorun.launching.local import summary_table
+from akorun.launching.run_merge import merge_ranks, rank_records, records_complete
 
 
 def merge_if_complete(out: Path, run_id: str, workers: int, *, quiet: bool) -> None:
