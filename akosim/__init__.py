@@ -2,12 +2,13 @@
 partition rounds, timing only or really training).
 
 The public API mirrors the command line (keyword settings are its flags; ``config=`` a
-settings file, ``set=`` dotted settings) and returns typed records (akocore.results):
+settings file, ``overrides=`` dotted settings) and returns typed records (akocore.results):
 
 - `plan` compares the schemes and recommends p and s (a `PlanResult`: its ``runs`` are
   the table's rows, ``explanation`` and ``advice`` the recommendation);
 - `simulate` times one configuration (a `RunResult`);
 - `train` really trains the workload in simulated time (a `RunResult` with accuracy);
+- `sweep` simulates a grid of configurations, resumably (the `Sweep` of sweep.json);
 - `predict` predicts an akorun run from its directory (a `Prediction`).
 
 Example::
@@ -22,7 +23,8 @@ Example::
 
 Each is a plain function with its settings as typed keyword parameters
 (``help(akosim.plan)`` lists them); the application layer they are built on is
-akosim.planning, ``akosim predict``'s module akosim.prediction.
+akosim.planning, ``akosim predict``'s module akosim.prediction, ``akosim sweep``'s
+package akosim.sweeping.
 """
 
 from __future__ import annotations
@@ -30,9 +32,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from akosim.sim_api import plan, predict, simulate, train
+    from akosim.sim_api import plan, predict, simulate, sweep, train
 
-__all__ = ["plan", "predict", "simulate", "train"]
+__all__ = ["plan", "predict", "simulate", "sweep", "train"]
 
 
 def __getattr__(name: str) -> Any:

@@ -173,9 +173,9 @@ def _add_ranking_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> OneLineParser:
     """The akosim parser: one subparser per command (main puts `plan` first when none is named)."""
-    from akosim.sweep.sweep_flags import DESCRIPTION as SWEEP_DESCRIPTION
-    from akosim.sweep.sweep_flags import EPILOG as SWEEP_EPILOG
-    from akosim.sweep.sweep_flags import add_sweep_arguments
+    from akosim.sweeping.sweep_flags import DESCRIPTION as SWEEP_DESCRIPTION
+    from akosim.sweeping.sweep_flags import EPILOG as SWEEP_EPILOG
+    from akosim.sweeping.sweep_flags import add_sweep_arguments
 
     formatter = argparse.RawDescriptionHelpFormatter
     parser = OneLineParser(prog="akosim", description=PLAN_DESCRIPTION, epilog=EPILOG_RUN,
@@ -215,7 +215,7 @@ def build_parser() -> OneLineParser:
 
 
 def _sweep_handler(args: argparse.Namespace) -> int:
-    from akosim.sweep.sweep_grid import sweep_command
+    from akosim.sweeping.sweep_grid import sweep_command
 
     return sweep_command(args)
 

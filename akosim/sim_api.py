@@ -1,4 +1,5 @@
-"""akosim's public Python API: plan, simulate, train and predict, the calls the commands make.
+"""akosim's public Python API: plan, simulate, train, sweep and predict, the calls the
+commands make.
 
 Each call names its settings as typed keyword parameters (``inspect.signature`` and
 ``help()`` list them): every run setting the command takes, by the key's name
@@ -27,12 +28,13 @@ import dataclasses
 import inspect
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from akocore.cli_support import UsageError
 from akocore.results import RunResult
-from akocore.settings.api_layer import api_layer, config_layers, takes_settings
+from akocore.settings.api_layer import api_layer, config_layers, takes_settings, typed
 from akocore.settings.key_registry import Tool
 from akocore.settings.layers import Given, Layer
 from akocore.workloads.spec import Workload
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
     from akocore.results import PlanResult
     from akosim.planning.execute import PlanOutcome
     from akosim.prediction import Prediction
+    from akosim.sweeping.sweepfiles import Sweep
 
 PLAN_TOOLS = (Tool.AKOSIM, Tool.AKOSIM_PLAN)  # the settings plan, simulate and train take
 Config = str | os.PathLike[str] | None
@@ -176,6 +179,80 @@ def predict(run_dir: str | os.PathLike[str], config: Config = None, *,
                        else os.fspath(host_calibration))
 
 
+@typed
+def sweep(out: str | os.PathLike[str], config: Config = None, *,
+          overrides: Mapping[str, Any] | None = None,
+          workers: int | Sequence[int] | None = None,
+          bandwidth: str | float | Sequence[str | float] | None = None,
+          p: str | int | Sequence[str | int] | None = None,
+          ssp: float | str | Sequence[float | str] | None = None,
+          scheme: str | Sequence[str] | None = None,
+          latency: str | float | Sequence[str | float] | None = None,
+          compute: str | float = "measure", gradient_size: str | int | None = None,
+          rounds: int | None = None, workload: str | None = None,
+          workload_args: Mapping[str, Any] | None = None, batch_size: int | None = None,
+          max_staleness: int | None = None, jobs: int | None = None,
+          shard: tuple[int, int] | None = None, quiet: bool = True) -> Sweep:
+    """A grid of timing-only simulations (``akosim sweep``), run in parallel, resumable:
+    every combination of the grid's values (`workers`, `bandwidth`, `p`, `ssp`,
+    `scheme`, `latency`: a value or a sequence of grid values, never a per-node list,
+    which goes in `config` or `overrides`), each point written to OUT/points/<id>.json
+    and skipped when already there; returns OUT/sweep.json's record (its ``points``,
+    each with its ``runs``). `compute` is seconds per round ("0.3s" or 0.3) or "measure";
+    `shard` (I, N) runs the points whose index modulo N is I; a point that fails is a
+    RuntimeError naming it, after the others ran; ``quiet=False`` prints what the command
+    prints::
+
+        import akosim
+        grid = akosim.sweep("sweep/", workers=[4, 16], bandwidth=["40mbps", "1gbps"],
+                            p=[1, 4, "auto"], compute="0.3s", gradient_size="17MB")
+        for point in grid.points:
+            print(point.grid, point.runs[0].round_time_s)
+    """
+    from akosim.sweeping.sweep_flags import GRID_FLAGS
+    from akosim.sweeping.sweep_grid import sweep_grid
+    from akosim.sweeping.sweep_request import SweepRequest
+    from akosim.sweeping.sweepfiles import read_sweep
+
+    given = {"workers": workers, "bandwidth": bandwidth, "p": p, "ssp": ssp,
+             "scheme": scheme, "latency": latency}
+    axes = tuple((dest, tuple(_grid_list(given[dest]))) for dest, _ in GRID_FLAGS
+                 if given[dest] is not None)
+    fixed = {"rounds": rounds, "workload": workload, "batch_size": batch_size,
+             "workload_args": workload_args}
+    layers = [*config_layers(config, overrides),
+              *api_layer(fixed, (Tool.AKOSIM,), "akosim.sweep")]
+    if max_staleness is not None and (isinstance(max_staleness, bool)
+                                      or not isinstance(max_staleness, int)):
+        raise UsageError(f"akosim.sweep: max_staleness: got {max_staleness!r}, expected a "
+                         f"whole number of rounds")
+    if shard is not None:
+        index, count = shard
+        if not 0 <= index < count:
+            raise UsageError(f"akosim.sweep: shard: got {shard!r}, expected (I, N) with "
+                             f"0 <= I < N")
+    from akosim.planning.setup import compute_setting, gradient_bytes_of
+
+    request = SweepRequest(
+        out=Path(out), axes=axes, layers=tuple(layers),
+        point_layer=lambda values: api_layer(values, (Tool.AKOSIM,), "akosim.sweep"),
+        compute=compute_setting(compute),
+        gradient_bytes=None if gradient_size is None else gradient_bytes_of(gradient_size),
+        max_staleness=max_staleness, jobs=jobs, shard=shard or (0, 1), quiet=quiet,
+        report=not quiet)
+    failures = sweep_grid(request)
+    if failures:
+        raise RuntimeError(f"akosim.sweep: {len(failures)} point(s) failed: {failures[0]}")
+    return read_sweep(Path(out))
+
+
+def _grid_list(value: Any) -> list[Any]:
+    """A grid setting's values: one value, or a sequence of them (text is one value)."""
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        return [value]
+    return list(value)
+
+
 # ------------------------------------------------------------------ settings
 
 
@@ -218,4 +295,4 @@ def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-__all__ = ["TrainedRun", "plan", "predict", "simulate", "train"]
+__all__ = ["TrainedRun", "plan", "predict", "simulate", "sweep", "train"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import inspect
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +38,8 @@ CALLS = [(akosim.plan, (Tool.AKOSIM, Tool.AKOSIM_PLAN)),
 
 
 def test_the_public_calls_are_plain_functions() -> None:
-    for call in (akosim.plan, akosim.simulate, akosim.train, akosim.predict, akorun.launch,
+    for call in (akosim.plan, akosim.simulate, akosim.train, akosim.predict, akosim.sweep,
+                 akorun.launch,
                  akorun.init, akorun.run_worker, akorun.merge_run, akorun.load_params):
         assert inspect.isfunction(call), call
     assert inspect.isclass(akorun.Exchange)
@@ -69,6 +71,23 @@ def test_a_call_names_its_own_options_with_their_types_and_defaults() -> None:
     assert launch["timeout"].annotation == str | float | None
     assert launch["peer_timeout"].annotation == float | str | None
     assert "peer_timeout" in inspect.signature(akorun.Exchange).parameters
+
+
+def test_a_sweep_from_python_is_the_commands_sweep(tmp_path: Path) -> None:
+    from akosim.cli import main
+
+    tiny = ["--gradient-size", "40KB", "--compute", "10ms", "--rounds", "3", "--jobs", "1"]
+    assert main(["sweep", "--workers", "2,4", "--p", "1,2", *tiny, "--quiet",
+                 "--out", str(tmp_path)]) == 0
+    ran = sorted(path.name for path in (tmp_path / "points").iterdir())
+    # the same grid, typed (seconds, a list): every point is found and skipped
+    grid = akosim.sweep(tmp_path, workers=[2, 4], p=[1, 2], gradient_size=40_000,
+                        compute=0.01, rounds=3, jobs=1)
+    assert sorted(path.name for path in (tmp_path / "points").iterdir()) == ran
+    assert [point.grid for point in grid.points] == [
+        {"workers": w, "p": p} for w in ("2", "4") for p in ("1", "2")]
+    assert inspect.signature(akosim.sweep).parameters["workers"].annotation == \
+        int | Sequence[int] | None
 
 
 def test_keyword_settings_are_the_api_layer_and_say_so() -> None:

@@ -305,7 +305,7 @@ def test_only_the_application_layer_builds_a_simulation_setup():
     assert offenders == []
 
 
-@pytest.mark.parametrize("entry_point", ["akosim.cli", "akosim.sweep.sweep_grid",
+@pytest.mark.parametrize("entry_point", ["akosim.cli", "akosim.sweeping.sweep_grid",
                                          "akosim.prediction",
                                          "analysis.akosim_calls"])
 def test_every_entry_point_uses_the_application_layer(entry_point):

@@ -149,6 +149,17 @@ def _evaluated_text(text: Any, owner: Callable[..., Any]) -> Any:
         return text
 
 
+def typed(call: F) -> F:
+    """Give `call` the signature its source writes, its annotations evaluated (types, not
+    the text ``from __future__ import annotations`` leaves), for a call that takes no
+    registry settings beside its own parameters."""
+    signature = inspect.signature(call)
+    call.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[_evaluated(p, call) for p in signature.parameters.values()],
+        return_annotation=_evaluated_text(signature.return_annotation, call))
+    return call
+
+
 def api_layer(settings: Mapping[str, Any], tools: Iterable[Tool], call: str, *,
               options: Collection[str] = ()) -> list[Given]:
     """Keyword settings as the API layer (None: not given); TypeError for a keyword no

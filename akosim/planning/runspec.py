@@ -6,7 +6,7 @@ reports as one line, the workload, the gradient length (``--gradient-size``
 or the workload's), the check that p and the workers fit that gradient, and
 the runs of the configured scheme (ako, ps with a fixed or the best server
 count, or ring all-reduce). It imports nothing from the command modules, so
-akosim.cli and akosim.sweep.sweep_grid both import it and not each other.
+akosim.cli and akosim.sweeping.sweep_grid both import it and not each other.
 """
 
 from __future__ import annotations

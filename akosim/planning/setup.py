@@ -166,12 +166,15 @@ def _numbers(value: str | Sequence[float] | None, flag: str) -> tuple[float, ...
 # ------------------------------------------------------------------ compute
 
 
-def compute_setting(text: str) -> float | str:
-    """``--compute TEXT`` read as the [akosim] compute setting (the key registry's check,
-    the same as plan's): seconds per round, "measure" or "remeasure"."""
+def compute_setting(value: str | float) -> float | str:
+    """``--compute TEXT`` (or a Python call's seconds) read as the [akosim] compute
+    setting (the key registry's check, the same as plan's): seconds per round, "measure"
+    or "remeasure"."""
     from akocore.config import Given, Layer, resolve
 
-    given = Given("akosim.compute", text, Layer.FLAG, "by --compute")
+    given = (Given("akosim.compute", value, Layer.FLAG, "by --compute")
+             if isinstance(value, str) else
+             Given("akosim.compute", value, Layer.API, f"api: compute={value!r}"))
     return resolve([given]).akosim.compute
 
 

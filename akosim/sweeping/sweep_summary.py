@@ -5,7 +5,7 @@ bandwidth, latency); the p, ssp and scheme values of the grid are the choices
 within it. `best_per_group` keeps, for each group, the row with the most
 samples per second (ties: the lower staleness bound); `format_summary` is the
 table `akosim sweep` prints at the end and `python -m analysis sweep DIR`
-plots. It reads the typed point records (akosim.sweep.sweepfiles.read_sweep), in the
+plots. It reads the typed point records (akosim.sweeping.sweepfiles.read_sweep), in the
 order the sweep wrote them.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from akocore.results import RunResult
 from akocore.schemes.registry import is_partitioned
 from akocore.units import format_bandwidth, format_duration
-from akosim.sweep.sweepfiles import read_sweep
+from akosim.sweeping.sweepfiles import read_sweep
 
 CHOICES = ("p", "ssp", "scheme")  # grid flags a group chooses between; the rest describe it
 

@@ -21,7 +21,7 @@ point whose file exists is skipped, so an interrupted sweep resumes where it sto
 I/N` keeps the points whose index modulo N is I (a SLURM array task runs
 `--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT`). At the end every point
 found in DIR/points is collected into DIR/sweep.json and DIR/sweep.csv
-(akosim.sweep.sweepfiles: the point record and the collected files).
+(akosim.sweeping.sweepfiles: the point record and the collected files).
 
 Points run in a ProcessPoolExecutor; what crosses to a worker process is plain
 data (the config as a dict, numbers), and the worker rebuilds the setup.
@@ -37,7 +37,6 @@ import json
 import math
 import multiprocessing
 import os
-import re
 import signal
 import sys
 import time
@@ -46,31 +45,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from akocore.cli_support import UsageError, check_out_directory, fail
+from akocore.cli_support import check_out_directory, fail
 from akocore.config import (
-    Given,
     RunConfig,
     config_from_dict,
     config_hash,
     config_to_dict,
-    file_layer,
-    flag_layer,
     resolve,
-    set_layer,
-    workload_arg_layer,
 )
 from akocore.units import format_duration
 from akosim.planning.runspec import (
     TIMING_DEFAULTS,
     USER_ERRORS,
     check_fits,
-    gradient_length_of_size,
     load_workload,
     timing_defaults_for,
 )
-from akosim.planning.setup import chooses_ssp_with_p, compute_setting, settles
-from akosim.sweep.sweep_flags import FIXED_FLAGS, GRID_FLAGS, build_parser
-from akosim.sweep.sweepfiles import POINT_FORMAT, SweepPoint, collect
+from akosim.planning.setup import chooses_ssp_with_p, settles
+from akosim.sweeping.sweep_flags import GRID_FLAGS, build_parser
+from akosim.sweeping.sweep_request import SweepRequest
+from akosim.sweeping.sweepfiles import POINT_FORMAT, SweepPoint, collect
 
 
 def _fail(message: str) -> NoReturn:
@@ -91,58 +85,17 @@ class Point:
     settle: bool = False  # no layer gave rounds or a duration: run until the round time settles
 
 
-def parse_shard(text: str | None) -> tuple[int, int]:
-    """"I/N" -> (I, N) with 0 <= I < N; None -> (0, 1)."""
-    if text is None:
-        return 0, 1
-    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
-    if match is None or not 0 <= int(match[1]) < int(match[2]):
-        raise UsageError(f"--shard: got {text!r}, expected I/N with 0 <= I < N, e.g. 0/4 "
-                         f"(SLURM: --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT "
-                         f"with --array=0-(N-1))")
-    return int(match[1]), int(match[2])
-
-
-def grid_values(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
-    """(dest, values) of every grid flag given, in nesting order."""
-    axes = []
-    for dest, flag in GRID_FLAGS:
-        text = getattr(args, dest, None)
-        if text is None:
-            continue
-        values = [value.strip() for value in text.split(",")]
-        if not all(values):
-            raise UsageError(f"{flag}: got {text!r}, expected values separated by commas, "
-                             f"e.g. {_EXAMPLES[dest]} (per-node lists go in --config or --set)")
-        axes.append((dest, values))
-    return axes
-
-
-_EXAMPLES = {"workers": "4,16,64", "bandwidth": "40mbps,1gbps", "p": "1,4,auto",
-             "ssp": "0,2,inf", "scheme": "ako,ps,allreduce", "latency": "0ms,20ms"}
-
-
-def _grid_flags(args: argparse.Namespace, values: dict[str, str]) -> argparse.Namespace:
-    """The flags of one point: the fixed run flags and the point's grid values."""
-    names = {dest: getattr(args, dest) for dest in FIXED_FLAGS}
-    names.update(values)
-    return argparse.Namespace(**names)
-
-
-def sim_settings(args: argparse.Namespace) -> dict[str, Any]:
+def sim_settings(request: SweepRequest) -> dict[str, Any]:
     """What besides the config decides a point's result: gradient and compute."""
     settings: dict[str, Any] = {"mode": "timing", "format": POINT_FORMAT}
-    if args.gradient_size:
-        settings["gradient_length"] = gradient_length_of_size(args.gradient_size)
+    if request.gradient_bytes:
+        settings["gradient_length"] = request.gradient_bytes // 4  # float32 values
     else:
         settings["gradient_length"] = "workload"
-    compute = compute_setting(args.compute)  # seconds, "measure" or "remeasure"
+    compute = request.compute  # seconds, "measure" or "remeasure"
     settings["compute_s"] = "measure" if isinstance(compute, str) else compute
-    limit = getattr(args, "max_staleness", None)
-    if limit is not None:  # only when given: the ids of sweeps without it stay the same
-        if limit < 0:
-            raise UsageError(f"--max-staleness: got {limit}, expected rounds >= 0")
-        settings["max_staleness_rounds"] = limit
+    if request.max_staleness is not None:  # only when given: the ids stay the same without
+        settings["max_staleness_rounds"] = request.max_staleness
     return settings
 
 
@@ -160,18 +113,14 @@ def point_id(config: RunConfig, settings: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def expand_grid(args: argparse.Namespace, settings: dict[str, Any]) -> list[Point]:
+def expand_grid(request: SweepRequest, settings: dict[str, Any]) -> list[Point]:
     """Every grid point in nesting order, equal configs merged (first one kept)."""
-    axes = grid_values(args)
-    dests = [dest for dest, _ in axes]
-    shared: list[Given] = file_layer(args.config) if args.config else []
-    shared += set_layer(args.set)
+    dests = [dest for dest, _ in request.axes]
     points: list[Point] = []
     seen: set[str] = set()
-    for combination in itertools.product(*(values for _, values in axes)):
+    for combination in itertools.product(*(values for _, values in request.axes)):
         values = dict(zip(dests, combination, strict=True))
-        layers = [*shared, *flag_layer(_grid_flags(args, values)),
-                  *workload_arg_layer(getattr(args, "workload_arg", None))]
+        layers = [*request.layers, *request.point_layer(values)]
         resolved = resolve(layers, defaults=TIMING_DEFAULTS)
         if not resolved.given("train.batch_size"):  # a user's workload: akorun's batch
             resolved = resolve(layers, defaults=timing_defaults_for(
@@ -183,7 +132,8 @@ def expand_grid(args: argparse.Namespace, settings: dict[str, Any]) -> list[Poin
             continue
         seen.add(identity)
         choose_ssp = chooses_ssp_with_p(resolved)
-        points.append(Point(len(points), values, config, identity, choose_ssp, settle))
+        grid = {dest: str(value) for dest, value in values.items()}
+        points.append(Point(len(points), grid, config, identity, choose_ssp, settle))
     return points
 
 
@@ -333,38 +283,40 @@ def run_sweep(argv: Sequence[str]) -> int:
 def sweep_command(args: argparse.Namespace) -> int:
     """The `akosim sweep` command; user mistakes exit 2 with one line."""
     try:
-        return _sweep(args)
+        return 1 if sweep_grid(SweepRequest.from_args(args)) else 0
     except USER_ERRORS as error:
         _fail(str(error))
     except OSError as error:  # the result folder cannot be written
         _fail(f"--out {args.out}: {error}")
 
 
-def _sweep(args: argparse.Namespace) -> int:
-    shard = parse_shard(args.shard)
-    if args.jobs is not None and args.jobs < 1:
-        raise UsageError(f"--jobs: got {args.jobs}, expected a number of processes >= 1")
-    check_out_directory(args.out)  # refused now, not after measuring or running points
-    settings = sim_settings(args)
-    cache: dict[str, Any] = {"remeasure": args.compute.strip() == "remeasure"}
-    points = expand_grid(args, settings)
+def sweep_grid(request: SweepRequest) -> list[str]:
+    """Run the points of `request` not yet in its folder and collect every point into
+    OUT/sweep.json and OUT/sweep.csv (the one path of `akosim sweep` and `akosim.sweep`);
+    the lines of the points that failed."""
+    shard = request.shard
+    check_out_directory(request.out)  # refused now, not after measuring or running points
+    settings = sim_settings(request)
+    cache: dict[str, Any] = {"remeasure": request.compute == "remeasure"}
+    points = expand_grid(request, settings)
     mine = shard_of(points, shard)
-    out = Path(args.out)
+    out = request.out
+    say = print if request.report else (lambda line: None)
     points_dir = out / "points"
     todo = [p for p in mine if not (points_dir / f"{p.id}.json").exists()]
     skipped = len(mine) - len(todo)
-    jobs = min(args.jobs or os.cpu_count() or 1, max(len(todo), 1))
+    jobs = min(request.jobs or os.cpu_count() or 1, max(len(todo), 1))
     length = 0
     if todo:
         length = _gradient_length(todo[0].config, settings, cache)
         for point in todo:
             check_fits(point.config, length)
     where = f"; shard {shard[0]}/{shard[1]} has {len(mine)}" if shard[1] > 1 else ""
-    combinations = math.prod(len(values) for _, values in grid_values(args))
+    combinations = math.prod(len(values) for _, values in request.axes)
     if combinations > len(points):
         where = f" ({combinations - len(points)} equal to another merged){where}"
-    print(f"akosim sweep: {len(points)} point(s){where}; {skipped} already in {points_dir} "
-          f"(skipped), {len(todo)} to run" + (f" on {jobs} process(es)" if todo else ""))
+    say(f"akosim sweep: {len(points)} point(s){where}; {skipped} already in {points_dir} "
+        f"(skipped), {len(todo)} to run" + (f" on {jobs} process(es)" if todo else ""))
     failures: list[str] = []
     if todo:
         compute_s = _compute_s(todo[0].config, settings, cache)
@@ -375,20 +327,21 @@ def _sweep(args: argparse.Namespace) -> int:
                   "out": str(out), "choose_ssp": p.choose_ssp} for p in todo]
         points_dir.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
-        failures = _run_all(tasks, jobs, progress=not args.quiet and sys.stderr.isatty())
-        print(f"akosim sweep: ran {len(todo) - len(failures)} point(s) in "
-              f"{format_duration(time.perf_counter() - started)}")
+        failures = _run_all(tasks, jobs, progress=not request.quiet and sys.stderr.isatty())
+        say(f"akosim sweep: ran {len(todo) - len(failures)} point(s) in "
+            f"{format_duration(time.perf_counter() - started)}")
         for line in failures:
             print(f"akosim sweep: {line}", file=sys.stderr)
     found = collect(out, [dest for dest, _ in GRID_FLAGS], order=[p.id for p in points])
-    print(f"wrote {out / 'sweep.json'} ({found.points} point(s)) and {out / 'sweep.csv'} "
-          f"({found.rows} row(s))")
-    print_sweep_summary(out)
-    return 1 if failures else 0
+    say(f"wrote {out / 'sweep.json'} ({found.points} point(s)) and {out / 'sweep.csv'} "
+        f"({found.rows} row(s))")
+    if request.report:
+        print_sweep_summary(out)
+    return failures
 
 
 def print_sweep_summary(out: Path) -> None:
     """The summary table at the end: the best configuration of each group."""
-    from akosim.sweep.sweep_summary import print_summary
+    from akosim.sweeping.sweep_summary import print_summary
 
     print_summary(out)

@@ -1,6 +1,6 @@
 """The command line of `akosim sweep`: its grid flags, what every point shares, its help.
 
-akosim.sweep.sweep_grid runs the grid these flags describe; akosim.cli adds the
+akosim.sweeping.sweep_grid runs the grid these flags describe; akosim.cli adds the
 same flags to its ``sweep`` subcommand (`add_sweep_arguments`).
 """
 
