@@ -71,6 +71,7 @@ def test_a_call_names_its_own_options_with_their_types_and_defaults() -> None:
     assert launch["timeout"].annotation == str | float | None
     assert launch["peer_timeout"].annotation == float | str | None
     assert "peer_timeout" in inspect.signature(akorun.Exchange).parameters
+    assert launch["emulate"].annotation == str | bool | None  # --emulate / --no-emulate
 
 
 def test_a_sweep_from_python_is_the_commands_sweep(tmp_path: Path) -> None:
@@ -100,6 +101,8 @@ def test_keyword_settings_are_the_api_layer_and_say_so() -> None:
     assert str(resolved.origin("cluster.workers")) == "api: workers=8"
     assert not resolved.given("train.lr")  # None: not given
     assert "cluster.workers = 8  (api: workers=8)" in resolved.describe()
+    switched = resolve(api_layer({"emulate": False}, (Tool.AKORUN_LAUNCH,), "akorun.launch"))
+    assert switched.akorun.emulate == "off"
 
 
 def test_keywords_win_over_overrides_and_the_file(tmp_path: Path) -> None:
@@ -119,6 +122,8 @@ def test_a_bare_number_is_refused_from_the_file_and_flag_layers_still() -> None:
         resolve([Given("network.bandwidth", 40, Layer.FLAG, "by --bandwidth")])
     with pytest.raises(TypeError, match="no setting 'wokers'.*workers"):
         api_layer({"wokers": 3}, (Tool.AKOSIM,), "akosim.plan")
+    with pytest.raises(TypeError, match="dotted settings are overrides="):
+        akosim.simulate(set={"exchange.ssp": 2})
 
 
 def _calls_into_argparse(tree: ast.AST) -> list[int]:

@@ -24,7 +24,14 @@ import typing
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from akocore.settings.key_registry import RUN_SECTIONS, SECTION_TYPES, Key, Tool, current
+from akocore.settings.key_registry import (
+    RUN_SECTIONS,
+    SECTION_TYPES,
+    FlagKind,
+    Key,
+    Tool,
+    current,
+)
 from akocore.settings.layers import WORKLOAD_TABLE, Given, Layer
 from akocore.settings.sites import BETWEEN_TABLE, SITE_TABLE
 from akocore.settings.toml_io import file_layer, split_dotted
@@ -85,6 +92,8 @@ def annotation(key: Key) -> Any:
             kinds.append(kind)
     if key.unit:
         kinds.append(str)
+    if key.kind is FlagKind.SWITCH:  # --NAME / --no-NAME: True is "on", False "off"
+        kinds.append(bool)
     union: Any = kinds[0]
     for kind in dict.fromkeys(kinds[1:]):
         union = union | kind
@@ -181,7 +190,12 @@ def api_layer(settings: Mapping[str, Any], tools: Iterable[Tool], call: str, *,
                        for arg, arg_value in dict(value).items()]
         elif name in keys:
             plain = list(value) if isinstance(value, tuple) else value
+            if keys[name].kind is FlagKind.SWITCH and isinstance(value, bool):
+                plain = "on" if value else "off"  # as the flag and its --no- twin say
             givens.append(Given(keys[name].dotted, plain, Layer.API, source))
+        elif name == "set":
+            raise TypeError(f"{call}: no setting 'set'; dotted settings are "
+                            f"overrides={{'section.key': value}}")
         else:
             known = ", ".join(sorted({*keys, *SITE_KEYWORDS, *options}))
             raise TypeError(f"{call}: no setting {name!r}; the settings are {known}")
