@@ -344,10 +344,11 @@ def build_setup(config: RunConfig, *, length: int, compute: ComputeModel, stop: 
 
 def simulation_setup(cfg: RunConfig, options: SimulationOptions, *, training: bool = False,
                      settle: bool = False, announce: Callable[[str], None] = print,
-                     ) -> tuple[Setup, Workload | None]:
+                     length: int | None = None) -> tuple[Setup, Workload | None]:
     """The setup of `cfg` with `options`, and the workload when the workers really train;
     with `settle` (`settles` of the resolved settings) each configuration runs until its
-    round time settles instead of cfg's rounds."""
+    round time settles instead of cfg's rounds; `length`: the gradient's float32 values
+    when the caller has them already (a sweep's points share the sweep's)."""
     cache: dict[str, Any] = {}
 
     def workload() -> Workload:
@@ -375,6 +376,8 @@ def simulation_setup(cfg: RunConfig, options: SimulationOptions, *, training: bo
         source = f"compute {format_duration(compute_s)}/round given"
     if training:
         length = workload().param_count
+    elif length is not None:
+        pass
     elif options.gradient_bytes:
         length = options.gradient_bytes // 4  # float32 values
     elif param_count is not None:

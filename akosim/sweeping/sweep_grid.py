@@ -157,19 +157,21 @@ def run_point(task: dict[str, Any]) -> tuple[str, float]:
     config as config_to_dict gives it, gradient length, compute seconds,
     the simulation settings (with --max-staleness, the limit p = auto is held
     within), the output folder and whether to choose s with p (the point's file
-    then holds the config with the chosen s). The runs come from the plan layer's
+    then holds the config with the chosen s). The setup comes from the application
+    layer's one assembler (akosim.planning.setup.simulation_setup) and the runs from
     akosim.planning.execute.run_setup, as the plan's do.
     """
     from akosim.planning.execute import run_setup
     from akosim.planning.result_tables import json_safe, run_result, write_json
-    from akosim.planning.setup import build_setup, fixed_compute, stop_rule, tcp_parameters_for
+    from akosim.planning.setup import SimulationOptions, simulation_setup
 
     started = time.perf_counter()
     config = config_from_dict(task["config"])
-    tcp = tcp_parameters_for(config)  # this host's cached calibration, else defaults
-    setup = build_setup(config, length=task["length"], compute=fixed_compute(task["compute_s"]),
-                        stop=stop_rule(config, settle=bool(task["settings"].get("settle"))),
-                        tcp=None if tcp is None else tcp.params)
+    # the one assembler, as the plan's: the compute the sweep measured or was given, the
+    # TCP model's parameters from this host's cached calibration, else defaults
+    setup, _ = simulation_setup(config, SimulationOptions(compute=float(task["compute_s"])),
+                                settle=bool(task["settings"].get("settle")),
+                                announce=lambda line: None, length=task["length"])
     choose_ssp = bool(task.get("choose_ssp"))
     planned = run_setup(setup, choose_ssp=choose_ssp, compare=False,
                         max_staleness_rounds=task["settings"].get("max_staleness_rounds"))
