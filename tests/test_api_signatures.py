@@ -174,3 +174,22 @@ def test_a_workload_object_is_kept_as_itself_not_as_a_module() -> None:
     assert loaded.init is workload.init and loaded.loss is workload.loss
     with pytest.raises(TypeError, match="expected a name or an akocore.Workload"):
         given_workload_name(object())  # type: ignore[arg-type]
+
+
+def test_every_project_import_names_a_module_of_this_tree() -> None:
+    """After the packages that posed as functions were renamed (akosim.planning,
+    akosim.prediction, akosim.sweeping, akorun.launching), no import names the old path
+    (an installed copy elsewhere would answer it)."""
+    from tests.test_architecture import imported_names, module_name, project_modules
+
+    modules = project_modules()
+    offenders = []
+    for module, path in modules.items():
+        for name in imported_names(path, module):
+            root = name.split(".")[0]
+            if root not in ("akocore", "akosim", "akorun", "analysis") or name in modules:
+                continue
+            parent = name.rpartition(".")[0]  # "from package import name": name a member
+            if parent not in modules:
+                offenders.append(f"{module_name(path)} imports {name}")
+    assert offenders == []

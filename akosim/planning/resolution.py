@@ -12,7 +12,7 @@ import os
 from collections.abc import Sequence
 
 from akocore.settings.layers import Given, Layer, Origin, ResolvedSettings, resolve
-from akosim.plan.runspec import TIMING_DEFAULTS, TRAIN_DEFAULTS, timing_defaults_for
+from akosim.planning.runspec import TIMING_DEFAULTS, TRAIN_DEFAULTS, timing_defaults_for
 
 
 def resolve_settings(layers: Sequence[Given], *, training: bool,
