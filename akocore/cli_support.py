@@ -18,9 +18,7 @@ flag gets a did-you-mean line from the flags of the (sub)command that was given.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import difflib
-import io
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -112,39 +110,6 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         fail(f"{message} (see {self.prog} --help)", self.prog)
-
-
-def subcommand_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
-    """The parser of `command` among `parser`'s subcommands (the Python calls use it to
-    turn their keyword arguments into the flags the command line takes)."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action.choices[command]  # type: ignore[no-any-return]
-    raise AssertionError(f"{parser.prog}'s parser has no commands")
-
-
-def flag_text(value: Any) -> str:
-    """A Python value as the command line writes it: lists and tuples comma-joined,
-    booleans ``true``/``false``, anything else as `str` gives it."""
-    if isinstance(value, (list, tuple)):
-        return ",".join(flag_text(v) for v in value)
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
-
-def parse_quietly(parser: argparse.ArgumentParser, argv: Sequence[str],
-                  fallback: str) -> argparse.Namespace:
-    """`parser.parse_args(argv)` for a Python call: a bad argument raises `UsageError`
-    with the parser's own one-line message (`fallback` if it printed none) instead of
-    printing to stderr and exiting."""
-    error = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(error):
-            return parser.parse_args(list(argv))
-    except SystemExit:
-        lines = error.getvalue().strip().splitlines()
-        raise UsageError(lines[-1] if lines else fallback) from None
 
 
 def _writable_directory(directory: Path, what: str, *, keep: bool = True) -> None:

@@ -1,7 +1,7 @@
 """What a real-network testbed configured for one run: the typed record `testbed.json`.
 
 `akorun launch --testbed netns` writes it into the run directory before any
-rank starts (akorun.launch.testbed.runner); `akosim predict` reads it to know the
+rank starts (akorun.launching.testbed.runner); `akosim predict` reads it to know the
 network the run really had, which is the config's network as closely as the
 kernel realised it: rates, token-bucket bursts and drop-tail queue limits of
 every tc class, the addresses, the one-way delay per pair the testbed's delay

@@ -24,7 +24,8 @@ Your own loop, on each of the ranks of ``akorun.init("run/cluster.toml", workers
         for batch in batches:
             params = ex.step(jax.grad(loss)(params, batch))
 
-``akorun.launch`` is also the package of the launchers: calling it launches.
+Each is a plain function or class with its settings as typed keyword parameters
+(``help(akorun.launch)`` lists them); the launchers live in akorun.launching.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from akorun.launch.run_merge import merge_run
-    from akorun.run_api import Exchange, init, run_worker
+    from akorun.launching.run_merge import merge_run
+    from akorun.run_api import Exchange, init, launch, run_worker
     from akorun.run_params import load_params
 
 __all__ = ["Exchange", "init", "launch", "load_params", "merge_run", "run_worker"]
@@ -42,18 +43,14 @@ __all__ = ["Exchange", "init", "launch", "load_params", "merge_run", "run_worker
 def __getattr__(name: str) -> Any:
     """The public names, imported when first used (``import akorun.transport.wire`` stays light)."""
     if name == "merge_run":
-        from akorun.launch.run_merge import merge_run
+        from akorun.launching.run_merge import merge_run
 
         return merge_run
-    if name == "launch":
-        import akorun.launch  # a callable package: calling it is akorun.run_api.launch
-
-        return akorun.launch
     if name == "load_params":
         from akorun.run_params import load_params
 
         return load_params
-    if name in ("Exchange", "init", "run_worker"):
+    if name in ("Exchange", "init", "launch", "run_worker"):
         from akorun import run_api as api
 
         return getattr(api, name)

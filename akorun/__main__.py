@@ -2,6 +2,6 @@
 
 import sys
 
-from akorun.launch.commands import main
+from akorun.launching.commands import main
 
 sys.exit(main())

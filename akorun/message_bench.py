@@ -80,7 +80,7 @@ def _applying_sink() -> Any:
 async def measure(sizes_bytes: Sequence[int], repetitions: int,
                   progress: Callable[[str], None] = lambda line: None) -> list[MessageSample]:
     """Time `repetitions` messages of each size (wire bytes), round-robin over sizes."""
-    from akorun.launch.cluster import free_ports
+    from akorun.launching.cluster import free_ports
     from akorun.metrics import PeerCounters
     from akorun.transport.client import make_session
     from akorun.transport.keys import PARTIAL_PATH, PartialSealer
@@ -160,7 +160,7 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def add_parser(commands: Any, formatter_class: Any) -> None:
-    """The ``measure-messages`` subcommand, under `commands` (akorun.launch.commands)."""
+    """The ``measure-messages`` subcommand, under `commands` (akorun.launching.commands)."""
     sub = commands.add_parser(
         "measure-messages", help="measure akorun's per-message software cost on loopback",
         description="Time messages of several sizes through akorun's real sender and "

@@ -1,19 +1,23 @@
 """akorun's public Python API: write a cluster file, launch a run on this machine, run one
 rank, and Ako's exchange inside the user's own training loop (`Exchange`).
 
-Keyword settings mirror the command line's flags (``workers=3`` is ``--workers 3``,
-``rounds=100``, ``workload="./mymodel.py:make"``, ``quiet=True`` is ``--quiet``), ``config=``
-a settings or cluster file and ``set=`` dotted settings; they resolve in the same layers as
-the command line's. The commands are thin layers over the same functions
-(akorun.launch.commands.launch_run, rank_options, run_rank). A mistake raises a ValueError
-(`akorun.errors.UsageError`, `akocore.config.ConfigError`, ...) with the line the command
-would print; an
-unknown keyword is a TypeError naming the keywords there are.
+Each call names its settings as typed keyword parameters (``inspect.signature`` and
+``help()`` list them): the run and [akorun] settings its command takes, by the key's
+name (``workers=3``, ``rounds=100``, ``workload="./mymodel.py:make"``,
+``peer_timeout="30s"`` or 30.0 seconds), and the command's own options (``quiet=True``,
+``timeout="10m"``). A value left None is not given: the layer below decides. ``config``
+(a settings or cluster file) and dotted ``overrides`` complete them; they resolve in the
+command line's layers, the keywords entering directly as the API layer, whose origin
+says "api" (akocore.settings.api_layer; no flag text is built). The commands are thin
+layers over the same functions (akorun.launching.commands.init_cluster, launch_run,
+rank_options, run_rank), with the command's own options typed
+(akorun.launching.requests). A mistake raises a ValueError (`akorun.errors.UsageError`,
+`akocore.config.ConfigError`, ...) with the line the command would print; an unknown
+keyword is a TypeError naming the settings there are.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import os
@@ -24,61 +28,107 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from akocore.cli_support import flag_text, parse_quietly, subcommand_parser
+from akocore.settings.api_layer import api_layer, config_layers, takes_settings
+from akocore.settings.key_registry import Tool
+from akocore.settings.layers import Given
 from akorun.errors import UsageError
+from akorun.launching.cluster import DEFAULT_BASE_PORT
 
 if TYPE_CHECKING:
     import numpy as np
 
     from akocore.results import RankResult, RunResult
     from akocore.workload import FlatWorkload
+    from akorun.launching.requests import RankRequest
     from akorun.runtime.worker import Worker
 
+PathText = str | os.PathLike[str]
 
-def init(out: str | os.PathLike[str], *, config: str | os.PathLike[str] | None = None,
-         set: Mapping[str, Any] | None = None, **settings: Any) -> Path:
+
+@takes_settings(Tool.AKORUN_INIT)
+def init(out: PathText, config: PathText | None = None, *,
+         overrides: Mapping[str, Any] | None = None,
+         hosts: str | Sequence[str] | None = None, base_port: int = DEFAULT_BASE_PORT,
+         per_rank_keys: PathText | None = None, force: bool = False,
+         **settings: Any) -> Path:
     """Write a cluster file (``akorun init``): the run's settings, one host:port per rank
-    (loopback with free ports unless ``hosts`` says otherwise), a fresh run id and secret::
+    (loopback with free ports unless ``hosts`` says otherwise, ``base_port`` for a host
+    given without one), a fresh run id and secret (with ``per_rank_keys``, a key file
+    per rank there instead of the secret)::
 
         import akorun
         cluster = akorun.init("run/cluster.toml", workers=3, rounds=50, force=True)
     """
-    from akorun.launch.commands import cmd_init
+    from akorun.launching.commands import init_cluster
+    from akorun.launching.requests import InitRequest, whole
 
-    args = _parse("init", ["--out", os.fspath(out), *_flags("init", config, set, settings)])
+    request = InitRequest(out=Path(out),
+                          hosts=hosts if hosts is None or isinstance(hosts, str)
+                          else ",".join(hosts),
+                          base_port=whole(base_port, "base_port", 1) or DEFAULT_BASE_PORT,
+                          per_rank_keys=None if per_rank_keys is None else Path(per_rank_keys),
+                          force=force)
+    layers = _layers("akorun.init", (Tool.AKORUN_INIT,), config, overrides, settings)
     with contextlib.redirect_stderr(io.StringIO()):
-        cmd_init(args)
+        init_cluster(request, layers)
     return Path(out)
 
 
-def launch(*, out: str | os.PathLike[str], config: str | os.PathLike[str] | None = None,
-           set: Mapping[str, Any] | None = None, **settings: Any) -> RunResult:
+@takes_settings(Tool.AKORUN_LAUNCH)
+def launch(*, out: PathText, config: PathText | None = None,
+           overrides: Mapping[str, Any] | None = None, force: bool = False,
+           quiet: bool = False, timeout: str | float | None = None,
+           kill_grace: str | float | None = None, progress_every: str | float | None = None,
+           checkpoint_dir: PathText | None = None, plan: PathText | None = None,
+           plan_rank: int | None = None, testbed: str | None = None,
+           testbed_latency: str | None = None, testbed_jitter: str | float | None = None,
+           testbed_downlink: bool | None = None, **settings: Any) -> RunResult:
     """Run every rank on this machine (``akorun launch``) and return the merged result (also
-    written to ``OUT/result.json``); `akorun.errors.RunError` names a failed rank::
+    written to ``OUT/result.json``); `akorun.errors.RunError` names a failed rank.
+    Durations (``timeout``, ``kill_grace``, ``progress_every``) are text with a unit
+    ("10m") or seconds; ``plan`` runs what an akosim plan record recommends (its
+    ``plan_rank``-th with a ranking), ``testbed="netns"`` over real kernel TCP::
 
         import akorun
         run = akorun.launch(out="runs/demo", workers=3, rounds=50,
                             workload="examples/flax_cnn/model.py:make", quiet=True)
         print(run.accuracy, run.max_relative_difference)
     """
-    from akorun.launch.commands import launch_run
+    from akorun.launching.commands import launch_run
+    from akorun.launching.requests import LaunchRequest, seconds, whole
 
     workload = settings.get("workload")
     if workload is not None and not isinstance(workload, str):
         raise TypeError("akorun.launch: workload is a name (a built-in, package.module:factory "
                         "or path/to/file.py:factory): every rank is its own process and "
                         "imports it")
-    args = _parse("launch", ["--out", os.fspath(out), *_flags("launch", config, set, settings)])
+    request = LaunchRequest(
+        out=Path(out), force=force, quiet=quiet, timeout_s=seconds(timeout, "timeout"),
+        kill_grace_s=seconds(kill_grace, "kill_grace"),
+        progress_every_s=seconds(progress_every, "progress_every"),
+        checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir),
+        plan=None if plan is None else Path(plan),
+        plan_rank=whole(plan_rank, "plan_rank", 1), testbed=testbed,
+        testbed_latency=testbed_latency,
+        testbed_jitter_s=seconds(testbed_jitter, "testbed_jitter"),
+        testbed_downlink=testbed_downlink)
+    layers = _layers("akorun.launch", (Tool.AKORUN_LAUNCH,), config, overrides, settings)
     with warnings.catch_warnings():  # the ranks are fork+exec'd at once: JAX's fork warning
         warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)  # does not apply
-        return launch_run(args)
+        return launch_run(request, layers)
 
 
-def run_worker(rank: int | None, config: str | os.PathLike[str], *,
-               out: str | os.PathLike[str] | None = None,
-               set: Mapping[str, Any] | None = None, **settings: Any) -> RankResult:
+@takes_settings(Tool.AKORUN_RANK)
+def run_worker(rank: int | None, config: PathText, *, out: PathText | None = None,
+               overrides: Mapping[str, Any] | None = None, role: str = "worker",
+               rendezvous: str | None = None, advertise: str | None = None,
+               resume: bool = False, checkpoint_dir: PathText | None = None,
+               progress_every: str | float | None = None, quiet: bool = False,
+               listen: str | None = None, grace: str | float | None = None,
+               tls_ca: str | None = None, **settings: Any) -> RankResult:
     """Run one rank of the cluster file `config` in this process, to its end
-    (``akorun worker --rank RANK --config FILE``); returns the rank's record::
+    (``akorun worker --rank RANK --config FILE``; ``role="ps"`` is ``akorun ps``);
+    returns the rank's record::
 
         import akorun
         record = akorun.run_worker(0, "run/cluster.toml", out="run")
@@ -91,13 +141,33 @@ def run_worker(rank: int | None, config: str | os.PathLike[str], *,
         record = akorun.run_worker(None, "run/cluster.toml", out="run",
                                    rendezvous="node01:29400")
     """
-    from akorun.launch.commands import rank_options, run_rank
+    from akorun.launching.commands import rank_options, run_rank
 
-    argv = [*([] if rank is None else ["--rank", str(rank)]),
-            *_flags("worker", config, set, settings)]
-    if out is not None:
-        argv += ["--out", os.fspath(out)]
-    return run_rank(rank_options(_parse("worker", argv))).rank_result
+    request = _rank_request(rank, config, out, role=role, rendezvous=rendezvous,
+                            advertise=advertise, resume=resume, checkpoint_dir=checkpoint_dir,
+                            progress_every=progress_every, quiet=quiet, listen=listen,
+                            grace=grace, tls_ca=tls_ca)
+    layers = _layers("akorun.run_worker", (Tool.AKORUN_RANK,), None, overrides, settings)
+    return run_rank(rank_options(request, layers)).rank_result
+
+
+def _rank_request(rank: int | None, config: PathText, out: PathText | None, *,
+                  progress_every: str | float | None = None,
+                  grace: str | float | None = None,
+                  checkpoint_dir: PathText | None = None, **more: Any) -> RankRequest:
+    from akorun.launching.requests import RankRequest, seconds, whole
+
+    return RankRequest(config=Path(config), rank=whole(rank, "rank"),
+                       out=None if out is None else Path(out),
+                       checkpoint_dir=None if checkpoint_dir is None else Path(checkpoint_dir),
+                       progress_every_s=seconds(progress_every, "progress_every"),
+                       grace_s=seconds(grace, "grace"), **more)
+
+
+def _layers(call: str, tools: Sequence[Tool], config: PathText | None,
+            overrides: Mapping[str, Any] | None, settings: Mapping[str, Any]) -> list[Given]:
+    """A call's settings file, overrides and keywords as settings layers."""
+    return [*config_layers(config, overrides), *api_layer(settings, tools, call)]
 
 
 # ----------------------------------------------------------------- your own loop
@@ -129,10 +199,11 @@ class Exchange:
     at the same step, as a stop rule would.
     """
 
-    def __init__(self, *, rank: int, cluster: str | os.PathLike[str], params: Any,
-                 rounds: int | None = None, out: str | os.PathLike[str] | None = None,
+    @takes_settings(Tool.AKORUN_RANK)
+    def __init__(self, *, rank: int, cluster: PathText, params: Any,
+                 rounds: int | None = None, out: PathText | None = None,
                  evaluate: Callable[[Any], float] | None = None,
-                 set: Mapping[str, Any] | None = None, **settings: Any) -> None:
+                 overrides: Mapping[str, Any] | None = None, **settings: Any) -> None:
         import jax
         import numpy as np
         from jax.flatten_util import ravel_pytree
@@ -142,13 +213,9 @@ class Exchange:
         self._init = np.asarray(flat, dtype=np.float32)
         self._user_params = params
         self._evaluate = evaluate
-        if rounds is not None:
-            settings["rounds"] = rounds
-        argv = ["--rank", str(rank), *_flags("worker", cluster, set, {"quiet": True,
-                                                                      **settings})]
-        if out is not None:
-            argv += ["--out", os.fspath(out)]
-        self._args = _parse("worker", argv)
+        self._request = _rank_request(rank, cluster, out, quiet=True)
+        self._layers = _layers("akorun.Exchange", (Tool.AKORUN_RANK,), None, overrides,
+                               {**settings, "rounds": rounds})
         self._to_user: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._from_user: queue.Queue[np.ndarray | None] = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -172,10 +239,10 @@ class Exchange:
 
     def start(self) -> Any:
         """Join the peers (in the background thread) and return the first parameters."""
-        from akorun.launch.commands import rank_options
+        from akorun.launching.commands import rank_options
         from akorun.runtime.worker import Worker
 
-        options = rank_options(self._args)
+        options = rank_options(self._request, self._layers)
         self.rounds = options.config.train.rounds or 0
         if not self.rounds:
             raise UsageError("akorun.Exchange: give rounds (the steps of your loop) or "
@@ -254,7 +321,7 @@ class Exchange:
             self.result = worker.rank_result
             options = worker.options
             if options.out_dir is not None:  # the last rank to end writes result.json
-                from akorun.launch.merge_command import merge_if_complete
+                from akorun.launching.merge_command import merge_if_complete
 
                 merge_if_complete(options.out_dir, options.settings.run_id,
                                   options.config.cluster.workers, quiet=True)
@@ -320,41 +387,6 @@ def _bridge(exchange: Exchange, cfg: Any) -> FlatWorkload:
             return exchange._final_accuracy(flat_params)
 
     return Bridge(**{f.name: getattr(flat, f.name) for f in dataclasses.fields(flat)})
-
-
-# ------------------------------------------------------------------ settings
-
-
-def _subparser(command: str) -> argparse.ArgumentParser:
-    from akorun.launch.commands import build_parser
-
-    return subcommand_parser(build_parser(), command)
-
-
-def _flags(command: str, config: Any, dotted: Mapping[str, Any] | None,
-           settings: Mapping[str, Any]) -> list[str]:
-    """Keyword settings as the command's flags; TypeError for one it has no flag for."""
-    known = set(_subparser(command).known_flags())  # type: ignore[attr-defined]
-    flags: list[str] = []
-    if config is not None:
-        flags += ["--config", os.fspath(config)]
-    for key, value in (dotted or {}).items():
-        flags += ["--set", f"{key}={flag_text(value)}"]
-    for key, value in settings.items():
-        flag = "--" + key.replace("_", "-")
-        if flag not in known or flag in ("--config", "--set", "--out", "--rank"):
-            names = ", ".join(sorted(f[2:].replace("-", "_") for f in known))
-            raise TypeError(f"akorun {command}: no setting {key!r}; the settings are {names}")
-        if value is None or value is False:
-            continue
-        flags += [flag] if value is True else [flag, flag_text(value)]
-    return flags
-
-
-def _parse(command: str, argv: Sequence[str]) -> argparse.Namespace:
-    from akorun.launch.commands import build_parser
-
-    return parse_quietly(build_parser(), [command, *argv], f"akorun {command}: bad settings")
 
 
 __all__ = ["Exchange", "init", "launch", "run_worker"]

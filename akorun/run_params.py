@@ -119,7 +119,7 @@ def _replica(directory: Path, record: RankResult) -> np.ndarray:
 
 
 def _config(directory: Path, record: RankResult) -> RunConfig:
-    from akorun.launch.run_merge import _config_of
+    from akorun.launching.run_merge import _config_of
 
     return _config_of(record, directory / f"worker-{record.rank}.json")
 

@@ -152,7 +152,7 @@ def socket_seconds(messages: Sequence[bytes], *, ack_each: bool) -> list[float]:
     figure: seconds for the whole stream."""
     import socket
 
-    from akorun.launch.cluster import free_ports
+    from akorun.launching.cluster import free_ports
 
     (port,) = free_ports(1)
     process, report = _spawn(_socket_receiver, port, len(messages), len(messages[0]),
@@ -186,7 +186,7 @@ def akorun_seconds(messages: Sequence[bytes], *, data_path: bool, ack_each: bool
     (stream only), each message is encoded in a thread inside the timed loop, as a
     worker's outbox does, so the sender's body digest is timed too. `window`: requests
     in flight to the peer (None: the sender's default)."""
-    from akorun.launch.cluster import free_ports
+    from akorun.launching.cluster import free_ports
     from akorun.metrics import PeerCounters
     from akorun.transport.client import ControlClient, make_session
     from akorun.transport.keys import PARTIAL_PATH, PartialSealer, RunKeys, Signer

@@ -27,7 +27,7 @@ import numpy as np
 from akocore.config import RunConfig, config_from_dict
 from akocore.messages import Partial
 from akocore.rank_threads import NPROC_ENV, SINGLE_THREAD_XLA_FLAGS
-from akorun.launch.cluster import (
+from akorun.launching.cluster import (
     AkorunSettings,
     loopback_hosts,
     new_settings,
@@ -35,7 +35,7 @@ from akorun.launch.cluster import (
     with_hosts,
     write_cluster_file,
 )
-from akorun.launch.local import child_env
+from akorun.launching.local import child_env
 from akorun.metrics import Metrics, render_prometheus
 from akorun.runtime.node_plan import role_of
 from akorun.transport.control import ControlError, ControlKind

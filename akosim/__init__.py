@@ -2,12 +2,13 @@
 partition rounds, timing only or really training).
 
 The public API mirrors the command line (keyword settings are its flags; ``config=`` a
-settings file, ``set=`` dotted settings) and returns typed records (akocore.results):
+settings file, ``overrides=`` dotted settings) and returns typed records (akocore.results):
 
 - `plan` compares the schemes and recommends p and s (a `PlanResult`: its ``runs`` are
   the table's rows, ``explanation`` and ``advice`` the recommendation);
 - `simulate` times one configuration (a `RunResult`);
 - `train` really trains the workload in simulated time (a `RunResult` with accuracy);
+- `sweep` simulates a grid of configurations, resumably (the `Sweep` of sweep.json);
 - `predict` predicts an akorun run from its directory (a `Prediction`).
 
 Example::
@@ -20,9 +21,10 @@ Example::
                           gradient_size="4MB", bandwidth="100mbps", rounds=50)
     print(run.round_time_s)
 
-``akosim.plan`` is also the package of the application layer (akosim.plan.setup,
-akosim.plan.execute) and ``akosim.predict`` the module of ``akosim predict``: calling
-them plans and predicts.
+Each is a plain function with its settings as typed keyword parameters
+(``help(akosim.plan)`` lists them); the application layer they are built on is
+akosim.planning, ``akosim predict``'s module akosim.prediction, ``akosim sweep``'s
+package akosim.sweeping.
 """
 
 from __future__ import annotations
@@ -30,22 +32,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from akosim.sim_api import simulate, train
+    from akosim.sim_api import plan, predict, simulate, sweep, train
 
-__all__ = ["plan", "predict", "simulate", "train"]
+__all__ = ["plan", "predict", "simulate", "sweep", "train"]
 
 
 def __getattr__(name: str) -> Any:
     """The public calls, imported when first used (``import akosim`` stays light)."""
-    if name == "plan":
-        import akosim.plan  # a callable package: calling it is akosim.sim_api.plan
-
-        return akosim.plan
-    if name == "predict":
-        import akosim.predict  # a callable module: calling it is akosim.sim_api.predict
-
-        return akosim.predict
-    if name in ("simulate", "train"):
+    if name in __all__:
         from akosim import sim_api as api
 
         return getattr(api, name)

@@ -33,17 +33,14 @@ from akocore.cli_support import (
     one_line,
 )
 from akocore.config import (
-    Given,
-    Layer,
-    Origin,
     ResolvedSettings,
     Tool,
     add_akosim_argument,
     add_shared_arguments,
-    resolve_args,
 )
 from akocore.nonfinite import NonFiniteStep
 from akocore.schemes.registry import wire_codec
+from akocore.settings.cli_flags import arg_layers
 from akocore.settings.key_registry import RUN_SECTIONS
 from akocore.units import format_duration, format_size
 from akosim.calibration.run_calibration import (  # noqa: F401 (rank_overhead_s: re-exported)
@@ -53,16 +50,15 @@ from akosim.calibration.run_calibration import (  # noqa: F401 (rank_overhead_s:
     overhead_from_result,
     rank_overhead_s,
 )
-from akosim.plan.runspec import (
+from akosim.planning.runspec import (
     TIMING_DEFAULTS,
     TRAIN_DEFAULTS,
     USER_ERRORS,
     load_workload,
-    timing_defaults_for,
 )
 
 if TYPE_CHECKING:
-    from akosim.plan import PlanOutcome
+    from akosim.planning import PlanOutcome
 
 __all__ = ["TIMING_DEFAULTS", "TRAIN_DEFAULTS", "USER_ERRORS", "OneLineParser", "UsageError",
            "build_parser", "fail", "load_workload", "main"]
@@ -176,17 +172,11 @@ def _add_ranking_arguments(parser: argparse.ArgumentParser) -> None:
              "and why the winner won")
 
 
-def ranks_by_accuracy(args: argparse.Namespace, resolved: ResolvedSettings) -> bool:
-    """Whether a plan ranks by simulated training (a target accuracy or a time budget)."""
-    return (resolved.config.train.target_accuracy is not None
-            or bool(getattr(args, "time_budget", None)))
-
-
 def build_parser() -> OneLineParser:
     """The akosim parser: one subparser per command (main puts `plan` first when none is named)."""
-    from akosim.sweep.sweep_flags import DESCRIPTION as SWEEP_DESCRIPTION
-    from akosim.sweep.sweep_flags import EPILOG as SWEEP_EPILOG
-    from akosim.sweep.sweep_flags import add_sweep_arguments
+    from akosim.sweeping.sweep_flags import DESCRIPTION as SWEEP_DESCRIPTION
+    from akosim.sweeping.sweep_flags import EPILOG as SWEEP_EPILOG
+    from akosim.sweeping.sweep_flags import add_sweep_arguments
 
     formatter = argparse.RawDescriptionHelpFormatter
     parser = OneLineParser(prog="akosim", description=PLAN_DESCRIPTION, epilog=EPILOG_RUN,
@@ -209,7 +199,7 @@ def build_parser() -> OneLineParser:
                                 formatter_class=formatter)
     add_sweep_arguments(sweep)
     sweep.set_defaults(handler=_sweep_handler)
-    from akosim import predict
+    from akosim import prediction as predict
     from akosim.calibration import host_calibrate
 
     calibrate = commands.add_parser("calibrate", help="measure the TCP model on this host",
@@ -226,7 +216,7 @@ def build_parser() -> OneLineParser:
 
 
 def _sweep_handler(args: argparse.Namespace) -> int:
-    from akosim.sweep.sweep_grid import sweep_command
+    from akosim.sweeping.sweep_grid import sweep_command
 
     return sweep_command(args)
 
@@ -255,39 +245,20 @@ def progress_factory(enabled: bool) -> Callable[[str, int], Callable[[int], None
 
 
 def resolve_settings(args: argparse.Namespace, *, training: bool) -> ResolvedSettings:
-    """The command's defaults < the run --compute-from names (its workload, batch, optimizer
-    and data) < --config < --set < flags, each value with its origin."""
-    defaults = TRAIN_DEFAULTS if training else TIMING_DEFAULTS
-    name = "akosim train" if training else "akosim plan"
-    adopted: list[Given] = []
-    if getattr(args, "compute_from", None):  # the run's gradient and batch go with its compute
-        from akosim.calibration.run_calibration import check_run_training, run_training_layer
+    """The command's settings: its defaults < the run --compute-from names < --config <
+    --set < flags (akosim.planning.resolution, as the API's), each value with its origin."""
+    from akosim.planning.resolution import resolve_settings as resolve_layers
 
-        adopted = run_training_layer(args.compute_from)
-    resolved = resolve_args(args, defaults, defaults_origin=Origin(Layer.DEFAULT,
-                                                                   f"{name} default"),
-                            below=adopted)
-    workload = resolved.config.train.workload
-    if not training and not resolved.given("train.batch_size") and \
-            timing_defaults_for(workload) is not defaults:
-        # a user's workload is planned at akorun's batch, not the seeds' CNN's
-        resolved = resolve_args(args, timing_defaults_for(workload), defaults_origin=Origin(
-            Layer.DEFAULT, f"{name} default (akorun's batch for {workload})"), below=adopted)
-    if not training and ranks_by_accuracy(args, resolved):
-        # a plan ranking by accuracy trains: the workload, batch and data of akosim train
-        # (the timing rows then time that same workload)
-        resolved = resolve_args(args, TRAIN_DEFAULTS, defaults_origin=Origin(
-            Layer.DEFAULT, "akosim plan default (ranking by accuracy)"), below=adopted)
-    if adopted:
-        check_run_training(resolved, args.compute_from)
-    return resolved
+    return resolve_layers(arg_layers(args), training=training,
+                          compute_from=getattr(args, "compute_from", None),
+                          time_budget=bool(getattr(args, "time_budget", None)))
 
 
 def describe_settings(resolved: ResolvedSettings, *, training: bool) -> list[str]:
     """--show-config: every run and [akosim] setting with its origin, as the plan runs it
     (an s the plan chooses with p, and rounds the plan settles, say so instead of showing
     the default they replace)."""
-    from akosim.plan import chooses_ssp_with_p, settles
+    from akosim.planning import chooses_ssp_with_p, settles
     from akosim.sim.settling import SETTLE_CAP_ROUNDS
 
     lines = resolved.describe((*RUN_SECTIONS, "akosim"))
@@ -304,7 +275,7 @@ def describe_settings(resolved: ResolvedSettings, *, training: bool) -> list[str
 
 def run_plan(args: argparse.Namespace, *, training: bool = False) -> int:
     """akosim plan / train: the API's plan_outcome of the flags, printed (and written)."""
-    from akosim.plan import SimulationOptions, plan_outcome
+    from akosim.planning import SimulationOptions, plan_outcome
 
     resolved = resolve_settings(args, training=training)
     if args.show_config:
@@ -334,7 +305,7 @@ def run_plan(args: argparse.Namespace, *, training: bool = False) -> int:
 
 def time_budget_s(args: argparse.Namespace) -> float | None:
     """--time-budget in seconds (None: not given); a bare number is refused."""
-    from akosim.plan.runspec import parse_duration_flag
+    from akosim.planning.runspec import parse_duration_flag
 
     text = getattr(args, "time_budget", None)
     return None if text is None else parse_duration_flag("--time-budget", text)
@@ -346,8 +317,8 @@ def _to_stderr(line: str) -> None:
 
 def _print_outcome(args: argparse.Namespace, outcome: PlanOutcome, training: bool) -> None:
     from akosim.network.island_reduce import describe_islands, has_islands
-    from akosim.plan.result_tables import format_table, json_safe, unsettled_lines, write_json
-    from akosim.plan.trace import write_trace
+    from akosim.planning.result_tables import format_table, json_safe, unsettled_lines, write_json
+    from akosim.planning.trace import write_trace
     from akosim.sim.settling import settle_words
 
     setup, runs = outcome.planned.setup, outcome.planned.runs
@@ -373,7 +344,7 @@ def _print_outcome(args: argparse.Namespace, outcome: PlanOutcome, training: boo
     for line in unsettled_lines(runs):
         print(line)
     if training and setup.plan is not None:
-        from akosim.plan.advice import held_by_staleness
+        from akosim.planning.advice import held_by_staleness
 
         if held_by_staleness(setup.plan):
             print(f"akosim: p = auto held to {setup.plan.p}: p bound by "
@@ -383,7 +354,7 @@ def _print_outcome(args: argparse.Namespace, outcome: PlanOutcome, training: boo
         for line in outcome.explanation.advice:
             print(line)
     if outcome.ranking is not None:
-        from akosim.plan.accuracy_ranking import format_ranking
+        from akosim.planning.accuracy_ranking import format_ranking
 
         if outcome.ranking.ranked:
             print(format_ranking(outcome.ranking))

@@ -1,7 +1,7 @@
 """akosim from the analysis code: Python calls, each in a fresh interpreter.
 
 The experiment runners call akosim's own functions (`akosim.cli.main` with
-an argument list, `akosim.plan.measured_compute`) instead of running the
+an argument list, `akosim.planning.measured_compute`) instead of running the
 `akosim` executable. Each call runs in a spawned interpreter because a
 configuration may need its own XLA flags (akorun's single-threaded XLA when
 it would launch as many processes as cores), which JAX reads once per
@@ -73,8 +73,8 @@ def call_akosim(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
 
 def _measured_compute_s(config_path: str) -> float:
     from akocore.config import file_layer, resolve
-    from akosim.plan import measured_compute
-    from akosim.plan.runspec import TIMING_DEFAULTS
+    from akosim.planning import measured_compute
+    from akosim.planning.runspec import TIMING_DEFAULTS
 
     cfg = resolve(file_layer(config_path), defaults=TIMING_DEFAULTS).config
     return float(measured_compute(cfg, announce=False).record.compute_s)

@@ -1,7 +1,7 @@
 """What the testbed's delay line sustains: bulk TCP through it, its CPU and timer lateness.
 
 Builds a delayed testbed of `--ranks` namespaces with the testbed's own code
-(akorun.launch.testbed.netns, delaypath, shaping), shapes every NIC to `--rate`
+(akorun.launching.testbed.netns, delaypath, shaping), shapes every NIC to `--rate`
 (or leaves it unshaped with ``--rate none``), and sends `--seconds` worth of
 bulk TCP from each rank r to rank r+1 at once (one connection each), for each
 one-way `--delay`. One JSON line per configuration: the aggregate and per-flow
@@ -22,11 +22,11 @@ import time
 
 from akocore.config import config_from_dict
 from akocore.units import parse_bandwidth, parse_duration
-from akorun.launch.testbed import delaypath
-from akorun.launch.testbed.delayline import DelaySchedule
-from akorun.launch.testbed.netns import SUBNET, SUBNET_PREFIX, NetnsTestbed, TestbedNames
-from akorun.launch.testbed.probe import Transfer, measure_transfer
-from akorun.launch.testbed.shaping import plan_shaping
+from akorun.launching.testbed import delaypath
+from akorun.launching.testbed.delayline import DelaySchedule
+from akorun.launching.testbed.netns import SUBNET, SUBNET_PREFIX, NetnsTestbed, TestbedNames
+from akorun.launching.testbed.probe import Transfer, measure_transfer
+from akorun.launching.testbed.shaping import plan_shaping
 
 
 def measure(ranks: int, rate_bps: float | None, one_way_s: float, seconds: float,

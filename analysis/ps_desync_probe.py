@@ -38,16 +38,16 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from akocore.settings.schema import NetworkConfig
-from akorun.launch.testbed.delayline import DelaySchedule
-from akorun.launch.testbed.delaypath import DelayLineProcess, RankPort, plan_delay_path
-from akorun.launch.testbed.netns import (
+from akorun.launching.testbed.delayline import DelaySchedule
+from akorun.launching.testbed.delaypath import DelayLineProcess, RankPort, plan_delay_path
+from akorun.launching.testbed.netns import (
     SUBNET,
     SUBNET_PREFIX,
     NetnsTestbed,
     TestbedNames,
     missing_requirements,
 )
-from akorun.launch.testbed.shaping import burst_bytes, plan_shaping, queue_limit_bytes
+from akorun.launching.testbed.shaping import burst_bytes, plan_shaping, queue_limit_bytes
 
 PORT = 7171
 START_DELAY_S = 1.5

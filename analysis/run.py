@@ -20,7 +20,7 @@ Backends (one folder each, RESULTS/<backend>/<network>/<n>w-<scheme>/):
   by a lone process before any configuration runs, so that runs in parallel
   (``--jobs``) or on a busy machine all predict from the same undisturbed
   measurement. akorun launches these configurations with single-threaded XLA
-  (as many processes as cores or more: `akorun.launch.local.child_env`), so the
+  (as many processes as cores or more: `akorun.launching.local.child_env`), so the
   measurement uses the same ``XLA_FLAGS`` and times the step the real workers
   run. Its p auto is its own resolution;
 - akorun: ``akorun launch --config F --out DIR`` on loopback with emulated
@@ -93,7 +93,7 @@ def run_dir(results: Path, backend: str, exp: Experiment) -> Path:
 
 def single_thread_xla(exp: Experiment) -> bool:
     """True when akorun launches this configuration with single-threaded XLA
-    (as many processes as cores or more: `akorun.launch.local.child_env`)."""
+    (as many processes as cores or more: `akorun.launching.local.child_env`)."""
     return exp.nodes >= (os.cpu_count() or 1)
 
 

@@ -193,7 +193,7 @@ def train_check(cells: Sequence[tuple[str, str]], schemes: Sequence[str], *,
             for name in schemes:
                 run = akosim.train(workers=WORKERS, bandwidth=bandwidth, latency=latency,
                                    compute=COMPUTE, workload=TRAIN_WORKLOAD,
-                                   workload_arg=[f"hidden={hidden}"],
+                                   workload_args={"hidden": hidden},
                                    duration=f"{budget_s:g}s", eval_every=10, quiet=True,
                                    **by_name[name])
                 reached = next((e for e in run.evaluations if e[2] >= TARGET_ACCURACY), None)

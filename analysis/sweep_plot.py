@@ -1,7 +1,7 @@
 """python -m analysis sweep DIR: the summary of an `akosim sweep` folder, plotted.
 
 Reads the sweep's records (DIR/sweep.json), prints the best configuration of each
-group (the table `akosim sweep` prints, akosim.sweep.sweep_summary) and writes
+group (the table `akosim sweep` prints, akosim.sweeping.sweep_summary) and writes
 DIR/sweep.png (needs the optional extra 'plot', matplotlib; without it the
 command names the extra and exits 2, unless --no-plot): two panels against the
 number of workers, one line per other cluster setting (bandwidth, latency):
@@ -25,7 +25,7 @@ from akocore.cli_support import OneLineParser
 from akocore.extras import MissingExtra, require
 from akocore.results import RecordError
 from akocore.schemes.registry import is_partitioned
-from akosim.sweep.sweep_summary import BestRow, best_per_group, format_summary, read_rows
+from akosim.sweeping.sweep_summary import BestRow, best_per_group, format_summary, read_rows
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 DASHES = ("-", "--", "-.", ":")

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from akocore.config import config_from_dict
-from akorun.launch.cluster import new_settings, write_cluster_file
+from akorun.launching.cluster import new_settings, write_cluster_file
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 from akorun.transport.sender import DATA_PATH_ENV, WINDOW_ENV
 

@@ -106,7 +106,7 @@ def train_cell(bandwidth: str, latency: str, configs: Sequence[Config],
     rows = []
     for config in configs:
         run = akosim.train(workers=config.nodes, bandwidth=bandwidth, latency=latency,
-                           compute="measure", workload=WORKLOAD, workload_arg=[WORKLOAD_ARG],
+                           compute="measure", workload=f"{WORKLOAD}:{WORKLOAD_ARG}",
                            target_accuracy=TARGET_ACCURACY, duration=f"{budget_s:g}s",
                            eval_every=EVAL_EVERY, quiet=True, **settings_of(config))
         reached = time_to_target(run.evaluations, TARGET_ACCURACY)

@@ -1,7 +1,7 @@
 """Round trips and a bulk transfer through the testbed's delay line, measured once.
 
 `DelayedPair` builds two ranks' namespaces routed through the delay line with the
-testbed's own code (akorun.launch.testbed: netns, delaypath, shaping), every NIC
+testbed's own code (akorun.launching.testbed: netns, delaypath, shaping), every NIC
 shaped by tc htb; `measure` takes, on one pair, the TCP connect time, one-byte TCP
 request/answer times, the kernel's own smallest TCP RTT (tcpi_min_rtt), ICMP echo
 times and a bulk TCP transfer, and returns them as a `DelayLineSample`. The test
@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from akorun.launch.testbed import delaypath, netns
-from akorun.launch.testbed.delayline import DelaySchedule
-from akorun.launch.testbed.netns import SUBNET, SUBNET_PREFIX, NetnsTestbed, entered
-from akorun.launch.testbed.probe import measure_transfer
-from akorun.launch.testbed.shaping import plan_shaping
+from akorun.launching.testbed import delaypath, netns
+from akorun.launching.testbed.delayline import DelaySchedule
+from akorun.launching.testbed.netns import SUBNET, SUBNET_PREFIX, NetnsTestbed, entered
+from akorun.launching.testbed.probe import measure_transfer
+from akorun.launching.testbed.shaping import plan_shaping
 
 TCPI_MIN_RTT_OFFSET = 148  # struct tcp_info: tcpi_min_rtt (microseconds)
 ECHO_PORT = 7100

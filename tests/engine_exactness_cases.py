@@ -21,7 +21,7 @@ import numpy as np
 from akocore.config import config_from_dict
 from akocore.resolve import scheme_spec
 from akocore.schemes import build_nodes
-from akosim.plan.compute import ComputeModel
+from akosim.planning.compute import ComputeModel
 from akosim.sim.engine import Simulation, StopRule
 from akosim.sim.scenario import network_spec
 

@@ -20,7 +20,7 @@ import pytest
 from akocore.config import Layer, Origin, RunConfig, Tool, add_shared_arguments, config_from_dict
 from akocore.settings.key_registry import KEYS
 from akorun.errors import UsageError
-from akorun.launch.cluster import (
+from akorun.launching.cluster import (
     config_over,
     hosts_from_text,
     new_settings,
@@ -29,7 +29,7 @@ from akorun.launch.cluster import (
     warn_if_readable_by_others,
     write_cluster_file,
 )
-from akorun.launch.commands import build_parser, launch_settings, worker_settings
+from akorun.launching.commands import build_parser, launch_settings, worker_settings
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 
 pytestmark = pytest.mark.timeout(60)

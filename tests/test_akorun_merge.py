@@ -21,8 +21,8 @@ import pytest
 
 import akorun
 from akocore.results import RunResult, read_result
-from akorun.launch.commands import main as akorun_main
-from akorun.launch.run_merge import merge_ranks
+from akorun.launching.commands import main as akorun_main
+from akorun.launching.run_merge import merge_ranks
 from akorun.testing import (
     REPO_ROOT,
     akorun_command,

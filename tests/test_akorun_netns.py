@@ -1,7 +1,7 @@
 """akorun across real network namespaces behind a kernel rate limit (tc htb).
 
-Two namespaces on the testbed's bridge (akorun.launch.testbed.netns), each uplink
-shaped to 5 Mbit/s by the testbed's tc plan (akorun.launch.testbed.shaping); one
+Two namespaces on the testbed's bridge (akorun.launching.testbed.netns), each uplink
+shaped to 5 Mbit/s by the testbed's tc plan (akorun.launching.testbed.shaping); one
 worker in each namespace, talking over real TCP with in-process emulation
 off. Needs root, `ip`, `tc` and network namespaces: skipped with the reason
 otherwise. Traffic goes only to the addresses this test creates, and the
@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from akocore.config import config_from_dict
-from akorun.launch.cluster import new_settings, write_cluster_file
-from akorun.launch.testbed import netns
-from akorun.launch.testbed.shaping import burst_bytes, plan_shaping
+from akorun.launching.cluster import new_settings, write_cluster_file
+from akorun.launching.testbed import netns
+from akorun.launching.testbed.shaping import burst_bytes, plan_shaping
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(120)]

@@ -278,6 +278,7 @@ def _certificate(tmp_path: Path, name: str) -> tuple[Path, Path]:
     """A self-signed certificate for 127.0.0.1 and its key (skips without openssl)."""
     import shutil
 
+
     if shutil.which("openssl") is None:
         pytest.skip("needs the openssl command to make a test certificate")
     cert, key = tmp_path / f"{name}-cert.pem", tmp_path / f"{name}-key.pem"
@@ -289,7 +290,7 @@ def _certificate(tmp_path: Path, name: str) -> tuple[Path, Path]:
 
 
 def test_workers_talk_over_tls_with_the_run_certificate(tmp_path: Path) -> None:
-    from akorun.launch.cluster import new_settings
+    from akorun.launching.cluster import new_settings
 
     cert, key = _certificate(tmp_path, "run")
     run_tables = tables(rounds=8)
@@ -307,7 +308,7 @@ def test_a_peer_certificate_we_cannot_verify_is_named_at_the_join(tmp_path: Path
     """Rank 1 serves another certificate than the run's (as a man in the middle would):
     each side's join ends at the join timeout with one line naming the failed TLS
     handshake and the certificate, not "a rank is missing"."""
-    from akorun.launch.cluster import new_settings
+    from akorun.launching.cluster import new_settings
 
     cert, key = _certificate(tmp_path, "run")
     other_cert, other_key = _certificate(tmp_path, "other")

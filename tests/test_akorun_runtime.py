@@ -13,7 +13,7 @@ from akocore.config import config_from_dict
 from akocore.messages import Kind, Partial, Receipt
 from akocore.schemes import AkoWorker, Replica, SchemeNode
 from akorun.errors import UsageError
-from akorun.launch.cluster import new_settings, with_hosts
+from akorun.launching.cluster import new_settings, with_hosts
 from akorun.metrics import Metrics
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.phase import IllegalTransition, Phase, PhaseMachine

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from akocore.messages import Kind, Partial
-from akorun.launch.cluster import free_ports
+from akorun.launching.cluster import free_ports
 from akorun.metrics import PeerCounters
 from akorun.testing import SinkHost
 from akorun.transport import control, wire

@@ -9,7 +9,7 @@ import pytest
 
 from akocore.config import ClusterConfig, ExchangeConfig, NetworkConfig, RunConfig, TrainConfig
 from akocore.schemes import SchemeSpec, build_nodes
-from akosim.plan.compute import ComputeModel
+from akosim.planning.compute import ComputeModel
 from akosim.sim.engine import StopRule
 from akosim.sim.scenario import Setup, Variant, simulate
 

@@ -52,7 +52,8 @@ def test_plan_is_what_the_command_writes(tmp_path: Path) -> None:
 
 
 def test_simulate_times_one_configuration_with_dotted_settings() -> None:
-    run = akosim.simulate(scheme="ako", p=4, rounds=30, set={"exchange.ssp": 3}, **TIMING)
+    run = akosim.simulate(scheme="ako", p=4, rounds=30, overrides={"exchange.ssp": 3},
+                          **TIMING)
     assert isinstance(run, akocore.RunResult)
     assert (run.scheme, run.p, run.ssp, run.mode) == ("ako", 4, 3, "timing")
     assert run.round_time_s is not None and run.round_time_s >= 0.3
@@ -104,7 +105,7 @@ def test_a_bad_value_is_the_commands_one_line() -> None:
         akosim.simulate(workers="two", compute="1s", gradient_size="1MB")
     with pytest.raises(UsageError, match="--max-staleness: got -1"):
         akosim.plan(max_staleness=-1, **TIMING)
-    with pytest.raises(UsageError, match="invalid int value"):
+    with pytest.raises(UsageError, match="max_staleness: got 'many', expected a whole number"):
         akosim.plan(max_staleness="many", **TIMING)
 
 
@@ -114,11 +115,11 @@ def test_launch_refuses_a_workload_object() -> None:
 
 
 def test_init_writes_a_cluster_file_a_rank_reads(tmp_path: Path) -> None:
-    from akorun.launch.commands import rank_options
-    from akorun.run_api import _parse
+    from akorun.launching.commands import rank_options
+    from akorun.launching.requests import RankRequest
 
     path = akorun.init(tmp_path / "c.toml", workers=3, rounds=7, lr=0.2)
-    options = rank_options(_parse("worker", ["--rank", "1", "--config", str(path)]))
+    options = rank_options(RankRequest(config=path, rank=1))
     assert options.config.cluster.workers == 3 and options.config.train.rounds == 7
     assert len(options.config.cluster.hosts) == 3
 

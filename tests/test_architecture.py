@@ -371,7 +371,7 @@ def test_no_module_checks_a_scheme_node_class_outside_the_schemes():
 
 # ------------------------------------------------------------ one application layer
 
-APPLICATION_LAYER = "akosim.plan"
+APPLICATION_LAYER = "akosim.planning"
 # constructors of a simulation's pieces: only the application layer calls them (and the
 # simulation itself, inside akosim.sim.scenario)
 SETUP_CONSTRUCTORS = {"Setup": APPLICATION_LAYER, "StopRule": APPLICATION_LAYER,
@@ -397,7 +397,8 @@ def test_only_the_application_layer_builds_a_simulation_setup():
     assert offenders == []
 
 
-@pytest.mark.parametrize("entry_point", ["akosim.cli", "akosim.sweep.sweep_grid", "akosim.predict",
+@pytest.mark.parametrize("entry_point", ["akosim.cli", "akosim.sweeping.sweep_grid",
+                                         "akosim.prediction",
                                          "analysis.akosim_calls"])
 def test_every_entry_point_uses_the_application_layer(entry_point):
     graph = import_graph()

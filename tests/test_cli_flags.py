@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from akocore.cli_support import OneLineParser, did_you_mean
-from akorun.launch.commands import main as akorun_main
+from akorun.launching.commands import main as akorun_main
 from akosim.cli import main as akosim_main
 
 

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from akocore.config import ClusterConfig, ExchangeConfig, NetworkConfig, RunConfig, TrainConfig
-from akosim.plan.compare import ps_server_candidates, run_variant
-from akosim.plan.compute import ComputeModel
+from akosim.planning.compare import ps_server_candidates, run_variant
+from akosim.planning.compute import ComputeModel
 from akosim.sim import closed_form
 from akosim.sim.closed_form import closed_form_run
 from akosim.sim.engine import StopRule

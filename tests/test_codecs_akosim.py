@@ -10,7 +10,7 @@ import pytest
 
 from akocore.codecs import codec_named
 from akocore.config import ClusterConfig, ExchangeConfig, NetworkConfig, RunConfig, TrainConfig
-from akosim.plan.compute import ComputeModel
+from akosim.planning.compute import ComputeModel
 from akosim.sim.engine import StopRule
 from akosim.sim.scenario import Setup, Variant, simulate
 
@@ -128,7 +128,7 @@ def test_p_auto_weighs_the_gradient_at_its_encoded_size() -> None:
 
 
 def test_the_plans_staleness_weighs_the_gradient_at_its_encoded_size() -> None:
-    from akosim.plan.advice import with_overlap_ssp
+    from akosim.planning.advice import with_overlap_ssp
 
     def s_for(codec: str) -> float:
         config = RunConfig(cluster=ClusterConfig(workers=8),

@@ -13,9 +13,9 @@ import pytest
 
 from akocore.results import ComputeMeasurement, RecordError
 from akosim.cli import main
-from akosim.plan import compute_cache
-from akosim.plan.compute import StepTiming
-from akosim.plan.compute_cache import CacheKey, cache_dir, key_for, load, measured_compute
+from akosim.planning import compute_cache
+from akosim.planning.compute import StepTiming
+from akosim.planning.compute_cache import CacheKey, cache_dir, key_for, load, measured_compute
 
 KEY = CacheKey("synthetic-cnn", 104, "sgd", "Test CPU x2 x86_64", "0.0.1")
 
@@ -96,7 +96,7 @@ def test_akosim_measures_once_says_so_and_reuses_it(monkeypatch, capsys,
         calls.append(1)
         return StepTiming(0.02, 5, 0.0199, 0.0201, 0.9)
 
-    monkeypatch.setattr("akosim.plan.compute.measure_step_timing", fake_measure)
+    monkeypatch.setattr("akosim.planning.compute.measure_step_timing", fake_measure)
     argv = ["--workers", "4", "--bandwidth", "1gbps", "--workload", "digits-mlp",
             "--scheme", "ako", "--p", "2", "--rounds", "6", "--quiet"]
     assert main(argv) == 0

@@ -13,8 +13,13 @@ import numpy as np
 import pytest
 
 from akocore.workload import build_workload
-from akosim.plan.compute import StepTiming, measure_step_timing, median_interval, timing_is_enough
-from akosim.plan.compute_cache import CacheKey, measured_compute
+from akosim.planning.compute import (
+    StepTiming,
+    measure_step_timing,
+    median_interval,
+    timing_is_enough,
+)
+from akosim.planning.compute_cache import CacheKey, measured_compute
 
 
 def test_the_median_interval_needs_five_values_for_90_percent() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from akorun.launch.cluster import free_ports
+from akorun.launching.cluster import free_ports
 from akorun.testing import SinkHost
 from akorun.transport.datapath_client import DataLink
 from akorun.transport.sender import Outcome

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from akorun.launch.cluster import free_ports
+from akorun.launching.cluster import free_ports
 from akorun.testing import SinkHost
 from akorun.transport import wire
 from akorun.transport.datapath import (

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from akocore.config import ClusterConfig, ExchangeConfig, NetworkConfig, RunConfig, TrainConfig
-from akosim.plan.compute import ComputeModel
-from akosim.plan.runspec import configured_runs
+from akosim.planning.compute import ComputeModel
+from akosim.planning.runspec import configured_runs
 from akosim.sim.engine import StopRule
 from akosim.sim.scenario import Setup
 

@@ -21,7 +21,7 @@ import pytest
 from akocore.optim import PlainSGD
 from akocore.schemes.base import Replica, SchemeError
 from akocore.schemes.diloco import DilocoWorker
-from akorun.launch.cluster import new_settings
+from akorun.launching.cluster import new_settings
 from akorun.testing import LocalCluster
 
 pytestmark = pytest.mark.slow

@@ -18,7 +18,7 @@ import pytest
 
 from akocore.messages import Kind, Partial
 from akocore.partition import partition_slice
-from akorun.launch.cluster import free_ports
+from akorun.launching.cluster import free_ports
 from akorun.metrics import PeerCounters
 from akorun.testing import SinkHost
 from akorun.transport.keys import PARTIAL_PATH, PartialSealer

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from akorun.errors import RunError
-from akorun.launch.cluster import new_settings
+from akorun.launching.cluster import new_settings
 from akorun.metrics import Metrics
 from akorun.runtime.join import Identity, Join
 from akorun.runtime.liveness import Liveness

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from akocore.messages import Kind, Partial
-from akorun.launch.cluster import free_ports
+from akorun.launching.cluster import free_ports
 from akorun.runtime.checkpoint_file import (
     Checkpoint,
     load_checkpoint,

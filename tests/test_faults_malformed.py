@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from akorun.faults import faults_for
-from akorun.launch.cluster import new_settings
+from akorun.launching.cluster import new_settings
 from akorun.testing import LocalCluster
 
 pytestmark = pytest.mark.slow

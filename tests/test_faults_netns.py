@@ -32,7 +32,7 @@ the cases that found such bugs): the bound still tells loss from rounding.
 
 Needs root, `ip`, `iptables` and network namespaces (tmpfs for the disk
 case): skipped with the reason otherwise. The namespaces, bridge and veths
-are the testbed's (akorun.launch.testbed.netns, unshaped here): names unique to
+are the testbed's (akorun.launching.testbed.netns, unshaped here): names unique to
 this process, removed in a finally, like the mount.
 """
 
@@ -54,8 +54,8 @@ import numpy as np
 import pytest
 
 from akocore.config import config_from_dict
-from akorun.launch.cluster import new_settings, write_cluster_file
-from akorun.launch.testbed import netns
+from akorun.launching.cluster import new_settings, write_cluster_file
+from akorun.launching.testbed import netns
 from akorun.runtime.checkpoint_orbax import unreferenced
 from akorun.runtime.result_files import max_relative_difference
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
@@ -81,7 +81,7 @@ def _run(*command: str) -> None:
 
 
 class Net:
-    """Three rank namespaces on one bridge in a hub namespace (akorun.launch.testbed.netns),
+    """Three rank namespaces on one bridge in a hub namespace (akorun.launching.testbed.netns),
     unshaped, with iptables faults."""
 
     def __init__(self) -> None:

@@ -24,7 +24,7 @@ import pytest
 from akocore.messages import Kind, Partial
 from akocore.optim import PlainSGD
 from akocore.schemes import AkoWorker, Replica
-from akorun.launch.cluster import new_settings
+from akorun.launching.cluster import new_settings
 from akorun.runtime.relay import HeldPartial, Relay, RelayStore, pack_messages, unpack_messages
 from akorun.testing import LocalCluster
 from akorun.transport.control import ControlError

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from akorun.launch.cluster import new_settings
+from akorun.launching.cluster import new_settings
 from akorun.testing import LocalCluster
 
 pytestmark = pytest.mark.slow

@@ -34,7 +34,7 @@ from akosim.cli import (
     overhead_from_result,
     rank_overhead_s,
 )
-from akosim.plan.compute import ComputeModel
+from akosim.planning.compute import ComputeModel
 from analysis.matrix import select
 from analysis.records import Record, p_text
 from analysis.run import calibration_file, command, resolved_p, run_dir

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from akorun.launch.testbed import netns
+from akorun.launching.testbed import netns
 from analysis.fidelity_tcp import DONE_FILE, RECORD_FILE, GridPoint, grid, main, wan_grid
 from analysis.fidelity_tcp_record import (
     COLUMNS,

@@ -22,9 +22,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from akocore.cli_support import UsageError as CliUsageError
 from akocore.workload import build_workload
-from akorun.launch.devices import DEVICE_COUNT_FLAG, device_env
+from akorun.launching.devices import DEVICE_COUNT_FLAG, device_env
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 
 pytestmark = pytest.mark.timeout(150)
@@ -136,5 +135,5 @@ def test_the_python_api_takes_the_island_keywords(tmp_path: Path) -> None:
         akorun.launch(out=tmp_path / "run", devices_per_rank=0)
     with pytest.raises(ValueError, match="akorun.processes_per_rank: got 0"):
         akorun.launch(out=tmp_path / "run", processes_per_rank=0)
-    with pytest.raises(CliUsageError, match="--platform: invalid choice: 'tpu'"):
+    with pytest.raises(ValueError, match="akorun.platform: got 'tpu', expected one of cpu"):
         akorun.launch(out=tmp_path / "run", platform="tpu")

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from akorun.errors import RunError, UsageError
-from akorun.launch.cluster import free_ports, new_settings, with_hosts, write_cluster_file
+from akorun.launching.cluster import free_ports, new_settings, with_hosts, write_cluster_file
 from akorun.metrics import Metrics
 from akorun.runtime import greeting
 from akorun.runtime.join import Identity, Join

@@ -11,7 +11,7 @@ import pytest
 
 from akocore.cli_support import UsageError
 from akocore.settings.layers import Given, Layer, resolve
-from akorun.launch.plan_layer import plan_layer
+from akorun.launching.plan_layer import plan_layer
 from akosim.cli import main as akosim_main
 
 PLAN = ["--workers", "3", "--bandwidth", "10mbps", "--compute", "10ms", "--workload",
@@ -49,7 +49,7 @@ def test_the_plan_layer_is_the_recommended_row(plan_file: Path) -> None:
 
 def test_flags_override_the_plan_and_a_bad_file_is_one_line(plan_file: Path,
                                                              tmp_path: Path) -> None:
-    from akorun.launch.commands import main
+    from akorun.launching.commands import main
 
     flagged = resolve([*plan_layer(plan_file),
                        Given("train.batch_size", 8, Layer.FLAG, "by --batch-size")])
@@ -92,7 +92,7 @@ def ranked_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_a_ranked_row_runs_with_the_settings_it_trained_with(ranked_plan: Path,
                                                              tmp_path: Path) -> None:
-    from akorun.launch.commands import main
+    from akorun.launching.commands import main
 
     record = json.loads(ranked_plan.read_text())
     ranking = record["ranking"]

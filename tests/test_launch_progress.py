@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from akorun.launch.progress_line import ProgressBoard
+from akorun.launching.progress_line import ProgressBoard
 from akorun.runtime import startup_phase
 from akorun.runtime.startup_phase import StartupPhase, read_phase
 

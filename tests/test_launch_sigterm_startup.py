@@ -35,8 +35,8 @@ import pytest
 from akocore.results import RunResult
 from akocore.testbed_record import TESTBED_RECORD_FILE
 from akocore.testbed_record import TestbedRecord as Record
-from akorun.launch.local import GRACE_RAN_OUT
-from akorun.launch.testbed import netns
+from akorun.launching.local import GRACE_RAN_OUT
+from akorun.launching.testbed import netns
 from akorun.testing import (
     REPO_ROOT,
     akorun_command,

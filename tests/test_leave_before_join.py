@@ -21,8 +21,8 @@ from akocore.config import config_from_dict
 from akocore.schemes import AkoWorker, Replica
 from akorun.errors import Interrupted, RunError
 from akorun.faults import Faults, faults_for
-from akorun.launch.cluster import new_settings
-from akorun.launch.local import Launcher, LaunchOptions
+from akorun.launching.cluster import new_settings
+from akorun.launching.local import Launcher, LaunchOptions
 from akorun.metrics import Metrics
 from akorun.runtime.join import Identity, Join
 from akorun.runtime.liveness import Liveness

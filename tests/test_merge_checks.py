@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from akorun.launch.commands import main as akorun_main
+from akorun.launching.commands import main as akorun_main
 from akorun.runtime.result_files import max_relative_difference, nonfinite_replicas
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 

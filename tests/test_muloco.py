@@ -62,8 +62,8 @@ def test_akosim_train_learns_digits_with_muloco() -> None:
     from dataclasses import replace
 
     from akocore.config import ClusterConfig, ExchangeConfig, RunConfig, TrainConfig
-    from akosim.plan.compute import ComputeModel
-    from akosim.plan.runspec import configured_runs
+    from akosim.planning.compute import ComputeModel
+    from akosim.planning.runspec import configured_runs
     from akosim.sim.engine import StopRule
     from akosim.sim.scenario import Setup
 

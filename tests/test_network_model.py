@@ -18,7 +18,7 @@ from akosim.network.netmodel import build_network_model
 from akosim.network.netspec import NetworkSpec
 from akosim.network.senderfifo import SenderFifo
 from akosim.network.tcpmodel import ConnectionQueue, TcpCorrections
-from akosim.plan.compute import ComputeModel
+from akosim.planning.compute import ComputeModel
 from akosim.sim.engine import Simulation, StopRule
 
 SPEC = NetworkSpec.uniform(3, 40e6, 1e-3)

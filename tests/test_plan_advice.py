@@ -9,9 +9,9 @@ import pytest
 from akocore.config import ClusterConfig, ExchangeConfig, NetworkConfig, RunConfig, TrainConfig
 from akocore.planner import PlanInputs, overlap_ssp, plan, send_time_s, ways_out
 from akosim.cli import main
-from akosim.plan.advice import explain, with_overlap_ssp
-from akosim.plan.compare import compare_all
-from akosim.plan.compute import ComputeModel
+from akosim.planning.advice import explain, with_overlap_ssp
+from akosim.planning.compare import compare_all
+from akosim.planning.compute import ComputeModel
 from akosim.sim.engine import StopRule
 from akosim.sim.scenario import Setup, ako_variant, simulate
 
@@ -119,7 +119,7 @@ def test_a_given_ssp_is_kept(capsys) -> None:
 def test_the_recommendation_never_fails_its_own_staleness_check() -> None:
     """On a slow link Ako's p makes it too stale: the plan names the fastest run within
     --max-staleness instead, and says what p, s, H and staleness mean."""
-    from akosim.plan.advice import recommend
+    from akosim.planning.advice import recommend
 
     setup = with_overlap_ssp(_setup(n=32))
     runs = compare_all(setup)
@@ -135,8 +135,8 @@ def test_the_recommendation_never_fails_its_own_staleness_check() -> None:
 def test_p_auto_is_held_within_max_staleness() -> None:
     """p = auto chooses the largest p whose staleness bound (p - 1 + s, s chosen with that
     p) fits --max-staleness; a p the limit holds says so, and how large the network needs."""
-    from akosim.plan.advice import held_by_staleness, within_staleness
-    from akosim.plan.setup import with_plan
+    from akosim.planning.advice import held_by_staleness, within_staleness
+    from akosim.planning.setup import with_plan
 
     setup = with_plan(_setup(n=32))
     free = setup.configured_plan()

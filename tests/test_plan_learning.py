@@ -1,6 +1,6 @@
 """The plan's default answer ranks by predicted time to accuracy, not by throughput.
 
-The rule (akosim.plan.learning_ranking) on made-up learning curves, then one small
+The rule (akosim.planning.learning_ranking) on made-up learning curves, then one small
 plan end to end: digits-mlp on 4 workers at 10 Mbit/s with a given compute time,
 where the fastest row (a stale Ako) is not the one that learns first.
 """
@@ -16,8 +16,8 @@ import pytest
 
 from akocore.results import PlanResult
 from akosim.cli import main
-from akosim.plan.learning_ranking import TARGET_FRACTION, rank_rows
-from akosim.plan.learning_runs import LearningSource, RowLearning, spread_nodes
+from akosim.planning.learning_ranking import TARGET_FRACTION, rank_rows
+from akosim.planning.learning_runs import LearningSource, RowLearning, spread_nodes
 
 SMALL = ["--workers", "4", "--bandwidth", "10mbps", "--compute", "10ms", "--workload",
          "digits-mlp", "--quiet"]

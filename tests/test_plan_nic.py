@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from akosim.cli import main
-from akosim.plan.result_tables import NIC_HEADER
+from akosim.planning.result_tables import NIC_HEADER
 
 
 def test_one_server_ps_row_shows_the_busy_server_nic_the_bottleneck_names(

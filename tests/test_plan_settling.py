@@ -14,10 +14,10 @@ import akosim
 from akocore.config import RunConfig, resolve, set_layer
 from akocore.results import PlanResult
 from akosim.cli import main
-from akosim.plan.compute import ComputeModel
-from akosim.plan.result_tables import format_table, unsettled_lines
-from akosim.plan.runspec import TIMING_DEFAULTS, TRAIN_DEFAULTS
-from akosim.plan.setup import build_setup, settles, stop_rule
+from akosim.planning.compute import ComputeModel
+from akosim.planning.result_tables import format_table, unsettled_lines
+from akosim.planning.runspec import TIMING_DEFAULTS, TRAIN_DEFAULTS
+from akosim.planning.setup import build_setup, settles, stop_rule
 from akosim.sim.closed_form import closed_form_run
 from akosim.sim.engine import StopRule
 from akosim.sim.scenario import Variant, simulate

@@ -39,7 +39,7 @@ def test_up_to_three_candidates_per_scheme_on_its_pareto_front(ranked) -> None:
     front, each once."""
     from akocore.schemes.registry import scheme_named
     from akocore.settings.schema import ExchangeConfig
-    from akosim.plan.pareto_candidates import SAME_SPEED, SLOWER_AT_MOST
+    from akosim.planning.pareto_candidates import SAME_SPEED, SLOWER_AT_MOST
 
     _, data = ranked
     record = PlanResult.from_json(data)
@@ -167,9 +167,9 @@ def test_explain_says_what_bounds_each_configuration_and_why_the_winner_won(caps
 
 
 def test_bound_by_names_compute_nic_and_the_staleness_limit() -> None:
-    from akosim.plan.advice import with_overlap_ssp
-    from akosim.plan.compare import compare_all
-    from akosim.plan.long_explanation import bound_by
+    from akosim.planning.advice import with_overlap_ssp
+    from akosim.planning.compare import compare_all
+    from akosim.planning.long_explanation import bound_by
     from tests.test_plan_advice import _setup
 
     runs = compare_all(with_overlap_ssp(_setup(n=4, rounds=12)))  # Ako overlaps: compute
@@ -190,7 +190,7 @@ def _point(staleness: float, samples_per_s: float):
 
 
 def test_the_front_drops_dominated_points_and_the_pick_spans_it() -> None:
-    from akosim.plan.pareto_candidates import front, pick
+    from akosim.planning.pareto_candidates import front, pick
 
     points = [_point(64, 1000), _point(45, 990), _point(30, 700), _point(22, 500),
               _point(22, 400), _point(11, 260), _point(5, 120), _point(0, 20),
@@ -211,7 +211,7 @@ def test_staleness_knobs_come_from_the_scheme_objects() -> None:
     none for a parameter server in sync mode or ring all-reduce."""
     from akocore.schemes.protocol import Scheme
     from akocore.schemes.registry import scheme_named
-    from akosim.plan.pareto_candidates import _knobs
+    from akosim.planning.pareto_candidates import _knobs
     from tests.test_plan_advice import _setup
 
     setup = _setup(n=4, rounds=12)
@@ -308,8 +308,8 @@ def test_the_design_card_with_a_target_names_a_configuration_within_its_limit() 
 def test_every_candidate_keeps_within_a_tight_staleness_limit() -> None:
     """Timing only: with --max-staleness 4 the ladders stop at p - 1 + s <= 4 and H <= 5,
     and a knob's period must come round three times within the training rounds."""
-    from akosim.plan.compare import compare_all
-    from akosim.plan.pareto_candidates import pareto_candidates
+    from akosim.planning.compare import compare_all
+    from akosim.planning.pareto_candidates import pareto_candidates
     from tests.test_plan_advice import _setup
 
     setup = _setup(n=4, rounds=12)

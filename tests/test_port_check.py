@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 
 from akorun.errors import UsageError
-from akorun.launch.cluster import read_cluster_file, split_host
+from akorun.launching.cluster import read_cluster_file, split_host
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 from akorun.transport.port_check import check_port_free
 
 pytestmark = pytest.mark.timeout(120)
 
 REPORTS_JAX = ("import sys\n"
-               "from akorun.launch.commands import main\n"
+               "from akorun.launching.commands import main\n"
                "code = main(sys.argv[1:])\n"
                "print('jax imported' if 'jax' in sys.modules else 'jax not imported')\n"
                "sys.exit(code)\n")

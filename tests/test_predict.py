@@ -18,7 +18,7 @@ from akocore.jsonrecord import RecordError
 from akocore.results import PlanResult, read_result
 from akocore.settings.schema import NetworkConfig
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
-from akosim import predict
+from akosim import prediction as predict
 from akosim.calibration import colocated_compute as colocated
 from akosim.calibration.colocated_compute import ColocatedCompute
 from akosim.cli import main

@@ -22,7 +22,7 @@ from akosim.network.netmodel import tcp_layers
 from akosim.network.netspec import NetworkSpec
 from akosim.network.senderfifo import FIFO_MAX_RTT_S, SenderFifo
 from akosim.network.tcpmodel import effective_spec, round_trip_s
-from akosim.plan.compute import ComputeModel
+from akosim.planning.compute import ComputeModel
 from akosim.sim.engine import StopRule
 from akosim.sim.scenario import Setup, Variant, simulate
 from analysis.ps_desync_probe import leader_share, summarise

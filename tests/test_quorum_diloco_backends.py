@@ -92,8 +92,8 @@ def test_the_planner_times_a_quorum_of_everyone_and_graces_beside_the_configured
         ) -> None:
     from dataclasses import replace
 
-    from akosim.plan.compare import compare_all
-    from akosim.plan.pareto_candidates import pareto_candidates
+    from akosim.planning.compare import compare_all
+    from akosim.planning.pareto_candidates import pareto_candidates
     from tests.test_plan_advice import _setup
 
     setup = _setup(n=3, rounds=12)

@@ -41,7 +41,7 @@ def test_a_bad_override_is_one_line(text: str) -> None:
 
 
 def test_launch_gives_its_children_their_share(monkeypatch: pytest.MonkeyPatch) -> None:
-    from akorun.launch import local
+    from akorun.launching import local
 
     for name in ("NPROC", "XLA_FLAGS", "AKO_THREADS_PER_RANK"):
         monkeypatch.delenv(name, raising=False)
@@ -55,7 +55,7 @@ def test_launch_gives_its_children_their_share(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_a_rank_started_by_hand_shares_its_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    from akorun.launch import local
+    from akorun.launching import local
 
     for name in ("NPROC", "XLA_FLAGS", "AKO_THREADS_PER_RANK"):
         monkeypatch.delenv(name, raising=False)

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from akorun.errors import UsageError
-from akorun.launch.cluster import free_ports, requested_rank
-from akorun.launch.rendezvous import Registry, parse_address
+from akorun.launching.cluster import free_ports, requested_rank
+from akorun.launching.rendezvous import Registry, parse_address
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env, wait_for
 
 pytestmark = pytest.mark.timeout(300)
@@ -159,7 +159,7 @@ def _listening(address: str) -> bool:
 def test_the_slurm_and_kubernetes_examples_start_ranks_at_a_rendezvous() -> None:
     """The examples' command lines are akorun's own (parsed here), without a rank or a
     host list, and give the ranks the rendezvous address by the environment."""
-    from akorun.launch.cli_parser import build_parser
+    from akorun.launching.cli_parser import build_parser
 
     sbatch = (REPO_ROOT / "examples" / "slurm" / "akorun.sbatch").read_text()
     srun = next(line for line in sbatch.splitlines() if line.startswith("srun akorun"))

@@ -21,7 +21,7 @@ from akocore.config import config_from_dict
 from akocore.resolve import scheme_spec
 from akocore.schemes import build_nodes
 from akosim.network.netspec import NetworkSpec
-from akosim.plan.compute import ComputeModel
+from akosim.planning.compute import ComputeModel
 from akosim.sim.closed_form import (
     ring_links,
     ring_round_ends,

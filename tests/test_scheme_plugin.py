@@ -105,8 +105,8 @@ def test_akosim_plans_the_scheme_with_its_knob_from_the_flag(capsys) -> None:
 def test_the_planner_times_the_values_of_the_schemes_own_plan_grid() -> None:
     """The scheme's `plan_grid` names knob values the staleness bound does not show: the
     plan's candidates hold each (timing alike, so no front may prune them)."""
-    from akosim.plan.compare import compare_all
-    from akosim.plan.pareto_candidates import pareto_candidates
+    from akosim.planning.compare import compare_all
+    from akosim.planning.pareto_candidates import pareto_candidates
     from tests.test_plan_advice import _setup
 
     with registering(SOLO):

@@ -82,8 +82,8 @@ EXPECTED_BOUNDS = {"sync-sgd": 0.0, "sync-sgd-lr-per-worker": 0.0, "sdag": 3.0,
 
 @pytest.mark.parametrize("name", sorted(NAMED_SCHEMES))
 def test_akosim_reports_each_named_schemes_staleness_bound(name: str) -> None:
-    from akosim.plan.compute import ComputeModel
-    from akosim.plan.runspec import configured_runs
+    from akosim.planning.compute import ComputeModel
+    from akosim.planning.runspec import configured_runs
     from akosim.sim.engine import StopRule
     from akosim.sim.scenario import Setup
 

@@ -14,8 +14,8 @@ import pytest
 
 from akocore.config import NetworkConfig, TrainConfig
 from akocore.settings.toml_io import load_config
-from akosim.plan.compute import ComputeModel
-from akosim.plan.runspec import configured_runs
+from akosim.planning.compute import ComputeModel
+from akosim.planning.runspec import configured_runs
 from akosim.sim.engine import StopRule
 from akosim.sim.scenario import Setup, Variant, simulate
 

@@ -19,7 +19,7 @@ import pytest
 
 from akocore.config import ConfigError
 from akocore.settings.schema import AkorunConfig
-from akorun.launch.cluster import allowed_networks, free_ports
+from akorun.launching.cluster import allowed_networks, free_ports
 from akorun.testing import SinkHost
 from akorun.transport.server import Server
 

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 from akocore.messages import Kind, Partial
-from akorun.launch.cluster import read_cluster_file
-from akorun.launch.commands import main
+from akorun.launching.cluster import read_cluster_file
+from akorun.launching.commands import main
 from akorun.testing import REPO_ROOT, SinkHost, akorun_command, child_test_env
 from akorun.transport import wire
 from akorun.transport.control import ControlKind

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from akocore.messages import Kind, Partial
-from akorun.launch.cluster import free_ports
+from akorun.launching.cluster import free_ports
 from akorun.testing import SinkHost
 from akorun.transport import control, wire
 from akorun.transport.control import ControlKind

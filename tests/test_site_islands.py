@@ -27,9 +27,9 @@ from akosim.network.island_reduce import (
     island_round_s,
     samples_per_round,
 )
-from akosim.plan.compute import ComputeModel
-from akosim.plan.learning_runs import learning_source
-from akosim.plan.setup import build_setup
+from akosim.planning.compute import ComputeModel
+from akosim.planning.learning_runs import learning_source
+from akosim.planning.setup import build_setup
 from akosim.sim.closed_form import closed_form_run
 from akosim.sim.engine import StopRule
 from akosim.sim.scenario import Variant, simulate

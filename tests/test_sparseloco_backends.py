@@ -23,8 +23,8 @@ from akocore.schemes.registry import wire_codec
 from akocore.workload import build_workload
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 from akorun.transport.wire import HEADER_SIZE
-from akosim.plan.compute import ComputeModel
-from akosim.plan.runspec import configured_runs
+from akosim.planning.compute import ComputeModel
+from akosim.planning.runspec import configured_runs
 from akosim.sim.engine import StopRule
 from akosim.sim.scenario import Setup
 
@@ -110,8 +110,8 @@ def test_the_plan_times_sparseloco_with_its_k_and_bits_grid() -> None:
     `plan_grid` (half and twice k, float32 values), found through the scheme object."""
     from dataclasses import replace
 
-    from akosim.plan.compare import compare_all
-    from akosim.plan.pareto_candidates import pareto_candidates
+    from akosim.planning.compare import compare_all
+    from akosim.planning.pareto_candidates import pareto_candidates
 
     setup = _setup("sparseloco", LENGTH, 20, inner_steps=4)
     setup = replace(setup, config=replace(setup.config, exchange=replace(

@@ -14,21 +14,17 @@ import pytest
 
 from akocore.results import RunResult, run_fields
 from akosim.cli import UsageError, main
-from akosim.sweep.sweep_grid import (
-    build_parser,
-    expand_grid,
-    parse_shard,
-    shard_of,
-    sim_settings,
-)
-from akosim.sweep.sweepfiles import CSV_RESULT_COLUMNS, POINT_FORMAT, SweepPoint
+from akosim.sweeping.sweep_grid import build_parser, expand_grid, shard_of, sim_settings
+from akosim.sweeping.sweep_request import SweepRequest, parse_shard
+from akosim.sweeping.sweepfiles import CSV_RESULT_COLUMNS, POINT_FORMAT, SweepPoint
 
 TINY = ["--gradient-size", "40KB", "--compute", "10ms", "--rounds", "3"]
 
 
 def points_of(*argv: str):
-    args = build_parser().parse_args([*argv, *TINY, "--out", "unused"])
-    return expand_grid(args, sim_settings(args))
+    request = SweepRequest.from_args(build_parser().parse_args([*argv, *TINY, "--out",
+                                                                "unused"]))
+    return expand_grid(request, sim_settings(request))
 
 
 def sweep(tmp_path: Path, *argv: str, jobs: int = 1) -> int:
@@ -67,9 +63,10 @@ def test_point_ids_are_stable_and_depend_on_config_and_simulation_settings():
     alone = points_of("--workers", "8", "--ssp", "2")
     assert alone[0].id == first[3].id
     # anything that changes the result changes the id
-    args = build_parser().parse_args(["--workers", "8", "--ssp", "2", "--gradient-size", "40KB",
-                                      "--compute", "20ms", "--rounds", "3", "--out", "x"])
-    assert expand_grid(args, sim_settings(args))[0].id != alone[0].id
+    request = SweepRequest.from_args(build_parser().parse_args([
+        "--workers", "8", "--ssp", "2", "--gradient-size", "40KB", "--compute", "20ms",
+        "--rounds", "3", "--out", "x"]))
+    assert expand_grid(request, sim_settings(request))[0].id != alone[0].id
 
 
 def test_equal_configs_spelled_differently_are_one_point():
@@ -242,7 +239,7 @@ def test_point_files_of_another_format_are_ignored_not_misread(tmp_path, capsys)
 
 
 def test_sweep_refuses_a_compute_time_without_a_unit(capsys) -> None:
-    from akosim.sweep.sweep_grid import run_sweep
+    from akosim.sweeping.sweep_grid import run_sweep
 
     with pytest.raises(SystemExit) as exited:
         run_sweep(["--workers", "2", "--compute", "300", "--gradient-size", "40KB",
@@ -256,8 +253,8 @@ def test_ako_points_choose_s_with_p_as_the_plan_does_unless_ssp_is_given(tmp_pat
     # At 40 Mbit/s the sends of a 40 kB gradient outlast 10 ms of compute: the
     # plan's rule picks s > 0 so they overlap; --ssp (or --set) fixes s instead.
     from akocore.config import config_from_dict
-    from akosim.plan.advice import with_overlap_ssp
-    from akosim.plan.compute import ComputeModel
+    from akosim.planning.advice import with_overlap_ssp
+    from akosim.planning.compute import ComputeModel
     from akosim.sim.engine import StopRule
     from akosim.sim.scenario import Setup
 
@@ -301,8 +298,8 @@ def test_max_staleness_holds_p_auto_within_the_limit_as_the_plan_does(tmp_path, 
     assert held["point_id"] != free["point_id"]
     assert [p.id for p in points_of("--workers", "6")] == [
         p.id for p in points_of("--workers", "6")]  # without the flag: the ids as before
-    assert "max_staleness_rounds" not in sim_settings(
-        build_parser().parse_args([*TINY, "--out", "unused"]))
+    assert "max_staleness_rounds" not in sim_settings(SweepRequest.from_args(
+        build_parser().parse_args([*TINY, "--out", "unused"])))
     with pytest.raises(SystemExit) as exited:
         sweep(tmp_path / "bad", "--workers", "6", "--max-staleness", "-1")
     assert exited.value.code == 2

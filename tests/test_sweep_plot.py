@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from akocore.extras import MissingExtra, install_command, require
-from akosim.sweep.sweep_summary import BestRow
+from akosim.sweeping.sweep_summary import BestRow
 from analysis.sweep_plot import Box, choice_label, lines_of, main, plot, stack_labels
 
 
@@ -56,7 +56,7 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
 
 def test_without_matplotlib_the_extra_and_its_install_command_are_named(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    from akosim.sweep.sweep_grid import run_sweep
+    from akosim.sweeping.sweep_grid import run_sweep
 
     out = tmp_path / "sweep"
     assert run_sweep(["--workers", "2", "--bandwidth", "1gbps", "--p", "1", "--compute", "10ms",

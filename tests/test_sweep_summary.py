@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 from akocore.results import RunResult
-from akosim.sweep.sweep_summary import SweepRow, best_per_group, format_summary
+from akosim.sweeping.sweep_summary import SweepRow, best_per_group, format_summary
 
 
 def _row(workers: str, bandwidth: str, p: str, samples: float,
@@ -34,7 +34,7 @@ def test_best_per_group_keeps_the_fastest_of_each_cluster() -> None:
 
 
 def test_akosim_sweep_prints_it_and_analysis_plots_it(tmp_path: Path, capsys) -> None:
-    from akosim.sweep.sweep_grid import run_sweep
+    from akosim.sweeping.sweep_grid import run_sweep
 
     out = tmp_path / "sweep"
     assert run_sweep(["--workers", "2,4", "--bandwidth", "1gbps", "--p", "1,2",

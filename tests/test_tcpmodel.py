@@ -23,7 +23,7 @@ from akosim.network.netmodel import tcp_layers
 from akosim.network.netspec import NetworkSpec
 from akosim.network.rank_cpu import RankCpu
 from akosim.network.tcpmodel import effective_spec, round_trip_s, slow_start_extra_s
-from akosim.plan.compute import ComputeModel
+from akosim.planning.compute import ComputeModel
 from akosim.sim.engine import StopRule
 from akosim.sim.scenario import Setup, Variant, ako_variant, simulate
 

@@ -13,11 +13,11 @@ from akocore.config import config_from_dict
 from akocore.jsonrecord import RecordError
 from akocore.testbed_record import ShapedQueue
 from akorun.errors import UsageError
-from akorun.launch.cluster import new_settings
-from akorun.launch.testbed import netns, runner
-from akorun.launch.testbed.netns import missing_requirements
-from akorun.launch.testbed.runner import check_testbed
-from akorun.launch.testbed.shaping import (
+from akorun.launching.cluster import new_settings
+from akorun.launching.testbed import netns, runner
+from akorun.launching.testbed.netns import missing_requirements
+from akorun.launching.testbed.runner import check_testbed
+from akorun.launching.testbed.shaping import (
     MIN_QUEUE_BYTES,
     burst_bytes,
     plan_shaping,

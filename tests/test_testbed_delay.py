@@ -31,10 +31,10 @@ from akocore.results import RunResult
 from akocore.testbed_record import TESTBED_RECORD_FILE
 from akocore.testbed_record import TestbedRecord as Record
 from akorun.errors import UsageError
-from akorun.launch.testbed import delaypath, netns
-from akorun.launch.testbed.delayline import VNET_HDR_BYTES, DelayLine, DelaySchedule, pair_of
-from akorun.launch.testbed.netns import SUBNET, SUBNET_PREFIX
-from akorun.launch.testbed.runner import DELAY_LINE_FILE
+from akorun.launching.testbed import delaypath, netns
+from akorun.launching.testbed.delayline import VNET_HDR_BYTES, DelayLine, DelaySchedule, pair_of
+from akorun.launching.testbed.netns import SUBNET, SUBNET_PREFIX
+from akorun.launching.testbed.runner import DELAY_LINE_FILE
 from akorun.testing import REPO_ROOT, child_test_env
 from tests import delay_line_probe
 

@@ -27,11 +27,11 @@ from akocore.results import RunResult
 from akocore.testbed_record import TESTBED_RECORD_FILE
 from akocore.testbed_record import TestbedRecord as Record
 from akorun.errors import Interrupted
-from akorun.launch.cluster import new_settings
-from akorun.launch.local import LaunchOptions
-from akorun.launch.testbed import netns, runner
-from akorun.launch.testbed.probe import measure_transfer
-from akorun.launch.testbed.shaping import plan_shaping
+from akorun.launching.cluster import new_settings
+from akorun.launching.local import LaunchOptions
+from akorun.launching.testbed import netns, runner
+from akorun.launching.testbed.probe import measure_transfer
+from akorun.launching.testbed.shaping import plan_shaping
 from akorun.testing import REPO_ROOT, child_test_env
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(240)]

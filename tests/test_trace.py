@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from akocore.config import config_from_dict
-from akosim.plan.compute import ComputeModel
-from akosim.plan.trace import send_lanes, trace_events, write_trace
+from akosim.planning.compute import ComputeModel
+from akosim.planning.trace import send_lanes, trace_events, write_trace
 from akosim.sim.engine import StopRule, TraceEvent
 from akosim.sim.scenario import Setup, SimRun, Variant, ako_variant, simulate
 

@@ -26,7 +26,7 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from akorun.launch.devices import host_gpu_count  # noqa: E402
+from akorun.launching.devices import host_gpu_count  # noqa: E402
 from akorun.runtime.island import MEMORY_LINE  # noqa: E402
 
 EQUAL_RTOL = 1e-5  # replicas of plain SGD: equal up to float rounding

@@ -134,15 +134,23 @@ def resolve_args(args: argparse.Namespace, defaults: RunConfig | None = None, *,
                  below: Sequence[Given] = ()) -> ResolvedSettings:
     """defaults (built-ins if None) < `below` (values a command adopts, e.g. from a run it
     calibrates with) < --config < --set items < flags, with origins."""
-    givens: list[Given] = list(below)
+    return resolve([*below, *arg_layers(args)], defaults=defaults,
+                   defaults_origin=defaults_origin)
+
+
+def arg_layers(args: argparse.Namespace, *, config_file: bool = True) -> list[Given]:
+    """The layers a command line gives: --config (unless not `config_file`: a command
+    that reads it itself) < --set items < flags (the registry's flags, --workload-arg,
+    --site and --between)."""
+    givens: list[Given] = []
     config_path = getattr(args, "config", None)
-    if config_path is not None:
+    if config_path is not None and config_file:
         givens += file_layer(config_path)
     givens += set_layer(getattr(args, "set", None))
     givens += flag_layer(args)
     givens += workload_arg_layer(getattr(args, "workload_arg", None))
     givens += site_layer(getattr(args, "site", None), getattr(args, "between", None))
-    return resolve(givens, defaults=defaults, defaults_origin=defaults_origin)
+    return givens
 
 
 def site_layer(sites: list[str] | None, between: str | None) -> list[Given]:

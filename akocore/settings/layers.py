@@ -1,7 +1,8 @@
 """Settings resolved in layers that remember where each value came from.
 
-Precedence, lowest first: built-in defaults < config file < ``--set`` items <
-flags (`Layer`). Each layer is a list of `Given` values (human values, keyed
+Precedence, lowest first: built-in defaults < config file < ``--set`` items (a
+Python call's ``overrides``) < flags (a Python call's keywords, the API layer)
+(`Layer`). Each layer is a list of `Given` values (human values, keyed
 "section.name", with the text that says where they came from); `resolve`
 merges them over the defaults into a `ResolvedSettings`: the `RunConfig`,
 akorun's `AkorunConfig`, and the `Origin` of every key.
@@ -40,6 +41,7 @@ class Layer(enum.IntEnum):
     FILE = 1
     SET = 2
     FLAG = 3
+    API = 4  # the keyword settings of a Python call (akosim.plan(workers=8)); no flags meet it
 
 
 @dataclass(frozen=True)
@@ -163,11 +165,20 @@ def _merge(givens: Iterable[Given]) -> dict[str, Given]:
             if not given.source:
                 raise
             raise ConfigError(f"{error} (given {given.source})", error.key) from None
-        if key.unit and given.layer > Layer.DEFAULT:  # units required at the edges
+        if key.unit and given.layer > Layer.DEFAULT and not (
+                given.layer is Layer.API and _si_number(given.value)):
+            # units required at the edges; a Python call may give SI numbers (40e6 b/s)
             require_unit(key.dotted, given.value, key.unit, flag=key.flag, source=given.source)
         merged[key.dotted] = given if given.key == key.dotted else dataclasses.replace(
             given, key=key.dotted)
     return merged
+
+
+def _si_number(value: Any) -> bool:
+    """A number, or a list of them, as a Python call gives SI values (not text)."""
+    if isinstance(value, list | tuple):
+        return all(_si_number(item) for item in value)
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 WORKLOAD_TABLE = "workload"  # [workload] / --workload-arg: arguments of train.workload

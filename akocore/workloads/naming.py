@@ -9,6 +9,10 @@ This module owns reading ``--workload`` / ``train.workload`` and turning it into
 - ``path/to/file.py:factory`` imports a file (relative to the working directory;
   its folder goes first on ``sys.path`` so it can import its neighbours).
 
+- ``<object>:NAME`` is a `Workload` object a Python call was given (``akosim.plan(
+  workload=my_workload)``), kept by `given_workload_name` in this process's table of
+  given objects (never a module: no file or import stands behind it).
+
 The factory's arguments are ``--workload-arg key=value`` (repeatable), a
 ``:key=value,...`` tail after the factory (``mymodel.py:make:width=64``), or both
 (the flag wins). A factory may also take ``seed`` (the run's seed) and
@@ -40,6 +44,26 @@ from akocore.workloads.spec import Workload
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*\Z")
 FORMS = ("a built-in name (" + ", ".join(BUILTIN_NAMES) + "), package.module:factory "
          "or path/to/file.py:factory")
+
+
+GIVEN_SOURCE = "<object>"  # the "module" of a Workload object given to a Python call
+_GIVEN: dict[str, Workload] = {}  # this process's given objects, by factory name
+
+
+def given_workload_name(workload: Workload) -> str:
+    """The name ``<object>:NAME`` under which this process keeps `workload` (a Workload
+    object a Python call was given), so that the settings can carry it; the same object
+    keeps its name. TypeError for anything but an `akocore.Workload`."""
+    if not isinstance(workload, Workload):
+        raise TypeError(f"workload: expected a name or an akocore.Workload, got "
+                        f"{type(workload).__name__}")
+    for factory, kept in _GIVEN.items():
+        if kept is workload:
+            return f"{GIVEN_SOURCE}:{factory}"
+    stem = re.sub(r"\W", "_", workload.name or "workload").strip("_") or "workload"
+    factory = f"{stem if stem[0].isalpha() else 'w'}_{len(_GIVEN) + 1}"
+    _GIVEN[factory] = workload
+    return f"{GIVEN_SOURCE}:{factory}"
 
 
 class WorkloadError(ValueError):
@@ -140,6 +164,11 @@ def load_workload_spec(name: WorkloadName, *, seed: int = 0,
         except (ValueError, TypeError) as error:
             raise WorkloadError(str(error)) from None
         return replace(spec, name=name.text)
+    if name.source == GIVEN_SOURCE:
+        if name.factory not in _GIVEN:
+            raise WorkloadError(f"workload {name.text}: no Workload object of that name was "
+                                f"given to a Python call in this process")
+        return replace(_GIVEN[name.factory], name=name.text)
     function = _import_factory(name)
     kwargs = dict(name.args)
     accepted = _parameters(function)
@@ -164,7 +193,7 @@ def cache_identity(text: str) -> str:
         name = parse_workload_name(text)
     except WorkloadError:
         return text
-    if name.builtin is not None:
+    if name.builtin is not None or name.source == GIVEN_SOURCE:
         return text
     if name.is_file:
         origin: str | None = str(Path(name.source).expanduser().resolve())

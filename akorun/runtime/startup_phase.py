@@ -4,7 +4,7 @@ A rank imports JAX, builds the workload, measures its step (p auto), compiles an
 reads its checkpoint before it listens; for all that time /status cannot answer. The
 rank says each of these phases in one short file, `worker-R.phase` in its output
 directory (rewritten whole by a rename, so a reader never sees half a line), and the
-launcher shows it (akorun.launch.progress_line); once the rank's server answers
+launcher shows it (akorun.launching.progress_line); once the rank's server answers
 /status, the file is removed. Display only: a file that cannot be written is skipped
 silently.
 """

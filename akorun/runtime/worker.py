@@ -52,7 +52,7 @@ from akocore.settings.key_registry import default_of
 from akocore.workload import FlatWorkload
 from akorun.errors import Interrupted, RunError, UsageError
 from akorun.faults import Faults
-from akorun.launch.cluster import AkorunSettings, allowed_networks, split_host
+from akorun.launching.cluster import AkorunSettings, allowed_networks, split_host
 from akorun.metrics import Metrics
 from akorun.runtime.anchor_sync import AnchorSync
 from akorun.runtime.checkpoints import CheckpointWriter
@@ -548,8 +548,8 @@ def run_rank(options: WorkerOptions, workload: FlatWorkload | None = None) -> Wo
     out = options.out_dir
     if out is not None and not options.quiet:
         sys.stderr.write(summary_line(worker.rank_result) + "\n")
-    from akorun.launch.local import LAUNCHER_PID_ENV
-    from akorun.launch.merge_command import merge_if_complete
+    from akorun.launching.local import LAUNCHER_PID_ENV
+    from akorun.launching.merge_command import merge_if_complete
 
     if out is not None and LAUNCHER_PID_ENV not in os.environ:
         merge_if_complete(out, options.settings.run_id, options.config.cluster.workers,

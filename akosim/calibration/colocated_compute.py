@@ -15,7 +15,7 @@ one machine load even when other jobs come and go, and the 1-minute load
 average before the measurement (other jobs share the cores).
 
 `colocated_compute` caches the record next to akosim's compute cache
-(akosim.plan.compute_cache: one JSON file per workload, batch size, optimizer, CPU
+(akosim.planning.compute_cache: one JSON file per workload, batch size, optimizer, CPU
 fingerprint, JAX version and k), as ``kind: colocated-compute``; it is a host
 measurement made once, never a figure taken from a run being predicted.
 """
@@ -37,7 +37,7 @@ from typing import Any
 
 from akocore.jsonrecord import RecordError, meta, record_from_json, record_to_json
 from akocore.rank_threads import rank_thread_env
-from akosim.plan.compute_cache import CacheKey, cache_dir, key_for, store_json
+from akosim.planning.compute_cache import CacheKey, cache_dir, key_for, store_json
 
 COLOCATED_VERSION = 1
 KIND = "colocated-compute"
@@ -211,7 +211,7 @@ def measure_colocated(workload: str, batch_size: int, optimizer: str, processes:
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([root, *[p for p in env.get(
         "PYTHONPATH", "").split(os.pathsep) if p and p != root]])
-    # akorun's rule (akorun.launch.local): the ranks share the cores' XLA threads
+    # akorun's rule (akorun.launching.local): the ranks share the cores' XLA threads
     env.update(rank_thread_env(cores, processes, env))
     load = os.getloadavg()[0]
     single, together, cv = _interleaved_step_s(workload, batch_size, processes, env, window_s,

@@ -1,7 +1,7 @@
 """Where the TCP model's parameters come from: a host calibration file, the cache, or defaults.
 
 `akosim calibrate` writes a `HostCalibration` record (akocore.host_calibration)
-to the user's cache directory (the rule of akosim.plan.compute_cache: $AKO_CACHE_DIR,
+to the user's cache directory (the rule of akosim.planning.compute_cache: $AKO_CACHE_DIR,
 $XDG_CACHE_HOME/ako-toolkit or ~/.cache/ako-toolkit), one file per host
 fingerprint, or to ``--out F``. `tcp_parameters(path)` gives the commands what
 the TCP model uses: the file named by ``--host-calibration``, else this host's
@@ -27,7 +27,7 @@ from akocore.host_calibration import HostCalibration, TcpParameters
 from akocore.hostinfo import cpu_fingerprint
 from akocore.jsonrecord import RecordError
 from akocore.message_cost import MessageCost
-from akosim.plan.compute_cache import cache_dir
+from akosim.planning.compute_cache import cache_dir
 
 RECALIBRATE_HINT = "akosim calibrate to refresh"
 

@@ -154,7 +154,7 @@ def _run(*command: str) -> None:
 @contextmanager
 def _shaped_pair(rate_bps: float, testbed_queues: bool) -> Iterator[tuple[str, str]]:
     """Two namespaces joined by a veth pair, each end's egress shaped to `rate_bps`:
-    tc tbf, or with `testbed_queues` the netns testbed's tree (akorun/launch/testbed/
+    tc tbf, or with `testbed_queues` the netns testbed's tree (akorun/launching/testbed/
     shaping.py: htb root and default leaf, burst 1 ms at the rate and at least two
     frames, a drop-tail bfifo of 100 ms at the rate and at least 128 KiB). Yields the
     namespace names; deletes both on exit."""

@@ -29,7 +29,7 @@ from akosim.network.fluid import COALESCE_REL, Delivery, FluidFlows, check_send
 from akosim.network.layer import DeliveryCallback, TransferListener
 from akosim.network.netspec import NetworkSpec
 from akosim.network.netstats import NetworkStats, NetworkUtilisation, TrafficCounters
-from akosim.plan.compute import ComputeModel
+from akosim.planning.compute import ComputeModel
 
 __all__ = ["DeliveryCallback", "FluidNetwork"]
 

@@ -19,7 +19,7 @@ device and waiting one inside latency::
 (0 for one device; the bandwidth term is 0 for an unlimited inside network).
 It is float32 and uncoded: a codec applies to what the rank sends out, not to
 XLA's reduction inside. The engine charges it each round after the gradient
-and before the rank's sends leave (akosim.plan.compute.ComputeModel.inside_s).
+and before the rank's sends leave (akosim.planning.compute.ComputeModel.inside_s).
 
 This module is pure: no clock, no I/O.
 """

@@ -24,7 +24,7 @@ import simpy
 
 from akosim.network.netspec import NetworkSpec
 from akosim.network.netstats import NetworkStats, NetworkUtilisation
-from akosim.plan.compute import ComputeModel
+from akosim.planning.compute import ComputeModel
 
 DeliveryCallback = Callable[[np.ndarray, Any], None]
 TransferListener = Callable[[np.ndarray, np.ndarray], None]

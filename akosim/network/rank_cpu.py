@@ -18,7 +18,7 @@ rank's rounds:
 - a charge that falls while the rank is busy (computing, or in its per-round
   overhead, the sends at the round's end included) is CPU the step competed
   with: it is owed, and paid as extra per-round overhead at the end of the
-  rank's next step (akosim.plan.compute.ComputeModel.overhead_of asks `settle`), so
+  rank's next step (akosim.planning.compute.ComputeModel.overhead_of asks `settle`), so
   a rank's round is never shorter than its step plus its message handling;
 - a charge that falls while the rank waits at its gate costs no round time:
   the rank was idle, and the delay (d) already holds the handling.
@@ -26,7 +26,7 @@ rank's rounds:
 This is processor sharing reduced to one rank's ledger: the co-located ranks'
 contention for the cores is in the step time itself (akosim.calibration.colocated_compute
 measures it with as many processes stepping at once), and the same slowdown
-stretches the message cost (akosim.predict). A rank that never computes (a
+stretches the message cost (akosim.prediction). A rank that never computes (a
 parameter server) is never busy and so never charged.
 """
 

@@ -100,7 +100,7 @@ from akocore.host_calibration import TcpParameters
 from akosim.network.layer import DeliveryCallback, NetworkLayer, NetworkModel
 from akosim.network.netspec import NetworkSpec
 from akosim.network.rank_cpu import RankCpu
-from akosim.plan.compute import ComputeModel
+from akosim.planning.compute import ComputeModel
 
 BITS_PER_BYTE = 8
 

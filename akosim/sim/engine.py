@@ -35,7 +35,7 @@ from akosim.network.netmodel import build_network_model
 from akosim.network.netspec import NetworkSpec
 from akosim.network.netstats import NetworkStats
 from akosim.network.pairstream import PairStreams
-from akosim.plan.compute import ComputeModel
+from akosim.planning.compute import ComputeModel
 from akosim.sim.multicast import MulticastDelivery
 from akosim.sim.settling import SettleRule, SettleWatch, Settling
 

@@ -38,7 +38,7 @@ from akosim.network.island_reduce import samples_per_round
 from akosim.network.netmodel import build_network_model
 from akosim.network.netspec import NetworkSpec
 from akosim.network.netstats import NetworkUtilisation
-from akosim.plan.compute import ComputeModel
+from akosim.planning.compute import ComputeModel
 from akosim.sim.engine import Simulation, StopRule, TraceEvent
 from akosim.sim.settling import Settling, settled_round_time_s
 from akosim.sim.sim_training import AccuracyTracker, BatchedGradients, Evaluation
@@ -72,7 +72,7 @@ class Setup:
             return self.network_model
         return "maxmin" if self.tcp is None else "tcp"
 
-    # the planner's answer for the configured p, resolved once (akosim.plan); None: not yet
+    # the planner's answer for the configured p, resolved once (akosim.planning); None: not yet
     plan: Plan | None = None
 
     def configured_plan(self) -> Plan:

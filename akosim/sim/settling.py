@@ -6,7 +6,7 @@ engine (akosim.sim.engine) hands every completed round to a `SettleWatch`,
 which says when to stop. This module owns that rule:
 
 - `SettleRule`: the tolerance (1%) and the cap (3,000 rounds); what the plan
-  asks for (akosim.plan.setup.stop_rule puts it in the StopRule);
+  asks for (akosim.planning.setup.stop_rule puts it in the StopRule);
 - `Settling`: the rule for one configuration, from its scheme's lead (how far
   a worker can run ahead: `Scheme.lead_rounds`, by default its staleness
   bound) and period (`SettleRule.for_scheme`): the warm-up, the window and

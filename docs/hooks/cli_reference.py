@@ -43,7 +43,7 @@ def _help(parser: argparse.ArgumentParser) -> str:
 
 def cli_markdown(tool: str) -> str:
     """`tool`'s help and each command's, as Markdown sections."""
-    module = {"akosim": "akosim.cli", "akorun": "akorun.launch.commands"}[tool]
+    module = {"akosim": "akosim.cli", "akorun": "akorun.launching.commands"}[tool]
     parser = importlib.import_module(module).build_parser()
     parts = [f"```text\n{_help(parser)}\n```\n"]
     for name, command in _commands(parser).items():

@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 
 from akocore.messages import Kind, Partial
-from akorun.launch.cluster import free_ports
+from akorun.launching.cluster import free_ports
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 from akorun.transport import wire
 from tests.bench.common import Figure

@@ -60,7 +60,7 @@ import simpy
 
 from akocore.config import ClusterConfig, RunConfig, TrainConfig, config_from_dict
 from akosim.network.fluid import warm_compiled
-from akosim.plan.compute import ComputeModel, measure_compute_s
+from akosim.planning.compute import ComputeModel, measure_compute_s
 from akosim.sim.engine import StopRule
 from akosim.sim.scenario import Setup, SimRun, Variant, ako_variant, simulate
 from tests.bench.common import Figure, Pairs, best_of, paired

@@ -47,7 +47,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from akocore.rank_threads import threads_per_rank
-from akorun.launch.local import host_cores
+from akorun.launching.local import host_cores
 from akorun.testing import REPO_ROOT
 from tests.bench.common import Figure, Skipped
 from tests.bench.peer_env import TorchPeer, torch_peer
@@ -144,12 +144,12 @@ def run_akorun(out: Path) -> Side:
 @contextmanager
 def shaped_testbed() -> Iterator[object]:
     """Namespaces, shaping and delay line as `akorun launch --testbed netns` builds them
-    for 3 ranks at RATE_BPS with LATENCY_S one way (akorun.launch.testbed)."""
+    for 3 ranks at RATE_BPS with LATENCY_S one way (akorun.launching.testbed)."""
     from akocore.settings.schema import NetworkConfig
-    from akorun.launch.testbed.delaypath import check_delay, line_load_bps
-    from akorun.launch.testbed.netns import NetnsTestbed, TestbedNames
-    from akorun.launch.testbed.runner import TestbedOptions, _delay_path
-    from akorun.launch.testbed.shaping import plan_shaping
+    from akorun.launching.testbed.delaypath import check_delay, line_load_bps
+    from akorun.launching.testbed.netns import NetnsTestbed, TestbedNames
+    from akorun.launching.testbed.runner import TestbedOptions, _delay_path
+    from akorun.launching.testbed.shaping import plan_shaping
 
     net = NetworkConfig(bandwidth_bps=(RATE_BPS,), latency_s=(LATENCY_S,))
     check_delay(net.latency_matrix(WORKERS),
@@ -227,8 +227,8 @@ def run_torch(peer: TorchPeer, data: Path, out: Path, mode: str) -> Side:
 def side_by_side() -> tuple[list[Side], str, str]:
     """Every system's figures (medians over the repeats), the load, and torchft's absence
     (empty when it ran)."""
-    from akorun.launch.testbed.netns import missing_requirements
-    from akorun.launch.testbed.runner import missing_tun
+    from akorun.launching.testbed.netns import missing_requirements
+    from akorun.launching.testbed.runner import missing_tun
 
     reason = missing_requirements() or missing_tun()
     if reason:

@@ -20,7 +20,7 @@ import time
 from akocore.config import RunConfig
 from akocore.host_calibration import TcpParameters
 from akocore.settings.schema import ClusterConfig, ExchangeConfig, NetworkConfig
-from akosim.plan.compute import ComputeModel
+from akosim.planning.compute import ComputeModel
 from akosim.sim.engine import StopRule
 from akosim.sim.scenario import Setup, Variant, ako_variant, simulate
 from tests.bench.common import Figure

@@ -25,7 +25,7 @@ import subprocess
 import sys
 
 from akocore.rank_threads import rank_thread_env
-from akorun.launch.local import host_cores
+from akorun.launching.local import host_cores
 from akorun.testing import REPO_ROOT
 from tests.bench.common import Figure
 

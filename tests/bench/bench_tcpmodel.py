@@ -83,7 +83,7 @@ def all_to_all_ratios(tcp: TcpParameters | None = None) -> dict[float, list[floa
 def _scenario_cpu_s(tcp: TcpParameters | None, model: str = "tcp") -> float:
     from akocore.config import RunConfig
     from akocore.settings.schema import ClusterConfig, ExchangeConfig, NetworkConfig
-    from akosim.plan.compute import ComputeModel
+    from akosim.planning.compute import ComputeModel
     from akosim.sim.engine import StopRule
     from akosim.sim.scenario import Setup, ako_variant, simulate
 

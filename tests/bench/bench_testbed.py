@@ -33,7 +33,7 @@ GOAL = 0.9
 
 
 def ring_vs_ideal() -> tuple[float, str]:
-    from akorun.launch.testbed.netns import missing_requirements
+    from akorun.launching.testbed.netns import missing_requirements
 
     reason = missing_requirements()
     if reason:
