@@ -39,8 +39,8 @@ def tests(session: nox.Session) -> None:
     """
     _install_fault_tools(session)
     session.install("-e", ".[test]")
-    session.run("pytest", "-q", "-n", "2", "--dist", "loadscope", *session.posargs,
-                env=CACHE_ENV)
+    session.run("pytest", "-q", "-n", "2", "--dist", "loadscope", "--durations=25",
+                *session.posargs, env=CACHE_ENV)
 
 
 @nox.session(python=PYTHON)
