@@ -29,8 +29,8 @@ def test_a_rank_without_a_status_shows_the_phase_it_said_or_importing(tmp_path: 
 def test_a_phase_is_rewritten_whole_and_none_without_a_directory(tmp_path: Path) -> None:
     phase = StartupPhase(tmp_path, 0)
     phase.say(startup_phase.LOADING)
-    phase.say(startup_phase.JOINING)
-    assert read_phase(tmp_path, 0) == "joining"
+    phase.say(startup_phase.COMPILING)
+    assert read_phase(tmp_path, 0) == "compiling"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["worker-0.phase"]  # no temp left
     phase.clear()
     assert read_phase(tmp_path, 0) is None and not list(tmp_path.iterdir())
@@ -62,7 +62,7 @@ def test_suspended_peers_and_the_mean_loss_are_shown() -> None:
 
 def test_a_rank_whose_status_stops_answering_is_exiting_after_done_else_not_answering(
         tmp_path: Path) -> None:
-    StartupPhase(tmp_path, 0).say(startup_phase.JOINING)  # said long ago: not shown again
+    StartupPhase(tmp_path, 0).say(startup_phase.COMPILING)  # said long ago: not shown again
     board = ProgressBoard(10, tmp_path)
     board.line([{"state": "done", "round": 10}, {"state": "running", "round": 4}],
                [None, None])

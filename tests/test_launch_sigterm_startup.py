@@ -130,7 +130,7 @@ def test_the_same_on_the_testbed_leaves_no_namespace(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "akorun", "launch", "--testbed", "netns",
                "--bandwidth", "20mbps", *RUN_FLAGS, "--progress-every", "0.5s",
                "--out", str(out)]
-    starting = [re.compile(rf"\b{r}:start ") for r in range(WORKERS)]
+    starting = [re.compile(rf"\b{r}:joining\b") for r in range(WORKERS)]
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(command, cwd=REPO_ROOT, env=child_test_env(FAULT),
                                 stdout=log_file, stderr=subprocess.STDOUT)

@@ -104,7 +104,7 @@ def test_a_sigterm_mid_run_stops_the_ranks_and_leaves_nothing(tmp_path: Path) ->
         deadline = time.monotonic() + 150
         # mid-run: a progress line shows every rank training (a SIGTERM that lands while a
         # rank is still starting: tests/test_launch_sigterm_startup.py)
-        while not any(line.count("runni r") == 3 for line in log.read_text().splitlines()):
+        while not any(line.count("running r") == 3 for line in log.read_text().splitlines()):
             if proc.poll() is not None or time.monotonic() > deadline:
                 _skip_if_the_kernel_refuses(log.read_text())
                 raise AssertionError(f"the ranks never ran:\n{log.read_text()}")

@@ -2,8 +2,8 @@
 slowest training rank's rounds per second and the time left.
 
 Before a rank's server answers /status it says what it is doing in its phase file
-(akorun.runtime.startup_phase: loading the workload, measuring its step, compiling,
-joining); a rank that has said nothing yet is importing. Once /status answers, its
+(akorun.runtime.startup_phase: loading the workload, measuring its step, compiling);
+a rank that has said nothing yet is importing. Once /status answers, its
 state is shown with its round ("starting" there means it is joining); a rank whose
 /status stops answering is exiting (after done) or not answering, and an exited rank
 shows its exit status. The rate is the slowest training rank's progress over the

@@ -1,7 +1,8 @@
 """What a rank is doing before its server answers /status, for `akorun launch`'s progress.
 
 A rank imports JAX, builds the workload, measures its step (p auto), compiles and
-reads its checkpoint before it listens; for all that time /status cannot answer. The
+reads its checkpoint before it listens; for all that time /status cannot answer
+(from its server's start it says the rank's state itself: joining, running, ...). The
 rank says each of these phases in one short file, `worker-R.phase` in its output
 directory (rewritten whole by a rename, so a reader never sees half a line), and the
 launcher shows it (akorun.launching.progress_line); once the rank's server answers
@@ -19,7 +20,6 @@ LOADING = "loading the workload"
 MEASURING = "measuring its step"
 COMPILING = "compiling"
 READING_CHECKPOINT = "reading its checkpoint"
-JOINING = "joining"
 
 
 def phase_path(out_dir: Path, rank: int) -> Path:

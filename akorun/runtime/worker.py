@@ -70,7 +70,7 @@ from akorun.runtime.rejoin import Rejoin
 from akorun.runtime.relay import Relay
 from akorun.runtime.reporting import Reporter
 from akorun.runtime.roles import role_for
-from akorun.runtime.startup_phase import JOINING, StartupPhase
+from akorun.runtime.startup_phase import StartupPhase
 from akorun.runtime.stopping import StopAgreement
 from akorun.runtime.training import TrainingLoop
 from akorun.runtime.waiting import GATE_STALL_TIMEOUTS, Waiter
@@ -228,7 +228,6 @@ class Worker:
                                 config_hash=self.config_hash, resume=options.resume,
                                 checkpoint_dir=options.checkpoint_dir, workload=workload,
                                 phase=phase)
-        phase.say(JOINING)
         identity = Identity(self.rank, self.run_id, self.config_hash,
                             self.prepared.params_sha256,
                             workload=self.prepared.workload_identity,
