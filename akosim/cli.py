@@ -56,6 +56,7 @@ from akosim.planning.runspec import (
     USER_ERRORS,
     load_workload,
 )
+from akosim.progress import tracker_factory
 
 if TYPE_CHECKING:
     from akosim.planning import PlanOutcome
@@ -224,21 +225,13 @@ def _sweep_handler(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------- helpers
 
 
-def progress_factory(enabled: bool) -> Callable[[str, int], Callable[[int], None]] | None:
-    if not enabled:
+def progress_factory(quiet: bool) -> Callable[[str, int], Callable[[int], None]] | None:
+    """Each simulated configuration's rounds: a bar on a terminal, plain lines elsewhere
+    (akosim.progress), nothing when `quiet`."""
+    tracker = tracker_factory(quiet)
+    if tracker is None:
         return None
-    from tqdm import tqdm
-
-    def make(label: str, total: int) -> Callable[[int], None]:
-        bar = tqdm(total=total or None, desc=f"{label:<28}", unit="round", leave=False,
-                   file=sys.stderr, mininterval=0.2)
-
-        def update(rounds_done: int) -> None:
-            bar.update(rounds_done - bar.n)
-            if total and rounds_done >= total:
-                bar.close()
-        return update
-    return make
+    return lambda label, total: tracker(label, total, "round")
 
 
 # -------------------------------------------------------------------- commands
@@ -290,7 +283,7 @@ def run_plan(args: argparse.Namespace, *, training: bool = False) -> int:
 
         cache = Path.home() / ".cache" / "akosim" / "jax"
         enable_compilation_cache(str(cache))
-    factory = progress_factory(not args.quiet and sys.stderr.isatty())
+    factory = progress_factory(bool(args.quiet))
     outcome = plan_outcome(resolved, SimulationOptions.from_args(args, resolved),
                            training=training, trace=bool(args.trace), factory=factory,
                            max_staleness_rounds=args.max_staleness,

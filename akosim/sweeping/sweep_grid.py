@@ -62,6 +62,7 @@ from akosim.planning.runspec import (
     timing_defaults_for,
 )
 from akosim.planning.setup import chooses_ssp_with_p, settles
+from akosim.progress import tracker_factory
 from akosim.sweeping.sweep_flags import GRID_FLAGS, build_parser
 from akosim.sweeping.sweep_request import SweepRequest
 from akosim.sweeping.sweepfiles import POINT_FORMAT, SweepPoint, collect
@@ -227,14 +228,18 @@ def _compute_s(config: RunConfig, settings: dict[str, Any], cache: dict[str, Any
     return float(measured.record.compute_s)
 
 
-def _run_all(tasks: list[dict[str, Any]], jobs: int, progress: bool) -> list[str]:
-    """Run the tasks; returns one line per failed point."""
-    bar = None
-    if progress:
-        from tqdm import tqdm
+def _run_all(tasks: list[dict[str, Any]], jobs: int, quiet: bool) -> list[str]:
+    """Run the tasks (progress on standard error unless `quiet`: akosim.progress);
+    returns one line per failed point."""
+    tracker = tracker_factory(quiet)
+    advance = tracker("sweep", len(tasks), "points") if tracker is not None else None
+    done = 0
 
-        bar = tqdm(total=len(tasks), desc="sweep", unit="point", file=sys.stderr,
-                   mininterval=0.2)
+    def one_more() -> None:
+        nonlocal done
+        done += 1
+        if advance is not None:
+            advance(done)
     failures: list[str] = []
 
     def failed(task: dict[str, Any], error: BaseException) -> None:
@@ -249,8 +254,7 @@ def _run_all(tasks: list[dict[str, Any]], jobs: int, progress: bool) -> list[str
                     run_point(task)
                 except Exception as error:  # one bad point does not stop the sweep
                     failed(task, error)
-                if bar is not None:
-                    bar.update(1)
+                one_more()
             return failures
         context = multiprocessing.get_context("spawn")
         executor = concurrent.futures.ProcessPoolExecutor(
@@ -261,8 +265,7 @@ def _run_all(tasks: list[dict[str, Any]], jobs: int, progress: bool) -> list[str
                 problem = future.exception()
                 if problem is not None:
                     failed(futures[future], problem)
-                if bar is not None:
-                    bar.update(1)
+                one_more()
         except BaseException:
             # Ctrl-C: drop what has not started and stop the worker processes we started;
             # finished points are on disk, so the same command resumes.
@@ -273,8 +276,8 @@ def _run_all(tasks: list[dict[str, Any]], jobs: int, progress: bool) -> list[str
         executor.shutdown()
         return failures
     finally:
-        if bar is not None:
-            bar.close()
+        if advance is not None and done < len(tasks):
+            advance(len(tasks))  # a bar closes; lines say where it stopped
 
 
 def run_sweep(argv: Sequence[str]) -> int:
@@ -329,7 +332,7 @@ def sweep_grid(request: SweepRequest) -> list[str]:
                   "out": str(out), "choose_ssp": p.choose_ssp} for p in todo]
         points_dir.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
-        failures = _run_all(tasks, jobs, progress=not request.quiet and sys.stderr.isatty())
+        failures = _run_all(tasks, jobs, quiet=request.quiet)
         say(f"akosim sweep: ran {len(todo) - len(failures)} point(s) in "
             f"{format_duration(time.perf_counter() - started)}")
         for line in failures:
