@@ -30,16 +30,18 @@ def _install_fault_tools(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """Install the package with its test extra and run the test suite on two pytest-xdist
+    """Install the package with its test extra and run the test suite on three pytest-xdist
     workers (`--dist loadscope` as tests/conftest.py refines it: a module's tests that share
     a setup stay on one worker, every other test goes to whichever worker is free, the long
-    real-network modules first, a `solo` test alone).
+    real-network modules first, a `solo` test alone). Three on two cores: the real-network
+    fault runs mostly wait (a cut, a pause, a peer timeout: 7-17 CPU s in 20-100 s), and a
+    third worker computes meanwhile.
 
     `nox -s tests -- -n 0` runs it in one process; other arguments go to pytest.
     """
     _install_fault_tools(session)
     session.install("-e", ".[test]")
-    session.run("pytest", "-q", "-n", "2", "--dist", "loadscope", "--durations=25",
+    session.run("pytest", "-q", "-n", "3", "--dist", "loadscope", "--durations=25",
                 *session.posargs, env=CACHE_ENV)
 
 

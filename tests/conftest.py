@@ -1,5 +1,5 @@
 """Test-wide settings: CPU-only JAX with a project-local compilation cache, and how the
-suite runs on pytest-xdist workers (the nox session: `-n 2 --dist loadscope`).
+suite runs on pytest-xdist workers (the nox session: `-n 3 --dist loadscope`).
 
 Under xdist (only then):
 - scheduling (`ModuleOrTestScheduling`): the tests of a module that holds a setup wider
