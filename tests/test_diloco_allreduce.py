@@ -217,6 +217,34 @@ def test_ranks_whose_anchors_differ_end_the_run_with_one_line_naming_them() -> N
     assert Finisher._disagreements(finisher, here) == []  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("rank,peers,confirmed,left,passes", [
+    (0, [1, 2], {1}, {}, True),          # two of three
+    (2, [0, 1], {}, {}, False),          # alone of three: the other side may have gone on
+    (0, [1, 2, 3], {3}, {}, True),       # half, holding the lowest rank
+    (1, [0, 2, 3], {2}, {}, False),      # the other half
+    (1, [0], {}, {}, False),             # the higher of two, alone
+    (0, [1], {}, {}, True),              # the lower of two, alone
+    (1, [0, 2], {}, {0: "left"}, True),   # the lowest of the two that joined
+    (2, [0, 1], {}, {0: "left"}, False),  # the other of the two that joined
+    (0, [], {}, {}, True),               # a run of one
+])
+def test_a_rank_whose_anchor_no_majority_confirmed_fails_so_two_sides_never_both_pass(
+        rank: int, peers: list[int], confirmed: set[int], left: dict[int, str],
+        passes: bool) -> None:
+    from types import SimpleNamespace
+
+    from akorun.runtime.finishing import Finisher
+
+    here = {"rank": rank, "rounds": 20, "agreed_sha256": "a" * 64}
+    agreed = {j: (20, "a" * 64 if j in confirmed else "b" * 64) for j in peers}
+    finisher = SimpleNamespace(rank=rank, peers=peers, waiter=SimpleNamespace(scheme="diloco"),
+                               liveness=SimpleNamespace(agreed=agreed, left_peers=left))
+    lines = Finisher._unconfirmed(finisher, here)  # type: ignore[arg-type]
+    assert (lines == []) == passes, lines
+    if not passes:
+        assert lines[0].startswith("no majority holds this model") and "diloco" in lines[0]
+
+
 def test_the_anchor_is_the_agreed_state_once_no_sync_is_pending() -> None:
     nodes = _nodes(2, 4, "allreduce", inner_steps=1)
     sends = nodes[0].local_step(0, np.ones(4, np.float32))

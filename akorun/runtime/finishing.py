@@ -27,6 +27,11 @@ the live workers' finals need its answer): it settles, writes its
 results naming the peer, tells the others ``done`` and raises RunError
 (exit 1).
 
+A scheme with agreed state (diloco's anchor) compares the digests the ``done``s
+carry: a peer that ran as many rounds with another digest fails the run
+(replicas disagree), and so does a rank whose digest no majority of the run
+confirmed (a group cut off from the rest past the end: `_unconfirmed`).
+
 A peer that said ``done`` has flushed all it owes: no drain waits for it. A scheme
 left holding a step it could not complete (`SchemeNode.unfinished`: a diloco sync a
 peer ended without this rank) ends exit 1 with that line.
@@ -99,6 +104,26 @@ class Finisher:
                 f"but hold different {self.waiter.scheme} anchors (sha256 {str(digest)[:12]} "
                 f"here): a sync reached them differently after a loss or a cut; results "
                 f"written, the models are not one"]
+
+    def _unconfirmed(self, done: dict[str, object]) -> list[str]:
+        """One line unless this rank's agreed state is the run's: confirmed (equal `done`
+        digests, this rank included) by more than half of the ranks that joined, or by
+        exactly half holding the lowest of them. Two groups cut apart past the end each
+        train on alone and agree within themselves; at most one of them can pass this,
+        so a run never ends exit 0 as two models (the rule of torchft's quorum, decided
+        at the end: nothing here waits for a quorum mid-run)."""
+        digest = done["agreed_sha256"]
+        members = sorted({self.rank, *self.peers} - set(self.liveness.left_peers))
+        agreeing = sorted({self.rank} | {j for j, (_, theirs) in self.liveness.agreed.items()
+                                         if theirs == digest and j in members})
+        if 2 * len(agreeing) > len(members) or (
+                2 * len(agreeing) == len(members) and members[0] in agreeing):
+            return []
+        return [f"no majority holds this model: rank(s) {agreeing} confirmed this "
+                f"{self.waiter.scheme} anchor (sha256 {str(digest)[:12]}) at the end, "
+                f"{len(agreeing)} of the run's {len(members)} ranks (a majority, or half "
+                f"with rank {members[0]}, is needed); the others were cut off or lost and "
+                f"may have trained on apart; results written, this replica is not the run's"]
 
     def _gone(self, started_s: float) -> Callable[[int], bool]:
         """Peers to give up on: nothing new from them for `grace_s` (nor since we began
@@ -193,7 +218,7 @@ class Finisher:
                                             or j in node.suspended for j in self.peers),
                                 self.grace_s)
         if agreed is not None:
-            failures += self._disagreements(done)
+            failures += self._disagreements(done) or self._unconfirmed(done)
         if self.liveness.given_up_here is not None and self.waiter.hard_stop:
             failures.insert(0, self.liveness.given_up_here)
         if failures:
