@@ -126,6 +126,13 @@ CONFIGS: tuple[Config, ...] = (
     _config("diloco-int8", "diloco", "int8", "--inner-steps", "10"),
     _config("streaming-diloco-int8", "streaming-diloco", "int8", "--inner-steps", "10",
             "--fragments", "2", "--overlap-steps", "1"),
+    # the DiLoCo successors: their own codecs and optimizers (SparseLoCo's chunked top-k
+    # with 2-bit values, MuLoCo's Muon inner steps), so the codec column is theirs
+    _config("sparseloco", "sparseloco", "none", "--inner-steps", "10"),
+    _config("muloco", "muloco", "none", "--inner-steps", "10", "--lr", "0.02"),
+    _config("quorum-diloco", "quorum-diloco", "none", "--inner-steps", "10"),
+    _config("sparta", "sparta", "none"),
+    _config("noloco", "noloco", "none", "--noloco-inner-steps", "10"),
 )
 
 
