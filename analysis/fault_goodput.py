@@ -116,7 +116,7 @@ def _rank_pid(launcher: int, rank: int) -> int | None:
 def _pause_when_training(launcher: subprocess.Popen[bytes], out: Path, rank: int) -> None:
     """SIGSTOP rank `rank` for PAUSE_S once it has trained for PAUSE_AFTER_S seconds."""
     phase = out / f"worker-{rank}.phase"
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + 3600  # the launch may wait for the measurement lock
     while (not out.exists() or phase.exists() or _rank_pid(launcher.pid, rank) is None) \
             and launcher.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -23,6 +23,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from analysis.fault_goodput import RECORD as GOODPUT_PATH
+from analysis.fault_goodput import GoodputRow
+from analysis.fault_goodput import markdown as goodput_markdown
 from analysis.plan_check import CheckedRow, section
 from analysis.plan_check import row_from_json as row_of_check
 from analysis.scheme_map import bytes_text
@@ -48,6 +51,7 @@ DOCS = ROOT / "docs" / "reports"
 PAGE = "experiments-2026.md"
 TESTBED_RECORD = "tta_testbed.json"
 DISCUSSION = "tta_discussion.md"
+GOODPUT_RECORD = GOODPUT_PATH.name
 SCHEME_ORDER = [c.name for c in CONFIGS]
 
 
@@ -330,8 +334,28 @@ def write_curves_png(rows: Sequence[TtaRow], path: Path) -> None:
 # ------------------------------------------------------------------ the page
 
 
+def goodput_section(goodput: dict[str, Any] | None) -> list[str]:
+    """The goodput-under-faults table of analysis.fault_goodput's record (none without)."""
+    if not goodput:
+        return []
+    rows = [GoodputRow(**row) for row in goodput["rows"]]
+    return [
+        "## Goodput under faults: DiLoCo and quorum DiLoCo (akorun)", "",
+        f"Three ranks on the testbed ({goodput['network']}), the workload above, H = 10, "
+        f"{goodput['budget_s']:g} s of training each: fault-free, rank 2 killed after round "
+        f"{goodput['kill_round']} (`AKORUN_FAULT=2@kill_after_round:R`), and rank 2 "
+        f"SIGSTOPped for {goodput['pause_s']:g} s ten seconds into its training. Goodput = "
+        "the samples that ended in the run's model per second, over the fault-free run's of "
+        "the same scheme (ranks that ended exit 0 count all their rounds, a killed rank its "
+        "rounds up to the kill, a rank that ended exit 1 none). `python -m "
+        "analysis.fault_goodput --results RESULTS` (resumable) writes "
+        "`analysis/data/fault_goodput.json`.", "",
+        goodput_markdown(rows), ""]
+
+
 def markdown(rows: Sequence[TtaRow], notes: dict[str, Any], record: TtaMap | None,
-             discussion: str = "", plan_check: Sequence[CheckedRow] = ()) -> str:
+             discussion: str = "", plan_check: Sequence[CheckedRow] = (),
+             goodput: dict[str, Any] | None = None) -> str:
     loads = sorted(float(r.uptime_before.split("load average:")[-1].split(",")[0])
                    for r in rows if "load average:" in r.uptime_before)
     load_text = (f"{loads[0]:.1f}-{loads[-1]:.1f}, median {statistics.median(loads):.1f}"
@@ -339,8 +363,9 @@ def markdown(rows: Sequence[TtaRow], notes: dict[str, Any], record: TtaMap | Non
     lines = [
         "# The 2026 baselines: which scheme reaches the accuracy first",
         "",
-        "Ako, Streaming DiLoCo, DiLoCo, a synchronous parameter server, ring all-reduce and "
-        "WAGMA train the same model to the same target accuracy, on the real-TCP testbed "
+        "Ako, Streaming DiLoCo, DiLoCo, a synchronous parameter server, ring all-reduce, "
+        "WAGMA and DiLoCo's successors (SparseLoCo, MuLoCo, quorum DiLoCo, SPARTA, NoLoCo) "
+        "train the same model to the same target accuracy, on the real-TCP testbed "
         "(akorun) and in akosim; then akosim's map over bandwidth and latency says which "
         "reaches the target first where.",
         "",
@@ -405,6 +430,7 @@ def markdown(rows: Sequence[TtaRow], notes: dict[str, Any], record: TtaMap | Non
         lines += map_table(record)
         lines += ["### Every configuration's time to target (s, simulated)", ""]
         lines += map_detail(record)
+    lines += goodput_section(goodput)
     if discussion:
         lines += [discussion.strip(), ""]
     return "\n".join(lines)
@@ -412,7 +438,8 @@ def markdown(rows: Sequence[TtaRow], notes: dict[str, Any], record: TtaMap | Non
 
 def write_all(rows: Sequence[TtaRow], notes: dict[str, Any], record: TtaMap | None,
               data_dir: Path, docs_dir: Path, discussion: str = "",
-              plan_check: Sequence[CheckedRow] = ()) -> list[Path]:
+              plan_check: Sequence[CheckedRow] = (),
+              goodput: dict[str, Any] | None = None) -> list[Path]:
     """The committed record, the plots and the page."""
     data_dir.mkdir(parents=True, exist_ok=True)
     docs_dir.mkdir(parents=True, exist_ok=True)
@@ -428,7 +455,8 @@ def write_all(rows: Sequence[TtaRow], notes: dict[str, Any], record: TtaMap | No
         write_map_png(record, docs_dir / "tta-map.png")
         written.append(docs_dir / "tta-map.png")
     page = docs_dir / PAGE
-    page.write_text(markdown(rows, notes, record, discussion, plan_check), encoding="utf-8")
+    page.write_text(markdown(rows, notes, record, discussion, plan_check, goodput),
+                    encoding="utf-8")
     return [*written, page]
 
 
@@ -447,6 +475,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--plan-check", type=Path, default=DATA / "plan_check.json",
                         help="the rows of analysis.plan_check (the plan's answer against "
                              "the run), if it exists (default %(default)s)")
+    parser.add_argument("--goodput", type=Path, default=DATA / GOODPUT_RECORD,
+                        help="the record of analysis.fault_goodput, if it exists (default "
+                             "%(default)s)")
     args = parser.parse_args(argv)
     if not args.testbed.exists():
         print(f"--testbed: {args.testbed} does not exist", file=sys.stderr)
@@ -457,7 +488,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                   if args.discussion.exists() else "")
     checked = ([row_of_check(r) for r in json.loads(args.plan_check.read_text())]
                if args.plan_check.exists() else [])
-    for path in write_all(rows, notes, record, args.data, args.docs, discussion, checked):
+    goodput = (json.loads(args.goodput.read_text(encoding="utf-8"))
+               if args.goodput.exists() else None)
+    for path in write_all(rows, notes, record, args.data, args.docs, discussion, checked,
+                          goodput):
         print(path)
     return 0
 

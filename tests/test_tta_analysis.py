@@ -137,3 +137,22 @@ def test_a_one_cell_map_trains_and_the_report_is_written(tmp_path) -> None:
 def test_a_missing_testbed_record_is_one_line_and_exit_2(tmp_path, capsys) -> None:
     assert report_main(["--testbed", str(tmp_path / "absent")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_the_goodput_table_divides_by_the_fault_free_run_of_the_same_scheme() -> None:
+    from analysis.fault_goodput import GoodputRow, markdown
+
+    def row(scheme: str, fault: str, samples_per_s: float,
+            codes: dict[str, int | None]) -> GoodputRow:
+        return GoodputRow(scheme=scheme, fault=fault, exit_codes=codes, rounds={},
+                          useful_samples=0, wall_s=60.0, samples_per_s=samples_per_s,
+                          time_to_target_s=None, final_accuracy=0.9, load_before="1.0")
+
+    table = markdown([row("diloco", "none", 1000.0, {"0": 0, "1": 0, "2": 0}),
+                      row("diloco", "kill", 600.0, {"0": 0, "1": 0, "2": None}),
+                      row("quorum-diloco", "none", 2000.0, {"0": 0, "1": 0, "2": 0}),
+                      row("quorum-diloco", "pause", 1500.0, {"0": 0, "1": 0, "2": 1})])
+    lines = table.splitlines()
+    assert "| diloco | kill | 0, 0, killed | 600 | 60% |" in lines[3]
+    assert "| quorum-diloco | pause | 0, 0, 1 | 1,500 | 75% |" in lines[5]
+    assert "| 100% |" in lines[2] and "| 100% |" in lines[4]
