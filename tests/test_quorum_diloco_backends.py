@@ -10,14 +10,12 @@ also when one of them was paused while the others went on at the quorum.
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from akorun.testing import REPO_ROOT, akorun_command, child_test_env
+from tests.scheme_runs import launch
 
 SLOW_THIRD = ["--workers", "3", "--speeds", "1,1,3", "--gradient-size", "40KB",
               "--compute", "10ms", "--rounds", "40", "--inner-steps", "5", "--quiet"]
@@ -68,22 +66,10 @@ def test_a_bad_quorum_knob_is_one_line_and_status_2(capsys) -> None:
 @pytest.mark.timeout(150)
 def test_akorun_launches_quorum_diloco_by_name_and_ends_with_equal_replicas(
         tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    command = akorun_command("launch", "--workers", "3", "--rounds", "6", "--lr", "0.1",
-                             "--optimizer", "sgd", "--workload", "digits-mlp",
-                             "--scheme", "quorum-diloco", "--inner-steps", "3",
-                             "--quorum-min", "2", "--out", str(out), "--quiet",
-                             "--timeout", "120s")
-    result = subprocess.run(command, capture_output=True, text=True, env=child_test_env(),
-                            cwd=REPO_ROOT, timeout=140)
-    assert result.returncode == 0, result.stderr
-    merged = json.loads((out / "result.json").read_text())
+    merged, replicas = launch(tmp_path / "run", 3, 6, "--scheme", "quorum-diloco",
+                              "--inner-steps", "3", "--quorum-min", "2")
     assert merged["scheme"] == "quorum-diloco"
     assert [w["rounds"] for w in merged["per_worker"]] == [6] * 3
-    replicas = []
-    for rank in range(3):
-        with np.load(out / f"worker-{rank}.npz") as data:
-            replicas.append(np.array(data["params"]))
     for replica in replicas[1:]:
         np.testing.assert_array_equal(replica, replicas[0])
 

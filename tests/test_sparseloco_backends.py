@@ -10,8 +10,6 @@ survivors finishing the run, equal. The plan times sparseloco's k and bits grid.
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -21,12 +19,12 @@ from akocore.codecs import codec_named
 from akocore.config import ClusterConfig, ExchangeConfig, NetworkConfig, RunConfig, TrainConfig
 from akocore.schemes.registry import wire_codec
 from akocore.workload import build_workload
-from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 from akorun.transport.wire import HEADER_SIZE
 from akosim.planning.compute import ComputeModel
 from akosim.planning.runspec import configured_runs
 from akosim.sim.engine import StopRule
 from akosim.sim.scenario import Setup
+from tests.scheme_runs import launch
 
 WORKERS = 4
 LENGTH = 40_000
@@ -79,22 +77,10 @@ def test_akosim_train_learns_digits_with_sparseloco() -> None:
 @pytest.mark.timeout(150)
 def test_akorun_launches_sparseloco_by_name_and_ends_with_equal_replicas(
         tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    command = akorun_command("launch", "--workers", "3", "--rounds", "20", "--lr", "0.1",
-                             "--optimizer", "sgd", "--workload", "digits-mlp",
-                             "--scheme", "sparseloco", "--inner-steps", "5",
-                             "--sparseloco-chunk", "512", "--out", str(out), "--quiet",
-                             "--timeout", "120s")
-    result = subprocess.run(command, capture_output=True, text=True, env=child_test_env(),
-                            cwd=REPO_ROOT, timeout=140)
-    assert result.returncode == 0, result.stderr
-    merged = json.loads((out / "result.json").read_text())
+    merged, replicas = launch(tmp_path / "run", 3, 20, "--scheme", "sparseloco",
+                              "--inner-steps", "5", "--sparseloco-chunk", "512")
     assert merged["scheme"] == "sparseloco"
     assert [w["rounds"] for w in merged["per_worker"]] == [20] * 3
-    replicas = []
-    for rank in range(3):
-        with np.load(out / f"worker-{rank}.npz") as data:
-            replicas.append(np.array(data["params"]))
     for replica in replicas[1:]:
         np.testing.assert_array_equal(replica, replicas[0])
     theta0 = np.array(build_workload("digits-mlp").init_params)

@@ -10,6 +10,7 @@ with its round, gradient and message checks, and the reduce rule.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -189,6 +190,21 @@ class SchemeNode(ABC):
             raise SchemeError(f"node {self.rank} already finished")
         if round_ != self.next_round:
             raise SchemeError(f"node {self.rank}: round {round_} given, {self.next_round} due")
+
+    def _step_replica(self, round_: int, grad: np.ndarray | None,
+                      blocked_by: Callable[[], str] | None = None) -> None:
+        """The opening of a local step that trains a replica: the round and gradient
+        checks; a SchemeError when `may_start(round_)` is false, naming what this round
+        waits for (`blocked_by()`, for a scheme whose exchange must complete first); the own
+        optimizer step; the next round due."""
+        self._check_round(round_)
+        self._check_grad(grad)
+        if blocked_by is not None and not self.may_start(round_):
+            raise SchemeError(f"node {self.rank}: round {round_} started before "
+                              f"{blocked_by()}")
+        if grad is not None:
+            self.replica.apply(grad)
+        self.next_round = round_ + 1
 
     def _check_grad(self, grad: np.ndarray | None) -> None:
         if self.replica.has_data:

@@ -244,14 +244,8 @@ class DilocoWorker(AllReduceSync, SchemeNode):
     # ------------------------------------------------------------------ events
 
     def local_step(self, round_: int, grad: np.ndarray | None) -> list[Send]:
-        self._check_round(round_)
-        self._check_grad(grad)
-        if not self.may_start(round_):
-            raise SchemeError(f"node {self.rank}: round {round_} started before the sync "
-                              f"started after round {self.pending[0].start} was applied")
-        if grad is not None:
-            self.replica.apply(grad)
-        self.next_round = round_ + 1
+        self._step_replica(round_, grad, lambda: f"the sync started after round "
+                                                 f"{self.pending[0].start} was applied")
         effects: list[Send] = []
         starting = self.sync_after(round_)
         if starting is not None:

@@ -46,11 +46,7 @@ class ElasticWorker(PSWorker):
                          push_every=every, fetch_every=every)
 
     def local_step(self, round_: int, grad: np.ndarray | None) -> list[Send]:
-        self._check_round(round_)
-        self._check_grad(grad)
-        if grad is not None:
-            self.replica.apply(grad)
-        self.next_round = round_ + 1
+        self._step_replica(round_, grad)
         if not self._pushes(round_):
             return []
         sends = []

@@ -61,15 +61,8 @@ class LivePeersNode(SchemeNode):
 
     def begin_round(self, round_: int, grad: np.ndarray | None) -> None:
         """local_step's start: the checks, then the own optimizer step."""
-        self._check_round(round_)
-        self._check_grad(grad)
-        if not self.may_start(round_):
-            raise SchemeError(f"node {self.rank}: round {round_} started before the "
-                              f"{self.exchange_name} begun after round "
-                              f"{self.in_progress()} completed")
-        if grad is not None:
-            self.replica.apply(grad)
-        self.next_round = round_ + 1
+        self._step_replica(round_, grad, lambda: f"the {self.exchange_name} begun after "
+                                                 f"round {self.in_progress()} completed")
 
     def drained(self) -> bool:
         self.progress()

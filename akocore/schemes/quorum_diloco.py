@@ -295,14 +295,7 @@ class QuorumDilocoWorker(SchemeNode):
     # ------------------------------------------------------------------ events
 
     def local_step(self, round_: int, grad: np.ndarray | None) -> list[Send]:
-        self._check_round(round_)
-        self._check_grad(grad)
-        if not self.may_start(round_):
-            raise SchemeError(f"node {self.rank}: round {round_} started while its outer "
-                              f"sync is still out")
-        if grad is not None:
-            self.replica.apply(grad)
-        self.next_round = round_ + 1
+        self._step_replica(round_, grad, lambda: "its outer sync came back")
         self.steps_since_origin += 1
         effects: list[Send] = []
         if self._point(round_):

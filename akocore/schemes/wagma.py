@@ -120,14 +120,8 @@ class WagmaWorker(SchemeNode):
         return Partial(Kind.MODEL, self.rank, round_, part, 1, 0, self.length, values)
 
     def local_step(self, round_: int, grad: np.ndarray | None) -> list[Send]:
-        self._check_round(round_)
-        self._check_grad(grad)
-        if not self.may_start(round_):
-            raise SchemeError(f"node {self.rank}: round {round_} started before the average "
-                              f"of round {self.awaiting} completed")
-        if grad is not None:
-            self.replica.apply(grad)
-        self.next_round = round_ + 1
+        self._step_replica(round_, grad,
+                           lambda: f"the average of round {self.awaiting} completed")
         partners = self._partners(round_)
         part = GLOBAL if self.is_global(round_) else GROUP
         effects = [Send(partners, self._model_msg(round_, part))] if partners else []
