@@ -18,7 +18,8 @@ evaluation are called (and by `params_tree`); `FlatWorkload.notices` says so in
 one line for the shell to print.
 
 `measure_compute_s` times gradient steps with a clock the shell hands it
-(akosim.compute and akorun pass time.perf_counter): akocore reads no clock
+(akosim.planning.compute and akorun pass time.perf_counter), as many as
+akocore.workloads.step_timing says for both shells: akocore reads no clock
 itself, and the shells feed the number to the planner and the simulator.
 """
 
@@ -46,6 +47,7 @@ from akocore.workloads.naming import (
     parse_workload_name,
 )
 from akocore.workloads.spec import TrainBatches, Workload, accuracy_and_loss
+from akocore.workloads.step_timing import MEASURE_STEPS, MEASURE_WARMUP
 
 EVAL_CHUNK_VALUES = 1 << 21  # input values per evaluation batch (bounds memory)
 WORKLOAD_NAMES: tuple[str, ...] = BUILTIN_NAMES
@@ -55,9 +57,6 @@ DEFAULT_WORKLOAD = "digits-mlp"
 # --------------------------------------------------------------------------
 # the flat workload
 
-
-MEASURE_STEPS = 20  # timed gradient steps of measure_compute_s (median)
-MEASURE_WARMUP = 3  # untimed steps first: compile, then settle
 
 
 @dataclass(eq=False)

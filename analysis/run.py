@@ -70,7 +70,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from akocore.results import Calibration, PlanResult, RunResult, read_result, run_compute_jitter
+from akocore.results import Calibration, RunResult, read_result, run_compute_jitter
 from analysis.matrix import (
     AKORUN_ALLOWANCE_S,
     BATCH,
@@ -135,15 +135,6 @@ def read_run(path: Path) -> RunResult:
     record = read_result(json.loads(path.read_text()))
     if not isinstance(record, RunResult):
         raise ValueError(f"{path}: expected a run result, found a {type(record).__name__}")
-    return record
-
-
-def read_plan(path: Path) -> PlanResult:
-    """The PlanResult in `path` (what akosim --out wrote)."""
-    record = read_result(json.loads(path.read_text()))
-    if not isinstance(record, PlanResult):
-        raise ValueError(f"{path}: expected akosim's --out file, found a "
-                         f"{type(record).__name__}")
     return record
 
 

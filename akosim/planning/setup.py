@@ -8,8 +8,9 @@ once:
   compute time comes from, per-round and per-message overheads, speeds and
   stragglers, coalescing, the TCP calibration file), typed;
 - `measured_compute`: the workload's gradient step timed on this machine
-  through the per-machine compute cache (akosim.planning.compute_cache), MEASURE_STEPS
-  steps; plan, train, sweep and predict share the cache entry;
+  through the per-machine compute cache (akosim.planning.compute_cache), at most
+  MEASURE_STEPS steps, the count, warm-up and stopping rule akorun's p auto uses too
+  (akocore.workloads.step_timing); plan, train, sweep and predict share the cache entry;
 - `tcp_parameters_for`: the TCP-aware network model's parameters when the
   config asks for that model (akosim.calibration.host_calibration_io), else None;
 - `chooses_ssp_with_p`: the rule that lets akosim choose s together with p
@@ -38,6 +39,7 @@ from akocore.host_calibration import TcpParameters
 from akocore.schemes.registry import scheme_named
 from akocore.settings.normalise import network_layers
 from akocore.units import format_duration
+from akocore.workloads.step_timing import MEASURE_STEPS
 from akosim.calibration.run_calibration import (
     compute_from_result,
     message_overhead_from_result,
@@ -58,7 +60,6 @@ if TYPE_CHECKING:
     from akosim.sim.engine import StopRule
     from akosim.sim.scenario import Setup
 
-MEASURE_STEPS = 30  # --compute measure: at most this many timed gradient steps (median)
 TRAINING_ROUNDS_CAP = 10_000  # akosim train without rounds or duration: bounded by accuracy
 
 
