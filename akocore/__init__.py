@@ -32,15 +32,15 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from akocore.result_reader import read_result
-    from akocore.results import PlanResult, RankResult, RunResult
-    from akocore.workload import (
+    from akocore.records.result_reader import read_result
+    from akocore.records.results import PlanResult, RankResult, RunResult
+    from akocore.workloads import ArrayData, BatchFactory, Workload
+    from akocore.workloads.flat import (
         FlatWorkload,
         build_workload,
         flat_workload,
         workload_fingerprint,
     )
-    from akocore.workloads import ArrayData, BatchFactory, Workload
 
 __version__ = "0.1.0"
 
@@ -49,14 +49,14 @@ _EXPORTS = {
     "ArrayData": "akocore.workloads",
     "BatchFactory": "akocore.workloads",
     "Workload": "akocore.workloads",
-    "FlatWorkload": "akocore.workload",
-    "build_workload": "akocore.workload",
-    "flat_workload": "akocore.workload",
-    "workload_fingerprint": "akocore.workload",
-    "read_result": "akocore.result_reader",
-    "PlanResult": "akocore.results",
-    "RankResult": "akocore.results",
-    "RunResult": "akocore.results",
+    "FlatWorkload": "akocore.workloads.flat",
+    "build_workload": "akocore.workloads.flat",
+    "flat_workload": "akocore.workloads.flat",
+    "workload_fingerprint": "akocore.workloads.flat",
+    "read_result": "akocore.records.result_reader",
+    "PlanResult": "akocore.records.results",
+    "RankResult": "akocore.records.results",
+    "RunResult": "akocore.records.results",
 }
 
 

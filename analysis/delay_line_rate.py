@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from akocore.config import config_from_dict
+from akocore.settings.toml_io import config_from_dict
 from akocore.units import parse_bandwidth, parse_duration
 from akorun.launching.testbed import delaypath
 from akorun.launching.testbed.delayline import DelaySchedule

@@ -20,7 +20,7 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from akocore.results import PlanResult, read_result
+from akocore.records.results import PlanResult, read_result
 from analysis.akosim_calls import call_akosim
 from analysis.matrix import (
     DIST_TF_CANDIDATES,

@@ -32,7 +32,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from akocore.config import config_from_dict
+from akocore.settings.toml_io import config_from_dict
 from akorun.launching.cluster import new_settings, write_cluster_file
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 from akorun.transport.sender import DATA_PATH_ENV, WINDOW_ENV

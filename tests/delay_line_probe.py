@@ -48,7 +48,7 @@ class DelayedPair:
     `rate_bps` (raises akorun.errors.UsageError where the kernel refuses)."""
 
     def __init__(self, one_way_s: float, rate_bps: float) -> None:
-        from akocore.config import config_from_dict
+        from akocore.settings.toml_io import config_from_dict
 
         self.testbed = NetnsTestbed(netns.TestbedNames.for_pid(os.getpid(), 2))
         names = self.testbed.names

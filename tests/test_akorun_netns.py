@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from akocore.config import config_from_dict
+from akocore.settings.toml_io import config_from_dict
 from akorun.launching.cluster import new_settings, write_cluster_file
 from akorun.launching.testbed import netns
 from akorun.launching.testbed.shaping import burst_bytes, plan_shaping

@@ -121,7 +121,7 @@ def import_graph() -> dict[str, set[str]]:
     for module, path in modules.items():
         targets = set()
         for name in imported_names(path, module):
-            # "akocore.config.RunConfig" -> the longest prefix that is a module
+            # "akocore.settings.schema.RunConfig" -> the longest prefix that is a module
             parts = name.split(".")
             for end in range(len(parts), 0, -1):
                 candidate = ".".join(parts[:end])
@@ -327,8 +327,8 @@ def test_no_module_compares_a_scheme_with_a_name_outside_the_scheme_registry():
 
 
 def test_every_scheme_is_one_object_that_builds_its_own_nodes():
-    from akocore.config import ExchangeConfig
     from akocore.schemes import REGISTRY, Scheme, SchemeSpec, build_nodes
+    from akocore.settings.schema import ExchangeConfig
 
     assert set(REGISTRY) == {"ako", "ps", "allreduce", "wagma", "diloco", "streaming-diloco",
                              "quorum-diloco", "sparseloco",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from akocore.results import ComputeMeasurement, RecordError
+from akocore.records.results import ComputeMeasurement, RecordError
 from akosim.cli import main
 from akosim.planning import compute_cache
 from akosim.planning.compute import StepTiming

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from akocore.workload import FlatWorkload, build_workload
+from akocore.workloads.flat import FlatWorkload, build_workload
 from akocore.workloads.step_timing import (
     MEASURE_STEPS,
     MEASURE_WARMUP,

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from akocore import figures
-from akocore.results import (
+from akocore.records import figures
+from akocore.records.results import (
     SCHEMA_VERSION,
     Calibration,
     LinkResult,
@@ -185,7 +185,7 @@ def test_the_schema_table_is_generated_from_the_records() -> None:
     committed = (REPO / "docs" / "reference" / "result-schema.md").read_text(encoding="utf-8")
     assert committed == schema_markdown(), (
         "docs/reference/result-schema.md is stale: regenerate it with python -c 'from "
-        "akocore.results import schema_markdown; open(\"docs/reference/result-schema.md\", "
+        "akocore.records.results import schema_markdown; open(\"docs/reference/result-schema.md\", "
         "\"w\").write(schema_markdown())'")
     for key in ("compute_s_per_round", "per_worker", "p_of", "schema_version"):
         assert f"`{key}`" in committed

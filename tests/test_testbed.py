@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from akocore import testbed_record
-from akocore.config import config_from_dict
-from akocore.jsonrecord import RecordError
-from akocore.testbed_record import ShapedQueue
+from akocore.records import testbed_record
+from akocore.records.jsonrecord import RecordError
+from akocore.records.testbed_record import ShapedQueue
+from akocore.settings.toml_io import config_from_dict
 from akorun.errors import UsageError
 from akorun.launching.cluster import new_settings
 from akorun.launching.testbed import netns, runner

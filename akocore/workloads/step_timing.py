@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from akocore.workload import FlatWorkload
+    from akocore.workloads.flat import FlatWorkload
 
 MEASURE_STEPS = 20  # the most timed gradient steps of one measurement (median)
 MEASURE_WARMUP = 3  # untimed steps first: the compile, then two to settle

@@ -43,7 +43,7 @@ import numpy as np
 from akocore.workloads.step_timing import MEASURE_STEPS, StepTiming, time_gradient_step
 
 if TYPE_CHECKING:
-    from akocore.workload import FlatWorkload
+    from akocore.workloads.flat import FlatWorkload
     from akosim.network.rank_cpu import RankCpu
 
 _BLOCK = 256

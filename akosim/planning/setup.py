@@ -34,10 +34,11 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from akocore.cli_support import UsageError
-from akocore.config import AkosimConfig, ResolvedSettings, RunConfig
-from akocore.host_calibration import TcpParameters
+from akocore.records.host_calibration import TcpParameters
 from akocore.schemes.registry import scheme_named
+from akocore.settings.layers import ResolvedSettings
 from akocore.settings.normalise import network_layers
+from akocore.settings.schema import AkosimConfig, RunConfig
 from akocore.units import format_duration
 from akocore.workloads.step_timing import MEASURE_STEPS
 from akosim.calibration.run_calibration import (
@@ -54,7 +55,7 @@ from akosim.planning.runspec import (
 )
 
 if TYPE_CHECKING:
-    from akocore.workload import FlatWorkload as Workload
+    from akocore.workloads.flat import FlatWorkload as Workload
     from akosim.planning.compute import ComputeModel
     from akosim.planning.compute_cache import Measured
     from akosim.sim.engine import StopRule
@@ -171,7 +172,7 @@ def compute_setting(value: str | float) -> float | str:
     """``--compute TEXT`` (or a Python call's seconds) read as the [akosim] compute
     setting (the key registry's check, the same as plan's): seconds per round, "measure"
     or "remeasure"."""
-    from akocore.config import Given, Layer, resolve
+    from akocore.settings.layers import Given, Layer, resolve
 
     given = (Given("akosim.compute", value, Layer.FLAG, "by --compute")
              if isinstance(value, str) else

@@ -92,9 +92,9 @@ def time_to(evaluations: list[list[float]], target: float) -> float | None:
 def export_data(path: Path) -> None:
     """What akorun trains (digits-mlp, seed 0): split, initial parameters, each rank's
     first STEPS batches of akocore's batch stream, for the torch ranks."""
-    from akocore.data import BatchStream
-    from akocore.data_bundled import load_digits
-    from akocore.models import build_model
+    from akocore.data.bundled import load_digits
+    from akocore.data.catalog import BatchStream
+    from akocore.workloads.models import build_model
 
     data = load_digits()
     params = build_model("mlp", data.input_shape, 10, hidden=HIDDEN).init(0)

@@ -2,7 +2,7 @@
 
 `plan_shaping` turns a `NetworkConfig` and the testbed's names into the `tc`
 command lines to run and the `ShapedQueue` records they create
-(akocore.testbed_record):
+(akocore.records.testbed_record):
 
 - every rank's veth egress (its uplink) gets an htb tree: root class 1:1 at
   the node's uplink; default leaf 1:2 (destinations without a cap); one leaf
@@ -27,8 +27,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from akocore.config import NetworkConfig
-from akocore.testbed_record import ShapedQueue
+from akocore.records.testbed_record import ShapedQueue
+from akocore.settings.schema import NetworkConfig
 
 BURST_S = 1e-3
 MIN_BURST_BYTES = 2 * 1514

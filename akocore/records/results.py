@@ -25,7 +25,7 @@ schema (no ``schema_version``: akorun's ``workers`` list, akosim's
 metadata (unit, meaning, writer) generates docs/reference/result-schema.md
 (`schema_markdown`). `Figures` carries the steady-state summary of one rank
 (`rank_figures`) or one run (`merged_figures`) into those records; the derived
-figures shared by all three live in akocore.figures. No I/O here: callers
+figures shared by all three live in akocore.records.figures. No I/O here: callers
 read and write the files.
 
 Past ~500 lines on purpose: these records are the one schema both backends and
@@ -45,7 +45,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from akocore.figures import (
+from akocore.records.figures import (
     fill_missing,
     mean_of_known,
     relative_std,
@@ -54,14 +54,14 @@ from akocore.figures import (
     tile,
     warmup_rounds,
 )
-from akocore.jsonrecord import (
+from akocore.records.jsonrecord import (
     RecordError,
     meta,
     record_from_json,
     record_to_json,
     schema_rows,
 )
-from akocore.message_cost import MessageCost, MessageSample
+from akocore.records.message_cost import MessageCost, MessageSample
 from akocore.schemes.registry import is_partitioned
 
 SCHEMA_VERSION = 3
@@ -256,7 +256,7 @@ class RunResult:
     label: str = field(default="", metadata=meta(
         "", "what the run is, e.g. ako p=4 (auto) or ps 1 server(s)"))
     config: Mapping[str, Any] = field(default_factory=dict, metadata=meta(
-        "", "the configuration echoed, as akocore.config.config_to_dict writes it"))
+        "", "the configuration echoed, as akocore.settings.toml_io.config_to_dict writes it"))
     run_id: str | None = field(default=None, metadata=meta("", "the launch's run id", "akorun"))
     p: int = field(default=1, metadata=meta(
         "partitions", "largest p of any worker (1 for ps and allreduce)"))
@@ -514,7 +514,7 @@ class Calibration:
 
     Per rank: compute, per-round and per-message overheads. A rank without a value
     (a parameter server computes no gradient) got the others' mean when the
-    calibration was made (akocore.figures.fill_missing); a figure no rank has is
+    calibration was made (akocore.records.figures.fill_missing); a figure no rank has is
     null everywhere. `compute_s(nodes)` etc. spread the ranks over `nodes`.
     """
 
@@ -803,7 +803,7 @@ def _upgrade_plan(old: dict[str, Any]) -> dict[str, Any]:
 
 def schema_markdown() -> str:
     """docs/reference/result-schema.md: one table per record, one row per key."""
-    out = ["# Result schema (generated from akocore/results.py; "
+    out = ["# Result schema (generated from akocore/records/results.py; "
            "tests/test_result_schema.py checks it)", "",
            f"Every record's JSON carries `schema_version` ({SCHEMA_VERSION}; version 1 files, "
            "which lack the plan's ranking, are read too) and `kind` "
@@ -825,7 +825,7 @@ def schema_markdown() -> str:
                                             "in the user's cache directory"),
                        (MessageCost, "`akorun measure-messages --out FILE.json` (kind "
                                      "`message_cost`, versioned by its own `schema_version`; "
-                                     "akocore/message_cost.py)"),
+                                     "akocore/records/message_cost.py)"),
                        (MessageSample, "one timed message of a message cost's `samples`")):
         out += [f"## {cls.__name__}: {title}", "",
                 "| key | type | unit | meaning | written by |", "|---|---|---|---|---|"]
