@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
+from akocore.hosttools.shaping import plan_shaping
 from akorun.launching.testbed import delaypath, netns
 from akorun.launching.testbed.delayline import DelaySchedule
 from akorun.launching.testbed.netns import SUBNET, SUBNET_PREFIX, NetnsTestbed, entered
 from akorun.launching.testbed.probe import measure_transfer
-from akorun.launching.testbed.shaping import plan_shaping
 
 TCPI_MIN_RTT_OFFSET = 148  # struct tcp_info: tcpi_min_rtt (microseconds)
 ECHO_PORT = 7100
