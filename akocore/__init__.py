@@ -6,6 +6,15 @@ this package opens a socket, reads a clock or runs an event loop; the one
 change of process-wide state (JAX's compilation cache) is
 akocore.process_setup, which only a shell calls.
 
+Where things live: `settings` (what a run is, its layers and flags), `schemes`
+(each exchange scheme, its nodes and knobs), `codecs` (what a send carries),
+`workloads` (the Workload protocol, built-in models, the flat view both shells
+train, how its step is timed), `data` (the built-in datasets), `records` (every
+result file as a typed record), `hosttools` (the ip/tc command text of a netns
+testbed); at the root, the reference semantics of Ako (`partition`, `ssp`,
+`planner`, `messages`, `resolve`) and the small shared edges (`units`,
+`cli_support`, `optim`, `process_setup`, `rank_threads`, `hostinfo`, `extras`).
+
 Bring your own model: a `Workload` (initial parameters, loss, evaluation, data,
 optimizer) returned by a factory in your file trains with ``akorun launch
 --workload ./mymodel.py:make`` and is planned with ``akosim --workload
