@@ -45,9 +45,11 @@ from pathlib import Path
 from typing import Any
 
 from akocore.cli_support import UsageError
+from akocore.records.calibration import Calibration
 from akocore.records.host_calibration import TcpParameters
 from akocore.records.jsonrecord import RecordError
-from akocore.records.results import Calibration, PlanResult, RunResult, read_result
+from akocore.records.result_reader import read_result
+from akocore.records.results import PlanResult, RunResult
 from akocore.records.testbed_record import TESTBED_RECORD_FILE, TestbedRecord
 from akocore.schemes.registry import is_partitioned
 from akocore.settings.cli_flags import add_shared_arguments, arg_layers

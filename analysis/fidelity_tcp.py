@@ -48,7 +48,8 @@ from pathlib import Path
 from akocore.rank_threads import NPROC_ENV, SINGLE_THREAD_XLA_FLAGS
 from akocore.records.figures import steady_round_time_s
 from akocore.records.jsonrecord import record_from_json, record_to_json
-from akocore.records.results import PlanResult, RunResult, read_result
+from akocore.records.result_reader import read_result
+from akocore.records.results import PlanResult, RunResult
 from akocore.schemes.registry import has_servers, is_partitioned
 from analysis.fidelity_tcp_record import (
     COLUMNS,

@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from akocore.records.figures import mean_of_known
-from akocore.records.results import PlanResult, RunResult, rank_overhead_s, read_result
+from akocore.records.result_reader import read_result
+from akocore.records.results import PlanResult, RunResult
+from akocore.records.run_figures import rank_overhead_s
 from akocore.schemes.registry import has_servers
 from analysis.matrix import SCALING, TARGET_ACCURACY, Experiment, all_experiments
 

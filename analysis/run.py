@@ -70,7 +70,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from akocore.records.results import Calibration, RunResult, read_result, run_compute_jitter
+from akocore.records.calibration import Calibration
+from akocore.records.result_reader import read_result
+from akocore.records.results import RunResult
+from akocore.records.run_figures import run_compute_jitter
 from analysis.matrix import (
     AKORUN_ALLOWANCE_S,
     BATCH,

@@ -11,7 +11,8 @@ import jax
 import numpy as np
 import pytest
 
-from akocore.records.results import Figures, RankResult, RunResult
+from akocore.records.results import RankResult, RunResult
+from akocore.records.run_figures import Figures
 from akocore.schemes import AkoWorker, Replica
 from akocore.workloads.flat import build_workload
 from akorun.errors import UsageError

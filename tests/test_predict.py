@@ -15,7 +15,8 @@ from akocore.cli_support import UsageError
 from akocore.records import testbed_record as tb
 from akocore.records.host_calibration import TcpParameters
 from akocore.records.jsonrecord import RecordError
-from akocore.records.results import PlanResult, read_result
+from akocore.records.result_reader import read_result
+from akocore.records.results import PlanResult
 from akocore.settings.schema import NetworkConfig
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 from akosim import prediction as predict

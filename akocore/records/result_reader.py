@@ -12,8 +12,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from akocore.records.results import Calibration, PlanResult, RankResult, RecordError, RunResult
-from akocore.records.results import read_result as record_of
+from akocore.records.calibration import Calibration
+from akocore.records.legacy_reading import record_of
+from akocore.records.results import PlanResult, RankResult, RecordError, RunResult
 
 
 def read_result(source: Any) -> PlanResult | RunResult | RankResult | Calibration:

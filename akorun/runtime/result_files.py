@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from akocore.records.figures import steady_mean, steady_round_time_s, warmup_rounds
-from akocore.records.results import RankResult, RunResult, merged_figures, rank_figures
+from akocore.records.results import RankResult, RunResult
+from akocore.records.run_figures import merged_figures, rank_figures
 
 __all__ = ["RankDiagnostics", "RankSummary", "checked_rank_result", "max_relative_difference",
            "merge_results", "nonfinite_replicas", "steady_mean", "steady_round_time_s",

@@ -3,7 +3,7 @@
 FILE is akorun's merged ``result.json`` (a RunResult, made into a Calibration
 here) or a calibration file (what ``python -m analysis.run`` writes beside a
 calibrated run); files written before the schema are read too
-(akocore.records.results.read_result). Per-rank values are spread over the simulated
+(akocore.records.result_reader.read_result). Per-rank values are spread over the simulated
 nodes in turn, ranks without a value having the others' mean
 (akocore.records.figures.fill_missing). A run's result also names its workload, batch,
 optimizer and data: `run_training_layer` gives them as a settings layer just
@@ -17,14 +17,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from akocore.records.calibration import Calibration
 from akocore.records.figures import fill_missing, tile
-from akocore.records.results import (
-    Calibration,
-    RecordError,
-    RunResult,
-    rank_overhead_s,
-    read_result,
-)
+from akocore.records.result_reader import read_result
+from akocore.records.results import RecordError, RunResult
+from akocore.records.run_figures import rank_overhead_s
 from akocore.settings.layers import Given, Layer, ResolvedSettings
 from akocore.settings.schema import RunConfig
 

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from akocore.hostinfo import cpu_fingerprint
-from akocore.records.results import ComputeMeasurement, RecordError
+from akocore.records.calibration import ComputeMeasurement
+from akocore.records.results import RecordError
 from akocore.workloads.step_timing import StepTiming
 
 CACHE_ENV = "AKO_CACHE_DIR"  # tests and users point the cache elsewhere with this
