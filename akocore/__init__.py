@@ -6,6 +6,15 @@ this package opens a socket, reads a clock or runs an event loop; the one
 change of process-wide state (JAX's compilation cache) is
 akocore.process_setup, which only a shell calls.
 
+Where things live: `settings` (what a run is, its layers and flags), `schemes`
+(each exchange scheme, its nodes and knobs), `codecs` (what a send carries),
+`workloads` (the Workload protocol, built-in models, the flat view both shells
+train, how its step is timed), `data` (the built-in datasets), `records` (every
+result file as a typed record), `hosttools` (the ip/tc command text of a netns
+testbed); at the root, the reference semantics of Ako (`partition`, `ssp`,
+`planner`, `messages`, `resolve`) and the small shared edges (`units`,
+`cli_support`, `optim`, `process_setup`, `rank_threads`, `hostinfo`, `extras`).
+
 Bring your own model: a `Workload` (initial parameters, loss, evaluation, data,
 optimizer) returned by a factory in your file trains with ``akorun launch
 --workload ./mymodel.py:make`` and is planned with ``akosim --workload
@@ -32,15 +41,15 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from akocore.result_reader import read_result
-    from akocore.results import PlanResult, RankResult, RunResult
-    from akocore.workload import (
+    from akocore.records.result_reader import read_result
+    from akocore.records.results import PlanResult, RankResult, RunResult
+    from akocore.workloads import ArrayData, BatchFactory, Workload
+    from akocore.workloads.flat import (
         FlatWorkload,
         build_workload,
         flat_workload,
         workload_fingerprint,
     )
-    from akocore.workloads import ArrayData, BatchFactory, Workload
 
 __version__ = "0.1.0"
 
@@ -49,14 +58,14 @@ _EXPORTS = {
     "ArrayData": "akocore.workloads",
     "BatchFactory": "akocore.workloads",
     "Workload": "akocore.workloads",
-    "FlatWorkload": "akocore.workload",
-    "build_workload": "akocore.workload",
-    "flat_workload": "akocore.workload",
-    "workload_fingerprint": "akocore.workload",
-    "read_result": "akocore.result_reader",
-    "PlanResult": "akocore.results",
-    "RankResult": "akocore.results",
-    "RunResult": "akocore.results",
+    "FlatWorkload": "akocore.workloads.flat",
+    "build_workload": "akocore.workloads.flat",
+    "flat_workload": "akocore.workloads.flat",
+    "workload_fingerprint": "akocore.workloads.flat",
+    "read_result": "akocore.records.result_reader",
+    "PlanResult": "akocore.records.results",
+    "RankResult": "akocore.records.results",
+    "RunResult": "akocore.records.results",
 }
 
 

@@ -45,10 +45,6 @@ def partition_slice(length: int, p: int, k: int) -> tuple[int, int]:
     return start, start + base + (1 if k < extra else 0)
 
 
-def partition_lengths(length: int, p: int) -> np.ndarray:
-    return np.diff(partition_bounds(length, p))
-
-
 def accumulate_and_take(unsent: np.ndarray, grad: np.ndarray, start: int,
                         stop: int) -> np.ndarray:
     """Add a gradient to the unsent buffers, take partition [start, stop) out.

@@ -5,7 +5,7 @@ stands for one) imports JAX. XLA's CPU client sizes its intra-op thread pool to 
 cores the process may run on (or to the ``NPROC`` environment variable when set), so ranks
 that share a host each start a pool of every core and their threads compete for the
 cores. How much that costs depends on how much of the step XLA splits over the pool: with
-the step's large copies inside XLA (before akocore.workload moved them to NumPy), 3 ranks
+the step's large copies inside XLA (before akocore.workloads.flat moved them to NumPy), 3 ranks
 of the 1.13M-parameter digits MLP (batch 32) on 2 busy cores took 180-470 ms of wall time
 per step with XLA's default pools and 21-28 ms with one thread each; with the copies in
 NumPy both are 12-13 ms there. Turning off ``--xla_cpu_multi_thread_eigen`` alone does not

@@ -14,11 +14,11 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from akocore.codecs import codec_named
-from akocore.config import RunConfig
 from akocore.partition import PartitionError, check_p
 from akocore.planner import Plan, PlanInputs, plan
 from akocore.schemes import SchemeSpec, scheme_named
 from akocore.schemes.registry import wire_codec
+from akocore.settings.schema import RunConfig
 
 
 @dataclass(frozen=True)

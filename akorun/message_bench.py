@@ -9,9 +9,9 @@ BLAKE3 digest) to the acknowledged answer: sealing, the data path (akorun.transp
 with ``AKORUN_PARTIALS_OVER=http``) on both sides, the receiver's seal check, body
 hashing, decode, apply and the sealed answer. On loopback without
 emulation the wire itself costs next to nothing, so this is the software cost that a
-real network adds its transfer time to. `akocore.message_cost.fit_message_cost` fits
+real network adds its transfer time to. `akocore.records.message_cost.fit_message_cost` fits
 ``fixed_s + per_byte_s * bytes`` and the command writes the `MessageCost` record
-(akocore.message_cost) that ``akosim calibrate`` reads.
+(akocore.records.message_cost) that ``akosim calibrate`` reads.
 
 The sizes are timed round-robin (one message of each size per repetition), so a
 change of machine load during the run spreads over every size instead of tilting the
@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 
 from akocore.hostinfo import host_fingerprint
-from akocore.message_cost import MessageCost, MessageSample, fit_message_cost
 from akocore.messages import Kind, Partial
+from akocore.records.message_cost import MessageCost, MessageSample, fit_message_cost
 from akorun.errors import UsageError
 from akorun.transport.wire import HEADER_SIZE
 
@@ -51,7 +51,7 @@ examples:
 
 Sends messages one at a time to a server on 127.0.0.1 (no emulation), times each
 from encode to the acknowledged answer, and fits fixed_s + per_byte_s * bytes.
-The file is an akocore.message_cost.MessageCost record (kind "message_cost");
+The file is an akocore.records.message_cost.MessageCost record (kind "message_cost");
 `akosim calibrate` runs this command and reads it. Run it on a quiet machine.
 """
 

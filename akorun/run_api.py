@@ -12,7 +12,7 @@ says "api" (akocore.settings.api_layer; no flag text is built). The commands are
 layers over the same functions (akorun.launching.commands.init_cluster, launch_run,
 rank_options, run_rank), with the command's own options typed
 (akorun.launching.requests). A mistake raises a ValueError (`akorun.errors.UsageError`,
-`akocore.config.ConfigError`, ...) with the line the command would print; an unknown
+`akocore.settings.normalise.ConfigError`, ...) with the line the command would print; an unknown
 keyword is a TypeError naming the settings there are.
 """
 
@@ -37,8 +37,8 @@ from akorun.launching.cluster import DEFAULT_BASE_PORT
 if TYPE_CHECKING:
     import numpy as np
 
-    from akocore.results import RankResult, RunResult
-    from akocore.workload import FlatWorkload
+    from akocore.records.results import RankResult, RunResult
+    from akocore.workloads.flat import FlatWorkload
     from akorun.launching.requests import RankRequest
     from akorun.runtime.worker import Worker
 
@@ -359,8 +359,8 @@ def _bridge(exchange: Exchange, cfg: Any) -> FlatWorkload:
 
     import numpy as np
 
-    from akocore.workload import FlatWorkload, flat_workload
     from akocore.workloads import ArrayData, Workload
+    from akocore.workloads.flat import FlatWorkload, flat_workload
 
     workers = cfg.cluster.workers
     examples = max(64, 2 * cfg.train.batch_size * workers)

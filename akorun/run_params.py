@@ -21,10 +21,10 @@ import numpy as np
 from akorun.errors import UsageError
 
 if TYPE_CHECKING:
-    from akocore.config import RunConfig
-    from akocore.results import RankResult
-    from akocore.workload import FlatWorkload
+    from akocore.records.results import RankResult
+    from akocore.settings.schema import RunConfig
     from akocore.workloads import Workload
+    from akocore.workloads.flat import FlatWorkload
 
 __all__ = ["load_params"]
 
@@ -66,7 +66,7 @@ def load_params(run_dir: str | os.PathLike[str], rank: int | None = None, *,
                          f"shard of the model, not the model: give a training rank")
     flat = _replica(directory, record)
     if like is not None:
-        from akocore.param_tree import unflatten_like
+        from akocore.workloads.param_tree import unflatten_like
 
         try:
             return unflatten_like(flat, like)
@@ -83,7 +83,7 @@ def load_params(run_dir: str | os.PathLike[str], rank: int | None = None, *,
 
 
 def _rank_record(directory: Path, rank: int) -> RankResult:
-    from akocore.results import RankResult
+    from akocore.records.results import RankResult
 
     path = directory / f"worker-{rank}.json"
     if not path.is_file():
@@ -128,8 +128,8 @@ def _structure(directory: Path, cfg: RunConfig, workload: str | Workload | None
                ) -> FlatWorkload:
     """The workload whose parameters give the vector its structure, built with the run's
     seed (the same init the ranks called)."""
-    from akocore.workload import build_workload, flat_workload
     from akocore.workloads import Workload
+    from akocore.workloads.flat import build_workload, flat_workload
 
     train = cfg.train
     if workload is not None and not isinstance(workload, str | Workload):

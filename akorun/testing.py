@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from akocore.config import RunConfig, config_from_dict
 from akocore.messages import Partial
 from akocore.rank_threads import NPROC_ENV, SINGLE_THREAD_XLA_FLAGS
+from akocore.settings.schema import RunConfig
+from akocore.settings.toml_io import config_from_dict
 from akorun.launching.cluster import (
     AkorunSettings,
     loopback_hosts,

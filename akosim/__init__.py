@@ -2,7 +2,7 @@
 partition rounds, timing only or really training).
 
 The public API mirrors the command line (keyword settings are its flags; ``config=`` a
-settings file, ``overrides=`` dotted settings) and returns typed records (akocore.results):
+settings file, ``overrides=`` dotted settings) and returns typed records (akocore.records.results):
 
 - `plan` compares the schemes and recommends p and s (a `PlanResult`: its ``runs`` are
   the table's rows, ``explanation`` and ``advice`` the recommendation);

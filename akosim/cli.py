@@ -32,17 +32,12 @@ from akocore.cli_support import (
     load_scheme_plugins,
     one_line,
 )
-from akocore.config import (
-    ResolvedSettings,
-    Tool,
-    add_akosim_argument,
-    add_shared_arguments,
-)
-from akocore.nonfinite import NonFiniteStep
 from akocore.schemes.registry import wire_codec
-from akocore.settings.cli_flags import arg_layers
-from akocore.settings.key_registry import RUN_SECTIONS
+from akocore.settings.cli_flags import add_akosim_argument, add_shared_arguments, arg_layers
+from akocore.settings.key_registry import RUN_SECTIONS, Tool
+from akocore.settings.layers import ResolvedSettings
 from akocore.units import format_duration, format_size
+from akocore.workloads.nonfinite import NonFiniteStep
 from akosim.calibration.run_calibration import (  # noqa: F401 (rank_overhead_s: re-exported)
     compute_from_result,
     message_overhead_from_result,

@@ -1,6 +1,6 @@
 """`akosim predict RUN_DIR`: predict one akorun run exactly as it was configured.
 
-The run's merged ``result.json`` (akocore.results.RunResult) says what ran:
+The run's merged ``result.json`` (akocore.records.results.RunResult) says what ran:
 its configuration echo (workload, batch, optimizer, scheme, network, rounds),
 each rank's resolved p, the staleness bound, and each rank's measured compute
 seconds per round and per-round overhead. predict simulates that run and prints
@@ -17,7 +17,7 @@ What is taken from where, so that nothing is counted twice:
   there (the compute jitter), and the host's per-message cost is stretched by
   the same measured slowdown and charged as the ranks' CPU;
 - the network: the one the kernel realised when the run directory holds the
-  testbed's ``testbed.json`` (akocore.testbed_record: each node's uplink, the
+  testbed's ``testbed.json`` (akocore.records.testbed_record: each node's uplink, the
   per-pair caps, no latency, since this kernel's testbed ignores it), else the
   run's [network] settings; shared by the TCP-aware model (akosim.network.tcpmodel, the
   default here: a real run is real TCP) or max-min;
@@ -45,22 +45,19 @@ from pathlib import Path
 from typing import Any
 
 from akocore.cli_support import UsageError
-from akocore.config import (
-    RunConfig,
-    Tool,
-    add_shared_arguments,
-    config_from_dict,
-    config_to_dict,
-)
-from akocore.host_calibration import TcpParameters
-from akocore.jsonrecord import RecordError
-from akocore.results import Calibration, PlanResult, RunResult, read_result
+from akocore.records.calibration import Calibration
+from akocore.records.host_calibration import TcpParameters
+from akocore.records.jsonrecord import RecordError
+from akocore.records.result_reader import read_result
+from akocore.records.results import PlanResult, RunResult
+from akocore.records.testbed_record import TESTBED_RECORD_FILE, TestbedRecord
 from akocore.schemes.registry import is_partitioned
-from akocore.settings.cli_flags import arg_layers
+from akocore.settings.cli_flags import add_shared_arguments, arg_layers
+from akocore.settings.key_registry import Tool
 from akocore.settings.layers import Given, Layer, Origin, resolve
 from akocore.settings.normalise import network_layers
-from akocore.settings.schema import NetworkConfig
-from akocore.testbed_record import TESTBED_RECORD_FILE, TestbedRecord
+from akocore.settings.schema import NetworkConfig, RunConfig
+from akocore.settings.toml_io import config_from_dict, config_to_dict
 from akocore.units import format_duration
 from akosim.calibration.host_calibration_io import tcp_parameters
 from akosim.calibration.run_calibration import run_message_software_s

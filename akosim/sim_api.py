@@ -18,8 +18,8 @@ built-in name, ``"file.py:factory"``, ``"package.module:factory"`` or an
 The commands are thin layers over the same functions: akosim.planning.execute's
 `plan_outcome` is what ``akosim plan`` / ``akosim train`` print, `akosim.prediction.predict_run`
 what ``akosim predict`` prints. A mistake raises a ValueError (`akocore.cli_support.UsageError`,
-`akocore.config.ConfigError`, ...) with the line the command would print; an unknown keyword is a
-TypeError naming the settings there are.
+`akocore.settings.normalise.ConfigError`, ...) with the line the command would print; an
+unknown keyword is a TypeError naming the settings there are.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from akocore.cli_support import UsageError
-from akocore.results import RunResult
+from akocore.records.results import RunResult
 from akocore.settings.api_layer import api_layer, config_layers, takes_settings, typed
 from akocore.settings.key_registry import Tool
 from akocore.settings.layers import Given, Layer
@@ -41,7 +41,7 @@ from akocore.workloads.spec import Workload
 from akosim.planning.setup import simulation_options
 
 if TYPE_CHECKING:
-    from akocore.results import PlanResult
+    from akocore.records.results import PlanResult
     from akosim.planning.execute import PlanOutcome
     from akosim.prediction import Prediction
     from akosim.sweeping.sweepfiles import Sweep

@@ -19,7 +19,7 @@ from collections import defaultdict
 import numpy as np
 
 from akocore.schemes import SchemeSpec, build_nodes
-from akocore.workload import build_workload
+from akocore.workloads.flat import build_workload
 
 OPTIMIZERS = {"adam": 0.001, "sgd": 0.1, "adagrad": 0.05}
 

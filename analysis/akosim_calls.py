@@ -72,7 +72,8 @@ def call_akosim(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
 
 
 def _measured_compute_s(config_path: str) -> float:
-    from akocore.config import file_layer, resolve
+    from akocore.settings.layers import resolve
+    from akocore.settings.toml_io import file_layer
     from akosim.planning import measured_compute
     from akosim.planning.runspec import TIMING_DEFAULTS
 

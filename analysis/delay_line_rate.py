@@ -20,13 +20,13 @@ import sys
 import threading
 import time
 
-from akocore.config import config_from_dict
+from akocore.hosttools.shaping import plan_shaping
+from akocore.settings.toml_io import config_from_dict
 from akocore.units import parse_bandwidth, parse_duration
 from akorun.launching.testbed import delaypath
 from akorun.launching.testbed.delayline import DelaySchedule
 from akorun.launching.testbed.netns import SUBNET, SUBNET_PREFIX, NetnsTestbed, TestbedNames
 from akorun.launching.testbed.probe import Transfer, measure_transfer
-from akorun.launching.testbed.shaping import plan_shaping
 
 
 def measure(ranks: int, rate_bps: float | None, one_way_s: float, seconds: float,

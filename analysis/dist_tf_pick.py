@@ -20,7 +20,8 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from akocore.results import PlanResult, read_result
+from akocore.records.result_reader import read_result
+from akocore.records.results import PlanResult
 from analysis.akosim_calls import call_akosim
 from analysis.matrix import (
     DIST_TF_CANDIDATES,

@@ -37,8 +37,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from akocore.result_reader import read_result
-from akocore.results import RankResult, RunResult
+from akocore.records.result_reader import read_result
+from akocore.records.results import RankResult, RunResult
 from analysis.fidelity_tcp import _python, child_env
 from analysis.tta_testbed import (
     EVAL_EVERY,

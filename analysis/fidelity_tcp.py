@@ -28,7 +28,7 @@ Resumable: a configuration whose folder holds ``done.json`` is not run again
 (``--repredict`` predicts it again without running it, after a change to akosim).
 Writes RESULTS/fidelity-tcp.json (`FidelityTcpRecord`) and the markdown report
 (`--report`, default docs/reports/fidelity-tcp.md). The measured round time is the
-mean steady-state round time of akocore.figures (warm-up rounds skipped).
+mean steady-state round time of akocore.records.figures (warm-up rounds skipped).
 """
 
 from __future__ import annotations
@@ -45,10 +45,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from akocore.figures import steady_round_time_s
-from akocore.jsonrecord import record_from_json, record_to_json
 from akocore.rank_threads import NPROC_ENV, SINGLE_THREAD_XLA_FLAGS
-from akocore.results import PlanResult, RunResult, read_result
+from akocore.records.figures import steady_round_time_s
+from akocore.records.jsonrecord import record_from_json, record_to_json
+from akocore.records.result_reader import read_result
+from akocore.records.results import PlanResult, RunResult
 from akocore.schemes.registry import has_servers, is_partitioned
 from analysis.fidelity_tcp_record import (
     COLUMNS,
@@ -368,7 +369,7 @@ def host_compute_s(results: Path, workload: str) -> float:
 
 def colocated_summaries(results: Path) -> tuple[str, ...]:
     """One line per co-located step measurement cached in RESULTS/cache."""
-    from akocore.jsonrecord import RecordError
+    from akocore.records.jsonrecord import RecordError
     from akosim.calibration.colocated_compute import ColocatedCompute
 
     lines = []
@@ -382,7 +383,7 @@ def colocated_summaries(results: Path) -> tuple[str, ...]:
 
 
 def calibration_summary(path: Path) -> str:
-    from akocore.host_calibration import HostCalibration
+    from akocore.records.host_calibration import HostCalibration
 
     record = HostCalibration.from_json(json.loads(path.read_text()))
     p = record.tcp

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from akocore.jsonrecord import RecordError, meta, record_from_json, record_to_json
+from akocore.records.jsonrecord import RecordError, meta, record_from_json, record_to_json
 from analysis.fidelity import Pair, kendall_tau, mape
 
 FIDELITY_TCP_VERSION = 1
@@ -38,7 +38,7 @@ class FidelityTcpRow:
     ssp: int = field(metadata=meta("rounds", "staleness bound s"))
     rounds: int = field(metadata=meta("rounds", "rounds run"))
     measured_round_time_s: float = field(metadata=meta(
-        "s", "mean steady-state round time over the training ranks (akocore.figures)"))
+        "s", "mean steady-state round time over the training ranks (akocore.records.figures)"))
     host_calibrated_s: float = field(metadata=meta("s", "TCP model, host calibration, "
                                                         "akosim's own compute"))
     run_calibrated_s: float = field(metadata=meta("s", "TCP model, the run's compute and "

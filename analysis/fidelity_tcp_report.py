@@ -164,7 +164,7 @@ def markdown_report(record: FidelityTcpRecord, analysis: str = "") -> str:
         "`akorun launch --testbed netns` (ranks in network namespaces, real kernel TCP, each "
         f"NIC shaped by tc htb both ways, {latency}), one at a time, "
         f"{record.workload}, {record.rounds} rounds; the measured round time is the mean "
-        "steady-state round time (akocore.figures: the first 10% of rounds skipped) over "
+        "steady-state round time (akocore.records.figures: the first 10% of rounds skipped) over "
         "the training ranks. Predictions by `akosim predict RUN_DIR`, which reads the "
         "network from the run's testbed.json:",
         "",

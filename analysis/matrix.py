@@ -235,8 +235,8 @@ def _mbps_text(values: tuple[float, ...]) -> str:
 
 def various_p(network: Network, workers: int, *, fullsize: bool = False) -> tuple[int, ...]:
     """Per-worker p: the planner's per-worker need, rounded up to 1, 2 or 4."""
-    from akocore.config import NetworkConfig
     from akocore.planner import PlanInputs, plan
+    from akocore.settings.schema import NetworkConfig
 
     nic = SEED_NIC_MBPS if fullsize else SCALING.mbps(SEED_NIC_MBPS)
     links = tuple(v if fullsize else SCALING.mbps(v) for v in network.link_mbps)

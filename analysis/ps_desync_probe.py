@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from akocore.hosttools.shaping import burst_bytes, plan_shaping, queue_limit_bytes
 from akocore.settings.schema import NetworkConfig
 from akorun.launching.testbed.delayline import DelaySchedule
 from akorun.launching.testbed.delaypath import DelayLineProcess, RankPort, plan_delay_path
@@ -47,7 +48,6 @@ from akorun.launching.testbed.netns import (
     TestbedNames,
     missing_requirements,
 )
-from akorun.launching.testbed.shaping import burst_bytes, plan_shaping, queue_limit_bytes
 
 PORT = 7171
 START_DELAY_S = 1.5

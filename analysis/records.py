@@ -1,7 +1,7 @@
 """Result files -> one `Record` per configuration and backend, and its figures of merit.
 
 `load_records(results)` reads RESULTS/<backend>/<network>/<n>w-<scheme>/result.json
-(written by analysis.run, read through akocore.results) into `Record`s: the
+(written by analysis.run, read through akocore.records.results) into `Record`s: the
 few figures the report compares, and the accuracy curve on a time axis.
 
 Time axes. akosim: simulated seconds. akorun: wall seconds since training
@@ -21,8 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from akocore.figures import mean_of_known
-from akocore.results import PlanResult, RunResult, rank_overhead_s, read_result
+from akocore.records.figures import mean_of_known
+from akocore.records.result_reader import read_result
+from akocore.records.results import PlanResult, RunResult
+from akocore.records.run_figures import rank_overhead_s
 from akocore.schemes.registry import has_servers
 from analysis.matrix import SCALING, TARGET_ACCURACY, Experiment, all_experiments
 

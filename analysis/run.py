@@ -34,7 +34,7 @@ Backends (one folder each, RESULTS/<backend>/<network>/<n>w-<scheme>/):
   budget, no gradients computed, so no accuracy curve; it exists for the
   fidelity report) with ``--compute-from`` the akorun result of the same
   configuration (skipped until that exists), made into a Calibration
-  (akocore.results): each rank's ``compute_s_per_round`` and
+  (akocore.records.results): each rank's ``compute_s_per_round`` and
   ``overhead_s_per_round`` (the per-round time outside the gradient and the
   gate), and a parameter server's rank has neither, so the runner writes
   ``compute.json`` beside it with the server's entries set to the training
@@ -70,7 +70,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from akocore.results import Calibration, PlanResult, RunResult, read_result, run_compute_jitter
+from akocore.records.calibration import Calibration
+from akocore.records.result_reader import read_result
+from akocore.records.results import RunResult
+from akocore.records.run_figures import run_compute_jitter
 from analysis.matrix import (
     AKORUN_ALLOWANCE_S,
     BATCH,
@@ -138,18 +141,9 @@ def read_run(path: Path) -> RunResult:
     return record
 
 
-def read_plan(path: Path) -> PlanResult:
-    """The PlanResult in `path` (what akosim --out wrote)."""
-    record = read_result(json.loads(path.read_text()))
-    if not isinstance(record, PlanResult):
-        raise ValueError(f"{path}: expected akosim's --out file, found a "
-                         f"{type(record).__name__}")
-    return record
-
-
 def calibration_file(akorun_result: Path, out: Path) -> Path:
     """akorun's per-rank compute times and overheads as a Calibration (a PS rank's missing
-    values filled in: akocore.figures.fill_missing), written to `out`."""
+    values filled in: akocore.records.figures.fill_missing), written to `out`."""
     calibration = Calibration.from_run(read_run(akorun_result), source=str(akorun_result))
     if calibration.compute_s(1) is None:
         raise ValueError(f"{akorun_result}: no rank reports compute_s_per_round")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from akocore.cli_support import OneLineParser
 from akocore.extras import MissingExtra, require
-from akocore.results import RecordError
+from akocore.records.results import RecordError
 from akocore.schemes.registry import is_partitioned
 from akosim.sweeping.sweep_summary import BestRow, best_per_group, format_summary, read_rows
 

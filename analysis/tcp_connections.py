@@ -1,7 +1,8 @@
 """One POST in flight per peer (one connection) against two (two connections), on real TCP.
 
 Three akorun ranks, each in its own network namespace on one bridge, each rank's egress
-shaped by the kernel (`tc tbf`, 20 Mbit/s by default), in-process emulation off,
+shaped by the kernel (`tc tbf`, 20 Mbit/s by default, a burst of 10 ms at the rate and at
+least 32 KiB: akocore.hosttools.shaping.tbf_root), in-process emulation off,
 digits-cnn, p in {1, 3} and s in {0, 2}. For every configuration the two senders run
 side by side (window 1, then window 2, via ``AKORUN_SEND_WINDOW``, `akorun.transport.sender`), so
 both see the same machine load. Per run it reports the steady round time (rank 0's
@@ -32,7 +33,17 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from akocore.config import config_from_dict
+from akocore.hosttools.netns_commands import (
+    address_up,
+    bridge_port,
+    bridge_up,
+    missing_requirements,
+    namespace_add,
+    namespace_delete,
+    veth_pair,
+)
+from akocore.hosttools.shaping import tbf_root
+from akocore.settings.toml_io import config_from_dict
 from akorun.launching.cluster import new_settings, write_cluster_file
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 from akorun.transport.sender import DATA_PATH_ENV, WINDOW_ENV
@@ -42,12 +53,14 @@ WARMUP_ROUNDS = 5
 PORT = 7072
 
 
-def _run(*command: str) -> None:
+def _run(command: tuple[str, ...]) -> None:
     subprocess.run(command, check=True, capture_output=True, timeout=20)
 
 
 class Testbed:
-    """`WORKERS` rank namespaces on one bridge (in a hub namespace), egress tbf-shaped."""
+    """`WORKERS` rank namespaces on one bridge (in a hub namespace), egress tbf-shaped
+    (the commands are akocore.hosttools', as the netns testbed and the calibration
+    probe build theirs)."""
 
     def __init__(self, tag: str, rate_mbit: float) -> None:
         self.tag = tag
@@ -59,24 +72,21 @@ class Testbed:
 
     def up(self) -> None:
         for name in (self.hub, *self.names):
-            _run("ip", "netns", "add", name)
+            _run(namespace_add(name))
             self.created.append(name)
-        _run("ip", "-n", self.hub, "link", "add", "br0", "type", "bridge")
-        _run("ip", "-n", self.hub, "link", "set", "br0", "up")
+        for command in bridge_up(self.hub, "br0"):
+            _run(command)
         for rank, (name, address) in enumerate(zip(self.names, self.addresses, strict=True)):
             inner, outer = f"akc{self.tag}r{rank}", f"akc{self.tag}b{rank}"
-            _run("ip", "link", "add", inner, "netns", name, "type", "veth", "peer", "name",
-                 outer, "netns", self.hub)
-            _run("ip", "-n", self.hub, "link", "set", outer, "master", "br0", "up")
-            _run("ip", "-n", name, "addr", "add", f"{address}/24", "dev", inner)
-            _run("ip", "-n", name, "link", "set", inner, "up")
-            _run("ip", "-n", name, "link", "set", "lo", "up")
-            _run("ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", inner, "root",
-                 "tbf", "rate", f"{self.rate_mbit}mbit", "burst", "32kb", "latency", "100ms")
+            _run(veth_pair(inner, name, outer, self.hub))
+            _run(bridge_port(self.hub, outer, "br0"))
+            for command in address_up(name, inner, address):
+                _run(command)
+            _run(tbf_root(name, inner, self.rate_mbit * 1e6))
 
     def down(self) -> None:
         for name in self.created:  # deleting a namespace removes its veth ends too
-            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
+            subprocess.run(namespace_delete(name), capture_output=True, timeout=20)
 
 
 @dataclass(frozen=True)
@@ -159,8 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --rounds must exceed {WARMUP_ROUNDS + 2}, --rate-mbit and --repeats "
               f"be positive", file=sys.stderr)
         return 2
-    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
-        print("error: needs root and the ip and tc commands (iproute2)", file=sys.stderr)
+    why = missing_requirements(os.geteuid(), lambda tool: shutil.which(tool) is not None)
+    if why is not None:
+        print(f"error: {why}", file=sys.stderr)
         return 2
     bed = Testbed(f"{os.getpid() % 100000}", args.rate_mbit)
     try:

@@ -38,8 +38,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from akocore.figures import steady_round_time_s
-from akocore.results import RunResult
+from akocore.records.figures import steady_round_time_s
+from akocore.records.results import RunResult
 from akocore.schemes.registry import has_servers
 from analysis.fidelity_tcp import _akosim, _python, _run, child_env, read_run, uptime
 

@@ -5,7 +5,7 @@ configuration, train it on 3 local ranks, read the result and the trained model.
     python examples/notebook_style.py --rounds 6 --out runs/notebook
 
 Every call mirrors a command (keyword settings are its flags) and returns a typed
-record (akocore.results): akosim.plan -> PlanResult, akosim.simulate -> RunResult,
+record (akocore.records.results): akosim.plan -> PlanResult, akosim.simulate -> RunResult,
 akorun.launch -> RunResult, akocore.read_result(path) -> the record in a file,
 akorun.load_params(path) -> the trained model as the model's pytree.
 Needs Flax: pip install 'ako-toolkit[flax]'.

@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
+from akocore.hosttools.shaping import plan_shaping
 from akorun.launching.testbed import delaypath, netns
 from akorun.launching.testbed.delayline import DelaySchedule
 from akorun.launching.testbed.netns import SUBNET, SUBNET_PREFIX, NetnsTestbed, entered
 from akorun.launching.testbed.probe import measure_transfer
-from akorun.launching.testbed.shaping import plan_shaping
 
 TCPI_MIN_RTT_OFFSET = 148  # struct tcp_info: tcpi_min_rtt (microseconds)
 ECHO_PORT = 7100
@@ -48,7 +48,7 @@ class DelayedPair:
     `rate_bps` (raises akorun.errors.UsageError where the kernel refuses)."""
 
     def __init__(self, one_way_s: float, rate_bps: float) -> None:
-        from akocore.config import config_from_dict
+        from akocore.settings.toml_io import config_from_dict
 
         self.testbed = NetnsTestbed(netns.TestbedNames.for_pid(os.getpid(), 2))
         names = self.testbed.names

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from akocore.config import config_from_dict
 from akocore.resolve import scheme_spec
 from akocore.schemes import build_nodes
+from akocore.settings.toml_io import config_from_dict
 from akosim.planning.compute import ComputeModel
 from akosim.sim.engine import Simulation, StopRule
 from akosim.sim.scenario import network_spec

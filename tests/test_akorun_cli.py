@@ -17,8 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from akocore.config import Layer, Origin, RunConfig, Tool, add_shared_arguments, config_from_dict
-from akocore.settings.key_registry import KEYS
+from akocore.settings.cli_flags import add_shared_arguments
+from akocore.settings.key_registry import KEYS, Tool
+from akocore.settings.layers import Layer, Origin
+from akocore.settings.schema import RunConfig
+from akocore.settings.toml_io import config_from_dict
 from akorun.errors import UsageError
 from akorun.launching.cluster import (
     config_over,

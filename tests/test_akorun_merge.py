@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 import akorun
-from akocore.results import RunResult, read_result
+from akocore.records.result_reader import read_result
+from akocore.records.results import RunResult
 from akorun.launching.commands import main as akorun_main
 from akorun.launching.run_merge import merge_ranks
 from akorun.testing import (

@@ -1,7 +1,7 @@
 """akorun across real network namespaces behind a kernel rate limit (tc htb).
 
 Two namespaces on the testbed's bridge (akorun.launching.testbed.netns), each uplink
-shaped to 5 Mbit/s by the testbed's tc plan (akorun.launching.testbed.shaping); one
+shaped to 5 Mbit/s by the testbed's tc plan (akocore.hosttools.shaping); one
 worker in each namespace, talking over real TCP with in-process emulation
 off. Needs root, `ip`, `tc` and network namespaces: skipped with the reason
 otherwise. Traffic goes only to the addresses this test creates, and the
@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from akocore.config import config_from_dict
+from akocore.hosttools.shaping import burst_bytes, plan_shaping
+from akocore.settings.toml_io import config_from_dict
 from akorun.launching.cluster import new_settings, write_cluster_file
 from akorun.launching.testbed import netns
-from akorun.launching.testbed.shaping import burst_bytes, plan_shaping
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(120)]

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from akocore.config import config_from_dict
 from akocore.messages import Kind, Partial, Receipt
 from akocore.schemes import AkoWorker, Replica, SchemeNode
+from akocore.settings.toml_io import config_from_dict
 from akorun.errors import UsageError
 from akorun.launching.cluster import new_settings, with_hosts
 from akorun.metrics import Metrics

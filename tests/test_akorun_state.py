@@ -11,9 +11,10 @@ import jax
 import numpy as np
 import pytest
 
-from akocore.results import Figures, RankResult, RunResult
+from akocore.records.results import RankResult, RunResult
+from akocore.records.run_figures import Figures
 from akocore.schemes import AkoWorker, Replica
-from akocore.workload import build_workload
+from akocore.workloads.flat import build_workload
 from akorun.errors import UsageError
 from akorun.faults import faults_for
 from akorun.runtime.checkpoint_file import (
@@ -113,7 +114,7 @@ def test_the_duration_counts_the_training_seconds_of_the_processes_before() -> N
     import asyncio
     from types import SimpleNamespace
 
-    from akocore.config import config_from_dict
+    from akocore.settings.toml_io import config_from_dict
     from akorun.runtime.training import TrainingLoop
 
     cfg = config_from_dict({"train": {"duration": "10s"}})

@@ -7,8 +7,14 @@ import math
 import numpy as np
 import pytest
 
-from akocore.config import ClusterConfig, ExchangeConfig, NetworkConfig, RunConfig, TrainConfig
 from akocore.schemes import SchemeSpec, build_nodes
+from akocore.settings.schema import (
+    ClusterConfig,
+    ExchangeConfig,
+    NetworkConfig,
+    RunConfig,
+    TrainConfig,
+)
 from akosim.planning.compute import ComputeModel
 from akosim.sim.engine import StopRule
 from akosim.sim.scenario import Setup, Variant, simulate
@@ -88,7 +94,7 @@ def test_a_straggler_sets_the_pace_of_lockstep_ako() -> None:
 
 @pytest.fixture(scope="module")
 def workload():
-    from akocore.workload import build_workload
+    from akocore.workloads.flat import build_workload
 
     return build_workload("digits-mlp", batch_size=16, seed=3)
 

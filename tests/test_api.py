@@ -20,7 +20,7 @@ import akocore
 import akorun
 import akosim
 from akocore.cli_support import UsageError
-from akocore.jsonrecord import RecordError
+from akocore.records.jsonrecord import RecordError
 from akorun.testing import REPO_ROOT
 
 TIMING = dict(workers=8, bandwidth="40mbps", compute="0.3s", gradient_size="17MB",

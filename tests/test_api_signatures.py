@@ -16,10 +16,10 @@ import pytest
 import akocore
 import akorun
 import akosim
-from akocore.config import ConfigError
 from akocore.settings.api_layer import api_layer, config_layers, settings_keys
 from akocore.settings.key_registry import Tool
 from akocore.settings.layers import Given, Layer, resolve
+from akocore.settings.normalise import ConfigError
 from akocore.workloads.naming import (
     given_workload_name,
     load_workload_spec,

@@ -1,8 +1,11 @@
 """The house rules of docs/design/, read from the source: no import cycles, akocore stays pure.
 
 Imports are read with `ast` (nothing is imported), at module level and inside
-functions alike, except under ``if TYPE_CHECKING:``. A cycle counts whatever
-the level at which its imports sit: a lazy import that hides a cycle is still one.
+functions alike, except under ``if TYPE_CHECKING:``, and so are the module names
+given to ``importlib.import_module`` as text (a literal, or the strings of a
+module-level table the call looks up, as akocore's lazy exports do). A cycle
+counts whatever the level at which its imports sit or the form they take: a lazy
+import that hides a cycle is still one.
 """
 
 from __future__ import annotations
@@ -39,11 +42,54 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
+def _called_name(call: ast.Call) -> str:
+    func = call.func
+    return func.id if isinstance(func, ast.Name) else (
+        func.attr if isinstance(func, ast.Attribute) else "")
+
+
+_DOTTED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def _text_constants(node: ast.AST) -> set[str]:
+    """The strings in `node` that read as dotted module names."""
+    return {item.value for item in ast.walk(node)
+            if isinstance(item, ast.Constant) and isinstance(item.value, str)
+            and _DOTTED_NAME.fullmatch(item.value)}
+
+
+def _names_given_to_import_module(tree: ast.Module) -> set[str]:
+    """Module names an ``import_module(...)`` call is given as text: a string literal, or
+    the strings of a module-level table (``_EXPORTS = {...}``) the argument reads."""
+    tables: dict[str, set[str]] = {}
+    for statement in tree.body:
+        if isinstance(statement, ast.Assign):
+            targets, value = statement.targets, statement.value
+        elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
+            targets, value = [statement.target], statement.value
+        else:
+            continue
+        for target in targets:
+            if isinstance(target, ast.Name):
+                tables[target.id] = _text_constants(value)
+    names: set[str] = set()
+    for call in ast.walk(tree):
+        if not (isinstance(call, ast.Call) and call.args
+                and _called_name(call) == "import_module"):
+            continue
+        names |= _text_constants(call.args[0])
+        for item in ast.walk(call.args[0]):
+            if isinstance(item, ast.Name):
+                names |= tables.get(item.id, set())
+    return names
+
+
 def imported_names(path: Path, module: str) -> set[str]:
-    """Every absolute dotted name a module imports (relative imports resolved)."""
+    """Every absolute dotted name a module imports (relative imports resolved), and the
+    module names it hands to ``import_module`` as text."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     is_package = path.name == "__init__.py"
-    names: set[str] = set()
+    names: set[str] = _names_given_to_import_module(tree)
 
     def visit(node: ast.AST) -> None:
         if isinstance(node, ast.If) and _is_type_checking(node):
@@ -75,7 +121,7 @@ def import_graph() -> dict[str, set[str]]:
     for module, path in modules.items():
         targets = set()
         for name in imported_names(path, module):
-            # "akocore.config.RunConfig" -> the longest prefix that is a module
+            # "akocore.settings.schema.RunConfig" -> the longest prefix that is a module
             parts = name.split(".")
             for end in range(len(parts), 0, -1):
                 candidate = ".".join(parts[:end])
@@ -142,6 +188,19 @@ def test_relative_imports_resolve_to_project_modules(tmp_path):
     source.write_text("from .other import thing\nfrom . import sibling\n")
     assert imported_names(source, "pkg.mod") == {"pkg.other", "pkg.other.thing", "pkg",
                                                   "pkg.sibling"}
+
+
+def test_module_names_given_to_import_module_count_as_imports(tmp_path):
+    source = tmp_path / "lazy.py"
+    source.write_text("import importlib\nfrom importlib import import_module\n"
+                      "TABLE = {'Thing': 'pkg.things', 'Other': 'pkg.others'}\n"
+                      "def get(name):\n"
+                      "    importlib.import_module('pkg.direct')\n"
+                      "    return import_module(TABLE[name])\n"
+                      "LABEL = 'pkg.not_imported'\n")
+    names = imported_names(source, "pkg.lazy")
+    assert {"pkg.direct", "pkg.things", "pkg.others"} <= names
+    assert "pkg.not_imported" not in names
 
 
 def test_no_import_cycle_between_project_modules():
@@ -268,8 +327,8 @@ def test_no_module_compares_a_scheme_with_a_name_outside_the_scheme_registry():
 
 
 def test_every_scheme_is_one_object_that_builds_its_own_nodes():
-    from akocore.config import ExchangeConfig
     from akocore.schemes import REGISTRY, Scheme, SchemeSpec, build_nodes
+    from akocore.settings.schema import ExchangeConfig
 
     assert set(REGISTRY) == {"ako", "ps", "allreduce", "wagma", "diloco", "streaming-diloco",
                              "quorum-diloco", "sparseloco",
@@ -376,12 +435,6 @@ APPLICATION_LAYER = "akosim.planning"
 # simulation itself, inside akosim.sim.scenario)
 SETUP_CONSTRUCTORS = {"Setup": APPLICATION_LAYER, "StopRule": APPLICATION_LAYER,
                       "ComputeModel": APPLICATION_LAYER, "Simulation": "akosim.sim.scenario"}
-
-
-def _called_name(call: ast.Call) -> str:
-    func = call.func
-    return func.id if isinstance(func, ast.Name) else (
-        func.attr if isinstance(func, ast.Attribute) else "")
 
 
 def test_only_the_application_layer_builds_a_simulation_setup():

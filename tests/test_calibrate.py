@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from akocore.host_calibration import HostCalibration, TcpParameters
-from akocore.message_cost import MessageCost, MessageSample
+from akocore.records.host_calibration import HostCalibration, TcpParameters
+from akocore.records.message_cost import MessageCost, MessageSample
 from akosim.calibration import host_calibration_io
 from akosim.calibration.host_calibrate import calibrate
 from akosim.cli import main
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(120)
 
 def message_cost_file(folder: Path, fixed_s: float = 0.0015,
                       per_byte_s: float = 2e-9) -> Path:
-    """What `akorun measure-messages --out` writes (akocore.message_cost.MessageCost)."""
+    """What `akorun measure-messages --out` writes (akocore.records.message_cost.MessageCost)."""
     path = folder / "message-cost.json"
     record = MessageCost(fixed_s=fixed_s, per_byte_s=per_byte_s,
                          samples=(MessageSample(1000, fixed_s + 1000 * per_byte_s),),

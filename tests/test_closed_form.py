@@ -16,7 +16,13 @@ import math
 import numpy as np
 import pytest
 
-from akocore.config import ClusterConfig, ExchangeConfig, NetworkConfig, RunConfig, TrainConfig
+from akocore.settings.schema import (
+    ClusterConfig,
+    ExchangeConfig,
+    NetworkConfig,
+    RunConfig,
+    TrainConfig,
+)
 from akosim.planning.compare import ps_server_candidates, run_variant
 from akosim.planning.compute import ComputeModel
 from akosim.sim import closed_form

@@ -9,7 +9,13 @@ from dataclasses import replace
 import pytest
 
 from akocore.codecs import codec_named
-from akocore.config import ClusterConfig, ExchangeConfig, NetworkConfig, RunConfig, TrainConfig
+from akocore.settings.schema import (
+    ClusterConfig,
+    ExchangeConfig,
+    NetworkConfig,
+    RunConfig,
+    TrainConfig,
+)
 from akosim.planning.compute import ComputeModel
 from akosim.sim.engine import StopRule
 from akosim.sim.scenario import Setup, Variant, simulate

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from akocore.results import ComputeMeasurement, RecordError
+from akocore.records.calibration import ComputeMeasurement
+from akocore.records.results import RecordError
 from akosim.cli import main
 from akosim.planning import compute_cache
 from akosim.planning.compute import StepTiming

@@ -12,13 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from akocore.workload import build_workload
-from akosim.planning.compute import (
+from akocore.workloads.flat import FlatWorkload, build_workload
+from akocore.workloads.step_timing import (
+    MEASURE_STEPS,
+    MEASURE_WARMUP,
     StepTiming,
-    measure_step_timing,
     median_interval,
     timing_is_enough,
 )
+from akosim.planning.compute import measure_step_timing
 from akosim.planning.compute_cache import CacheKey, measured_compute
 
 
@@ -51,7 +53,8 @@ def test_steady_steps_stop_after_five_and_noisy_ones_run_to_the_budget() -> None
     assert timing_is_enough([0.9, 1.3, 0.9, 1.3, 1.1])  # 5.5 s timed: past the 4 s budget
 
 
-def test_measure_step_timing_stops_early_and_says_how_close(monkeypatch) -> None:
+def _counted_steps(monkeypatch) -> tuple[FlatWorkload, list[int]]:
+    """A workload whose gradient step does nothing but note its seed (one per step)."""
     workload = build_workload("digits-mlp")
     seeds: list[int] = []
 
@@ -60,6 +63,11 @@ def test_measure_step_timing_stops_early_and_says_how_close(monkeypatch) -> None
         return 0.0, params
 
     monkeypatch.setattr(type(workload), "grad_step", fake_step)
+    return workload, seeds
+
+
+def test_measure_step_timing_stops_early_and_says_how_close(monkeypatch) -> None:
+    workload, seeds = _counted_steps(monkeypatch)
     ticks = count()
     step_s = [0.100, 0.101, 0.099, 0.102, 0.100, 0.5, 0.5, 0.5]
 
@@ -68,7 +76,7 @@ def test_measure_step_timing_stops_early_and_says_how_close(monkeypatch) -> None
         return sum(step_s[:tick // 2]) + (step_s[tick // 2] if tick % 2 else 0.0)
 
     timing = measure_step_timing(workload, max_steps=30, clock=clock)
-    assert timing.steps == 5 and len(seeds) == 2 + 5  # 2 warm-up steps, then 5 timed
+    assert timing.steps == 5 and len(seeds) == 3 + 5  # 3 warm-up steps, then 5 timed
     assert timing.compute_s == pytest.approx(0.100)
     assert (timing.low_s, timing.high_s) == pytest.approx((0.099, 0.102))
     assert timing.describe() == "median of 5 steps, within ±2.0% at 90% confidence"
@@ -87,6 +95,24 @@ def test_measure_compute_s_times_at_most_steps_when_never_enough(monkeypatch) ->
     assert workload.measure_compute_s(lambda: float(next(ticks)), steps=7, warmup=1,
                                       enough=never) == pytest.approx(1.0)
     assert seen == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_akosim_times_the_step_as_akorun_does_for_p_auto(monkeypatch) -> None:
+    """--compute measure and akorun's p auto (the workload's default measurement) take the
+    same warm-up and at most the same number of timed steps."""
+    workload, seeds = _counted_steps(monkeypatch)
+    ticks = count()
+    noisy = [0.1, 0.3, 0.2, 0.5, 0.15, 0.4]
+
+    def clock() -> float:  # never settles within ±5%, and stays under the 4 s budget
+        tick = next(ticks)
+        return tick // 2 * 0.001 + (noisy[tick // 2 % len(noisy)] / 100 if tick % 2 else 0.0)
+
+    timing = measure_step_timing(workload, clock=clock)
+    akosim_seeds, seeds[:] = list(seeds), []
+    workload.measure_compute_s(clock)
+    assert timing.steps == MEASURE_STEPS
+    assert akosim_seeds == seeds == list(range(MEASURE_WARMUP + MEASURE_STEPS))
 
 
 def test_the_record_keeps_the_steps_timed_and_the_line_says_the_interval(

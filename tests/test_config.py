@@ -1,4 +1,5 @@
-"""akocore.config: defaults, TOML, matrices, list assignment, overrides, CLI precedence, errors."""
+"""The run settings (akocore.settings): defaults, TOML, matrices, list assignment,
+overrides, CLI precedence, errors."""
 
 from __future__ import annotations
 
@@ -12,34 +13,32 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from akocore.config import (
-    ClusterConfig,
-    ConfigError,
-    ExchangeConfig,
-    Given,
-    Layer,
-    NetworkConfig,
-    Origin,
-    ResolvedSettings,
-    RunConfig,
-    Tool,
-    TrainConfig,
+from akocore.settings.cli_flags import (
     add_akorun_arguments,
     add_shared_arguments,
-    apply_overrides,
     config_from_args,
+    resolve_args,
+)
+from akocore.settings.key_registry import KEYS, RUN_SECTIONS, SECTION_TYPES, Key, Tool
+from akocore.settings.layers import Given, Layer, Origin, ResolvedSettings, layer_of, resolve
+from akocore.settings.normalise import ConfigError
+from akocore.settings.schema import (
+    ClusterConfig,
+    ExchangeConfig,
+    NetworkConfig,
+    RunConfig,
+    TrainConfig,
+)
+from akocore.settings.toml_io import (
+    apply_overrides,
     config_from_dict,
     config_hash,
     config_to_dict,
     load_config,
     parse_toml_text,
     replace_in,
-    resolve,
-    resolve_args,
     set_layer,
 )
-from akocore.settings.key_registry import KEYS, RUN_SECTIONS, SECTION_TYPES, Key
-from akocore.settings.layers import layer_of
 
 FULL_TOML = """
 [cluster]
@@ -720,7 +719,10 @@ def test_generated_flags_are_the_registrys_and_default_to_none() -> None:
 def test_akosims_own_settings_are_registry_keys_checked_once_in_every_layer(tmp_path) -> None:
     """--compute, --message-overhead and --coalesce are [akosim] keys: a flag, --set or a
     file gives them, the schema checks them, and they are not part of the run."""
-    from akocore.config import AkosimConfig, ConfigError, file_layer, resolve, set_layer
+    from akocore.settings.layers import resolve
+    from akocore.settings.normalise import ConfigError
+    from akocore.settings.schema import AkosimConfig
+    from akocore.settings.toml_io import file_layer, set_layer
 
     path = tmp_path / "sim.toml"
     path.write_text('[akosim]\ncompute = "300ms"\ncoalesce = 0.01\n')

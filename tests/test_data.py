@@ -1,4 +1,4 @@
-"""Tests for akocore.data: bundled, synthetic and user datasets; sharding."""
+"""Tests for akocore.data.catalog: bundled, synthetic and user datasets; sharding."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from akocore import data, data_bundled, data_files
-from akocore.data import (
+from akocore.data import bundled as data_bundled
+from akocore.data import catalog as data
+from akocore.data import files as data_files
+from akocore.data.catalog import (
     DATASET_NAMES,
     BatchStream,
     DataError,

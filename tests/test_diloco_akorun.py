@@ -22,7 +22,7 @@ import pytest
 from akocore.codecs import codec_named
 from akocore.partition import partition_bounds
 from akocore.schemes.diloco_sync import chunk_bounds
-from akocore.workload import build_workload
+from akocore.workloads.flat import build_workload
 from akorun.testing import REPO_ROOT, LocalCluster, akorun_command, child_test_env
 from akorun.transport.wire import HEADER_SIZE
 

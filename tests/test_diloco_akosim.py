@@ -13,7 +13,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from akocore.config import ClusterConfig, ExchangeConfig, NetworkConfig, RunConfig, TrainConfig
+from akocore.settings.schema import (
+    ClusterConfig,
+    ExchangeConfig,
+    NetworkConfig,
+    RunConfig,
+    TrainConfig,
+)
 from akosim.planning.compute import ComputeModel
 from akosim.planning.runspec import configured_runs
 from akosim.sim.engine import StopRule
@@ -68,7 +74,7 @@ def test_streaming_overlap_hides_the_exchange_behind_inner_steps() -> None:
 
 @pytest.fixture(scope="module")
 def workload():
-    from akocore.workload import build_workload
+    from akocore.workloads.flat import build_workload
 
     return build_workload("digits-mlp", batch_size=16, seed=3)
 

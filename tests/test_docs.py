@@ -73,7 +73,7 @@ def test_the_site_builds_strictly_with_generated_cli_and_api_pages(tmp_path: Pat
     assert "usage: akosim" in cli and "usage: akorun" in cli and "--bandwidth" in cli
     assert not ISSUE_NUMBER.search(cli)  # the generated help too
     api = (site / "reference" / "api" / "index.html").read_text(encoding="utf-8")
-    assert "akocore.results.RunResult" in api and "akocore.workload" in api
+    assert "akocore.records.results.RunResult" in api and "akocore.workloads.flat" in api
     data = [p for p in site.rglob("*") if p.suffix in {".json", ".jsonl"}
             and p.parent.name != "search"]
     assert not data, f"report data belongs in analysis/data, not in the site: {data}"
@@ -108,7 +108,7 @@ def test_the_readmes_own_model_loads_and_takes_a_gradient_step(tmp_path: Path) -
     working factory: it loads by path, has the parameters its code says, and steps."""
     import numpy as np
 
-    from akocore.workload import build_workload
+    from akocore.workloads.flat import build_workload
 
     text = README.read_text(encoding="utf-8")
     start = text.index("```python\n# mymodel.py") + len("```python\n")

@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from akocore.config import config_from_dict
+from akocore.settings.toml_io import config_from_dict
 from akorun.launching.cluster import new_settings, write_cluster_file
 from akorun.launching.testbed import netns
 from akorun.runtime.checkpoint_orbax import unreferenced

@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from akocore.results import RankResult, RunResult
-from akocore.workload import build_workload
+from akocore.records.results import RankResult, RunResult
+from akocore.workloads.flat import build_workload
 from akorun.runtime.result_files import merge_results, worker_summary
 from akorun.runtime.round_times import RoundTimes
 from akosim.cli import (

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from akocore.workload import build_workload
+from akocore.workloads.flat import build_workload
 from akorun.launching.devices import DEVICE_COUNT_FLAG, device_env
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 

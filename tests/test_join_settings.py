@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from akocore.config import config_from_dict
+from akocore.settings.toml_io import config_from_dict
 from akorun.launching.cluster import new_settings, write_cluster_file
 from akorun.runtime.join import COMPARED, JoinFacts, compared_settings, first_mismatch
 from akorun.testing import LocalCluster

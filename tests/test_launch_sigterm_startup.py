@@ -32,9 +32,9 @@ from typing import Any
 
 import pytest
 
-from akocore.results import RunResult
-from akocore.testbed_record import TESTBED_RECORD_FILE
-from akocore.testbed_record import TestbedRecord as Record
+from akocore.records.results import RunResult
+from akocore.records.testbed_record import TESTBED_RECORD_FILE
+from akocore.records.testbed_record import TestbedRecord as Record
 from akorun.launching.local import GRACE_RAN_OUT
 from akorun.launching.testbed import netns
 from akorun.testing import (

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from akocore.config import config_from_dict
 from akocore.schemes import AkoWorker, Replica
+from akocore.settings.toml_io import config_from_dict
 from akorun.errors import Interrupted, RunError
 from akorun.faults import Faults, faults_for
 from akorun.launching.cluster import new_settings

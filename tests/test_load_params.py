@@ -21,7 +21,7 @@ import jax  # noqa: E402
 import akorun  # noqa: E402
 import akosim  # noqa: E402
 from akocore import build_workload  # noqa: E402
-from akocore.workload import initial_params, load_workload_spec  # noqa: E402
+from akocore.workloads.flat import initial_params, load_workload_spec  # noqa: E402
 from akocore.workloads.naming import parse_workload_name  # noqa: E402
 from akorun.errors import UsageError  # noqa: E402
 from akorun.testing import REPO_ROOT  # noqa: E402
@@ -129,7 +129,7 @@ def test_a_bfloat16_model_comes_back_in_bfloat16() -> None:
                                        "b": np.zeros(2, np.float32)},
                     loss=lambda p, batch, rng: 0.0, evaluate=lambda p, batch: 0.0,
                     data=ArrayData(x, y, x, y))
-    from akocore.workload import flat_workload
+    from akocore.workloads.flat import flat_workload
 
     workload = flat_workload(spec, batch_size=4)
     tree = workload.params_tree(np.arange(8, dtype=np.float32))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from akocore.config import load_config
 from akocore.settings.layers import Given, Layer, resolve
+from akocore.settings.toml_io import load_config
 from analysis import matrix
 from analysis.matrix import CONFIG_DIR, SCALING, all_experiments, expected_files
 

@@ -194,7 +194,7 @@ def test_whole_simulations_under_random_pair_caps_keep_their_round_times(seed, m
     from functools import partial
 
     import akosim.network.fluidnet
-    from akocore.config import config_from_dict
+    from akocore.settings.toml_io import config_from_dict
     from akosim.planning.compute import ComputeModel
     from akosim.sim.engine import StopRule
     from akosim.sim.scenario import Setup, ako_variant, simulate

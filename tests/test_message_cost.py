@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from akocore.jsonrecord import RecordError
-from akocore.message_cost import (
+from akocore.records.jsonrecord import RecordError
+from akocore.records.message_cost import (
     MESSAGE_COST_SCHEMA_VERSION,
     MessageCost,
     MessageSample,

@@ -1,4 +1,4 @@
-"""Tests for akocore.models: the registry, parameter counts, NumPy init, apply."""
+"""Tests for akocore.workloads.models: the registry, parameter counts, NumPy init, apply."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from akocore.models import MODEL_NAMES, build_model, count_params, truncated_normal
+from akocore.workloads.models import MODEL_NAMES, build_model, count_params, truncated_normal
 
 
 def _leaves(params):
@@ -80,7 +80,7 @@ def _init_digest(seed: int) -> str:
 def test_init_is_identical_in_another_process():
     code = (
         "import hashlib, jax\n"
-        "from akocore.models import build_model\n"
+        "from akocore.workloads.models import build_model\n"
         "p = build_model('cnn', (8, 8, 1), 10, fc_units=32).init(3)\n"
         "d = hashlib.sha256()\n"
         "[d.update(l.tobytes()) for l in jax.tree_util.tree_leaves(p)]\n"

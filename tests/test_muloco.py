@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from akocore.optim import OptaxFlatOptimizer
-from akocore.param_tree import flatten_params
 from akocore.schemes.named import NAMED_SCHEMES
 from akocore.settings.layers import Given, Layer, resolve
-from akocore.workload import build_workload, optimizer_by_name
+from akocore.workloads.flat import build_workload, optimizer_by_name
+from akocore.workloads.param_tree import flatten_params
 
 
 def test_a_muon_step_on_the_flat_vector_is_optaxs_step_on_the_pytree() -> None:
@@ -61,7 +61,7 @@ def test_the_muloco_name_is_diloco_with_the_muon_inner_optimizer() -> None:
 def test_akosim_train_learns_digits_with_muloco() -> None:
     from dataclasses import replace
 
-    from akocore.config import ClusterConfig, ExchangeConfig, RunConfig, TrainConfig
+    from akocore.settings.schema import ClusterConfig, ExchangeConfig, RunConfig, TrainConfig
     from akosim.planning.compute import ComputeModel
     from akosim.planning.runspec import configured_runs
     from akosim.sim.engine import StopRule

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import simpy
 
-from akocore.config import config_from_dict
-from akocore.host_calibration import TcpParameters
+from akocore.records.host_calibration import TcpParameters
 from akocore.resolve import scheme_spec
 from akocore.schemes import build_nodes
 from akocore.settings.normalise import NETWORK_MODELS, ConfigError, network_layers
 from akocore.settings.schema import NetworkConfig
+from akocore.settings.toml_io import config_from_dict
 from akosim.network.fluidnet import FluidNetwork
 from akosim.network.layer import NetworkLayer
 from akosim.network.netmodel import build_network_model

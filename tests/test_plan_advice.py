@@ -6,8 +6,14 @@ import math
 
 import pytest
 
-from akocore.config import ClusterConfig, ExchangeConfig, NetworkConfig, RunConfig, TrainConfig
 from akocore.planner import PlanInputs, overlap_ssp, plan, send_time_s, ways_out
+from akocore.settings.schema import (
+    ClusterConfig,
+    ExchangeConfig,
+    NetworkConfig,
+    RunConfig,
+    TrainConfig,
+)
 from akosim.cli import main
 from akosim.planning.advice import explain, with_overlap_ssp
 from akosim.planning.compare import compare_all

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from akocore.results import PlanResult
+from akocore.records.results import PlanResult
 from akosim.cli import main
 from akosim.planning.learning_ranking import TARGET_FRACTION, rank_rows
 from akosim.planning.learning_runs import LearningSource, RowLearning, spread_nodes

@@ -11,8 +11,10 @@ import math
 import pytest
 
 import akosim
-from akocore.config import RunConfig, resolve, set_layer
-from akocore.results import PlanResult
+from akocore.records.results import PlanResult
+from akocore.settings.layers import resolve
+from akocore.settings.schema import RunConfig
+from akocore.settings.toml_io import set_layer
 from akosim.cli import main
 from akosim.planning.compute import ComputeModel
 from akosim.planning.result_tables import format_table, unsettled_lines

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from akocore.results import SCHEMA_VERSION, PlanResult, RecordError
+from akocore.records.results import SCHEMA_VERSION, PlanResult, RecordError
 from akosim.cli import main
 
 SMALL = ["--workers", "4", "--bandwidth", "10mbps", "--compute", "10ms", "--rounds", "60",

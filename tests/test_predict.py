@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from akocore import testbed_record as tb
 from akocore.cli_support import UsageError
-from akocore.host_calibration import TcpParameters
-from akocore.jsonrecord import RecordError
-from akocore.results import PlanResult, read_result
+from akocore.records import testbed_record as tb
+from akocore.records.host_calibration import TcpParameters
+from akocore.records.jsonrecord import RecordError
+from akocore.records.result_reader import read_result
+from akocore.records.results import PlanResult
 from akocore.settings.schema import NetworkConfig
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 from akosim import prediction as predict

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from akocore.config import load_config
+from akocore.settings.toml_io import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"

@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 import simpy
 
-from akocore.config import RunConfig
-from akocore.host_calibration import HostCalibration, TcpParameters
+from akocore.records.host_calibration import HostCalibration, TcpParameters
 from akocore.settings.normalise import network_layers
-from akocore.settings.schema import ClusterConfig, ExchangeConfig, NetworkConfig
+from akocore.settings.schema import ClusterConfig, ExchangeConfig, NetworkConfig, RunConfig
 from akosim.network.fluidnet import FluidNetwork
 from akosim.network.layer import NetworkModel
 from akosim.network.netmodel import tcp_layers

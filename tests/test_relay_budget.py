@@ -13,10 +13,11 @@ from collections import deque
 import numpy as np
 import pytest
 
-from akocore.config import ConfigError, Given, Layer, resolve
 from akocore.messages import Kind, Partial
 from akocore.partition import partition_slice
 from akocore.schemes import AkoWorker, Replica
+from akocore.settings.layers import Given, Layer, resolve
+from akocore.settings.normalise import ConfigError
 from akorun.runtime.relay import (
     RELAY_KEEP_GRADIENTS,
     HeldPartial,

@@ -12,19 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from akocore import figures
-from akocore.results import (
+from akocore.records import figures
+from akocore.records.calibration import Calibration, RankCalibration
+from akocore.records.result_reader import read_result
+from akocore.records.results import (
     SCHEMA_VERSION,
-    Calibration,
     LinkResult,
     PlanResult,
-    RankCalibration,
     RankResult,
     RecordError,
     RunResult,
-    read_result,
-    schema_markdown,
 )
+from akocore.records.schema_table import schema_markdown
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -185,8 +184,8 @@ def test_the_schema_table_is_generated_from_the_records() -> None:
     committed = (REPO / "docs" / "reference" / "result-schema.md").read_text(encoding="utf-8")
     assert committed == schema_markdown(), (
         "docs/reference/result-schema.md is stale: regenerate it with python -c 'from "
-        "akocore.results import schema_markdown; open(\"docs/reference/result-schema.md\", "
-        "\"w\").write(schema_markdown())'")
+        "akocore.records.schema_table import schema_markdown; "
+        "open(\"docs/reference/result-schema.md\", \"w\").write(schema_markdown())'")
     for key in ("compute_s_per_round", "per_worker", "p_of", "schema_version"):
         assert f"`{key}`" in committed
 

@@ -17,9 +17,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from akocore.config import config_from_dict
 from akocore.resolve import scheme_spec
 from akocore.schemes import build_nodes
+from akocore.settings.toml_io import config_from_dict
 from akosim.network.netspec import NetworkSpec
 from akosim.planning.compute import ComputeModel
 from akosim.sim.closed_form import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from akocore.results import rank_figures
+from akocore.records.run_figures import rank_figures
 from akorun.runtime.round_times import RoundTimes
 
 

@@ -17,18 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from akocore.config import (
-    ConfigError,
-    RunConfig,
-    config_hash,
-    config_to_dict,
-    parse_toml_text,
-    resolve,
-    set_layer,
-)
 from akocore.schemes.registry import SCHEME_MODULES_ENV, registered, registering
 from akocore.settings.key_registry import Tool, current, flag_keys
-from akocore.workload import build_workload
+from akocore.settings.layers import resolve
+from akocore.settings.normalise import ConfigError
+from akocore.settings.schema import RunConfig
+from akocore.settings.toml_io import config_hash, config_to_dict, parse_toml_text, set_layer
+from akocore.workloads.flat import build_workload
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 from tests.solo_scheme import SOLO, SoloSettings
 

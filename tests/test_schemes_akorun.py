@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from akocore.workload import build_workload
+from akocore.workloads.flat import build_workload
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 
 pytestmark = pytest.mark.timeout(150)

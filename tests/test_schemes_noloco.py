@@ -24,11 +24,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from akocore.config import ConfigError, parse_toml_text
 from akocore.optim import PlainSGD
 from akocore.schemes import SchemeSpec, build_nodes
 from akocore.schemes.noloco import noloco_group, noloco_groups
-from akocore.workload import build_workload
+from akocore.settings.normalise import ConfigError
+from akocore.settings.toml_io import parse_toml_text
+from akocore.workloads.flat import build_workload
 from tests.scheme_harness import drive
 from tests.scheme_runs import WORKLOAD, akosim_trained, launch
 

@@ -23,13 +23,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from akocore.config import ConfigError, parse_toml_text
 from akocore.messages import Partial, Send
 from akocore.optim import PlainSGD
 from akocore.schemes import SchemeSpec, build_nodes
 from akocore.schemes.quorum_diloco import EVERYONE, QUORUM_DILOCO, majority
 from akocore.schemes.registry import scheme_named
+from akocore.settings.normalise import ConfigError
 from akocore.settings.schema import ExchangeConfig
+from akocore.settings.toml_io import parse_toml_text
 from tests.scheme_harness import Deadlock, drive
 from tests.test_schemes_diloco import LR, SLOW, _theta0, cases
 

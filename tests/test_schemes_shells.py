@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from akocore.config import NetworkConfig, TrainConfig
+from akocore.settings.schema import NetworkConfig, TrainConfig
 from akocore.settings.toml_io import load_config
 from akosim.planning.compute import ComputeModel
 from akosim.planning.runspec import configured_runs
@@ -29,7 +29,7 @@ LR_OF = {"sdag": 0.4}
 
 @pytest.fixture(scope="module")
 def workload():
-    from akocore.workload import build_workload
+    from akocore.workloads.flat import build_workload
 
     return build_workload("digits-mlp", batch_size=16, seed=3)
 

@@ -26,12 +26,12 @@ from hypothesis import strategies as st
 
 from akocore.codecs import codec_named
 from akocore.codecs.chunked_topk import ChunkedTopKCodec
-from akocore.config import ConfigError
 from akocore.messages import Kind, Partial
 from akocore.optim import NesterovSGD, PlainSGD
 from akocore.schemes import SchemeSpec, build_nodes
 from akocore.schemes.registry import scheme_named, wire_codec
 from akocore.schemes.sparseloco import SPARSELOCO, SparseLocoSettings
+from akocore.settings.normalise import ConfigError
 from akocore.settings.schema import ExchangeConfig
 from tests.scheme_harness import drive
 

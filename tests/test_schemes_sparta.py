@@ -20,13 +20,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from akocore.config import ConfigError, parse_toml_text
 from akocore.messages import Kind
 from akocore.optim import PlainSGD
 from akocore.schemes import SchemeSpec, build_nodes
 from akocore.schemes.diloco_sync import mean_of
 from akocore.schemes.sparta import SpartaSettings, sparta_count, sparta_indices
-from akocore.workload import build_workload
+from akocore.settings.normalise import ConfigError
+from akocore.settings.toml_io import parse_toml_text
+from akocore.workloads.flat import build_workload
 from tests.scheme_harness import drive
 from tests.scheme_runs import WORKLOAD, akosim_trained, launch
 

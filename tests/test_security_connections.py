@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 
-from akocore.config import ConfigError
+from akocore.settings.normalise import ConfigError
 from akocore.settings.schema import AkorunConfig
 from akorun.launching.cluster import allowed_networks, free_ports
 from akorun.testing import SinkHost

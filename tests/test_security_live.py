@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from akocore.messages import Kind, Partial
-from akocore.workload import build_workload
+from akocore.workloads.flat import build_workload
 from akorun.runtime.node_plan import params_digest, wire_hash
 from akorun.testing import LocalCluster, wait_for
 from akorun.transport import wire

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from akocore.config import ClusterConfig, NetworkConfig, RunConfig, TrainConfig, config_hash
-from akocore.results import PlanResult
+from akocore.records.results import PlanResult
 from akocore.settings.layers import Given, Layer, resolve
 from akocore.settings.normalise import ConfigError
+from akocore.settings.schema import ClusterConfig, NetworkConfig, RunConfig, TrainConfig
 from akocore.settings.sites import Site, parse_between, parse_site
-from akocore.settings.toml_io import load_config
+from akocore.settings.toml_io import config_hash, load_config
 from akosim.cli import main
 from akosim.network.island_reduce import (
     inside_allreduce_s,

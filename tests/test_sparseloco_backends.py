@@ -16,9 +16,15 @@ import numpy as np
 import pytest
 
 from akocore.codecs import codec_named
-from akocore.config import ClusterConfig, ExchangeConfig, NetworkConfig, RunConfig, TrainConfig
 from akocore.schemes.registry import wire_codec
-from akocore.workload import build_workload
+from akocore.settings.schema import (
+    ClusterConfig,
+    ExchangeConfig,
+    NetworkConfig,
+    RunConfig,
+    TrainConfig,
+)
+from akocore.workloads.flat import build_workload
 from akorun.transport.wire import HEADER_SIZE
 from akosim.planning.compute import ComputeModel
 from akosim.planning.runspec import configured_runs

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from akocore.results import RunResult, run_fields
+from akocore.records.results import RunResult, run_fields
 from akosim.cli import UsageError, main
 from akosim.sweeping.sweep_grid import build_parser, expand_grid, shard_of, sim_settings
 from akosim.sweeping.sweep_request import SweepRequest, parse_shard
@@ -252,7 +252,7 @@ def test_sweep_refuses_a_compute_time_without_a_unit(capsys) -> None:
 def test_ako_points_choose_s_with_p_as_the_plan_does_unless_ssp_is_given(tmp_path):
     # At 40 Mbit/s the sends of a 40 kB gradient outlast 10 ms of compute: the
     # plan's rule picks s > 0 so they overlap; --ssp (or --set) fixes s instead.
-    from akocore.config import config_from_dict
+    from akocore.settings.toml_io import config_from_dict
     from akosim.planning.advice import with_overlap_ssp
     from akosim.planning.compute import ComputeModel
     from akosim.sim.engine import StopRule

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from akocore.results import RunResult
+from akocore.records.results import RunResult
 from akosim.sweeping.sweep_summary import SweepRow, best_per_group, format_summary
 
 

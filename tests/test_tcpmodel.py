@@ -12,11 +12,10 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from akocore.config import RunConfig
-from akocore.host_calibration import HostCalibration, TcpParameters, wire_goodput_fraction
-from akocore.jsonrecord import RecordError
+from akocore.records.host_calibration import HostCalibration, TcpParameters, wire_goodput_fraction
+from akocore.records.jsonrecord import RecordError
 from akocore.settings.normalise import network_layers
-from akocore.settings.schema import ClusterConfig, ExchangeConfig, NetworkConfig
+from akocore.settings.schema import ClusterConfig, ExchangeConfig, NetworkConfig, RunConfig
 from akosim.network.fluidnet import FluidNetwork
 from akosim.network.layer import NetworkModel
 from akosim.network.netmodel import tcp_layers

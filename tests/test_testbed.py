@@ -8,21 +8,21 @@ import sys
 
 import pytest
 
-from akocore import testbed_record
-from akocore.config import config_from_dict
-from akocore.jsonrecord import RecordError
-from akocore.testbed_record import ShapedQueue
-from akorun.errors import UsageError
-from akorun.launching.cluster import new_settings
-from akorun.launching.testbed import netns, runner
-from akorun.launching.testbed.netns import missing_requirements
-from akorun.launching.testbed.runner import check_testbed
-from akorun.launching.testbed.shaping import (
+from akocore.hosttools.shaping import (
     MIN_QUEUE_BYTES,
     burst_bytes,
     plan_shaping,
     queue_limit_bytes,
 )
+from akocore.records import testbed_record
+from akocore.records.jsonrecord import RecordError
+from akocore.records.testbed_record import ShapedQueue
+from akocore.settings.toml_io import config_from_dict
+from akorun.errors import UsageError
+from akorun.launching.cluster import new_settings
+from akorun.launching.testbed import netns, runner
+from akorun.launching.testbed.netns import missing_requirements
+from akorun.launching.testbed.runner import check_testbed
 from akorun.testing import REPO_ROOT, child_test_env
 
 
@@ -145,3 +145,33 @@ def test_the_cli_refuses_unrealisable_latency_and_stray_testbed_flags_with_one_l
     done = _launch("--testbed-latency", "ignore", "--workers", "2", "--out", str(tmp_path / "b"))
     assert done.returncode == 2 and "needs --testbed netns" in done.stderr, done.stderr
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_the_calibration_probe_shapes_its_link_with_the_testbeds_own_commands(
+        monkeypatch) -> None:
+    """``akosim calibrate --netns-rate`` builds its pair with akocore.hosttools: each end's
+    egress is the tree the testbed gives an uplink of that rate without pair caps."""
+    from akosim.calibration import netns_probe
+
+    ran: list[tuple[str, ...]] = []
+    monkeypatch.setattr(netns_probe, "netns_available", lambda: None)
+    monkeypatch.setattr(netns_probe, "_run", ran.append)
+    monkeypatch.setattr(netns_probe.subprocess, "run", lambda *args, **kwargs: None)
+    with netns_probe._shaped_pair(20e6, testbed_queues=True) as (ns_a, _):
+        pass
+    veth = next(argv for argv in ran if argv[:3] == ("ip", "link", "add"))
+    assert veth[4:6] == ("netns", ns_a)  # each end made inside its namespace
+    probe_tree = [argv for argv in ran if argv[:3] == ("tc", "-n", ns_a)]
+    node = netns.TestbedNames.for_pid(4194303, 1).node(0)
+    testbed = plan_shaping(_cfg(bandwidth="20mbps").network, [node], downlink=False)
+    mine = [argv for argv in testbed.commands if argv[2] == node.namespace]
+    assert [argv[3:] for argv in probe_tree] == [
+        tuple(veth[3] if word == node.device else word for word in argv[3:]) for argv in mine]
+
+
+def test_the_host_requirements_are_said_once_for_every_netns_tool() -> None:
+    from akocore.hosttools.netns_commands import missing_requirements as host_lacks
+
+    assert host_lacks(0, lambda tool: True) is None
+    assert host_lacks(0, lambda tool: tool != "tc") == "needs the `tc` command (iproute2)"
+    assert host_lacks(1000, lambda tool: True) == missing_requirements(euid=1000)

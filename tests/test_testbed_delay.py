@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from akocore.results import RunResult
-from akocore.testbed_record import TESTBED_RECORD_FILE
-from akocore.testbed_record import TestbedRecord as Record
+from akocore.records.results import RunResult
+from akocore.records.testbed_record import TESTBED_RECORD_FILE
+from akocore.records.testbed_record import TestbedRecord as Record
 from akorun.errors import UsageError
 from akorun.launching.testbed import delaypath, netns
 from akorun.launching.testbed.delayline import VNET_HDR_BYTES, DelayLine, DelaySchedule, pair_of

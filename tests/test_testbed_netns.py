@@ -22,16 +22,16 @@ from pathlib import Path
 
 import pytest
 
-from akocore.config import config_from_dict
-from akocore.results import RunResult
-from akocore.testbed_record import TESTBED_RECORD_FILE
-from akocore.testbed_record import TestbedRecord as Record
+from akocore.hosttools.shaping import plan_shaping
+from akocore.records.results import RunResult
+from akocore.records.testbed_record import TESTBED_RECORD_FILE
+from akocore.records.testbed_record import TestbedRecord as Record
+from akocore.settings.toml_io import config_from_dict
 from akorun.errors import Interrupted
 from akorun.launching.cluster import new_settings
 from akorun.launching.local import LaunchOptions
 from akorun.launching.testbed import netns, runner
 from akorun.launching.testbed.probe import measure_transfer
-from akorun.launching.testbed.shaping import plan_shaping
 from akorun.testing import REPO_ROOT, child_test_env
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(240)]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from akocore.config import config_from_dict
+from akocore.settings.toml_io import config_from_dict
 from akosim.planning.compute import ComputeModel
 from akosim.planning.trace import send_lanes, trace_events, write_trace
 from akosim.sim.engine import StopRule, TraceEvent

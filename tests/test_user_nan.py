@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from akocore.data import Batch
-from akocore.nonfinite import (
+from akocore.data.catalog import Batch
+from akocore.workloads.nonfinite import (
     batch_holds,
     gradient_is_finite,
     is_nonfinite_stop,

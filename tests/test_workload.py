@@ -1,4 +1,4 @@
-"""Tests for akocore.workload: flat params, gradient steps, evaluation, registry."""
+"""Tests for akocore.workloads.flat: flat params, gradient steps, evaluation, registry."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import time
 import numpy as np
 import pytest
 
-from akocore import workload as workload_module
-from akocore.data import DataError
+from akocore.data.catalog import DataError
 from akocore.optim import OptaxFlatOptimizer, PlainSGD
 from akocore.process_setup import enable_compilation_cache
-from akocore.workload import (
+from akocore.workloads import flat as workload_module
+from akocore.workloads.flat import (
     WORKLOAD_NAMES,
     build_workload,
     flatten_params,

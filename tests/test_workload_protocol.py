@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from akocore import ArrayData, BatchFactory, Workload, build_workload, flat_workload
-from akocore.workload import workload_fingerprint
+from akocore.workloads.flat import workload_fingerprint
 from akocore.workloads.naming import (
     WorkloadError,
     load_workload_spec,
@@ -362,7 +362,7 @@ def test_an_equinox_module_trains_through_from_equinox():
 def _resolved_workload(*argv: str) -> str:
     import argparse
 
-    from akocore.config import add_shared_arguments, resolve_args
+    from akocore.settings.cli_flags import add_shared_arguments, resolve_args
 
     parser = argparse.ArgumentParser()
     add_shared_arguments(parser)
@@ -381,7 +381,7 @@ def test_workload_arg_flags_become_the_names_tail_and_win_over_it():
 
 
 def test_a_bad_workload_arg_is_refused():
-    from akocore.config import ConfigError
+    from akocore.settings.normalise import ConfigError
 
     with pytest.raises(ConfigError, match="--workload-arg 'width': expected key=value"):
         _resolved_workload("--workload-arg", "width")
@@ -420,7 +420,7 @@ def test_a_workload_table_in_a_config_file_gives_the_arguments_and_flags_win(tmp
     assert dict(parse_workload_name(flagged).args)["width"] == 8
     bad = tmp_path / "bad.toml"
     bad.write_text('[workload]\nwidth = "a,b"\n')
-    from akocore.config import ConfigError
+    from akocore.settings.normalise import ConfigError
 
     with pytest.raises(ConfigError, match="workload argument width"):
         _resolved_workload("--config", str(bad))

@@ -144,11 +144,6 @@ def staleness_bound_rounds(scheme: str, exchange: ExchangeView, *, p_max: int,
     return scheme_named(scheme).staleness_bound(exchange, p_max=p_max, ssp=ssp)
 
 
-def scheme_label(exchange: ExchangeView) -> str:
-    """The knobs that distinguish a run of the configured scheme, e.g. "G=4 tau=10"."""
-    return scheme_named(exchange.scheme).label(exchange)
-
-
 def wire_codec(exchange: ExchangeView) -> str:
     """The codec the configured scheme's sends carry: exchange.codec, or the one the
     scheme names from its own settings (`Scheme.wire_codec`)."""

@@ -11,5 +11,5 @@
     cli_flags.py  argparse flags generated from the registry; resolve_args
     reference.py  the settings reference (Markdown) generated from the registry
 
-akocore.config re-exports the names the rest of the toolkit uses.
+Import each name from the module that owns it (there is no re-exporting module).
 """

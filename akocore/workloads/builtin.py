@@ -4,8 +4,8 @@ This module owns the names (`BUILTIN_NAMES`): digits-mlp (the default, real
 data), digits-cnn, synthetic-mlp, synthetic-cnn (the seed's CNN on 32x32x3,
 exactly 4,263,434 parameters), cifar10-cnn and mnist-mlp (these two need
 ``data_path``), and synthetic-lm (akocore.workloads.lm: a 27M-parameter transformer
-language model on a corpus it generates). The others are a model of akocore.models on
-a dataset of akocore.data, trained on mean softmax cross-entropy and evaluated on test
+language model on a corpus it generates). The others are a model of akocore.workloads.models on
+a dataset of akocore.data.catalog, trained on mean softmax cross-entropy and evaluated on test
 accuracy. Options
 (``synthetic-mlp:train_size=2000,hidden=128x64`` or ``--workload-arg``) go to the
 dataset or the model.
@@ -17,8 +17,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from akocore.data import DATASET_OPTIONS, Dataset, load_dataset
-from akocore.models import Model, build_model, model_options
+from akocore.data.catalog import DATASET_OPTIONS, Dataset, load_dataset
+from akocore.workloads.models import Model, build_model, model_options
 from akocore.workloads.sources import ArrayData
 from akocore.workloads.spec import Workload
 
@@ -81,7 +81,7 @@ def builtin_workload(name: str, *, seed: int = 0, data_path: str | None = None,
 
     `seed` only shapes generated data (synthetic); `data_path` locates the user's
     files of cifar10 and mnist. Unknown names or options raise ValueError, missing
-    or bad data files akocore.data.DataError.
+    or bad data files akocore.data.catalog.DataError.
     """
     if name == "synthetic-lm":
         from akocore.workloads.lm import LM_OPTIONS, lm_workload

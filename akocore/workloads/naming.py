@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from akocore.data import DataError
+from akocore.data.catalog import DataError
 from akocore.workloads.builtin import BUILTIN_NAMES, builtin_workload
 from akocore.workloads.spec import Workload
 

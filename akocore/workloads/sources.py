@@ -1,7 +1,7 @@
 """The two data sources a user names: numpy arrays, or a function yielding batches.
 
 This module owns `ArrayData` (in-memory arrays, sharded over ranks by
-akocore.data's deterministic per-epoch permutation, the same order the built-in
+akocore.data.catalog's deterministic per-epoch permutation, the same order the built-in
 datasets use) and `BatchFactory` (the user's own batch generator per rank).
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from akocore.data import BatchStream
+from akocore.data.catalog import BatchStream
 from akocore.workloads.spec import Batch, batch_pairs
 
 
@@ -52,7 +52,7 @@ class ArrayData:
         if self.x_test.shape[0] == 0:
             raise ValueError("ArrayData needs at least one test example")
 
-    # the attribute names akocore.data.BatchStream reads
+    # the attribute names akocore.data.catalog.BatchStream reads
     @property
     def train_x(self) -> np.ndarray:
         return self.x_train

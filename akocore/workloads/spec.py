@@ -20,7 +20,7 @@ This module owns `Workload`, the one public description of a training job, and
   ``GradientTransformation`` (used as given, its own learning rate).
 
 Inside, parameters are one flat float32 vector (``jax.flatten_util.ravel_pytree``
-order); akocore.workload builds that view from a `Workload`.
+order); akocore.workloads.flat builds that view from a `Workload`.
 """
 
 from __future__ import annotations

@@ -7,12 +7,9 @@ from __future__ import annotations
 import argparse
 
 from akocore.cli_support import OneLineParser
-from akocore.config import (
-    Tool,
-    add_akorun_arguments,
-    add_shared_arguments,
-)
-from akocore.testbed_record import LATENCY_POLICIES
+from akocore.records.testbed_record import LATENCY_POLICIES
+from akocore.settings.cli_flags import add_akorun_arguments, add_shared_arguments
+from akocore.settings.key_registry import Tool
 from akocore.units import UnitError, parse_duration
 from akorun import message_bench
 from akorun.errors import (
@@ -95,7 +92,7 @@ examples:
 
 Writes OUT/cluster.toml, OUT/worker-R.log, OUT/worker-R.json, OUT/worker-R.npz and
 OUT/result.json (config, per-rank results, summary keys as akosim names them);
-with --testbed also OUT/testbed.json (akocore.testbed_record: the rates, bursts,
+with --testbed also OUT/testbed.json (akocore.records.testbed_record: the rates, bursts,
 queue limits, addresses, delays and tc commands the testbed applied) and, with
 latency, OUT/delay_line.json (the delay line's packets, timer lateness and CPU).
 The testbed needs root, `ip` and `tc` (and /dev/net/tun for latency); its

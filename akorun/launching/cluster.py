@@ -45,22 +45,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from akocore.config import (
-    EMULATE_MODES,
-    AkorunConfig,
-    ConfigError,
-    Given,
-    Layer,
-    ResolvedSettings,
-    RunConfig,
-    file_layer,
-    flag_layer,
-    resolve,
-    set_layer,
-)
+from akocore.settings.cli_flags import flag_layer
 from akocore.settings.key_registry import RUN_SECTIONS, current
-from akocore.settings.layers import layer_of
-from akocore.settings.schema import ALLOW_HOSTS
+from akocore.settings.layers import Given, Layer, ResolvedSettings, layer_of, resolve
+from akocore.settings.normalise import EMULATE_MODES, ConfigError
+from akocore.settings.schema import ALLOW_HOSTS, AkorunConfig, RunConfig
+from akocore.settings.toml_io import file_layer, set_layer
 from akorun.errors import UsageError
 from akorun.transport.keys import RankKeys, read_rank_keys
 

@@ -4,7 +4,7 @@ This module owns the commands and exit statuses (the flags and help are
 akorun.launching.cli_parser's): each subcommand turns its flags into the dataclasses
 of the module that does the work (akorun.launching.cluster, akorun.runtime.worker,
 akorun.launching.local). Every subcommand takes the shared run flags of
-akocore.config (the same vocabulary as akosim).
+akocore.settings.cli_flags (the same vocabulary as akosim).
 
 Exit statuses: 0 done; 1 the run failed (one line naming the rank and why;
 launch adds the tail of the failed rank's log); 2 a user mistake (ONE line on
@@ -24,15 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from akocore.cli_support import check_out_directory, load_scheme_plugins, one_line
-from akocore.config import (
-    ConfigError,
-    ResolvedSettings,
-    RunConfig,
-    TrainConfig,
-)
-from akocore.results import RunResult
+from akocore.records.results import RunResult
 from akocore.settings.cli_flags import arg_layers
-from akocore.settings.layers import Given, resolve
+from akocore.settings.layers import Given, ResolvedSettings, resolve
+from akocore.settings.normalise import ConfigError
+from akocore.settings.schema import RunConfig, TrainConfig
 from akocore.settings.toml_io import file_layer
 from akocore.units import UnitError
 from akorun.errors import (

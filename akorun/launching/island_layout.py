@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from akocore.config import RunConfig
+from akocore.settings.schema import RunConfig
 from akorun.errors import UsageError
 from akorun.launching.cluster import AkorunSettings, free_ports, split_host
 from akorun.launching.devices import device_env, host_gpu_count

@@ -50,10 +50,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from akocore.config import ResolvedSettings, RunConfig
-from akocore.nonfinite import is_nonfinite_stop
 from akocore.rank_threads import rank_thread_env
-from akocore.results import RunResult
+from akocore.records.results import RunResult
+from akocore.settings.layers import ResolvedSettings
+from akocore.settings.schema import RunConfig
+from akocore.workloads.nonfinite import is_nonfinite_stop
 from akorun.errors import EXIT_INTERRUPTED, Interrupted, RunError, UsageError
 from akorun.launching.cluster import AkorunSettings, loopback_hosts, with_hosts, write_cluster_file
 from akorun.launching.island_layout import island_layout
@@ -365,7 +366,7 @@ class Launcher:
 
 def run_failure_cause(merged: RunResult) -> str:
     """What made the run fail, as the first words of its error line, when a rank's
-    record says so (its loss went NaN/Inf: the line of akocore.nonfinite); else ""."""
+    record says so (its loss went NaN/Inf: the line of akocore.workloads.nonfinite); else ""."""
     for record in merged.per_worker:
         if is_nonfinite_stop(record.stop_reason):
             return f"{record.stop_reason}; "

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from akocore.cli_support import UsageError
-from akocore.results import PlanResult, RecordError, RunResult, read_result
+from akocore.records.result_reader import read_result
+from akocore.records.results import PlanResult, RecordError, RunResult
 from akocore.schemes.registry import has_servers, is_partitioned
 from akocore.settings.layers import Given, Layer, layer_of
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from akocore.workload import FlatWorkload
+from akocore.workloads.flat import FlatWorkload
 from akorun.runtime.checkpoint_file import (
     Checkpoint,
     checkpoint_path,

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from akocore.workload import FlatWorkload
+from akocore.workloads.flat import FlatWorkload
 from akorun.metrics import Metrics
 from akorun.runtime.waiting import Waiter
 from akorun.transport.client import ControlClient

@@ -51,7 +51,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
-from akocore.nonfinite import is_nonfinite_stop
+from akocore.workloads.nonfinite import is_nonfinite_stop
 from akorun.errors import RunError
 from akorun.runtime.checkpoints import CheckpointFailed, CheckpointWriter
 from akorun.runtime.evaluation import Evaluator

@@ -1,7 +1,7 @@
 """A rank that spans several devices and processes: its island, set up in this process.
 
 This module owns the process side of an island (the step itself is
-akocore.island_step's): joining the rank's processes with ``jax.distributed`` (CPU
+akocore.workloads.island_step's): joining the rank's processes with ``jax.distributed`` (CPU
 collectives over gloo, so that islands of CPU processes work on loopback too),
 choosing the island's devices (the first ``akorun.devices_per_rank`` local devices
 of every process, in process order), and, with several processes, the protocol
@@ -39,8 +39,14 @@ from typing import Any
 
 import numpy as np
 
-from akocore.island_step import BatchKey, IslandStep, IslandWorkload, island_step, island_workload
-from akocore.workload import FlatWorkload
+from akocore.workloads.flat import FlatWorkload
+from akocore.workloads.island_step import (
+    BatchKey,
+    IslandStep,
+    IslandWorkload,
+    island_step,
+    island_workload,
+)
 from akorun.errors import UsageError
 
 log = logging.getLogger("akorun")
@@ -182,7 +188,7 @@ class Island:
 
 def island_workload_of(island: Island, train: Any) -> IslandWorkload:
     """The configured workload (`train`, the run's TrainConfig) stepping as `island`."""
-    from akocore.workload import build_workload
+    from akocore.workloads.flat import build_workload
 
     try:
         workload = build_workload(train.workload, batch_size=train.batch_size,

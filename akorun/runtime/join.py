@@ -66,7 +66,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from akocore.config import RunConfig
+from akocore.settings.schema import RunConfig
 from akocore.settings.toml_io import config_to_dict
 from akorun.errors import Interrupted, RunError, UsageError
 from akorun.runtime.greeting import GREET_TIMEOUT_S, RETRY_S, Unverified, greet, until

@@ -21,11 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from akocore.config import RunConfig, config_hash
 from akocore.optim import FlatOptimizer
 from akocore.resolve import resolve_plan, scheme_spec
 from akocore.schemes import Scheme, SchemeNode, SchemeSpec, build_node, scheme_named
 from akocore.schemes.registry import registered
+from akocore.settings.schema import RunConfig
+from akocore.settings.toml_io import config_hash
 from akorun.errors import UsageError
 
 ROLES = ("worker", "ps")

@@ -18,9 +18,9 @@ from typing import Any
 
 import aiohttp
 
-from akocore.config import RunConfig
 from akocore.messages import Partial, Send
 from akocore.schemes import SchemeNode
+from akocore.settings.schema import RunConfig
 from akorun.metrics import Metrics, timed_call
 from akorun.transport.emulated_links import DownlinkShaper, LinkShaper
 from akorun.transport.keys import PARTIAL_PATH, PartialSealer, Signer

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from akocore.config import RunConfig
 from akocore.optim import FlatOptimizer
 from akocore.process_setup import enable_compilation_cache
-from akocore.workload import FlatWorkload, build_workload, workload_fingerprint
+from akocore.settings.schema import RunConfig
+from akocore.workloads.flat import FlatWorkload, build_workload, workload_fingerprint
 from akorun.errors import UsageError
 from akorun.runtime import startup_phase
 from akorun.runtime.checkpoint_file import Checkpoint, checkpoint_exists, load_checkpoint

@@ -1,7 +1,7 @@
 """This rank's result record (``worker-R.json``) and final parameters (``worker-R.npz``).
 
 `ResultBuilder.result` gathers what the run measured from the collaborators
-that measured it into a `RankResult` (akocore.results; the summary fields from
+that measured it into a `RankResult` (akocore.records.results; the summary fields from
 akorun.runtime.result_files.worker_summary, the diagnostics the schema does not compare as
 akorun.runtime.result_files.RankDiagnostics).
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from akocore.config import config_to_dict
-from akocore.results import RankResult
+from akocore.records.results import RankResult
+from akocore.settings.toml_io import config_to_dict
 from akorun.metrics import Metrics
 from akorun.runtime.evaluation import Evaluator
 from akorun.runtime.node_plan import params_digest

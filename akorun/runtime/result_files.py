@@ -1,4 +1,4 @@
-"""akorun's result files, built as akocore.results records.
+"""akorun's result files, built as akocore.records.results records.
 
 - `worker_summary`: the summary fields of one rank (`RankSummary`: scheme, p,
   counts and the steady-state figures of its per-round series, what akosim
@@ -13,7 +13,7 @@
   inf when a replica holds NaN or Inf; `nonfinite_replicas` names those ranks);
 - `write_json`: atomic JSON writing.
 
-The keys, their units and meanings are akocore.results' (docs/reference/result-schema.md);
+The keys, their units and meanings are akocore.records.results' (docs/reference/result-schema.md);
 records cross module borders, never dicts keyed by result names.
 """
 
@@ -29,8 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from akocore.figures import steady_mean, steady_round_time_s, warmup_rounds
-from akocore.results import RankResult, RunResult, merged_figures, rank_figures
+from akocore.records.figures import steady_mean, steady_round_time_s, warmup_rounds
+from akocore.records.results import RankResult, RunResult
+from akocore.records.run_figures import merged_figures, rank_figures
 
 __all__ = ["RankDiagnostics", "RankSummary", "checked_rank_result", "max_relative_difference",
            "merge_results", "nonfinite_replicas", "steady_mean", "steady_round_time_s",
@@ -106,7 +107,7 @@ class RankDiagnostics:
     run_id: str
     config_hash: str
     peers: Mapping[str, Any]  # per peer counters (akorun.metrics)
-    config: Mapping[str, Any]  # the configuration, as akocore.config.config_to_dict
+    config: Mapping[str, Any]  # the configuration, as akocore.settings.toml_io.config_to_dict
     relayed_in: int = 0  # partials of lost peers forwarded here by survivors (runtime.relay)
     relayed_out: int = 0  # ... forwarded by this rank to survivors
     relay_refused: int = 0  # forwarded partials refused (endorsement or wire check failed)

@@ -23,10 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from akocore.config import RunConfig, replace_in
 from akocore.optim import FlatOptimizer
 from akocore.schemes import PSLayout, Recoverable, SchemeNode
-from akocore.workload import FlatWorkload
+from akocore.settings.schema import RunConfig
+from akocore.settings.toml_io import replace_in
+from akocore.workloads.flat import FlatWorkload
 from akorun.errors import RunError, UsageError
 from akorun.runtime.checkpoint_file import Checkpoint
 from akorun.runtime.node_plan import (

@@ -14,7 +14,7 @@ Following the driving loop of akocore.schemes:
 and overhead seconds, in series bounded however long the run.
 
 The user's own NaN: a step whose loss or gradient is not finite
-(akocore.nonfinite, checked on the host values the step returns) is not sent;
+(akocore.workloads.nonfinite, checked on the host values the step returns) is not sent;
 the loop stops there (a hard stop: no wait is for the peers, which are told
 to stop too) with `nonfinite` holding the one line naming the round, the
 batch and the local loss; the finish raises it (RunError, exit 1).
@@ -39,11 +39,11 @@ from collections.abc import Awaitable, Callable
 
 import numpy as np
 
-from akocore.config import RunConfig
-from akocore.figures import step_seed
-from akocore.nonfinite import nonfinite_line, step_problem
+from akocore.records.figures import step_seed
 from akocore.schemes import SchemeNode
-from akocore.workload import FlatWorkload
+from akocore.settings.schema import RunConfig
+from akocore.workloads.flat import FlatWorkload
+from akocore.workloads.nonfinite import nonfinite_line, step_problem
 from akorun.metrics import Metrics
 from akorun.runtime.checkpoints import CheckpointWriter
 from akorun.runtime.evaluation import Evaluator

@@ -43,13 +43,14 @@ import aiohttp
 
 from akocore.codecs import Codec, codec_named
 from akocore.codecs.exchange import decoded
-from akocore.config import RunConfig, config_hash
 from akocore.messages import Partial
-from akocore.results import RankResult
+from akocore.records.results import RankResult
 from akocore.schemes import SchemeError
 from akocore.schemes.registry import wire_codec
 from akocore.settings.key_registry import default_of
-from akocore.workload import FlatWorkload
+from akocore.settings.schema import RunConfig
+from akocore.settings.toml_io import config_hash
+from akocore.workloads.flat import FlatWorkload
 from akorun.errors import Interrupted, RunError, UsageError
 from akorun.faults import Faults
 from akorun.launching.cluster import AkorunSettings, allowed_networks, split_host

@@ -1,21 +1,21 @@
 """The receiving end of akorun's data path: one connection that carries partials.
 
 This module owns serving a data-path connection (framing in akorun.transport.datapath) once
-akorun.transport.server's connection guard has seen its first bytes. Each request passes the
-checks of the HTTP path in the same order (akorun.transport.server, akorun.transport.admission): 503
-while the host is not ready; the seal opened from the preamble's auth text (401, 421);
-a read slot (503 ``inbox_full``); the 100-byte header within the header deadline and
-against the seal's digest (400 ``damaged``), bounds (400, 413), sender and run (401,
-409); only then a pooled float32 buffer, which the socket fills directly
-(``recv_into``, no allocation per read) within the minimum body rate (503
-``too_slow``) while a hashing thread checks the body against the header's digest as
-it lands. Every answer once the seal is open is tagged as on the HTTP path. A probe
-(auth text `akorun.transport.datapath.PROBE_AUTH`) is answered at once, untagged, and
-changes nothing: a sender learns that the path carries the data path. A refusal
-before the body was read closes the connection after the answer, so no unread body
-is left on it. Unauthenticated bytes hold at most the connection's first socket read
-(asyncio reads at most 256 KiB at a time, less than an HTTP connection's read buffer)
-and then the preamble and its texts (`akorun.transport.datapath.META_MAX_BYTES`).
+the connection guard (akorun.transport.connection_guard) has seen its first bytes. Each
+request passes the checks of the HTTP path in the same order (akorun.transport.server,
+akorun.transport.admission): 503 while the host is not ready; the seal opened from the
+preamble's auth text (401, 421); a read slot (503 ``inbox_full``); the 100-byte header
+within the header deadline and against the seal's digest (400 ``damaged``), bounds (400,
+413), sender and run (401, 409); only then a pooled float32 buffer, which the socket fills
+directly (``recv_into``, no allocation per read) within the minimum body rate (503
+``too_slow``) while a hashing thread checks the body against the header's digest as it
+lands. Every answer once the seal is open is tagged as on the HTTP path. A probe (auth text
+`akorun.transport.datapath.PROBE_AUTH`) is answered at once, untagged, and changes nothing:
+a sender learns that the path carries the data path. A refusal before the body was read
+closes the connection after the answer, so no unread body is left on it. Unauthenticated
+bytes hold at most the connection's first socket read (asyncio reads at most 256 KiB at a
+time, less than an HTTP connection's read buffer) and then the preamble and its texts
+(`akorun.transport.datapath.META_MAX_BYTES`).
 """
 
 from __future__ import annotations

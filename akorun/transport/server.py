@@ -30,7 +30,8 @@ Endpoints (all writes sealed per session and per sender, see akorun.transport.ke
   connection whose first
   bytes are ``AKOP`` instead of an HTTP request line carries partials framed
   without HTTP, received straight into pooled buffers, under the same checks and
-  answers as ``POST /v1/partial``; the guard below hands such a connection over.
+  answers as ``POST /v1/partial``; the connection guard (akorun.transport.connection_guard:
+  allow-list, connection bound, header deadline) hands such a connection over.
 - ``GET /metrics`` (Prometheus text) and ``GET /status`` (JSON): read-only and
   unauthenticated on purpose, so standard scrapers work; they expose counts,
   never parameters or keys.
@@ -38,26 +39,20 @@ Endpoints (all writes sealed per session and per sender, see akorun.transport.ke
 The server never unpickles anything and holds no unbounded buffers: body
 memory is bounded by max_concurrent_reads x the body cap.
 
-Past ~500 lines on purpose: the order of the checks above (seal, slot, header,
-body, each before anything is reserved for the next) is the defence against
-slow and forged senders, and reads best as one file; the pieces that stand alone
-(admission, keys, wire, routing) are already modules of their own.
+Who may connect and how long a header may take is akorun.transport.connection_guard's;
+the other pieces that stand alone (admission, keys, wire, routing) are modules of
+their own too.
 
 Each 200 to a partial adds its handling seconds, less the time spent awaiting
 its bytes and its emulated downlink hold, to the sender's
 ``software_receive_s`` (akorun.metrics): the receiving half of the rank's
 ``message_software_s``, which holds no network time.
-
-Over 500 lines because admission, sealing checks and streaming a body into a pooled
-buffer must share one request's state on the hot path; splitting it would pass that
-state across modules per message.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
-import ipaddress
 import json
 import logging
 import ssl
@@ -67,7 +62,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import numpy as np
-from aiohttp import StreamReader, http_exceptions, web
+from aiohttp import StreamReader, web
 
 from akocore.codecs import Codec
 from akocore.messages import Partial
@@ -83,8 +78,8 @@ from akorun.transport.admission import (
     wire_refusal,
 )
 from akorun.transport.answers import ANSWER_TEXT_MAX_CHARS, DAMAGED
+from akorun.transport.connection_guard import AllowList, ConnectionGuard, ConnectionLog
 from akorun.transport.control import CONTROL_BODY_MAX_BYTES, ControlError, ControlKind
-from akorun.transport.datapath import MAGIC as DATA_PATH_MAGIC
 from akorun.transport.datapath_server import DataConnection
 from akorun.transport.emulated_links import DownlinkShaper
 from akorun.transport.keys import (
@@ -128,40 +123,6 @@ READ_BUFFER_BYTES = 1 << 20  # body bytes buffered before the socket is paused (
 # this, the oldest never authenticated one is closed for a new one (a member's are kept)
 CONNECTIONS_PER_RANK = 32
 MIN_CONNECTIONS = 256
-_QUIET_ERRORS: tuple[type[BaseException], ...] = (
-    ConnectionError, asyncio.IncompleteReadError, TimeoutError, ssl.SSLError,
-    http_exceptions.HttpProcessingError)
-_LOUD_FIRST = 5  # connection errors logged one line each; then one line per 100
-
-
-class ConnectionLog:
-    """What aiohttp's connection handler logs through (its ``logger``): a peer that resets
-    its connection or sends a malformed request (a storm of them, or noise on the port)
-    is one counted line, never a traceback; any other exception keeps its traceback
-    (a bug here)."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self.metrics = metrics
-
-    def debug(self, *args: Any, **kwargs: Any) -> None:
-        log.debug(*args, **kwargs)
-
-    def warning(self, *args: Any, **kwargs: Any) -> None:
-        log.warning(*args, **kwargs)
-
-    def exception(self, message: str, *args: Any, exc_info: Any = True,
-                  **kwargs: Any) -> None:
-        error = exc_info if isinstance(exc_info, BaseException) else None
-        if not isinstance(error, _QUIET_ERRORS):
-            log.error(message, *args, exc_info=exc_info, **kwargs)
-            return
-        self.metrics.rejected["bad_connection"] += 1
-        count = self.metrics.rejected["bad_connection"]
-        if count <= _LOUD_FIRST or count % 100 == 0:
-            log.warning("connection dropped (%d so far): %s: %s", count, type(error).__name__,
-                        str(error).splitlines()[0][:200] if str(error) else "")
-
-
 async def _read_body_inline(content: StreamReader, values: np.ndarray,
                             verifier: BodyHasher, nbytes: int, waits: ByteWaits) -> None:
     """Read a small body into `values`, feeding the verifier on the loop."""
@@ -212,139 +173,6 @@ class Host(Protocol):
     def prometheus(self) -> str: ...
 
 
-AllowList = tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
-
-
-def peer_allowed(allow: AllowList, peername: Any) -> bool:
-    """The connection's peer address is in `allow` (an empty list lets everyone in)."""
-    if not allow:
-        return True
-    try:
-        address = ipaddress.ip_address(peername[0])
-    except (TypeError, ValueError, IndexError):
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return any(address in network for network in allow)
-
-
-class _Guard(asyncio.Protocol):
-    """One accepted connection, in front of aiohttp's own handler of it.
-
-    A peer outside the allow-list is closed in `connection_made`, before any byte
-    is read. Otherwise the aiohttp handler is made and gets every event; the
-    guard closes the connection when a request's HTTP header (request line and
-    header fields) is not complete `header_deadline_s` after the connection was
-    made or after the first byte of a later request: aiohttp itself bounds only
-    idle connections (its keep-alive timeout), not one that dribbles its header.
-    """
-
-    def __init__(self, owner: Server) -> None:
-        self.owner = owner
-        self.inner: asyncio.Protocol | None = None
-        self.refused = False
-        self.first_bytes = bytearray()  # until they tell the data path from HTTP
-        self.transport: asyncio.Transport | None = None
-        self.in_request = False
-        self.trusted = False  # a request on it passed its seal (a member's connection)
-        self.deadline: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        if not peer_allowed(self.owner.allow, transport.get_extra_info("peername")):
-            self.owner.host.metrics.rejected["not_allowed"] += 1
-            self.refused = True
-            transport.abort()
-            return
-        if len(self.owner.guards) >= self.owner.max_connections and \
-                not self.owner.evict_untrusted():  # bounded memory: each holds buffers
-            self.owner.host.metrics.rejected["too_many_connections"] += 1
-            self.refused = True
-            transport.abort()
-            return
-        self.owner.guards[self] = self  # keyed by its aiohttp handler once there is one
-        self._arm()
-
-    def _to_http(self) -> None:
-        assert self.owner.runner is not None and self.owner.runner.server is not None
-        assert self.transport is not None
-        self.inner = self.owner.runner.server()
-        if self.owner.guards.pop(self, None) is not None:
-            self.owner.guards[self.inner] = self
-        self.inner.connection_made(self.transport)
-
-    def _to_data_path(self, first_bytes: bytes) -> None:
-        """Hand the connection to akorun.transport.datapath_server (it keeps its own deadlines)."""
-        assert self.transport is not None
-        self._disarm()
-        connection = DataConnection(self.owner, self)
-        connection.prime(first_bytes)
-        self.transport.set_protocol(connection)
-        connection.connection_made(self.transport)
-        self.owner.data_connections.add(connection)
-
-    def _arm(self) -> None:
-        if self.deadline is None:
-            self.deadline = asyncio.get_running_loop().call_later(
-                self.owner.header_deadline_s, self._too_slow)
-
-    def _disarm(self) -> None:
-        if self.deadline is not None:
-            self.deadline.cancel()
-            self.deadline = None
-
-    def _too_slow(self) -> None:
-        self.deadline = None
-        if not self.in_request and self.transport is not None:
-            self.owner.host.metrics.rejected["header_too_slow"] += 1
-            self.transport.abort()
-
-    def request_started(self) -> None:
-        self.in_request = True
-        self._disarm()
-
-    def request_ended(self) -> None:
-        self.in_request = False
-
-    def data_received(self, data: bytes) -> None:
-        if self.refused:
-            return
-        if self.inner is None:  # the connection's first bytes: HTTP or the data path?
-            self.first_bytes += data
-            seen = bytes(self.first_bytes)
-            if len(seen) < len(DATA_PATH_MAGIC) and DATA_PATH_MAGIC.startswith(seen):
-                return
-            self.first_bytes = bytearray()
-            if seen.startswith(DATA_PATH_MAGIC):
-                self._to_data_path(seen)
-                return
-            self._to_http()
-            data = seen
-            assert self.inner is not None
-        if not self.in_request:
-            self._arm()  # the first bytes of the next request: its header has a deadline
-        self.inner.data_received(data)
-
-    def eof_received(self) -> bool | None:
-        return self.inner.eof_received() if self.inner is not None else None
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        self.owner.guards.pop(self, None)
-        if self.inner is not None:
-            self.owner.guards.pop(self.inner, None)
-            self.inner.connection_lost(exc)
-
-    def pause_writing(self) -> None:
-        if self.inner is not None:
-            self.inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        if self.inner is not None:
-            self.inner.resume_writing()
-
-
 class Server:
     """The aiohttp application of one host, started with `start` and stopped with `close`."""
 
@@ -358,7 +186,7 @@ class Server:
                                    middlewares=[self._headers_arrived])
         self.allow: AllowList = ()
         self.header_deadline_s = HEADER_DEADLINE_S
-        self.guards: dict[asyncio.Protocol, _Guard] = {}
+        self.guards: dict[asyncio.Protocol, ConnectionGuard] = {}
         self.data_connections: weakref.WeakSet[DataConnection] = weakref.WeakSet()
         self._digest_lanes: list[OrderedLane] = []  # idle data-path hashing threads
         self.max_connections = max(MIN_CONNECTIONS, CONNECTIONS_PER_RANK * host.world)
@@ -389,7 +217,7 @@ class Server:
         await self.runner.setup()
         try:
             self._listener = await asyncio.get_running_loop().create_server(
-                lambda: _Guard(self), listen_host, port, ssl=ssl_context, backlog=128,
+                lambda: ConnectionGuard(self), listen_host, port, ssl=ssl_context, backlog=128,
                 reuse_address=True)
         except OSError as error:
             await self.runner.cleanup()

@@ -35,8 +35,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from akocore.jsonrecord import RecordError, meta, record_from_json, record_to_json
 from akocore.rank_threads import rank_thread_env
+from akocore.records.jsonrecord import RecordError, meta, record_from_json, record_to_json
 from akosim.planning.compute_cache import CacheKey, cache_dir, key_for, store_json
 
 COLOCATED_VERSION = 1
@@ -111,7 +111,7 @@ class ColocatedCompute:
 # deviation of a step] (null when idle)
 _CHILD = r"""
 import json, sys, time
-from akocore.workload import build_workload
+from akocore.workloads.flat import build_workload
 name, batch, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 workload = build_workload(name, batch_size=batch, seed=seed)
 stream = workload.batches(0, 1)

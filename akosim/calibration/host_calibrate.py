@@ -21,7 +21,7 @@ Never from a run being predicted: everything here is a microbenchmark.
   efficiency of 1-4 connections through one port shaped as the netns testbed
   shapes it, each moving one message per round (akosim.calibration.netns_probe). Without
   it the fraction stays the documented frame arithmetic
-  (akocore.host_calibration.wire_goodput_fraction): loopback has no line rate,
+  (akocore.records.host_calibration.wire_goodput_fraction): loopback has no line rate,
   and sharing costs nothing.
 """
 
@@ -46,7 +46,7 @@ from functools import partial
 from pathlib import Path
 
 from akocore.cli_support import UsageError
-from akocore.host_calibration import HostCalibration, TcpParameters, TransferTiming
+from akocore.records.host_calibration import HostCalibration, TcpParameters, TransferTiming
 from akosim.calibration.host_calibration_io import (
     cache_file,
     host_fingerprint,

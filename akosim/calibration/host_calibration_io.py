@@ -1,6 +1,6 @@
 """Where the TCP model's parameters come from: a host calibration file, the cache, or defaults.
 
-`akosim calibrate` writes a `HostCalibration` record (akocore.host_calibration)
+`akosim calibrate` writes a `HostCalibration` record (akocore.records.host_calibration)
 to the user's cache directory (the rule of akosim.planning.compute_cache: $AKO_CACHE_DIR,
 $XDG_CACHE_HOME/ako-toolkit or ~/.cache/ako-toolkit), one file per host
 fingerprint, or to ``--out F``. `tcp_parameters(path)` gives the commands what
@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from akocore.cli_support import UsageError
-from akocore.host_calibration import HostCalibration, TcpParameters
 from akocore.hostinfo import cpu_fingerprint
-from akocore.jsonrecord import RecordError
-from akocore.message_cost import MessageCost
+from akocore.records.host_calibration import HostCalibration, TcpParameters
+from akocore.records.jsonrecord import RecordError
+from akocore.records.message_cost import MessageCost
 from akosim.planning.compute_cache import cache_dir
 
 RECALIBRATE_HINT = "akosim calibrate to refresh"
@@ -98,7 +98,7 @@ def tcp_parameters(path: str | Path | None = None) -> TcpSource:
 
 @dataclass(frozen=True)
 class MessageCostFigures:
-    """What akosim uses of akorun's MessageCost record (akocore.message_cost)."""
+    """What akosim uses of akorun's MessageCost record (akocore.records.message_cost)."""
 
     fixed_s: float
     per_byte_s: float
@@ -107,7 +107,7 @@ class MessageCostFigures:
 def read_message_cost(path: str | Path) -> MessageCostFigures:
     """The per-message software cost in an ``akorun measure-messages --out`` file.
 
-    Read with akocore.message_cost.MessageCost; UsageError (one line) when the file
+    Read with akocore.records.message_cost.MessageCost; UsageError (one line) when the file
     is not one."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))

@@ -15,15 +15,15 @@ through it: k = 1..4 connections each way, each sending one message at the
 same instant every round, the next round when all are answered. What k flows
 carry over what one flow carries is `TcpParameters.flow_sharing_efficiency`.
 
-Needs root and the `ip` and `tc` commands; names carry this process's id, and
-everything created is deleted in a finally block. The two ends run as
+Needs root and the `ip` and `tc` commands; the commands are the testbed's own
+(akocore.hosttools); names carry this process's id, and everything created is
+deleted in a finally block. The two ends run as
 ``ip netns exec NS python -c ...`` children (this module's `_PEER` script).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import statistics
@@ -34,6 +34,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from akocore.cli_support import UsageError
+from akocore.hosttools.netns_commands import (
+    address_up,
+    missing_requirements,
+    namespace_add,
+    namespace_delete,
+    veth_pair,
+)
+from akocore.hosttools.shaping import egress_tree, tbf_root
 
 ADDRESS_A, ADDRESS_B = "10.213.77.1", "10.213.77.2"
 PORT = 5201
@@ -136,15 +144,10 @@ class ShapedGoodput:
 
 def netns_available() -> str | None:
     """None when the probe can run here, else why not (one line)."""
-    if os.geteuid() != 0:
-        return "needs root (network namespaces and tc)"
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            return f"needs the {tool} command (iproute2)"
-    return None
+    return missing_requirements(os.geteuid(), lambda tool: shutil.which(tool) is not None)
 
 
-def _run(*command: str) -> None:
+def _run(command: tuple[str, ...]) -> None:
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise UsageError(f"--netns-rate: {' '.join(command)} failed: "
@@ -154,45 +157,29 @@ def _run(*command: str) -> None:
 @contextmanager
 def _shaped_pair(rate_bps: float, testbed_queues: bool) -> Iterator[tuple[str, str]]:
     """Two namespaces joined by a veth pair, each end's egress shaped to `rate_bps`:
-    tc tbf, or with `testbed_queues` the netns testbed's tree (akorun/launching/testbed/
-    shaping.py: htb root and default leaf, burst 1 ms at the rate and at least two
-    frames, a drop-tail bfifo of 100 ms at the rate and at least 128 KiB). Yields the
-    namespace names; deletes both on exit."""
+    tc tbf, or with `testbed_queues` the netns testbed's tree for an uplink
+    (akocore.hosttools.shaping.egress_tree: htb root and default leaf, burst 1 ms at the
+    rate and at least two frames, a drop-tail bfifo of 100 ms at the rate and at least
+    128 KiB). Yields the namespace names; deletes both on exit."""
     why = netns_available()
     if why is not None:
         raise UsageError(f"--netns-rate: {why}")
     tag = f"tcpm{os.getpid() % 100000}"
     ns_a, ns_b, veth_a, veth_b = f"{tag}a", f"{tag}b", f"{tag}x", f"{tag}y"
     try:
-        _run("ip", "netns", "add", ns_a)
-        _run("ip", "netns", "add", ns_b)
-        _run("ip", "link", "add", veth_a, "type", "veth", "peer", "name", veth_b)
-        _run("ip", "link", "set", veth_a, "netns", ns_a)
-        _run("ip", "link", "set", veth_b, "netns", ns_b)
-        bits = f"{int(rate_bps)}bit"
+        _run(namespace_add(ns_a))
+        _run(namespace_add(ns_b))
+        _run(veth_pair(veth_a, ns_a, veth_b, ns_b))
         for ns, dev, address in ((ns_a, veth_a, ADDRESS_A), (ns_b, veth_b, ADDRESS_B)):
-            _run("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", dev)
-            _run("ip", "-n", ns, "link", "set", dev, "up")
-            _run("ip", "-n", ns, "link", "set", "lo", "up")
-            if not testbed_queues:
-                tbf_burst = max(32 * 1024, int(rate_bps / 8 / 100))  # >= 10 ms at the rate
-                _run("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", bits,
-                     "burst", str(tbf_burst), "latency", "100ms")
-                continue
-            burst = f"{max(2 * 1514, math.ceil(rate_bps / 8 * 1e-3))}b"
-            limit = str(max(128 * 1024, math.ceil(rate_bps / 8 * 0.1)))
-            _run("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb",
-                 "default", "2")
-            for parent, classid in (("1:", "1:1"), ("1:1", "1:2")):
-                _run("tc", "-n", ns, "class", "add", "dev", dev, "parent", parent, "classid",
-                     classid, "htb", "rate", bits, "ceil", bits, "burst", burst, "cburst",
-                     burst, "quantum", "1514")
-            _run("tc", "-n", ns, "qdisc", "add", "dev", dev, "parent", "1:2", "handle", "2:",
-                 "bfifo", "limit", limit)
+            for command in address_up(ns, dev, address):
+                _run(command)
+            for command in (egress_tree(ns, dev, rate_bps) if testbed_queues
+                            else [tbf_root(ns, dev, rate_bps)]):
+                _run(command)
         yield ns_a, ns_b
     finally:
         for ns in (ns_a, ns_b):  # deleting a namespace deletes its veth end
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            subprocess.run(namespace_delete(ns), capture_output=True)
 
 
 class _Peers:

@@ -3,9 +3,9 @@
 FILE is akorun's merged ``result.json`` (a RunResult, made into a Calibration
 here) or a calibration file (what ``python -m analysis.run`` writes beside a
 calibrated run); files written before the schema are read too
-(akocore.results.read_result). Per-rank values are spread over the simulated
+(akocore.records.result_reader.read_result). Per-rank values are spread over the simulated
 nodes in turn, ranks without a value having the others' mean
-(akocore.figures.fill_missing). A run's result also names its workload, batch,
+(akocore.records.figures.fill_missing). A run's result also names its workload, batch,
 optimizer and data: `run_training_layer` gives them as a settings layer just
 above the command's defaults, so the simulated gradient is the run's and
 --show-config says so, and `check_run_training` refuses a layer that gives
@@ -17,9 +17,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from akocore.config import Given, Layer, ResolvedSettings, RunConfig
-from akocore.figures import fill_missing, tile
-from akocore.results import Calibration, RecordError, RunResult, rank_overhead_s, read_result
+from akocore.records.calibration import Calibration
+from akocore.records.figures import fill_missing, tile
+from akocore.records.result_reader import read_result
+from akocore.records.results import RecordError, RunResult
+from akocore.records.run_figures import rank_overhead_s
+from akocore.settings.layers import Given, Layer, ResolvedSettings
+from akocore.settings.schema import RunConfig
 
 __all__ = ["CalibrationError", "check_run_training", "run_training_layer", "compute_from_result",
            "message_overhead_from_result", "message_software_from_result",
@@ -105,7 +109,7 @@ RUN_TRAINING_KEYS = ("train.workload", "train.batch_size", "train.optimizer", "t
 
 def run_config_of(path: str | Path) -> RunConfig | None:
     """The configuration an akorun result records (None: a calibration file, or none)."""
-    from akocore.config import config_from_dict
+    from akocore.settings.toml_io import config_from_dict
 
     try:
         record = read_result(json.loads(Path(path).read_text()))

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from akocore.config import RunConfig
+from akocore.settings.schema import RunConfig
 
 BITS_PER_BYTE = 8
 

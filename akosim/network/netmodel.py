@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 import simpy
 
-from akocore.host_calibration import TcpParameters
+from akocore.records.host_calibration import TcpParameters
 from akocore.settings.normalise import NETWORK_LAYERS, NETWORK_MODELS, network_layers
 from akosim.network.fluid import COALESCE_REL
 from akosim.network.fluidnet import FluidNetwork

@@ -96,7 +96,7 @@ from functools import partial
 import numpy as np
 import simpy
 
-from akocore.host_calibration import TcpParameters
+from akocore.records.host_calibration import TcpParameters
 from akosim.network.layer import DeliveryCallback, NetworkLayer, NetworkModel
 from akosim.network.netspec import NetworkSpec
 from akosim.network.rank_cpu import RankCpu

@@ -28,8 +28,8 @@ from akosim.sim.engine import StopRule
 from akosim.sim.scenario import Setup, SimRun, simulate
 
 if TYPE_CHECKING:
-    from akocore.results import RankedRun
-    from akocore.workload import FlatWorkload
+    from akocore.records.results import RankedRun
+    from akocore.workloads.flat import FlatWorkload
 
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
 
@@ -161,8 +161,8 @@ def verdict(ranking: Ranking) -> tuple[str, ...]:
 
 
 def ranked_records(ranking: Ranking) -> tuple[RankedRun, ...]:
-    """The ranking as akocore.results records (what ``--out`` writes)."""
-    from akocore.results import RankedRun
+    """The ranking as akocore.records.results records (what ``--out`` writes)."""
+    from akocore.records.results import RankedRun
 
     return tuple(
         RankedRun(position=index, label=r.timing.label, scheme=r.timing.scheme,

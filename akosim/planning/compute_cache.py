@@ -1,10 +1,10 @@
 """The cache of ``--compute measure``: one measurement per machine, reused by every call.
 
 Timing the workload's gradient step takes seconds (JAX import, compile, 5 to
-30 steps until the median is known within ±5%: akosim.planning.compute.measure_step_timing)
+20 steps until the median is known within ±5%: akocore.workloads.step_timing)
 and varies a little from call to call, so the plan changed with it.
 This module keeps each measurement as a `ComputeMeasurement` record (kind
-``compute``, akocore.results) in the user's cache directory, one JSON file
+``compute``, akocore.records.results) in the user's cache directory, one JSON file
 per key (workload, batch size, optimizer, CPU fingerprint, JAX version):
 
     $AKO_CACHE_DIR  or  $XDG_CACHE_HOME/ako-toolkit  or  ~/.cache/ako-toolkit
@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from akocore.hostinfo import cpu_fingerprint
-from akocore.results import ComputeMeasurement, RecordError
-from akosim.planning.compute import StepTiming
+from akocore.records.calibration import ComputeMeasurement
+from akocore.records.results import RecordError
+from akocore.workloads.step_timing import StepTiming
 
 CACHE_ENV = "AKO_CACHE_DIR"  # tests and users point the cache elsewhere with this
 CACHE_SUBDIR = "ako-toolkit"

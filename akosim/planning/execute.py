@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from akocore.cli_support import UsageError
-from akocore.config import ResolvedSettings
 from akocore.schemes.registry import scheme_named
+from akocore.settings.layers import ResolvedSettings
 from akocore.units import format_duration
 from akosim.planning.setup import (
     SimulationOptions,
@@ -32,7 +32,7 @@ from akosim.planning.setup import (
 )
 
 if TYPE_CHECKING:
-    from akocore.results import PlanResult
+    from akocore.records.results import PlanResult
     from akosim.planning.accuracy_ranking import Ranking
     from akosim.planning.advice import Explanation
     from akosim.planning.learning_ranking import LearningRanking
@@ -126,7 +126,7 @@ def plan_outcome(resolved: ResolvedSettings, options: SimulationOptions, *,
     ranks the comparison's candidates by simulated training
     (akosim.planning.accuracy_ranking), `announce` hearing one line per candidate;
     `explain_more` adds the longer explanation (akosim.planning.long_explanation)."""
-    from akocore.config import config_to_dict
+    from akocore.settings.toml_io import config_to_dict
     from akosim.planning.advice import MAX_STALENESS_ROUNDS, explain, recommend
     from akosim.planning.learning_ranking import (
         ACCURACY_MARGIN_POINTS,

@@ -35,8 +35,8 @@ from akocore.cli_support import UsageError
 from akocore.units import format_duration
 
 if TYPE_CHECKING:
-    from akocore.config import RunConfig
-    from akocore.results import RankedRun
+    from akocore.records.results import RankedRun
+    from akocore.settings.schema import RunConfig
     from akosim.planning.learning_runs import LearningSource, RowLearning
     from akosim.sim.scenario import Setup, SimRun
 
@@ -197,9 +197,9 @@ class LearningRanking:
                 f"by the same time; --rank-by throughput for samples/s)", GLOSSARY)
 
     def records(self) -> tuple[RankedRun, ...]:
-        """The ranking as akocore.results records (what ``--out`` writes): each row's
+        """The ranking as akocore.records.results records (what ``--out`` writes): each row's
         predicted time to target and accuracy after the horizon, curve in rounds."""
-        from akocore.results import RankedRun
+        from akocore.records.results import RankedRun
 
         return tuple(
             RankedRun(position=index, label=row.run.label, scheme=row.run.scheme,
@@ -264,7 +264,7 @@ def learning_ranking(setup: Setup, runs: list[SimRun], cfg: RunConfig, *,
                      ) -> LearningRanking | str:
     """Every row trained (akosim.planning.learning_runs) and ranked; or, when the rows cannot
     be trained here, the reason in words (the plan then ranks by throughput)."""
-    from akocore.data import DataError
+    from akocore.data.catalog import DataError
     from akocore.partition import PartitionError
     from akosim.planning.learning_runs import LEARNING_ROUNDS, learn_rows, learning_source
     from akosim.planning.pareto_candidates import exchange_settings, variant_of

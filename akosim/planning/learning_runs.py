@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING, Any
 from akocore.schemes.registry import has_servers, is_partitioned
 
 if TYPE_CHECKING:
-    from akocore.config import RunConfig
-    from akocore.workload import FlatWorkload
+    from akocore.settings.schema import RunConfig
+    from akocore.workloads.flat import FlatWorkload
     from akosim.sim.scenario import Setup, SimRun, Variant
 
 PROXY_WORKLOAD = "digits-mlp"  # real data, 4,810 parameters: a gradient step in ~1 ms
@@ -277,8 +277,8 @@ def _shared_payload(setup: Setup, cfg: RunConfig, source: LearningSource) -> dic
     exchange settings and the network model."""
     import numpy as np
 
-    from akocore.config import config_to_dict
     from akocore.resolve import network_arrays
+    from akocore.settings.toml_io import config_to_dict
     from akocore.workloads.naming import cache_identity
 
     idx = list(source.nodes)

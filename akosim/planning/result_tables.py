@@ -7,7 +7,7 @@ when a row ran to the settle cap without its round time settling, and
 column gives two figures, the mean use of the training workers' uplinks and the
 busiest NIC of any node, servers included, which is the one the bottleneck
 column names when a NIC is the bottleneck);
-`plan_result` turns the simulated configurations into the akocore.results
+`plan_result` turns the simulated configurations into the akocore.records.results
 records (`PlanResult`: config echoed, one `RunResult` per configuration in
 `runs`, with `per_worker` and `per_link`), the file ``--out`` writes;
 `write_json` writes JSON atomically, so an interrupted run never leaves half a
@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from akocore.results import LinkResult, PlanResult, RankResult, RunResult
+from akocore.records.results import LinkResult, PlanResult, RankResult, RunResult
 from akocore.schemes.registry import is_partitioned
 from akocore.units import format_duration, format_size
 from akosim.sim.scenario import SimRun

@@ -17,15 +17,16 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from akocore.cli_support import UsageError
-from akocore.config import ConfigError, RunConfig, TrainConfig
-from akocore.data import DataError
+from akocore.data.catalog import DataError
 from akocore.partition import PartitionError
+from akocore.settings.normalise import ConfigError
+from akocore.settings.schema import RunConfig, TrainConfig
 from akocore.units import UnitError, parse_duration, parse_size, refuse_bare_number
 from akosim.calibration.run_calibration import CalibrationError
 from akosim.sim.settling import SETTLE_CAP_ROUNDS
 
 if TYPE_CHECKING:
-    from akocore.workload import FlatWorkload
+    from akocore.workloads.flat import FlatWorkload
     from akosim.sim.scenario import Setup, SimRun
 
 # timing-only planning defaults to the seeds' CNN (17 MB gradient) at their batch size; rounds
@@ -53,7 +54,7 @@ ProgressFactory = Callable[[str, int], Callable[[int], None]]
 
 def load_workload(cfg: RunConfig) -> FlatWorkload:
     """The configured workload, or a one-line UsageError naming what is wrong."""
-    from akocore.workload import build_workload
+    from akocore.workloads.flat import build_workload
 
     try:
         workload = build_workload(cfg.train.workload, batch_size=cfg.train.batch_size,

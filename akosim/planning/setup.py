@@ -8,8 +8,9 @@ once:
   compute time comes from, per-round and per-message overheads, speeds and
   stragglers, coalescing, the TCP calibration file), typed;
 - `measured_compute`: the workload's gradient step timed on this machine
-  through the per-machine compute cache (akosim.planning.compute_cache), MEASURE_STEPS
-  steps; plan, train, sweep and predict share the cache entry;
+  through the per-machine compute cache (akosim.planning.compute_cache), at most
+  MEASURE_STEPS steps, the count, warm-up and stopping rule akorun's p auto uses too
+  (akocore.workloads.step_timing); plan, train, sweep and predict share the cache entry;
 - `tcp_parameters_for`: the TCP-aware network model's parameters when the
   config asks for that model (akosim.calibration.host_calibration_io), else None;
 - `chooses_ssp_with_p`: the rule that lets akosim choose s together with p
@@ -33,11 +34,13 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from akocore.cli_support import UsageError
-from akocore.config import AkosimConfig, ResolvedSettings, RunConfig
-from akocore.host_calibration import TcpParameters
+from akocore.records.host_calibration import TcpParameters
 from akocore.schemes.registry import scheme_named
+from akocore.settings.layers import ResolvedSettings
 from akocore.settings.normalise import network_layers
+from akocore.settings.schema import AkosimConfig, RunConfig
 from akocore.units import format_duration
+from akocore.workloads.step_timing import MEASURE_STEPS
 from akosim.calibration.run_calibration import (
     compute_from_result,
     message_overhead_from_result,
@@ -52,13 +55,12 @@ from akosim.planning.runspec import (
 )
 
 if TYPE_CHECKING:
-    from akocore.workload import FlatWorkload as Workload
+    from akocore.workloads.flat import FlatWorkload as Workload
     from akosim.planning.compute import ComputeModel
     from akosim.planning.compute_cache import Measured
     from akosim.sim.engine import StopRule
     from akosim.sim.scenario import Setup
 
-MEASURE_STEPS = 30  # --compute measure: at most this many timed gradient steps (median)
 TRAINING_ROUNDS_CAP = 10_000  # akosim train without rounds or duration: bounded by accuracy
 
 
@@ -170,7 +172,7 @@ def compute_setting(value: str | float) -> float | str:
     """``--compute TEXT`` (or a Python call's seconds) read as the [akosim] compute
     setting (the key registry's check, the same as plan's): seconds per round, "measure"
     or "remeasure"."""
-    from akocore.config import Given, Layer, resolve
+    from akocore.settings.layers import Given, Layer, resolve
 
     given = (Given("akosim.compute", value, Layer.FLAG, "by --compute")
              if isinstance(value, str) else

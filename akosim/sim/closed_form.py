@@ -37,9 +37,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from akocore.figures import steady_round_time_s
 from akocore.messages import FLOAT_BYTES
 from akocore.partition import partition_bounds
+from akocore.records.figures import steady_round_time_s
 from akocore.schemes.registry import has_servers, scheme_named, wire_codec
 from akocore.settings.normalise import network_layers
 from akocore.units import format_bandwidth

@@ -23,16 +23,16 @@ from typing import Any
 import numpy as np
 import simpy
 
-from akocore.config import RunConfig
-from akocore.figures import steady_round_time_s
-from akocore.host_calibration import TcpParameters
 from akocore.messages import FLOAT_BYTES
 from akocore.planner import Plan
+from akocore.records.figures import steady_round_time_s
+from akocore.records.host_calibration import TcpParameters
 from akocore.resolve import network_arrays, resolve_plan, scheme_spec
 from akocore.schemes import build_nodes
 from akocore.schemes.registry import has_servers, scheme_named, staleness_bound_rounds
+from akocore.settings.schema import RunConfig
 from akocore.units import format_bandwidth
-from akocore.workload import FlatWorkload
+from akocore.workloads.flat import FlatWorkload
 from akosim.network.fluid import COALESCE_REL
 from akosim.network.island_reduce import samples_per_round
 from akosim.network.netmodel import build_network_model

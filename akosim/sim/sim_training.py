@@ -11,7 +11,7 @@ against simulated time, so a run predicts time to accuracy.
 
 A gradient step whose loss or gradient is not finite (the user's NaN: in the
 data, or a diverged run) ends the simulation with `NonFiniteStep`, naming the
-simulated worker, the round, the batch and its loss (akocore.nonfinite), the
+simulated worker, the round, the batch and its loss (akocore.workloads.nonfinite), the
 check akorun's ranks make; nothing is trained on with it.
 """
 
@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from akocore.figures import step_seed  # the one per-step seed, shared with akorun
-from akocore.nonfinite import NonFiniteStep, nonfinite_line, step_problem
-from akocore.workload import FlatWorkload
+from akocore.records.figures import step_seed  # the one per-step seed, shared with akorun
+from akocore.workloads.flat import FlatWorkload
+from akocore.workloads.nonfinite import NonFiniteStep, nonfinite_line, step_problem
 from akocore.workloads.spec import TrainBatches
 
 

@@ -46,13 +46,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from akocore.cli_support import check_out_directory, fail
-from akocore.config import (
-    RunConfig,
-    config_from_dict,
-    config_hash,
-    config_to_dict,
-    resolve,
-)
+from akocore.settings.layers import resolve
+from akocore.settings.schema import RunConfig
+from akocore.settings.toml_io import config_from_dict, config_hash, config_to_dict
 from akocore.units import format_duration
 from akosim.planning.runspec import (
     TIMING_DEFAULTS,

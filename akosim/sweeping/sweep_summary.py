@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from akocore.results import RunResult
+from akocore.records.results import RunResult
 from akocore.schemes.registry import is_partitioned
 from akocore.units import format_bandwidth, format_duration
 from akosim.sweeping.sweepfiles import read_sweep

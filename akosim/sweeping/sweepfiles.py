@@ -1,15 +1,15 @@
 """The files of akosim sweep: one typed record per point, and the collected results.
 
 `SweepPoint` is what DIR/points/<id>.json holds: the point's id, grid values,
-config and simulation settings, and one akocore.results `RunResult` per
+config and simulation settings, and one akocore.records.results `RunResult` per
 simulated configuration (written with `RunResult.to_json`, without
 ``per_link``: a sweep keeps n x n links out of every point). Its `format` is
 `POINT_FORMAT`; `read_points` ignores files of another format (a resumed sweep
 never misreads a point written by an older toolkit: the old point is run
 again under its new id). `collect` writes DIR/sweep.json (every point) and
 DIR/sweep.csv, whose result columns are RunResult field names
-(`CSV_RESULT_COLUMNS` = akocore.results.SUMMARY_FIELDS, checked against the
-record when akocore.results is imported).
+(`CSV_RESULT_COLUMNS` = akocore.records.results.SUMMARY_FIELDS, checked against the
+record when akocore.records.results is imported).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from akocore.jsonrecord import RecordError, meta, record_from_json, record_to_json
-from akocore.results import SUMMARY_FIELDS, RunResult
+from akocore.records.jsonrecord import RecordError, meta, record_from_json, record_to_json
+from akocore.records.results import SUMMARY_FIELDS, RunResult
 
 POINT_FORMAT = 3  # bump when the meaning of a point changes: new ids, old files ignored
 # (3: a point without rounds settles instead of running 30 rounds)
@@ -33,7 +33,7 @@ POINT_KIND = "sweep-point"
 
 
 # Columns of sweep.csv after the grid values ("grid_<flag>") and before point_id: the
-# headline RunResult fields (akocore.results checks each is a field).
+# headline RunResult fields (akocore.records.results checks each is a field).
 CSV_RESULT_COLUMNS: tuple[str, ...] = SUMMARY_FIELDS
 
 
@@ -46,7 +46,7 @@ class SweepPoint:
     grid: Mapping[str, Any] = field(metadata=meta(
         "", "the point's grid values as given (flag dest -> text)", "akosim"))
     config: Mapping[str, Any] = field(metadata=meta(
-        "", "the resolved config, as akocore.config.config_to_dict writes it", "akosim"))
+        "", "the resolved config, as akocore.settings.toml_io.config_to_dict writes it", "akosim"))
     sim: Mapping[str, Any] = field(metadata=meta(
         "", "simulation settings besides the config (gradient length, compute)", "akosim"))
     gradient_bytes: int = field(metadata=meta("B", "gradient bytes per worker", "akosim"))

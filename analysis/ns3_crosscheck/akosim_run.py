@@ -38,7 +38,7 @@ def ns3_matched_tcp(env: simpy.Environment, spec: NetworkSpec) -> MessageNetwork
     use: the window is ns-3's 128 KiB socket buffer, a point-to-point frame adds PPP 2 +
     IPv4 20 + TCP 32 bytes, one connection per pair opened with the first message (its
     handshake and slow start paid), no host stack time and no software cost."""
-    from akocore.host_calibration import TcpParameters
+    from akocore.records.host_calibration import TcpParameters
     from akosim.network.netmodel import tcp_network
 
     params = TcpParameters(window_bytes=float(DEFAULT_TCP.buffer_bytes),

@@ -283,7 +283,7 @@ def compute_fraction(ssp: str, bandwidth: str = "100gbps") -> tuple[float, str]:
 
 _BARE_STEP = """
 import resource, sys
-from akocore.workload import build_workload
+from akocore.workloads.flat import build_workload
 workload = build_workload(sys.argv[1], batch_size=int(sys.argv[2]))
 batch = workload.batches(0, 2).next()
 params = workload.init_params.copy()
@@ -305,7 +305,7 @@ def bare_workload_rss_bytes(workload: str, batch_size: int) -> int:
 _RANK_LIKE_STEPS = """
 import asyncio, concurrent.futures, os, resource, sys
 from akocore.process_setup import enable_compilation_cache
-from akocore.workload import build_workload
+from akocore.workloads.flat import build_workload
 if os.environ.get("AKO_JAX_CACHE"):
     enable_compilation_cache(os.environ["AKO_JAX_CACHE"])  # as a rank does (prepare)
 workload = build_workload(sys.argv[1], batch_size=int(sys.argv[2]))

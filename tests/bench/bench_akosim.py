@@ -58,7 +58,8 @@ from dataclasses import replace
 import numpy as np
 import simpy
 
-from akocore.config import ClusterConfig, RunConfig, TrainConfig, config_from_dict
+from akocore.settings.schema import ClusterConfig, RunConfig, TrainConfig
+from akocore.settings.toml_io import config_from_dict
 from akosim.network.fluid import warm_compiled
 from akosim.planning.compute import ComputeModel, measure_compute_s
 from akosim.sim.engine import StopRule
@@ -178,7 +179,7 @@ def train_to_accuracy(workers: int = 16,
                       target: float = 0.9) -> tuple[float, float, SimRun]:
     """Wall and CPU seconds to build the default workload, time its step and train
     to `target`, and the run."""
-    from akocore.workload import build_workload
+    from akocore.workloads.flat import build_workload
 
     wall_from, cpu_from = time.perf_counter(), time.process_time()
     config = RunConfig(cluster=ClusterConfig(workers=workers),

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from akocore.partition import accumulate_and_take, partition_slice
-from akocore.workload import build_workload
+from akocore.workloads.flat import build_workload
 from tests.bench.common import Figure, paired
 
 # Steps and memory copies on a shared 2-core machine swing by a third from run to

@@ -92,9 +92,9 @@ def time_to(evaluations: list[list[float]], target: float) -> float | None:
 def export_data(path: Path) -> None:
     """What akorun trains (digits-mlp, seed 0): split, initial parameters, each rank's
     first STEPS batches of akocore's batch stream, for the torch ranks."""
-    from akocore.data import BatchStream
-    from akocore.data_bundled import load_digits
-    from akocore.models import build_model
+    from akocore.data.bundled import load_digits
+    from akocore.data.catalog import BatchStream
+    from akocore.workloads.models import build_model
 
     data = load_digits()
     params = build_model("mlp", data.input_shape, 10, hidden=HIDDEN).init(0)
@@ -145,11 +145,11 @@ def run_akorun(out: Path) -> Side:
 def shaped_testbed() -> Iterator[object]:
     """Namespaces, shaping and delay line as `akorun launch --testbed netns` builds them
     for 3 ranks at RATE_BPS with LATENCY_S one way (akorun.launching.testbed)."""
+    from akocore.hosttools.shaping import plan_shaping
     from akocore.settings.schema import NetworkConfig
     from akorun.launching.testbed.delaypath import check_delay, line_load_bps
     from akorun.launching.testbed.netns import NetnsTestbed, TestbedNames
     from akorun.launching.testbed.runner import TestbedOptions, _delay_path
-    from akorun.launching.testbed.shaping import plan_shaping
 
     net = NetworkConfig(bandwidth_bps=(RATE_BPS,), latency_s=(LATENCY_S,))
     check_delay(net.latency_matrix(WORKERS),

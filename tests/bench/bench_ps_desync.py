@@ -17,9 +17,8 @@ from __future__ import annotations
 import statistics
 import time
 
-from akocore.config import RunConfig
-from akocore.host_calibration import TcpParameters
-from akocore.settings.schema import ClusterConfig, ExchangeConfig, NetworkConfig
+from akocore.records.host_calibration import TcpParameters
+from akocore.settings.schema import ClusterConfig, ExchangeConfig, NetworkConfig, RunConfig
 from akosim.planning.compute import ComputeModel
 from akosim.sim.engine import StopRule
 from akosim.sim.scenario import Setup, Variant, ako_variant, simulate

@@ -36,7 +36,7 @@ CHILD = r"""
 import asyncio, json, sys, time
 import numpy as np
 import jax, jax.numpy as jnp
-from akocore.workload import build_workload
+from akocore.workloads.flat import build_workload
 from tests.bench.common import paired
 wl = build_workload("digits-mlp", batch_size=32, workload_args={"hidden": (1024, 1024)})
 stream = wl.batches(0, 1)

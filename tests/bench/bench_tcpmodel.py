@@ -21,7 +21,7 @@ from dataclasses import replace
 import numpy as np
 import simpy
 
-from akocore.host_calibration import TcpParameters
+from akocore.records.host_calibration import TcpParameters
 from akocore.settings.normalise import network_layers
 from akosim.network.fluidnet import FluidNetwork
 from akosim.network.layer import NetworkModel
@@ -81,8 +81,7 @@ def all_to_all_ratios(tcp: TcpParameters | None = None) -> dict[float, list[floa
 
 
 def _scenario_cpu_s(tcp: TcpParameters | None, model: str = "tcp") -> float:
-    from akocore.config import RunConfig
-    from akocore.settings.schema import ClusterConfig, ExchangeConfig, NetworkConfig
+    from akocore.settings.schema import ClusterConfig, ExchangeConfig, NetworkConfig, RunConfig
     from akosim.planning.compute import ComputeModel
     from akosim.sim.engine import StopRule
     from akosim.sim.scenario import Setup, ako_variant, simulate

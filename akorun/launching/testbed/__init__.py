@@ -4,5 +4,5 @@ netns.py builds and deletes the namespaces, bridge and veth pairs; shaping.py
 plans the tc commands that realise a config's network; runner.py runs a
 launch inside them (`akorun launch --testbed netns`); probe.py measures a
 TCP transfer between two namespaces. The record of what was configured is
-akocore.testbed_record (akosim reads it).
+akocore.records.testbed_record (akosim reads it).
 """

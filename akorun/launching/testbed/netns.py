@@ -11,8 +11,10 @@ veth is created inside its namespaces, so deleting the namespaces (`down`)
 removes everything. `remove_stale` deletes what an earlier run with the same
 prefix left behind when it was killed (its pid no longer lives).
 
-`run_command` runs an `ip`/`tc` command and raises `TestbedError` (a usage
-error: exit status 2, one line) naming the command and the kernel's answer.
+The commands' text is akocore.hosttools' (shared with ``akosim calibrate
+--netns-rate`` and the analysis probes). `run_command` runs an `ip`/`tc`
+command and raises `TestbedError` (a usage error: exit status 2, one line)
+naming the command and the kernel's answer.
 `entered(namespace)` switches the calling thread into a namespace for a
 moment (setns(2)), so the launcher can poll a rank's /status from the root
 namespace's process without any route into the testbed.
@@ -29,9 +31,18 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from akocore.hosttools.netns_commands import (
+    address_up,
+    bridge_port,
+    bridge_up,
+    namespace_add,
+    namespace_delete,
+    veth_pair,
+)
+from akocore.hosttools.netns_commands import missing_requirements as host_lacks
+from akocore.hosttools.shaping import NodeDevices
 from akorun.errors import UsageError
 from akorun.launching.testbed.delaypath import hub_mac, rank_mac
-from akorun.launching.testbed.shaping import NodeDevices
 
 PREFIX = "akotb"
 SUBNET_PREFIX = "10.77.0"
@@ -50,12 +61,8 @@ class TestbedError(UsageError):
 
 def missing_requirements(euid: int | None = None) -> str | None:
     """What this machine lacks for a netns testbed, in one line, or None."""
-    if (os.geteuid() if euid is None else euid) != 0:
-        return "needs root (network namespaces, veth, bridges and tc qdiscs)"
-    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
-    if missing:
-        return f"needs the {' and '.join(f'`{t}`' for t in missing)} command (iproute2)"
-    return None
+    return host_lacks(os.geteuid() if euid is None else euid,
+                      lambda tool: shutil.which(tool) is not None)
 
 
 def run_command(argv: tuple[str, ...]) -> str:
@@ -93,7 +100,7 @@ def remove_stale() -> list[str]:
     for name in namespaces():
         match = _NAME.match(name)
         if match and not _alive(int(match.group(1))):
-            subprocess.run(("ip", "netns", "del", name), capture_output=True,
+            subprocess.run(namespace_delete(name), capture_output=True,
                            timeout=COMMAND_TIMEOUT_S, check=False)
             removed.append(name)
     return removed
@@ -169,24 +176,18 @@ class NetnsTestbed:
         names = self.names
         for name in names.all_namespaces():
             self._created.append(name)  # before: a half-made namespace is deleted too
-            self.run("ip", "netns", "add", name)
+            self.run(*namespace_add(name))
         if bridged:
-            self.run("ip", "-n", names.hub, "link", "add", names.bridge, "type", "bridge")
-            self.run("ip", "-n", names.hub, "link", "set", names.bridge, "up")
+            self.apply(tuple(bridge_up(names.hub, names.bridge)))
         for rank in range(names.workers):
             node = names.node(rank)
-            self.run("ip", "link", "add", node.device, "netns", node.namespace, "address",
-                     rank_mac(rank), "mtu", str(MTU_BYTES), "type", "veth", "peer", "name",
-                     node.bridge_port, "netns", node.hub_namespace, "address", hub_mac(rank),
-                     "mtu", str(MTU_BYTES))
+            self.run(*veth_pair(node.device, node.namespace, node.bridge_port,
+                                node.hub_namespace, mac=rank_mac(rank), peer_mac=hub_mac(rank),
+                                mtu_bytes=MTU_BYTES))
             if not bridged:
                 continue
-            self.run("ip", "-n", names.hub, "link", "set", node.bridge_port, "master",
-                     names.bridge, "up")
-            self.run("ip", "-n", node.namespace, "addr", "add", f"{node.address}/24", "dev",
-                     node.device)
-            self.run("ip", "-n", node.namespace, "link", "set", node.device, "up")
-            self.run("ip", "-n", node.namespace, "link", "set", "lo", "up")
+            self.run(*bridge_port(names.hub, node.bridge_port, names.bridge))
+            self.apply(tuple(address_up(node.namespace, node.device, node.address)))
 
     def apply(self, commands: tuple[tuple[str, ...], ...]) -> None:
         for argv in commands:
@@ -200,7 +201,7 @@ class NetnsTestbed:
         for name in dict.fromkeys([*self._created, *self.names.all_namespaces()]):
             if name not in present:
                 continue
-            done = subprocess.run(("ip", "netns", "del", name), capture_output=True,
+            done = subprocess.run(namespace_delete(name), capture_output=True,
                                   timeout=COMMAND_TIMEOUT_S, check=False)
             if done.returncode != 0:
                 left.append(name)

@@ -3,8 +3,8 @@
 This module owns the order of one testbed run: check the config and the
 machine (a usage error, exit status 2, before anything is created), remove
 what a killed earlier run left, build the namespaces and bridge
-(akorun.launching.testbed.netns), apply the shaping (akorun.launching.testbed.shaping), write
-``OUT/testbed.json`` (akocore.testbed_record), run the ranks with
+(akorun.launching.testbed.netns), apply the shaping (akocore.hosttools.shaping), write
+``OUT/testbed.json`` (akocore.records.testbed_record), run the ranks with
 akorun.launching.local (one `ip netns exec NS` prefix per rank, in-process emulation
 off), and tear everything down: on success, failure, Ctrl-C and SIGTERM.
 
@@ -39,14 +39,16 @@ from dataclasses import dataclass, replace
 from types import FrameType
 from typing import Any
 
-from akocore.config import ResolvedSettings, RunConfig
-from akocore.results import RunResult
-from akocore.testbed_record import (
+from akocore.hosttools.shaping import HTB_QUANTUM_BYTES, plan_shaping
+from akocore.records.results import RunResult
+from akocore.records.testbed_record import (
     LATENCY_POLICIES,
     TESTBED_RECORD_FILE,
     TestbedNode,
     TestbedRecord,
 )
+from akocore.settings.layers import ResolvedSettings
+from akocore.settings.schema import RunConfig
 from akorun.errors import Interrupted, UsageError
 from akorun.launching.cluster import AkorunSettings
 from akorun.launching.local import LaunchOptions, Placement, launch, status_of
@@ -70,7 +72,6 @@ from akorun.launching.testbed.netns import (
     missing_requirements,
     remove_stale,
 )
-from akorun.launching.testbed.shaping import HTB_QUANTUM_BYTES, plan_shaping
 from akorun.transport.keys import restrict_new_files
 
 TESTBEDS = ("netns",)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from akocore.dataset import DataError, Dataset, make_dataset
+from akocore.data.dataset import DataError, Dataset, make_dataset
 
 # --------------------------------------------------------------------------
 # digits (bundled with scikit-learn)

@@ -1,7 +1,7 @@
 """Reading a result from where it is: a path (a file, or a run directory's result.json) or
-a parsed JSON object, into its typed record (akocore.results).
+a parsed JSON object, into its typed record (akocore.records.results).
 
-The one place in akocore that opens a result file, kept apart so akocore.results stays
+The one place in akocore that opens a result file, kept apart so akocore.records.results stays
 free of I/O.
 """
 
@@ -12,8 +12,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from akocore.results import Calibration, PlanResult, RankResult, RecordError, RunResult
-from akocore.results import read_result as record_of
+from akocore.records.calibration import Calibration
+from akocore.records.legacy_reading import record_of
+from akocore.records.results import PlanResult, RankResult, RecordError, RunResult
 
 
 def read_result(source: Any) -> PlanResult | RunResult | RankResult | Calibration:

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from akocore.workload import FlatWorkload, tree_grad_fn
+from akocore.workloads.flat import FlatWorkload, tree_grad_fn
 
 AXIS = "island"  # the mesh axis the batch is sharded along
 DEVICE_SEED_STRIDE = 1_000_003

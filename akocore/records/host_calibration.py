@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from akocore.jsonrecord import RecordError, meta, record_from_json, record_to_json
+from akocore.records.jsonrecord import RecordError, meta, record_from_json, record_to_json
 
 HOST_CALIBRATION_VERSION = 1
 KIND = "host-calibration"

@@ -1,4 +1,4 @@
-"""Results as data: the records akosim and akorun write and analysis reads.
+"""Results as data: the run, rank and plan records akosim and akorun write and analysis reads.
 
 One vocabulary for both backends (the same key means the same thing and has
 the same type wherever it appears):
@@ -8,61 +8,32 @@ the same type wherever it appears):
 - `RunResult`: one run, config echoed, the summary figures and ``per_worker``
   (akorun's merged ``result.json``; one entry of akosim's ``runs``);
 - `PlanResult`: akosim's ``--out`` file, the simulated configurations of one
-  question in ``runs``;
-- `Calibration`: what a real run tells the simulator (per-rank compute time,
-  per-round and per-message overheads, the resolved p, compute jitter), read by
-  ``akosim --compute-from``;
-- `ComputeMeasurement`: one cached ``--compute measure`` (workload, batch,
-  optimizer, CPU fingerprint, JAX version -> seconds per gradient step), the
-  file akosim keeps in the user's cache directory.
+  question in ``runs``.
 
 Counts are integers (``workers`` is the number of nodes, ``p`` the largest p of
 any worker, ``p_of`` each worker's p). Every record's JSON carries
-``schema_version`` (`SCHEMA_VERSION`) and ``kind``; `read_result` refuses
-another version and converts, once, the files written before there was a
-schema (no ``schema_version``: akorun's ``workers`` list, akosim's
-``runs``, the experiment runner's calibration ``compute.json``). The field
-metadata (unit, meaning, writer) generates docs/reference/result-schema.md
-(`schema_markdown`). `Figures` carries the steady-state summary of one rank
-(`rank_figures`) or one run (`merged_figures`) into those records; the derived
-figures shared by all three live in akocore.figures. No I/O here: callers
-read and write the files.
-
-Past ~500 lines on purpose: these records are the one schema both backends and
-the analysis share, versioned together (one `SCHEMA_VERSION`, one pre-schema
-conversion, one generated docs/reference/result-schema.md); split across modules, a
-change to one record could ship without its version bump or its documentation.
-
-This module is over 500 lines because the schema is its documentation: every
-field carries its unit, meaning and writer, and the legacy conversion sits
-beside the fields it converts to.
+``schema_version`` (`SCHEMA_VERSION`, one for every record of akocore.records)
+and ``kind``; `check_header` refuses another version. Beside these records:
+akocore.records.calibration (`Calibration`, `ComputeMeasurement`),
+akocore.records.run_figures (the summary figures of a rank or a run),
+akocore.records.legacy_reading (any result object as its record, the files
+written before the schema converted) and akocore.records.schema_table
+(docs/reference/result-schema.md from the field metadata: unit, meaning,
+writer). No I/O here: callers read and write the files.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from akocore.figures import (
-    fill_missing,
-    mean_of_known,
-    relative_std,
-    steady_mean,
-    steady_round_time_s,
-    tile,
-    warmup_rounds,
-)
-from akocore.jsonrecord import (
+from akocore.records.jsonrecord import (
     RecordError,
     meta,
     record_from_json,
     record_to_json,
-    schema_rows,
 )
-from akocore.message_cost import MessageCost, MessageSample
-from akocore.schemes.registry import is_partitioned
 
 SCHEMA_VERSION = 3
 # versions this toolkit reads: 1 lacks only the plan's ranking by accuracy (its fields
@@ -71,16 +42,14 @@ SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
 
 __all__ = [
-    "READABLE_VERSIONS", "SCHEMA_VERSION", "SUMMARY_FIELDS", "Calibration",
-    "ComputeMeasurement", "Figures", "LinkResult", "PlanResult", "RankCalibration",
-    "RankResult", "RankedRun", "RecordError", "RunResult",
-    "rank_overhead_s", "read_result", "run_compute_jitter", "run_fields", "schema_markdown",
+    "READABLE_VERSIONS", "SCHEMA_VERSION", "SUMMARY_FIELDS", "LinkResult", "PlanResult",
+    "RankResult", "RankedRun", "RecordError", "RunResult", "check_header", "run_fields",
 ]
 
 Evaluation = tuple[float, int, float]  # (seconds since training start, round, accuracy)
 
 
-def _check_header(data: Mapping[str, Any], kind: str, where: str) -> None:
+def check_header(data: Mapping[str, Any], kind: str, where: str) -> None:
     version = data.get("schema_version")
     if type(version) is not int or version not in READABLE_VERSIONS:
         raise RecordError(f"{where}schema_version: this toolkit reads version "
@@ -201,7 +170,7 @@ class RankResult:
             "free-form, not compared", "akorun"))
 
     def __post_init__(self) -> None:
-        clash = sorted(set(self.details) & _RANK_KEYS)
+        clash = sorted(set(self.details) & RANK_KEYS)
         if clash:
             raise ValueError(f"details: {clash[0]!r} is a field, not a detail")
 
@@ -221,14 +190,14 @@ class RankResult:
         if not isinstance(data, dict):
             raise RecordError(f"{where or 'rank'}: expected an object, got {data!r}")
         prefix = f"{where}." if where else ""
-        _check_header(data, "rank", prefix)
-        known = {k: v for k, v in data.items() if k in _RANK_KEYS and k != "details"}
+        check_header(data, "rank", prefix)
+        known = {k: v for k, v in data.items() if k in RANK_KEYS and k != "details"}
         details = {k: v for k, v in data.items()
-                   if k not in _RANK_KEYS and k not in ("schema_version", "kind")}
+                   if k not in RANK_KEYS and k not in ("schema_version", "kind")}
         return record_from_json(cls, {**known, "details": details}, where)
 
 
-_RANK_KEYS = frozenset(f.name for f in fields(RankResult))
+RANK_KEYS = frozenset(f.name for f in fields(RankResult))
 
 
 # ---------------------------------------------------------------------- one run
@@ -256,7 +225,7 @@ class RunResult:
     label: str = field(default="", metadata=meta(
         "", "what the run is, e.g. ako p=4 (auto) or ps 1 server(s)"))
     config: Mapping[str, Any] = field(default_factory=dict, metadata=meta(
-        "", "the configuration echoed, as akocore.config.config_to_dict writes it"))
+        "", "the configuration echoed, as akocore.settings.toml_io.config_to_dict writes it"))
     run_id: str | None = field(default=None, metadata=meta("", "the launch's run id", "akorun"))
     p: int = field(default=1, metadata=meta(
         "partitions", "largest p of any worker (1 for ps and allreduce)"))
@@ -343,7 +312,7 @@ class RunResult:
         if not isinstance(data, dict):
             raise RecordError(f"{where or 'run'}: expected an object, got {data!r}")
         prefix = f"{where}." if where else ""
-        _check_header(data, "run", prefix)
+        check_header(data, "run", prefix)
         body = {k: v for k, v in data.items()
                 if k not in ("schema_version", "kind", "per_worker")}
         ranks = data.get("per_worker", [])
@@ -463,7 +432,7 @@ class PlanResult:
     def from_json(cls, data: Any) -> PlanResult:
         if not isinstance(data, dict):
             raise RecordError(f"plan: expected an object, got {data!r}")
-        _check_header(data, "plan", "")
+        check_header(data, "plan", "")
         runs = data.get("runs")
         if not isinstance(runs, list):
             raise RecordError(f"runs: expected a list, got {runs!r}")
@@ -489,347 +458,3 @@ SUMMARY_FIELDS: tuple[str, ...] = run_fields(
     "bytes_sent_per_worker_per_round", "nic_utilisation", "staleness_bound_rounds",
     "bottleneck",
 )
-
-
-# ---------------------------------------------------------------------- calibration
-
-
-@dataclass(frozen=True)
-class RankCalibration:
-    """What one real rank tells the simulator; gaps already filled (see Calibration)."""
-
-    rank: int = field(metadata=meta("", "rank of the node"))
-    role: str = field(default="worker", metadata=meta("", '"worker" or "ps"'))
-    compute_s_per_round: float | None = field(default=None, metadata=meta(
-        "s", "gradient-step seconds per round"))
-    overhead_s_per_round: float | None = field(default=None, metadata=meta(
-        "s", "seconds per round outside gradient and gate"))
-    message_overhead_s: float | None = field(default=None, metadata=meta(
-        "s", "seconds a message costs beyond the wire"))
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """A real run's measurements as the simulator uses them (akosim --compute-from).
-
-    Per rank: compute, per-round and per-message overheads. A rank without a value
-    (a parameter server computes no gradient) got the others' mean when the
-    calibration was made (akocore.figures.fill_missing); a figure no rank has is
-    null everywhere. `compute_s(nodes)` etc. spread the ranks over `nodes`.
-    """
-
-    source: str = field(metadata=meta("", "the result file it was made from"))
-    per_worker: tuple[RankCalibration, ...] = field(metadata=meta("", "one entry per rank"))
-    p_of: tuple[int, ...] = field(default=(), metadata=meta(
-        "partitions", "each worker's resolved p (empty: not ako)"))
-    compute_jitter: float = field(default=0.0, metadata=meta(
-        "fraction", "relative std of the steady per-round compute time"))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"schema_version": SCHEMA_VERSION, "kind": "calibration",
-                **record_to_json(self)}
-
-    @classmethod
-    def from_json(cls, data: Any) -> Calibration:
-        if not isinstance(data, dict):
-            raise RecordError(f"calibration: expected an object, got {data!r}")
-        _check_header(data, "calibration", "")
-        return record_from_json(cls, {k: v for k, v in data.items()
-                                      if k not in ("schema_version", "kind")})
-
-    @classmethod
-    def from_run(cls, run: RunResult, source: str = "") -> Calibration:
-        """Each rank's measurements, gaps filled with the other ranks' means. A rank
-        without compute time (a server) also gets the mean per-round overhead."""
-        ranks = run.per_worker
-        compute = fill_missing([r.compute_s_per_round for r in ranks])
-        overhead = fill_missing([rank_overhead_s(r) if r.compute_s_per_round is not None
-                                 else None for r in ranks])
-        message = fill_missing([r.message_overhead_s for r in ranks])
-        none = (None,) * len(ranks)
-        return cls(source, tuple(
-            RankCalibration(r.rank, r.role, c, o, m)
-            for r, c, o, m in zip(ranks, compute or none, overhead or none, message or none,
-                                  strict=True)),
-            p_of=run.p_of if is_partitioned(run.scheme) else (),
-            compute_jitter=run_compute_jitter(run))
-
-    def _spread(self, values: Sequence[float | None], nodes: int) -> tuple[float, ...] | None:
-        known = fill_missing(values) if values else None
-        return tile(known, nodes) if known else None
-
-    def compute_s(self, nodes: int) -> tuple[float, ...] | None:
-        """Per-node compute seconds per round, or None when no rank measured any."""
-        return self._spread([r.compute_s_per_round for r in self.per_worker], nodes)
-
-    def overhead_s(self, nodes: int) -> tuple[float, ...] | None:
-        return self._spread([r.overhead_s_per_round for r in self.per_worker], nodes)
-
-    def message_overhead_s(self, nodes: int) -> tuple[float, ...] | None:
-        return self._spread([r.message_overhead_s for r in self.per_worker], nodes)
-
-
-# ---------------------------------------------------------------------- compute cache
-
-
-@dataclass(frozen=True)
-class ComputeMeasurement:
-    """One ``--compute measure`` result as akosim caches it (one file per key)."""
-
-    workload: str = field(metadata=meta("", "the workload measured", "akosim"))
-    batch_size: int = field(metadata=meta("samples", "samples per gradient step", "akosim"))
-    optimizer: str = field(metadata=meta("", "the optimizer configured", "akosim"))
-    cpu: str = field(metadata=meta("", "CPU fingerprint (model, cores, machine)", "akosim"))
-    jax_version: str = field(metadata=meta("", "JAX version that ran the step", "akosim"))
-    compute_s: float = field(metadata=meta("s", "median seconds of one gradient step",
-                                           "akosim"))
-    param_count: int = field(metadata=meta(
-        "float32", "gradient elements of the workload", "akosim"))
-    steps: int = field(metadata=meta("steps", "timed steps behind the median", "akosim"))
-    measured_at: str = field(metadata=meta("", "when, ISO 8601 UTC", "akosim"))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"schema_version": SCHEMA_VERSION, "kind": "compute", **record_to_json(self)}
-
-    @classmethod
-    def from_json(cls, data: Any) -> ComputeMeasurement:
-        if not isinstance(data, dict):
-            raise RecordError(f"compute: expected an object, got {data!r}")
-        _check_header(data, "compute", "")
-        record = record_from_json(cls, {k: v for k, v in data.items()
-                                        if k not in ("schema_version", "kind")})
-        if not (math.isfinite(record.compute_s) and record.compute_s > 0):
-            raise RecordError(f"compute_s: expected seconds > 0, got {record.compute_s!r}")
-        if record.param_count < 1:
-            raise RecordError(f"param_count: expected >= 1, got {record.param_count!r}")
-        return record
-
-
-# ---------------------------------------------------------------------- derived figures
-
-
-def rank_overhead_s(rank: RankResult | RunResult) -> float | None:
-    """Seconds per round outside the gradient and the gate: ``overhead_s_per_round``
-    when recorded, else round_time_s - compute - wait (the same steady-state means, for
-    results written before akorun measured it); None without either."""
-    if rank.overhead_s_per_round is not None:
-        return rank.overhead_s_per_round
-    parts = (rank.round_time_s, rank.compute_s_per_round, rank.wait_s_per_round)
-    if any(v is None or not math.isfinite(v) for v in parts):
-        return None
-    total, compute, wait = parts
-    return total - compute - wait  # type: ignore[operator]
-
-
-def run_compute_jitter(run: RunResult) -> float:
-    """Relative standard deviation of the per-round gradient time over the steady rounds,
-    mean over the ranks that have one (0.0 when none)."""
-    cvs = [relative_std(list(r.round_compute_s[warmup_rounds(len(r.round_compute_s)):]))
-           for r in run.per_worker]
-    known = [cv for cv in cvs if cv is not None]
-    return sum(known) / len(known) if known else 0.0
-
-
-@dataclass(frozen=True)
-class Figures:
-    """The steady-state summary figures of one rank (`rank_figures`) or one run
-    (`merged_figures`): the fields of RankResult and RunResult with the same names."""
-
-    round_time_s: float | None
-    samples_per_s: float | None
-    bytes_sent_per_worker_per_round: float | None
-    compute_s_per_round: float | None
-    wait_s_per_round: float | None
-    overhead_s_per_round: float | None
-
-    def as_fields(self) -> dict[str, Any]:
-        """Keyword arguments of RankResult / RunResult."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-def rank_figures(*, round_end_s: Sequence[float], compute_s: Sequence[float],
-                 wait_s: Sequence[float], overhead_s: Sequence[float] | None,
-                 training_workers: int, batch_size: int,
-                 bytes_sent_rounds: float, round_stride: int = 1,
-                 rounds: int | None = None) -> Figures:
-    """The steady-state summary figures of one rank from its per-round series (a sampled
-    series holds every `round_stride`-th of `rounds` rounds; the means are the samples')."""
-    if rounds is None:
-        rounds = len(round_end_s) * round_stride
-    round_time_s = steady_round_time_s(round_end_s) / round_stride
-
-    def finite(value: float) -> float | None:
-        return value if math.isfinite(value) else None
-
-    return Figures(
-        round_time_s=finite(round_time_s),
-        samples_per_s=finite(training_workers * batch_size / round_time_s)
-        if round_time_s > 0 else None,
-        bytes_sent_per_worker_per_round=bytes_sent_rounds / rounds if rounds else None,
-        compute_s_per_round=finite(steady_mean(compute_s)),
-        wait_s_per_round=finite(steady_mean(wait_s)),
-        overhead_s_per_round=finite(steady_mean(overhead_s))
-        if overhead_s is not None else None)
-
-
-def merged_figures(training: Sequence[RankResult], batch_size: int) -> Figures:
-    """A run's summary figures: the means over its training ranks."""
-    round_time = mean_of_known([r.round_time_s for r in training])
-    return Figures(
-        round_time_s=round_time,
-        samples_per_s=len(training) * batch_size / round_time if round_time else None,
-        bytes_sent_per_worker_per_round=mean_of_known(
-            [r.bytes_sent_per_worker_per_round for r in training]),
-        compute_s_per_round=mean_of_known([r.compute_s_per_round for r in training]),
-        wait_s_per_round=mean_of_known([r.wait_s_per_round for r in training]),
-        overhead_s_per_round=mean_of_known([r.overhead_s_per_round for r in training]))
-
-
-# ---------------------------------------------------------------------- reading files
-
-
-def read_result(data: Any) -> PlanResult | RunResult | RankResult | Calibration:
-    """Any result JSON object as its record; files without ``schema_version`` (written
-    before the schema) are converted from their old layout. (`akocore.read_result` also
-    takes the path of a file.)"""
-    if not isinstance(data, dict):
-        raise RecordError(f"result: expected a JSON object, got {type(data).__name__}")
-    if "schema_version" not in data:
-        data = _upgrade(data)
-    readers = {"plan": PlanResult.from_json, "run": RunResult.from_json,
-               "rank": RankResult.from_json, "calibration": Calibration.from_json}
-    kind = data.get("kind")
-    if kind not in readers:
-        raise RecordError(f"kind: expected one of {', '.join(readers)}, got {kind!r}")
-    _check_header(data, str(kind), "")
-    return readers[kind](data)  # type: ignore[no-any-return,operator]
-
-
-def _upgrade(old: dict[str, Any]) -> dict[str, Any]:
-    """A pre-schema file in the current layout (then checked by from_json)."""
-    if "runs" in old:
-        return _upgrade_plan(old)
-    if "source" in old:
-        return {"schema_version": SCHEMA_VERSION, "kind": "calibration",
-                "source": old["source"], "p_of": old.get("p") or [],
-                "compute_jitter": old.get("compute_jitter", 0.0),
-                "per_worker": [_pick(w, RankCalibration, rank=i)
-                               for i, w in enumerate(_list(old, "workers"))]}
-    if isinstance(old.get("workers"), list):
-        return _upgrade_akorun_run(old)
-    return _upgrade_rank(old, 0)
-
-
-def _list(data: Mapping[str, Any], key: str) -> list[Any]:
-    value = data.get(key, [])
-    if not isinstance(value, list):
-        raise RecordError(f"{key}: expected a list, got {value!r}")
-    return value
-
-
-def _pick(data: Any, cls: type, **defaults: Any) -> dict[str, Any]:
-    """The keys of `data` that are fields of `cls` (None dropped where a field takes no
-    None, so its default applies), over `defaults`."""
-    if not isinstance(data, dict):
-        return data  # from_json names the bad entry
-    names = {f.name for f in fields(cls)}
-    nullable = {f.name for f in fields(cls) if "None" in str(f.type)}
-    return {**defaults, **{k: v for k, v in data.items()
-                           if k in names and (v is not None or k in nullable)}}
-
-
-def _p_fields(p: Any) -> dict[str, Any]:
-    """Old akorun's ``p`` (a list per worker, or null) as p and p_of."""
-    if isinstance(p, list) and p:
-        return {"p": max(p) if all(isinstance(x, int) for x in p) else p, "p_of": p}
-    return {}
-
-
-def _upgrade_rank(old: Any, index: int) -> Any:
-    if not isinstance(old, dict):
-        return old
-    rank = _pick(old, RankResult, rank=index)
-    rank.pop("p", None)
-    rank.update(_p_fields(old.get("p")))
-    if isinstance(old.get("workers"), list):
-        rank.pop("workers", None)
-    details = {k: v for k, v in old.items() if k not in _RANK_KEYS and k != "p"}
-    evaluations = old.get("evaluations")
-    if isinstance(evaluations, list):  # old akosim: {sim_time_s, round, accuracy}
-        rank["evaluations"] = [_evaluation(e) for e in evaluations]
-    return {"schema_version": SCHEMA_VERSION, "kind": "rank", **details, **rank}
-
-
-def _evaluation(entry: Any) -> Any:
-    if isinstance(entry, dict):
-        return [entry.get("sim_time_s", entry.get("time_s")), entry.get("round"),
-                entry.get("accuracy")]
-    return entry
-
-
-def _upgrade_akorun_run(old: dict[str, Any]) -> dict[str, Any]:
-    ranks = [_upgrade_rank(w, i) for i, w in enumerate(_list(old, "workers"))]
-    run = _pick(old, RunResult, tool="akorun", scheme=old.get("scheme") or "")
-    run.pop("workers", None)
-    run.pop("p", None)
-    run.update(_p_fields(old.get("p")))
-    counts = [r.get("workers") for r in ranks if isinstance(r, dict)]
-    if counts and isinstance(counts[0], int):
-        run["workers"] = counts[0]
-    run["training_workers"] = sum(1 for r in ranks
-                                  if isinstance(r, dict) and r.get("role") == "worker")
-    first = next((r for r in ranks if isinstance(r, dict) and r.get("role") == "worker"), None)
-    run["final_accuracy"] = first.get("final_accuracy") if first else None
-    return {"schema_version": SCHEMA_VERSION, "kind": "run", **run, "per_worker": ranks}
-
-
-def _upgrade_plan(old: dict[str, Any]) -> dict[str, Any]:
-    runs = []
-    for i, entry in enumerate(_list(old, "runs")):
-        if not isinstance(entry, dict):
-            raise RecordError(f"runs[{i}]: expected an object, got {entry!r}")
-        run = _pick(entry, RunResult, tool="akosim", mode=old.get("mode", "train"),
-                    config=old.get("config", {}))
-        run["evaluations"] = [_evaluation(e) for e in entry.get("evaluations") or []]
-        run["per_worker"] = [_upgrade_rank(w, j) for j, w in
-                             enumerate(entry.get("per_worker") or [])]
-        runs.append({"schema_version": SCHEMA_VERSION, "kind": "run", **run})
-    plan = _pick(old, PlanResult)
-    return {"schema_version": SCHEMA_VERSION, "kind": "plan", **plan, "runs": runs}
-
-
-# ---------------------------------------------------------------------- the schema table
-
-
-def schema_markdown() -> str:
-    """docs/reference/result-schema.md: one table per record, one row per key."""
-    out = ["# Result schema (generated from akocore/results.py; "
-           "tests/test_result_schema.py checks it)", "",
-           f"Every record's JSON carries `schema_version` ({SCHEMA_VERSION}; version 1 files, "
-           "which lack the plan's ranking, are read too) and `kind` "
-           "(`plan`, `run`, `rank`, `calibration`, `compute`). Files without `schema_version` were "
-           "written before the schema and are converted when read. Non-finite numbers are "
-           'written as "inf" / "-inf"; a figure that could not be measured is null.', ""]
-    for cls, title in ((PlanResult, "`akosim --out FILE.json` (kind `plan`)"),
-                       (RankedRun, "one candidate of a plan's `ranking` (akosim plan's "
-                                   "default ranking, --target-accuracy or --time-budget)"),
-                       (RunResult, "one run (kind `run`): akorun's `OUT/result.json`, "
-                                   "each of akosim's `runs`"),
-                       (RankResult, "one rank (kind `rank`): akorun's `OUT/worker-R.json`, "
-                                    "each entry of `per_worker`"),
-                       (LinkResult, "one link: each entry of akosim's `per_link`"),
-                       (Calibration, "a calibration (kind `calibration`): what "
-                                     "`akosim --compute-from` reads"),
-                       (RankCalibration, "one rank of a calibration's `per_worker`"),
-                       (ComputeMeasurement, "a cached `--compute measure` (kind `compute`), "
-                                            "in the user's cache directory"),
-                       (MessageCost, "`akorun measure-messages --out FILE.json` (kind "
-                                     "`message_cost`, versioned by its own `schema_version`; "
-                                     "akocore/message_cost.py)"),
-                       (MessageSample, "one timed message of a message cost's `samples`")):
-        out += [f"## {cls.__name__}: {title}", "",
-                "| key | type | unit | meaning | written by |", "|---|---|---|---|---|"]
-        out += [f"| `{k}` | {t} | {u or '-'} | {m} | {b} |"
-                for k, t, u, m, b in schema_rows(cls)]
-        out.append("")
-    return "\n".join(out)

@@ -1,7 +1,7 @@
 """What a dataset is: `Dataset` (float32 inputs, int32 labels, in memory) and `DataError`.
 
-The loaders (akocore.data_bundled, akocore.data_files) build one with
-`make_dataset`; akocore.data names them and shards them over workers.
+The loaders (akocore.data.bundled, akocore.data.files) build one with
+`make_dataset`; akocore.data.catalog names them and shards them over workers.
 """
 
 from __future__ import annotations

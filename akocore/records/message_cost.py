@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from akocore.jsonrecord import RecordError, meta, record_from_json, record_to_json
+from akocore.records.jsonrecord import RecordError, meta, record_from_json, record_to_json
 
 MESSAGE_COST_SCHEMA_VERSION = 1
 MESSAGE_COST_KIND = "message_cost"

@@ -10,7 +10,7 @@ compiled once per workload), `batched_grad_step` (the same step vmapped over R
 replicas, for simulating many workers in one process), `evaluate` (test
 accuracy), `optimizer` (a FlatOptimizer by name, or the workload's own optax
 transformation) and `params_tree` (a trained vector back as the workload's own
-pytree). The leaf order both ways is akocore.param_tree's.
+pytree). The leaf order both ways is akocore.workloads.param_tree's.
 
 Parameters of another floating dtype (bfloat16, float16, float64) are held as
 float32 and cast back to their dtype at the edge, when the user's loss and
@@ -18,7 +18,8 @@ evaluation are called (and by `params_tree`); `FlatWorkload.notices` says so in
 one line for the shell to print.
 
 `measure_compute_s` times gradient steps with a clock the shell hands it
-(akosim.compute and akorun pass time.perf_counter): akocore reads no clock
+(akosim.planning.compute and akorun pass time.perf_counter), as many as
+akocore.workloads.step_timing says for both shells: akocore reads no clock
 itself, and the shells feed the number to the planner and the simulator.
 """
 
@@ -35,17 +36,18 @@ from typing import Any
 import numpy as np
 
 from akocore.messages import FLOAT_BYTES
-from akocore.models import Params
 from akocore.optim import FlatOptimizer, OptaxFlatOptimizer, optimizer_by_name
-from akocore.param_tree import cast_back, flatten_params
 from akocore.workloads.builtin import BUILTIN_NAMES
+from akocore.workloads.models import Params
 from akocore.workloads.naming import (
     WorkloadError,
     load_workload_spec,
     parse_options,
     parse_workload_name,
 )
+from akocore.workloads.param_tree import cast_back, flatten_params
 from akocore.workloads.spec import TrainBatches, Workload, accuracy_and_loss
+from akocore.workloads.step_timing import MEASURE_STEPS, MEASURE_WARMUP
 
 EVAL_CHUNK_VALUES = 1 << 21  # input values per evaluation batch (bounds memory)
 WORKLOAD_NAMES: tuple[str, ...] = BUILTIN_NAMES
@@ -55,9 +57,6 @@ DEFAULT_WORKLOAD = "digits-mlp"
 # --------------------------------------------------------------------------
 # the flat workload
 
-
-MEASURE_STEPS = 20  # timed gradient steps of measure_compute_s (median)
-MEASURE_WARMUP = 3  # untimed steps first: compile, then settle
 
 
 @dataclass(eq=False)
@@ -449,7 +448,7 @@ def build_workload(
     to the factory; `seed` builds the initial parameters (and synthetic data). Every
     process with the same arguments gets the same `init_params`. Unknown names or
     options and broken factories raise WorkloadError (a ValueError); missing or bad
-    data files akocore.data.DataError.
+    data files akocore.data.catalog.DataError.
     """
     parsed = parse_workload_name(name, {**(workload_args or {}), **options})
     spec = load_workload_spec(parsed, seed=seed,

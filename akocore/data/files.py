@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from akocore.dataset import DataError, Dataset, make_dataset
+from akocore.data.dataset import DataError, Dataset, make_dataset
 
 # --------------------------------------------------------------------------
 # cifar10 (user-supplied "python version" archive)

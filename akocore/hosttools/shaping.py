@@ -1,8 +1,8 @@
-"""The tc commands that realise a config's network on the testbed (pure: no I/O).
+"""The tc commands that realise a config's network on a netns testbed (pure: no I/O).
 
 `plan_shaping` turns a `NetworkConfig` and the testbed's names into the `tc`
 command lines to run and the `ShapedQueue` records they create
-(akocore.testbed_record):
+(akocore.records.testbed_record):
 
 - every rank's veth egress (its uplink) gets an htb tree: root class 1:1 at
   the node's uplink; default leaf 1:2 (destinations without a cap); one leaf
@@ -19,6 +19,10 @@ the class's ceiling, at least 128 KiB so one 64 KiB GSO packet always fits);
 every bucket's burst is 1 ms at its rate, at least two full frames. tc
 realises no latency here (no netem on this kernel): the runner refuses or
 ignores a config's latency (akorun.launching.testbed.runner).
+
+`egress_tree` is one such tree with its default leaf alone (what ``akosim
+calibrate --netns-rate`` shapes a probe link with); `tbf_root` a plain token
+bucket (burst `tbf_burst_bytes`) for the probes that shape with tbf.
 """
 
 from __future__ import annotations
@@ -27,8 +31,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from akocore.config import NetworkConfig
-from akocore.testbed_record import ShapedQueue
+from akocore.records.testbed_record import ShapedQueue
+from akocore.settings.schema import NetworkConfig
 
 BURST_S = 1e-3
 MIN_BURST_BYTES = 2 * 1514
@@ -101,6 +105,27 @@ def _tree(namespace: str, device: str, root_bps: float,
                              "1:", "protocol", "ip", "prio", "1", "u32", "match", "ip", "dst",
                              f"{address}/32", "flowid", classid))
     return commands
+
+
+def egress_tree(namespace: str, device: str, rate_bps: float) -> list[tuple[str, ...]]:
+    """A node's egress as the testbed shapes an uplink without per-pair caps: htb root
+    1:1 and the default leaf 1:2 at `rate_bps`, its drop-tail bfifo."""
+    return _tree(namespace, device, rate_bps, [(DEFAULT_CLASS, rate_bps, None)])
+
+
+TBF_BURST_S = 0.01  # a tbf bucket holds 10 ms at the rate ...
+TBF_MIN_BURST_BYTES = 32 * 1024  # ... and at least 32 KiB
+TBF_LATENCY = "100ms"  # the longest a packet waits in the tbf queue
+
+
+def tbf_burst_bytes(rate_bps: float) -> int:
+    return max(TBF_MIN_BURST_BYTES, int(rate_bps / 8 * TBF_BURST_S))
+
+
+def tbf_root(namespace: str, device: str, rate_bps: float) -> tuple[str, ...]:
+    """A tbf root qdisc at `rate_bps` on `device` (burst `tbf_burst_bytes`)."""
+    return ("tc", "-n", namespace, "qdisc", "add", "dev", device, "root", "tbf", "rate",
+            _bits(rate_bps), "burst", str(tbf_burst_bytes(rate_bps)), "latency", TBF_LATENCY)
 
 
 def _queue(rank: int, direction: str, peer: int | None, namespace: str, device: str,

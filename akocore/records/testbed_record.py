@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from akocore.jsonrecord import RecordError, meta, record_from_json, record_to_json
+from akocore.records.jsonrecord import RecordError, meta, record_from_json, record_to_json
 
 TESTBED_RECORD_VERSION = 1
 TESTBED_RECORD_FILE = "testbed.json"  # in the run directory

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from akocore.models import Params
+from akocore.workloads.models import Params
 
 __all__ = ["cast_back", "flatten_params", "unflatten_like"]
 

@@ -3,9 +3,9 @@
 This module owns the dataset registry (`load_dataset(name, ...)`,
 `DATASET_NAMES`, `DATASET_OPTIONS`) and deciding which examples each worker
 sees when: `epoch_batches` and `BatchStream`. The datasets themselves are
-loaded by akocore.data_bundled (``digits``, the default real dataset, and
-``synthetic``) and akocore.data_files (the user's ``cifar10`` and ``mnist``
-files); `Dataset` and `DataError` live in akocore.dataset and are re-exported
+loaded by akocore.data.bundled (``digits``, the default real dataset, and
+``synthetic``) and akocore.data.files (the user's ``cifar10`` and ``mnist``
+files); `Dataset` and `DataError` live in akocore.data.dataset and are re-exported
 here.
 """
 
@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from akocore.data_bundled import load_digits, load_synthetic
-from akocore.data_files import load_cifar10, load_mnist
-from akocore.dataset import DataError, Dataset
+from akocore.data.bundled import load_digits, load_synthetic
+from akocore.data.dataset import DataError, Dataset
+from akocore.data.files import load_cifar10, load_mnist
 
 __all__ = [
     "DATASET_NAMES",
