@@ -269,3 +269,19 @@ def test_a_restart_is_taken_only_from_a_rejoining_rank_after_the_rounds_we_hold(
     assert int(node.log.contiguous[2]) == 3 and len(gap) == 0  # snapshot covers the gap
     with pytest.raises(ControlError):  # a second, replayed restart is refused
         asyncio.run(rejoin.on_restart(2, {"rank": 2, "first_round": 4}))
+
+
+def test_the_kill_after_round_hook_waits_for_a_peer_only_while_something_is_owed_to_it(
+        ) -> None:
+    """kill_after_round waits until every peer acknowledged the round's sends; a round
+    that sent a peer nothing (most of DiLoCo's rounds) owes it nothing, so the wait ends
+    at once instead of never (the highest acknowledged round stays behind)."""
+    from types import SimpleNamespace
+
+    from akorun.runtime.outbox import _acked
+
+    owing = SimpleNamespace(acked_through=1499, idle=False)
+    done = SimpleNamespace(acked_through=1499, idle=True)
+    assert not _acked(owing, 2, 1500, lambda peer: False)()  # type: ignore[arg-type]
+    assert _acked(done, 2, 1500, lambda peer: False)()  # type: ignore[arg-type]
+    assert _acked(owing, 2, 1500, lambda peer: True)()  # type: ignore[arg-type]

@@ -113,7 +113,8 @@ class Outbox:
             sender.notify()
 
     async def wait_acked(self, round_: int, gone: Callable[[int], bool]) -> None:
-        """Until every peer acknowledged every message through `round_` (or is `gone`)."""
+        """Until every peer acknowledged every message through `round_` (or is `gone`);
+        a peer owed nothing has (a round that sent it nothing, as most of DiLoCo's)."""
         for peer, sender in self.senders.items():
             await sender.wait(_acked(sender, peer, round_, gone))
 
@@ -139,7 +140,7 @@ def _bound(may_drop: Callable[[int], bool], peer: int) -> Callable[[], bool]:
 
 def _acked(sender: PeerSender, peer: int, round_: int,
            gone: Callable[[int], bool]) -> Callable[[], bool]:
-    return lambda: sender.acked_through >= round_ or gone(peer)
+    return lambda: sender.acked_through >= round_ or sender.idle or gone(peer)
 
 
 def _flushed(sender: PeerSender, peer: int, gone: Callable[[int], bool],
