@@ -35,6 +35,7 @@ from akocore.settings.cli_flags import arg_layers
 from akocore.settings.layers import Given, resolve
 from akocore.settings.toml_io import file_layer
 from akocore.units import UnitError
+from akocore.workload import FlatWorkload
 from akorun.errors import (
     EXIT_INTERRUPTED,
     EXIT_RUN_FAILED,
@@ -63,13 +64,14 @@ from akorun.launching.cluster import (
 )
 from akorun.launching.devices import device_env
 from akorun.launching.local import (
+    LAUNCHER_PID_ENV,
     LaunchOptions,
     check_run_directory,
     launch,
     share_host_cores,
     worker_flags,
 )
-from akorun.launching.merge_command import cmd_merge
+from akorun.launching.merge_command import cmd_merge, merge_if_complete
 from akorun.launching.rendezvous import address_from
 from akorun.launching.requests import InitRequest, LaunchRequest, RankRequest
 from akorun.launching.testbed.runner import TestbedOptions, launch_on_testbed
@@ -82,7 +84,9 @@ from akorun.runtime.island import (
     open_island,
 )
 from akorun.runtime.node_plan import check_role
-from akorun.runtime.worker import TLSOptions, WorkerOptions, run_rank
+from akorun.runtime.rank_options import TLSOptions, WorkerOptions
+from akorun.runtime.worker import Worker
+from akorun.runtime.worker import run_rank as run_rank_here
 from akorun.transport.keys import rank_key_file, write_rank_key_files
 from akorun.transport.port_check import check_port_free
 
@@ -254,6 +258,18 @@ def island_shape(settings: AkorunSettings, role: str) -> IslandShape:
         return IslandShape(platform=settings.platform)
     return IslandShape(devices_per_process=settings.devices_per_rank,
                        processes=settings.processes_per_rank, platform=settings.platform)
+
+
+def run_rank(options: WorkerOptions, workload: FlatWorkload | None = None) -> Worker:
+    """Run one rank to its end (akorun.runtime.worker.run_rank), then merge the run's
+    records when this rank's out dir holds every rank's and no launcher will (a rank
+    started by hand, or by a scheduler)."""
+    worker = run_rank_here(options, workload)
+    out = options.out_dir
+    if out is not None and LAUNCHER_PID_ENV not in os.environ:
+        merge_if_complete(out, options.settings.run_id, options.config.cluster.workers,
+                          quiet=options.quiet)
+    return worker
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

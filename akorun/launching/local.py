@@ -144,7 +144,7 @@ def share_host_cores(hosts: Sequence[str], rank: int) -> dict[str, str]:
     its share of the host's cores for XLA among the ranks of `hosts` ("host:port") that
     name its host (akocore.rank_threads; what `akorun launch` gives its children, which
     is kept). Called before JAX starts its CPU client. The variables it set."""
-    from akorun.launching.cluster import split_host
+    from akorun.runtime.endpoints import split_host
 
     mine = split_host(hosts[rank])[0]
     sharing = sum(1 for entry in hosts if split_host(entry)[0] == mine)

@@ -28,34 +28,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import signal
-import ssl
 import sys
 import threading
 import time
 from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from akocore.codecs import Codec, codec_named
 from akocore.codecs.exchange import decoded
-from akocore.config import RunConfig, config_hash
+from akocore.config import config_hash
 from akocore.messages import Partial
 from akocore.results import RankResult
 from akocore.schemes import SchemeError
 from akocore.schemes.registry import wire_codec
-from akocore.settings.key_registry import default_of
 from akocore.workload import FlatWorkload
 from akorun.errors import Interrupted, RunError, UsageError
-from akorun.faults import Faults
-from akorun.launching.cluster import AkorunSettings, allowed_networks, split_host
 from akorun.metrics import Metrics
 from akorun.runtime.anchor_sync import AnchorSync
 from akorun.runtime.checkpoints import CheckpointWriter
+from akorun.runtime.endpoints import allowed_networks, split_host, url_host
 from akorun.runtime.evaluation import Evaluator
 from akorun.runtime.fault_hooks import fault_hooks, relay_answer_hook
 from akorun.runtime.finishing import Finisher
@@ -65,6 +59,7 @@ from akorun.runtime.node_plan import wire_hash
 from akorun.runtime.outbox import Outbox, emulated_links
 from akorun.runtime.phase import Phase, PhaseMachine
 from akorun.runtime.prepare import Prepared, prepare
+from akorun.runtime.rank_options import WorkerOptions
 from akorun.runtime.rank_result import ResultBuilder
 from akorun.runtime.rejoin import Rejoin
 from akorun.runtime.relay import Relay
@@ -80,62 +75,10 @@ from akorun.transport.control import ControlKind
 from akorun.transport.emulated_links import DownlinkShaper
 from akorun.transport.keys import RequestVerifier, RunKeys, Signer, restrict_new_files
 from akorun.transport.routing import ControlTable
-from akorun.transport.sender import DEFAULT_QUEUE_MESSAGES
 from akorun.transport.server import Server
 from akorun.transport.validation import NonFiniteValues, refuse_non_finite
 
 log = logging.getLogger("akorun")
-
-
-@dataclass(frozen=True)
-class TLSOptions:
-    cert: str | None = None
-    key: str | None = None
-    ca: str | None = None
-
-    @property
-    def enabled(self) -> bool:
-        return self.cert is not None
-
-    def server_context(self) -> ssl.SSLContext | None:
-        if self.cert is None or self.key is None:
-            return None
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(self.cert, self.key)
-        return context
-
-    def client_context(self) -> ssl.SSLContext | None:
-        """Verify peers against --tls-ca (else the system CAs) and the run's own
-        certificate, so a self-signed cluster certificate works without a CA."""
-        if not self.enabled:
-            return None
-        context = ssl.create_default_context(cafile=self.ca)
-        if self.cert is not None:
-            context.load_verify_locations(cafile=self.cert)
-        return context
-
-
-@dataclass(frozen=True)
-class WorkerOptions:
-    """Everything one process needs beyond the run config."""
-
-    rank: int
-    config: RunConfig
-    settings: AkorunSettings
-    out_dir: Path | None = None
-    checkpoint_dir: Path | None = None
-    checkpoint_every: int = default_of("akorun.checkpoint_every")
-    resume: bool = False
-    listen_host: str | None = None
-    emulate: bool = True
-    peer_timeout_s: float = default_of("akorun.peer_timeout")
-    join_timeout_s: float = default_of("akorun.join_timeout")
-    grace_s: float | None = None  # default: the peer timeout
-    progress_every_s: float = 5.0
-    quiet: bool = False
-    tls: TLSOptions = field(default_factory=TLSOptions)
-    faults: Faults = field(default_factory=Faults)
-    queue_messages: int = DEFAULT_QUEUE_MESSAGES
 
 
 def _loop_time() -> float:
@@ -157,7 +100,7 @@ class Worker:
                              "(`akorun init` writes them)")
         self.endpoints = [split_host(entry) for entry in cfg.cluster.hosts]
         scheme = "https" if options.tls.enabled else "http"
-        self.base_urls = [f"{scheme}://{_url_host(h)}:{port}" for h, port in self.endpoints]
+        self.base_urls = [f"{scheme}://{url_host(h)}:{port}" for h, port in self.endpoints]
         self.role = role_for(cfg, self.rank)
         self.run_id = options.settings.run_id
         self.config_hash = config_hash(cfg)
@@ -534,25 +477,15 @@ class Worker:
             self.evaluator.shutdown()
 
 
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
-
-
 def run_rank(options: WorkerOptions, workload: FlatWorkload | None = None) -> Worker:
     """Run one rank to its end in this thread (`akorun worker`, `akorun.run_worker`; an island
-    gives its `workload` ready); its record is `worker.rank_result`, written to any out dir."""
+    gives its `workload` ready); its record is `worker.rank_result`, written to any out dir
+    (the launcher merges the run's records, akorun.launching.commands)."""
     worker = Worker(options)
     worker.prepare(workload)
     asyncio.run(worker.run())
-    out = options.out_dir
-    if out is not None and not options.quiet:
+    if options.out_dir is not None and not options.quiet:
         sys.stderr.write(summary_line(worker.rank_result) + "\n")
-    from akorun.launching.local import LAUNCHER_PID_ENV
-    from akorun.launching.merge_command import merge_if_complete
-
-    if out is not None and LAUNCHER_PID_ENV not in os.environ:
-        merge_if_complete(out, options.settings.run_id, options.config.cluster.workers,
-                          quiet=options.quiet)
     return worker
 
 
