@@ -25,6 +25,7 @@ from akorun.runtime.checkpoint_file import (
     save_checkpoint,
 )
 from akorun.runtime.checkpoint_npz import npz_path, write_npz
+from akorun.runtime.rank_result import summary_line
 from akorun.runtime.result_files import (
     RankDiagnostics,
     RankSummary,
@@ -33,7 +34,6 @@ from akorun.runtime.result_files import (
     steady_round_time_s,
     worker_summary,
 )
-from akorun.runtime.worker import summary_line
 from akorun.transport import control
 
 

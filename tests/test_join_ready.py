@@ -18,6 +18,7 @@ from akorun.runtime.join import Identity, Join
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.phase import PhaseMachine
 from akorun.runtime.waiting import Waiter
+from akorun.testing import BuiltWhen, one_rank_context
 from akorun.transport.client import ControlAnswer
 from akorun.transport.control import ControlKind
 
@@ -50,10 +51,10 @@ def test_a_ready_rank_tells_a_peer_that_was_ready_first_before_it_starts() -> No
                         clock=lambda: 0.0, metrics=Metrics(0, "worker"), phase=phase)
     built: list[int] = []
     control = PeerReadyFirst()
-    join = Join(identity=IDENTITY, peers=[1], hosts=["h:0", "h:1"], compute_measured_s=None,
-                timeout_s=30.0, phase=phase, waiter=Waiter(report_every_s=5.0),
-                liveness=liveness, node_built=lambda: bool(built),
-                build_node=lambda compute_s: built.append(len(control.sent)))
+    context = one_rank_context(0, [1], role=BuiltWhen(built), phase=phase,
+                               hosts=("h:0", "h:1"), join_timeout_s=30.0)
+    join = Join(context, identity=IDENTITY, waiter=Waiter(report_every_s=5.0),
+                liveness=liveness, build_node=lambda compute_s: built.append(len(control.sent)))
     control.join = join
     asyncio.run(join.join(control))  # type: ignore[arg-type]
     assert built, "the node was not built"

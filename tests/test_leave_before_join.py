@@ -27,7 +27,9 @@ from akorun.metrics import Metrics
 from akorun.runtime.join import Identity, Join
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.phase import PhaseMachine
+from akorun.runtime.rank_context import RankEvents
 from akorun.runtime.waiting import Waiter
+from akorun.testing import BuiltWhen, one_rank_context
 from akorun.transport.client import ControlAnswer
 from akorun.transport.control import ControlError, ControlKind
 
@@ -44,11 +46,18 @@ class Clock:
         return self.now_s
 
 
+def _recorded(events: list[str]) -> RankEvents:
+    """A rank's event hub whose wakes and peer changes land in `events`."""
+    hub = RankEvents()
+    hub.wake.subscribe(lambda: events.append("wake"))
+    hub.peer_changed.subscribe(lambda peer: events.append(f"notify {peer}"))
+    return hub
+
+
 def _liveness(node: AkoWorker | None, events: list[str]) -> Liveness:
     liveness = Liveness(rank=0, peers=[1, 2], timeout_s=3.0, node=lambda: node, clock=Clock(),
                         metrics=Metrics(0, "worker"), phase=PhaseMachine(),
-                        on_change=lambda: events.append("wake"),
-                        notify_sender=lambda peer: events.append(f"notify {peer}"))
+                        events=_recorded(events))
     liveness.started_s = 0.0
     liveness.heard_all()
     return liveness
@@ -72,9 +81,10 @@ class Control:
 
 
 def _join(liveness: Liveness, waiter: Waiter, *, built: bool = False) -> Join:
-    return Join(identity=IDENTITY, peers=[1, 2], hosts=["h:0", "h:1", "h:2"],
-                compute_measured_s=None, timeout_s=30.0, phase=liveness.phase, waiter=waiter,
-                liveness=liveness, node_built=lambda: built,
+    context = one_rank_context(0, [1, 2], role=BuiltWhen(["node"] if built else []),
+                               phase=liveness.phase, hosts=("h:0", "h:1", "h:2"),
+                               join_timeout_s=30.0)
+    return Join(context, identity=IDENTITY, waiter=waiter, liveness=liveness,
                 build_node=lambda compute_s: None)
 
 

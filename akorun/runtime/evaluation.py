@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from akocore.workload import FlatWorkload
-from akorun.metrics import Metrics
+from akorun.runtime.rank_context import RankContext
 from akorun.runtime.waiting import Waiter
 from akorun.transport.client import ControlClient
 
@@ -31,22 +31,19 @@ from akorun.transport.client import ControlClient
 class Evaluator:
     """Evaluations of one rank and the stops they lead to."""
 
-    def __init__(self, *, rank: int, peers: Sequence[int], workload: FlatWorkload,
-                 metrics: Metrics, waiter: Waiter, target_accuracy: float | None,
-                 heard: Callable[[int], None],
-                 spawn: Callable[[Coroutine[Any, Any, Any]], None],
-                 training_ranks: Sequence[int] = (),
+    def __init__(self, context: RankContext, *, workload: FlatWorkload, waiter: Waiter,
+                 heard: Callable[[int], None], training_ranks: Sequence[int] = (),
                  gone: Callable[[int], bool] = lambda peer: False) -> None:
-        self.rank = rank
-        self.peers = list(peers)
-        self.training_ranks = sorted(training_ranks) or [rank]
+        self.rank = context.rank
+        self.peers = list(context.peers)
+        self.training_ranks = sorted(training_ranks) or [context.rank]
         self.gone = gone  # a peer out of the run (suspended, left, lost)
         self.workload = workload
-        self.metrics = metrics
+        self.metrics = context.metrics
         self.waiter = waiter
-        self.target_accuracy = target_accuracy
+        self.target_accuracy = context.cfg.train.target_accuracy
         self.heard = heard
-        self.spawn = spawn  # run a background task the worker cancels at the end
+        self.spawn = context.spawn  # run a background task the worker cancels at the end
         self.control: ControlClient | None = None  # set once the session exists
         self.final_accuracy: float | None = None
         self.running = False

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from akocore.nonfinite import is_nonfinite_stop
 from akorun.errors import RunError
@@ -58,9 +58,9 @@ from akorun.runtime.evaluation import Evaluator
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.node_plan import params_digest
 from akorun.runtime.outbox import Outbox
-from akorun.runtime.phase import Phase, PhaseMachine
+from akorun.runtime.phase import Phase
+from akorun.runtime.rank_context import RankContext
 from akorun.runtime.rank_result import ResultBuilder
-from akorun.runtime.roles import Role
 from akorun.runtime.training import TrainingLoop
 from akorun.runtime.waiting import Waiter
 from akorun.transport.client import ControlClient
@@ -74,14 +74,14 @@ DONE_TIMEOUT_S = 2.0
 class Finisher:
     """Drains, settles and reports one rank, then says goodbye to its peers."""
 
-    def __init__(self, *, rank: int, peers: Sequence[int], role: Role, phase: PhaseMachine,
-                 waiter: Waiter, outbox: Outbox, liveness: Liveness, training: TrainingLoop,
-                 evaluator: Evaluator, checkpoints: CheckpointWriter, results: ResultBuilder,
-                 grace_s: float, relay_idle: Callable[[], bool] = lambda: True) -> None:
-        self.rank = rank
-        self.peers = list(peers)
-        self.role = role
-        self.phase = phase
+    def __init__(self, context: RankContext, *, waiter: Waiter, outbox: Outbox,
+                 liveness: Liveness, training: TrainingLoop, evaluator: Evaluator,
+                 checkpoints: CheckpointWriter, results: ResultBuilder,
+                 relay_idle: Callable[[], bool] = lambda: True) -> None:
+        self.rank = context.rank
+        self.peers = list(context.peers)
+        self.role = context.role
+        self.phase = context.phase
         self.waiter = waiter
         self.outbox = outbox
         self.liveness = liveness
@@ -89,7 +89,7 @@ class Finisher:
         self.evaluator = evaluator
         self.checkpoints = checkpoints
         self.results = results
-        self.grace_s = grace_s
+        self.grace_s = context.grace_s
         self.relay_idle = relay_idle  # no repair of a lost peer under way (runtime.relay)
 
     def _disagreements(self, done: dict[str, object]) -> list[str]:

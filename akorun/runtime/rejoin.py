@@ -30,7 +30,6 @@ from typing import Any
 
 from akocore.schemes import Recoverable, RecoveryState, RejoinSnapshot, SchemeError
 from akorun.errors import RunError, UsageError
-from akorun.metrics import Metrics
 from akorun.runtime.checkpoint_file import (
     Checkpoint,
     checkpoint_path,
@@ -42,9 +41,9 @@ from akorun.runtime.greeting import Unverified, greet, until
 from akorun.runtime.join import Identity
 from akorun.runtime.liveness import Liveness
 from akorun.runtime.outbox import Outbox
-from akorun.runtime.phase import Phase, PhaseMachine
+from akorun.runtime.phase import Phase
+from akorun.runtime.rank_context import RankContext
 from akorun.runtime.relay import Relay
-from akorun.runtime.roles import Role
 from akorun.runtime.waiting import Waiter
 from akorun.transport import control
 from akorun.transport.client import ControlClient
@@ -59,25 +58,23 @@ RELAY_PATIENCE_S = 3.0  # a donor or a restart waits this long at most for a pul
 class Rejoin:
     """Both sides of the rejoin handshake."""
 
-    def __init__(self, *, identity: Identity, peers: Sequence[int], role: Role,
-                 peer_timeout_s: float, phase: PhaseMachine, waiter: Waiter,
-                 liveness: Liveness, outbox: Outbox, metrics: Metrics,
-                 checkpoint: Checkpoint | None, checkpoint_dir: Path | None,
+    def __init__(self, context: RankContext, *, identity: Identity, waiter: Waiter,
+                 liveness: Liveness, outbox: Outbox,
                  build_node: Callable[[float | None, Sequence[int] | None], None],
-                 relay: Relay | None = None) -> None:
+                 checkpoint: Checkpoint | None = None, relay: Relay | None = None) -> None:
         self.identity = identity
         self.rank = identity.rank
-        self.peers = list(peers)
-        self.role = role
-        self.peer_timeout_s = peer_timeout_s
-        self.phase = phase
+        self.peers = list(context.peers)
+        self.role = context.role
+        self.peer_timeout_s = context.peer_timeout_s
+        self.phase = context.phase
         self.waiter = waiter
         self.liveness = liveness
         self.outbox = outbox
-        self.metrics = metrics
+        self.metrics = context.metrics
         self.relay = relay  # before a snapshot or a restart: pull what the dead process left
         self.checkpoint = checkpoint
-        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_dir = context.checkpoint_dir
         self.build_node = build_node
         self.reported_highest: dict[int, int] = {}  # joiner -> its highest round we held
 

@@ -39,16 +39,15 @@ from collections.abc import Awaitable, Callable
 
 import numpy as np
 
-from akocore.config import RunConfig
 from akocore.figures import step_seed
 from akocore.nonfinite import nonfinite_line, step_problem
 from akocore.schemes import SchemeNode
-from akocore.workload import FlatWorkload
-from akorun.metrics import Metrics
 from akorun.runtime.checkpoints import CheckpointWriter
 from akorun.runtime.evaluation import Evaluator
 from akorun.runtime.fault_hooks import FaultHooks
 from akorun.runtime.outbox import Outbox
+from akorun.runtime.prepare import Prepared
+from akorun.runtime.rank_context import RankContext
 from akorun.runtime.rank_recovery import RankRecovery
 from akorun.runtime.round_times import RoundTimes
 from akorun.runtime.stopping import StopAgreement
@@ -60,33 +59,36 @@ log = logging.getLogger("akorun")
 class TrainingLoop:
     """The rounds of one training rank."""
 
-    def __init__(self, *, cfg: RunConfig, rank: int, training_workers: int,
-                 workload: FlatWorkload, metrics: Metrics, outbox: Outbox, waiter: Waiter,
-                 faults: FaultHooks, evaluator: Evaluator, checkpoints: CheckpointWriter,
-                 checkpoint_every: int, recovery: RankRecovery) -> None:
-        self.cfg = cfg
-        self.rank = rank
-        self.training_workers = training_workers
-        self.workload = workload
-        self.metrics = metrics
+    def __init__(self, context: RankContext, *, prepared: Prepared, outbox: Outbox,
+                 waiter: Waiter, faults: FaultHooks, evaluator: Evaluator,
+                 checkpoints: CheckpointWriter, agreement: StopAgreement | None = None,
+                 after_gate: Callable[[], Awaitable[None]] | None = None) -> None:
+        self.cfg = context.cfg
+        self.rank = context.rank
+        self.training_workers = context.role.training_workers
+        self.workload = prepared.workload
+        self.metrics = context.metrics
         self.outbox = outbox
         self.waiter = waiter
         self.faults = faults
         self.evaluator = evaluator
         self.checkpoints = checkpoints
-        self.checkpoint_every = checkpoint_every
-        self.recovery = recovery  # catch-up: the round to skip to, and the skip
+        self.checkpoint_every = context.checkpoint_every
+        # catch-up: the round to skip to, and the skip
+        self.recovery: RankRecovery = context.role.recovery
         self.times = RoundTimes()
         self.first_round = 0  # a rejoin continues from a later round
         self.rounds_done = 0
         self.train_start_s: float | None = None
-        self.trained_before_s = 0.0  # training seconds of the processes before (--resume)
-        self.agreement: StopAgreement | None = None  # the training ranks' last round
+        # training seconds of the processes before (--resume): --duration counts the run's
+        self.trained_before_s = prepared.checkpoint.trained_s \
+            if prepared.checkpoint is not None else 0.0
+        self.agreement = agreement  # the training ranks' last round
         self.rounds_skipped = 0  # rounds passed without a gradient to catch up (ako)
         self.nonfinite: str | None = None  # the user's loss or gradient went NaN/Inf: the line
         self.busy_from_s: float | None = None  # loop time this rank's own work began (busy_s)
         # after the gate let a round start: diloco's anchor re-sync (runtime.anchor_sync)
-        self.after_gate: Callable[[], Awaitable[None]] | None = None
+        self.after_gate = after_gate
 
     def busy_s(self) -> float | None:
         """Seconds this rank has been in its own work for the current round; None while
