@@ -1,7 +1,7 @@
 """Helpers for multi-process tests and benchmarks of akorun (not used by akorun itself).
 
 `SinkHost` stands in for a worker behind a real akorun.transport.server.Server.
-`one_rank_context` gives a test of one collaborator of a rank (runtime.join, ...) the
+`one_rank_context` gives a test of one collaborator of a rank (runtime.lifecycle.join, ...) the
 `RankContext` the worker would, with a role whose node exists once `BuiltWhen` says so.
 `LocalCluster` writes a loopback cluster file with free ports into a
 directory and starts ranks as ``python -m akorun worker|ps`` subprocesses
@@ -39,8 +39,8 @@ from akorun.launching.cluster import (
 )
 from akorun.launching.local import child_env
 from akorun.metrics import Metrics, render_prometheus
+from akorun.runtime.lifecycle.phase import PhaseMachine
 from akorun.runtime.node_plan import role_of
-from akorun.runtime.phase import PhaseMachine
 from akorun.runtime.rank_context import RankContext
 from akorun.transport.control import ControlError, ControlKind
 from akorun.transport.keys import RequestVerifier, RunKeys, Signer

@@ -15,13 +15,13 @@ from akocore.schemes import AkoWorker, Replica, SchemeNode
 from akorun.errors import UsageError
 from akorun.launching.cluster import new_settings, with_hosts
 from akorun.metrics import Metrics
-from akorun.runtime.liveness import Liveness
-from akorun.runtime.phase import IllegalTransition, Phase, PhaseMachine
+from akorun.runtime.lifecycle.phase import IllegalTransition, Phase, PhaseMachine
+from akorun.runtime.liveness.peer_liveness import Liveness
+from akorun.runtime.liveness.waiting import Waiter
 from akorun.runtime.rank_context import RankEvents
 from akorun.runtime.rank_options import WorkerOptions
-from akorun.runtime.rank_recovery import NoRecovery, RejoinRecovery, recovery_for
+from akorun.runtime.recovery.rank_recovery import NoRecovery, RejoinRecovery, recovery_for
 from akorun.runtime.roles import PartitionedRole, PSServerRole, PSWorkerRole, Role, role_for
-from akorun.runtime.waiting import Waiter
 from akorun.runtime.worker import Worker
 from akorun.testing import SinkHost
 from akorun.transport.control import ControlError, ControlKind

@@ -16,7 +16,7 @@ from akocore.schemes import AkoWorker, Replica
 from akocore.workload import build_workload
 from akorun.errors import UsageError
 from akorun.faults import faults_for
-from akorun.runtime.checkpoint_file import (
+from akorun.runtime.records.checkpoint_file import (
     Checkpoint,
     checkpoint_exists,
     load_checkpoint,
@@ -24,9 +24,9 @@ from akorun.runtime.checkpoint_file import (
     restore_optimizer_state,
     save_checkpoint,
 )
-from akorun.runtime.checkpoint_npz import npz_path, write_npz
-from akorun.runtime.rank_result import summary_line
-from akorun.runtime.result_files import (
+from akorun.runtime.records.checkpoint_npz import npz_path, write_npz
+from akorun.runtime.records.rank_result import summary_line
+from akorun.runtime.records.result_files import (
     RankDiagnostics,
     RankSummary,
     max_relative_difference,
@@ -114,7 +114,7 @@ def test_the_duration_counts_the_training_seconds_of_the_processes_before() -> N
     from types import SimpleNamespace
 
     from akocore.config import config_from_dict
-    from akorun.runtime.training import TrainingLoop
+    from akorun.runtime.lifecycle.training import TrainingLoop
 
     cfg = config_from_dict({"train": {"duration": "10s"}})
 

@@ -204,7 +204,7 @@ def test_ranks_whose_anchors_differ_end_the_run_with_one_line_naming_them() -> N
     that ran as many rounds: a different one is a failure naming the ranks."""
     from types import SimpleNamespace
 
-    from akorun.runtime.finishing import Finisher
+    from akorun.runtime.lifecycle.finishing import Finisher
 
     here = {"rank": 0, "rounds": 20, "agreed_sha256": "a" * 64}
     finisher = SimpleNamespace(
@@ -233,7 +233,7 @@ def test_a_rank_whose_anchor_no_majority_confirmed_fails_so_two_sides_never_both
         passes: bool) -> None:
     from types import SimpleNamespace
 
-    from akorun.runtime.finishing import Finisher
+    from akorun.runtime.lifecycle.finishing import Finisher
 
     here = {"rank": rank, "rounds": 20, "agreed_sha256": "a" * 64}
     agreed = {j: (20, "a" * 64 if j in confirmed else "b" * 64) for j in peers}
@@ -264,7 +264,7 @@ def test_a_sync_a_done_peer_ended_without_this_rank_fails_the_rank_instead_of_ha
     from types import SimpleNamespace
 
     from akorun.errors import RunError
-    from akorun.runtime.finishing import Finisher
+    from akorun.runtime.lifecycle.finishing import Finisher
     from akorun.testing import one_rank_context
 
     nodes = _nodes(2, 4, outer_sync, inner_steps=1)

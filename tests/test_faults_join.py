@@ -20,10 +20,10 @@ import pytest
 from akorun.errors import RunError
 from akorun.launching.cluster import new_settings
 from akorun.metrics import Metrics
-from akorun.runtime.join import Identity, Join
-from akorun.runtime.liveness import Liveness
-from akorun.runtime.phase import PhaseMachine
-from akorun.runtime.waiting import Waiter
+from akorun.runtime.lifecycle.join import Identity, Join
+from akorun.runtime.lifecycle.phase import PhaseMachine
+from akorun.runtime.liveness.peer_liveness import Liveness
+from akorun.runtime.liveness.waiting import Waiter
 from akorun.testing import LocalCluster, one_rank_context
 from akorun.transport.client import ControlAnswer
 from akorun.transport.control import ControlKind

@@ -22,7 +22,7 @@ import pytest
 
 from akocore.messages import Kind, Partial
 from akorun.launching.cluster import free_ports
-from akorun.runtime.checkpoint_file import (
+from akorun.runtime.records.checkpoint_file import (
     Checkpoint,
     load_checkpoint,
     remove_stale_temp_files,
@@ -233,10 +233,10 @@ def _donor() -> tuple[Any, Any, Any]:
 
     from akocore.schemes import AkoWorker, Replica
     from akorun.metrics import Metrics
-    from akorun.runtime.liveness import Liveness
-    from akorun.runtime.phase import Phase, PhaseMachine
-    from akorun.runtime.rejoin import Rejoin
-    from akorun.runtime.waiting import Waiter
+    from akorun.runtime.lifecycle.phase import Phase, PhaseMachine
+    from akorun.runtime.liveness.peer_liveness import Liveness
+    from akorun.runtime.liveness.waiting import Waiter
+    from akorun.runtime.recovery.rejoin import Rejoin
     from akorun.transport.sender import OwedGap
 
     node = AkoWorker(0, 3, 6, (1, 1, 1), replica=Replica(None, None), staleness=0)

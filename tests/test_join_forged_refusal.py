@@ -1,6 +1,6 @@
 """A refusal forged on the path does not end a join; the peer's own refusal still does.
 
-The join (akorun.runtime.join) ends on a 400/401/409 only when the answer carries the
+The join (akorun.runtime.lifecycle.join) ends on a 400/401/409 only when the answer carries the
 tag bound to our hello (akorun.transport.answers). An untagged one is logged once and the
 hello goes again until the join timeout, like a peer not up yet. A peer whose keys differ
 cannot tag its 401 either: the join ends at the join timeout, not before, with exit 2 and
@@ -23,12 +23,12 @@ import pytest
 from akorun.errors import RunError, UsageError
 from akorun.launching.cluster import free_ports, new_settings, with_hosts, write_cluster_file
 from akorun.metrics import Metrics
-from akorun.runtime import greeting
-from akorun.runtime.join import Identity, Join
-from akorun.runtime.liveness import Liveness
-from akorun.runtime.phase import PhaseMachine
-from akorun.runtime.rejoin import Rejoin
-from akorun.runtime.waiting import Waiter
+from akorun.runtime.lifecycle import greeting
+from akorun.runtime.lifecycle.join import Identity, Join
+from akorun.runtime.lifecycle.phase import PhaseMachine
+from akorun.runtime.liveness.peer_liveness import Liveness
+from akorun.runtime.liveness.waiting import Waiter
+from akorun.runtime.recovery.rejoin import Rejoin
 from akorun.testing import BuiltWhen, LocalCluster, one_rank_context
 from akorun.transport.client import ControlAnswer
 from akorun.transport.control import ControlKind

@@ -1,6 +1,6 @@
 """A rank that becomes ready tells every peer so, even one that told it first.
 
-The join's readiness barrier (akorun.runtime.join): a rank starts only once every peer
+The join's readiness barrier (akorun.runtime.lifecycle.join): a rank starts only once every peer
 said it is ready. A peer that said so while we were not ready yet still waits for our
 word; if we started without giving it, then died a few rounds later, that peer would
 take us for a rank that died in the join and end the run the others already train
@@ -14,10 +14,10 @@ import asyncio
 from typing import Any
 
 from akorun.metrics import Metrics
-from akorun.runtime.join import Identity, Join
-from akorun.runtime.liveness import Liveness
-from akorun.runtime.phase import PhaseMachine
-from akorun.runtime.waiting import Waiter
+from akorun.runtime.lifecycle.join import Identity, Join
+from akorun.runtime.lifecycle.phase import PhaseMachine
+from akorun.runtime.liveness.peer_liveness import Liveness
+from akorun.runtime.liveness.waiting import Waiter
 from akorun.testing import BuiltWhen, one_rank_context
 from akorun.transport.client import ControlAnswer
 from akorun.transport.control import ControlKind

@@ -1,7 +1,7 @@
-"""A rank that leaves before it joined (runtime.join `leave`), piece by piece, in-process.
+"""A rank that leaves before it joined (runtime.lifecycle.join `leave`), piece by piece, in-process.
 
 The peers that are up are told (and only they); a peer already training takes
-the leaver out of its gate for good (runtime.liveness `left`); a peer still
+the leaver out of its gate for good (runtime.liveness.peer_liveness `left`); a peer still
 joining ends its join (RunError, or Interrupted when it is stopping too);
 launch counts a rank that stopped as asked while it was stopping as
 interrupted, not failed. The whole path, with real processes, is
@@ -24,11 +24,11 @@ from akorun.faults import Faults, faults_for
 from akorun.launching.cluster import new_settings
 from akorun.launching.local import Launcher, LaunchOptions
 from akorun.metrics import Metrics
-from akorun.runtime.join import Identity, Join
-from akorun.runtime.liveness import Liveness
-from akorun.runtime.phase import PhaseMachine
+from akorun.runtime.lifecycle.join import Identity, Join
+from akorun.runtime.lifecycle.phase import PhaseMachine
+from akorun.runtime.liveness.peer_liveness import Liveness
+from akorun.runtime.liveness.waiting import Waiter
 from akorun.runtime.rank_context import RankEvents
-from akorun.runtime.waiting import Waiter
 from akorun.testing import BuiltWhen, one_rank_context
 from akorun.transport.client import ControlAnswer
 from akorun.transport.control import ControlError, ControlKind

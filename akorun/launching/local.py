@@ -8,7 +8,7 @@ for all, and merges ``DIR/result.json`` (akorun.launching.run_merge). Ctrl-C or 
 stops the children gracefully: SIGTERM to each (they finish their round,
 flush and checkpoint), then SIGKILL after a grace period (the log says so). A
 rank stopped before it joined exits 130 after telling the peers that are up
-that it leaves, so that none waits for it (akorun.runtime.join); while
+that it leaves, so that none waits for it (akorun.runtime.lifecycle.join); while
 stopping, that exit (and a rank our SIGTERM ended before it could catch
 signals) counts as interrupted, not failed. The exit status is
 non-zero if any rank failed, and the message names it and shows the tail of

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec
 if TYPE_CHECKING:
     from akocore.config import RunConfig
     from akorun.metrics import Metrics
-    from akorun.runtime.phase import PhaseMachine
+    from akorun.runtime.lifecycle.phase import PhaseMachine
     from akorun.runtime.roles import Role
 
 __all__ = ["Event", "RankContext", "RankEvents", "loop_time"]
@@ -89,7 +89,3 @@ class RankContext:
     @property
     def cfg(self) -> RunConfig:
         return self.role.cfg
-
-    @property
-    def world(self) -> int:
-        return len(self.peers) + 1

@@ -7,19 +7,19 @@ through the context's event hub, to which the collaborators are subscribed here.
 
 The life of a rank follows the driving loop in the docstring of akocore.schemes:
 
-    prepare (workload, warm-up compile, checkpoint)       runtime.prepare
-    join (hello every rank, p auto, build the node)       runtime.join
-      or rejoin (--resume, ako only)                      runtime.rejoin
-    the rounds, with evaluations and checkpoints          runtime.training
-    finish: flush, drain, settle, results, "done"         runtime.finishing
+    prepare (workload, warm-up compile, checkpoint)       runtime.lifecycle.prepare
+    join (hello every rank, p auto, build the node)       runtime.lifecycle.join
+      or rejoin (--resume, ako only)                      runtime.recovery.rejoin
+    the rounds, with evaluations and checkpoints          runtime.lifecycle.training
+    finish: flush, drain, settle, results, "done"         runtime.lifecycle.finishing
 
 while the server (akorun.transport.server) takes partials straight to the node (their
 Receipt effects are queued like any send, runtime.outbox) and control messages
-through the one `ControlTable` built here, and runtime.liveness suspends peers
-silent past the peer timeout and resumes them when they speak again (runtime.relay
+through the one `ControlTable` built here, and runtime.liveness.peer_liveness suspends peers
+silent past the peer timeout and resumes them when they speak again (runtime.recovery.relay
 then has the survivors forward each other what a lost rank sent to only some of
 them). The run's
-phase is a state machine (runtime.phase); what differs between ako, ps and
+phase is a state machine (runtime.lifecycle.phase); what differs between ako, ps and
 all-reduce ranks is the role object chosen once (runtime.roles); the fault test
 hooks are injected (runtime.fault_hooks, none by default). `Worker` itself
 only builds these, serves as the server's host and runs them in order; the few
@@ -50,29 +50,29 @@ from akocore.schemes.registry import wire_codec
 from akocore.workload import FlatWorkload
 from akorun.errors import Interrupted, RunError, UsageError
 from akorun.metrics import Metrics
-from akorun.runtime.anchor_sync import AnchorSync
-from akorun.runtime.checkpoints import CheckpointWriter
 from akorun.runtime.endpoints import allowed_networks, split_host, url_host
-from akorun.runtime.evaluation import Evaluator
 from akorun.runtime.fault_hooks import fault_hooks, relay_answer_hook
-from akorun.runtime.finishing import Finisher
-from akorun.runtime.join import Identity, Join, JoinFacts, compared_settings
-from akorun.runtime.liveness import Liveness
+from akorun.runtime.lifecycle.evaluation import Evaluator
+from akorun.runtime.lifecycle.finishing import Finisher
+from akorun.runtime.lifecycle.join import Identity, Join, JoinFacts, compared_settings
+from akorun.runtime.lifecycle.phase import Phase, PhaseMachine
+from akorun.runtime.lifecycle.prepare import Prepared, prepare
+from akorun.runtime.lifecycle.startup_phase import StartupPhase
+from akorun.runtime.lifecycle.stopping import StopAgreement
+from akorun.runtime.lifecycle.training import TrainingLoop
+from akorun.runtime.liveness.peer_liveness import Liveness
+from akorun.runtime.liveness.waiting import GATE_STALL_TIMEOUTS, Waiter
 from akorun.runtime.node_plan import wire_hash
 from akorun.runtime.outbox import Outbox, emulated_links
-from akorun.runtime.phase import Phase, PhaseMachine
-from akorun.runtime.prepare import Prepared, prepare
 from akorun.runtime.rank_context import RankContext
 from akorun.runtime.rank_options import WorkerOptions
-from akorun.runtime.rank_result import ResultBuilder, summary_line
-from akorun.runtime.rejoin import Rejoin
-from akorun.runtime.relay import Relay
-from akorun.runtime.reporting import Reporter
+from akorun.runtime.records.checkpoints import CheckpointWriter
+from akorun.runtime.records.rank_result import ResultBuilder, summary_line
+from akorun.runtime.records.reporting import Reporter
+from akorun.runtime.recovery.anchor_sync import AnchorSync
+from akorun.runtime.recovery.rejoin import Rejoin
+from akorun.runtime.recovery.relay import Relay
 from akorun.runtime.roles import role_for
-from akorun.runtime.startup_phase import StartupPhase
-from akorun.runtime.stopping import StopAgreement
-from akorun.runtime.training import TrainingLoop
-from akorun.runtime.waiting import GATE_STALL_TIMEOUTS, Waiter
 from akorun.transport.cancelling import cancel_and_wait
 from akorun.transport.client import ControlClient, binary_answer_cap, make_session
 from akorun.transport.control import ControlKind
@@ -327,7 +327,7 @@ class Worker:
     def _refused_member(self, sender: int, reason: str) -> None:
         """An authenticated member sent what a correct one never sends: the run cannot
         be one model any more. Stop at once with one line naming it, and tell every
-        peer (it too) to stop: every rank exits 1 (runtime.join's ``leave``)."""
+        peer (it too) to stop: every rank exits 1 (runtime.lifecycle.join's ``leave``)."""
         if self.refused_member is not None or self.waiter.hard_stop:
             return
         line = (f"rank {sender} sent data a correct member never sends ({reason}); "
@@ -367,7 +367,7 @@ class Worker:
 
     def _on_relayed(self, partial: Partial) -> bool:
         """A partial of a lost peer another survivor forwarded (its endorsement checked,
-        akorun.runtime.relay): taken like one of its own, but no evidence that it lives."""
+        akorun.runtime.recovery.relay): taken like one of its own, but no evidence that it lives."""
         node = self.role.node
         assert node is not None
         partial = _decoded(partial)

@@ -310,7 +310,8 @@ class Relay:
         self.codec = codec  # the run's codec: forwarded messages may be coded with it
         self.budget_bytes = budget_bytes  # akorun.relay_budget; 0: keep_rounds
         self.peers = list(peers)
-        self.node = node  # the rank's recoverable node (runtime.rank_recovery); None: no relay
+        # the rank's recoverable node (runtime.recovery.rank_recovery); None: no relay
+        self.node = node
         self.signer = signer
         self.verifier = verifier
         self.peer_timeout_s = peer_timeout_s

@@ -2,8 +2,8 @@
 
 `ResultBuilder.result` gathers what the run measured from the collaborators
 that measured it into a `RankResult` (akocore.results; the summary fields from
-akorun.runtime.result_files.worker_summary, the diagnostics the schema does not compare as
-akorun.runtime.result_files.RankDiagnostics); `summary_line` is the one human line a
+akorun.runtime.records.result_files.worker_summary, the diagnostics the schema does not compare as
+akorun.runtime.records.result_files.RankDiagnostics); `summary_line` is the one human line a
 rank prints at its end.
 """
 
@@ -20,20 +20,20 @@ import numpy as np
 
 from akocore.config import config_to_dict
 from akocore.results import RankResult
-from akorun.runtime.evaluation import Evaluator
+from akorun.runtime.lifecycle.evaluation import Evaluator
+from akorun.runtime.lifecycle.prepare import Prepared
+from akorun.runtime.lifecycle.training import TrainingLoop
+from akorun.runtime.liveness.waiting import Waiter
 from akorun.runtime.node_plan import params_digest
 from akorun.runtime.outbox import Outbox
-from akorun.runtime.prepare import Prepared
 from akorun.runtime.rank_context import RankContext
-from akorun.runtime.relay import Relay
-from akorun.runtime.result_files import (
+from akorun.runtime.records.result_files import (
     RankDiagnostics,
     checked_rank_result,
     worker_summary,
     write_rank_result,
 )
-from akorun.runtime.training import TrainingLoop
-from akorun.runtime.waiting import Waiter
+from akorun.runtime.recovery.relay import Relay
 
 log = logging.getLogger("akorun")
 

@@ -8,7 +8,7 @@ suspended from the SSP gate and reported; it rejoins the gate as soon as it
 is heard again, unless it is between its rejoin-hello and its restart. Peers
 not heard, or with nothing new, for a third of the timeout are sent a
 heartbeat. A peer that said
-it leaves before it joined (`left`: stopped while starting, runtime.join)
+it leaves before it joined (`left`: stopped while starting, runtime.lifecycle.join)
 sends nothing ever: it is out of the gate at once, for good. A ``done`` counts
 only once that peer's final message is held (`is_done`); only such a peer,
 which owes nothing more, is exempt from the timeout. Nothing ever waits
@@ -16,11 +16,11 @@ forever on a dead peer.
 
 A stuck peer is given up too: one that answers heartbeats but makes no
 progress. Its heartbeat answers say how long it has been in its own work for
-its current round (`busy_s`, runtime.training); past `STUCK_TIMEOUTS` x the
+its current round (`busy_s`, runtime.lifecycle.training); past `STUCK_TIMEOUTS` x the
 peer timeout it is given up (`give_up`: one error line naming it, suspended,
 what it sent to only some peers repaired, and the `peer_stuck` event lets the scheme
 stop when it cannot go on without it). The gate gives up a blocker that
-sends nothing new for as long (runtime.waiting). A given-up peer is NOT
+sends nothing new for as long (runtime.liveness.waiting). A given-up peer is NOT
 re-admitted because it answers: only a new message of a round it had not
 reached when it was given up puts it back in the gate.
 
@@ -40,9 +40,9 @@ from typing import Any
 
 from akocore.schemes import SchemeNode
 from akorun.metrics import Metrics
-from akorun.runtime.phase import Phase, PhaseMachine
+from akorun.runtime.lifecycle.phase import Phase, PhaseMachine
+from akorun.runtime.liveness.waiting import GATE_STALL_TIMEOUTS as STUCK_TIMEOUTS
 from akorun.runtime.rank_context import RankEvents
-from akorun.runtime.waiting import GATE_STALL_TIMEOUTS as STUCK_TIMEOUTS
 from akorun.transport.client import ControlClient
 from akorun.transport.control import ControlError, ControlKind
 

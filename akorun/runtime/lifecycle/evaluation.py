@@ -9,7 +9,7 @@ stop's): where replicas differ between syncs (DiLoCo's inner steps, Ako's
 partial exchange), the first of three to touch the target by chance would
 stop the run early with a time to target no record shows. Reaching it stops
 this rank; the training loop has every training rank agree on the last round
-(runtime.stopping, control ``stop``). A rank that does not train answers a
+(runtime.lifecycle.stopping, control ``stop``). A rank that does not train answers a
 ``stop`` here: it stops too.
 """
 
@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from akocore.workload import FlatWorkload
+from akorun.runtime.liveness.waiting import Waiter
 from akorun.runtime.rank_context import RankContext
-from akorun.runtime.waiting import Waiter
 from akorun.transport.client import ControlClient
 
 
@@ -83,7 +83,7 @@ class Evaluator:
                 or not self.judges_target:
             return
         # the training loop then has every training rank agree on the last round
-        # (runtime.stopping), which tells the peers
+        # (runtime.lifecycle.stopping), which tells the peers
         self.waiter.request_stop(f"target accuracy {target} reached ({accuracy:.4f} at round "
                                  f"{round_})")
 

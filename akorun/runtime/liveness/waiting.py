@@ -9,10 +9,10 @@ for the SSP gate to let a round start.
 Deadlines: the gate gives up at the run's duration limit (a stop, reason
 "duration"), and when it has been blocked for `stall_limit_s` on peers whose
 rounds did not advance meanwhile, it gives those peers up (`give_up`,
-runtime.liveness: one error line naming them, out of the gate; answering
+runtime.liveness.peer_liveness: one error line naming them, out of the gate; answering
 heartbeats does not put them back, only their next new message does). A
 blocker whose heartbeat answers say it waits on others itself is spared
-(the rank it waits on is given up instead, runtime.liveness) unless the
+(the rank it waits on is given up instead, runtime.liveness.peer_liveness) unless the
 gate stalls twice in a row on such blockers alone. If a peer this rank's scheme cannot go on
 without (`can_continue_without`, from the role: ps, all-reduce) is given up
 or suspended, the run stops (reason "lost_peer", one error line naming the
@@ -38,7 +38,7 @@ GATE_STALL_TIMEOUTS = 3  # a gate blocked this many peer timeouts without progre
 
 
 class StalledPeers(Protocol):
-    """What a stalled gate asks of the rank's liveness (runtime.liveness.Liveness)."""
+    """What a stalled gate asks of the rank's liveness (runtime.liveness.peer_liveness.Liveness)."""
 
     def waits_itself(self, peer: int) -> bool: ...
 
@@ -65,7 +65,7 @@ class Waiter:
         # sends the scheme owes outside an event (a suspension re-forms diloco's
         # all-reduce: SchemeNode.take_effects); every wait sends them as it polls
         self.send_due: Callable[[], Awaitable[None]] | None = None
-        # a blocker of a stalled gate is given up there (runtime.liveness.Liveness),
+        # a blocker of a stalled gate is given up there (runtime.liveness.peer_liveness.Liveness),
         # unless its answers say it waits on others itself
         self.peers = peers
 
@@ -124,7 +124,7 @@ class Waiter:
                    ignore_stop: bool = False) -> float | None:
         """Wait until the SSP gate lets round t start; seconds waited, None if stopped
         (a stop request unless `ignore_stop` (a round the ranks agreed to run still,
-        runtime.stopping), a hard stop, a lost peer, or the loop time `deadline_s`)."""
+        runtime.lifecycle.stopping), a hard stop, a lost peer, or the loop time `deadline_s`)."""
         loop = asyncio.get_running_loop()
         start_s = loop.time()
         next_report_s = start_s + self.report_every_s

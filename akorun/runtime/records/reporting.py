@@ -10,10 +10,10 @@ import logging
 from typing import Any
 
 from akorun.metrics import ProgressLine, render_prometheus
-from akorun.runtime.liveness import Liveness
+from akorun.runtime.liveness.peer_liveness import Liveness
+from akorun.runtime.liveness.waiting import Waiter
 from akorun.runtime.outbox import Outbox
 from akorun.runtime.rank_context import RankContext
-from akorun.runtime.waiting import Waiter
 
 log = logging.getLogger("akorun")
 

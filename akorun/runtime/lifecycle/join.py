@@ -2,28 +2,28 @@
 
 Each rank sends its `Identity` (run id, config hash, initial-parameter hash) and, for p
 auto, its measured compute time in a hello to every peer until each answered or the join
-timeout passed; a peer that differs is refused (409) on both sides. While it still waits
-for some rank, it says hello again every third of the peer timeout to the ranks that
-answered: one that stops answering for longer than the peer timeout died during the join,
-and the join ends at once (RunError, exit 1, one line) instead of at the join timeout; a
-rank that never answered is waited for until the join timeout (it may just be slow to
-start). A rank whose join ends without a run (a signal: `Interrupted`; or a `RunError`)
-says ``leave`` to every peer that is up (it answered our hello or said hello to us), so
-that none waits for it: a peer still joining ends its join at once (`Interrupted` if it is
-stopping too, else `RunError`), and a peer already training takes it out of its gate for
-good (runtime.liveness `left`) and finishes without waiting for it (runtime.finishing).
-This is how a SIGTERM to `akorun launch` that lands while one rank still starts ends every
-rank within launch's kill grace. A rank that holds every answer is *ready*, but starts
-only once every peer says it is ready too (in its answer or its own hello, which wakes a
-rank waiting for it at once, so the ranks start within a message of each other): a rank that
-dies while the others still greet is then noticed by a ready rank (silent past the peer
-timeout), which ends its join and says ``leave`` (``failed``), so nobody trains a run one
-rank could not join; a rank whose join failed refuses hellos for a moment longer
-(`linger_failed`) so that a rank still starting ends at once, and a peer that started
-anyway (the hello it took as the last "ready" crossed the failure) stops with exit 1 on
-that ``leave``. Every rank then plans with the MAX of all measured compute times, so all
-choose the same p, and builds its node. `greet` and `until` (akorun.runtime.greeting) are
-the retrying calls the rejoin handshake uses too.
+timeout passed; a peer that differs is refused (409) on both sides. While it still waits for
+some rank, it says hello again every third of the peer timeout to the ranks that answered:
+one that stops answering for longer than the peer timeout died during the join, and the join
+ends at once (RunError, exit 1, one line) instead of at the join timeout; a rank that never
+answered is waited for until the join timeout (it may just be slow to start). A rank whose
+join ends without a run (a signal: `Interrupted`; or a `RunError`) says ``leave`` to every
+peer that is up (it answered our hello or said hello to us), so that none waits for it: a
+peer still joining ends its join at once (`Interrupted` if it is stopping too, else
+`RunError`), and a peer already training takes it out of its gate for good
+(runtime.liveness.peer_liveness `left`) and finishes without waiting for it
+(runtime.lifecycle.finishing). This is how a SIGTERM to `akorun launch` that lands while one
+rank still starts ends every rank within launch's kill grace. A rank that holds every answer
+is *ready*, but starts only once every peer says it is ready too (in its answer or its own
+hello, which wakes a rank waiting for it at once, so the ranks start within a message of
+each other): a rank that dies while the others still greet is then noticed by a ready rank
+(silent past the peer timeout), which ends its join and says ``leave`` (``failed``), so
+nobody trains a run one rank could not join; a rank whose join failed refuses hellos for a
+moment longer (`linger_failed`) so that a rank still starting ends at once, and a peer that
+started anyway (the hello it took as the last "ready" crossed the failure) stops with exit 1
+on that ``leave``. Every rank then plans with the MAX of all measured compute times, so all
+choose the same p, and builds its node. `greet` and `until`
+(akorun.runtime.lifecycle.greeting) are the retrying calls the rejoin handshake uses too.
 
 Bad configuration across ranks is found here, by name. Each rank's hello and its answer
 carry its `compared_settings`: every setting of the run (the keys of the config hash, as
@@ -39,7 +39,7 @@ bound to our request (akorun.transport.answers, as a partial's answer on the dat
 An untagged or badly tagged 400/401/409 (or a 200 without a tag) is what anyone on the
 path can forge, so it is treated like a peer that does not answer yet: logged once per
 peer and status ("not authenticated, retrying") and the hello goes again, backing off,
-until the join timeout (akorun.runtime.greeting `Unverified`). A forger can thus delay a
+until the join timeout (akorun.runtime.lifecycle.greeting `Unverified`). A forger can thus delay a
 join (as dropping packets can), never end it early. A peer whose keys differ from ours
 (another cluster secret, run id or key file) cannot tag anything for us either: its 401 is
 indistinguishable from a forged one, and nothing it could send would prove otherwise. So a
@@ -70,11 +70,11 @@ from akocore.config import RunConfig
 from akocore.settings.toml_io import config_to_dict
 from akorun.errors import Interrupted, RunError, UsageError
 from akorun.runtime.fault_hooks import FaultHooks, NoFaults
-from akorun.runtime.greeting import GREET_TIMEOUT_S, RETRY_S, Unverified, greet, until
-from akorun.runtime.liveness import Liveness
-from akorun.runtime.phase import Phase
+from akorun.runtime.lifecycle.greeting import GREET_TIMEOUT_S, RETRY_S, Unverified, greet, until
+from akorun.runtime.lifecycle.phase import Phase
+from akorun.runtime.liveness.peer_liveness import Liveness
+from akorun.runtime.liveness.waiting import Waiter
 from akorun.runtime.rank_context import RankContext
-from akorun.runtime.waiting import Waiter
 from akorun.transport.cancelling import cancel_and_wait
 from akorun.transport.client import ControlClient
 from akorun.transport.control import ControlError, ControlKind
@@ -200,9 +200,7 @@ class Join:
         self.liveness = liveness
         self.build_node = build_node  # plan with this compute time and build the node
         self.peer_timeout_s = context.peer_timeout_s  # an answered peer silent this long: dead
-        # greeted (peer, how many hellos of it so far) and in_join (awaited before our
-        # hellos, pause_in_join): the fault test hooks
-        self.faults: FaultHooks = faults if faults is not None else NoFaults()
+        self.faults: FaultHooks = faults or NoFaults()  # the test hooks greeted, in_join
         self.greeted: dict[int, int] = {}  # peer -> hellos of it answered here
         self.answered: set[int] = set()  # peers that answered our hello
         self.peer_compute_s: dict[int, float] = {}

@@ -21,7 +21,7 @@ the asker says its count and the asker compares at its next sync; a rank
 past the peer timeout and the others went on without it) cannot take their
 state mid-run: it stops with exit 1 and a line saying so, and the others end
 equal without it. What still differs at the end fails the run
-(runtime.finishing compares the anchors' digests).
+(runtime.lifecycle.finishing compares the anchors' digests).
 
 Fault-free runs never call: no view change, no check.
 """
@@ -34,10 +34,10 @@ from typing import Any
 import numpy as np
 
 from akocore.schemes import Resyncable, SchemeError
-from akorun.runtime.liveness import Liveness
+from akorun.runtime.liveness.peer_liveness import Liveness
+from akorun.runtime.liveness.waiting import Waiter
 from akorun.runtime.node_plan import params_digest
 from akorun.runtime.rank_context import RankContext
-from akorun.runtime.waiting import Waiter
 from akorun.transport import control
 from akorun.transport.client import ControlClient
 from akorun.transport.control import ControlError, ControlKind
