@@ -126,13 +126,12 @@ class Worker:
                              stall_limit_s=GATE_STALL_TIMEOUTS * options.peer_timeout_s,
                              scheme=cfg.exchange.scheme,
                              can_continue_without=self.role.can_continue_without,
-                             peers=self.liveness)
+                             peers=self.liveness, send_due=self._poll_due)
         self.keys = RunKeys(options.settings.rank_keys(self.rank, self.world))
         self.signer = Signer(self.keys)
         self.verifier = RequestVerifier(self.keys, world=self.world)
         self.outbox = Outbox(signer=self.signer, metrics=self.metrics,
                              running=self._running, rounds_done=self._rounds_done)
-        self.waiter.send_due = self._poll_due
         self.relay = Relay(rank=self.rank, peers=self.peers, node=self.role.recovery.node,
                            codec=self.codec,
                            signer=self.signer, verifier=self.verifier,

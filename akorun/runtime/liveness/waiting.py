@@ -50,7 +50,8 @@ class Waiter:
 
     def __init__(self, *, report_every_s: float, stall_limit_s: float | None = None,
                  scheme: str = "ako", can_continue_without: Callable[[int], bool] | None = None,
-                 peers: StalledPeers | None = None) -> None:
+                 peers: StalledPeers | None = None,
+                 send_due: Callable[[], Awaitable[None]] | None = None) -> None:
         self.wake = asyncio.Event()
         self.stop_reason: str | None = None
         self.hard_stop = False
@@ -64,7 +65,7 @@ class Waiter:
         self.cause: str | None = None  # the line the run fails with, when it is known
         # sends the scheme owes outside an event (a suspension re-forms diloco's
         # all-reduce: SchemeNode.take_effects); every wait sends them as it polls
-        self.send_due: Callable[[], Awaitable[None]] | None = None
+        self.send_due = send_due
         # a blocker of a stalled gate is given up there (runtime.liveness.peer_liveness.Liveness),
         # unless its answers say it waits on others itself
         self.peers = peers
