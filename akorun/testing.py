@@ -70,8 +70,8 @@ def one_rank_context(rank: int, peers: Sequence[int], *, role: Any = None,
         coroutine.close()
         raise AssertionError("this test's rank starts no background task")
 
-    return RankContext(rank=rank, peers=tuple(peers),
-                       role=role if role is not None else BuiltWhen(),
+    chosen: Any = role if role is not None else BuiltWhen()  # a stand-in, not a Role
+    return RankContext(rank=rank, peers=tuple(peers), role=chosen,
                        phase=phase if phase is not None else PhaseMachine(),
                        metrics=Metrics(rank, "worker"), spawn=spawn, **settings)
 

@@ -274,6 +274,7 @@ def run_rank(options: WorkerOptions, workload: FlatWorkload | None = None) -> Wo
 
 def cmd_worker(args: argparse.Namespace) -> int:
     options = rank_options(RankRequest.from_args(args), arg_layers(args, config_file=False))
+    assert isinstance(options.settings, AkorunSettings)  # what rank_options builds
     shape = island_shape(options.settings, args.role)
     share_host_cores(options.config.cluster.hosts, options.rank)
     process = island_process_index(os.environ)

@@ -184,12 +184,12 @@ class Worker:
                                 prepared.workload_identity)))
         hooks = fault_hooks(options.faults, outbox=self.outbox, gone=self._suspended,
                             hard_stop=self._hard_stop, stop_requested=self._stop_requested)
-        ports = {"waiter": self.waiter, "liveness": self.liveness}
         self.join = Join(context, identity=identity, build_node=self._build_node,
-                         compute_measured_s=prepared.compute_measured_s, faults=hooks, **ports)
+                         compute_measured_s=prepared.compute_measured_s, faults=hooks,
+                         waiter=self.waiter, liveness=self.liveness)
         self.rejoin = Rejoin(context, identity=identity, outbox=self.outbox,
                              build_node=self._build_node, checkpoint=prepared.checkpoint,
-                             relay=self.relay, **ports)
+                             relay=self.relay, waiter=self.waiter, liveness=self.liveness)
         training_peers = [j for j in self.peers if role_for(self.cfg, j).trains]
         self.evaluator = Evaluator(
             context, workload=prepared.workload, waiter=self.waiter, gone=self._out_of_gate,
@@ -201,7 +201,7 @@ class Worker:
             rank=self.rank, training_peers=training_peers,
             waiter=self.waiter, gone=self._out_of_gate, spawn=self._spawn,
             heard=self.liveness.heard, patience_s=GATE_STALL_TIMEOUTS * options.peer_timeout_s)
-        self.anchor_sync = AnchorSync(context, **ports)
+        self.anchor_sync = AnchorSync(context, waiter=self.waiter, liveness=self.liveness)
         self.training = TrainingLoop(
             context, prepared=prepared, outbox=self.outbox, waiter=self.waiter, faults=hooks,
             evaluator=self.evaluator, checkpoints=checkpoints, agreement=self.stopping,
@@ -213,8 +213,10 @@ class Worker:
             evaluator=self.evaluator, waiter=self.waiter, relay=self.relay)
         self.finisher = Finisher(
             context, outbox=self.outbox, training=self.training, evaluator=self.evaluator,
-            checkpoints=checkpoints, results=self.results, relay_idle=self.relay.idle, **ports)
-        self.reporter = Reporter(context, outbox=self.outbox, **ports)
+            checkpoints=checkpoints, results=self.results, relay_idle=self.relay.idle,
+            waiter=self.waiter, liveness=self.liveness)
+        self.reporter = Reporter(context, outbox=self.outbox, waiter=self.waiter,
+                                 liveness=self.liveness)
         self.control_table = ControlTable({
             ControlKind.HELLO: self.join.on_hello,
             ControlKind.STOP: self.stopping.on_stop if self.role.trains
