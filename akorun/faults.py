@@ -16,7 +16,7 @@ optionally prefixed by ``RANK@`` to apply to one rank only:
 - ``kill_mid_multicast:R``: send round R's partial to the lowest-ranked peer
   only, wait until it acknowledged every round through R, then SIGKILL: the
   other peers never get round R from this rank (a kill in the middle of a
-  round's sends, made deterministic; akorun.runtime.relay repairs it).
+  round's sends, made deterministic; akorun.runtime.recovery.relay repairs it).
 - ``kill_mid_checkpoint:R``: SIGKILL during the first checkpoint written after
   round R, once its temp file is written and before it is moved into place.
 - ``kill_at_end``: SIGKILL after the last round, before the final flush.
@@ -29,7 +29,7 @@ optionally prefixed by ``RANK@`` to apply to one rank only:
   file PATH exists; its server answers the others' hellos meanwhile, so they
   join and train while it is still starting.
 - ``sleep_per_round:S``: sleep S seconds after every round (a slow worker).
-- ``relay_withhold:J``: answer rank J's relay pulls (runtime.relay) with no
+- ``relay_withhold:J``: answer rank J's relay pulls (runtime.recovery.relay) with no
   messages, whatever this rank holds (its record stays honest).
 - ``relay_late:J:S``: answer rank J's relay pulls S seconds late.
 - ``send_nonfinite:R``: from round R on, send a NaN gradient past the rank's own

@@ -14,10 +14,10 @@ workers, p_j a worker's partitions, s the SSP bound:
   the replica's parameters, the ako node's unsent and inbox buffers (akocore.schemes.ako),
   the update (own gradient + inbox) and its scaled copy (AkoWorker.local_step), the
   optimizer's two temporaries (akocore.optim: lr x update, params - it), the copy of
-  the parameters an evaluation takes (akorun.runtime.evaluation), and the optimizer's
+  the parameters an evaluation takes (akorun.runtime.lifecycle.evaluation), and the optimizer's
   state: 0 vectors for sgd, 1 for momentum and adagrad, 2 for adam (optax), each with
   a jitted copy of the state while it is updated. `AKORUN_VECTORS` + 2 x state vectors.
-- relay: akorun.runtime.relay.relay_bound_bytes (per peer j, its last
+- relay: akorun.runtime.recovery.relay.relay_bound_bytes (per peer j, its last
   min(2 s + 2, 2 p_j) rounds of 4 ceil(D / p_j) bytes, or the budget's share).
 - outgoing: the messages this rank's senders still hold, encoded once per round and
   shared by every peer's queue (akorun.runtime.outbox): a peer's queue holds the rounds
@@ -40,7 +40,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from akorun.runtime.relay import relay_bound_bytes
+from akorun.runtime.recovery.relay import relay_bound_bytes
 from akorun.transport.wire import HEADER_SIZE
 
 FLOAT_BYTES = 4

@@ -1,6 +1,8 @@
 """Helpers for multi-process tests and benchmarks of akorun (not used by akorun itself).
 
 `SinkHost` stands in for a worker behind a real akorun.transport.server.Server.
+`one_rank_context` gives a test of one collaborator of a rank (runtime.lifecycle.join, ...) the
+`RankContext` the worker would, with a role whose node exists once `BuiltWhen` says so.
 `LocalCluster` writes a loopback cluster file with free ports into a
 directory and starts ranks as ``python -m akorun worker|ps`` subprocesses
 (single-threaded XLA, the project's JAX compilation cache), so a test can
@@ -38,7 +40,9 @@ from akorun.launching.cluster import (
 )
 from akorun.launching.local import child_env
 from akorun.metrics import Metrics, render_prometheus
+from akorun.runtime.lifecycle.phase import PhaseMachine
 from akorun.runtime.node_plan import role_of
+from akorun.runtime.rank_context import RankContext
 from akorun.transport.control import ControlError, ControlKind
 from akorun.transport.keys import RequestVerifier, RunKeys, Signer
 from akorun.transport.routing import ControlAnswerBody, ControlTable
@@ -46,6 +50,31 @@ from akorun.transport.routing import ControlAnswerBody, ControlTable
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RANK_VARIABLES = ("AKORUN_RANK", "AKORUN_WORLD_SIZE", "RANK", "WORLD_SIZE", "SLURM_PROCID",
                   "SLURM_NTASKS", "JOB_COMPLETION_INDEX", "AKORUN_RENDEZVOUS")
+
+
+class BuiltWhen:
+    """A stand-in role whose node exists once `built` holds anything (a Join's test)."""
+
+    def __init__(self, built: Sequence[object] = ()) -> None:
+        self.built = built
+
+    @property
+    def node(self) -> object | None:
+        return object() if self.built else None
+
+
+def one_rank_context(rank: int, peers: Sequence[int], *, role: Any = None,
+                     phase: PhaseMachine | None = None, **settings: Any) -> RankContext:
+    """The context of rank `rank` for a test of one of its collaborators: its own metrics,
+    phase and events, background tasks refused; `settings` are RankContext fields."""
+    def spawn(coroutine: Any) -> None:
+        coroutine.close()
+        raise AssertionError("this test's rank starts no background task")
+
+    chosen: Any = role if role is not None else BuiltWhen()  # a stand-in, not a Role
+    return RankContext(rank=rank, peers=tuple(peers), role=chosen,
+                       phase=phase if phase is not None else PhaseMachine(),
+                       metrics=Metrics(rank, "worker"), spawn=spawn, **settings)
 
 
 def child_test_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -15,12 +15,14 @@ from akocore.settings.toml_io import config_from_dict
 from akorun.errors import UsageError
 from akorun.launching.cluster import new_settings, with_hosts
 from akorun.metrics import Metrics
-from akorun.runtime.liveness import Liveness
-from akorun.runtime.phase import IllegalTransition, Phase, PhaseMachine
-from akorun.runtime.rank_recovery import NoRecovery, RejoinRecovery, recovery_for
+from akorun.runtime.lifecycle.phase import IllegalTransition, Phase, PhaseMachine
+from akorun.runtime.liveness.peer_liveness import Liveness
+from akorun.runtime.liveness.waiting import Waiter
+from akorun.runtime.rank_context import RankEvents
+from akorun.runtime.rank_options import WorkerOptions
+from akorun.runtime.recovery.rank_recovery import NoRecovery, RejoinRecovery, recovery_for
 from akorun.runtime.roles import PartitionedRole, PSServerRole, PSWorkerRole, Role, role_for
-from akorun.runtime.waiting import Waiter
-from akorun.runtime.worker import Worker, WorkerOptions
+from akorun.runtime.worker import Worker
 from akorun.testing import SinkHost
 from akorun.transport.control import ControlError, ControlKind
 from akorun.transport.routing import ControlTable
@@ -127,14 +129,21 @@ class Clock:
         return self.now_s
 
 
+def _recorded(events: list[str]) -> RankEvents:
+    """A rank's event hub whose wakes and peer changes land in `events`."""
+    hub = RankEvents()
+    hub.wake.subscribe(lambda: events.append("wake"))
+    hub.peer_changed.subscribe(lambda peer: events.append(f"notify {peer}"))
+    return hub
+
+
 def _liveness(timeout_s: float = 3.0) -> tuple[Liveness, AkoWorker, Clock, list[str]]:
     node = AkoWorker(0, 3, 6, (1, 1, 1), replica=Replica(None, None), staleness=0)
     clock = Clock()
     events: list[str] = []
     liveness = Liveness(rank=0, peers=[1, 2], timeout_s=timeout_s, node=lambda: node,
                         clock=clock, metrics=Metrics(0, "worker"), phase=PhaseMachine(),
-                        on_change=lambda: events.append("wake"),
-                        notify_sender=lambda peer: events.append(f"notify {peer}"))
+                        events=_recorded(events))
     liveness.started_s = 0.0
     liveness.heard_all()
     return liveness, node, clock, events
@@ -164,7 +173,7 @@ def test_a_peer_busy_in_one_round_past_three_timeouts_is_given_up_until_it_sends
 ) -> None:
     liveness, node, clock, events = _liveness(timeout_s=2.0)
     stuck: list[tuple[int, str]] = []
-    liveness.on_stuck = lambda peer, why: stuck.append((peer, why))
+    liveness.events.peer_stuck.subscribe(lambda peer, why: stuck.append((peer, why)))
     liveness._busy_answer(1, {"round": 7, "busy_s": 5.9})  # under 3 x 2 s: nothing
     liveness._busy_answer(2, {"round": 7, "busy_s": None})  # waiting on others
     assert node.suspended == set() and stuck == [] and liveness.waiting_peers == {2}
@@ -185,9 +194,8 @@ def test_a_peer_busy_in_one_round_past_three_timeouts_is_given_up_until_it_sends
 def test_a_stalled_gate_gives_its_blocker_up_for_good_not_the_peers_that_wait_themselves(
 ) -> None:
     liveness, node, clock, _ = _liveness(timeout_s=1.0)
-    waiter = Waiter(report_every_s=100.0, stall_limit_s=0.7)  # one stall before 1.2 s
-    waiter.give_up = liveness.give_up
-    waiter.waits_itself = liveness.waiting_peers.__contains__
+    waiter = Waiter(report_every_s=100.0, stall_limit_s=0.7,  # one stall before 1.2 s
+                    peers=liveness)
     liveness._busy_answer(2, {"round": 0, "busy_s": None})  # 2 says: waiting on others
     node.local_step(0, None)  # round 1 waits on both peers' round 0
 

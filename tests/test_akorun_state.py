@@ -17,7 +17,7 @@ from akocore.schemes import AkoWorker, Replica
 from akocore.workloads.flat import build_workload
 from akorun.errors import UsageError
 from akorun.faults import faults_for
-from akorun.runtime.checkpoint_file import (
+from akorun.runtime.records.checkpoint_file import (
     Checkpoint,
     checkpoint_exists,
     load_checkpoint,
@@ -25,8 +25,9 @@ from akorun.runtime.checkpoint_file import (
     restore_optimizer_state,
     save_checkpoint,
 )
-from akorun.runtime.checkpoint_npz import npz_path, write_npz
-from akorun.runtime.result_files import (
+from akorun.runtime.records.checkpoint_npz import npz_path, write_npz
+from akorun.runtime.records.rank_result import summary_line
+from akorun.runtime.records.result_files import (
     RankDiagnostics,
     RankSummary,
     max_relative_difference,
@@ -34,7 +35,6 @@ from akorun.runtime.result_files import (
     steady_round_time_s,
     worker_summary,
 )
-from akorun.runtime.worker import summary_line
 from akorun.transport import control
 
 
@@ -115,7 +115,7 @@ def test_the_duration_counts_the_training_seconds_of_the_processes_before() -> N
     from types import SimpleNamespace
 
     from akocore.settings.toml_io import config_from_dict
-    from akorun.runtime.training import TrainingLoop
+    from akorun.runtime.lifecycle.training import TrainingLoop
 
     cfg = config_from_dict({"train": {"duration": "10s"}})
 

@@ -216,6 +216,16 @@ def test_the_shells_do_not_import_each_other(shell, other):
     assert offenders == []
 
 
+def test_the_runtime_does_not_import_the_launcher():
+    """A rank (akorun.runtime) runs whoever started it: the launcher (akorun.launching)
+    builds its options and imports it, never the other way round."""
+    graph = import_graph()
+    found = sorted(f"{module} -> {target}" for module, targets in graph.items()
+                   if module.startswith("akorun.runtime") for target in targets
+                   if target.startswith("akorun.launching"))
+    assert found == [], "akorun.runtime imports akorun.launching: " + "; ".join(found)
+
+
 def test_akocore_uses_no_clock_socket_event_loop_or_shell():
     offenders = []
     for module, path in project_modules().items():

@@ -204,7 +204,7 @@ def test_ranks_whose_anchors_differ_end_the_run_with_one_line_naming_them() -> N
     that ran as many rounds: a different one is a failure naming the ranks."""
     from types import SimpleNamespace
 
-    from akorun.runtime.finishing import Finisher
+    from akorun.runtime.lifecycle.finishing import Finisher
 
     here = {"rank": 0, "rounds": 20, "agreed_sha256": "a" * 64}
     finisher = SimpleNamespace(
@@ -233,7 +233,7 @@ def test_a_rank_whose_anchor_no_majority_confirmed_fails_so_two_sides_never_both
         passes: bool) -> None:
     from types import SimpleNamespace
 
-    from akorun.runtime.finishing import Finisher
+    from akorun.runtime.lifecycle.finishing import Finisher
 
     here = {"rank": rank, "rounds": 20, "agreed_sha256": "a" * 64}
     agreed = {j: (20, "a" * 64 if j in confirmed else "b" * 64) for j in peers}
@@ -264,7 +264,8 @@ def test_a_sync_a_done_peer_ended_without_this_rank_fails_the_rank_instead_of_ha
     from types import SimpleNamespace
 
     from akorun.errors import RunError
-    from akorun.runtime.finishing import Finisher
+    from akorun.runtime.lifecycle.finishing import Finisher
+    from akorun.testing import one_rank_context
 
     nodes = _nodes(2, 4, outer_sync, inner_steps=1)
     node = nodes[0]
@@ -283,16 +284,17 @@ def test_a_sync_a_done_peer_ended_without_this_rank_fails_the_rank_instead_of_ha
     liveness = SimpleNamespace(clock=lambda: 0.0, left_peers={}, last_new_s={},
                                done_peers={1}, agreed={}, given_up_here=None,
                                is_done=lambda peer: True)
+    context = one_rank_context(
+        0, [1], phase=SimpleNamespace(to=lambda phase: None), grace_s=1.0,  # type: ignore[arg-type]
+        role=SimpleNamespace(node=node, trains=True, can_continue_without=lambda j: True))
     finisher = Finisher(
-        rank=0, peers=[1], phase=SimpleNamespace(to=lambda phase: None),
-        role=SimpleNamespace(node=node, trains=True, can_continue_without=lambda j: True),
-        waiter=SimpleNamespace(until=until, lost_peers=set(), hard_stop=False, cause=None,
+        context, waiter=SimpleNamespace(until=until, lost_peers=set(), hard_stop=False, cause=None,
                                scheme="diloco", lose=lambda peers: None),
         outbox=SimpleNamespace(dispatch=nothing, flush=nothing), liveness=liveness,
         training=SimpleNamespace(faults=SimpleNamespace(at_end=nothing), rounds_done=1,
                                  nonfinite=None),
         evaluator=SimpleNamespace(final=nothing), checkpoints=SimpleNamespace(write=nothing),
-        results=SimpleNamespace(write=lambda: None, out_dir="out"), grace_s=1.0)
+        results=SimpleNamespace(write=lambda: None, out_dir="out"))
     control = SimpleNamespace(call=nothing)
     with pytest.raises(RunError, match="never completed here: no part from rank"):
         asyncio.run(finisher.finish(control))  # type: ignore[arg-type]

@@ -3,7 +3,7 @@
 One rank of a 3-rank DiLoCo run is stopped (SIGSTOP) for 4 peer timeouts: the
 others suspend it and go on; while their views of who is live differ, a sync
 would give them different means. After the suspension and the return they
-compare their anchors with the lowest live rank's (akorun.runtime.anchor_sync)
+compare their anchors with the lowest live rank's (akorun.runtime.recovery.anchor_sync)
 and take it where it differs, so they end bit-equal with exit 0. The paused
 rank comes back many syncs behind: it stops with exit 1 and a line saying so,
 never exit 0 with another model.

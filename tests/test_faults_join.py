@@ -20,11 +20,11 @@ import pytest
 from akorun.errors import RunError
 from akorun.launching.cluster import new_settings
 from akorun.metrics import Metrics
-from akorun.runtime.join import Identity, Join
-from akorun.runtime.liveness import Liveness
-from akorun.runtime.phase import PhaseMachine
-from akorun.runtime.waiting import Waiter
-from akorun.testing import LocalCluster
+from akorun.runtime.lifecycle.join import Identity, Join
+from akorun.runtime.lifecycle.phase import PhaseMachine
+from akorun.runtime.liveness.peer_liveness import Liveness
+from akorun.runtime.liveness.waiting import Waiter
+from akorun.testing import LocalCluster, one_rank_context
 from akorun.transport.client import ControlAnswer
 from akorun.transport.control import ControlKind
 
@@ -55,11 +55,10 @@ def join_of(control: ScriptedControl, *, timeout_s: float, peer_timeout_s: float
     phase = PhaseMachine()
     liveness = Liveness(rank=0, peers=[1, 2], timeout_s=peer_timeout_s, node=lambda: None,
                         clock=lambda: 0.0, metrics=Metrics(0, "worker"), phase=phase)
-    return Join(identity=identity, peers=[1, 2], hosts=["h:1", "h:2", "h:3"],
-                compute_measured_s=None, timeout_s=timeout_s, phase=phase,
-                waiter=Waiter(report_every_s=5.0), liveness=liveness,
-                node_built=lambda: False, build_node=lambda compute_s: None,
-                peer_timeout_s=peer_timeout_s)
+    context = one_rank_context(0, [1, 2], phase=phase, hosts=("h:1", "h:2", "h:3"),
+                               join_timeout_s=timeout_s, peer_timeout_s=peer_timeout_s)
+    return Join(context, identity=identity, waiter=Waiter(report_every_s=5.0),
+                liveness=liveness, build_node=lambda compute_s: None)
 
 
 IDENTITY = Identity(0, "run", "config", "params")

@@ -22,13 +22,20 @@ import pytest
 
 from akocore.messages import Kind, Partial
 from akorun.launching.cluster import free_ports
-from akorun.runtime.checkpoint_file import (
+from akorun.runtime.records.checkpoint_file import (
     Checkpoint,
     load_checkpoint,
     remove_stale_temp_files,
     save_checkpoint,
 )
-from akorun.testing import REPO_ROOT, LocalCluster, SinkHost, akorun_command, child_test_env
+from akorun.testing import (
+    REPO_ROOT,
+    LocalCluster,
+    SinkHost,
+    akorun_command,
+    child_test_env,
+    one_rank_context,
+)
 from akorun.transport.keys import AUTH_HEADER, PARTIAL_PATH
 from akorun.transport.server import Server
 from akorun.transport.validation import NonFiniteValues, refuse_non_finite
@@ -226,10 +233,10 @@ def _donor() -> tuple[Any, Any, Any]:
 
     from akocore.schemes import AkoWorker, Replica
     from akorun.metrics import Metrics
-    from akorun.runtime.liveness import Liveness
-    from akorun.runtime.phase import Phase, PhaseMachine
-    from akorun.runtime.rejoin import Rejoin
-    from akorun.runtime.waiting import Waiter
+    from akorun.runtime.lifecycle.phase import Phase, PhaseMachine
+    from akorun.runtime.liveness.peer_liveness import Liveness
+    from akorun.runtime.liveness.waiting import Waiter
+    from akorun.runtime.recovery.rejoin import Rejoin
     from akorun.transport.sender import OwedGap
 
     node = AkoWorker(0, 3, 6, (1, 1, 1), replica=Replica(None, None), staleness=0)
@@ -245,10 +252,10 @@ def _donor() -> tuple[Any, Any, Any]:
     sender = SimpleNamespace(acked_round=2, dropped_until=7, gap=gap,
                              forget_gap=gap.clear)
     role = SimpleNamespace(node=node, donor=lambda: node)
-    rejoin = Rejoin(identity=_Identity(), peers=[1, 2], role=role,  # type: ignore[arg-type]
-                    peer_timeout_s=2.0, phase=phase, waiter=Waiter(report_every_s=5.0),
-                    liveness=liveness, outbox=SimpleNamespace(senders={2: sender}),  # type: ignore[arg-type]
-                    metrics=Metrics(0, "worker"), checkpoint=None, checkpoint_dir=None,
+    context = one_rank_context(0, [1, 2], role=role, phase=phase, peer_timeout_s=2.0)
+    rejoin = Rejoin(context, identity=_Identity(),  # type: ignore[arg-type]
+                    waiter=Waiter(report_every_s=5.0), liveness=liveness,
+                    outbox=SimpleNamespace(senders={2: sender}),  # type: ignore[arg-type]
                     build_node=lambda compute_s, p_of: None)
     return rejoin, node, gap
 

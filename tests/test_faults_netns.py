@@ -56,8 +56,8 @@ import pytest
 from akocore.settings.toml_io import config_from_dict
 from akorun.launching.cluster import new_settings, write_cluster_file
 from akorun.launching.testbed import netns
-from akorun.runtime.checkpoint_orbax import unreferenced
-from akorun.runtime.result_files import max_relative_difference
+from akorun.runtime.records.checkpoint_orbax import unreferenced
+from akorun.runtime.records.result_files import max_relative_difference
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 
 # hang detectors, not speed limits: generous, since the suite runs two tests at a time
@@ -328,7 +328,7 @@ def test_a_diloco_cut_between_two_ranks_ends_with_one_anchor_or_fails_loudly(
     """Ranks 0 and 2 of a DiLoCo run cut apart for 5 T (rank 1 still hears both): while
     their views differ a sync gives them different means (and the re-formed
     all-reduce stalls); after the heal the anchors are compared with the lowest live
-    rank's and re-synced (akorun.runtime.anchor_sync). No rank hangs; each ends exit 0
+    rank's and re-synced (akorun.runtime.recovery.anchor_sync). No rank hangs; each ends exit 0
     or exit 1 with a line naming why (left behind, replicas disagree, given up), and
     the ranks that exit 0 hold one model: never exit 0 with replicas apart. A cut that
     outlasts the run leaves 0 and 2 each training on without the other: at most one

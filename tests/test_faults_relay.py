@@ -3,7 +3,7 @@
 The kill is made deterministic by a fault hook (``kill_mid_multicast:R``: round
 R's partial goes to the lowest-ranked peer only, is acknowledged, then the
 process is SIGKILLed), so one survivor holds round R of the dead rank and the
-other never gets it from the dead rank itself. akorun.runtime.relay has the
+other never gets it from the dead rank itself. akorun.runtime.recovery.relay has the
 survivors forward it (authenticated by the dead rank's endorsement); both end
 holding the dead rank's rounds through R, each applied once, and equal
 replicas. The endorsement checks are tested without processes: a forwarder
@@ -25,7 +25,13 @@ from akocore.messages import Kind, Partial
 from akocore.optim import PlainSGD
 from akocore.schemes import AkoWorker, Replica
 from akorun.launching.cluster import new_settings
-from akorun.runtime.relay import HeldPartial, Relay, RelayStore, pack_messages, unpack_messages
+from akorun.runtime.recovery.relay import (
+    HeldPartial,
+    Relay,
+    RelayStore,
+    pack_messages,
+    unpack_messages,
+)
 from akorun.testing import LocalCluster
 from akorun.transport.control import ControlError
 from akorun.transport.keys import RELAY_TAG_BYTES, RequestVerifier, RunKeys, Signer
@@ -300,14 +306,14 @@ def test_survivors_agree_when_a_holder_answers_one_with_nothing_and_another_late
 
     async def withholding(sender: int, payload: dict[str, Any]) -> bytes:
         if sender == 2:
-            from akorun.runtime.relay import record_of
+            from akorun.runtime.recovery.relay import record_of
             contiguous, pending = record_of(nodes[0], LOST)
             return pack_messages(LOST, [], (contiguous - lying, pending))
         await asyncio.sleep(0.5)
         return await honest(sender, payload)
 
     asyncio.run(_agree(relays, withholding))
-    from akorun.runtime.relay import record_of
+    from akorun.runtime.recovery.relay import record_of
     assert record_of(nodes[1], LOST) == record_of(nodes[2], LOST) == (30, ())
     assert nodes[1].inbox is not None and nodes[2].inbox is not None
     np.testing.assert_array_equal(nodes[1].inbox, nodes[2].inbox)
@@ -327,7 +333,7 @@ def test_a_round_no_survivor_will_forward_fails_the_survivors_loudly() -> None:
     nodes, relays, _ = _survivors()
 
     async def withholding(sender: int, payload: dict[str, Any]) -> bytes:
-        from akorun.runtime.relay import record_of
+        from akorun.runtime.recovery.relay import record_of
         return pack_messages(LOST, [], record_of(nodes[0], LOST))
 
     asyncio.run(_agree(relays, withholding))

@@ -2,7 +2,7 @@
 
 Rank 0 is held before round 8 by the `pause_before_round` hook (a hung data
 loader or a deadlocked step: its event loop still answers). Its peers give it
-up once it has made no progress for 3 x the peer timeout (runtime.liveness),
+up once it has made no progress for 3 x the peer timeout (runtime.liveness.peer_liveness),
 answering heartbeats does not put it back, and every other rank ends by its
 own stop rule: ako and (Streaming) DiLoCo go on without it and finish with
 exit 0; ps and all-reduce training ranks stop with exit 1 and a line naming

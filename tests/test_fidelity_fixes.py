@@ -25,8 +25,8 @@ import pytest
 
 from akocore.records.results import RankResult, RunResult
 from akocore.workloads.flat import build_workload
-from akorun.runtime.result_files import merge_results, worker_summary
-from akorun.runtime.round_times import RoundTimes
+from akorun.runtime.records.result_files import merge_results, worker_summary
+from akorun.runtime.records.round_times import RoundTimes
 from akosim.cli import (
     compute_from_result,
     main,

@@ -1,6 +1,6 @@
 """A refusal forged on the path does not end a join; the peer's own refusal still does.
 
-The join (akorun.runtime.join) ends on a 400/401/409 only when the answer carries the
+The join (akorun.runtime.lifecycle.join) ends on a 400/401/409 only when the answer carries the
 tag bound to our hello (akorun.transport.answers). An untagged one is logged once and the
 hello goes again until the join timeout, like a peer not up yet. A peer whose keys differ
 cannot tag its 401 either: the join ends at the join timeout, not before, with exit 2 and
@@ -23,13 +23,13 @@ import pytest
 from akorun.errors import RunError, UsageError
 from akorun.launching.cluster import free_ports, new_settings, with_hosts, write_cluster_file
 from akorun.metrics import Metrics
-from akorun.runtime import greeting
-from akorun.runtime.join import Identity, Join
-from akorun.runtime.liveness import Liveness
-from akorun.runtime.phase import PhaseMachine
-from akorun.runtime.rejoin import Rejoin
-from akorun.runtime.waiting import Waiter
-from akorun.testing import LocalCluster
+from akorun.runtime.lifecycle import greeting
+from akorun.runtime.lifecycle.join import Identity, Join
+from akorun.runtime.lifecycle.phase import PhaseMachine
+from akorun.runtime.liveness.peer_liveness import Liveness
+from akorun.runtime.liveness.waiting import Waiter
+from akorun.runtime.recovery.rejoin import Rejoin
+from akorun.testing import BuiltWhen, LocalCluster, one_rank_context
 from akorun.transport.client import ControlAnswer
 from akorun.transport.control import ControlKind
 from tests.test_answers import Proxy, forged_answer
@@ -75,10 +75,10 @@ def join_of(*, timeout_s: float) -> tuple[Join, list[str]]:
     liveness = Liveness(rank=0, peers=[1], timeout_s=60.0, node=lambda: None,
                         clock=lambda: 0.0, metrics=Metrics(0, "worker"), phase=phase)
     built: list[str] = []
-    join = Join(identity=IDENTITY, peers=[1], hosts=["h:0", "h:1"], compute_measured_s=None,
-                timeout_s=timeout_s, phase=phase, waiter=Waiter(report_every_s=5.0),
-                liveness=liveness, node_built=lambda: bool(built),
-                build_node=lambda compute_s: built.append("node"))
+    context = one_rank_context(0, [1], role=BuiltWhen(built), phase=phase,
+                               hosts=("h:0", "h:1"), join_timeout_s=timeout_s)
+    join = Join(context, identity=IDENTITY, waiter=Waiter(report_every_s=5.0),
+                liveness=liveness, build_node=lambda compute_s: built.append("node"))
     return join, built
 
 
@@ -216,10 +216,9 @@ def test_a_rejoin_refused_only_untagged_is_retried_then_names_the_keys() -> None
     phase = PhaseMachine()
     liveness = Liveness(rank=0, peers=[1], timeout_s=0.1, node=lambda: None,
                         clock=lambda: 0.0, metrics=Metrics(0, "worker"), phase=phase)
-    rejoin = Rejoin(identity=IDENTITY, peers=[1], role=None,  # type: ignore[arg-type]
-                    peer_timeout_s=0.1, phase=phase, waiter=Waiter(report_every_s=5.0),
-                    liveness=liveness, outbox=None,  # type: ignore[arg-type]
-                    metrics=Metrics(0, "worker"), checkpoint=None, checkpoint_dir=None,
+    rejoin = Rejoin(one_rank_context(0, [1], phase=phase, peer_timeout_s=0.1),
+                    identity=IDENTITY, waiter=Waiter(report_every_s=5.0), liveness=liveness,
+                    outbox=None,  # type: ignore[arg-type]
                     build_node=lambda compute_s, p_of: None)
     client = Refusing()
     with pytest.raises(UsageError, match="only 401s without a tag we can check"):

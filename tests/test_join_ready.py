@@ -1,6 +1,6 @@
 """A rank that becomes ready tells every peer so, even one that told it first.
 
-The join's readiness barrier (akorun.runtime.join): a rank starts only once every peer
+The join's readiness barrier (akorun.runtime.lifecycle.join): a rank starts only once every peer
 said it is ready. A peer that said so while we were not ready yet still waits for our
 word; if we started without giving it, then died a few rounds later, that peer would
 take us for a rank that died in the join and end the run the others already train
@@ -14,10 +14,11 @@ import asyncio
 from typing import Any
 
 from akorun.metrics import Metrics
-from akorun.runtime.join import Identity, Join
-from akorun.runtime.liveness import Liveness
-from akorun.runtime.phase import PhaseMachine
-from akorun.runtime.waiting import Waiter
+from akorun.runtime.lifecycle.join import Identity, Join
+from akorun.runtime.lifecycle.phase import PhaseMachine
+from akorun.runtime.liveness.peer_liveness import Liveness
+from akorun.runtime.liveness.waiting import Waiter
+from akorun.testing import BuiltWhen, one_rank_context
 from akorun.transport.client import ControlAnswer
 from akorun.transport.control import ControlKind
 
@@ -50,10 +51,10 @@ def test_a_ready_rank_tells_a_peer_that_was_ready_first_before_it_starts() -> No
                         clock=lambda: 0.0, metrics=Metrics(0, "worker"), phase=phase)
     built: list[int] = []
     control = PeerReadyFirst()
-    join = Join(identity=IDENTITY, peers=[1], hosts=["h:0", "h:1"], compute_measured_s=None,
-                timeout_s=30.0, phase=phase, waiter=Waiter(report_every_s=5.0),
-                liveness=liveness, node_built=lambda: bool(built),
-                build_node=lambda compute_s: built.append(len(control.sent)))
+    context = one_rank_context(0, [1], role=BuiltWhen(built), phase=phase,
+                               hosts=("h:0", "h:1"), join_timeout_s=30.0)
+    join = Join(context, identity=IDENTITY, waiter=Waiter(report_every_s=5.0),
+                liveness=liveness, build_node=lambda compute_s: built.append(len(control.sent)))
     control.join = join
     asyncio.run(join.join(control))  # type: ignore[arg-type]
     assert built, "the node was not built"

@@ -1,7 +1,7 @@
 """Bad configuration across ranks is found at the join: exit 2 on every rank, within
 seconds, with one line naming the setting and both values.
 
-The comparison is a table of named settings (akorun.runtime.join `compared_settings`:
+The comparison is a table of named settings (akorun.runtime.lifecycle.join `compared_settings`:
 every key of the run's config and the entries of `COMPARED`); one loopback run of two
 ranks started with different learning rates checks what the user sees.
 """
@@ -15,7 +15,7 @@ import pytest
 
 from akocore.settings.toml_io import config_from_dict
 from akorun.launching.cluster import new_settings, write_cluster_file
-from akorun.runtime.join import COMPARED, JoinFacts, compared_settings, first_mismatch
+from akorun.runtime.lifecycle.join import COMPARED, JoinFacts, compared_settings, first_mismatch
 from akorun.testing import LocalCluster
 
 pytestmark = pytest.mark.timeout(150)

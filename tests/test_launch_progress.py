@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from akorun.launching.progress_line import ProgressBoard
-from akorun.runtime import startup_phase
-from akorun.runtime.startup_phase import StartupPhase, read_phase
+from akorun.runtime.lifecycle import startup_phase
+from akorun.runtime.lifecycle.startup_phase import StartupPhase, read_phase
 
 
 class Clock:

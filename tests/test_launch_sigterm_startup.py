@@ -3,7 +3,7 @@
 The fault hook ``2@pause_in_join`` holds rank 2 in its join (before its own
 hellos) until it is asked to stop; its server answers the others' hellos, but
 says it is not ready (it has not heard every rank), so ranks 0 and 1 wait in
-their join too: no rank trains a run another has not joined (akorun.runtime.join).
+their join too: no rank trains a run another has not joined (akorun.runtime.lifecycle.join).
 SIGTERM then goes to launch. Expected (docs/guide/failure.md): every rank
 ends within launch's kill grace (launch never needs its SIGKILL: its log says
 so when it does, and a killed rank would make it exit 1), every rank writes its

@@ -1,7 +1,7 @@
-"""A rank that leaves before it joined (runtime.join `leave`), piece by piece, in-process.
+"""A rank that leaves before it joined (runtime.lifecycle.join `leave`), piece by piece, in-process.
 
 The peers that are up are told (and only they); a peer already training takes
-the leaver out of its gate for good (runtime.liveness `left`); a peer still
+the leaver out of its gate for good (runtime.liveness.peer_liveness `left`); a peer still
 joining ends its join (RunError, or Interrupted when it is stopping too);
 launch counts a rank that stopped as asked while it was stopping as
 interrupted, not failed. The whole path, with real processes, is
@@ -24,10 +24,12 @@ from akorun.faults import Faults, faults_for
 from akorun.launching.cluster import new_settings
 from akorun.launching.local import Launcher, LaunchOptions
 from akorun.metrics import Metrics
-from akorun.runtime.join import Identity, Join
-from akorun.runtime.liveness import Liveness
-from akorun.runtime.phase import PhaseMachine
-from akorun.runtime.waiting import Waiter
+from akorun.runtime.lifecycle.join import Identity, Join
+from akorun.runtime.lifecycle.phase import PhaseMachine
+from akorun.runtime.liveness.peer_liveness import Liveness
+from akorun.runtime.liveness.waiting import Waiter
+from akorun.runtime.rank_context import RankEvents
+from akorun.testing import BuiltWhen, one_rank_context
 from akorun.transport.client import ControlAnswer
 from akorun.transport.control import ControlError, ControlKind
 
@@ -44,11 +46,18 @@ class Clock:
         return self.now_s
 
 
+def _recorded(events: list[str]) -> RankEvents:
+    """A rank's event hub whose wakes and peer changes land in `events`."""
+    hub = RankEvents()
+    hub.wake.subscribe(lambda: events.append("wake"))
+    hub.peer_changed.subscribe(lambda peer: events.append(f"notify {peer}"))
+    return hub
+
+
 def _liveness(node: AkoWorker | None, events: list[str]) -> Liveness:
     liveness = Liveness(rank=0, peers=[1, 2], timeout_s=3.0, node=lambda: node, clock=Clock(),
                         metrics=Metrics(0, "worker"), phase=PhaseMachine(),
-                        on_change=lambda: events.append("wake"),
-                        notify_sender=lambda peer: events.append(f"notify {peer}"))
+                        events=_recorded(events))
     liveness.started_s = 0.0
     liveness.heard_all()
     return liveness
@@ -72,9 +81,10 @@ class Control:
 
 
 def _join(liveness: Liveness, waiter: Waiter, *, built: bool = False) -> Join:
-    return Join(identity=IDENTITY, peers=[1, 2], hosts=["h:0", "h:1", "h:2"],
-                compute_measured_s=None, timeout_s=30.0, phase=liveness.phase, waiter=waiter,
-                liveness=liveness, node_built=lambda: built,
+    context = one_rank_context(0, [1, 2], role=BuiltWhen(["node"] if built else []),
+                               phase=liveness.phase, hosts=("h:0", "h:1", "h:2"),
+                               join_timeout_s=30.0)
+    return Join(context, identity=IDENTITY, waiter=waiter, liveness=liveness,
                 build_node=lambda compute_s: None)
 
 

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from akorun.memory_bound import AKORUN_VECTORS, RUNTIME_BYTES, memory_bound, outgoing_messages
-from akorun.runtime.relay import relay_bound_bytes
+from akorun.runtime.recovery.relay import relay_bound_bytes
 from akorun.transport.wire import HEADER_SIZE
 
 D = 27_350_016

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from akorun.launching.commands import main as akorun_main
-from akorun.runtime.result_files import max_relative_difference, nonfinite_replicas
+from akorun.runtime.records.result_files import max_relative_difference, nonfinite_replicas
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 
 pytestmark = pytest.mark.timeout(180)

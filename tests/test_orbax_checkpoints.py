@@ -23,8 +23,8 @@ pytest.importorskip("orbax.checkpoint")
 import jax  # noqa: E402
 
 import akorun  # noqa: E402
-from akorun.runtime.checkpoint_file import load_checkpoint  # noqa: E402
-from akorun.runtime.checkpoint_npz import npz_path, write_npz  # noqa: E402
+from akorun.runtime.records.checkpoint_file import load_checkpoint  # noqa: E402
+from akorun.runtime.records.checkpoint_npz import npz_path, write_npz  # noqa: E402
 from akorun.testing import REPO_ROOT, akorun_command  # noqa: E402
 from tests.test_examples import _env  # noqa: E402
 
@@ -126,7 +126,7 @@ def test_an_equinox_models_checkpoint_round_trips_through_its_own_leaf_order(
     loading puts every leaf back at its place in the flat vector."""
     pytest.importorskip("equinox")
     from akocore import build_workload
-    from akorun.runtime.checkpoint_file import Checkpoint, save_checkpoint
+    from akorun.runtime.records.checkpoint_file import Checkpoint, save_checkpoint
 
     workload = build_workload(str(REPO_ROOT / "examples/equinox_mlp/mymodel.py:make"))
     flat = np.arange(workload.param_count, dtype=np.float32) / workload.param_count

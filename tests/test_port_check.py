@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from akorun.errors import UsageError
-from akorun.launching.cluster import read_cluster_file, split_host
+from akorun.launching.cluster import read_cluster_file
+from akorun.runtime.endpoints import split_host
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 from akorun.transport.port_check import check_port_free
 

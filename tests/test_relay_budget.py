@@ -1,7 +1,7 @@
 """The relay's memory: by default a window of each peer's last min(2 s + 2, 2 p) rounds,
 wide enough for every round a gated survivor can lack (checked on simulated runs killed
 at random); with akorun.relay_budget a budget, by the documented formula
-(akorun.runtime.relay.keep_messages); after many rounds the store holds at most the
+(akorun.runtime.recovery.relay.keep_messages); after many rounds the store holds at most the
 stated bytes (relay_bound_bytes); the setting read from every layer."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from akocore.partition import partition_slice
 from akocore.schemes import AkoWorker, Replica
 from akocore.settings.layers import Given, Layer, resolve
 from akocore.settings.normalise import ConfigError
-from akorun.runtime.relay import (
+from akorun.runtime.recovery.relay import (
     RELAY_KEEP_GRADIENTS,
     HeldPartial,
     Relay,

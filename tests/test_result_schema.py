@@ -168,11 +168,11 @@ def test_the_mean_filling_rule_and_the_calibration_made_from_a_run() -> None:
 
 
 def test_both_backends_take_the_per_step_seed_from_akocore() -> None:
-    import akorun.runtime.training
+    import akorun.runtime.lifecycle.training
     import akosim.sim.sim_training
 
     assert akosim.sim.sim_training.step_seed is figures.step_seed
-    assert akorun.runtime.training.step_seed is figures.step_seed
+    assert akorun.runtime.lifecycle.training.step_seed is figures.step_seed
     assert figures.step_seed(3, 1, 7) != figures.step_seed(3, 2, 7)
     assert 0 <= figures.step_seed(10**9, 10**4, 10**6) < 2**31 - 1
 

@@ -1,4 +1,4 @@
-"""A rank's per-round series stay bounded however long it runs (akorun.runtime.round_times)
+"""A rank's per-round series stay bounded however long it runs (akorun.runtime.records.round_times)
 and the figures read from a thinned series are those of every round."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from akocore.records.run_figures import rank_figures
-from akorun.runtime.round_times import RoundTimes
+from akorun.runtime.records.round_times import RoundTimes
 
 
 def test_the_series_thin_by_doubling_the_stride_and_keep_round_stride_times_i() -> None:

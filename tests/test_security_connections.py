@@ -19,7 +19,8 @@ import pytest
 
 from akocore.settings.normalise import ConfigError
 from akocore.settings.schema import AkorunConfig
-from akorun.launching.cluster import allowed_networks, free_ports
+from akorun.launching.cluster import free_ports
+from akorun.runtime.endpoints import allowed_networks
 from akorun.testing import SinkHost
 from akorun.transport.server import Server
 

@@ -1,5 +1,5 @@
 """akosim's training stops as akorun's do: a stop by time ends every worker after the same
-round count, the most any worker had begun when the time ran out (akorun.runtime.stopping
+round count, the most any worker had begun when the time ran out (akorun.runtime.lifecycle.stopping
 agrees that count over the wire; akosim.sim.engine decides it in one place)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Every stop rule ends every scheme together: a run stopped by time has its training ranks
-agree on the last round (akorun.runtime.stopping), for ako, ps, all-reduce and wagma.
+agree on the last round (akorun.runtime.lifecycle.stopping), for ako, ps, all-reduce and wagma.
 
 Each scheme runs on loopback with a duration limit and a per-rank pause that makes
 the ranks reach the limit at different moments (rank 0's rounds are slower); every
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from akorun.runtime.stopping import StopAgreement
-from akorun.runtime.waiting import Waiter
+from akorun.runtime.lifecycle.stopping import StopAgreement
+from akorun.runtime.liveness.waiting import Waiter
 from akorun.testing import REPO_ROOT, akorun_command, child_test_env
 from akorun.transport.client import ControlAnswer
 from akorun.transport.control import ControlKind

@@ -276,7 +276,7 @@ def test_the_fingerprint_tells_workloads_apart_and_agrees_across_builds(factory_
 
 
 def test_the_join_refuses_a_peer_with_another_workload():
-    from akorun.runtime.join import Identity
+    from akorun.runtime.lifecycle.join import Identity
     from akorun.transport.control import ControlError
 
     ours = Identity(0, "run", "config", "params", workload="mymodel.py:make 1a2b")

@@ -164,8 +164,8 @@ class RankResult:
     mean_lag_rounds: float | None = field(default=None, metadata=meta(
         "rounds", "mean lag behind the freshest peer", "akosim"))
     details: Mapping[str, Any] = field(default_factory=dict, metadata=meta(
-        "", "akorun's other per-rank diagnostics (akorun.runtime.result_files.RankDiagnostics), "
-        "written "
+        "", "akorun's other per-rank diagnostics "
+        "(akorun.runtime.records.result_files.RankDiagnostics), written "
             "beside the keys above (peers, retries, warmup_s, params_sha256, ...); "
             "free-form, not compared", "akorun"))
 

@@ -263,7 +263,7 @@ class AkoWorker(SchemeNode):
 
         A folded message whose range partly overlaps rounds held already is taken
         for its new rounds with all its values: the shell must first take out of
-        it the values of the rounds it holds (akorun.runtime.relay `fold_in`)."""
+        it the values of the rounds it holds (akorun.runtime.recovery.relay `fold_in`)."""
         self.validate(msg)
         if msg.folded:
             if not self.log.record_range(msg.sender, msg.rounds_from, msg.round):

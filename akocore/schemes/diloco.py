@@ -61,7 +61,7 @@ it (all-reduce: the next live rank takes over the chunk it owned, and every
 survivor re-sends that chunk to it), and from then on average among
 themselves; if its delta reached some survivors and not others, their anchors
 differ by that one contribution (1/n of one pseudo-gradient) until the end of
-the run, unless re-synced (`adopt_agreed`, akorun.runtime.anchor_sync).
+the run, unless re-synced (`adopt_agreed`, akorun.runtime.recovery.anchor_sync).
 
 Rounds are inner steps (one local gradient each), as for every other scheme,
 so ``train.rounds`` counts inner steps and a run whose rounds are a multiple

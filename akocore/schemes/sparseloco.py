@@ -30,7 +30,7 @@ without a peer once the shell suspends it (silent past the peer timeout) or
 its final marker says it stopped before; they average what they received
 (a payload that reached some survivors and not others leaves their anchors
 apart: one averaged n decoded pseudo-gradients, the other n - 1, until
-akorun's anchor re-sync, akorun.runtime.anchor_sync). The lost member's
+akorun's anchor re-sync, akorun.runtime.recovery.anchor_sync). The lost member's
 accumulator e, what it had not sent yet, is lost with it.
 """
 

@@ -22,7 +22,7 @@ from akorun.launching.local import (
     LaunchOptions,
 )
 from akorun.launching.testbed.runner import TESTBEDS
-from akorun.runtime.worker import WorkerOptions
+from akorun.runtime.rank_options import WorkerOptions
 
 ArgumentParser = OneLineParser  # one-line errors: `akorun worker: error: ... (see --help)`, 2
 

@@ -49,9 +49,10 @@ from akocore.settings.cli_flags import flag_layer
 from akocore.settings.key_registry import RUN_SECTIONS, current
 from akocore.settings.layers import Given, Layer, ResolvedSettings, layer_of, resolve
 from akocore.settings.normalise import EMULATE_MODES, ConfigError
-from akocore.settings.schema import ALLOW_HOSTS, AkorunConfig, RunConfig
+from akocore.settings.schema import AkorunConfig, RunConfig
 from akocore.settings.toml_io import file_layer, set_layer
 from akorun.errors import UsageError
+from akorun.runtime.endpoints import split_host
 from akorun.transport.keys import RankKeys, read_rank_keys
 
 __all__ = ["AKORUN_TABLE", "DEFAULT_BASE_PORT", "EMULATE_MODES", "AkorunSettings", "ClusterFile",
@@ -330,12 +331,6 @@ def hosts_from_text(text: str, count: int, base_port: int = DEFAULT_BASE_PORT) -
     return tuple(hosts)
 
 
-def split_host(entry: str) -> tuple[str, int]:
-    """``host:port`` / ``[v6]:port`` -> (host, port)."""
-    host, _, port = entry.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -381,28 +376,6 @@ def check_distinct_endpoints(hosts: tuple[str, ...]) -> None:
                               f"{key[0]}:{key[1]} ({hosts[seen[key]]!r}, {entry!r}); give each "
                               f"rank its own port", "cluster.hosts")
         seen[key] = rank
-
-
-def allowed_networks(allow: tuple[str, ...], hosts: tuple[str, ...]
-                     ) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
-    """The networks `[akorun] allow` lets in: its addresses and networks, and for "hosts"
-    every address the entries of cluster.hosts resolve to (empty: no allow-list).
-    UsageError when a host of cluster.hosts does not resolve."""
-    networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
-    for item in allow:
-        if item != ALLOW_HOSTS:
-            networks.append(ipaddress.ip_network(item, strict=False))
-            continue
-        for entry in hosts:
-            host = split_host(entry)[0]
-            try:
-                infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-            except OSError as error:
-                raise UsageError(f"akorun.allow = hosts: cannot resolve {host!r} of "
-                                 f"cluster.hosts: {error.strerror or error}") from None
-            networks += [ipaddress.ip_network(str(info[4][0]).split("%")[0])
-                         for info in infos]
-    return tuple(dict.fromkeys(networks))
 
 
 def with_hosts(cfg: RunConfig, hosts: tuple[str, ...]) -> RunConfig:

@@ -31,6 +31,7 @@ from akocore.settings.normalise import ConfigError
 from akocore.settings.schema import RunConfig, TrainConfig
 from akocore.settings.toml_io import file_layer
 from akocore.units import UnitError
+from akocore.workloads.flat import FlatWorkload
 from akorun.errors import (
     EXIT_INTERRUPTED,
     EXIT_RUN_FAILED,
@@ -59,13 +60,14 @@ from akorun.launching.cluster import (
 )
 from akorun.launching.devices import device_env
 from akorun.launching.local import (
+    LAUNCHER_PID_ENV,
     LaunchOptions,
     check_run_directory,
     launch,
     share_host_cores,
     worker_flags,
 )
-from akorun.launching.merge_command import cmd_merge
+from akorun.launching.merge_command import cmd_merge, merge_if_complete
 from akorun.launching.rendezvous import address_from
 from akorun.launching.requests import InitRequest, LaunchRequest, RankRequest
 from akorun.launching.testbed.runner import TestbedOptions, launch_on_testbed
@@ -78,7 +80,9 @@ from akorun.runtime.island import (
     open_island,
 )
 from akorun.runtime.node_plan import check_role
-from akorun.runtime.worker import TLSOptions, WorkerOptions, run_rank
+from akorun.runtime.rank_options import TLSOptions, WorkerOptions
+from akorun.runtime.worker import Worker
+from akorun.runtime.worker import run_rank as run_rank_here
 from akorun.transport.keys import rank_key_file, write_rank_key_files
 from akorun.transport.port_check import check_port_free
 
@@ -252,8 +256,21 @@ def island_shape(settings: AkorunSettings, role: str) -> IslandShape:
                        processes=settings.processes_per_rank, platform=settings.platform)
 
 
+def run_rank(options: WorkerOptions, workload: FlatWorkload | None = None) -> Worker:
+    """Run one rank to its end (akorun.runtime.worker.run_rank), then merge the run's
+    records when this rank's out dir holds every rank's and no launcher will (a rank
+    started by hand, or by a scheduler)."""
+    worker = run_rank_here(options, workload)
+    out = options.out_dir
+    if out is not None and LAUNCHER_PID_ENV not in os.environ:
+        merge_if_complete(out, options.settings.run_id, options.config.cluster.workers,
+                          quiet=options.quiet)
+    return worker
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     options = rank_options(RankRequest.from_args(args), arg_layers(args, config_file=False))
+    assert isinstance(options.settings, AkorunSettings)  # what rank_options builds
     shape = island_shape(options.settings, args.role)
     share_host_cores(options.config.cluster.hosts, options.rank)
     process = island_process_index(os.environ)

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 from akocore.settings.schema import RunConfig
 from akorun.errors import UsageError
-from akorun.launching.cluster import AkorunSettings, free_ports, split_host
+from akorun.launching.cluster import AkorunSettings, free_ports
 from akorun.launching.devices import device_env, host_gpu_count
+from akorun.runtime.endpoints import split_host
 from akorun.runtime.island import COORDINATOR_ENV, PROCESS_ENV
 from akorun.runtime.node_plan import role_of
 

@@ -8,7 +8,7 @@ for all, and merges ``DIR/result.json`` (akorun.launching.run_merge). Ctrl-C or 
 stops the children gracefully: SIGTERM to each (they finish their round,
 flush and checkpoint), then SIGKILL after a grace period (the log says so). A
 rank stopped before it joined exits 130 after telling the peers that are up
-that it leaves, so that none waits for it (akorun.runtime.join); while
+that it leaves, so that none waits for it (akorun.runtime.lifecycle.join); while
 stopping, that exit (and a rank our SIGTERM ended before it could catch
 signals) counts as interrupted, not failed. The exit status is
 non-zero if any rank failed, and the message names it and shows the tail of
@@ -145,7 +145,7 @@ def share_host_cores(hosts: Sequence[str], rank: int) -> dict[str, str]:
     its share of the host's cores for XLA among the ranks of `hosts` ("host:port") that
     name its host (akocore.rank_threads; what `akorun launch` gives its children, which
     is kept). Called before JAX starts its CPU client. The variables it set."""
-    from akorun.launching.cluster import split_host
+    from akorun.runtime.endpoints import split_host
 
     mine = split_host(hosts[rank])[0]
     sharing = sum(1 for entry in hosts if split_host(entry)[0] == mine)

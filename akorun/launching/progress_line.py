@@ -2,7 +2,7 @@
 slowest training rank's rounds per second and the time left.
 
 Before a rank's server answers /status it says what it is doing in its phase file
-(akorun.runtime.startup_phase: loading the workload, measuring its step, compiling);
+(akorun.runtime.lifecycle.startup_phase: loading the workload, measuring its step, compiling);
 a rank that has said nothing yet is importing. Once /status answers, its
 state is shown with its round ("starting" there means it is joining); a rank whose
 /status stops answering is exiting (after done) or not answering, and an exited rank
@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from akorun.runtime.startup_phase import read_phase
+from akorun.runtime.lifecycle.startup_phase import read_phase
 
 RATE_WINDOW_S = 10.0  # the rate is taken over about this long
 TRAINING_STATES = ("running", "finishing", "done")

@@ -4,7 +4,8 @@ Every rank writes ``OUT/worker-R.json`` (its RankResult, which carries the run
 id and the configuration in its details) and ``OUT/worker-R.npz`` (its final
 parameters). `merge_ranks` reads those of one run from a directory and writes
 the run's ``OUT/result.json`` in the schema `akorun launch` writes
-(akocore.records.results.RunResult, assembled by akorun.runtime.result_files.merge_results): the
+(akocore.records.results.RunResult, assembled by
+akorun.runtime.records.result_files.merge_results): the
 launcher calls it with the exit statuses it saw; `merge_run` is the same from
 the files alone, for a run whose ranks were started by hand (with a shared
 ``--out`` directory, or their records copied into one).
@@ -40,7 +41,7 @@ from akocore.settings.schema import RunConfig
 from akocore.settings.toml_io import config_from_dict, config_to_dict
 from akorun.errors import UsageError
 from akorun.runtime.node_plan import role_of
-from akorun.runtime.result_files import merge_results, nonfinite_replicas, write_json
+from akorun.runtime.records.result_files import merge_results, nonfinite_replicas, write_json
 
 __all__ = ["MergeOutcome", "merge_ranks", "merge_run", "rank_records", "records_complete"]
 

@@ -210,7 +210,7 @@ def fault_hooks(faults: Faults, *, outbox: Outbox, gone: Callable[[int], bool],
 
 
 def relay_answer_hook(faults: Faults) -> Callable[[int], Awaitable[bool]] | None:
-    """The relay's hook before it answers a pull from a rank (akorun.runtime.relay): waits
+    """The relay's hook before it answers a pull from a rank (akorun.runtime.recovery.relay): waits
     ``relay_late`` seconds for its rank, and says False (answer with no messages) for the
     ``relay_withhold`` rank; None when neither fault is asked for."""
     if faults.relay_withhold is None and faults.relay_late is None:

@@ -7,7 +7,7 @@ before the join, whether the rank trains, whether it can go on without a lost
 peer, what its /status carries, where its parameters start in the full vector,
 and whether one signal stops it at once. What the rank can do to recover
 (checkpoints, ``--resume``, rejoin snapshots, the relay, catch-up) is the
-role's `recovery` (akorun.runtime.rank_recovery), chosen by what the scheme
+role's `recovery` (akorun.runtime.recovery.rank_recovery), chosen by what the scheme
 and its node say they can do. The rest of the runtime asks the role and its
 recovery instead of checking the scheme or the node's class.
 (akorun.runtime.node_plan holds the config-level helpers these build on:
@@ -29,7 +29,6 @@ from akocore.settings.schema import RunConfig
 from akocore.settings.toml_io import replace_in
 from akocore.workloads.flat import FlatWorkload
 from akorun.errors import RunError, UsageError
-from akorun.runtime.checkpoint_file import Checkpoint
 from akorun.runtime.node_plan import (
     NodePlan,
     make_node,
@@ -39,7 +38,8 @@ from akorun.runtime.node_plan import (
     scheme_of,
     training_workers,
 )
-from akorun.runtime.rank_recovery import RankRecovery, recovery_for
+from akorun.runtime.records.checkpoint_file import Checkpoint
+from akorun.runtime.recovery.rank_recovery import RankRecovery, recovery_for
 
 log = logging.getLogger("akorun")
 

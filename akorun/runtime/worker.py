@@ -1,42 +1,41 @@
 """One akorun process: the composition root that wires this rank's collaborators together.
 
+Every collaborator takes the rank's frozen `RankContext` (runtime.rank_context: rank,
+peers, role, phase, metrics, clock, spawn, settings) plus the few ports it talks to; what
+happens to the rank (a wake, a peer lost or back, a peer stuck, this rank given up) goes
+through the context's event hub, to which the collaborators are subscribed here.
+
 The life of a rank follows the driving loop in the docstring of akocore.schemes:
 
-    prepare (workload, warm-up compile, checkpoint)       runtime.prepare
-    join (hello every rank, p auto, build the node)       runtime.join
-      or rejoin (--resume, ako only)                      runtime.rejoin
-    the rounds, with evaluations and checkpoints          runtime.training
-    finish: flush, drain, settle, results, "done"         runtime.finishing
+    prepare (workload, warm-up compile, checkpoint)       runtime.lifecycle.prepare
+    join (hello every rank, p auto, build the node)       runtime.lifecycle.join
+      or rejoin (--resume, ako only)                      runtime.recovery.rejoin
+    the rounds, with evaluations and checkpoints          runtime.lifecycle.training
+    finish: flush, drain, settle, results, "done"         runtime.lifecycle.finishing
 
 while the server (akorun.transport.server) takes partials straight to the node (their
 Receipt effects are queued like any send, runtime.outbox) and control messages
-through the one `ControlTable` built here, and runtime.liveness suspends peers
-silent past the peer timeout and resumes them when they speak again (runtime.relay
+through the one `ControlTable` built here, and runtime.liveness.peer_liveness suspends peers
+silent past the peer timeout and resumes them when they speak again (runtime.recovery.relay
 then has the survivors forward each other what a lost rank sent to only some of
 them). The run's
-phase is a state machine (runtime.phase); what differs between ako, ps and
+phase is a state machine (runtime.lifecycle.phase); what differs between ako, ps and
 all-reduce ranks is the role object chosen once (runtime.roles); the fault test
 hooks are injected (runtime.fault_hooks, none by default). `Worker` itself
-only builds these, serves as the server's host and runs them in order. It is
-past ~500 lines because the wiring of every collaborator, and the few
-decisions that need several of them at once (a stuck peer, a member that
-sends malformed data), stay in this one composition root.
+only builds these, serves as the server's host and runs them in order; the few
+decisions that need several of them at once (a stuck peer, a member that sends
+malformed data) stay here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import os
 import signal
-import ssl
 import sys
 import threading
 import time
 from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -45,102 +44,45 @@ from akocore.codecs import Codec, codec_named
 from akocore.codecs.exchange import decoded
 from akocore.messages import Partial
 from akocore.records.results import RankResult
-from akocore.schemes import SchemeError
+from akocore.schemes import SchemeError, SchemeNode
 from akocore.schemes.registry import wire_codec
-from akocore.settings.key_registry import default_of
-from akocore.settings.schema import RunConfig
 from akocore.settings.toml_io import config_hash
 from akocore.workloads.flat import FlatWorkload
 from akorun.errors import Interrupted, RunError, UsageError
-from akorun.faults import Faults
-from akorun.launching.cluster import AkorunSettings, allowed_networks, split_host
 from akorun.metrics import Metrics
-from akorun.runtime.anchor_sync import AnchorSync
-from akorun.runtime.checkpoints import CheckpointWriter
-from akorun.runtime.evaluation import Evaluator
+from akorun.runtime.endpoints import allowed_networks, split_host, url_host
 from akorun.runtime.fault_hooks import fault_hooks, relay_answer_hook
-from akorun.runtime.finishing import Finisher
-from akorun.runtime.join import Identity, Join, JoinFacts, compared_settings
-from akorun.runtime.liveness import Liveness
+from akorun.runtime.lifecycle.evaluation import Evaluator
+from akorun.runtime.lifecycle.finishing import Finisher
+from akorun.runtime.lifecycle.join import Identity, Join, JoinFacts, compared_settings
+from akorun.runtime.lifecycle.phase import Phase, PhaseMachine
+from akorun.runtime.lifecycle.prepare import Prepared, prepare
+from akorun.runtime.lifecycle.startup_phase import StartupPhase
+from akorun.runtime.lifecycle.stopping import StopAgreement
+from akorun.runtime.lifecycle.training import TrainingLoop
+from akorun.runtime.liveness.peer_liveness import Liveness
+from akorun.runtime.liveness.waiting import GATE_STALL_TIMEOUTS, Waiter
 from akorun.runtime.node_plan import wire_hash
 from akorun.runtime.outbox import Outbox, emulated_links
-from akorun.runtime.phase import Phase, PhaseMachine
-from akorun.runtime.prepare import Prepared, prepare
-from akorun.runtime.rank_result import ResultBuilder
-from akorun.runtime.rejoin import Rejoin
-from akorun.runtime.relay import Relay
-from akorun.runtime.reporting import Reporter
+from akorun.runtime.rank_context import RankContext
+from akorun.runtime.rank_options import WorkerOptions
+from akorun.runtime.records.checkpoints import CheckpointWriter
+from akorun.runtime.records.rank_result import ResultBuilder, summary_line
+from akorun.runtime.records.reporting import Reporter
+from akorun.runtime.recovery.anchor_sync import AnchorSync
+from akorun.runtime.recovery.rejoin import Rejoin
+from akorun.runtime.recovery.relay import Relay
 from akorun.runtime.roles import role_for
-from akorun.runtime.startup_phase import StartupPhase
-from akorun.runtime.stopping import StopAgreement
-from akorun.runtime.training import TrainingLoop
-from akorun.runtime.waiting import GATE_STALL_TIMEOUTS, Waiter
 from akorun.transport.cancelling import cancel_and_wait
 from akorun.transport.client import ControlClient, binary_answer_cap, make_session
 from akorun.transport.control import ControlKind
 from akorun.transport.emulated_links import DownlinkShaper
 from akorun.transport.keys import RequestVerifier, RunKeys, Signer, restrict_new_files
 from akorun.transport.routing import ControlTable
-from akorun.transport.sender import DEFAULT_QUEUE_MESSAGES
 from akorun.transport.server import Server
 from akorun.transport.validation import NonFiniteValues, refuse_non_finite
 
 log = logging.getLogger("akorun")
-
-
-@dataclass(frozen=True)
-class TLSOptions:
-    cert: str | None = None
-    key: str | None = None
-    ca: str | None = None
-
-    @property
-    def enabled(self) -> bool:
-        return self.cert is not None
-
-    def server_context(self) -> ssl.SSLContext | None:
-        if self.cert is None or self.key is None:
-            return None
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(self.cert, self.key)
-        return context
-
-    def client_context(self) -> ssl.SSLContext | None:
-        """Verify peers against --tls-ca (else the system CAs) and the run's own
-        certificate, so a self-signed cluster certificate works without a CA."""
-        if not self.enabled:
-            return None
-        context = ssl.create_default_context(cafile=self.ca)
-        if self.cert is not None:
-            context.load_verify_locations(cafile=self.cert)
-        return context
-
-
-@dataclass(frozen=True)
-class WorkerOptions:
-    """Everything one process needs beyond the run config."""
-
-    rank: int
-    config: RunConfig
-    settings: AkorunSettings
-    out_dir: Path | None = None
-    checkpoint_dir: Path | None = None
-    checkpoint_every: int = default_of("akorun.checkpoint_every")
-    resume: bool = False
-    listen_host: str | None = None
-    emulate: bool = True
-    peer_timeout_s: float = default_of("akorun.peer_timeout")
-    join_timeout_s: float = default_of("akorun.join_timeout")
-    grace_s: float | None = None  # default: the peer timeout
-    progress_every_s: float = 5.0
-    quiet: bool = False
-    tls: TLSOptions = field(default_factory=TLSOptions)
-    faults: Faults = field(default_factory=Faults)
-    queue_messages: int = DEFAULT_QUEUE_MESSAGES
-
-
-def _loop_time() -> float:
-    return asyncio.get_running_loop().time()
 
 
 class Worker:
@@ -158,7 +100,7 @@ class Worker:
                              "(`akorun init` writes them)")
         self.endpoints = [split_host(entry) for entry in cfg.cluster.hosts]
         scheme = "https" if options.tls.enabled else "http"
-        self.base_urls = [f"{scheme}://{_url_host(h)}:{port}" for h, port in self.endpoints]
+        self.base_urls = [f"{scheme}://{url_host(h)}:{port}" for h, port in self.endpoints]
         self.role = role_for(cfg, self.rank)
         self.run_id = options.settings.run_id
         self.config_hash = config_hash(cfg)
@@ -166,37 +108,43 @@ class Worker:
         self.codec: Codec | None = codec_named(wire_codec(cfg.exchange))
         self.metrics = Metrics(self.rank, self.role.name)
         self.phase = PhaseMachine()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self.context = RankContext(
+            rank=self.rank, peers=tuple(self.peers), role=self.role, phase=self.phase,
+            metrics=self.metrics, spawn=self._spawn, hosts=cfg.cluster.hosts,
+            run_id=self.run_id, config_hash=self.config_hash,
+            peer_timeout_s=options.peer_timeout_s, join_timeout_s=options.join_timeout_s,
+            grace_s=options.grace_s if options.grace_s is not None else options.peer_timeout_s,
+            checkpoint_every=options.checkpoint_every, checkpoint_dir=options.checkpoint_dir,
+            out_dir=options.out_dir, wall_start_s=time.perf_counter())
+        self.events = events = self.context.events
+        self.liveness = Liveness(
+            rank=self.rank, peers=self.peers, timeout_s=options.peer_timeout_s,
+            node=self._node, clock=self.context.clock, metrics=self.metrics,
+            phase=self.phase, events=events)
         self.waiter = Waiter(report_every_s=max(5.0, options.peer_timeout_s / 2),
-                             stall_limit_s=GATE_STALL_TIMEOUTS * options.peer_timeout_s)
-        self.waiter.scheme = cfg.exchange.scheme
-        self.waiter.can_continue_without = self.role.can_continue_without
+                             stall_limit_s=GATE_STALL_TIMEOUTS * options.peer_timeout_s,
+                             scheme=cfg.exchange.scheme,
+                             can_continue_without=self.role.can_continue_without,
+                             peers=self.liveness, send_due=self._poll_due)
         self.keys = RunKeys(options.settings.rank_keys(self.rank, self.world))
         self.signer = Signer(self.keys)
         self.verifier = RequestVerifier(self.keys, world=self.world)
         self.outbox = Outbox(signer=self.signer, metrics=self.metrics,
-                             running=lambda: self.phase.is_(Phase.RUNNING),
-                             rounds_done=lambda: self.training.rounds_done)
-        self.waiter.send_due = self._poll_due
+                             running=self._running, rounds_done=self._rounds_done)
         self.relay = Relay(rank=self.rank, peers=self.peers, node=self.role.recovery.node,
                            codec=self.codec,
                            signer=self.signer, verifier=self.verifier,
                            peer_timeout_s=options.peer_timeout_s, deliver=self._on_relayed,
-                           lost_here=lambda peer: self._suspended(peer)
-                           or self.liveness.rejoining(peer),
-                           budget_bytes=options.settings.relay_budget_bytes)
-        self.relay.before_answer = relay_answer_hook(options.faults)
-        self.liveness = Liveness(
-            rank=self.rank, peers=self.peers, timeout_s=options.peer_timeout_s,
-            node=lambda: self.role.node, clock=_loop_time, metrics=self.metrics,
-            phase=self.phase, on_change=self.waiter.wake_up, notify_sender=self.outbox.notify,
-            on_lost=self.relay.peer_lost)
-        self.liveness.on_stuck = self._on_stuck
-        self.liveness.on_given_up_here = self._on_given_up_here
-        self.waiter.give_up = self.liveness.give_up
-        self.waiter.waits_itself = self.liveness.waiting_peers.__contains__
+                           lost_here=self._lost_here,
+                           budget_bytes=options.settings.relay_budget_bytes,
+                           before_answer=relay_answer_hook(options.faults))
+        events.wake.subscribe(self.waiter.wake_up)
+        events.peer_changed.subscribe(self.outbox.notify)
+        events.peer_lost.subscribe(self.relay.peer_lost)
+        events.peer_stuck.subscribe(self._on_stuck)
+        events.given_up_here.subscribe(self._on_given_up_here)
         self.downlink: DownlinkShaper | None = None  # emulated incoming NIC, set by run
-        self.wall_start_s = time.perf_counter()
-        self._tasks: list[asyncio.Task[Any]] = []
         self._signals = 0
         self.control: ControlClient | None = None  # set once the run's client exists
         self.refused_member: str | None = None  # the line, once a member sent malformed data
@@ -222,76 +170,53 @@ class Worker:
         Synchronous and before the event loop starts; user mistakes raise UsageError.
         `workload`: trained instead of the configured one (akorun.Exchange's bridge).
         """
-        options = self.options
+        options, context = self.options, self.context
         restrict_new_files()
         phase = StartupPhase(options.out_dir, self.rank)
-        self.prepared = prepare(self.cfg, self.role, run_id=self.run_id,
-                                config_hash=self.config_hash, resume=options.resume,
-                                checkpoint_dir=options.checkpoint_dir, workload=workload,
-                                phase=phase)
-        identity = Identity(self.rank, self.run_id, self.config_hash,
-                            self.prepared.params_sha256,
-                            workload=self.prepared.workload_identity,
+        self.prepared = prepared = prepare(
+            self.cfg, self.role, run_id=self.run_id, config_hash=self.config_hash,
+            resume=options.resume, checkpoint_dir=options.checkpoint_dir, workload=workload,
+            phase=phase)
+        identity = Identity(self.rank, self.run_id, self.config_hash, prepared.params_sha256,
+                            workload=prepared.workload_identity,
                             settings=compared_settings(JoinFacts(
-                                self.cfg, self.prepared.params_sha256,
-                                self.prepared.workload_identity)))
+                                self.cfg, prepared.params_sha256,
+                                prepared.workload_identity)))
         hooks = fault_hooks(options.faults, outbox=self.outbox, gone=self._suspended,
-                            hard_stop=lambda: self.waiter.hard_stop,
-                            stop_requested=lambda: self.waiter.stop_reason is not None)
-        self.join = Join(identity=identity, peers=self.peers, hosts=self.cfg.cluster.hosts,
-                         compute_measured_s=self.prepared.compute_measured_s,
-                         timeout_s=options.join_timeout_s, phase=self.phase,
-                         waiter=self.waiter, liveness=self.liveness,
-                         node_built=lambda: self.role.node is not None,
-                         build_node=self._build_node, peer_timeout_s=options.peer_timeout_s,
-                         on_greeted=hooks.greeted, held=hooks.in_join)
-        self.rejoin = Rejoin(identity=identity, peers=self.peers, role=self.role,
-                             peer_timeout_s=options.peer_timeout_s, phase=self.phase,
-                             waiter=self.waiter, liveness=self.liveness, outbox=self.outbox,
-                             metrics=self.metrics, relay=self.relay,
-                             checkpoint=self.prepared.checkpoint,
-                             checkpoint_dir=options.checkpoint_dir, build_node=self._build_node)
+                            hard_stop=self._hard_stop, stop_requested=self._stop_requested)
+        self.join = Join(context, identity=identity, build_node=self._build_node,
+                         compute_measured_s=prepared.compute_measured_s, faults=hooks,
+                         waiter=self.waiter, liveness=self.liveness)
+        self.rejoin = Rejoin(context, identity=identity, outbox=self.outbox,
+                             build_node=self._build_node, checkpoint=prepared.checkpoint,
+                             relay=self.relay, waiter=self.waiter, liveness=self.liveness)
         training_peers = [j for j in self.peers if role_for(self.cfg, j).trains]
         self.evaluator = Evaluator(
-            rank=self.rank, peers=self.peers, workload=self.prepared.workload,
-            metrics=self.metrics, waiter=self.waiter, gone=self._out_of_gate,
-            target_accuracy=self.cfg.train.target_accuracy, heard=self.liveness.heard,
-            spawn=self._spawn, training_ranks=[self.rank] * self.role.trains + training_peers)
-        checkpoints = CheckpointWriter(self.role, options.checkpoint_dir, self.prepared.workload,
+            context, workload=prepared.workload, waiter=self.waiter, gone=self._out_of_gate,
+            heard=self.liveness.heard,
+            training_ranks=[self.rank] * self.role.trains + training_peers)
+        checkpoints = CheckpointWriter(self.role, options.checkpoint_dir, prepared.workload,
                                        run_id=self.run_id, config_hash=self.config_hash)
-        self.training = TrainingLoop(
-            cfg=self.cfg, rank=self.rank, training_workers=self.role.training_workers,
-            workload=self.prepared.workload, metrics=self.metrics, outbox=self.outbox,
-            waiter=self.waiter, faults=hooks, evaluator=self.evaluator,
-            checkpoints=checkpoints, checkpoint_every=options.checkpoint_every,
-            recovery=self.role.recovery)
-        if self.prepared.checkpoint is not None:  # --duration counts the run's training time
-            self.training.trained_before_s = self.prepared.checkpoint.trained_s
-        checkpoints.trained_s = self.training.trained_s
         self.stopping = StopAgreement(
             rank=self.rank, training_peers=training_peers,
             waiter=self.waiter, gone=self._out_of_gate, spawn=self._spawn,
             heard=self.liveness.heard, patience_s=GATE_STALL_TIMEOUTS * options.peer_timeout_s)
-        self.training.agreement = self.stopping
-        self.anchor_sync = AnchorSync(rank=self.rank, peers=self.peers, role=self.role,
-                                      waiter=self.waiter, liveness=self.liveness,
-                                      peer_timeout_s=options.peer_timeout_s, spawn=self._spawn)
-        self.training.after_gate = self.anchor_sync.after_gate
+        self.anchor_sync = AnchorSync(context, waiter=self.waiter, liveness=self.liveness)
+        self.training = TrainingLoop(
+            context, prepared=prepared, outbox=self.outbox, waiter=self.waiter, faults=hooks,
+            evaluator=self.evaluator, checkpoints=checkpoints, agreement=self.stopping,
+            after_gate=self.anchor_sync.after_gate)
+        checkpoints.trained_s = self.training.trained_s
         self.liveness.busy_s = self.training.busy_s
         self.results = ResultBuilder(
-            role=self.role, prepared=self.prepared, metrics=self.metrics,
-            training=self.training, outbox=self.outbox, evaluator=self.evaluator,
-            waiter=self.waiter, run_id=self.run_id, config_hash=self.config_hash,
-            out_dir=options.out_dir, wall_start_s=self.wall_start_s, relay=self.relay)
+            context, prepared=prepared, training=self.training, outbox=self.outbox,
+            evaluator=self.evaluator, waiter=self.waiter, relay=self.relay)
         self.finisher = Finisher(
-            rank=self.rank, peers=self.peers, role=self.role, phase=self.phase,
-            waiter=self.waiter, outbox=self.outbox, liveness=self.liveness,
-            training=self.training, evaluator=self.evaluator, checkpoints=checkpoints,
-            results=self.results, relay_idle=self.relay.idle,
-            grace_s=options.grace_s if options.grace_s is not None else options.peer_timeout_s)
-        self.reporter = Reporter(role=self.role, phase=self.phase, metrics=self.metrics,
-                                 outbox=self.outbox, liveness=self.liveness, waiter=self.waiter,
-                                 run_id=self.run_id, config_hash=self.config_hash)
+            context, outbox=self.outbox, training=self.training, evaluator=self.evaluator,
+            checkpoints=checkpoints, results=self.results, relay_idle=self.relay.idle,
+            waiter=self.waiter, liveness=self.liveness)
+        self.reporter = Reporter(context, outbox=self.outbox, waiter=self.waiter,
+                                 liveness=self.liveness)
         self.control_table = ControlTable({
             ControlKind.HELLO: self.join.on_hello,
             ControlKind.STOP: self.stopping.on_stop if self.role.trains
@@ -306,19 +231,31 @@ class Worker:
             ControlKind.ANCHOR: self.anchor_sync.on_anchor,
         }, rank=self.rank, world=self.world)
 
+    # the few questions collaborators ask of the rank as a whole
+
+    def _node(self) -> SchemeNode | None:
+        return self.role.node
+
+    def _running(self) -> bool:
+        return self.phase.is_(Phase.RUNNING)
+
+    def _rounds_done(self) -> int:
+        return self.training.rounds_done
+
+    def _hard_stop(self) -> bool:
+        return self.waiter.hard_stop
+
+    def _stop_requested(self) -> bool:
+        return self.waiter.stop_reason is not None
+
+    def _lost_here(self, peer: int) -> bool:
+        """The relay forwards a lost peer's partials only when it is lost here too."""
+        return self._suspended(peer) or self.liveness.rejoining(peer)
+
     def _build_node(self, compute_s: float | None, p_of: Sequence[int] | None = None) -> None:
         prepared = self.prepared
         plan = self.role.build_node(prepared.workload, prepared.optimizer, compute_s, p_of)
         self.keys.bind_wire_hash(wire_hash(self.cfg, prepared.params_sha256, plan.p_of))
-
-    def _write_unjoined_result(self) -> None:
-        """Stopped before the join ended: the result says so (no round); a failed write
-        is one log line (the stop is what the user asked for)."""
-        try:
-            self.results.write()
-        except OSError as error:
-            log.error("%s: results not written: %s", self.results.out_dir,
-                      error.strerror or error)
 
     def _suspended(self, peer: int) -> bool:
         node = self.role.node
@@ -391,7 +328,7 @@ class Worker:
     def _refused_member(self, sender: int, reason: str) -> None:
         """An authenticated member sent what a correct one never sends: the run cannot
         be one model any more. Stop at once with one line naming it, and tell every
-        peer (it too) to stop: every rank exits 1 (runtime.join's ``leave``)."""
+        peer (it too) to stop: every rank exits 1 (runtime.lifecycle.join's ``leave``)."""
         if self.refused_member is not None or self.waiter.hard_stop:
             return
         line = (f"rank {sender} sent data a correct member never sends ({reason}); "
@@ -431,7 +368,7 @@ class Worker:
 
     def _on_relayed(self, partial: Partial) -> bool:
         """A partial of a lost peer another survivor forwarded (its endorsement checked,
-        akorun.runtime.relay): taken like one of its own, but no evidence that it lives."""
+        akorun.runtime.recovery.relay): taken like one of its own, but no evidence that it lives."""
         node = self.role.node
         assert node is not None
         partial = _decoded(partial)
@@ -504,7 +441,7 @@ class Worker:
                     if isinstance(error, RunError):
                         await self.join.linger_failed()  # for the ranks still starting
                     if isinstance(error, Interrupted):
-                        self._write_unjoined_result()
+                        self.results.write_unjoined()
                     raise
             self.metrics.state = self.phase.name
             self._spawn(self.liveness.monitor(control))
@@ -535,38 +472,16 @@ class Worker:
             self.evaluator.shutdown()
 
 
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
-
-
 def run_rank(options: WorkerOptions, workload: FlatWorkload | None = None) -> Worker:
     """Run one rank to its end in this thread (`akorun worker`, `akorun.run_worker`; an island
-    gives its `workload` ready); its record is `worker.rank_result`, written to any out dir."""
+    gives its `workload` ready); its record is `worker.rank_result`, written to any out dir
+    (the launcher merges the run's records, akorun.launching.commands)."""
     worker = Worker(options)
     worker.prepare(workload)
     asyncio.run(worker.run())
-    out = options.out_dir
-    if out is not None and not options.quiet:
+    if options.out_dir is not None and not options.quiet:
         sys.stderr.write(summary_line(worker.rank_result) + "\n")
-    from akorun.launching.local import LAUNCHER_PID_ENV
-    from akorun.launching.merge_command import merge_if_complete
-
-    if out is not None and LAUNCHER_PID_ENV not in os.environ:
-        merge_if_complete(out, options.settings.run_id, options.config.cluster.workers,
-                          quiet=options.quiet)
     return worker
-
-
-def summary_line(result: RankResult) -> str:
-    """One human line for the end of a run."""
-    round_time = result.round_time_s
-    parts = [f"rank {result.rank} ({result.role})", f"{result.rounds} rounds"]
-    if round_time is not None and math.isfinite(round_time):
-        parts.append(f"{round_time * 1e3:.2f} ms/round")
-    if result.final_accuracy is not None:
-        parts.append(f"accuracy {result.final_accuracy:.4f}")
-    parts.append(f"sent {result.bytes_sent / 1e6:.2f} MB")
-    return ", ".join(parts)
 
 
 def _decoded(partial: Partial) -> Partial:

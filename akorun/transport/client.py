@@ -47,7 +47,7 @@ DEFAULT_BINARY_ANSWER_MAX_BYTES = 64 << 20  # until the worker knows its model's
 
 def binary_answer_cap(gradient_bytes: int) -> int:
     """The largest binary control answer a rank reads: a relay answer holds at most two
-    full gradients of a lost peer (akorun.runtime.relay), a rejoin snapshot the parameters
+    full gradients of a lost peer (akorun.runtime.recovery.relay), a rejoin snapshot the parameters
     and one correction vector, each plus headers; four gradients and 1 MiB cover both."""
     return 4 * gradient_bytes + (1 << 20)
 

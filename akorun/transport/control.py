@@ -7,7 +7,7 @@ instances' nonces, a counter, the body's BLAKE3 digest and a keyed tag) and
 whose answer carries a tag bound to that request, so neither side acts on a
 control message that is forged, replayed (from an earlier run, an earlier
 instance of a rank, or earlier in this session) or answered for another
-request. The snapshot and relay answers are binary (relay: akorun.runtime.relay);
+request. The snapshot and relay answers are binary (relay: akorun.runtime.recovery.relay);
 the snapshot's is a 4-byte little-endian JSON length,
 the JSON, then raw little-endian float32 arrays named in the JSON.
 

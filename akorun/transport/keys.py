@@ -27,7 +27,7 @@ section gives the argument):
   rank k, a 16-byte tag over its header keyed with the session key to k, so
   that a peer holding it can forward it to k when its sender is lost and k
   can check it came, unchanged, from that sender (`Signer.endorse`,
-  `RequestVerifier.endorsed`; akorun.runtime.relay).
+  `RequestVerifier.endorsed`; akorun.runtime.recovery.relay).
 
 Over 500 lines because keys, sessions, seals and endorsements share one key
 schedule and one set of encodings: split apart, each half would re-derive or
@@ -368,7 +368,7 @@ class Signer:
         `RELAY_TAG_BYTES` tag per other rank in rank order, keyed with the session key from
         this instance to that rank's current instance (zeros for a rank whose nonce is not
         known). Sent to every destination alike: rank k can check only its own tag, so a
-        peer that holds the message can forward it to k (akorun.runtime.relay) and k can
+        peer that holds the message can forward it to k (akorun.runtime.recovery.relay) and k can
         tell it came from this rank, unchanged; no rank can make or alter one for another."""
         sessions = self.sessions
         tags = []

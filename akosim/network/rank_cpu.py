@@ -1,7 +1,7 @@
 """Each rank's message handling as CPU time of that rank, serialised with its steps.
 
 akorun runs a rank's gradient step in a worker thread (``asyncio.to_thread`` in
-akorun/runtime/training.py) while its event loop receives, verifies, decodes
+akorun/runtime/lifecycle/training.py) while its event loop receives, verifies, decodes
 and applies the peers' messages (akorun/transport/server.py) and seals and encodes its
 own (akorun/runtime/outbox.py, the encoding also in a thread). XLA releases the
 GIL while it computes, so with a free core the two overlap. On the netns

@@ -166,7 +166,7 @@ class Simulation:
         self._ended: list[int] = []  # per round index: workers that have ended it
         # training (drain): a stop by time or request ends every worker after the same
         # round count, the most any worker had begun when it was decided (as akorun's
-        # akorun.runtime.stopping agrees it), so no lockstep peer waits for a round its
+        # akorun.runtime.lifecycle.stopping agrees it), so no lockstep peer waits for a round its
         # stopped peer never runs
         self._begun = {rank: 0 for rank in self.workers}
         self._last_rounds: int | None = None

@@ -2,61 +2,64 @@
 
 `ResultBuilder.result` gathers what the run measured from the collaborators
 that measured it into a `RankResult` (akocore.records.results; the summary fields from
-akorun.runtime.result_files.worker_summary, the diagnostics the schema does not compare as
-akorun.runtime.result_files.RankDiagnostics).
+akorun.runtime.records.result_files.worker_summary, the diagnostics the schema does not compare as
+akorun.runtime.records.result_files.RankDiagnostics); `summary_line` is the one human line a
+rank prints at its end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 import os
 import resource
 import time
-from pathlib import Path
 
 import numpy as np
 
 from akocore.records.results import RankResult
 from akocore.settings.toml_io import config_to_dict
-from akorun.metrics import Metrics
-from akorun.runtime.evaluation import Evaluator
+from akorun.runtime.lifecycle.evaluation import Evaluator
+from akorun.runtime.lifecycle.prepare import Prepared
+from akorun.runtime.lifecycle.training import TrainingLoop
+from akorun.runtime.liveness.waiting import Waiter
 from akorun.runtime.node_plan import params_digest
 from akorun.runtime.outbox import Outbox
-from akorun.runtime.prepare import Prepared
-from akorun.runtime.relay import Relay
-from akorun.runtime.result_files import (
+from akorun.runtime.rank_context import RankContext
+from akorun.runtime.records.result_files import (
     RankDiagnostics,
     checked_rank_result,
     worker_summary,
     write_rank_result,
 )
-from akorun.runtime.roles import Role
-from akorun.runtime.training import TrainingLoop
-from akorun.runtime.waiting import Waiter
+from akorun.runtime.recovery.relay import Relay
+
+log = logging.getLogger("akorun")
 
 
 class ResultBuilder:
     """The result of one rank, built at the end from its collaborators."""
 
-    def __init__(self, *, role: Role, prepared: Prepared, metrics: Metrics,
-                 training: TrainingLoop, outbox: Outbox, evaluator: Evaluator, waiter: Waiter,
-                 run_id: str, config_hash: str, out_dir: Path | None,
-                 wall_start_s: float, relay: Relay | None = None) -> None:
+    def __init__(self, context: RankContext, *, prepared: Prepared, training: TrainingLoop,
+                 outbox: Outbox, evaluator: Evaluator, waiter: Waiter,
+                 relay: Relay | None = None) -> None:
+        role = context.role
         self.role = role
         self.cfg = role.cfg
         self.rank = role.rank
         self.world = role.cfg.cluster.workers
         self.training_workers = role.training_workers
         self.prepared = prepared
-        self.metrics = metrics
+        self.metrics = context.metrics
         self.training = training
         self.outbox = outbox
         self.evaluator = evaluator
         self.waiter = waiter
-        self.run_id = run_id
-        self.config_hash = config_hash
-        self.out_dir = out_dir
-        self.wall_start_s = wall_start_s
+        self.run_id = context.run_id
+        self.config_hash = context.config_hash
+        self.out_dir = out_dir = context.out_dir
+        self.wall_start_s = context.wall_start_s
         self.relay = relay
         self.last: RankResult | None = None  # what `write` built last
         if out_dir is not None:  # temp files of a killed earlier start of this rank
@@ -136,6 +139,14 @@ class ResultBuilder:
             model_bytes=self.prepared.workload.gradient_bytes,
             details=diagnostics.as_details())
 
+    def write_unjoined(self) -> None:
+        """Stopped before the join ended: the result says so (no round); a failed write
+        is one log line (the stop is what the user asked for)."""
+        try:
+            self.write()
+        except OSError as error:
+            log.error("%s: results not written: %s", self.out_dir, error.strerror or error)
+
     def write(self) -> None:
         """Build the result, check it against the schema and write the files."""
         out = self.out_dir
@@ -158,3 +169,14 @@ class ResultBuilder:
                 tmp.unlink(missing_ok=True)
                 raise
 
+
+def summary_line(result: RankResult) -> str:
+    """One human line for the end of a run."""
+    round_time = result.round_time_s
+    parts = [f"rank {result.rank} ({result.role})", f"{result.rounds} rounds"]
+    if round_time is not None and math.isfinite(round_time):
+        parts.append(f"{round_time * 1e3:.2f} ms/round")
+    if result.final_accuracy is not None:
+        parts.append(f"accuracy {result.final_accuracy:.4f}")
+    parts.append(f"sent {result.bytes_sent / 1e6:.2f} MB")
+    return ", ".join(parts)

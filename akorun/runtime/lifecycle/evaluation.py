@@ -9,7 +9,7 @@ stop's): where replicas differ between syncs (DiLoCo's inner steps, Ako's
 partial exchange), the first of three to touch the target by chance would
 stop the run early with a time to target no record shows. Reaching it stops
 this rank; the training loop has every training rank agree on the last round
-(runtime.stopping, control ``stop``). A rank that does not train answers a
+(runtime.lifecycle.stopping, control ``stop``). A rank that does not train answers a
 ``stop`` here: it stops too.
 """
 
@@ -17,36 +17,33 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from akocore.workloads.flat import FlatWorkload
-from akorun.metrics import Metrics
-from akorun.runtime.waiting import Waiter
+from akorun.runtime.liveness.waiting import Waiter
+from akorun.runtime.rank_context import RankContext
 from akorun.transport.client import ControlClient
 
 
 class Evaluator:
     """Evaluations of one rank and the stops they lead to."""
 
-    def __init__(self, *, rank: int, peers: Sequence[int], workload: FlatWorkload,
-                 metrics: Metrics, waiter: Waiter, target_accuracy: float | None,
-                 heard: Callable[[int], None],
-                 spawn: Callable[[Coroutine[Any, Any, Any]], None],
-                 training_ranks: Sequence[int] = (),
+    def __init__(self, context: RankContext, *, workload: FlatWorkload, waiter: Waiter,
+                 heard: Callable[[int], None], training_ranks: Sequence[int] = (),
                  gone: Callable[[int], bool] = lambda peer: False) -> None:
-        self.rank = rank
-        self.peers = list(peers)
-        self.training_ranks = sorted(training_ranks) or [rank]
+        self.rank = context.rank
+        self.peers = list(context.peers)
+        self.training_ranks = sorted(training_ranks) or [context.rank]
         self.gone = gone  # a peer out of the run (suspended, left, lost)
         self.workload = workload
-        self.metrics = metrics
+        self.metrics = context.metrics
         self.waiter = waiter
-        self.target_accuracy = target_accuracy
+        self.target_accuracy = context.cfg.train.target_accuracy
         self.heard = heard
-        self.spawn = spawn  # run a background task the worker cancels at the end
+        self.spawn = context.spawn  # run a background task the worker cancels at the end
         self.control: ControlClient | None = None  # set once the session exists
         self.final_accuracy: float | None = None
         self.running = False
@@ -86,7 +83,7 @@ class Evaluator:
                 or not self.judges_target:
             return
         # the training loop then has every training rank agree on the last round
-        # (runtime.stopping), which tells the peers
+        # (runtime.lifecycle.stopping), which tells the peers
         self.waiter.request_stop(f"target accuracy {target} reached ({accuracy:.4f} at round "
                                  f"{round_})")
 

@@ -1,14 +1,14 @@
 """The rejoin handshake (``--resume``, a recoverable rank only), both sides.
 
 The node it rejoins or donates with is the one the role's recovery hands out
-(akorun.runtime.rank_recovery): a node that is
+(akorun.runtime.recovery.rank_recovery): a node that is
 akocore.schemes.recovery.Recoverable (ako's).
 
 Joiner: answer partials with 503 "rejoining"; ask every peer what it
 acknowledged, dropped and received (``rejoin-hello``); get a snapshot from the
 most advanced live peer once it holds everything the dead process had
 acknowledged (``snapshot``), and every partial of the dead process that any
-live peer holds (the donor pulls them first, akorun.runtime.relay); adopt it;
+live peer holds (the donor pulls them first, akorun.runtime.recovery.relay); adopt it;
 tell every peer the first new round (``restart``); go on. Exact for plain SGD
 when the crash landed between two rounds, and after a kill in the middle of a
 round's sends too: before it takes the restart, every live peer pulls the dead
@@ -30,22 +30,21 @@ from typing import Any
 
 from akocore.schemes import Recoverable, RecoveryState, RejoinSnapshot, SchemeError
 from akorun.errors import RunError, UsageError
-from akorun.metrics import Metrics
-from akorun.runtime.checkpoint_file import (
+from akorun.runtime.lifecycle.greeting import Unverified, greet, until
+from akorun.runtime.lifecycle.join import Identity
+from akorun.runtime.lifecycle.phase import Phase
+from akorun.runtime.liveness.peer_liveness import Liveness
+from akorun.runtime.liveness.waiting import Waiter
+from akorun.runtime.outbox import Outbox
+from akorun.runtime.rank_context import RankContext
+from akorun.runtime.records.checkpoint_file import (
     Checkpoint,
     checkpoint_path,
     log_from_json,
     log_to_json,
     restore_optimizer_state,
 )
-from akorun.runtime.greeting import Unverified, greet, until
-from akorun.runtime.join import Identity
-from akorun.runtime.liveness import Liveness
-from akorun.runtime.outbox import Outbox
-from akorun.runtime.phase import Phase, PhaseMachine
-from akorun.runtime.relay import Relay
-from akorun.runtime.roles import Role
-from akorun.runtime.waiting import Waiter
+from akorun.runtime.recovery.relay import Relay
 from akorun.transport import control
 from akorun.transport.client import ControlClient
 from akorun.transport.control import ControlError, ControlKind
@@ -59,25 +58,23 @@ RELAY_PATIENCE_S = 3.0  # a donor or a restart waits this long at most for a pul
 class Rejoin:
     """Both sides of the rejoin handshake."""
 
-    def __init__(self, *, identity: Identity, peers: Sequence[int], role: Role,
-                 peer_timeout_s: float, phase: PhaseMachine, waiter: Waiter,
-                 liveness: Liveness, outbox: Outbox, metrics: Metrics,
-                 checkpoint: Checkpoint | None, checkpoint_dir: Path | None,
+    def __init__(self, context: RankContext, *, identity: Identity, waiter: Waiter,
+                 liveness: Liveness, outbox: Outbox,
                  build_node: Callable[[float | None, Sequence[int] | None], None],
-                 relay: Relay | None = None) -> None:
+                 checkpoint: Checkpoint | None = None, relay: Relay | None = None) -> None:
         self.identity = identity
         self.rank = identity.rank
-        self.peers = list(peers)
-        self.role = role
-        self.peer_timeout_s = peer_timeout_s
-        self.phase = phase
+        self.peers = list(context.peers)
+        self.role = context.role
+        self.peer_timeout_s = context.peer_timeout_s
+        self.phase = context.phase
         self.waiter = waiter
         self.liveness = liveness
         self.outbox = outbox
-        self.metrics = metrics
+        self.metrics = context.metrics
         self.relay = relay  # before a snapshot or a restart: pull what the dead process left
         self.checkpoint = checkpoint
-        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_dir = context.checkpoint_dir
         self.build_node = build_node
         self.reported_highest: dict[int, int] = {}  # joiner -> its highest round we held
 

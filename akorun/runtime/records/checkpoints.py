@@ -2,7 +2,7 @@
 
 What the checkpoint holds beyond the common fields is the role's
 (`Role.checkpoint`: ako workers add their buffers and delivery log). The format
-is akorun.runtime.checkpoint_file's (an Orbax checkpoint whose ``params`` are the
+is akorun.runtime.records.checkpoint_file's (an Orbax checkpoint whose ``params`` are the
 user's pytree: the writer is given the workload's `unravel`).
 
 A failed periodic write (a full or broken disk: any OSError, or any error Orbax
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from akocore.workloads.flat import FlatWorkload
-from akorun.runtime.checkpoint_file import (
+from akorun.runtime.records.checkpoint_file import (
     Checkpoint,
     checkpoint_path,
     optimizer_leaves,
@@ -53,7 +53,7 @@ class CheckpointWriter:
         self.run_id = run_id
         self.config_hash = config_hash
         self.failures = 0
-        # the run's training seconds so far, across resumes (akorun.runtime.training)
+        # the run's training seconds so far, across resumes (akorun.runtime.lifecycle.training)
         self.trained_s: Callable[[], float] = lambda: 0.0
         if directory is not None:
             remove_stale_temp_files(directory, role.rank)

@@ -304,12 +304,14 @@ class Relay:
                  signer: Signer, verifier: RequestVerifier, peer_timeout_s: float,
                  deliver: Callable[[Partial], bool],
                  lost_here: Callable[[int], bool] = lambda peer: True,
-                 codec: Codec | None = None, budget_bytes: int = 0) -> None:
+                 codec: Codec | None = None, budget_bytes: int = 0,
+                 before_answer: Callable[[int], Awaitable[bool]] | None = None) -> None:
         self.rank = rank
         self.codec = codec  # the run's codec: forwarded messages may be coded with it
         self.budget_bytes = budget_bytes  # akorun.relay_budget; 0: keep_rounds
         self.peers = list(peers)
-        self.node = node  # the rank's recoverable node (runtime.rank_recovery); None: no relay
+        # the rank's recoverable node (runtime.recovery.rank_recovery); None: no relay
+        self.node = node
         self.signer = signer
         self.verifier = verifier
         self.peer_timeout_s = peer_timeout_s
@@ -326,7 +328,7 @@ class Relay:
         self._incoming: dict[tuple[int, int, int], bytes] = {}
         # a fault hook awaited before answering a pull from a rank: False = answer with no
         # messages (akorun.runtime.fault_hooks.relay_answer_hook; None outside fault tests)
-        self.before_answer: Callable[[int], Awaitable[bool]] | None = None
+        self.before_answer = before_answer
         self._pulls: set[asyncio.Task[int]] = set()
         self._lost_pulls: set[int] = set()  # origins with an agreement task under way
         self._pulling: set[tuple[int, int]] = set()  # (origin, holder) pulls under way

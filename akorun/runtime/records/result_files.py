@@ -73,7 +73,7 @@ def worker_summary(*, scheme: str, p_of: Sequence[int] | None, ssp: float, worke
 
     `bytes_sent`: bytes sent during the rounds (the flush excluded, as akosim);
     `bytes_flush`: the final flush's, reported apart; the series hold every
-    `round_stride`-th of `rounds` rounds (akorun.runtime.round_times).
+    `round_stride`-th of `rounds` rounds (akorun.runtime.records.round_times).
     """
     p_tuple = tuple(int(p) for p in p_of) if p_of else ()
     figures = rank_figures(round_end_s=round_end_s, compute_s=compute_s, wait_s=wait_s,
@@ -107,8 +107,9 @@ class RankDiagnostics:
     run_id: str
     config_hash: str
     peers: Mapping[str, Any]  # per peer counters (akorun.metrics)
-    config: Mapping[str, Any]  # the configuration, as akocore.settings.toml_io.config_to_dict
-    relayed_in: int = 0  # partials of lost peers forwarded here by survivors (runtime.relay)
+    config: Mapping[str, Any]  # the configuration, as akocore.config.config_to_dict
+    # partials of lost peers forwarded here by survivors (runtime.recovery.relay)
+    relayed_in: int = 0
     relayed_out: int = 0  # ... forwarded by this rank to survivors
     relay_refused: int = 0  # forwarded partials refused (endorsement or wire check failed)
     relay_peak_bytes: int = 0  # most bytes of peers' values the relay held at once

@@ -8,7 +8,7 @@ suspended from the SSP gate and reported; it rejoins the gate as soon as it
 is heard again, unless it is between its rejoin-hello and its restart. Peers
 not heard, or with nothing new, for a third of the timeout are sent a
 heartbeat. A peer that said
-it leaves before it joined (`left`: stopped while starting, runtime.join)
+it leaves before it joined (`left`: stopped while starting, runtime.lifecycle.join)
 sends nothing ever: it is out of the gate at once, for good. A ``done`` counts
 only once that peer's final message is held (`is_done`); only such a peer,
 which owes nothing more, is exempt from the timeout. Nothing ever waits
@@ -16,11 +16,11 @@ forever on a dead peer.
 
 A stuck peer is given up too: one that answers heartbeats but makes no
 progress. Its heartbeat answers say how long it has been in its own work for
-its current round (`busy_s`, runtime.training); past `STUCK_TIMEOUTS` x the
+its current round (`busy_s`, runtime.lifecycle.training); past `STUCK_TIMEOUTS` x the
 peer timeout it is given up (`give_up`: one error line naming it, suspended,
-what it sent to only some peers repaired, and `on_stuck` lets the scheme
+what it sent to only some peers repaired, and the `peer_stuck` event lets the scheme
 stop when it cannot go on without it). The gate gives up a blocker that
-sends nothing new for as long (runtime.waiting). A given-up peer is NOT
+sends nothing new for as long (runtime.liveness.waiting). A given-up peer is NOT
 re-admitted because it answers: only a new message of a round it had not
 reached when it was given up puts it back in the gate.
 
@@ -40,8 +40,9 @@ from typing import Any
 
 from akocore.schemes import SchemeNode
 from akorun.metrics import Metrics
-from akorun.runtime.phase import Phase, PhaseMachine
-from akorun.runtime.waiting import GATE_STALL_TIMEOUTS as STUCK_TIMEOUTS
+from akorun.runtime.lifecycle.phase import Phase, PhaseMachine
+from akorun.runtime.liveness.waiting import GATE_STALL_TIMEOUTS as STUCK_TIMEOUTS
+from akorun.runtime.rank_context import RankEvents
 from akorun.transport.client import ControlClient
 from akorun.transport.control import ControlError, ControlKind
 
@@ -54,9 +55,7 @@ class Liveness:
     def __init__(self, *, rank: int, peers: Sequence[int], timeout_s: float,
                  node: Callable[[], SchemeNode | None], clock: Callable[[], float],
                  metrics: Metrics, phase: PhaseMachine,
-                 on_change: Callable[[], None] = lambda: None,
-                 notify_sender: Callable[[int], None] = lambda peer: None,
-                 on_lost: Callable[[int], None] = lambda peer: None) -> None:
+                 events: RankEvents | None = None) -> None:
         self.rank = rank
         self.peers = list(peers)
         self.timeout_s = timeout_s
@@ -64,9 +63,9 @@ class Liveness:
         self.clock = clock
         self.metrics = metrics
         self.phase = phase
-        self.on_change = on_change  # wake the waits
-        self.notify_sender = notify_sender  # a change of the peer's suspension
-        self.on_lost = on_lost  # a peer suspended: repair what it left (runtime.relay)
+        # wake, peer_changed (its sender reconnects), peer_lost (repair what it left),
+        # peer_stuck (the scheme may stop without it), given_up_here
+        self.events = events if events is not None else RankEvents()
         self.last_heard: dict[int, float] = {}
         self.last_new_s: dict[int, float] = {}  # peer -> last time it sent a NEW message
         self.done_peers: set[int] = set()  # said done (see is_done)
@@ -83,11 +82,8 @@ class Liveness:
         self.stuck_rounds: dict[int, int] = {}  # peer -> its round when it was given up
         self.rounds_seen: dict[int, int] = {}  # peer -> the highest round of its new messages
         self.busy_s: Callable[[], float | None] = lambda: None  # this rank's own (training)
-        # a stuck peer given up: the scheme stops if it cannot go on without it (worker)
-        self.on_stuck: Callable[[int, str], None] = lambda peer, why: None
         # this rank answered a heartbeat busy past the limit: its peers give it up (the line)
         self.given_up_here: str | None = None
-        self.on_given_up_here: Callable[[str], None] = lambda line: None
 
     # ---------------------------------------------------------------- evidence
 
@@ -99,8 +95,8 @@ class Liveness:
                 and peer not in self.left_peers and peer not in self.stuck_peers:
             node.resume_peer(peer)
             log.warning("peer %d speaks again: back in the SSP gate", peer)
-            self.notify_sender(peer)  # its stale POSTs go again on a new connection
-            self.on_change()
+            self.events.peer_changed.emit(peer)  # its stale POSTs go again on a new connection
+            self.events.wake.emit()
 
     def answering(self, peer: int) -> bool:
         """`peer` was heard within the peer timeout (perhaps given up, yet alive)."""
@@ -157,7 +153,7 @@ class Liveness:
         self.done_peers.discard(peer)
         self.left_peers.pop(peer, None)
         self.heard(peer)
-        self.on_change()
+        self.events.wake.emit()
 
     # ---------------------------------------------------------------- silence
 
@@ -168,14 +164,18 @@ class Liveness:
         self.metrics.peer_timeouts += 1
         log.warning("peer %d silent for %.1f s (peer timeout %.1f s): suspended from the SSP "
                     "gate; messages to it stay owed", peer, silent_s, self.timeout_s)
-        self.notify_sender(peer)
-        self.on_lost(peer)
-        self.on_change()
+        self.events.peer_changed.emit(peer)
+        self.events.peer_lost.emit(peer)
+        self.events.wake.emit()
+
+    def waits_itself(self, peer: int) -> bool:
+        """Its last heartbeat answer said it waits on others (not stuck in its own work)."""
+        return peer in self.waiting_peers
 
     def give_up(self, peer: int, why: str) -> None:
         """`peer` answers but makes no progress (`why` says how we know): out of the gate
-        until it sends a new message, what it sent to only some repaired (`on_lost`),
-        and the scheme told (`on_stuck`)."""
+        until it sends a new message, what it sent to only some repaired (`peer_lost`),
+        and the scheme told (`peer_stuck`)."""
         if peer in self.stuck_peers or peer in self.left_peers or self.is_done(peer):
             return
         self.stuck_peers[peer] = why
@@ -185,10 +185,10 @@ class Liveness:
         node = self.node()
         if node is not None and peer not in node.suspended:
             node.suspend_peer(peer)
-            self.notify_sender(peer)
-            self.on_lost(peer)
-        self.on_stuck(peer, why)
-        self.on_change()
+            self.events.peer_changed.emit(peer)
+            self.events.peer_lost.emit(peer)
+        self.events.peer_stuck.emit(peer, why)
+        self.events.wake.emit()
 
     def left(self, peer: int, reason: str) -> None:
         """`peer` leaves before it joined (it said so): out of the gate now, for good."""
@@ -196,8 +196,8 @@ class Liveness:
         node = self.node()
         if node is not None and peer not in node.suspended:
             node.suspend_peer(peer)
-            self.notify_sender(peer)
-        self.on_change()
+            self.events.peer_changed.emit(peer)
+        self.events.wake.emit()
 
     def check(self, now: float) -> list[int]:
         """Suspend the peers silent past the timeout; the peers to send a heartbeat now."""
@@ -273,7 +273,7 @@ class Liveness:
                 f"{self.metrics.round} (past {STUCK_TIMEOUTS} x the peer timeout = "
                 f"{self.stuck_limit_s:.1f} s): its peers gave it up and went on without it")
             log.error("%s", self.given_up_here)
-            self.on_given_up_here(self.given_up_here)
+            self.events.given_up_here.emit(self.given_up_here)
         return {"rank": self.rank, "round": self.metrics.round, "state": self.phase.name,
                 "nonce": nonce if isinstance(nonce, str) else None,
                 "busy_s": None if busy_s is None else round(busy_s, 3)}
@@ -284,5 +284,5 @@ class Liveness:
         digest, rounds = payload.get("agreed_sha256"), payload.get("rounds")
         if isinstance(digest, str) and isinstance(rounds, int):
             self.agreed[sender] = (rounds, digest)
-        self.on_change()
+        self.events.wake.emit()
         return {"rank": self.rank, "final_held": self.is_done(sender)}

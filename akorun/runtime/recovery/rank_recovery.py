@@ -11,9 +11,9 @@ the role's `recovery` (akorun.runtime.roles), one of
 - `RejoinRecovery`, for a scheme that says it is rejoinable
   (`Scheme.rejoinable`) and whose node is recoverable
   (`SchemeNode.recovery`, akocore.schemes.recovery): checkpoints of its whole
-  state, ``--resume`` (akorun.runtime.rejoin: a donor's snapshot, or the
+  state, ``--resume`` (akorun.runtime.recovery.rejoin: a donor's snapshot, or the
   checkpoint alone), rejoin snapshots for a restarted peer, the relay of a
-  lost peer's partials (akorun.runtime.relay works on `node()`), catch-up by
+  lost peer's partials (akorun.runtime.recovery.relay works on `node()`), catch-up by
   skipping rounds, and the peers taking back a rank they gave up on.
 
 A new scheme whose node implements akocore.schemes.recovery.Recoverable and
@@ -29,8 +29,8 @@ from akocore.messages import Send
 from akocore.schemes import Recoverable, SchemeNode
 from akocore.schemes.registry import registered
 from akorun.errors import RunError, UsageError
-from akorun.runtime.checkpoint_file import Checkpoint
 from akorun.runtime.node_plan import params_digest
+from akorun.runtime.records.checkpoint_file import Checkpoint
 from akorun.transport.control import ControlError
 
 

@@ -20,11 +20,11 @@ from akocore.process_setup import enable_compilation_cache
 from akocore.settings.schema import RunConfig
 from akocore.workloads.flat import FlatWorkload, build_workload, workload_fingerprint
 from akorun.errors import UsageError
-from akorun.runtime import startup_phase
-from akorun.runtime.checkpoint_file import Checkpoint, checkpoint_exists, load_checkpoint
+from akorun.runtime.lifecycle import startup_phase
+from akorun.runtime.lifecycle.startup_phase import StartupPhase
 from akorun.runtime.node_plan import params_digest
+from akorun.runtime.records.checkpoint_file import Checkpoint, checkpoint_exists, load_checkpoint
 from akorun.runtime.roles import Role
-from akorun.runtime.startup_phase import StartupPhase
 
 log = logging.getLogger("akorun")
 
@@ -47,7 +47,7 @@ def prepare(cfg: RunConfig, role: Role, *, run_id: str, config_hash: str, resume
             phase: StartupPhase | None = None) -> Prepared:
     """The configured workload built (or `workload`, given ready: akorun.Exchange's) and
     what the rank needs with it; UsageError for a user mistake. Each step is said in
-    `phase` (akorun.runtime.startup_phase) as it starts."""
+    `phase` (akorun.runtime.lifecycle.startup_phase) as it starts."""
     say = phase.say if phase is not None else (lambda words: None)
     say(startup_phase.LOADING)
     cache = os.environ.get("AKO_JAX_CACHE")

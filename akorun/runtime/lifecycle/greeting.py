@@ -9,7 +9,7 @@ path). An untagged or badly tagged refusal is what anyone on the path can forge:
 backs the next greeting off (doubling up to `UNVERIFIED_RETRY_MAX_S`), and
 remembers it, so that a handshake ending at its timeout can name the likely
 cause (only untagged 401s: the peer's secret, run id or key file differs;
-a failed TLS handshake: the certificate it names; akorun.runtime.join).
+a failed TLS handshake: the certificate it names; akorun.runtime.lifecycle.join).
 `until` repeats a greeting every `RETRY_S` until it answers or a deadline passes.
 """
 

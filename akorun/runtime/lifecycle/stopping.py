@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from akorun.runtime.waiting import Waiter
+from akorun.runtime.liveness.waiting import Waiter
 from akorun.transport.client import ControlClient
 from akorun.transport.control import ControlError, ControlKind
 

@@ -2,28 +2,28 @@
 
 Each rank sends its `Identity` (run id, config hash, initial-parameter hash) and, for p
 auto, its measured compute time in a hello to every peer until each answered or the join
-timeout passed; a peer that differs is refused (409) on both sides. While it still waits
-for some rank, it says hello again every third of the peer timeout to the ranks that
-answered: one that stops answering for longer than the peer timeout died during the join,
-and the join ends at once (RunError, exit 1, one line) instead of at the join timeout; a
-rank that never answered is waited for until the join timeout (it may just be slow to
-start). A rank whose join ends without a run (a signal: `Interrupted`; or a `RunError`)
-says ``leave`` to every peer that is up (it answered our hello or said hello to us), so
-that none waits for it: a peer still joining ends its join at once (`Interrupted` if it is
-stopping too, else `RunError`), and a peer already training takes it out of its gate for
-good (runtime.liveness `left`) and finishes without waiting for it (runtime.finishing).
-This is how a SIGTERM to `akorun launch` that lands while one rank still starts ends every
-rank within launch's kill grace. A rank that holds every answer is *ready*, but starts
-only once every peer says it is ready too (in its answer or its own hello, which wakes a
-rank waiting for it at once, so the ranks start within a message of each other): a rank that
-dies while the others still greet is then noticed by a ready rank (silent past the peer
-timeout), which ends its join and says ``leave`` (``failed``), so nobody trains a run one
-rank could not join; a rank whose join failed refuses hellos for a moment longer
-(`linger_failed`) so that a rank still starting ends at once, and a peer that started
-anyway (the hello it took as the last "ready" crossed the failure) stops with exit 1 on
-that ``leave``. Every rank then plans with the MAX of all measured compute times, so all
-choose the same p, and builds its node. `greet` and `until` (akorun.runtime.greeting) are
-the retrying calls the rejoin handshake uses too.
+timeout passed; a peer that differs is refused (409) on both sides. While it still waits for
+some rank, it says hello again every third of the peer timeout to the ranks that answered:
+one that stops answering for longer than the peer timeout died during the join, and the join
+ends at once (RunError, exit 1, one line) instead of at the join timeout; a rank that never
+answered is waited for until the join timeout (it may just be slow to start). A rank whose
+join ends without a run (a signal: `Interrupted`; or a `RunError`) says ``leave`` to every
+peer that is up (it answered our hello or said hello to us), so that none waits for it: a
+peer still joining ends its join at once (`Interrupted` if it is stopping too, else
+`RunError`), and a peer already training takes it out of its gate for good
+(runtime.liveness.peer_liveness `left`) and finishes without waiting for it
+(runtime.lifecycle.finishing). This is how a SIGTERM to `akorun launch` that lands while one
+rank still starts ends every rank within launch's kill grace. A rank that holds every answer
+is *ready*, but starts only once every peer says it is ready too (in its answer or its own
+hello, which wakes a rank waiting for it at once, so the ranks start within a message of
+each other): a rank that dies while the others still greet is then noticed by a ready rank
+(silent past the peer timeout), which ends its join and says ``leave`` (``failed``), so
+nobody trains a run one rank could not join; a rank whose join failed refuses hellos for a
+moment longer (`linger_failed`) so that a rank still starting ends at once, and a peer that
+started anyway (the hello it took as the last "ready" crossed the failure) stops with exit 1
+on that ``leave``. Every rank then plans with the MAX of all measured compute times, so all
+choose the same p, and builds its node. `greet` and `until`
+(akorun.runtime.lifecycle.greeting) are the retrying calls the rejoin handshake uses too.
 
 Bad configuration across ranks is found here, by name. Each rank's hello and its answer
 carry its `compared_settings`: every setting of the run (the keys of the config hash, as
@@ -39,7 +39,7 @@ bound to our request (akorun.transport.answers, as a partial's answer on the dat
 An untagged or badly tagged 400/401/409 (or a 200 without a tag) is what anyone on the
 path can forge, so it is treated like a peer that does not answer yet: logged once per
 peer and status ("not authenticated, retrying") and the hello goes again, backing off,
-until the join timeout (akorun.runtime.greeting `Unverified`). A forger can thus delay a
+until the join timeout (akorun.runtime.lifecycle.greeting `Unverified`). A forger can thus delay a
 join (as dropping packets can), never end it early. A peer whose keys differ from ours
 (another cluster secret, run id or key file) cannot tag anything for us either: its 401 is
 indistinguishable from a forged one, and nothing it could send would prove otherwise. So a
@@ -69,10 +69,12 @@ from typing import Any, TypeVar
 from akocore.settings.schema import RunConfig
 from akocore.settings.toml_io import config_to_dict
 from akorun.errors import Interrupted, RunError, UsageError
-from akorun.runtime.greeting import GREET_TIMEOUT_S, RETRY_S, Unverified, greet, until
-from akorun.runtime.liveness import Liveness
-from akorun.runtime.phase import Phase, PhaseMachine
-from akorun.runtime.waiting import Waiter
+from akorun.runtime.fault_hooks import FaultHooks, NoFaults
+from akorun.runtime.lifecycle.greeting import GREET_TIMEOUT_S, RETRY_S, Unverified, greet, until
+from akorun.runtime.lifecycle.phase import Phase
+from akorun.runtime.liveness.peer_liveness import Liveness
+from akorun.runtime.liveness.waiting import Waiter
+from akorun.runtime.rank_context import RankContext
 from akorun.transport.cancelling import cancel_and_wait
 from akorun.transport.client import ControlClient
 from akorun.transport.control import ControlError, ControlKind
@@ -183,26 +185,22 @@ class Identity:
 class Join:
     """Both sides of the hello handshake."""
 
-    def __init__(self, *, identity: Identity, peers: Sequence[int], hosts: Sequence[str],
-                 compute_measured_s: float | None, timeout_s: float, phase: PhaseMachine,
-                 waiter: Waiter, liveness: Liveness, node_built: Callable[[], bool],
-                 build_node: Callable[[float | None], None],
-                 peer_timeout_s: float = math.inf,
-                 on_greeted: Callable[[int, int], None] = lambda peer, times: None,
-                 held: Callable[[], Awaitable[None]] | None = None) -> None:
+    def __init__(self, context: RankContext, *, identity: Identity, waiter: Waiter,
+                 liveness: Liveness, build_node: Callable[[float | None], None],
+                 compute_measured_s: float | None = None,
+                 faults: FaultHooks | None = None) -> None:
+        self.context = context
         self.identity = identity
-        self.peers = list(peers)
-        self.hosts = list(hosts)
+        self.peers = list(context.peers)
+        self.hosts = list(context.hosts)
         self.compute_measured_s = compute_measured_s
-        self.timeout_s = timeout_s
-        self.phase = phase
+        self.timeout_s = context.join_timeout_s
+        self.phase = context.phase
         self.waiter = waiter
         self.liveness = liveness
-        self.node_built = node_built
         self.build_node = build_node  # plan with this compute time and build the node
-        self.peer_timeout_s = peer_timeout_s  # an answered peer silent this long: dead
-        self.on_greeted = on_greeted  # (peer, how many hellos of it so far): a test hook
-        self.held = held  # awaited before our hellos: a test hook (pause_in_join)
+        self.peer_timeout_s = context.peer_timeout_s  # an answered peer silent this long: dead
+        self.faults: FaultHooks = faults or NoFaults()  # the test hooks greeted, in_join
         self.greeted: dict[int, int] = {}  # peer -> hellos of it answered here
         self.answered: set[int] = set()  # peers that answered our hello
         self.peer_compute_s: dict[int, float] = {}
@@ -213,7 +211,10 @@ class Join:
         self.told_failed: set[int] = set()
         self.ready_peers: set[int] = set()  # peers that said they hold every answer too
         self._ready_events: dict[int, asyncio.Event] = {}  # set when the peer says ready
-        self.unverified = Unverified("hello", timeout_s)  # untagged refusals (retried)
+        self.unverified = Unverified("hello", self.timeout_s)  # untagged refusals (retried)
+
+    def _node_built(self) -> bool:
+        return self.context.role.node is not None
 
     async def join(self, control: ControlClient) -> None:
         """Hello every rank (refusing mismatches), agree on p, build the node.
@@ -243,8 +244,7 @@ class Join:
         payload = {**self.identity.payload(), "compute_s": self.compute_measured_s}
 
         answered_s: dict[int, float] = {}  # peer -> when it last answered a hello
-        if self.held is not None:
-            await self.held()
+        await self.faults.in_join()
 
         async def hello(peer: int) -> dict[str, Any] | None:
             async def once() -> dict[str, Any] | None:
@@ -357,7 +357,7 @@ class Join:
         after the join (``training``): we stop too, exit 1."""
         self.identity.check(sender, payload)
         reason = str(payload.get("reason") or "no reason given")[:LEAVE_REASON_CHARS]
-        if self.node_built() and payload.get("failed") is True:
+        if self._node_built() and payload.get("failed") is True:
             self.liveness.left(sender, reason)
             if payload.get("training") is True and self.waiter.cause is None:
                 self.waiter.cause = f"{reason} (stopped by that rank)"
@@ -367,7 +367,7 @@ class Join:
                              f"this run is not the one every rank joined; stopping this "
                              f"rank, exit 1")
             return {"rank": self.identity.rank}
-        if self.node_built():
+        if self._node_built():
             log.warning("rank %d left before it joined (%s): going on without it, and the "
                         "finish will not wait for it", sender, reason)
         else:
@@ -469,23 +469,23 @@ class Join:
             await asyncio.sleep(RETRY_S)
 
     async def on_hello(self, sender: int, payload: dict[str, Any]) -> dict[str, Any]:
-        if self.failed is not None and not self.node_built():
+        if self.failed is not None and not self._node_built():
             self.told_failed.add(sender)
             raise ControlError(409, f"rank {self.identity.rank} ended its join: "
                                     f"{self.failed[:200]}")
         self.greeted[sender] = self.greeted.get(sender, 0) + 1
-        self.on_greeted(sender, self.greeted[sender])
+        self.faults.greeted(sender, self.greeted[sender])
         try:
             self.identity.check(sender, payload)
         except SettingMismatch as mismatch:
-            if self.node_built():
+            if self._node_built():
                 raise
             # answered as usual, so that the peer finds the same difference in our answer
             self.mismatch = self.mismatch or mismatch.reason
             return {**self.identity.payload(), "compute_s": self.compute_measured_s,
                     "state": self.phase.name}
         except ControlError as error:
-            if not self.node_built():  # a peer of another config: this run cannot start
+            if not self._node_built():  # a peer of another config: this run cannot start
                 self.error = error.reason
             raise
         if payload.get("ready") is True:
@@ -494,7 +494,7 @@ class Join:
         compute = payload.get("compute_s")
         if isinstance(compute, int | float) and compute > 0:
             self.peer_compute_s[sender] = float(compute)
-        if self.node_built() and not self.phase.is_(Phase.REJOINING):
+        if self._node_built() and not self.phase.is_(Phase.REJOINING):
             self.liveness.heard(sender)
         return {**self.identity.payload(), "compute_s": self.compute_measured_s,
-                "state": self.phase.name, "ready": self.ready or self.node_built()}
+                "state": self.phase.name, "ready": self.ready or self._node_built()}

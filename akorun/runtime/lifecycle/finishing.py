@@ -2,12 +2,12 @@
 
     deliver node.finish(t)
     drain: wait for every peer's final message      (deadline below)
-           and for the repair of a lost peer         (runtime.relay; its own deadline)
+           and for the repair of a lost peer         (runtime.recovery.relay; its own deadline)
     flush: wait until every peer took what we owe   (deadline below)
     node.settle(); final checkpoint; final accuracy; results; "done" to peers;
     wait a grace period for the peers' "done"       (deadline: grace_s)
 
-A peer that left before it joined (it said ``leave``, runtime.join) sends
+A peer that left before it joined (it said ``leave``, runtime.lifecycle.join) sends
 nothing: no wait is for it, and it is not told ``done``.
 
 Deadlines. Drain and flush wait for a peer as long as it makes progress (the
@@ -38,9 +38,9 @@ peer ended without this rank) ends exit 1 with that line.
 
 A failed final write (checkpoint or results: a full disk) still tells the
 peers ``done`` and waits for theirs, then raises RunError: one line, exit 1;
-so does a rank that its peers gave up for making no progress (runtime.liveness;
+so does a rank that its peers gave up for making no progress (runtime.liveness.peer_liveness;
 not in ako, which takes it back), a rank whose loss or gradient went NaN/Inf
-(runtime.training), with the line naming it, and a rank stopped by such a
+(runtime.lifecycle.training), with the line naming it, and a rank stopped by such a
 peer, with that peer's line (`Waiter.cause`: a member that sent malformed data,
 a diloco rank left behind).
 """
@@ -49,20 +49,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from akocore.workloads.nonfinite import is_nonfinite_stop
 from akorun.errors import RunError
-from akorun.runtime.checkpoints import CheckpointFailed, CheckpointWriter
-from akorun.runtime.evaluation import Evaluator
-from akorun.runtime.liveness import Liveness
+from akorun.runtime.lifecycle.evaluation import Evaluator
+from akorun.runtime.lifecycle.phase import Phase
+from akorun.runtime.lifecycle.training import TrainingLoop
+from akorun.runtime.liveness.peer_liveness import Liveness
+from akorun.runtime.liveness.waiting import Waiter
 from akorun.runtime.node_plan import params_digest
 from akorun.runtime.outbox import Outbox
-from akorun.runtime.phase import Phase, PhaseMachine
-from akorun.runtime.rank_result import ResultBuilder
-from akorun.runtime.roles import Role
-from akorun.runtime.training import TrainingLoop
-from akorun.runtime.waiting import Waiter
+from akorun.runtime.rank_context import RankContext
+from akorun.runtime.records.checkpoints import CheckpointFailed, CheckpointWriter
+from akorun.runtime.records.rank_result import ResultBuilder
 from akorun.transport.client import ControlClient
 from akorun.transport.control import ControlKind
 
@@ -74,14 +74,14 @@ DONE_TIMEOUT_S = 2.0
 class Finisher:
     """Drains, settles and reports one rank, then says goodbye to its peers."""
 
-    def __init__(self, *, rank: int, peers: Sequence[int], role: Role, phase: PhaseMachine,
-                 waiter: Waiter, outbox: Outbox, liveness: Liveness, training: TrainingLoop,
-                 evaluator: Evaluator, checkpoints: CheckpointWriter, results: ResultBuilder,
-                 grace_s: float, relay_idle: Callable[[], bool] = lambda: True) -> None:
-        self.rank = rank
-        self.peers = list(peers)
-        self.role = role
-        self.phase = phase
+    def __init__(self, context: RankContext, *, waiter: Waiter, outbox: Outbox,
+                 liveness: Liveness, training: TrainingLoop, evaluator: Evaluator,
+                 checkpoints: CheckpointWriter, results: ResultBuilder,
+                 relay_idle: Callable[[], bool] = lambda: True) -> None:
+        self.rank = context.rank
+        self.peers = list(context.peers)
+        self.role = context.role
+        self.phase = context.phase
         self.waiter = waiter
         self.outbox = outbox
         self.liveness = liveness
@@ -89,8 +89,8 @@ class Finisher:
         self.evaluator = evaluator
         self.checkpoints = checkpoints
         self.results = results
-        self.grace_s = grace_s
-        self.relay_idle = relay_idle  # no repair of a lost peer under way (runtime.relay)
+        self.grace_s = context.grace_s
+        self.relay_idle = relay_idle  # no repair of a lost peer under way (runtime.recovery.relay)
 
     def _disagreements(self, done: dict[str, object]) -> list[str]:
         """One line naming the peers that ran as many rounds as this rank but hold another

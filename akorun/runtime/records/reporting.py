@@ -9,12 +9,11 @@ import asyncio
 import logging
 from typing import Any
 
-from akorun.metrics import Metrics, ProgressLine, render_prometheus
-from akorun.runtime.liveness import Liveness
+from akorun.metrics import ProgressLine, render_prometheus
+from akorun.runtime.liveness.peer_liveness import Liveness
+from akorun.runtime.liveness.waiting import Waiter
 from akorun.runtime.outbox import Outbox
-from akorun.runtime.phase import PhaseMachine
-from akorun.runtime.roles import Role
-from akorun.runtime.waiting import Waiter
+from akorun.runtime.rank_context import RankContext
 
 log = logging.getLogger("akorun")
 
@@ -22,16 +21,16 @@ log = logging.getLogger("akorun")
 class Reporter:
     """Status, Prometheus gauges and the periodic progress line of one rank."""
 
-    def __init__(self, *, role: Role, phase: PhaseMachine, metrics: Metrics, outbox: Outbox,
-                 liveness: Liveness, waiter: Waiter, run_id: str, config_hash: str) -> None:
-        self.role = role
-        self.phase = phase
-        self.metrics = metrics
+    def __init__(self, context: RankContext, *, outbox: Outbox, liveness: Liveness,
+                 waiter: Waiter) -> None:
+        self.role = context.role
+        self.phase = context.phase
+        self.metrics = context.metrics
         self.outbox = outbox
         self.liveness = liveness
         self.waiter = waiter
-        self.run_id = run_id
-        self.config_hash = config_hash
+        self.run_id = context.run_id
+        self.config_hash = context.config_hash
         self._progress = ProgressLine()
 
     def status(self, digest: bool = False) -> dict[str, Any]:

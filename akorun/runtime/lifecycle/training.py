@@ -10,7 +10,7 @@ Following the driving loop of akocore.schemes:
         deliver node.local_step(t, grad)   # encoded once, queued to every peer
         t += 1
 
-`RoundTimes` (akorun.runtime.round_times) records each round's wall, compute, gate-wait
+`RoundTimes` (akorun.runtime.records.round_times) records each round's wall, compute, gate-wait
 and overhead seconds, in series bounded however long the run.
 
 The user's own NaN: a step whose loss or gradient is not finite
@@ -23,7 +23,7 @@ Catching up (a recoverable node, ako's): a rank that comes back from a pause
 or a cut to find every peer in its gate far past it (by more than the
 staleness bound) would hold them all back while it computes the rounds it
 missed. It skips to the slowest peer's next round instead (the role's
-recovery says which, akorun.runtime.rank_recovery): the rounds between pass
+recovery says which, akorun.runtime.recovery.rank_recovery): the rounds between pass
 without a gradient, told to the peers in one folded message with no values
 (ako: `AkoWorker.skip_rounds`; what it has not sent stays owed, so every
 gradient still reaches every peer once). Skipped rounds count as rounds with no
@@ -41,18 +41,17 @@ import numpy as np
 
 from akocore.records.figures import step_seed
 from akocore.schemes import SchemeNode
-from akocore.settings.schema import RunConfig
-from akocore.workloads.flat import FlatWorkload
 from akocore.workloads.nonfinite import nonfinite_line, step_problem
-from akorun.metrics import Metrics
-from akorun.runtime.checkpoints import CheckpointWriter
-from akorun.runtime.evaluation import Evaluator
 from akorun.runtime.fault_hooks import FaultHooks
+from akorun.runtime.lifecycle.evaluation import Evaluator
+from akorun.runtime.lifecycle.prepare import Prepared
+from akorun.runtime.lifecycle.stopping import StopAgreement
+from akorun.runtime.liveness.waiting import Waiter
 from akorun.runtime.outbox import Outbox
-from akorun.runtime.rank_recovery import RankRecovery
-from akorun.runtime.round_times import RoundTimes
-from akorun.runtime.stopping import StopAgreement
-from akorun.runtime.waiting import Waiter
+from akorun.runtime.rank_context import RankContext
+from akorun.runtime.records.checkpoints import CheckpointWriter
+from akorun.runtime.records.round_times import RoundTimes
+from akorun.runtime.recovery.rank_recovery import RankRecovery
 
 log = logging.getLogger("akorun")
 
@@ -60,33 +59,36 @@ log = logging.getLogger("akorun")
 class TrainingLoop:
     """The rounds of one training rank."""
 
-    def __init__(self, *, cfg: RunConfig, rank: int, training_workers: int,
-                 workload: FlatWorkload, metrics: Metrics, outbox: Outbox, waiter: Waiter,
-                 faults: FaultHooks, evaluator: Evaluator, checkpoints: CheckpointWriter,
-                 checkpoint_every: int, recovery: RankRecovery) -> None:
-        self.cfg = cfg
-        self.rank = rank
-        self.training_workers = training_workers
-        self.workload = workload
-        self.metrics = metrics
+    def __init__(self, context: RankContext, *, prepared: Prepared, outbox: Outbox,
+                 waiter: Waiter, faults: FaultHooks, evaluator: Evaluator,
+                 checkpoints: CheckpointWriter, agreement: StopAgreement | None = None,
+                 after_gate: Callable[[], Awaitable[None]] | None = None) -> None:
+        self.cfg = context.cfg
+        self.rank = context.rank
+        self.training_workers = context.role.training_workers
+        self.workload = prepared.workload
+        self.metrics = context.metrics
         self.outbox = outbox
         self.waiter = waiter
         self.faults = faults
         self.evaluator = evaluator
         self.checkpoints = checkpoints
-        self.checkpoint_every = checkpoint_every
-        self.recovery = recovery  # catch-up: the round to skip to, and the skip
+        self.checkpoint_every = context.checkpoint_every
+        # catch-up: the round to skip to, and the skip
+        self.recovery: RankRecovery = context.role.recovery
         self.times = RoundTimes()
         self.first_round = 0  # a rejoin continues from a later round
         self.rounds_done = 0
         self.train_start_s: float | None = None
-        self.trained_before_s = 0.0  # training seconds of the processes before (--resume)
-        self.agreement: StopAgreement | None = None  # the training ranks' last round
+        # training seconds of the processes before (--resume): --duration counts the run's
+        self.trained_before_s = prepared.checkpoint.trained_s \
+            if prepared.checkpoint is not None else 0.0
+        self.agreement = agreement  # the training ranks' last round
         self.rounds_skipped = 0  # rounds passed without a gradient to catch up (ako)
         self.nonfinite: str | None = None  # the user's loss or gradient went NaN/Inf: the line
         self.busy_from_s: float | None = None  # loop time this rank's own work began (busy_s)
-        # after the gate let a round start: diloco's anchor re-sync (runtime.anchor_sync)
-        self.after_gate: Callable[[], Awaitable[None]] | None = None
+        # after the gate let a round start: diloco's anchor re-sync (runtime.recovery.anchor_sync)
+        self.after_gate = after_gate
 
     def busy_s(self) -> float | None:
         """Seconds this rank has been in its own work for the current round; None while
@@ -97,7 +99,7 @@ class TrainingLoop:
 
     async def _stops_before(self, t: int) -> bool:
         """Whether round t is not to start: no stop; or a stop the training ranks agreed
-        on (runtime.stopping) that ends the run before round t."""
+        on (runtime.lifecycle.stopping) that ends the run before round t."""
         if not self.should_stop(t):
             return False
         agreement, waiter = self.agreement, self.waiter

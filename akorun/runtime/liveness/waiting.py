@@ -9,10 +9,10 @@ for the SSP gate to let a round start.
 Deadlines: the gate gives up at the run's duration limit (a stop, reason
 "duration"), and when it has been blocked for `stall_limit_s` on peers whose
 rounds did not advance meanwhile, it gives those peers up (`give_up`,
-runtime.liveness: one error line naming them, out of the gate; answering
+runtime.liveness.peer_liveness: one error line naming them, out of the gate; answering
 heartbeats does not put them back, only their next new message does). A
 blocker whose heartbeat answers say it waits on others itself is spared
-(the rank it waits on is given up instead, runtime.liveness) unless the
+(the rank it waits on is given up instead, runtime.liveness.peer_liveness) unless the
 gate stalls twice in a row on such blockers alone. If a peer this rank's scheme cannot go on
 without (`can_continue_without`, from the role: ps, all-reduce) is given up
 or suspended, the run stops (reason "lost_peer", one error line naming the
@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection
+from typing import Protocol
 
 from akocore.schemes import SchemeNode
 from akorun.transport.cancelling import raise_if_cancelling
@@ -36,26 +37,38 @@ GATE_POLL_S = 0.5
 GATE_STALL_TIMEOUTS = 3  # a gate blocked this many peer timeouts without progress gives up
 
 
+class StalledPeers(Protocol):
+    """What a stalled gate asks of the rank's liveness (runtime.liveness.peer_liveness.Liveness)."""
+
+    def waits_itself(self, peer: int) -> bool: ...
+
+    def give_up(self, peer: int, why: str) -> None: ...
+
+
 class Waiter:
     """The wake-up event, the stop reason and the waits built on them."""
 
-    def __init__(self, *, report_every_s: float, stall_limit_s: float | None = None) -> None:
+    def __init__(self, *, report_every_s: float, stall_limit_s: float | None = None,
+                 scheme: str = "ako", can_continue_without: Callable[[int], bool] | None = None,
+                 peers: StalledPeers | None = None,
+                 send_due: Callable[[], Awaitable[None]] | None = None) -> None:
         self.wake = asyncio.Event()
         self.stop_reason: str | None = None
         self.hard_stop = False
         self.report_every_s = report_every_s  # how often a blocked gate says why
         self.stall_limit_s = stall_limit_s  # a gate blocked this long drops its blockers
         self.gate_stalls = 0
-        self.scheme = "ako"  # the run's scheme, for the log (set with the next)
-        self.can_continue_without: Callable[[int], bool] = lambda peer: True
+        self.scheme = scheme  # the run's scheme, for the log
+        # the role's answer: may the run go on without this peer (ps, all-reduce: no)
+        self.can_continue_without = can_continue_without or (lambda peer: True)
         self.lost_peers: set[int] = set()  # peers the run stopped for (see `lose`)
         self.cause: str | None = None  # the line the run fails with, when it is known
         # sends the scheme owes outside an event (a suspension re-forms diloco's
         # all-reduce: SchemeNode.take_effects); every wait sends them as it polls
-        self.send_due: Callable[[], Awaitable[None]] | None = None
-        # a blocker of a stalled gate: given up (runtime.liveness.Liveness.give_up)
-        self.give_up: Callable[[int, str], None] = lambda peer, why: None
-        self.waits_itself: Callable[[int], bool] = lambda peer: False  # its answers say so
+        self.send_due = send_due
+        # a blocker of a stalled gate is given up there (runtime.liveness.peer_liveness.Liveness),
+        # unless its answers say it waits on others itself
+        self.peers = peers
 
     def wake_up(self) -> None:
         self.wake.set()
@@ -112,7 +125,7 @@ class Waiter:
                    ignore_stop: bool = False) -> float | None:
         """Wait until the SSP gate lets round t start; seconds waited, None if stopped
         (a stop request unless `ignore_stop` (a round the ranks agreed to run still,
-        runtime.stopping), a hard stop, a lost peer, or the loop time `deadline_s`)."""
+        runtime.lifecycle.stopping), a hard stop, a lost peer, or the loop time `deadline_s`)."""
         loop = asyncio.get_running_loop()
         start_s = loop.time()
         next_report_s = start_s + self.report_every_s
@@ -141,13 +154,16 @@ class Waiter:
                     self.lose(lost)
                     return None
                 blockers = node.waiting_on(t)
-                stuck = [peer for peer in blockers if not self.waits_itself(peer)]
+                stuck = [peer for peer in blockers
+                         if self.peers is None or not self.peers.waits_itself(peer)]
                 if not stuck and spared:  # they all wait on others, twice in a row
                     stuck = blockers
                 spared = not stuck
                 for peer in stuck:
-                    self.give_up(peer, f"round {t}: no progress from peer {peer} for "
-                                       f"{now - stall_from_s:.0f} s although it is not silent")
+                    if self.peers is not None:
+                        self.peers.give_up(peer, f"round {t}: no progress from peer {peer} "
+                                           f"for {now - stall_from_s:.0f} s although it is "
+                                           f"not silent")
                     if peer not in node.suspended:  # no liveness wired (a bare waiter)
                         node.suspend_peer(peer)
                 self.gate_stalls += 1

@@ -21,7 +21,7 @@ the asker says its count and the asker compares at its next sync; a rank
 past the peer timeout and the others went on without it) cannot take their
 state mid-run: it stops with exit 1 and a line saying so, and the others end
 equal without it. What still differs at the end fails the run
-(runtime.finishing compares the anchors' digests).
+(runtime.lifecycle.finishing compares the anchors' digests).
 
 Fault-free runs never call: no view change, no check.
 """
@@ -29,16 +29,15 @@ Fault-free runs never call: no view change, no check.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import numpy as np
 
 from akocore.schemes import Resyncable, SchemeError
-from akorun.runtime.liveness import Liveness
+from akorun.runtime.liveness.peer_liveness import Liveness
+from akorun.runtime.liveness.waiting import Waiter
 from akorun.runtime.node_plan import params_digest
-from akorun.runtime.roles import Role
-from akorun.runtime.waiting import Waiter
+from akorun.runtime.rank_context import RankContext
 from akorun.transport import control
 from akorun.transport.client import ControlClient
 from akorun.transport.control import ControlError, ControlKind
@@ -53,16 +52,14 @@ NOTICE_TIMEOUT_S = 2.0
 class AnchorSync:
     """Both sides of DiLoCo's anchor re-sync (a no-op for every other scheme)."""
 
-    def __init__(self, *, rank: int, peers: Sequence[int], role: Role, waiter: Waiter,
-                 liveness: Liveness, peer_timeout_s: float,
-                 spawn: Callable[[Coroutine[Any, Any, Any]], None]) -> None:
-        self.rank = rank
-        self.peers = list(peers)
-        self.role = role
+    def __init__(self, context: RankContext, *, waiter: Waiter, liveness: Liveness) -> None:
+        self.rank = context.rank
+        self.peers = list(context.peers)
+        self.role = context.role
         self.waiter = waiter
         self.liveness = liveness
-        self.peer_timeout_s = peer_timeout_s
-        self.spawn = spawn
+        self.peer_timeout_s = context.peer_timeout_s
+        self.spawn = context.spawn
         self.control: ControlClient | None = None  # set once the run's client exists
         self.due_syncs = 0  # syncs still to compare with the reference
         self.seen_views = 0

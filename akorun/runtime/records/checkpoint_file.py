@@ -1,13 +1,13 @@
 """Worker checkpoints: one Orbax checkpoint per rank, swapped in atomically, a JSON sidecar.
 
 `save_checkpoint` writes ``DIR/worker-R.ckpt``, an Orbax checkpoint (layout
-and atomicity: akorun.runtime.checkpoint_orbax) whose ``params`` are the
+and atomicity: akorun.runtime.records.checkpoint_orbax) whose ``params`` are the
 user's parameter pytree when the writer knows its structure, and
 ``DIR/worker-R.ckpt.json``, the metadata again for humans (next round,
 delivery log, final rounds, p per worker, config hash, run id), written to a
 temporary file and moved into place with os.replace. `load_checkpoint` reads
 the Orbax checkpoint, or the npz an older akorun wrote
-(akorun.runtime.checkpoint_npz) where there is no Orbax one. Nothing is pickled.
+(akorun.runtime.records.checkpoint_npz) where there is no Orbax one. Nothing is pickled.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import numpy as np
 
 from akocore.schemes.recovery import DeliveryRecord
 from akorun.errors import UsageError
-from akorun.runtime.checkpoint_npz import npz_path, read_npz
-from akorun.runtime.checkpoint_orbax import (
+from akorun.runtime.records.checkpoint_npz import npz_path, read_npz
+from akorun.runtime.records.checkpoint_orbax import (
     current,
     flat_params,
     link_path,
@@ -35,7 +35,7 @@ from akorun.runtime.checkpoint_orbax import (
     write_orbax,
 )
 
-FORMAT_VERSION = 2  # 1: the npz of akorun.runtime.checkpoint_npz
+FORMAT_VERSION = 2  # 1: the npz of akorun.runtime.records.checkpoint_npz
 
 
 @dataclass(frozen=True, eq=False)
